@@ -1,0 +1,5 @@
+"""``python -m dmlctl``."""
+
+from dmlctl.cli.app import main
+
+main()

@@ -1,0 +1,163 @@
+"""The host agent: ``python -m dmlctl.agent``, one per host per run.
+
+Contract:
+
+* Reads its configuration as the first line of stdin (JSON, see
+  ``HostPlan.agent_config``) — never from its command line, so no secret is visible
+  in ``ps``.
+* Runs in a session of its own (the transport starts it so), becomes the child
+  subreaper of everything it starts, and runs torchrun in the job's directory.
+* Streams every rank's output and records (see :mod:`dmlctl.protocol`) and
+  torchrun's own output to its stdout as JSON lines, ending with one ``exit`` message.
+* Stops the run — SIGTERM to its whole process tree, SIGKILL after a grace period —
+  when stdin says ``stop``, when stdin closes (the controller or the SSH connection
+  went away), or on SIGTERM/SIGHUP/SIGINT. When it exits, none of its processes is left.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from types import FrameType
+from typing import Any, TextIO
+
+from dmlctl import protocol
+from dmlctl.agent.procs import become_subreaper, kill_tree
+from dmlctl.agent.tail import RankDirTailer
+
+POLL_S = 0.05
+STOP_GRACE_S = 3.0
+TAIL = 40
+
+
+class Emitter:
+    """Thread-safe writer of agent messages; notes when the controller is gone."""
+
+    def __init__(self, out: TextIO, gone: threading.Event) -> None:
+        self._out = out
+        self._lock = threading.Lock()
+        self._gone = gone
+
+    def raw(self, line: str) -> None:
+        with self._lock:
+            try:
+                self._out.write(line + "\n")
+                self._out.flush()
+            except (BrokenPipeError, OSError, ValueError):
+                self._gone.set()
+
+    def send(self, kind: str, **fields: Any) -> None:
+        self.raw(protocol.encode_agent_message(kind, **fields))
+
+
+def _forward_torchrun(
+    stream: TextIO, emit: Emitter, tail: collections.deque[str]
+) -> None:
+    for line in stream:
+        text = line.rstrip("\n")
+        tail.append(text)
+        emit.send(protocol.MSG_LOG, r=None, s="agent", l=[text])
+
+
+def _watch_stdin(stop: threading.Event, reason: list[str]) -> None:
+    for line in sys.stdin:
+        if line.strip() == "stop":
+            reason.append("stop requested")
+            stop.set()
+            return
+    reason.append("controller connection closed")
+    stop.set()
+
+
+def _emit_ranks(tailer: RankDirTailer, emit: Emitter, final: bool = False) -> bool:
+    """Forward new rank output; True if anything was read."""
+    records: list[str] = []
+    any_data = False
+    for rank, kind, lines in tailer.poll(final=final):
+        any_data = True
+        if kind == "events.jsonl":
+            records += [rec for rec in lines if rec.strip()]
+        else:
+            emit.send(protocol.MSG_LOG, r=rank, s=kind, l=lines)
+    # Output first, then records: a rank's last lines arrive before its exit.
+    for rec in records:
+        emit.raw('{"k":"rank","rec":' + rec + "}")
+    return any_data
+
+
+def run(config: dict[str, Any], emit: Emitter, stop: threading.Event, reason: list[str]) -> int:
+    """Run torchrun under supervision; returns torchrun's exit code (or 127/130)."""
+    rank_dir = config["rank_dir"]
+    os.makedirs(rank_dir, exist_ok=True)
+    tail: collections.deque[str] = collections.deque(maxlen=TAIL)
+    try:
+        proc = subprocess.Popen(
+            config["argv"],
+            cwd=config["workdir"],
+            env={**os.environ, **config["env"]},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+        )
+    except OSError as e:
+        emit.send(protocol.MSG_EXIT, code=127, tail=[f"cannot start torchrun: {e}"], stopped=False)
+        return 127
+    emit.send(protocol.MSG_AGENT, state="started", pid=os.getpid(), torchrun_pid=proc.pid)
+    assert proc.stdout is not None
+    reader = threading.Thread(target=_forward_torchrun, args=(proc.stdout, emit, tail), daemon=True)
+    reader.start()
+    tailer = RankDirTailer(rank_dir)
+    stopped = False
+    while True:
+        busy = _emit_ranks(tailer, emit)
+        if proc.poll() is not None:
+            break
+        if stop.is_set():
+            stopped = True
+            why = reason[0] if reason else "controller connection lost"
+            emit.send(protocol.MSG_LOG, r=None, s="agent", l=[f"dmlctl agent: {why}; stopping"])
+            kill_tree(os.getpid(), STOP_GRACE_S)
+            proc.wait()
+            break
+        if not busy:
+            time.sleep(POLL_S)
+    reader.join(5.0)
+    _emit_ranks(tailer, emit, final=True)
+    tailer.close()
+    kill_tree(os.getpid(), 1.0)  # anything a rank left behind (daemons, grandchildren)
+    code = proc.returncode
+    emit.send(protocol.MSG_EXIT, code=code, tail=list(tail), stopped=stopped)
+    return code
+
+
+def main() -> int:
+    stop = threading.Event()
+    reason: list[str] = []
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        reason.append(f"received {signal.Signals(signum).name}")
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, on_signal)
+    first = sys.stdin.readline()
+    if not first:
+        return 2
+    config = json.loads(first)
+    emit = Emitter(sys.stdout, stop)
+    become_subreaper()
+    threading.Thread(target=_watch_stdin, args=(stop, reason), daemon=True).start()
+    code = run(config, emit, stop, reason)
+    return 0 if code == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,94 @@
+"""Process ownership for the host agent: subreaper, descendant walk, tree kill.
+
+torchrun starts every worker in a session of its own, so a process-group kill does
+not reach them. The agent therefore makes itself a *child subreaper* (orphans of its
+tree are re-parented to it, not to init) and kills by walking its descendants in
+``/proc``. Nothing is ever killed by name pattern: only processes in this agent's tree.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import time
+
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> bool:
+    """Make orphaned descendants re-parent to this process (Linux); False elsewhere."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _parents() -> dict[int, int]:
+    """pid → ppid of every live process."""
+    out: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields and fields[0] != "Z":
+            out[int(entry)] = int(fields[1])
+    return out
+
+
+def descendants(root: int) -> list[int]:
+    """Live descendants of ``root`` (not ``root`` itself), parents before children."""
+    children: dict[int, list[int]] = {}
+    for pid, ppid in _parents().items():
+        children.setdefault(ppid, []).append(pid)
+    out: list[int] = []
+    todo = [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def signal_all(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def reap() -> None:
+    """Collect exited children (we are a subreaper: orphans end up here)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def kill_tree(root: int, grace: float) -> None:
+    """SIGTERM every descendant of ``root``, wait up to ``grace`` seconds, then SIGKILL
+    whatever is left; returns when none is left (or after a further 5 s)."""
+    signal_all(descendants(root), signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        reap()
+        if not descendants(root):
+            return
+        time.sleep(0.05)
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline:
+        left = descendants(root)
+        if not left:
+            return
+        signal_all(left, signal.SIGKILL)
+        reap()
+        time.sleep(0.05)

@@ -1,0 +1,91 @@
+"""``dmlctl bench comm``: run the collective benchmark as an ordinary dmlctl job.
+
+The benchmark is a real run (run directory, logs, ``dmlctl status``) of
+``comm_worker.py`` from this package, so it measures exactly the process layout,
+rendezvous and network path a training job gets. This module never imports torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from rich.console import Console
+
+from dmlctl.bench.report import OPS, CommResult, parse_metrics, size_sweep
+from dmlctl.errors import DmlctlError, UsageError
+from dmlctl.launch.api import LaunchOptions, LaunchResult, launch
+from dmlctl.spec.models import ClusterSpec, JobSpec
+
+BENCH_DIR = Path(__file__).resolve().parent
+"""The job's workdir: this package directory (shipped to every host)."""
+
+WORKER_SCRIPT = "comm_worker.py"
+JOB_NAME = "bench-comm"
+DEFAULT_FACTOR = 4
+
+
+class BenchFailed(DmlctlError):
+    """The benchmark run failed or produced no results; the message names the root cause."""
+
+
+def comm_job(
+    *, workers: int | None, ops: Sequence[str], min_bytes: int, max_bytes: int,
+    iters: int, warmup: int, factor: int = DEFAULT_FACTOR,
+) -> JobSpec:
+    """The job spec of one benchmark run (validates the options; no I/O).
+
+    Raises :class:`UsageError` for unknown ops, a bad size range, ``iters < 1``,
+    ``warmup < 0`` or ``workers < 1``.
+    """
+    unknown = [op for op in ops if op not in OPS]
+    if unknown or not ops:
+        raise UsageError(f"unknown op(s) {', '.join(unknown) or '(none)'}; valid: {', '.join(OPS)}")
+    size_sweep(min_bytes, max_bytes, factor)
+    if iters < 1 or warmup < 0:
+        raise UsageError(f"need --iters >= 1 and --warmup >= 0, got {iters} and {warmup}")
+    if workers is not None and workers < 1:
+        raise UsageError(f"--workers must be >= 1, got {workers}")
+    args = [
+        "--ops", ",".join(ops), "--min-bytes", str(min_bytes), "--max-bytes", str(max_bytes),
+        "--factor", str(factor), "--iters", str(iters), "--warmup", str(warmup),
+    ]
+    return JobSpec(
+        name=JOB_NAME, script=WORKER_SCRIPT, args=args, workers=workers, workdir=str(BENCH_DIR)
+    )
+
+
+def run_comm_bench(
+    cluster: ClusterSpec, *, workers: int | None, ops: Sequence[str], min_bytes: int,
+    max_bytes: int, iters: int, warmup: int, console: Console, home: Path | None = None,
+) -> tuple[list[CommResult], LaunchResult]:
+    """Run the benchmark on ``cluster`` and return its results (sorted by op, size).
+
+    Blocks until the run ends. Raises :class:`BenchFailed` naming the root cause if
+    the run did not succeed, or if it succeeded without results for every op.
+    """
+    job = comm_job(workers=workers, ops=ops, min_bytes=min_bytes, max_bytes=max_bytes,
+                   iters=iters, warmup=warmup)
+    result = launch(job, cluster, options=LaunchOptions(ui="quiet", home=home), console=console)
+    if result.exit_code != 0:
+        cause = result.state.root_cause if result.state is not None else None
+        why = cause.headline() if cause is not None else f"exit code {result.exit_code}"
+        raise BenchFailed(f"benchmark run {result.run_id} failed: {why}")
+    results = _read_results(result.run_dir)
+    missing = [op for op in ops if not any(r.op == op for r in results)]
+    if missing:
+        raise BenchFailed(
+            f"benchmark run {result.run_id} succeeded but reported no results for "
+            f"{', '.join(missing)}; see `dmlctl logs {result.run_id}`"
+        )
+    return results, result
+
+
+def _read_results(run_dir: Path | None) -> list[CommResult]:
+    if run_dir is None:
+        return []
+    try:
+        with open(run_dir / "metrics.jsonl", encoding="utf-8") as f:
+            return parse_metrics(f)
+    except FileNotFoundError:
+        return []

@@ -1,0 +1,139 @@
+"""``dmlctl bench launch``: what ``dmlctl launch`` costs over bare torchrun.
+
+Both sides run the same ``trivial/trivial.py`` (join a gloo group, one
+all_reduce, leave) with the same number of local workers, as child processes of
+this one, timed from spawn to exit with ``time.perf_counter``:
+
+* **dmlctl** — ``python -m dmlctl launch trivial/job.yaml --workers N --ui quiet``
+  (CLI start-up, spec loading, planning, run directory, host agent, torchrun,
+  teardown: everything a user waits for);
+* **torchrun** — ``python -m torch.distributed.run --standalone --nproc-per-node N
+  trivial.py``.
+
+Runs alternate (dmlctl, torchrun, dmlctl, …) after one untimed warm-up of each,
+so drifting machine load hits both sides alike. The result reports median, min
+and max per side and ``ratio = median(dmlctl) / median(torchrun)``. Run
+directories go to a temporary ``DMLCTL_HOME`` (or ``home``) and never to the
+user's.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from dmlctl.errors import DmlctlError, UsageError
+
+TRIVIAL_DIR = Path(__file__).resolve().parent / "trivial"
+TRIVIAL_JOB = TRIVIAL_DIR / "job.yaml"
+TRIVIAL_SCRIPT = TRIVIAL_DIR / "trivial.py"
+MIN_REPEATS = 5
+RUN_TIMEOUT_S = 300.0
+_TAIL = 1500
+
+
+class LaunchBenchFailed(DmlctlError):
+    """One of the timed commands exited non-zero or timed out; carries its output tail."""
+
+
+def dmlctl_command(workers: int) -> list[str]:
+    """argv of the dmlctl side."""
+    return [sys.executable, "-m", "dmlctl", "launch", str(TRIVIAL_JOB),
+            "--workers", str(workers), "--ui", "quiet"]
+
+
+def torchrun_command(workers: int) -> list[str]:
+    """argv of the bare torchrun side."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            "--nproc-per-node", str(workers), str(TRIVIAL_SCRIPT)]
+
+
+def _time_once(argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> float:
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(argv, env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired:
+        raise LaunchBenchFailed(f"`{' '.join(argv)}` ran longer than {RUN_TIMEOUT_S:.0f}s") from None
+    elapsed = time.perf_counter() - start
+    if proc.returncode != 0:
+        tail = (proc.stdout + proc.stderr)[-_TAIL:].strip()
+        raise LaunchBenchFailed(f"`{' '.join(argv)}` exited with {proc.returncode}:\n{tail}")
+    return elapsed
+
+
+def summarize(samples: Sequence[float]) -> dict[str, Any]:
+    """``{"median", "min", "max", "samples"}`` of wall times in seconds."""
+    return {"median": statistics.median(samples), "min": min(samples), "max": max(samples),
+            "samples": list(samples)}
+
+
+def _env(home: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["DMLCTL_HOME"] = str(home)
+    # Both sides import from the same tree, installed or not.
+    package_root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def run_launch_bench(
+    repeats: int = MIN_REPEATS, workers: int = 2, *, console: Console, home: Path | None = None,
+    timer: Callable[[Sequence[str], Mapping[str, str], Path], float] = _time_once,
+) -> dict[str, Any]:
+    """Time both launchers ``repeats`` times each (alternating) and return the report.
+
+    Report keys: ``repeats``, ``workers``, ``dmlctl_s`` and ``torchrun_s`` (see
+    :func:`summarize`), ``ratio`` and ``overhead_s`` (difference of medians).
+    Raises :class:`UsageError` for ``repeats < 5`` or ``workers < 1`` and
+    :class:`LaunchBenchFailed` if any run fails. ``timer`` is injectable for tests.
+    """
+    if repeats < MIN_REPEATS:
+        raise UsageError(f"--repeats must be at least {MIN_REPEATS} (medians of fewer are noise)")
+    if workers < 1:
+        raise UsageError(f"--workers must be >= 1, got {workers}")
+    sides = {"dmlctl": dmlctl_command(workers), "torchrun": torchrun_command(workers)}
+    times: dict[str, list[float]] = {name: [] for name in sides}
+    with tempfile.TemporaryDirectory(prefix="dmlctl-bench-launch-") as tmp:
+        env = _env(home if home is not None else Path(tmp))
+        for round_ in range(repeats + 1):
+            for name, argv in sides.items():
+                label = "warm-up" if round_ == 0 else f"{round_}/{repeats}"
+                console.log(f"{name} {label}")
+                elapsed = timer(argv, env, Path(tmp))
+                if round_ > 0:
+                    times[name].append(elapsed)
+    dml, bare = summarize(times["dmlctl"]), summarize(times["torchrun"])
+    return {
+        "repeats": repeats, "workers": workers, "dmlctl_s": dml, "torchrun_s": bare,
+        "ratio": dml["median"] / bare["median"],
+        "overhead_s": dml["median"] - bare["median"],
+        "commands": {name: " ".join(argv) for name, argv in sides.items()},
+    }
+
+
+def render_launch_table(report: Mapping[str, Any]) -> Table:
+    """Median / min / max seconds per launcher and the ratio, as a rich table."""
+    table = Table(
+        title=f"launch overhead, {report['workers']} workers, {report['repeats']} runs each",
+        title_justify="left", show_edge=False, pad_edge=False,
+    )
+    for name in ("launcher", "median (s)", "min (s)", "max (s)"):
+        table.add_column(name, justify="left" if name == "launcher" else "right")
+    for name in ("dmlctl", "torchrun"):
+        s = report[f"{name}_s"]
+        table.add_row(name, f"{s['median']:.3f}", f"{s['min']:.3f}", f"{s['max']:.3f}")
+    table.caption = (f"ratio dmlctl/torchrun = {report['ratio']:.3f} "
+                     f"(overhead {report['overhead_s']:+.3f} s)")
+    table.caption_justify = "left"
+    return table

@@ -1,0 +1,86 @@
+"""The ``dmlctl`` command: one typer app, one error boundary.
+
+Commands live one per module and only parse, call the library and render. This
+module must stay cheap to import: no torch, no pydantic at import time.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+import typer
+
+from dmlctl import __version__
+from dmlctl.cli import init_cmd, launch_cmd, logs_cmd, status_cmd, stop_cmd
+from dmlctl.errors import DmlctlError, ExitCode
+
+app = typer.Typer(
+    name="dmlctl",
+    help="Run distributed PyTorch training on this machine or on hosts reachable over SSH.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"dmlctl {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version."
+    ),
+) -> None:
+    """dmlctl: launch, watch and stop distributed training runs."""
+
+
+for module in (init_cmd, launch_cmd, status_cmd, logs_cmd, stop_cmd):
+    module.register(app)
+# BENCH
+
+
+def _error(message: str) -> None:
+    for line in message.splitlines() or [""]:
+        print(f"dmlctl: {line}" if not line.startswith(" ") else line, file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; returns (and, as a console script, exits with) the exit code."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args
+    if debug:
+        args.remove("--debug")
+    try:
+        rv = app(args=args, prog_name="dmlctl", standalone_mode=False)
+    except DmlctlError as e:
+        _error(str(e))
+        code = int(e.exit_code)
+    except click.exceptions.Exit as e:
+        code = int(e.exit_code)
+    except click.exceptions.Abort:
+        print("dmlctl: aborted", file=sys.stderr)
+        code = int(ExitCode.INTERRUPTED)
+    except click.ClickException as e:
+        e.show()
+        code = int(ExitCode.BAD_INPUT)
+    except KeyboardInterrupt:
+        code = int(ExitCode.INTERRUPTED)
+    except Exception as e:
+        if debug:
+            raise
+        print(
+            f"dmlctl: internal error: {type(e).__name__}: {e} — rerun with --debug for details",
+            file=sys.stderr,
+        )
+        code = int(ExitCode.INTERNAL)
+    else:
+        code = rv if isinstance(rv, int) else 0
+    if argv is None:
+        sys.exit(code)
+    return code

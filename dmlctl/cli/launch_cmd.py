@@ -1,0 +1,55 @@
+"""``dmlctl launch``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from dmlctl.cli.common import stderr_console, stdout_console
+
+UI_MODES = ("auto", "live", "plain", "quiet")
+
+
+def launch(
+    job_file: Path = typer.Argument(..., help="The job file (job.yaml).", show_default=False),
+    cluster: Optional[Path] = typer.Option(  # noqa: UP045 - typer needs Optional
+        None, "--cluster", "-c", help="Cluster spec; default: this machine, one worker per core."
+    ),
+    workers: Optional[int] = typer.Option(  # noqa: UP045
+        None, "--workers", "-n", help="Number of workers (overrides the job file)."
+    ),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan; start nothing."),
+    detach: bool = typer.Option(False, "--detach", "-d", help="Run in the background."),
+    ui: str = typer.Option("auto", "--ui", help="auto | live | plain | quiet"),
+) -> int:
+    """Launch a training job and follow it to the end (exit 0 only if every rank succeeded)."""
+    from dmlctl.errors import UsageError
+    from dmlctl.launch.api import LaunchOptions
+    from dmlctl.launch.api import launch as run_launch
+    from dmlctl.spec import default_cluster, load_cluster, load_job, with_workers
+
+    if ui not in UI_MODES:
+        raise UsageError(f"--ui: expected one of {', '.join(UI_MODES)}, got {ui!r}")
+    job = load_job(job_file)
+    spec = load_cluster(cluster) if cluster is not None else default_cluster()
+    if workers is not None:
+        job = with_workers(job, workers)
+    options = LaunchOptions(
+        detach=detach, dry_run=dry_run, ui=ui,  # type: ignore[arg-type]
+        job_file=job_file, cluster_file=cluster,
+    )  # fmt: skip
+    console = stdout_console()
+    result = run_launch(job, spec, options=options, console=console)
+    if detach:
+        err = stderr_console()
+        err.print(f"started run [bold]{result.run_id}[/] in the background", highlight=False)
+        err.print(f"  dmlctl status {result.run_id}\n  dmlctl logs {result.run_id} --follow\n"
+                  f"  dmlctl stop {result.run_id}", highlight=False, markup=False)
+        print(result.run_id)
+    return result.exit_code
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(launch)

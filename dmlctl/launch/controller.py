@@ -1,0 +1,82 @@
+"""The controller: runs a planned run to its end with signals wired to a clean stop.
+
+Used in the foreground by ``dmlctl launch`` and, for ``--detach``, as its own
+background process: ``python -m dmlctl.launch.controller RUN_DIR``.
+
+Signals: SIGINT (Ctrl-C) and SIGTERM (``dmlctl stop``) ask for a stop — every agent
+is told to stop and killed if it has not within the stop timeout; a second signal
+kills the agents at once. SIGHUP (the terminal went away) stops the run too.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+_pending: list[str] = []
+_REASONS = {
+    signal.SIGINT: "interrupted (Ctrl-C)",
+    signal.SIGTERM: "stopped (dmlctl stop)",
+    signal.SIGHUP: "terminal closed",
+}
+
+
+def _early(signum: int, _frame: FrameType | None) -> None:
+    _pending.append(_REASONS.get(signal.Signals(signum), "signal"))
+
+
+def install_early_handlers() -> None:
+    """Remember stop signals that arrive before the supervisor exists."""
+    for sig in _REASONS:
+        signal.signal(sig, _early)
+
+
+def run_controller(run: Any, plan: Any, sink: Any) -> Any:
+    """Supervise ``plan`` in ``run`` (a RunDir) and return the final RunState."""
+    from dmlctl.launch.supervisor import Supervisor
+    from dmlctl.transport import transport_for
+
+    transports = {h.name: transport_for(h) for h in plan.hosts}
+    sup = Supervisor(plan, run, transports, sink)
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        sup.request_stop(_REASONS.get(signal.Signals(signum), "signal"))
+
+    previous: dict[int, Callable[..., Any] | int | None] = {}
+    for sig in _REASONS:
+        previous[sig] = signal.signal(sig, on_signal)
+    for reason in _pending:
+        sup.request_stop(reason)
+    try:
+        return sup.run()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+
+def main(argv: list[str]) -> int:
+    """Entry point of a detached controller."""
+    install_early_handlers()
+    import json
+    import os
+
+    from rich.console import Console
+
+    from dmlctl.launch.sinks import make_sink
+    from dmlctl.plan.model import LaunchPlan
+    from dmlctl.runs.store import RunDir
+
+    run = RunDir(Path(argv[0]))
+    run.controller_pid.write_text(str(os.getpid()))
+    plan = LaunchPlan.from_dict(json.loads(run.plan.read_text(encoding="utf-8")))
+    console = Console(file=sys.stdout, force_terminal=False, width=120)
+    state = run_controller(run, plan, make_sink("plain", console, str(run.path)))
+    return int(state.exit_code or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,127 @@
+"""Typed events: everything that comes back from the hosts, and the controller's own steps.
+
+Events are immutable values. The supervisor reduces them into a
+:class:`dmlctl.launch.state.RunState` with :func:`dmlctl.launch.state.apply`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class Stream(str, Enum):
+    """Where a log line came from."""
+
+    STDOUT = "stdout"
+    STDERR = "stderr"
+    AGENT = "agent"  # the host agent or torchrun itself, not a rank
+
+
+@dataclass(frozen=True)
+class RootCause:
+    """Why a rank (or a host) failed: the first thing a user needs to read."""
+
+    host: str
+    rank: int | None
+    exc_type: str
+    message: str
+    traceback: tuple[str, ...] = ()
+
+    def headline(self) -> str:
+        """One line: ``rank 1 on host-a: ValueError: bad batch``."""
+        who = f"rank {self.rank}" if self.rank is not None else "host agent"
+        return f"{who} on {self.host}: {self.exc_type}: {self.message}"
+
+
+@dataclass(frozen=True)
+class LogLine:
+    host: str
+    rank: int | None
+    stream: Stream
+    text: str
+    ts: float
+
+
+@dataclass(frozen=True)
+class MetricRecord:
+    host: str
+    rank: int
+    step: int
+    values: Mapping[str, float | int | str | bool | None]
+    ts: float
+
+
+@dataclass(frozen=True)
+class RankStarted:
+    host: str
+    rank: int
+    local_rank: int
+    role: str
+    pid: int
+    ts: float
+
+
+@dataclass(frozen=True)
+class RankExited:
+    host: str
+    rank: int
+    exit_code: int
+    cause: RootCause | None
+    ts: float
+
+
+@dataclass(frozen=True)
+class AgentStarted:
+    host: str
+    pid: int
+    ts: float
+
+
+@dataclass(frozen=True)
+class AgentExited:
+    """The host agent finished; ``cause`` is set when it failed without a rank saying why."""
+
+    host: str
+    exit_code: int
+    tail: tuple[str, ...]
+    ts: float
+    cause: RootCause | None = None
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A step of the controller itself (starting agents, waiting for rendezvous, …)."""
+
+    text: str
+    ts: float
+
+
+@dataclass(frozen=True)
+class StopRequested:
+    """The user asked to stop (Ctrl-C, ``dmlctl stop``)."""
+
+    reason: str
+    ts: float
+
+
+@dataclass(frozen=True)
+class Finished:
+    """Every agent is gone; the controller closes the run."""
+
+    ts: float
+    extra: Mapping[str, str] = field(default_factory=dict)
+
+
+Event = (
+    LogLine
+    | MetricRecord
+    | RankStarted
+    | RankExited
+    | AgentStarted
+    | AgentExited
+    | Progress
+    | StopRequested
+    | Finished
+)

@@ -1,0 +1,101 @@
+"""Agent output → typed events. Pure: one line in, a list of events out.
+
+Anything that is not a well-formed agent message becomes an agent log line, so a
+stray print on a host is shown, never lost and never fatal.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from dmlctl import protocol
+from dmlctl.launch.events import (
+    AgentExited,
+    AgentStarted,
+    Event,
+    LogLine,
+    MetricRecord,
+    RankExited,
+    RankStarted,
+    RootCause,
+    Stream,
+)
+
+_STREAMS = {s.value: s for s in Stream}
+_TORCHRUN_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
+_TORCHRUN_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def torchrun_failure(host: str, tail: Sequence[str]) -> RootCause | None:
+    """The first failed rank in torchrun's failure summary (``rank : N`` /
+    ``exitcode : X`` lines), for ranks that died without a Python exception."""
+    rank: int | None = None
+    for line in tail:
+        if (m := _TORCHRUN_RANK.match(line)) is not None:
+            rank = int(m.group(1))
+        elif rank is not None and (m := _TORCHRUN_EXIT.match(line)) is not None:
+            code = int(m.group(1))
+            kind = "Signal" if code < 0 else "ExitCode"
+            return RootCause(host, rank, kind, _describe_exit(code), tuple(tail[-15:]))
+    return None
+
+
+def _cause(host: str, rank: int, error: Mapping[str, Any] | None) -> RootCause | None:
+    if not error:
+        return None
+    return RootCause(
+        host=host,
+        rank=rank,
+        exc_type=str(error.get("type", "Error")),
+        message=str(error.get("message", "")),
+        traceback=tuple(str(x) for x in error.get("traceback", ())),
+    )
+
+
+def _rank_record(host: str, rec: Mapping[str, Any]) -> list[Event]:
+    kind, rank, ts = rec["kind"], int(rec["rank"]), float(rec["ts"])
+    if kind == protocol.KIND_METRIC:
+        return [MetricRecord(host, rank, int(rec["step"]), dict(rec["values"]), ts)]
+    if kind == protocol.KIND_START:
+        return [
+            RankStarted(host, rank, int(rec["local_rank"]), str(rec["role"]), int(rec["pid"]), ts)
+        ]
+    if kind == protocol.KIND_EXIT:
+        return [RankExited(host, rank, int(rec["code"]), _cause(host, rank, rec.get("error")), ts)]
+    return []
+
+
+def parse_line(host: str, line: str, now: float) -> list[Event]:
+    """Events carried by one line of host ``host``'s agent output."""
+    try:
+        msg = json.loads(line)
+        kind = msg["k"]
+        if kind == protocol.MSG_LOG:
+            rank = msg["r"]
+            stream = _STREAMS[msg["s"]]
+            return [LogLine(host, rank, stream, text, now) for text in msg["l"]]
+        if kind == protocol.MSG_RANK:
+            return _rank_record(host, msg["rec"])
+        if kind == protocol.MSG_AGENT:
+            return [AgentStarted(host, int(msg["pid"]), now)]
+        if kind == protocol.MSG_EXIT:
+            code = int(msg["code"])
+            tail = tuple(str(x) for x in msg.get("tail", ()))
+            cause = torchrun_failure(host, tail) if code != 0 else None
+            return [AgentExited(host, code, tail, now, cause)]
+    except (ValueError, KeyError, TypeError):
+        pass
+    return [LogLine(host, None, Stream.AGENT, line, now)]

@@ -1,0 +1,64 @@
+"""Adapters from the supervisor's Sink interface to the ui/ renderers."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+from rich.console import Console
+
+from dmlctl.launch.events import Event
+from dmlctl.launch.state import RunState
+from dmlctl.launch.supervisor import NullSink, Sink
+from dmlctl.ui import LiveDashboard, PlainPrinter, render_summary
+
+UiMode = Literal["auto", "live", "plain", "quiet"]
+
+
+class LiveSink:
+    """The rich Live dashboard, then the final summary."""
+
+    def __init__(self, console: Console, run_dir: str) -> None:
+        self._console = console
+        self._run_dir = run_dir
+        self._dash = LiveDashboard(console)
+        self._dash.__enter__()
+
+    def on_events(self, events: Sequence[Event], state: RunState) -> None:
+        self._dash.update(state)
+
+    def tick(self) -> None:
+        self._dash.tick()
+
+    def close(self, state: RunState) -> None:
+        self._dash.close(state)
+        self._console.print(render_summary(state, self._run_dir))
+
+
+class PlainSink:
+    """Plain ``[rank N]`` lines for pipes and CI, then the final summary."""
+
+    def __init__(self, console: Console, run_dir: str) -> None:
+        self._console = console
+        self._run_dir = run_dir
+        self._printer = PlainPrinter(console.file)
+
+    def on_events(self, events: Sequence[Event], state: RunState) -> None:
+        self._printer.on_events(events, state)
+
+    def tick(self) -> None:
+        pass
+
+    def close(self, state: RunState) -> None:
+        self._console.print(render_summary(state, self._run_dir))
+
+
+def make_sink(mode: UiMode, console: Console, run_dir: str) -> Sink:
+    """``auto`` is ``live`` on a terminal and ``plain`` otherwise."""
+    if mode == "auto":
+        mode = "live" if console.is_terminal else "plain"
+    if mode == "live":
+        return LiveSink(console, run_dir)
+    if mode == "plain":
+        return PlainSink(console, run_dir)
+    return NullSink()

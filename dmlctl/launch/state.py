@@ -1,0 +1,294 @@
+"""The immutable run state and the pure reducer that folds events into it.
+
+``apply(state, events)`` never mutates its input and never does I/O; the supervisor
+calls it with batches of events, persists the result and hands it to the UI.
+
+Phases: ``pending → starting → running → (stopping) → succeeded | failed | stopped``.
+``lost`` is never produced here: readers (``dmlctl status``) use it for a run whose
+controller died before the run reached a final phase.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from dmlctl.errors import ExitCode
+from dmlctl.launch.events import (
+    AgentExited,
+    AgentStarted,
+    Event,
+    Finished,
+    LogLine,
+    MetricRecord,
+    Progress,
+    RankExited,
+    RankStarted,
+    RootCause,
+    StopRequested,
+    Stream,
+)
+
+TAIL_LINES = 100
+
+
+class Phase(str, Enum):
+    PENDING = "pending"
+    STARTING = "starting"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"
+    LOST = "lost"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (Phase.SUCCEEDED, Phase.FAILED, Phase.STOPPED, Phase.LOST)
+
+
+class RankStatus(str, Enum):
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (RankStatus.SUCCEEDED, RankStatus.FAILED, RankStatus.STOPPED)
+
+
+@dataclass(frozen=True)
+class RankState:
+    """What is known about one rank."""
+
+    rank: int
+    host: str
+    role: str = "worker"
+    status: RankStatus = RankStatus.PENDING
+    local_rank: int | None = None
+    pid: int | None = None
+    step: int | None = None
+    loss: float | None = None
+    samples_per_s: float | None = None
+    metrics: Mapping[str, float | int | str | bool | None] = field(default_factory=dict)
+    last_line: str = ""
+    lines: int = 0
+    exit_code: int | None = None
+
+
+@dataclass(frozen=True)
+class TailLine:
+    """One line of the merged log tail shown by the dashboard."""
+
+    host: str
+    rank: int | None
+    stream: Stream
+    text: str
+
+
+@dataclass(frozen=True)
+class RunState:
+    """Everything the dashboard, ``state.json`` and ``dmlctl status`` show about a run."""
+
+    run_id: str
+    job: str
+    strategy: str
+    world_size: int
+    hosts: tuple[str, ...]
+    created_at: float
+    phase: Phase = Phase.PENDING
+    detail: str = ""
+    started_at: float | None = None
+    ended_at: float | None = None
+    restarts: int = 0
+    ranks: tuple[RankState, ...] = ()
+    root_cause: RootCause | None = None
+    tail: tuple[TailLine, ...] = ()
+    stop_reason: str | None = None
+    exit_code: int | None = None
+
+    def elapsed(self, now: float) -> float:
+        """Seconds since the run was created, frozen once it ended."""
+        end = self.ended_at if self.ended_at is not None else now
+        return max(0.0, end - self.created_at)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (enums as strings, tuples as lists)."""
+        out: dict[str, Any] = dataclasses.asdict(self)
+        out["phase"] = self.phase.value
+        for rank in out["ranks"]:
+            rank["status"] = RankStatus(rank["status"]).value
+        for line in out["tail"]:
+            line["stream"] = Stream(line["stream"]).value
+        return out
+
+    @staticmethod
+    def from_dict(data: Mapping[str, Any]) -> RunState:
+        """Inverse of :meth:`to_dict`."""
+        cause = data.get("root_cause")
+        return RunState(
+            run_id=data["run_id"],
+            job=data["job"],
+            strategy=data["strategy"],
+            world_size=int(data["world_size"]),
+            hosts=tuple(data["hosts"]),
+            created_at=float(data["created_at"]),
+            phase=Phase(data["phase"]),
+            detail=data.get("detail", ""),
+            started_at=data.get("started_at"),
+            ended_at=data.get("ended_at"),
+            restarts=int(data.get("restarts", 0)),
+            ranks=tuple(
+                RankState(**{**r, "status": RankStatus(r["status"])}) for r in data["ranks"]
+            ),
+            root_cause=(
+                RootCause(**{**cause, "traceback": tuple(cause["traceback"])}) if cause else None
+            ),
+            tail=tuple(TailLine(**{**t, "stream": Stream(t["stream"])}) for t in data["tail"]),
+            stop_reason=data.get("stop_reason"),
+            exit_code=data.get("exit_code"),
+        )
+
+
+def new_run_state(
+    run_id: str,
+    job: str,
+    strategy: str,
+    ranks: Sequence[tuple[int, str, str]],
+    created_at: float,
+) -> RunState:
+    """Initial state from the plan: ``ranks`` is ``(rank, host, role)`` per planned rank."""
+    hosts = tuple(dict.fromkeys(host for _, host, _ in ranks))
+    return RunState(
+        run_id=run_id,
+        job=job,
+        strategy=strategy,
+        world_size=len(ranks),
+        hosts=hosts,
+        created_at=created_at,
+        ranks=tuple(RankState(rank=r, host=h, role=role) for r, h, role in ranks),
+    )
+
+
+def _as_float(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def apply(state: RunState, events: Iterable[Event]) -> RunState:
+    """Fold ``events`` (in order) into ``state`` and return the new state.
+
+    Pure: ``state`` is not changed. Cost is linear in the number of events, with one
+    copy of each touched rank per call, so callers should pass batches.
+    """
+    ranks: dict[int, RankState] = {r.rank: r for r in state.ranks}
+    updates: dict[int, dict[str, Any]] = {}
+    tail = list(state.tail)
+    s: dict[str, Any] = {}
+
+    def upd(rank: int, host: str) -> dict[str, Any]:
+        if rank not in ranks:
+            ranks[rank] = RankState(rank=rank, host=host)
+        return updates.setdefault(rank, {})
+
+    def current(rank: int, key: str) -> Any:
+        pending = updates.get(rank, {})
+        return pending[key] if key in pending else getattr(ranks[rank], key)
+
+    def get(key: str) -> Any:
+        return s[key] if key in s else getattr(state, key)
+
+    for ev in events:
+        if isinstance(ev, LogLine):
+            tail.append(TailLine(ev.host, ev.rank, ev.stream, ev.text))
+            if ev.rank is not None:
+                u = upd(ev.rank, ev.host)
+                u["last_line"] = ev.text
+                u["lines"] = current(ev.rank, "lines") + 1
+        elif isinstance(ev, MetricRecord):
+            u = upd(ev.rank, ev.host)
+            u["step"] = ev.step
+            u["metrics"] = {**current(ev.rank, "metrics"), **ev.values}
+            if (loss := _as_float(ev.values.get("loss"))) is not None:
+                u["loss"] = loss
+            if (sps := _as_float(ev.values.get("samples_per_s"))) is not None:
+                u["samples_per_s"] = sps
+        elif isinstance(ev, RankStarted):
+            u = upd(ev.rank, ev.host)
+            u.update(host=ev.host, local_rank=ev.local_rank, role=ev.role, pid=ev.pid,
+                     status=RankStatus.RUNNING)
+            if get("started_at") is None:
+                s["started_at"] = ev.ts
+            if not get("phase").terminal and get("phase") != Phase.STOPPING:
+                s["phase"] = Phase.RUNNING
+                s["detail"] = ""
+        elif isinstance(ev, RankExited):
+            u = upd(ev.rank, ev.host)
+            u["exit_code"] = ev.exit_code
+            if ev.exit_code == 0:
+                u["status"] = RankStatus.SUCCEEDED
+            elif get("phase") == Phase.STOPPING and ev.cause is None:
+                u["status"] = RankStatus.STOPPED
+            else:
+                u["status"] = RankStatus.FAILED
+                if get("root_cause") is None and get("phase") != Phase.STOPPING:
+                    s["root_cause"] = ev.cause or RootCause(
+                        ev.host, ev.rank, "ExitCode", f"exited with code {ev.exit_code}"
+                    )
+        elif isinstance(ev, AgentStarted):
+            if get("phase") == Phase.PENDING:
+                s["phase"] = Phase.STARTING
+        elif isinstance(ev, AgentExited):
+            stopping = get("phase") == Phase.STOPPING
+            failed = ev.exit_code != 0 and not stopping
+            if failed and get("root_cause") is None:
+                s["root_cause"] = ev.cause or RootCause(
+                    ev.host, None, "AgentExit", f"torchrun exited with code {ev.exit_code}",
+                    ev.tail,
+                )
+            for rank in list(ranks):
+                if current(rank, "host") != ev.host or RankStatus(current(rank, "status")).terminal:
+                    continue
+                cause = get("root_cause")
+                blamed = (
+                    failed and cause is not None and cause.host == ev.host
+                    and cause.rank in (rank, None)
+                )
+                upd(rank, ev.host)["status"] = (
+                    RankStatus.FAILED if blamed and not stopping else RankStatus.STOPPED
+                )
+        elif isinstance(ev, Progress):
+            s["detail"] = ev.text
+            if get("phase") == Phase.PENDING:
+                s["phase"] = Phase.STARTING
+        elif isinstance(ev, StopRequested):
+            if not get("phase").terminal:
+                s["phase"] = Phase.STOPPING
+                s["stop_reason"] = ev.reason
+        elif isinstance(ev, Finished):
+            s["ended_at"] = ev.ts
+            for rank in list(ranks):
+                if not RankStatus(current(rank, "status")).terminal:
+                    upd(rank, ranks[rank].host)["status"] = RankStatus.STOPPED
+            statuses = [RankStatus(current(r, "status")) for r in ranks]
+            if get("root_cause") is None and statuses and all(
+                st == RankStatus.SUCCEEDED for st in statuses
+            ):
+                s["phase"], s["exit_code"] = Phase.SUCCEEDED, int(ExitCode.OK)
+            elif get("stop_reason") is not None and get("root_cause") is None:
+                s["phase"], s["exit_code"] = Phase.STOPPED, int(ExitCode.INTERRUPTED)
+            else:
+                s["phase"], s["exit_code"] = Phase.FAILED, int(ExitCode.RUN_FAILED)
+            s["detail"] = ""
+
+    new_ranks = tuple(
+        dataclasses.replace(ranks[r], **updates[r]) if r in updates else ranks[r]
+        for r in sorted(ranks)
+    )
+    if len(tail) > TAIL_LINES:
+        tail = tail[-TAIL_LINES:]
+    return dataclasses.replace(state, **s, ranks=new_ranks, tail=tuple(tail))

@@ -1,0 +1,224 @@
+"""The supervisor: starts one host agent per host, turns their output into events,
+reduces them into the run state, records and renders it, and tears the run down.
+
+Stop rules (all bounded):
+
+* a stop request (Ctrl-C, ``dmlctl stop``) sends ``stop`` to every agent; an agent
+  still running ``stop_timeout`` seconds later is killed through its transport;
+* once a rank has failed, the other hosts' agents are stopped after ``fail_grace``
+  seconds, so no rank waits forever in a collective for a peer that is gone;
+* an agent whose output ends without an ``exit`` message is reported as lost.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol
+
+from dmlctl.launch.events import (
+    AgentExited,
+    AgentStarted,
+    Event,
+    Finished,
+    Progress,
+    RootCause,
+    StopRequested,
+)
+from dmlctl.launch.parser import parse_line
+from dmlctl.launch.state import Phase, RunState, apply, new_run_state
+from dmlctl.plan.model import LaunchPlan
+from dmlctl.runs.recorder import RunRecorder
+from dmlctl.runs.store import RunDir
+from dmlctl.transport.base import Process, Transport
+
+BATCH = 5000
+
+
+class Sink(Protocol):
+    """Where snapshots go (dashboard, plain printer, nothing)."""
+
+    def on_events(self, events: Sequence[Event], state: RunState) -> None: ...
+
+    def tick(self) -> None:
+        """Called about every 0.1 s, events or not (lets a live view advance its clock)."""
+        ...
+
+    def close(self, state: RunState) -> None: ...
+
+
+class NullSink:
+    def on_events(self, events: Sequence[Event], state: RunState) -> None:
+        pass
+
+    def tick(self) -> None:
+        pass
+
+    def close(self, state: RunState) -> None:
+        pass
+
+
+class Supervisor:
+    def __init__(
+        self,
+        plan: LaunchPlan,
+        run: RunDir,
+        transports: Mapping[str, Transport],
+        sink: Sink,
+        *,
+        clock: Callable[[], float] = time.time,
+        fail_grace: float = 2.0,
+        stop_timeout: float = 8.0,
+        persist_interval: float = 0.5,
+    ) -> None:
+        self.plan = plan
+        self.run_dir = run
+        self.transports = transports
+        self.sink = sink
+        self.clock = clock
+        self.fail_grace = fail_grace
+        self.stop_timeout = stop_timeout
+        self.persist_interval = persist_interval
+        self._stop_reason: str | None = None
+        self._force = False
+        self._lock = threading.Lock()
+        self._queue: queue.Queue[tuple[str, str | None]] = queue.Queue()
+        self._procs: dict[str, Process] = {}
+
+    def request_stop(self, reason: str) -> None:
+        """Ask the run to stop (thread- and signal-safe). A second request forces."""
+        with self._lock:
+            if self._stop_reason is None:
+                self._stop_reason = reason
+            else:
+                self._force = True
+
+    def _read(self, host: str, proc: Process) -> None:
+        try:
+            for line in proc.lines():
+                self._queue.put((host, line))
+        finally:
+            self._queue.put((host, None))
+
+    def _start_agents(self) -> list[Event]:
+        events: list[Event] = []
+        for host in self.plan.hosts:
+            try:
+                proc = self.transports[host.name].start(host.agent_argv)
+            except Exception as e:  # noqa: BLE001 - any failure to start is this host's cause
+                cause = RootCause(host.name, None, type(e).__name__, f"cannot start agent: {e}")
+                events.append(AgentExited(host.name, 127, (), self.clock(), cause))
+                continue
+            proc.send(json.dumps(host.agent_config(self.plan.run_id)))
+            self._procs[host.name] = proc
+            threading.Thread(target=self._read, args=(host.name, proc), daemon=True).start()
+        return events
+
+    def _lost(self, host: str) -> AgentExited:
+        proc = self._procs[host]
+        code = proc.wait(5.0)
+        tail = tuple(proc.stderr_tail())
+        msg = f"host agent ended without reporting (exit code {code})"
+        cause = RootCause(host, None, "AgentLost", msg, tail)
+        return AgentExited(host, code if code is not None else -1, tail, self.clock(), cause)
+
+    def run(self) -> RunState:
+        """Run the plan to its end; returns the final state (also persisted)."""
+        plan = self.plan
+        state = new_run_state(
+            plan.run_id, plan.job_name, plan.strategy,
+            [(r.rank, r.host, r.role) for r in plan.ranks], self.clock(),
+        )  # fmt: skip
+        recorder = RunRecorder(self.run_dir)
+        hosts = ", ".join(h.name for h in plan.hosts)
+        first: list[Event] = [Progress(f"starting host agents on {hosts}", self.clock())]
+        first += self._start_agents()
+        live = set(self._procs)
+        exited = {e.host for e in first if isinstance(e, AgentExited)}
+        state = self._step(state, first, recorder)
+        last_persist = 0.0
+        stop_sent = fail_stop_at = kill_at = None
+        while live:
+            batch: list[Event] = []
+            items = self._drain()
+            if items:
+                now = self.clock()
+                for host, line in items:
+                    if line is None:
+                        live.discard(host)
+                        if host not in exited:
+                            batch.append(self._lost(host))
+                        continue
+                    for ev in parse_line(host, line, now):
+                        batch.append(ev)
+                        if isinstance(ev, AgentExited):
+                            exited.add(ev.host)
+                        elif isinstance(ev, AgentStarted):
+                            batch.append(Progress(
+                                f"torchrun started on {host}; waiting for rendezvous "
+                                f"({plan.world_size} workers)", now))  # fmt: skip
+            now = self.clock()
+            with self._lock:
+                reason, force = self._stop_reason, self._force
+            if reason is not None and stop_sent is None:
+                batch.append(StopRequested(reason, now))
+                stop_sent = now
+                kill_at = now + self.stop_timeout
+                self._send_stop(live)
+            if state.root_cause is not None and stop_sent is None:
+                if fail_stop_at is None:
+                    fail_stop_at = now + self.fail_grace
+                elif now >= fail_stop_at:
+                    stop_sent = now
+                    kill_at = now + self.stop_timeout
+                    self._send_stop(live)
+            if (kill_at is not None and now >= kill_at) or force:
+                for host in live:
+                    self._procs[host].kill()
+                kill_at = None
+            self.sink.tick()
+            if batch:
+                before = state.phase
+                state = self._step(state, batch, recorder)
+                if state.phase != before or now - last_persist >= self.persist_interval:
+                    self.run_dir.write_state(state)
+                    last_persist = now
+        state = self._step(state, [Finished(self.clock())], recorder)
+        recorder.close()
+        self.run_dir.write_state(state)
+        self.run_dir.write_summary(state)
+        self.sink.close(state)
+        return state
+
+    def _drain(self) -> list[tuple[str, str | None]]:
+        """Up to BATCH queued lines, waiting at most 0.1 s for the first."""
+        items: list[tuple[str, str | None]] = []
+        try:
+            items.append(self._queue.get(timeout=0.1))
+            while len(items) < BATCH:
+                items.append(self._queue.get_nowait())
+        except queue.Empty:
+            pass
+        return items
+
+    def _send_stop(self, live: set[str]) -> None:
+        for host in live:
+            if not self._procs[host].send("stop"):
+                self._procs[host].kill()
+
+    def _step(self, state: RunState, batch: list[Event], recorder: RunRecorder) -> RunState:
+        state = apply(state, batch)
+        recorder.record(batch)
+        recorder.flush()
+        self.sink.on_events(batch, state)
+        return state
+
+
+def phase_exit_code(state: RunState) -> int:
+    """The launch exit code for a final state."""
+    if state.exit_code is not None:
+        return state.exit_code
+    return 0 if state.phase == Phase.SUCCEEDED else 1

@@ -1,0 +1,168 @@
+"""Pure construction of a :class:`LaunchPlan` from validated specs.
+
+No I/O, no clock, no randomness: the run id, the rendezvous port, the controller's
+interpreter and the local run directory are arguments, so the same inputs always
+give the same plan (tests compare plans against fixtures).
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import shlex
+from collections.abc import Mapping, Sequence
+
+from dmlctl import protocol
+from dmlctl.errors import UsageError
+from dmlctl.plan.model import HostPlan, LaunchPlan, RankPlan
+from dmlctl.spec.models import ClusterSpec, JobSpec, ResolvedHost
+
+WORKER_ROLE = "worker"
+
+
+def _assign(hosts: Sequence[ResolvedHost], workers: int) -> list[tuple[ResolvedHost, int]]:
+    """Fill hosts in order, each up to its slots; hosts left without a worker are dropped."""
+    total = sum(h.slots for h in hosts)
+    if workers > total:
+        per_host = ", ".join(f"{h.name}: {h.slots}" for h in hosts)
+        raise UsageError(
+            f"the job asks for {workers} workers but the cluster has {total} slots ({per_host});"
+            " lower 'workers' (or --workers) or raise the hosts' slots"
+        )
+    out: list[tuple[ResolvedHost, int]] = []
+    left = workers
+    for host in hosts:
+        if left == 0:
+            break
+        n = min(host.slots, left)
+        out.append((host, n))
+        left -= n
+    return out
+
+
+def torchrun_argv(
+    python: str,
+    *,
+    nnodes: int,
+    nproc: int,
+    rdzv_endpoint: str,
+    run_id: str,
+    script: str,
+    args: Sequence[str],
+) -> tuple[str, ...]:
+    """The exact torchrun command for one host (the real elastic agent, c10d rendezvous).
+
+    Each worker runs ``dmlctl.runtime.entry``, which records the rank's start and
+    exit and then runs ``script`` unchanged, as torchrun would.
+    """
+    return (
+        python, "-m", "torch.distributed.run",
+        "--nnodes", str(nnodes),
+        "--nproc-per-node", str(nproc),
+        "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", rdzv_endpoint,
+        "--rdzv-id", run_id,
+        "--max-restarts", "0",
+        "-m", "dmlctl.runtime.entry",
+        script, *args,
+    )  # fmt: skip
+
+
+def build_plan(
+    cluster: ClusterSpec,
+    job: JobSpec,
+    *,
+    run_id: str,
+    rdzv_port: int,
+    local_python: str,
+    local_run_dir: str,
+) -> LaunchPlan:
+    """Plan ``job`` on ``cluster``.
+
+    Promises: ranks are numbered host by host in cluster order (node rank = position
+    among hosts that got workers); every host's environment holds the job env, the
+    host env and the ``DMLCTL_*`` variables of :mod:`dmlctl.protocol`; the rendezvous
+    endpoint is the first host at ``rdzv_port``. Raises :class:`UsageError` when the
+    job asks for more workers than the cluster has slots.
+    """
+    hosts = cluster.resolved_hosts()
+    workers = job.workers if job.workers is not None else sum(h.slots for h in hosts)
+    assignment = _assign(hosts, workers)
+    first = assignment[0][0]
+    rdzv_endpoint = f"{first.address}:{rdzv_port}"
+    params: Mapping[str, object] = dict(job.strategy.params)
+    host_plans: list[HostPlan] = []
+    ranks: list[RankPlan] = []
+    next_rank = 0
+    for node_rank, (host, nproc) in enumerate(assignment):
+        python = local_python if host.is_local else host.python
+        if host.is_local:
+            workdir = job.workdir
+            rank_dir = posixpath.join(local_run_dir, "hosts", host.name)
+        else:
+            workdir = posixpath.join(host.workdir, job_dir_name(job))
+            rank_dir = posixpath.join(host.workdir, ".dmlctl", "runs", run_id, host.name)
+        env = {
+            # torchrun's own default for several workers per host, set here so it
+            # does not print its banner about it; the job or host env may override it.
+            "OMP_NUM_THREADS": "1",
+            **job.env,
+            **host.env,
+            "PYTHONUNBUFFERED": "1",
+            protocol.ENV_RUN_ID: run_id,
+            protocol.ENV_RANK_DIR: rank_dir,
+            protocol.ENV_HOST: host.name,
+            protocol.ENV_ROLE: WORKER_ROLE,
+            protocol.ENV_STRATEGY: job.strategy.name,
+            protocol.ENV_STRATEGY_PARAMS: json.dumps(params, sort_keys=True),
+            protocol.ENV_SCRIPT: job.script,
+        }
+        host_plans.append(
+            HostPlan(
+                name=host.name,
+                address=host.address,
+                is_local=host.is_local,
+                node_rank=node_rank,
+                nproc=nproc,
+                first_rank=next_rank,
+                python=python,
+                workdir=workdir,
+                rank_dir=rank_dir,
+                agent_argv=(python, "-m", "dmlctl.agent"),
+                torchrun_argv=torchrun_argv(
+                    python,
+                    nnodes=len(assignment),
+                    nproc=nproc,
+                    rdzv_endpoint=rdzv_endpoint,
+                    run_id=run_id,
+                    script=job.script,
+                    args=job.args,
+                ),
+                env=env,
+            )
+        )
+        for local_rank in range(nproc):
+            ranks.append(RankPlan(next_rank, host.name, local_rank, WORKER_ROLE))
+            next_rank += 1
+    return LaunchPlan(
+        run_id=run_id,
+        job_name=job.name or "job",
+        strategy=job.strategy.name,
+        strategy_params=params,
+        script=job.script,
+        args=tuple(job.args),
+        world_size=next_rank,
+        rdzv_endpoint=rdzv_endpoint,
+        hosts=tuple(host_plans),
+        ranks=tuple(ranks),
+    )
+
+
+def job_dir_name(job: JobSpec) -> str:
+    """Name of the job's code directory under a remote host's work directory."""
+    return posixpath.basename(job.workdir.rstrip("/")) or "job"
+
+
+def render_command(argv: Sequence[str]) -> str:
+    """A shell-quoted command line, for display."""
+    return shlex.join(argv)

@@ -1,0 +1,102 @@
+"""The launch plan: plain data, built by :func:`dmlctl.plan.build.build_plan`.
+
+A plan says everything that will happen on every host — ranks, roles, the exact
+torchrun command and its environment — and nothing has happened yet. It
+round-trips through JSON (``plan.json`` in the run directory; a detached controller
+reads it back).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    """One planned rank. torchrun assigns the final ranks at rendezvous; on one host
+    (and with hosts joining in plan order) they are these."""
+
+    rank: int
+    host: str
+    local_rank: int
+    role: str
+
+
+@dataclass(frozen=True)
+class HostPlan:
+    """What runs on one host: a host agent, which runs ``torchrun_argv`` in ``workdir``."""
+
+    name: str
+    address: str
+    is_local: bool
+    node_rank: int
+    nproc: int
+    first_rank: int
+    python: str
+    workdir: str
+    rank_dir: str
+    agent_argv: tuple[str, ...]
+    torchrun_argv: tuple[str, ...]
+    env: Mapping[str, str]
+
+    def agent_config(self, run_id: str) -> dict[str, Any]:
+        """The host agent's configuration, sent on its stdin (never on a command line)."""
+        return {
+            "run_id": run_id,
+            "host": self.name,
+            "workdir": self.workdir,
+            "rank_dir": self.rank_dir,
+            "argv": list(self.torchrun_argv),
+            "env": dict(self.env),
+            "nproc": self.nproc,
+            "first_rank": self.first_rank,
+        }
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """The whole run: hosts in node order, ranks in rank order."""
+
+    run_id: str
+    job_name: str
+    strategy: str
+    strategy_params: Mapping[str, Any]
+    script: str
+    args: tuple[str, ...]
+    world_size: int
+    rdzv_endpoint: str
+    hosts: tuple[HostPlan, ...]
+    ranks: tuple[RankPlan, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return dataclasses.asdict(self)
+
+    @staticmethod
+    def from_dict(data: Mapping[str, Any]) -> LaunchPlan:
+        """Inverse of :meth:`to_dict`."""
+        return LaunchPlan(
+            run_id=data["run_id"],
+            job_name=data["job_name"],
+            strategy=data["strategy"],
+            strategy_params=dict(data["strategy_params"]),
+            script=data["script"],
+            args=tuple(data["args"]),
+            world_size=int(data["world_size"]),
+            rdzv_endpoint=data["rdzv_endpoint"],
+            hosts=tuple(
+                HostPlan(
+                    **{
+                        **h,
+                        "agent_argv": tuple(h["agent_argv"]),
+                        "torchrun_argv": tuple(h["torchrun_argv"]),
+                        "env": dict(h["env"]),
+                    }
+                )
+                for h in data["hosts"]
+            ),
+            ranks=tuple(RankPlan(**r) for r in data["ranks"]),
+        )

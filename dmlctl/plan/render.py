@@ -1,0 +1,44 @@
+"""Human-readable form of a launch plan (``dmlctl launch --dry-run``), secrets redacted."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from dmlctl.plan.build import render_command
+from dmlctl.plan.model import LaunchPlan
+
+_SECRET = re.compile(r"(?i)(secret|token|passw(or)?d|api[_-]?key|credential|private)")
+REDACTED = "<redacted>"
+
+
+def redact_env(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` with the values of secret-looking keys replaced by ``<redacted>``."""
+    return {k: (REDACTED if _SECRET.search(k) else v) for k, v in env.items()}
+
+
+def render_plan(plan: LaunchPlan) -> str:
+    """Every host's agent command, torchrun command, directory, ranks and environment."""
+    out = [
+        f"run {plan.run_id}: job {plan.job_name!r}, strategy {plan.strategy}, "
+        f"{plan.world_size} workers on {len(plan.hosts)} host(s)",
+        f"rendezvous: c10d at {plan.rdzv_endpoint}",
+    ]
+    if plan.strategy_params:
+        params = ", ".join(f"{k}={v!r}" for k, v in sorted(plan.strategy_params.items()))
+        out.append(f"strategy params: {params}")
+    for host in plan.hosts:
+        last = host.first_rank + host.nproc - 1
+        where = "this machine (no SSH)" if host.is_local else f"{host.address} over SSH"
+        out += [
+            "",
+            f"host {host.name} — {where}, node rank {host.node_rank}, "
+            f"ranks {host.first_rank}–{last}",
+            f"  workdir:  {host.workdir}",
+            f"  rank dir: {host.rank_dir}",
+            f"  agent:    {render_command(host.agent_argv)}",
+            f"  torchrun: {render_command(host.torchrun_argv)}",
+            "  env:",
+        ]
+        out += [f"    {k}={v}" for k, v in sorted(redact_env(host.env).items())]
+    return "\n".join(out)

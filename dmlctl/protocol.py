@@ -1,0 +1,117 @@
+"""Wire formats between the three processes of a run (no torch, no I/O at import).
+
+* **rank → host agent.** Each rank process (the runtime entry, see
+  ``dmlctl.runtime.entry``) writes into ``$DMLCTL_RANK_DIR``:
+
+  - ``rank-<R>.stdout`` / ``rank-<R>.stderr`` — the rank's raw output (file
+    descriptors 1 and 2 point there, so a rank never blocks on a pipe);
+  - ``rank-<R>.events.jsonl`` — one JSON record per line, ``kind`` one of
+    ``start`` (rank, local_rank, pid, role), ``metric`` (rank, step, values) and
+    ``exit`` (rank, code, error or null). :class:`RankEventWriter` writes them.
+
+* **host agent → controller.** The agent prints one JSON object per line on its
+  stdout (see :func:`encode_agent_message`); the controller's parser
+  (``dmlctl.launch.parser``) turns them into typed events, adding the host name.
+
+Every record carries ``ts`` (seconds since the epoch, float).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Mapping
+from typing import Any, TextIO
+
+# Environment variables the plan sets for every rank process.
+ENV_RUN_ID = "DMLCTL_RUN_ID"
+ENV_RANK_DIR = "DMLCTL_RANK_DIR"
+ENV_HOST = "DMLCTL_HOST"
+ENV_ROLE = "DMLCTL_ROLE"
+ENV_STRATEGY = "DMLCTL_STRATEGY"
+ENV_STRATEGY_PARAMS = "DMLCTL_STRATEGY_PARAMS"
+ENV_SCRIPT = "DMLCTL_SCRIPT"
+
+# Kinds of rank records (rank-<R>.events.jsonl).
+KIND_START = "start"
+KIND_METRIC = "metric"
+KIND_EXIT = "exit"
+
+# Kinds of agent messages (agent stdout).
+MSG_LOG = "log"  # {"k": "log", "r": rank|None, "s": "stdout"|"stderr"|"agent", "l": [lines]}
+MSG_RANK = "rank"  # {"k": "rank", "rec": <rank record>}
+MSG_AGENT = "agent"  # {"k": "agent", "state": "started"|"torchrun", "pid": int}
+MSG_EXIT = "exit"  # {"k": "exit", "code": int, "tail": [lines]} — the agent's last message
+
+
+def rank_stdout(rank_dir: str, rank: int) -> str:
+    """Path of rank ``rank``'s stdout file inside ``rank_dir``."""
+    return os.path.join(rank_dir, f"rank-{rank}.stdout")
+
+
+def rank_stderr(rank_dir: str, rank: int) -> str:
+    """Path of rank ``rank``'s stderr file inside ``rank_dir``."""
+    return os.path.join(rank_dir, f"rank-{rank}.stderr")
+
+
+def rank_events(rank_dir: str, rank: int) -> str:
+    """Path of rank ``rank``'s record file inside ``rank_dir``."""
+    return os.path.join(rank_dir, f"rank-{rank}.events.jsonl")
+
+
+def _jsonable(value: Any) -> float | int | str | bool | None:
+    """Turn a metric value (python number, 0-d tensor, numpy scalar) into JSON."""
+    if isinstance(value, bool | int | float | str) or value is None:
+        return value
+    item = getattr(value, "item", None)
+    if callable(item):
+        out = item()
+        if isinstance(out, bool | int | float):
+            return out
+    return float(value)
+
+
+class RankEventWriter:
+    """Appends rank records to ``rank-<R>.events.jsonl``; each record is flushed at once.
+
+    Promise: a record is either absent or a complete line (one ``write`` call per
+    record on a line-buffered file opened in append mode).
+    """
+
+    def __init__(self, rank_dir: str, rank: int) -> None:
+        self.rank = rank
+        os.makedirs(rank_dir, exist_ok=True)
+        self._file: TextIO = open(  # noqa: SIM115 - lives as long as the rank
+            rank_events(rank_dir, rank), "a", encoding="utf-8", buffering=1
+        )
+
+    def _write(self, record: dict[str, Any]) -> None:
+        record["rank"] = self.rank
+        record["ts"] = time.time()
+        self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
+
+    def start(self, local_rank: int, role: str, host: str) -> None:
+        """Record that this rank's process is up."""
+        self._write(
+            {"kind": KIND_START, "local_rank": local_rank, "pid": os.getpid(), "role": role,
+             "host": host}
+        )
+
+    def metric(self, step: int, values: Mapping[str, Any]) -> None:
+        """Record one metric sample (values become JSON numbers or strings)."""
+        clean = {k: _jsonable(v) for k, v in values.items()}
+        self._write({"kind": KIND_METRIC, "step": step, "values": clean})
+
+    def exit(self, code: int, error: Mapping[str, Any] | None) -> None:
+        """Record the rank's exit: ``error`` is {type, message, traceback: [lines]} or None."""
+        self._write({"kind": KIND_EXIT, "code": code, "error": dict(error) if error else None})
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def encode_agent_message(kind: str, **fields: Any) -> str:
+    """One agent → controller message as a single JSON line (without newline)."""
+    fields["k"] = kind
+    return json.dumps(fields, separators=(",", ":"))

@@ -1,0 +1,49 @@
+"""Stopping a run from another process (``dmlctl stop``), through its controller."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import time
+
+from dmlctl.launch.events import Finished, StopRequested
+from dmlctl.launch.state import Phase, RunState, apply
+from dmlctl.runs.store import RunDir, pid_alive
+
+POLL_S = 0.1
+
+
+def _mark_stopped(run: RunDir, state: RunState, why: str) -> RunState:
+    now = time.time()
+    state = dataclasses.replace(state, phase=Phase.RUNNING) if state.phase == Phase.LOST else state
+    final = apply(state, [StopRequested(why, now), Finished(now)])
+    run.write_state(final)
+    run.write_summary(final)
+    return final
+
+
+def stop_run(run: RunDir, *, timeout: float) -> str:
+    """Ask the run's controller to stop (SIGTERM) and wait up to ``timeout`` s for the
+    run to end; a controller that does not end in time is killed (its host agents
+    then stop their processes themselves). Returns a one-line outcome."""
+    state = run.read_state()
+    if state.phase.terminal and state.phase != Phase.LOST:
+        return f"run {run.run_id} already ended: {state.phase.value}"
+    pid = run.controller()
+    if pid is None or not pid_alive(pid):
+        final = _mark_stopped(run, state, "controller was gone")
+        return f"run {run.run_id}: controller was gone; marked {final.phase.value}"
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if run.read_state().phase.terminal or not pid_alive(pid):
+            break
+        time.sleep(POLL_S)
+    state = run.read_state()
+    if state.phase.terminal and state.phase != Phase.LOST:
+        return f"run {run.run_id} {state.phase.value}"
+    if pid_alive(pid):
+        os.kill(pid, signal.SIGKILL)
+    final = _mark_stopped(run, state, f"controller did not stop within {timeout:g} s")
+    return f"run {run.run_id}: controller killed after {timeout:g} s; marked {final.phase.value}"

@@ -1,0 +1,309 @@
+"""The run context a training script gets from ``dmlctl.init()``.
+
+Contract:
+
+* **Where am I.** ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``,
+  ``MASTER_ADDR`` and ``MASTER_PORT`` are read as torchrun sets them. Without them
+  (plain ``python train.py``) the script is rank 0 of a world of 1 and no process
+  group is created. With a world larger than 1, :func:`init` joins the default
+  process group (``nccl`` when CUDA is available, else ``gloo``) unless the script
+  already did. The device is ``cuda:LOCAL_RANK`` when CUDA is available, else CPU.
+* **What am I.** The role comes from ``DMLCTL_ROLE`` (default ``worker``), the
+  strategy from ``DMLCTL_STRATEGY`` (default ``ssgd``) and its parameters from
+  ``DMLCTL_STRATEGY_PARAMS`` (JSON, default ``{}``), validated by the strategy's
+  ``Params`` model before anything else happens.
+* **Idempotent.** :func:`init` called again returns the same :class:`Context`
+  (its arguments are then ignored) until :meth:`Context.close`, which also runs at
+  interpreter exit and destroys the process group this module created.
+* **Same start everywhere.** ``seed`` seeds ``random`` and torch identically on
+  every rank, so replicas are built identical; data order differs per rank through
+  :meth:`Context.shard`.
+* **Metrics.** :meth:`Context.log` goes to ``rank-<R>.events.jsonl`` under
+  ``DMLCTL_RANK_DIR`` when set, else to one printed line on rank 0
+  (see :mod:`dmlctl.runtime.metrics`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from pydantic import BaseModel, ValidationError
+
+from dmlctl.protocol import ENV_RANK_DIR, ENV_ROLE, ENV_STRATEGY, ENV_STRATEGY_PARAMS
+from dmlctl.runtime.data import MapDataset, shard_batches
+from dmlctl.runtime.metrics import MetricLogger
+from dmlctl.strategies import registry
+
+DEFAULT_ROLE = "worker"
+DEFAULT_STRATEGY = "ssgd"
+
+_current: Context | None = None
+
+
+class Context:
+    """This process's place in the run, and the helpers that depend on it.
+
+    Build it with :func:`init`, not directly. Every attribute is read-only except
+    through the methods (``epoch`` follows :meth:`shard`).
+    """
+
+    def __init__(
+        self,
+        *,
+        rank: int,
+        world_size: int,
+        local_rank: int,
+        local_world_size: int,
+        role: str,
+        device: torch.device,
+        strategy: str,
+        params: BaseModel,
+        rank_dir: str | None,
+        owns_group: bool,
+    ) -> None:
+        self._rank = rank
+        self._world_size = world_size
+        self._local_rank = local_rank
+        self._local_world_size = local_world_size
+        self._role = role
+        self._device = device
+        self._strategy = strategy
+        self._params = params
+        self._owns_group = owns_group
+        self._metrics = MetricLogger(rank, rank_dir)
+        self._epoch = 0
+        self._closed = False
+
+    @property
+    def rank(self) -> int:
+        """Global rank, ``0 .. world_size - 1``."""
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        """Number of processes in the run."""
+        return self._world_size
+
+    @property
+    def local_rank(self) -> int:
+        """Rank among the processes on this host."""
+        return self._local_rank
+
+    @property
+    def local_world_size(self) -> int:
+        """Number of processes on this host."""
+        return self._local_world_size
+
+    @property
+    def role(self) -> str:
+        """``worker`` for training processes; strategies may define others (``server``)."""
+        return self._role
+
+    @property
+    def device(self) -> torch.device:
+        """Where this rank's model and batches live."""
+        return self._device
+
+    @property
+    def strategy(self) -> str:
+        """Registered name of the strategy in use."""
+        return self._strategy
+
+    @property
+    def strategy_params(self) -> BaseModel:
+        """The validated parameters of the strategy (its ``Params`` instance)."""
+        return self._params
+
+    @property
+    def is_main(self) -> bool:
+        """True on rank 0: the rank that prints, evaluates once, saves checkpoints."""
+        return self._rank == 0
+
+    @property
+    def epoch(self) -> int:
+        """Epoch of the batch :meth:`shard` yielded last (0 before it starts)."""
+        return self._epoch
+
+    def prepare(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+    ) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        """Move ``model`` to :attr:`device` and let the strategy wrap both objects.
+
+        Build the optimizer on ``model.parameters()`` before calling this and use the
+        returned pair afterwards. Moving keeps the parameter objects, so the
+        optimizer still refers to them.
+        """
+        model = model.to(self._device)
+        module = registry.load(self._strategy)
+        return module.prepare(self, model, optimizer, self._params)
+
+    def shard(
+        self,
+        dataset: MapDataset,
+        *,
+        batch_size: int,
+        epochs: int = 1,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        start_epoch: int = 0,
+    ) -> Iterator[Any]:
+        """Iterate over this rank's batches for epochs ``start_epoch .. epochs - 1``.
+
+        ``batch_size`` is per rank. Batches are collated (a tensor dataset yields
+        tuples of tensors) and already on :attr:`device`. :attr:`epoch` follows the
+        iteration; samples are counted for ``samples_per_s``. See
+        :func:`dmlctl.runtime.data.shard_batches` for the sharding promises.
+        """
+        self._metrics.start_clock()
+        return shard_batches(
+            dataset,
+            rank=self._rank,
+            world_size=self._world_size,
+            batch_size=batch_size,
+            epochs=epochs,
+            shuffle=shuffle,
+            seed=seed,
+            drop_last=drop_last,
+            start_epoch=start_epoch,
+            device=self._device,
+            on_epoch=self._set_epoch,
+            on_batch=self._metrics.count,
+        )
+
+    def _set_epoch(self, epoch: int) -> None:
+        self._epoch = epoch
+
+    def log(self, step: int | None = None, **metrics: Any) -> int:
+        """Record ``metrics`` (numbers or one-element tensors) for this rank.
+
+        ``step`` defaults to the previous step + 1 (first: 0). Returns the step used.
+        """
+        return self._metrics.log(step, metrics)
+
+    def barrier(self) -> None:
+        """Wait until every rank gets here (no-op in a world of 1)."""
+        if self._world_size > 1:
+            dist.barrier()
+
+    def all_reduce_mean(self, value: float | torch.Tensor) -> float:
+        """Mean of a scalar over all ranks, returned to every rank as a float.
+
+        Collective: every rank must call it. Meant for evaluation metrics.
+        """
+        if isinstance(value, torch.Tensor):
+            if value.numel() != 1:
+                raise ValueError(f"expected a scalar, got shape {tuple(value.shape)}")
+            tensor = value.detach().reshape(()).to(self._device, torch.float64)
+        else:
+            tensor = torch.tensor(float(value), dtype=torch.float64, device=self._device)
+        if self._world_size > 1:
+            tensor = tensor.clone()
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+            tensor /= self._world_size
+        return float(tensor.item())
+
+    def close(self) -> None:
+        """Flush metrics and destroy the process group this context created.
+
+        Idempotent; registered with ``atexit``. A later :func:`init` starts afresh.
+        """
+        global _current
+        if self._closed:
+            return
+        self._closed = True
+        self._metrics.close()
+        if self._owns_group and dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+        if _current is self:
+            _current = None
+
+    def __repr__(self) -> str:
+        return (
+            f"Context(rank={self._rank}, world_size={self._world_size}, role={self._role!r}, "
+            f"device={self._device}, strategy={self._strategy!r})"
+        )
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={raw!r} is not an integer") from None
+
+
+def _strategy_from_env() -> tuple[str, BaseModel, tuple[str, ...]]:
+    name = os.environ.get(ENV_STRATEGY) or DEFAULT_STRATEGY
+    module = registry.load(name)  # UnknownStrategy lists the valid names
+    raw = os.environ.get(ENV_STRATEGY_PARAMS) or "{}"
+    try:
+        params = module.Params.model_validate(json.loads(raw))
+    except (json.JSONDecodeError, ValidationError) as exc:
+        raise ValueError(f"{ENV_STRATEGY_PARAMS} is invalid for strategy {name!r}: {exc}") from exc
+    return name, params, module.ROLES
+
+
+def init(*, backend: str | None = None, seed: int | None = 0) -> Context:
+    """Join the run (once) and return its :class:`Context`; see the module docstring.
+
+    ``backend`` overrides the process-group backend; ``seed=None`` skips seeding.
+    """
+    global _current
+    if _current is not None:
+        return _current
+    rank = _env_int("RANK", 0)
+    world_size = _env_int("WORLD_SIZE", 1)
+    local_rank = _env_int("LOCAL_RANK", rank)
+    local_world_size = _env_int("LOCAL_WORLD_SIZE", world_size)
+    if not 0 <= rank < world_size:
+        raise ValueError(f"RANK={rank} is outside WORLD_SIZE={world_size}")
+    strategy, params, roles = _strategy_from_env()
+    role = os.environ.get(ENV_ROLE) or DEFAULT_ROLE
+    if role not in roles:
+        raise ValueError(f"role {role!r} is not one of strategy {strategy!r}'s: {roles}")
+
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    owns_group = False
+    if world_size > 1 and not dist.is_initialized():
+        chosen = backend or ("nccl" if device.type == "cuda" else "gloo")
+        dist.init_process_group(backend=chosen, rank=rank, world_size=world_size)
+        owns_group = True
+    if seed is not None:
+        random.seed(seed)
+        torch.manual_seed(seed)
+
+    _current = Context(
+        rank=rank,
+        world_size=world_size,
+        local_rank=local_rank,
+        local_world_size=local_world_size,
+        role=role,
+        device=device,
+        strategy=strategy,
+        params=params,
+        rank_dir=os.environ.get(ENV_RANK_DIR) or None,
+        owns_group=owns_group,
+    )
+    atexit.register(_current.close)
+    return _current
+
+
+def current() -> Context:
+    """The context :func:`init` returned; ``RuntimeError`` before ``init()``."""
+    if _current is None:
+        raise RuntimeError("no dmlctl context: call dmlctl.init() first")
+    return _current

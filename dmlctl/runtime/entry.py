@@ -1,0 +1,123 @@
+"""The rank entry point torchrun runs: ``python -m dmlctl.runtime.entry SCRIPT ARGS…``.
+
+Promises, for every rank process:
+
+* file descriptors 1 and 2 point at ``rank-<R>.stdout`` / ``rank-<R>.stderr`` in
+  ``$DMLCTL_RANK_DIR`` (append mode), so a rank never blocks on a pipe and nothing
+  it — or any child it starts — prints is lost;
+* a ``start`` record is written before the script runs, an ``exit`` record after it
+  ends (code 0, or 1 with the exception type, message and traceback);
+* the script runs unchanged, as ``__main__``, with ``sys.argv`` = [SCRIPT, ARGS…]
+  and its directory first on ``sys.path`` — exactly as torchrun would run it;
+* on failure, torchelastic's error file (``$TORCHELASTIC_ERROR_FILE``) is written
+  too, so torchrun's own summary names the exception.
+
+Without ``$DMLCTL_RANK_DIR`` it only runs the script.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import sys
+import time
+import traceback
+
+from dmlctl import protocol
+
+TRACEBACK_LINES = 40
+
+
+def _redirect(rank_dir: str, rank: int) -> None:
+    os.makedirs(rank_dir, exist_ok=True)
+    for fd, path in (
+        (1, protocol.rank_stdout(rank_dir, rank)),
+        (2, protocol.rank_stderr(rank_dir, rank)),
+    ):
+        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(target, fd)
+        os.close(target)
+
+
+def _error_record(exc: BaseException) -> dict[str, object]:
+    lines = "".join(traceback.format_exception(exc)).rstrip("\n").split("\n")
+    return {
+        "type": type(exc).__qualname__,
+        "message": str(exc),
+        "traceback": lines[-TRACEBACK_LINES:],
+    }
+
+
+def _write_torchelastic_error(error: dict[str, object]) -> None:
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    message = {
+        "message": f"{error['type']}: {error['message']}",
+        "extraInfo": {
+            "py_callstack": "\n".join(error["traceback"]),  # type: ignore[arg-type]
+            "timestamp": str(int(time.time())),
+        },
+    }
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump({"message": message}, f)
+    except OSError:
+        pass
+
+
+def _exit_code(code: object) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    return 1
+
+
+def main(argv: list[str]) -> int:
+    """Run ``argv[0]`` as a script with ``argv[1:]`` as its arguments."""
+    if not argv:
+        print("usage: python -m dmlctl.runtime.entry SCRIPT [ARGS...]", file=sys.stderr)
+        return 2
+    rank = int(os.environ.get("RANK", "0"))
+    rank_dir = os.environ.get(protocol.ENV_RANK_DIR)
+    writer = None
+    if rank_dir:
+        _redirect(rank_dir, rank)
+        writer = protocol.RankEventWriter(rank_dir, rank)
+        writer.start(
+            int(os.environ.get("LOCAL_RANK", "0")),
+            os.environ.get(protocol.ENV_ROLE, "worker"),
+            os.environ.get(protocol.ENV_HOST, ""),
+        )
+    script = argv[0]
+    sys.argv = list(argv)
+    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as e:
+        code = _exit_code(e.code)
+        if code != 0 and isinstance(e.code, str):
+            print(e.code, file=sys.stderr)
+        if writer is not None:
+            error = None if code == 0 else {
+                "type": "SystemExit", "message": f"exit code {code}", "traceback": [],
+            }
+            writer.exit(code, error)
+        return code
+    except BaseException as e:  # noqa: BLE001 - everything the script raises is reported
+        error = _error_record(e)
+        traceback.print_exception(e)
+        sys.stderr.flush()
+        _write_torchelastic_error(error)
+        if writer is not None:
+            writer.exit(1, error)
+        return 1
+    if writer is not None:
+        writer.exit(0, None)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

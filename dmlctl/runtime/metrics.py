@@ -1,0 +1,121 @@
+"""Metric emission for one rank: what ``Context.log`` does.
+
+Under dmlctl (``DMLCTL_RANK_DIR`` set) every call appends one ``metric`` record to
+``rank-<R>.events.jsonl`` through :class:`dmlctl.protocol.RankEventWriter`; the host
+agent tails that file, so logging never blocks on a pipe. Without it (plain
+``python train.py`` or bare torchrun) rank 0 prints one line ``step 10 loss=0.1234 …``
+and the other ranks stay silent.
+
+Cost: one ``.item()`` per tensor value (a device sync on GPU), nothing else.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from dmlctl.protocol import RankEventWriter
+
+Scalar = float | int | str
+
+THROUGHPUT_KEY = "samples_per_s"
+
+
+def to_scalar(name: str, value: Any) -> Scalar:
+    """A metric value as a JSON scalar: tensors (one element) and floats become float.
+
+    Python ints and strings are kept; bools become ints. Raises ``ValueError`` for
+    a tensor with more than one element and ``TypeError`` for anything not numeric.
+    """
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise ValueError(
+                f"metric {name!r} must be a scalar, got a tensor of shape {tuple(value.shape)}"
+            )
+        return float(value.detach().item())
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, int | str):
+        return value
+    try:
+        return float(value)  # python/numpy floats, 0-d arrays
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"metric {name!r} must be a number or a scalar tensor, got {type(value).__name__}"
+        ) from None
+
+
+def format_value(value: Scalar) -> str:
+    """Short, readable rendering of one value for the console line."""
+    if isinstance(value, float):
+        magnitude = abs(value)
+        if value == 0 or 1e-3 <= magnitude < 100:
+            return f"{value:.4f}"
+        if 100 <= magnitude < 1e12:
+            return f"{value:.1f}"
+        return f"{value:.3e}"
+    return str(value)
+
+
+class MetricLogger:
+    """Steps, throughput and the destination of one rank's metrics.
+
+    * ``step=None`` means "previous step + 1" (the first automatic step is 0); an
+      explicit step resets the counter, so automatic steps continue after it.
+    * Once :meth:`count` has been called (the data iterator is in use) every record
+      gets ``samples_per_s``: samples counted since the previous record (or since
+      :meth:`start_clock`) divided by the wall time since then — unless the caller
+      passed that key itself.
+    """
+
+    def __init__(self, rank: int, rank_dir: str | None) -> None:
+        self._rank = rank
+        self._rank_dir = rank_dir
+        self._writer: RankEventWriter | None = None
+        self._next_step = 0
+        self._samples = 0
+        self._counting = False
+        self._since = time.perf_counter()
+
+    def start_clock(self) -> None:
+        """Start measuring throughput now, unless it is already measured."""
+        if not self._counting:
+            self._counting = True
+            self._samples = 0
+            self._since = time.perf_counter()
+
+    def count(self, samples: int) -> None:
+        """Add ``samples`` consumed by this rank (called by the data iterator)."""
+        self._samples += samples
+
+    def log(self, step: int | None, metrics: Mapping[str, Any]) -> int:
+        """Record ``metrics`` at ``step`` (or the automatic step); return the step used."""
+        if step is None:
+            step = self._next_step
+        elif isinstance(step, bool) or not isinstance(step, int):
+            raise TypeError(f"step must be an int, got {type(step).__name__}")
+        self._next_step = step + 1
+        values = {name: to_scalar(name, v) for name, v in metrics.items()}
+        now = time.perf_counter()
+        if self._counting and THROUGHPUT_KEY not in values:
+            elapsed = now - self._since
+            values[THROUGHPUT_KEY] = self._samples / elapsed if elapsed > 0 else 0.0
+        self._samples = 0
+        self._since = now
+        if self._rank_dir is not None:
+            if self._writer is None:
+                self._writer = RankEventWriter(self._rank_dir, self._rank)
+            self._writer.metric(step, values)
+        elif self._rank == 0:
+            line = " ".join(f"{k}={format_value(v)}" for k, v in values.items())
+            print(f"step {step} {line}".rstrip(), flush=True)
+        return step
+
+    def close(self) -> None:
+        """Close the record file (a later :meth:`log` reopens it)."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None

@@ -1,0 +1,75 @@
+"""Strategies registered by name, imported lazily.
+
+The control plane uses this registry to validate a job's ``strategy`` block before
+anything starts (the parameter model lives in the strategy's module, which must not
+import torch at module level). The runtime uses it to find the strategy's
+``prepare`` function on the hosts. Adding a strategy = one module + one entry here.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from pydantic import BaseModel
+
+
+class StrategyModule(Protocol):
+    """What a strategy module provides (module-level names)."""
+
+    Params: type[BaseModel]
+    ROLES: tuple[str, ...]
+
+    def prepare(self, ctx: Any, model: Any, optimizer: Any, params: BaseModel) -> tuple[Any, Any]:
+        """Wrap ``model`` and ``optimizer`` for this strategy; return the wrapped pair."""
+        ...
+
+
+@dataclass(frozen=True)
+class StrategyEntry:
+    name: str
+    module: str
+    summary: str
+
+
+_REGISTRY: dict[str, StrategyEntry] = {
+    e.name: e
+    for e in (
+        StrategyEntry(
+            "ssgd",
+            "dmlctl.strategies.ssgd",
+            "synchronous SGD: gradients all-reduced every step (PyTorch DDP)",
+        ),
+    )
+}
+
+
+class UnknownStrategy(KeyError):
+    """Raised for a name that is not registered; ``str()`` lists the valid names."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(name)
+
+    def __str__(self) -> str:
+        return f"unknown strategy {self.name!r}; valid: {', '.join(names())}"
+
+
+def names() -> list[str]:
+    """Registered strategy names, sorted."""
+    return sorted(_REGISTRY)
+
+
+def entry(name: str) -> StrategyEntry:
+    """The registry entry for ``name`` or :class:`UnknownStrategy`."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise UnknownStrategy(name) from None
+
+
+def load(name: str) -> StrategyModule:
+    """Import and return the strategy module for ``name`` (cheap: no torch at import)."""
+    module: StrategyModule = importlib.import_module(entry(name).module)  # type: ignore[assignment]
+    return module

@@ -1,0 +1,76 @@
+"""How commands reach a host: one narrow, typed interface.
+
+``run`` executes a command to completion and always returns a :class:`Result`;
+``start`` starts a long-lived command (the host agent) and returns a
+:class:`Process` whose stdout is read line by line. Implementations:
+:class:`dmlctl.transport.local.LocalTransport` (subprocess) and, for remote
+hosts, an SSH transport; tests use scripted fakes through the same interface.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class Result:
+    """The outcome of one finished command (whatever the options, always this type)."""
+
+    host: str
+    argv: tuple[str, ...]
+    exit_code: int
+    stdout: str
+    stderr: str
+    duration: float
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+
+class Process(Protocol):
+    """A running command on a host."""
+
+    host: str
+
+    def lines(self) -> Iterator[str]:
+        """Lines of the command's stdout (without newline) until it closes."""
+        ...
+
+    def send(self, line: str) -> bool:
+        """Write one line to the command's stdin; False if stdin is closed."""
+        ...
+
+    def close_stdin(self) -> None: ...
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        """The exit code, or None if still running after ``timeout`` seconds."""
+        ...
+
+    def kill(self) -> None:
+        """Stop the command (and, where the transport can, everything it started)."""
+        ...
+
+    def stderr_tail(self) -> list[str]:
+        """The last lines the command wrote to stderr."""
+        ...
+
+
+class Transport(Protocol):
+    """One host's way to run commands."""
+
+    host: str
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float,
+        cwd: str | None = None,
+        input: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> Result: ...
+
+    def start(self, argv: Sequence[str], *, cwd: str | None = None) -> Process: ...

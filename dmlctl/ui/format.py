@@ -1,0 +1,245 @@
+"""Shared formatting pieces of every dmlctl view (dashboard, status, end-of-run summary).
+
+Everything here is pure: values in, strings or rich renderables out, no I/O and no
+clock reads. User-controlled text (log lines, tracebacks, job names) always goes into
+:class:`rich.text.Text` verbatim, never through console markup, so a log line such as
+``[red]x[/red]`` is shown as written and can never break rendering.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from rich.console import Group, RenderableType
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from dmlctl.launch.events import RootCause, Stream
+from dmlctl.launch.state import Phase, RankState, RankStatus, RunState, TailLine
+
+MISSING = "-"
+"""Shown where a value is not known yet (no metric reported, no exit code)."""
+
+PHASE_STYLES: dict[Phase, str] = {
+    Phase.PENDING: "dim",
+    Phase.STARTING: "cyan",
+    Phase.RUNNING: "bold blue",
+    Phase.STOPPING: "yellow",
+    Phase.SUCCEEDED: "bold green",
+    Phase.FAILED: "bold red",
+    Phase.STOPPED: "yellow",
+    Phase.LOST: "magenta",
+}
+
+STATUS_STYLES: dict[RankStatus, str] = {
+    RankStatus.PENDING: "dim",
+    RankStatus.RUNNING: "blue",
+    RankStatus.SUCCEEDED: "green",
+    RankStatus.FAILED: "bold red",
+    RankStatus.STOPPED: "yellow",
+}
+
+# Red is kept for errors, so no rank prefix can be mistaken for a failure.
+RANK_PALETTE = (
+    "cyan",
+    "magenta",
+    "green",
+    "yellow",
+    "blue",
+    "bright_cyan",
+    "bright_magenta",
+    "bright_green",
+)
+AGENT_STYLE = "bold white"
+STDERR_STYLE = "dim red"
+
+LAST_LINE_CHARS = 120
+"""Hard cap on a log line shown in a table cell, before the column's own ellipsis."""
+
+_CONTROL = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-_]|[\x00-\x08\x0b-\x1f\x7f]")
+
+
+def format_duration(seconds: float) -> str:
+    """``H:MM:SS`` (hours grow past 9, never days); negative input counts as zero."""
+    total = max(0, int(seconds))
+    hours, rest = divmod(total, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}"
+
+
+def format_loss(value: float | None) -> str:
+    """Four significant digits (``0.4321``, ``1.235e-05``), or ``-`` when unknown."""
+    return MISSING if value is None else f"{value:.4g}"
+
+
+def format_rate(value: float | None) -> str:
+    """Samples per second with one decimal and thousands separators, or ``-``."""
+    return MISSING if value is None else f"{value:,.1f}"
+
+
+def format_step(value: int | None) -> str:
+    """The step number, or ``-`` before the first metric record."""
+    return MISSING if value is None else str(value)
+
+
+def clean_line(text: str) -> str:
+    """What a terminal would finally show of a raw log line, on one line.
+
+    Keeps only the last carriage-return segment (progress bars redraw with ``\\r``),
+    drops ANSI escape sequences and control characters, expands tabs.
+    """
+    if "\r" in text:
+        parts = [p for p in text.split("\r") if p.strip()]
+        text = parts[-1] if parts else ""
+    if "\x1b" in text or not text.isprintable():
+        text = _CONTROL.sub("", text.replace("\n", " "))
+    return text.expandtabs(4).rstrip()
+
+
+def truncate(text: str, limit: int) -> str:
+    """``text`` unchanged if it has at most ``limit`` characters, else cut with ``…``."""
+    if len(text) <= limit:
+        return text
+    return text[: max(0, limit - 1)] + "…"
+
+
+def rank_style(rank: int) -> str:
+    """The colour of rank ``rank``'s prefix; stable for a rank across views."""
+    return RANK_PALETTE[rank % len(RANK_PALETTE)]
+
+
+def phase_text(phase: Phase) -> Text:
+    """The phase name in its colour."""
+    return Text(phase.value, style=PHASE_STYLES[phase])
+
+
+def status_text(rank: RankState) -> Text:
+    """The rank's status in its colour, with the exit code when it was non-zero."""
+    label = rank.status.value
+    if rank.exit_code not in (None, 0):
+        label = f"{label} ({rank.exit_code})"
+    return Text(label, style=STATUS_STYLES[rank.status])
+
+
+def tail_text(line: TailLine) -> Text:
+    """One merged-log line: ``[rank N]`` (coloured per rank) or ``[host]`` for the agent.
+
+    stderr text is dimmed red; the line never wraps (it ends in ``…`` when too wide).
+    """
+    if line.rank is None:
+        prefix = Text(f"[{line.host}]", style=AGENT_STYLE)
+    else:
+        prefix = Text(f"[rank {line.rank}]", style=rank_style(line.rank))
+    body_style = STDERR_STYLE if line.stream is Stream.STDERR else ""
+    out = Text(no_wrap=True, overflow="ellipsis")
+    out.append_text(prefix)
+    out.append(" ")
+    out.append(truncate(clean_line(line.text), 4 * LAST_LINE_CHARS), style=body_style)
+    return out
+
+
+def run_header(state: RunState, now: float, *, marker: str | None = None) -> RenderableType:
+    """Two lines: identity (run, job, strategy) then phase, elapsed, restarts, world.
+
+    ``marker`` (a spinner frame) is put before ``state.detail`` when given; the detail
+    line is shown only when there is something to say (progress text, stop reason).
+    """
+    ident = Text.assemble(
+        ("run ", "dim"),
+        (state.run_id, "bold"),
+        ("  job ", "dim"),
+        (state.job, ""),
+        ("  strategy ", "dim"),
+        (state.strategy, ""),
+    )
+    status = Text.assemble(
+        phase_text(state.phase),
+        ("  elapsed ", "dim"),
+        (format_duration(state.elapsed(now)), ""),
+        ("  restarts ", "dim"),
+        (str(state.restarts), "yellow" if state.restarts else ""),
+        ("  world ", "dim"),
+        (str(state.world_size), ""),
+        ("  hosts ", "dim"),
+        (str(len(state.hosts)), ""),
+    )
+    if state.exit_code is not None:
+        status.append("  exit code ", style="dim")
+        status.append(str(state.exit_code), style="red" if state.exit_code else "green")
+    lines: list[RenderableType] = [ident, status]
+    detail = state.detail
+    if state.phase is Phase.STOPPING and state.stop_reason:
+        detail = f"stopping: {state.stop_reason}"
+    if detail:
+        text = Text(no_wrap=True, overflow="ellipsis")
+        if marker:
+            text.append(f"{marker} ", style="cyan")
+        text.append(clean_line(detail), style="italic")
+        lines.append(text)
+    return Group(*lines)
+
+
+def select_ranks(ranks: Sequence[RankState], limit: int | None) -> tuple[RankState, ...]:
+    """At most ``limit`` ranks in rank order, failed ranks first to be kept."""
+    if limit is None or len(ranks) <= limit:
+        return tuple(ranks)
+    failed = [r for r in ranks if r.status is RankStatus.FAILED][:limit]
+    chosen = {r.rank for r in failed}
+    for r in ranks:
+        if len(chosen) >= limit:
+            break
+        chosen.add(r.rank)
+    return tuple(r for r in ranks if r.rank in chosen)
+
+
+def rank_table(
+    ranks: Sequence[RankState], *, last_line: bool = True, max_rows: int | None = None
+) -> Table:
+    """One row per rank: host, rank, role, state, step, loss, samples/s (, last line).
+
+    With ``max_rows`` and more ranks than that, failed ranks are kept first and the
+    caption says how many rows were left out. The last-line column never wraps.
+    """
+    shown = select_ranks(ranks, max_rows)
+    table = Table(expand=False, pad_edge=False, box=None, header_style="bold")
+    table.add_column("host", no_wrap=True)
+    table.add_column("rank", justify="right")
+    table.add_column("role")
+    table.add_column("state", no_wrap=True)
+    table.add_column("step", justify="right")
+    table.add_column("loss", justify="right")
+    table.add_column("samples/s", justify="right")
+    if last_line:
+        table.add_column("last line", no_wrap=True, overflow="ellipsis", ratio=1)
+    for r in shown:
+        cells: list[RenderableType] = [
+            Text(r.host),
+            Text(str(r.rank), style=rank_style(r.rank)),
+            Text(r.role),
+            status_text(r),
+            format_step(r.step),
+            format_loss(r.loss),
+            format_rate(r.samples_per_s),
+        ]
+        if last_line:
+            cells.append(Text(truncate(clean_line(r.last_line), LAST_LINE_CHARS)))
+        table.add_row(*cells)
+    if len(shown) < len(ranks):
+        table.caption = f"… {len(ranks) - len(shown)} more ranks not shown"
+    return table
+
+
+def root_cause_panel(cause: RootCause, *, max_lines: int = 15) -> Panel:
+    """Red panel: the headline, then the last ``max_lines`` traceback lines verbatim."""
+    body = Text()
+    body.append(cause.headline(), style="bold red")
+    lines = [ln for chunk in cause.traceback for ln in chunk.splitlines() if ln.strip()]
+    if len(lines) > max_lines:
+        body.append(f"\n… {len(lines) - max_lines} earlier traceback lines", style="dim")
+        lines = lines[-max_lines:]
+    for ln in lines:
+        body.append("\n")
+        body.append(clean_line(ln))
+    return Panel(body, title="root cause", title_align="left", border_style="red")

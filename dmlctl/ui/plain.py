@@ -1,0 +1,108 @@
+"""Line-oriented output for non-terminals (CI logs, pipes, ``| tee``).
+
+No colours, no cursor movement: every line stands alone and is grep-able.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import TextIO
+
+from dmlctl.launch.events import (
+    AgentExited,
+    AgentStarted,
+    Event,
+    Finished,
+    LogLine,
+    Progress,
+    RankExited,
+    RankStarted,
+    StopRequested,
+)
+from dmlctl.launch.state import RankState, RunState
+from dmlctl.ui.format import format_loss, format_rate, format_step
+
+_Snapshot = tuple[int | None, float | None, float | None]
+
+
+class PlainPrinter:
+    """Prints a run's events as plain lines to ``out``.
+
+    Line formats (one event, one line):
+
+    * log lines: ``[rank N] text``, or ``[host] text`` when no rank sent it (agent);
+    * controller progress: ``dmlctl: text``;
+    * ranks and agents: ``dmlctl: rank 1 started on local (worker, pid 42)``,
+      ``dmlctl: rank 1 on local exited with code 1``, ``dmlctl: agent on local exited …``;
+    * metrics: at most once every ``summary_interval`` seconds (by ``clock``, counted
+      from construction), ``dmlctl: rank N step S loss L samples/s R`` for each rank
+      whose step, loss or rate changed since the last summary; a final summary is
+      printed when the run finishes, whatever the interval.
+
+    Each :meth:`on_events` call writes one string and flushes once, so tens of
+    thousands of lines per second cost little. Not thread-safe.
+    """
+
+    def __init__(
+        self,
+        out: TextIO,
+        summary_interval: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._out = out
+        self._interval = summary_interval
+        self._clock = clock
+        self._last_summary_at = clock()
+        self._reported: dict[int, _Snapshot] = {}
+
+    def on_events(self, events: Sequence[Event], state: RunState) -> None:
+        """Print ``events`` (already folded into ``state``) and a summary if one is due."""
+        buf: list[str] = []
+        emit = buf.append
+        finished = False
+        for ev in events:
+            if isinstance(ev, LogLine):
+                who = f"rank {ev.rank}" if ev.rank is not None else ev.host
+                emit(f"[{who}] {ev.text.rstrip()}")
+            elif isinstance(ev, Progress):
+                emit(f"dmlctl: {ev.text}")
+            elif isinstance(ev, RankStarted):
+                emit(f"dmlctl: rank {ev.rank} started on {ev.host} ({ev.role}, pid {ev.pid})")
+            elif isinstance(ev, RankExited):
+                line = f"dmlctl: rank {ev.rank} on {ev.host} exited with code {ev.exit_code}"
+                if ev.cause is not None:
+                    line += f": {ev.cause.exc_type}: {ev.cause.message}"
+                emit(line)
+            elif isinstance(ev, AgentStarted):
+                emit(f"dmlctl: agent started on {ev.host} (pid {ev.pid})")
+            elif isinstance(ev, AgentExited):
+                emit(f"dmlctl: agent on {ev.host} exited with code {ev.exit_code}")
+            elif isinstance(ev, StopRequested):
+                emit(f"dmlctl: stopping: {ev.reason}")
+            elif isinstance(ev, Finished):
+                finished = True
+        now = self._clock()
+        if finished or now - self._last_summary_at >= self._interval:
+            self._last_summary_at = now
+            buf.extend(self._summary_lines(state.ranks))
+        if finished:
+            code = "" if state.exit_code is None else f" (exit code {state.exit_code})"
+            emit(f"dmlctl: run {state.run_id} {state.phase.value}{code}")
+        if buf:
+            buf.append("")
+            self._out.write("\n".join(buf))
+            self._out.flush()
+
+    def _summary_lines(self, ranks: Sequence[RankState]) -> list[str]:
+        lines = []
+        for r in ranks:
+            snap: _Snapshot = (r.step, r.loss, r.samples_per_s)
+            if snap == (None, None, None) or self._reported.get(r.rank) == snap:
+                continue
+            self._reported[r.rank] = snap
+            lines.append(
+                f"dmlctl: rank {r.rank} step {format_step(r.step)} loss {format_loss(r.loss)}"
+                f" samples/s {format_rate(r.samples_per_s)}"
+            )
+        return lines

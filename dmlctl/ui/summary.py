@@ -1,0 +1,115 @@
+"""Static views of a run: the end-of-run summary and the ``dmlctl status`` pages.
+
+All functions are pure renderers over :class:`RunState` snapshots (read back from
+``state.json`` by the caller); they share their pieces with the live dashboard
+through :mod:`dmlctl.ui.format`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from dmlctl.launch.state import RankStatus, RunState
+from dmlctl.ui.format import (
+    format_duration,
+    phase_text,
+    rank_table,
+    root_cause_panel,
+    run_header,
+)
+
+TIME_FORMAT = "%Y-%m-%d %H:%M:%S"
+
+
+def format_local_time(ts: float) -> str:
+    """``YYYY-MM-DD HH:MM:SS`` of the epoch timestamp ``ts`` in the local time zone."""
+    return time.strftime(TIME_FORMAT, time.localtime(ts))
+
+
+def _log_hint(run_dir: str | None) -> Text | None:
+    if run_dir is None:
+        return None
+    return Text.assemble(("logs: ", "dim"), f"{run_dir.rstrip('/')}/logs")
+
+
+def render_summary(state: RunState, run_dir: str | None) -> RenderableType:
+    """What is printed when a run ends (after the dashboard is released).
+
+    One line with the run id, final phase, elapsed time and exit code; the stop
+    reason if the user stopped it; every rank's final step, loss and status; the
+    root cause with its traceback tail; and ``logs: <run_dir>/logs`` when
+    ``run_dir`` is given. Elapsed time is ``ended_at - created_at`` (the run is
+    expected to have ended; if not, it counts up to ``started_at`` or zero).
+    """
+    end = state.ended_at if state.ended_at is not None else (state.started_at or state.created_at)
+    line = Text.assemble(
+        ("run ", "dim"),
+        (state.run_id, "bold"),
+        " ",
+        phase_text(state.phase),
+        (" in ", "dim"),
+        format_duration(state.elapsed(end)),
+    )
+    if state.exit_code is not None:
+        line.append("  exit code ", style="dim")
+        line.append(str(state.exit_code), style="red" if state.exit_code else "green")
+    parts: list[RenderableType] = [line]
+    if state.stop_reason:
+        parts.append(Text.assemble(("stopped: ", "yellow"), state.stop_reason))
+    if state.ranks:
+        parts.append(rank_table(state.ranks, last_line=False))
+    if state.root_cause is not None:
+        parts.append(root_cause_panel(state.root_cause))
+    hint = _log_hint(run_dir)
+    if hint is not None:
+        parts.append(hint)
+    return Group(*parts)
+
+
+def render_run_list(states: Sequence[RunState], now: float) -> RenderableType:
+    """The ``dmlctl status`` table, one row per run in the given order.
+
+    Columns: run id, job, strategy, state (coloured phase), ranks (succeeded/total),
+    started (local ``YYYY-MM-DD HH:MM:SS`` of the run's creation), duration
+    (``H:MM:SS``; still counting at ``now`` for a run that has not ended).
+    """
+    if not states:
+        return Text("no runs yet", style="dim")
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    table.add_column("run id", no_wrap=True)
+    table.add_column("job", overflow="ellipsis", no_wrap=True)
+    table.add_column("strategy", no_wrap=True)
+    table.add_column("state", no_wrap=True)
+    table.add_column("ranks", justify="right", no_wrap=True)
+    table.add_column("started", no_wrap=True)
+    table.add_column("duration", justify="right", no_wrap=True)
+    for st in states:
+        done = sum(1 for r in st.ranks if r.status is RankStatus.SUCCEEDED)
+        table.add_row(
+            Text(st.run_id),
+            Text(st.job),
+            Text(st.strategy),
+            phase_text(st.phase),
+            f"{done}/{st.world_size}",
+            format_local_time(st.created_at),
+            format_duration(st.elapsed(now)),
+        )
+    return table
+
+
+def render_run_detail(state: RunState, now: float) -> RenderableType:
+    """``dmlctl status RUN_ID``: the dashboard header, every rank, and the root cause."""
+    parts: list[RenderableType] = [
+        run_header(state, now),
+        Text.assemble(("started ", "dim"), format_local_time(state.created_at)),
+        Text(""),
+        rank_table(state.ranks),
+    ]
+    if state.root_cause is not None:
+        parts.append(root_cause_panel(state.root_cause))
+    return Group(*parts)

@@ -1,0 +1,532 @@
+"""dmlctl.spec: models, loader messages (file:line path: message) and defaults."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from dmlctl.errors import SpecError, SpecIssue, UsageError
+from dmlctl.spec import (
+    ClusterSpec,
+    HostSpec,
+    JobSpec,
+    ResolvedHost,
+    StrategySpec,
+    count_local_gpus,
+    default_cluster,
+    load_cluster,
+    load_job,
+    with_workers,
+)
+
+
+def write(tmp_path: Path, text: str, name: str = "job.yaml") -> str:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return str(path)
+
+
+Loader = Callable[[str | os.PathLike[str]], object]
+
+
+def issues_of(loader: Loader, file: str | os.PathLike[str]) -> tuple[SpecIssue, ...]:
+    with pytest.raises(SpecError) as info:
+        loader(file)
+    return info.value.issues
+
+
+def only_issue(loader: Loader, file: str | os.PathLike[str]) -> SpecIssue:
+    issues = issues_of(loader, file)
+    assert len(issues) == 1, issues
+    return issues[0]
+
+
+@pytest.fixture()
+def project(tmp_path: Path) -> Path:
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    return tmp_path
+
+
+# --------------------------------------------------------------------------- files
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    issue = only_issue(load_job, str(tmp_path / "nope.yaml"))
+    assert (issue.line, issue.path, issue.message) == (None, "", "no such file")
+    assert str(issue) == f"{tmp_path / 'nope.yaml'}: no such file"
+
+
+def test_file_is_kept_as_given(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write(project, "script: train.py\nworkers: 0\n")
+    monkeypatch.chdir(project)
+    assert only_issue(load_job, "job.yaml").file == "job.yaml"
+    assert only_issue(load_job, Path("job.yaml")).file == "job.yaml"
+
+
+def test_directory(tmp_path: Path) -> None:
+    issue = only_issue(load_cluster, str(tmp_path))
+    assert issue.line is None
+    assert "is a directory" in issue.message
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file")
+def test_unreadable(tmp_path: Path) -> None:
+    file = write(tmp_path, "script: x\n")
+    os.chmod(file, 0)
+    assert "permission denied" in only_issue(load_job, file).message
+
+
+def test_other_os_error(tmp_path: Path) -> None:
+    issue = only_issue(load_job, str(tmp_path / ("x" * 5000)))
+    assert issue.message.startswith("cannot read the file")
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (b"script: a\x00b\n", "not a text file (contains NUL bytes)"),
+        (b"script: \xff\xfe\n", "not a text file (not valid UTF-8 at byte 8)"),
+    ],
+)
+def test_binary(tmp_path: Path, data: bytes, message: str) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_bytes(data)
+    assert only_issue(load_job, str(path)).message == message
+
+
+@pytest.mark.parametrize("text", ["", "\n\n", "# only a comment\n# another\n", "---\n"])
+def test_empty(tmp_path: Path, text: str) -> None:
+    issue = only_issue(load_job, write(tmp_path, text))
+    assert issue.line is None
+    assert issue.message.startswith("file is empty; expected a mapping with keys name, script")
+
+
+def test_utf8_bom_is_accepted(project: Path) -> None:
+    (project / "job.yaml").write_bytes(b"\xef\xbb\xbfscript: train.py\n")
+    assert load_job(project / "job.yaml").script == "train.py"
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "fragment"),
+    [
+        ("script: train.py\nargs: [a, b\n", 3, "invalid YAML"),
+        ("script: train.py\n  workers: 2\n", 2, "mapping values are not allowed here"),
+        ("a: 1\n---\nb: 2\n", 2, "expected a single document"),
+        ("script: *nowhere\n", 1, "found undefined alias"),
+        ("script: !!python/object:os.system x\n", 1, "could not determine a constructor"),
+        ("? [a, b]\n: 1\n", 1, "found unhashable key"),
+    ],
+)
+def test_invalid_yaml(tmp_path: Path, text: str, line: int, fragment: str) -> None:
+    issue = only_issue(load_job, write(tmp_path, text))
+    assert issue.line == line
+    assert issue.path == ""
+    assert issue.message.startswith("invalid YAML")
+    assert fragment in issue.message
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "got"),
+    [
+        ("- a\n- b\n", 1, "got a list"),
+        ("# c\njust a string\n", 2, "got a string ('just a string')"),
+        ("42\n", 1, "got a scalar (42)"),
+        ("null\n", 1, "got null"),
+    ],
+)
+def test_top_level_not_a_mapping(tmp_path: Path, text: str, line: int, got: str) -> None:
+    issue = only_issue(load_cluster, write(tmp_path, text))
+    assert issue.line == line
+    assert issue.message == f"expected a mapping at the top level, {got}"
+
+
+# --------------------------------------------------------------------------- job fields
+
+JOB_CASES = [
+    # (yaml, line, path, message fragment)
+    (
+        "script: train.py\nwrokers: 2\n",
+        2,
+        "wrokers",
+        "unknown key 'wrokers'; did you mean 'workers'?",
+    ),
+    ("script: train.py\nzzz: 2\n", 2, "zzz", "unknown key 'zzz'; valid keys: name, script, args"),
+    ("script: train.py\nworkers: two\n", 2, "workers", "expected an integer, got 'two'"),
+    ("script: train.py\nworkers: '2'\n", 2, "workers", "expected an integer, got '2'"),
+    ("script: train.py\nworkers: 2.5\n", 2, "workers", "expected an integer, got 2.5"),
+    ("script: train.py\nworkers: true\n", 2, "workers", "expected an integer, got true"),
+    ("script: train.py\nworkers: 0\n", 2, "workers", "must be >= 1"),
+    ("name: demo\n", 1, "script", "required key missing"),
+    ("# header\n\nname: demo\nargs: []\n", 3, "script", "required key missing"),
+    ("script: train.py\nargs: --lr\n", 2, "args", "expected a list, got '--lr'"),
+    (
+        "script: train.py\nargs:\n  - --lr\n  - 0.1\n",
+        4,
+        "args[1]",
+        "expected a string, got 0.1; quote it",
+    ),
+    ("script: train.py\nargs: {lr: 1}\n", 2, "args", "expected a list, got a mapping"),
+    ("script: train.py\nenv: [A, B]\n", 2, "env", "expected a mapping, got a list"),
+    ("script: train.py\nenv:\n  SEED: 1\n", 3, "env.SEED", "expected a string, got 1; quote it"),
+    (
+        "script: train.py\nenv:\n  DEBUG: yes\n",
+        3,
+        "env.DEBUG",
+        "expected a string, got true; quote it",
+    ),
+    ("script: train.py\nenv:\n  X: null\n", 3, "env.X", "expected a string, got null"),
+    (
+        "script: train.py\nenv:\n  bad-key: x\n",
+        3,
+        "env.bad-key",
+        "not a valid environment variable name",
+    ),
+    ("script: train.py\nenv:\n  1X: x\n", 3, "env.1X", "not a valid environment variable name"),
+    ("script: train.py\nenv:\n  3: x\n", 3, "env.3", "keys must be strings, got 3"),
+    ("script: train.py\nenv:\n  RANK: '1'\n", 3, "env.RANK", "RANK is set by dmlctl"),
+    ("script: train.py\nenv:\n  DMLCTL_X: '1'\n", 3, "env.DMLCTL_X", "set by dmlctl"),
+    ("script: train.py\nname: 'my job'\n", 2, "name", "may contain only letters"),
+    ("script: train.py\n5: x\n", 2, "5", "keys must be strings, got 5"),
+    (
+        "script: train.py\nworkers: 1\nworkers: 2\n",
+        3,
+        "workers",
+        "duplicate key 'workers' (first at line 2)",
+    ),
+    (
+        "script: train.py\nstrategy: nope\n",
+        2,
+        "strategy.name",
+        "unknown strategy 'nope'; valid: ssgd",
+    ),
+    (
+        "script: train.py\nstrategy:\n  name: nope\n",
+        3,
+        "strategy.name",
+        "unknown strategy 'nope'; valid:",
+    ),
+    ("script: train.py\nstrategy: [ssgd]\n", 2, "strategy", "expected a mapping, got a list"),
+    ("script: train.py\nstrategy:\n  nmae: ssgd\n", 3, "strategy.nmae", "did you mean 'name'?"),
+    (
+        "script: train.py\nstrategy:\n  name: ssgd\n  params:\n    bucket_cap_mbb: 1\n",
+        5,
+        "strategy.params.bucket_cap_mbb",
+        "unknown key 'bucket_cap_mbb'; did you mean 'bucket_cap_mb'?",
+    ),
+    (
+        "script: train.py\nstrategy:\n  params:\n    bucket_cap_mb: 0\n",
+        4,
+        "strategy.params.bucket_cap_mb",
+        "must be > 0",
+    ),
+    (
+        "script: train.py\nstrategy:\n  params: [1]\n",
+        3,
+        "strategy.params",
+        "expected a mapping, got a list",
+    ),
+    ("script: missing.py\n", 1, "script", "no such file:"),
+    ("script: ../train.py\nworkdir: sub\n", 1, "script", "must be inside workdir"),
+    ("script: sub\n", 1, "script", "is a directory:"),
+    ("script: train.py\nworkdir: nowhere\n", 2, "workdir", "no such directory:"),
+    ("script: train.py\nworkdir: train.py\n", 2, "workdir", "not a directory:"),
+    ("script: 12\n", 1, "script", "expected a string, got 12; quote it"),
+]
+
+
+@pytest.mark.parametrize(("text", "line", "path", "fragment"), JOB_CASES)
+def test_job_issue(project: Path, text: str, line: int, path: str, fragment: str) -> None:
+    (project / "sub").mkdir()
+    file = write(project, text)
+    issue = only_issue(load_job, file)
+    assert (issue.file, issue.line, issue.path) == (file, line, path)
+    assert fragment in issue.message
+    assert str(issue).startswith(f"{file}:{line} {path}: ")
+
+
+def test_all_issues_at_once_sorted_by_line(project: Path) -> None:
+    text = (
+        "script: missing.py\n"  # 1
+        "strategy:\n"  # 2
+        "  params:\n"  # 3
+        "    bucket_cap_mbb: 1\n"  # 4
+        "env:\n"  # 5
+        "  A: 1\n"  # 6
+        "wrokers: 2\n"  # 7
+        "args: [x, 2]\n"  # 8
+    )
+    issues = issues_of(load_job, write(project, text))
+    assert [(i.line, i.path) for i in issues] == [
+        (1, "script"),
+        (4, "strategy.params.bucket_cap_mbb"),
+        (6, "env.A"),
+        (7, "wrokers"),
+        (8, "args[1]"),
+    ]
+
+
+def test_alias_and_merge_lines(project: Path) -> None:
+    text = (
+        "script: train.py\n"  # 1
+        "args: &a [x, 1]\n"  # 2
+        "env: &e\n"  # 3
+        "  A: 'x'\n"  # 4
+        "strategy:\n"  # 5
+        "  params:\n"  # 6
+        "    <<: {bucket_cap_mb: -1}\n"  # 7
+    )
+    issues = issues_of(load_job, write(project, text))
+    assert [(i.line, i.path) for i in issues] == [
+        (2, "args[1]"),
+        (7, "strategy.params.bucket_cap_mb"),
+    ]
+
+
+def test_billion_laughs_is_not_expanded(project: Path) -> None:
+    lines = ["script: train.py", "x0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    lines += [f"x{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 10)]
+    issues = issues_of(load_job, write(project, "\n".join(lines) + "\n"))
+    assert [i.path for i in issues] == [f"x{i}" for i in range(10)]
+
+
+# --------------------------------------------------------------------------- job happy paths
+
+
+def test_minimal_job(project: Path) -> None:
+    (project / "proj dir!").mkdir()
+    job_dir = project / "proj dir!"
+    (job_dir / "train.py").write_text("")
+    job = load_job(write(job_dir, "script: train.py\n"))
+    assert job == JobSpec(name="proj-dir-", script="train.py", workdir=str(job_dir.resolve()))
+    assert job.workers is None
+    assert job.strategy == StrategySpec(name="ssgd", params={})
+    assert job.args == [] and job.env == {}
+
+
+def test_full_job(project: Path) -> None:
+    (project / "src" / "pkg").mkdir(parents=True)
+    (project / "src" / "pkg" / "train.py").write_text("")
+    text = """
+name: resnet.v2
+script: ./pkg/train.py
+args: ["--lr", "0.1", --epochs, "5"]
+workers: 4
+strategy:
+  name: ssgd
+  params: {bucket_cap_mb: 25}
+env:
+  NCCL_DEBUG: INFO
+  SEED: "1"
+workdir: src
+"""
+    job = load_job(write(project, text))
+    assert job.name == "resnet.v2"
+    assert job.script == "pkg/train.py"
+    assert job.workdir == str((project / "src").resolve())
+    assert os.path.isabs(job.workdir)
+    assert job.args == ["--lr", "0.1", "--epochs", "5"]
+    assert job.workers == 4
+    assert job.strategy == StrategySpec(name="ssgd", params={"bucket_cap_mb": 25})
+    assert job.env == {"NCCL_DEBUG": "INFO", "SEED": "1"}
+
+
+@pytest.mark.parametrize(
+    ("text", "strategy"),
+    [
+        ("strategy: ssgd\n", StrategySpec(name="ssgd")),
+        ("strategy: {name: ssgd, params: {}}\n", StrategySpec()),
+        ("strategy: {params: {bucket_cap_mb: 25}}\n", StrategySpec(params={"bucket_cap_mb": 25})),
+    ],
+)
+def test_strategy_forms(project: Path, text: str, strategy: StrategySpec) -> None:
+    assert load_job(write(project, "script: train.py\n" + text)).strategy == strategy
+
+
+def test_job_is_frozen(project: Path) -> None:
+    job = load_job(write(project, "script: train.py\n"))
+    with pytest.raises(ValueError, match="frozen"):
+        job.workers = 3
+
+
+def test_with_workers(project: Path) -> None:
+    job = load_job(write(project, "script: train.py\nworkers: 2\n"))
+    assert with_workers(job, 8).workers == 8
+    assert job.workers == 2
+
+
+@pytest.mark.parametrize("n", [0, -1, True])
+def test_with_workers_rejects(project: Path, n: int) -> None:
+    job = load_job(write(project, "script: train.py\n"))
+    with pytest.raises(UsageError, match="--workers must be an integer >= 1"):
+        with_workers(job, n)
+    assert not isinstance(UsageError("x"), SpecError)
+
+
+# --------------------------------------------------------------------------- cluster
+
+CLUSTER_CASES = [
+    ("hosts: []\n", 1, "hosts", "must have at least 1 item"),
+    ("name: c\n", 1, "hosts", "required key missing"),
+    ("hosts: {address: a}\n", 1, "hosts", "expected a list, got a mapping"),
+    ("hosts:\n  - a\n", 2, "hosts[0]", "expected a mapping, got 'a'"),
+    ("hosts:\n  - address: a\n  - port: 22\n", 3, "hosts[1].address", "required key missing"),
+    ("hosts:\n  - address: a\n  - address: b\n    slots: 0\n", 4, "hosts[1].slots", "must be >= 1"),
+    (
+        "hosts:\n  - address: a\n    slots: two\n",
+        3,
+        "hosts[0].slots",
+        "expected an integer, got 'two'",
+    ),
+    ("hosts:\n  - address: a\n    port: 0\n", 3, "hosts[0].port", "must be >= 1"),
+    ("hosts:\n  - address: a\n    port: 65536\n", 3, "hosts[0].port", "must be <= 65535"),
+    ("hosts:\n  - address: ''\n", 2, "hosts[0].address", "must not be empty"),
+    ("hosts:\n  - address: -oProxyCommand=x\n", 2, "hosts[0].address", "must not start with '-'"),
+    ("hosts:\n  - address: a\n    adress: b\n", 3, "hosts[0].adress", "did you mean 'address'?"),
+    ("hosts:\n  - address: a\n    env: {A: 1}\n", 3, "hosts[0].env.A", "expected a string, got 1"),
+    ("hosts:\n  - address: a\n  - address: a\n", 3, "hosts[1].name", "duplicate host name 'a'"),
+    (
+        "hosts:\n  - {name: n, address: a}\n  - {name: n, address: b}\n",
+        3,
+        "hosts[1].name",
+        "duplicate host name 'n' (also hosts[0])",
+    ),
+    ("defaults:\n  slots: 0\nhosts:\n  - address: a\n", 2, "defaults.slots", "must be >= 1"),
+    ("defaults:\n  slot: 2\nhosts:\n  - address: a\n", 2, "defaults.slot", "did you mean 'slots'?"),
+    ("defaults: [1]\nhosts:\n  - address: a\n", 1, "defaults", "expected a mapping, got a list"),
+    ("hostz:\n  - address: a\n", 1, "hostz", "did you mean 'hosts'?"),
+]
+
+
+@pytest.mark.parametrize(("text", "line", "path", "fragment"), CLUSTER_CASES)
+def test_cluster_issue(tmp_path: Path, text: str, line: int, path: str, fragment: str) -> None:
+    file = write(tmp_path, text, "cluster.yaml")
+    issues = [i for i in issues_of(load_cluster, file) if i.path != "hosts" or path == "hosts"]
+    if fragment.endswith("'hosts'?"):  # the typo also leaves `hosts` missing
+        issues = [i for i in issues if i.path == path]
+    assert len(issues) == 1, issues
+    issue = issues[0]
+    assert (issue.file, issue.line, issue.path) == (file, line, path)
+    assert fragment in issue.message
+
+
+def test_duplicate_host_reported_with_other_host_errors(tmp_path: Path) -> None:
+    text = "hosts:\n  - address: a\n  - address: a\n    slots: 0\n"
+    issues = issues_of(load_cluster, write(tmp_path, text, "cluster.yaml"))
+    assert [(i.line, i.path) for i in issues] == [(3, "hosts[1].name"), (4, "hosts[1].slots")]
+
+
+def test_cluster_defaults_and_overrides(tmp_path: Path) -> None:
+    text = """
+name: lab
+defaults:
+  user: alice
+  port: 2222
+  slots: 2
+  env: {NCCL_IB_DISABLE: "1", A: "d"}
+hosts:
+  - address: gpu1.lab
+  - name: big
+    address: 10.0.0.2
+    port: 22
+    user: bob
+    identity_file: ~/.ssh/lab
+    slots: 8
+    workdir: /scratch/w
+    python: /opt/py/bin/python
+    env: {A: "h"}
+  - address: localhost
+"""
+    cluster = load_cluster(write(tmp_path, text, "cluster.yaml"))
+    assert cluster.name == "lab"
+    first, big, local = cluster.resolved_hosts()
+    assert first == ResolvedHost(
+        name="gpu1.lab",
+        address="gpu1.lab",
+        port=2222,
+        user="alice",
+        identity_file=None,
+        slots=2,
+        workdir="~/.dmlctl/work",
+        python="python3",
+        env={"NCCL_IB_DISABLE": "1", "A": "d"},
+        is_local=False,
+    )
+    assert big == ResolvedHost(
+        name="big",
+        address="10.0.0.2",
+        port=22,
+        user="bob",
+        identity_file="~/.ssh/lab",
+        slots=8,
+        workdir="/scratch/w",
+        python="/opt/py/bin/python",
+        env={"NCCL_IB_DISABLE": "1", "A": "h"},
+        is_local=False,
+    )
+    assert local.is_local and local.name == "localhost"
+    assert cluster.total_slots == 12
+
+
+@pytest.mark.parametrize(
+    ("address", "local"), [("localhost", True), ("127.0.0.1", False), ("::1", False), ("h", False)]
+)
+def test_is_local(address: str, local: bool) -> None:
+    host = HostSpec(address=address)
+    assert host.is_local is local
+    assert host.name == address
+
+
+def test_models_without_files() -> None:
+    cluster = ClusterSpec(hosts=[HostSpec(address="a")])
+    assert cluster.name == "default" and cluster.defaults.slots == 1
+    with pytest.raises(ValueError, match="duplicate host name"):
+        ClusterSpec(hosts=[HostSpec(address="a"), HostSpec(address="a")])
+    with pytest.raises(ValueError, match="unknown strategy"):
+        StrategySpec(name="nope")
+    assert StrategySpec.model_validate("ssgd") == StrategySpec()
+
+
+# --------------------------------------------------------------------------- default cluster
+
+
+def test_default_cluster() -> None:
+    cluster = default_cluster()
+    (host,) = cluster.resolved_hosts()
+    assert (host.name, host.address, host.is_local) == ("local", "localhost", True)
+    assert host.slots >= 1
+
+
+@pytest.fixture()
+def gpus(tmp_path: Path) -> Path:
+    proc = tmp_path / "gpus"
+    proc.mkdir()
+    for bus in ("0000:01:00.0", "0000:02:00.0", "0000:03:00.0", "0000:04:00.0"):
+        (proc / bus).mkdir()
+    return proc
+
+
+@pytest.mark.parametrize(
+    ("visible", "count"),
+    [
+        (None, 4),
+        ("", 0),
+        ("-1", 0),
+        ("0", 1),
+        ("0,2", 2),
+        ("0, 1 ,2,3", 4),
+        ("3,2,1,0,0", 4),
+        ("1,7,2", 1),  # CUDA stops at the first invalid index
+        ("GPU-8f6e,GPU-1a2b", 2),
+        ("0,1,2,3,GPU-x", 4),  # never more than the driver has
+    ],
+)
+def test_count_local_gpus(gpus: Path, visible: str | None, count: int) -> None:
+    env = {} if visible is None else {"CUDA_VISIBLE_DEVICES": visible}
+    assert count_local_gpus(env, gpus) == count
+
+
+def test_count_local_gpus_without_driver(tmp_path: Path) -> None:
+    assert count_local_gpus({"CUDA_VISIBLE_DEVICES": "0"}, tmp_path / "absent") == 0

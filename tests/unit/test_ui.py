@@ -1,0 +1,283 @@
+"""Rendering tests for dmlctl.ui: render to a fixed-width capture console, assert text."""
+
+from __future__ import annotations
+
+import io
+import time
+
+from rich.console import Console, RenderableType
+
+from dmlctl.launch.events import (
+    AgentExited,
+    AgentStarted,
+    Event,
+    Finished,
+    LogLine,
+    MetricRecord,
+    Progress,
+    RankExited,
+    RankStarted,
+    RootCause,
+    Stream,
+)
+from dmlctl.launch.state import Phase, RunState, apply, new_run_state
+from dmlctl.ui import (
+    LiveDashboard,
+    PlainPrinter,
+    render_dashboard,
+    render_run_detail,
+    render_run_list,
+    render_summary,
+)
+from dmlctl.ui.format import clean_line, format_duration, format_loss, truncate
+
+T0 = 1_700_000_000.0
+HOSTS = {0: "host-a", 1: "host-a", 2: "host-b", 3: "host-b"}
+CAUSE = RootCause(
+    host="host-a",
+    rank=1,
+    exc_type="ValueError",
+    message="bad batch shape (3, 7)",
+    traceback=(
+        "Traceback (most recent call last):",
+        '  File "train.py", line 42, in <module>',
+        "    loss = step(batch)",
+        '  File "train.py", line 17, in step',
+        "    raise ValueError('bad batch shape (3, 7)')",
+        "ValueError: bad batch shape (3, 7)",
+    ),
+)
+
+
+def render(renderable: RenderableType, width: int = 140) -> str:
+    console = Console(
+        record=True, width=width, force_terminal=False, color_system=None, file=io.StringIO()
+    )
+    console.print(renderable)
+    return console.export_text()
+
+
+def fresh() -> RunState:
+    return new_run_state(
+        "r-20240101-abcd",
+        "mnist",
+        "allreduce",
+        [(r, h, "worker") for r, h in HOSTS.items()],
+        created_at=T0,
+    )
+
+
+def running() -> RunState:
+    events: list[Event] = [Progress("starting torchrun on host-a, host-b", T0 + 1)]
+    events += [AgentStarted(h, 100 + i, T0 + 1) for i, h in enumerate(("host-a", "host-b"))]
+    events += [RankStarted(h, r, r % 2, "worker", 1000 + r, T0 + 2) for r, h in HOSTS.items()]
+    for r, h in HOSTS.items():
+        events.append(LogLine(h, r, Stream.STDOUT, f"epoch 1 rank {r} ready", T0 + 3))
+        events.append(
+            MetricRecord(
+                h, r, 120 + r, {"loss": 0.123456789 * (r + 1), "samples_per_s": 812.25}, T0 + 4
+            )
+        )
+    events.append(LogLine("host-b", None, Stream.AGENT, "torchrun: rendezvous complete", T0 + 4))
+    return apply(fresh(), events)
+
+
+def failed() -> RunState:
+    return apply(
+        running(),
+        [
+            LogLine("host-a", 1, Stream.STDERR, "ValueError: bad batch shape (3, 7)", T0 + 5),
+            RankExited("host-a", 1, 1, CAUSE, T0 + 5),
+            AgentExited("host-a", 1, ("torchrun failed",), T0 + 6),
+            AgentExited("host-b", 1, (), T0 + 6),
+            Finished(T0 + 65),
+        ],
+    )
+
+
+def test_dashboard_has_header_and_one_row_per_rank() -> None:
+    out = render(render_dashboard(running(), T0 + 3725))
+    assert "r-20240101-abcd" in out and "mnist" in out and "allreduce" in out
+    assert "running" in out and "1:02:05" in out and "world 4" in out
+    rows = [ln for ln in out.splitlines() if ln.lstrip().startswith(("host-a", "host-b"))]
+    assert len(rows) == 4
+    for r, h in HOSTS.items():
+        row = next(ln for ln in rows if f"epoch 1 rank {r} ready" in ln)
+        assert row.lstrip().startswith(h) and str(120 + r) in row and "812.2" in row
+    assert "0.1235" in out and "0.4938" in out  # 4 significant digits
+
+
+def test_dashboard_shows_progress_detail_with_spinner_while_starting() -> None:
+    state = apply(fresh(), [Progress("starting torchrun on local…", T0)])
+    assert state.phase is Phase.STARTING
+    out = render(render_dashboard(state, T0 + 1))
+    line = next(ln for ln in out.splitlines() if "starting torchrun on local…" in ln)
+    assert line.split()[0] in "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
+    assert render(render_dashboard(state, T0 + 1)) == out  # pure: same input, same view
+
+
+def test_dashboard_root_cause_panel_and_tail_prefixes() -> None:
+    out = render(render_dashboard(failed(), T0 + 100))
+    assert "root cause" in out
+    assert "rank 1 on host-a: ValueError: bad batch shape (3, 7)" in out
+    assert 'File "train.py", line 17, in step' in out
+    assert "failed (1)" in out  # rank state with exit code
+    assert "0:01:05" in out  # elapsed frozen at Finished
+    assert "[rank 0] epoch 1 rank 0 ready" in out
+    assert "[rank 1] ValueError: bad batch shape (3, 7)" in out
+    assert "[host-b] torchrun: rendezvous complete" in out
+
+
+def test_long_lines_truncated_and_markup_shown_verbatim() -> None:
+    long = "x" * 500 + " END"
+    state = apply(
+        running(),
+        [
+            LogLine("host-a", 0, Stream.STDOUT, long, T0 + 5),
+            LogLine("host-a", 2, Stream.STDOUT, "[red]not markup[/red]\x1b[31m!", T0 + 5),
+        ],
+    )
+    out = render(render_dashboard(state, T0 + 6), width=100)
+    assert all(len(ln) <= 100 for ln in out.splitlines())
+    assert "END" not in out and "…" in out
+    assert "[red]not markup[/red]!" in out
+
+
+def test_tail_limited_to_tail_lines() -> None:
+    lines = [LogLine("host-a", 0, Stream.STDOUT, f"line {i:03d}", T0) for i in range(50)]
+    out = render(render_dashboard(apply(running(), lines), T0, tail_lines=5))
+    assert "line 049" in out and "line 045" in out and "line 044" not in out
+
+
+def test_many_ranks_capped_with_failed_rank_kept() -> None:
+    state = new_run_state("r", "j", "s", [(r, "h", "worker") for r in range(100)], T0)
+    state = apply(state, [RankExited("h", 77, 3, None, T0)])
+    out = render(render_dashboard(state, T0, max_rank_rows=10))
+    assert "failed (3)" in out and "90 more ranks not shown" in out
+
+
+def test_format_helpers() -> None:
+    assert format_duration(0) == "0:00:00" and format_duration(36000 + 61) == "10:01:01"
+    assert format_loss(None) == "-" and format_loss(1234567.0) == "1.235e+06"
+    assert truncate("abcdef", 4) == "abc…" and truncate("abc", 4) == "abc"
+    assert clean_line("10%\r50%\r100% done\r") == "100% done"
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_live_dashboard_refresh_is_rate_limited() -> None:
+    clock = FakeClock()
+    buf = io.StringIO()
+    console = Console(file=buf, width=140, force_terminal=True, color_system=None)
+    state = running()
+    with LiveDashboard(console, max_fps=4, clock=clock, wall_clock=lambda: T0 + 10) as dash:
+        for i in range(1000):
+            clock.t = i * 0.0001  # 1000 updates within 0.1 fake seconds
+            dash.update(state)
+        assert 1 <= dash.frames <= 2
+        clock.t = 0.3  # a frame is due again: the latest snapshot is drawn
+        dash.update(failed())
+        assert dash.frames <= 3
+        dash.close(failed())
+        frames = dash.frames
+        dash.update(state)  # after close: no more drawing
+        assert dash.frames == frames
+    assert "root cause" in buf.getvalue()
+
+
+def test_live_dashboard_update_is_cheap() -> None:
+    console = Console(file=io.StringIO(), width=140, force_terminal=True)
+    state = running()
+    with LiveDashboard(console, clock=lambda: 0.0) as dash:
+        start = time.perf_counter()
+        for _ in range(100_000):
+            dash.update(state)
+        assert time.perf_counter() - start < 1.0
+        assert dash.frames == 1
+
+
+def test_plain_printer_lines_and_periodic_summary() -> None:
+    clock = FakeClock()
+    out = io.StringIO()
+    printer = PlainPrinter(out, summary_interval=10.0, clock=clock)
+    state = fresh()
+
+    def feed(events: list[Event]) -> str:
+        nonlocal state
+        state = apply(state, events)
+        start = out.tell()
+        printer.on_events(events, state)
+        return out.getvalue()[start:]
+
+    text = feed(
+        [
+            Progress("starting torchrun on local", T0),
+            RankStarted("host-a", 1, 1, "worker", 42, T0),
+            LogLine("host-a", 1, Stream.STDOUT, "hello", T0),
+            LogLine("host-a", None, Stream.AGENT, "agent up", T0),
+            MetricRecord("host-a", 1, 5, {"loss": 0.5, "samples_per_s": 100.0}, T0),
+        ]
+    )
+    assert text.splitlines() == [
+        "dmlctl: starting torchrun on local",
+        "dmlctl: rank 1 started on host-a (worker, pid 42)",
+        "[rank 1] hello",
+        "[host-a] agent up",
+    ]
+    clock.t = 9.9
+    assert "step" not in feed([MetricRecord("host-a", 1, 6, {"loss": 0.25}, T0)])
+    clock.t = 10.0
+    text = feed([LogLine("host-a", 1, Stream.STDOUT, "tick", T0)])
+    assert "dmlctl: rank 1 step 6 loss 0.25 samples/s 100.0" in text
+    assert "rank 0 step" not in text  # ranks without metrics are not summarised
+    clock.t = 25.0
+    assert "step" not in feed([LogLine("host-a", 1, Stream.STDOUT, "tick", T0)])  # unchanged
+    text = feed([RankExited("host-a", 1, 1, CAUSE, T0)])
+    assert "dmlctl: rank 1 on host-a exited with code 1: ValueError: bad batch" in text
+
+
+def test_plain_printer_final_summary_on_finish() -> None:
+    clock = FakeClock()
+    out = io.StringIO()
+    printer = PlainPrinter(out, clock=clock)
+    events: list[Event] = [MetricRecord("host-b", 2, 9, {"loss": 1.0}, T0), Finished(T0 + 1)]
+    state = apply(fresh(), events)
+    printer.on_events(events, state)
+    text = out.getvalue()
+    assert "dmlctl: rank 2 step 9 loss 1 samples/s -" in text
+    assert text.rstrip().endswith("dmlctl: run r-20240101-abcd failed (exit code 1)")
+
+
+def test_summary_after_failure() -> None:
+    out = render(render_summary(failed(), "runs/r-20240101-abcd"))
+    assert "r-20240101-abcd failed in 0:01:05" in out and "exit code 1" in out
+    assert "ValueError: bad batch shape (3, 7)" in out and "loss = step(batch)" in out
+    assert "logs: runs/r-20240101-abcd/logs" in out
+    for r in HOSTS:
+        assert str(120 + r) in out
+    assert "logs:" not in render(render_summary(failed(), None))
+
+
+def test_run_list_and_detail() -> None:
+    ok = apply(
+        running(), [RankExited(HOSTS[r], r, 0, None, T0 + 7) for r in HOSTS] + [Finished(T0 + 8)]
+    )
+    out = render(render_run_list([running(), ok, failed()], T0 + 3600))
+    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(T0))
+    lines = [ln for ln in out.splitlines() if "r-20240101-abcd" in ln]
+    assert len(lines) == 3
+    assert "running" in lines[0] and "0/4" in lines[0] and "1:00:00" in lines[0]
+    assert "succeeded" in lines[1] and "4/4" in lines[1] and "0:00:08" in lines[1]
+    assert "failed" in lines[2] and started in lines[2]
+    assert "no runs yet" in render(render_run_list([], T0))
+
+    detail = render(render_run_detail(failed(), T0 + 100))
+    assert "r-20240101-abcd" in detail and started in detail
+    assert sum(ln.lstrip().startswith(("host-a", "host-b")) for ln in detail.splitlines()) == 4
+    assert "root cause" in detail and "ValueError: bad batch shape (3, 7)" in detail
