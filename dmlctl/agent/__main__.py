@@ -1,4 +1,6 @@
-"""The host agent: ``python -m dmlctl.agent``, one per host per run.
+"""The host agent: ``python -m dmlctl.agent --run-id RUN``, one per host per run.
+
+The run id on the command line is only a label (``ps`` shows whose agent it is).
 
 Contract:
 

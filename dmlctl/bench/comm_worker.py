@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dmlctl.bench.report import bus_factor, parse_ops, parse_size, size_sweep
+from dmlctl.bench.report import OPS, bus_factor, parse_ops, parse_size, size_sweep
 from dmlctl.errors import UsageError
 from dmlctl.protocol import ENV_RANK_DIR, RankEventWriter
 
@@ -54,7 +54,7 @@ def _arg(parse: Callable[[str], Any]) -> Callable[[str], Any]:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The worker's command line (sizes accept units: ``1K``, ``16M``)."""
     p = argparse.ArgumentParser(description="Time torch.distributed collectives.")
-    p.add_argument("--ops", type=_arg(parse_ops), default=parse_ops("allreduce,allgather,broadcast"))
+    p.add_argument("--ops", type=_arg(parse_ops), default=OPS)
     p.add_argument("--min-bytes", type=_arg(parse_size), default=1024)
     p.add_argument("--max-bytes", type=_arg(parse_size), default=16 << 20)
     p.add_argument("--factor", type=int, default=4)

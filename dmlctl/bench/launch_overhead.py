@@ -64,7 +64,9 @@ def _time_once(argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> float:
         proc = subprocess.run(argv, env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL,
                               capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False)
     except subprocess.TimeoutExpired:
-        raise LaunchBenchFailed(f"`{' '.join(argv)}` ran longer than {RUN_TIMEOUT_S:.0f}s") from None
+        raise LaunchBenchFailed(
+            f"`{' '.join(argv)}` ran longer than {RUN_TIMEOUT_S:.0f}s"
+        ) from None
     elapsed = time.perf_counter() - start
     if proc.returncode != 0:
         tail = (proc.stdout + proc.stderr)[-_TAIL:].strip()
@@ -109,7 +111,7 @@ def run_launch_bench(
         for round_ in range(repeats + 1):
             for name, argv in sides.items():
                 label = "warm-up" if round_ == 0 else f"{round_}/{repeats}"
-                console.log(f"{name} {label}")
+                console.print(f"[dim]{name} {label}[/dim]", highlight=False)
                 elapsed = timer(argv, env, Path(tmp))
                 if round_ > 0:
                     times[name].append(elapsed)

@@ -3,11 +3,11 @@
 Conventions follow nccl-tests (``doc/PERFORMANCE.md`` there):
 
 * ``bytes`` is the size column: the bytes each rank sends for ``allreduce`` and
-  ``broadcast``, and the *total gathered* bytes (``n`` × the per-rank chunk) for
+  ``broadcast``, and the *total gathered* bytes (``n`` times the per-rank chunk) for
   ``allgather``. ``count`` is the number of elements each rank passes to one call
   (for ``allgather``: elements per rank).
 * ``algbw = bytes / time`` in GB/s (1 GB = 10⁹ bytes);
-  ``busbw = algbw × bus_factor(op, n)`` — the number to compare with the hardware's
+  ``busbw = algbw * bus_factor(op, n)`` — the number to compare with the hardware's
   link bandwidth, independent of the number of ranks.
 
 Nothing here imports torch or does I/O, so the CLI can use it freely and the
@@ -61,7 +61,7 @@ def human_size(nbytes: int) -> str:
 def bus_factor(op: str, n: int) -> float:
     """busbw / algbw for ``op`` on ``n`` ranks (nccl-tests).
 
-    allreduce ``2(n−1)/n``, allgather ``(n−1)/n``, broadcast ``1``. Raises
+    allreduce ``2(n-1)/n``, allgather ``(n-1)/n``, broadcast ``1``. Raises
     :class:`UsageError` for an unknown op or ``n < 1``.
     """
     if n < 1:

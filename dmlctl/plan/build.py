@@ -102,10 +102,11 @@ def build_plan(
         else:
             workdir = posixpath.join(host.workdir, job_dir_name(job))
             rank_dir = posixpath.join(host.workdir, ".dmlctl", "runs", run_id, host.name)
+        # torchrun's own default for several workers per host, set here so it does not
+        # print its banner about it; the job or host env may override it.
+        threads = {"OMP_NUM_THREADS": "1"} if nproc > 1 else {}
         env = {
-            # torchrun's own default for several workers per host, set here so it
-            # does not print its banner about it; the job or host env may override it.
-            "OMP_NUM_THREADS": "1",
+            **threads,
             **job.env,
             **host.env,
             "PYTHONUNBUFFERED": "1",
@@ -128,7 +129,7 @@ def build_plan(
                 python=python,
                 workdir=workdir,
                 rank_dir=rank_dir,
-                agent_argv=(python, "-m", "dmlctl.agent"),
+                agent_argv=(python, "-m", "dmlctl.agent", "--run-id", run_id),
                 torchrun_argv=torchrun_argv(
                     python,
                     nnodes=len(assignment),

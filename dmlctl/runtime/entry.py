@@ -40,6 +40,15 @@ def _redirect(rank_dir: str, rank: int) -> None:
         os.close(target)
 
 
+def _user_frames(exc: BaseException, script: str) -> BaseException:
+    """``exc`` with the traceback frames of this wrapper and runpy cut off, so the
+    traceback starts in the user's script (unchanged if the script is not in it)."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename != script:
+        tb = tb.tb_next
+    return exc.with_traceback(tb) if tb is not None else exc
+
+
 def _error_record(exc: BaseException) -> dict[str, object]:
     lines = "".join(traceback.format_exception(exc)).rstrip("\n").split("\n")
     return {
@@ -91,7 +100,7 @@ def main(argv: list[str]) -> int:
             os.environ.get(protocol.ENV_ROLE, "worker"),
             os.environ.get(protocol.ENV_HOST, ""),
         )
-    script = argv[0]
+    script = os.path.abspath(argv[0])
     sys.argv = list(argv)
     sys.path[0] = os.path.dirname(os.path.abspath(script))
     try:
@@ -107,6 +116,7 @@ def main(argv: list[str]) -> int:
             writer.exit(code, error)
         return code
     except BaseException as e:  # noqa: BLE001 - everything the script raises is reported
+        e = _user_frames(e, os.path.abspath(script))
         error = _error_record(e)
         traceback.print_exception(e)
         sys.stderr.flush()

@@ -1,0 +1,80 @@
+"""``dmlctl bench comm`` and ``dmlctl bench launch``.
+
+Parse → call :mod:`dmlctl.bench` → render. stdout carries only the result (a table,
+or JSON with ``--json``); progress goes to stderr. Library imports happen inside the
+commands so ``dmlctl --help`` stays fast; torch is only ever imported by the ranks.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from dmlctl.cli.common import stderr_console, stdout_console
+
+app = typer.Typer(
+    help="Benchmarks: collective bandwidth (comm) and launcher overhead (launch).",
+    no_args_is_help=True,
+)
+
+
+@app.command()
+def comm(
+    cluster: Optional[Path] = typer.Option(  # noqa: UP045, B008 - typer needs both
+        None, "--cluster", "-c", help="Cluster spec; default: this machine, one worker per core."
+    ),
+    workers: Optional[int] = typer.Option(  # noqa: UP045
+        None, "--workers", "-n", help="Number of ranks; default: every slot of the cluster."
+    ),
+    ops: str = typer.Option(
+        "allreduce,allgather,broadcast", "--ops", help="Comma-separated collectives."
+    ),
+    min_bytes: str = typer.Option("1K", "--min-bytes", help="Smallest message (e.g. 1K)."),
+    max_bytes: str = typer.Option("16M", "--max-bytes", help="Largest message (e.g. 16M)."),
+    iters: int = typer.Option(20, "--iters", help="Timed calls per size."),
+    warmup: int = typer.Option(5, "--warmup", help="Untimed calls per size before timing."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> int:
+    """Measure allreduce / allgather / broadcast time and bus bandwidth (nccl-tests style)."""
+    from dmlctl.bench.comm import run_comm_bench
+    from dmlctl.bench.report import comm_json, parse_ops, parse_size, render_comm_table
+    from dmlctl.spec import default_cluster, load_cluster
+
+    op_names = parse_ops(ops)
+    low, high = parse_size(min_bytes), parse_size(max_bytes)
+    spec = load_cluster(cluster) if cluster is not None else default_cluster()
+    err = stderr_console()
+    with err.status("running the communication benchmark…"):
+        results, run = run_comm_bench(
+            spec, workers=workers, ops=op_names, min_bytes=low, max_bytes=high,
+            iters=iters, warmup=warmup, console=err,
+        )  # fmt: skip
+    world = run.state.world_size if run.state is not None else (workers or spec.total_slots)
+    if as_json:
+        print(json.dumps({"run_id": run.run_id, **comm_json(results, world)}, indent=2))
+    else:
+        stdout_console().print(render_comm_table(results, world))
+        err.print(f"run {run.run_id}", markup=False)
+    return 0
+
+
+@app.command()
+def launch(
+    repeats: int = typer.Option(5, "--repeats", help="Timed runs per launcher (at least 5)."),
+    workers: int = typer.Option(2, "--workers", "-n", help="Local workers per run."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> int:
+    """Compare `dmlctl launch` with bare torchrun on a trivial job; print the ratio."""
+    from dmlctl.bench.launch_overhead import render_launch_table, run_launch_bench
+
+    err = stderr_console()
+    with err.status("timing dmlctl launch against bare torchrun…"):
+        report = run_launch_bench(repeats, workers, console=err)
+    if as_json:
+        print(json.dumps(report, indent=2))
+    else:
+        stdout_console().print(render_launch_table(report))
+    return 0

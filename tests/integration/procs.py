@@ -1,0 +1,39 @@
+"""Finding the processes of a run, for no-orphan assertions."""
+
+from __future__ import annotations
+
+import os
+import time
+
+
+def run_processes(run_id: str) -> list[int]:
+    """Live, non-zombie processes that belong to ``run_id``: its run id is in their
+    environment (every rank and torchrun) or on their command line (the host agent)."""
+    found = []
+    needle_env = f"DMLCTL_RUN_ID={run_id}".encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                    continue
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read()
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read()
+        except OSError:
+            continue
+        if needle_env in env.split(b"\0") or run_id.encode() in cmd:
+            found.append(int(entry))
+    return found
+
+
+def wait_until(predicate: object, timeout: float, interval: float = 0.1) -> bool:
+    """Poll ``predicate()`` until true or ``timeout`` seconds passed."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return True
+        time.sleep(interval)
+    return bool(predicate())  # type: ignore[operator]

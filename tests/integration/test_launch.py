@@ -1,0 +1,171 @@
+"""End to end on this machine: the real CLI, host agent, torchrun and gloo ranks."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, Cli
+from tests.integration.procs import run_processes, wait_until
+
+JOBS = Path(__file__).parent / "jobs"
+pytestmark = pytest.mark.integration
+
+
+def only_run(cli: Cli) -> str:
+    runs = cli.runs()
+    assert len(runs) == 1, runs
+    return runs[0].name
+
+
+def test_failing_rank_is_reported_with_root_cause(cli: Cli) -> None:
+    proc = cli.run("launch", str(JOBS / "fail" / "job.yaml"), "--ui", "plain")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "rank 1 on local: ValueError: bad batch at step 3" in proc.stdout
+    assert 'raise ValueError("bad batch at step 3")' in proc.stdout
+    run_id = only_run(cli)
+    state = cli.state(run_id)
+    assert state["phase"] == "failed"
+    assert state["exit_code"] == 1
+    cause = state["root_cause"]
+    assert (cause["rank"], cause["host"], cause["exc_type"]) == (1, "local", "ValueError")
+    assert cause["message"] == "bad batch at step 3"
+    assert any("train.py" in line for line in cause["traceback"])
+    statuses = {r["rank"]: r["status"] for r in state["ranks"]}
+    assert statuses == {0: "stopped", 1: "failed"}
+    assert not run_processes(run_id)
+
+
+def test_plain_torchrun_script_runs_unchanged(cli: Cli) -> None:
+    proc = cli.run("launch", str(JOBS / "plain" / "job.yaml"), "--ui", "plain")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_id = only_run(cli)
+    logs = cli.home / "runs" / run_id / "logs"
+    for rank in (0, 1):
+        text = (logs / f"rank-{rank}.log").read_text()
+        assert f"plain rank={rank} sum=3 RANK={rank} LOCAL_RANK={rank} WORLD_SIZE=2" in text
+        assert "LOCAL_WORLD_SIZE=2 MASTER_ADDR=" in text and "MASTER_PORT=" in text
+    assert cli.state(run_id)["phase"] == "succeeded"
+
+
+def test_every_log_line_is_kept(cli: Cli) -> None:
+    lines = 25000
+    proc = cli.run("launch", str(JOBS / "chatty" / "job.yaml"), "--ui", "quiet")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_id = only_run(cli)
+    logs = cli.home / "runs" / run_id / "logs"
+    for rank in (0, 1):
+        got = (logs / f"rank-{rank}.log").read_text().splitlines()
+        assert sorted(got, key=lambda s: int(s.rsplit(" ", 1)[1])) == [
+            f"r{rank} line {i}" for i in range(lines)
+        ]
+    merged = (logs / "merged.log").read_text().splitlines()
+    assert sum(1 for line in merged if line.startswith("[rank ")) == 2 * lines
+
+
+def test_dry_run_prints_plan_and_starts_nothing(cli: Cli) -> None:
+    proc = cli.run("launch", str(JOBS / "plain" / "job.yaml"), "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    assert "torch.distributed.run" in proc.stdout
+    assert "--rdzv-backend c10d" in proc.stdout
+    assert "host local" in proc.stdout
+    assert cli.runs() == []
+
+
+def _wait_running(cli: Cli, timeout: float = 60) -> str:
+    assert wait_until(lambda: cli.runs() and all(
+        r["status"] == "running" for r in cli.state(cli.runs()[0].name)["ranks"]
+    ), timeout), "ranks never started"
+    return cli.runs()[0].name
+
+
+def test_detach_then_stop_leaves_no_process(cli: Cli) -> None:
+    proc = cli.run("launch", str(JOBS / "forever" / "job.yaml"), "--detach")
+    assert proc.returncode == 0, proc.stderr
+    run_id = proc.stdout.strip()
+    assert run_id == _wait_running(cli)
+    assert run_processes(run_id), "nothing of the run is running"
+    status = cli.run("status", run_id, "--json")
+    assert json.loads(status.stdout)["phase"] == "running"
+    started = time.monotonic()
+    stop = cli.run("stop", run_id)
+    assert stop.returncode == 0, stop.stderr
+    assert "stopped" in stop.stdout
+    assert time.monotonic() - started < 10
+    assert wait_until(lambda: not run_processes(run_id), 5), run_processes(run_id)
+    state = cli.state(run_id)
+    assert (state["phase"], state["exit_code"]) == ("stopped", 130)
+
+
+def test_ctrl_c_stops_a_foreground_run(cli: Cli) -> None:
+    proc = cli.popen("launch", str(JOBS / "forever" / "job.yaml"), "--ui", "plain")
+    try:
+        run_id = _wait_running(cli)
+        os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+        assert proc.wait(15) == 130
+        assert wait_until(lambda: not run_processes(run_id), 5), run_processes(run_id)
+        assert cli.state(run_id)["phase"] == "stopped"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def test_killed_controller_leaves_no_orphans(cli: Cli) -> None:
+    proc = cli.popen("launch", str(JOBS / "forever" / "job.yaml"), "--ui", "quiet")
+    run_id = _wait_running(cli)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert wait_until(lambda: not run_processes(run_id), 15), run_processes(run_id)
+    state = json.loads(cli.run("status", run_id, "--json").stdout)
+    assert state["phase"] == "lost"
+
+
+@pytest.mark.skipif(not (REPO / "examples/quickstart/job.yaml").exists(), reason="no example")
+def test_quickstart_learns_on_two_workers(cli: Cli, tmp_path: Path) -> None:
+    job_dir = tmp_path / "quickstart"
+    shutil.copytree(REPO / "examples" / "quickstart", job_dir)
+    proc = cli.run("launch", str(job_dir / "job.yaml"), "--workers", "2", "--ui", "plain")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_id = only_run(cli)
+    run = cli.home / "runs" / run_id
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert {r["rank"] for r in records} == {0, 1}
+    for rank in (0, 1):
+        losses = [r["values"]["loss"] for r in records if r["rank"] == rank and "loss" in r["values"]]
+        assert len(losses) >= 3
+        assert losses[-1] < 0.5 * losses[0], losses
+        assert (run / "logs" / f"rank-{rank}.log").read_text().strip()
+    status = json.loads(cli.run("status", run_id, "--json").stdout)
+    assert status["phase"] == "succeeded"
+    assert status["exit_code"] == 0
+    assert all(r["status"] == "succeeded" for r in status["ranks"])
+    assert not run_processes(run_id)
+
+
+def test_status_lists_runs_as_json(cli: Cli) -> None:
+    proc = cli.run("launch", str(JOBS / "plain" / "job.yaml"), "--ui", "quiet")
+    assert proc.returncode == 0
+    listing = json.loads(cli.run("status", "--json").stdout)
+    assert [s["phase"] for s in listing] == ["succeeded"]
+    text = cli.run("status").stdout
+    assert listing[0]["run_id"] in text
+
+
+def test_logs_command_prints_rank_lines(cli: Cli) -> None:
+    assert cli.run("launch", str(JOBS / "plain" / "job.yaml"), "--ui", "quiet").returncode == 0
+    run_id = only_run(cli)
+    one = cli.run("logs", run_id, "--rank", "1")
+    assert one.returncode == 0
+    assert "plain rank=1" in one.stdout and "plain rank=0" not in one.stdout
+    merged = cli.run("logs", run_id[:12], "--follow")
+    assert "[rank 0] plain rank=0" in merged.stdout and "[rank 1] plain rank=1" in merged.stdout
+    bad = cli.run("logs", run_id, "--rank", "7")
+    assert bad.returncode == 2 and "no rank 7" in bad.stderr
