@@ -1,0 +1,154 @@
+"""The CLI as a user meets it: exit codes, one-line errors, nothing left behind."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dmlctl.cli.app import main
+
+JOB = "script: train.py\nworkers: 2\n"
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    home = tmp_path / "home"
+    monkeypatch.setenv("DMLCTL_HOME", str(home))
+    return home
+
+
+def project(tmp_path: Path, job: str = JOB) -> Path:
+    d = tmp_path / "proj"
+    d.mkdir(exist_ok=True)
+    (d / "train.py").write_text("print('hi')\n")
+    (d / "job.yaml").write_text(job)
+    return d / "job.yaml"
+
+
+@pytest.mark.parametrize(
+    ("job", "args", "expected"),
+    [
+        (None, [], "no such file"),
+        ("workers: [1\n", [], "job.yaml:"),
+        ("script: train.py\nwrokers: 2\n", [], "did you mean 'workers'"),
+        ("script: train.py\nworkers: 0\n", [], "job.yaml:2 workers"),
+        ("script: train.py\nstrategy: nope\n", [], "unknown strategy 'nope'"),
+        (JOB, ["--workers", "0"], "workers"),
+        (JOB, ["--workers", "64"], "the job asks for 64 workers but the cluster has"),
+        (JOB, ["--ui", "fancy"], "--ui: expected one of"),
+        (JOB, ["--cluster", "missing.yaml"], "missing.yaml: no such file"),
+    ],
+)
+def test_bad_input_exits_2_with_one_clear_line_and_no_run(
+    tmp_path: Path,
+    home: Path,
+    capsys: pytest.CaptureFixture[str],
+    job: str | None,
+    args: list[str],
+    expected: str,
+) -> None:
+    path = project(tmp_path, job) if job is not None else tmp_path / "nowhere" / "job.yaml"
+    code = main(["launch", str(path), *args])
+    out, err = capsys.readouterr()
+    assert code == 2
+    assert expected in err
+    assert "Traceback" not in out + err
+    assert not (home / "runs").exists() or not any((home / "runs").iterdir())
+
+
+def test_every_spec_error_is_reported_at_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = project(tmp_path, "script: train.py\nworkers: -1\nargs: 3\nenvv: {}\n")
+    assert main(["launch", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "job.yaml:2 workers" in err
+    assert "job.yaml:3 args" in err
+    assert "job.yaml:4" in err and "did you mean 'env'" in err
+
+
+def test_dry_run_prints_the_plan(tmp_path: Path, home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = project(tmp_path, JOB + "env:\n  API_TOKEN: s3cret\n")
+    assert main(["launch", str(path), "--dry-run", "--workers", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "--nproc-per-node 1" in out
+    assert "API_TOKEN=<redacted>" in out and "s3cret" not in out
+    assert not (home / "runs").exists()
+
+
+def test_status_with_no_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["status"]) == 0
+    assert "no runs" in capsys.readouterr().out
+    assert main(["status", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == []
+
+
+@pytest.mark.parametrize("command", [["status", "nope"], ["logs", "nope"], ["stop", "nope"]])
+def test_unknown_run_id(command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(command) == 2
+    assert "no run 'nope'" in capsys.readouterr().err
+
+
+def test_init_writes_project_and_refuses_to_overwrite(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = tmp_path / "myproj"
+    assert main(["init", str(target)]) == 0
+    names = sorted(p.name for p in target.iterdir())
+    assert names == ["cluster.yaml", "job.yaml", "train.py"]
+    (target / "train.py").write_text("# mine\n")
+    assert main(["init", str(target)]) == 2
+    assert "--force" in capsys.readouterr().err
+    assert (target / "train.py").read_text() == "# mine\n"
+    assert main(["init", str(target), "--force"]) == 0
+    assert (target / "train.py").read_text() != "# mine\n"
+
+
+def test_init_project_specs_are_valid(tmp_path: Path) -> None:
+    from dmlctl.spec import load_cluster, load_job
+
+    target = tmp_path / "p"
+    assert main(["init", str(target)]) == 0
+    job = load_job(target / "job.yaml")
+    cluster = load_cluster(target / "cluster.yaml")
+    assert job.script == "train.py"
+    assert cluster.resolved_hosts()[0].is_local
+
+
+def test_version_and_help(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.startswith("dmlctl ")
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for command in ("init", "launch", "status", "logs", "stop", "bench"):
+        assert command in out
+
+
+def test_cli_never_imports_torch() -> None:
+    code = (
+        "import sys\n"
+        "from dmlctl.cli.app import main\n"
+        "main(['status'])\n"
+        "main(['--help'])\n"
+        "assert 'torch' not in sys.modules, 'torch imported'\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_internal_errors_are_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import dmlctl.runs.store as store
+
+    def broken(self: object) -> None:
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(store.RunStore, "runs", broken)
+    assert main(["status"]) == 3
+    err = capsys.readouterr().err
+    assert "internal error: RuntimeError: disk on fire" in err and "--debug" in err
