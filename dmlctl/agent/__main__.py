@@ -59,12 +59,15 @@ class Emitter:
 
 
 def _forward_torchrun(
-    stream: TextIO, emit: Emitter, tail: collections.deque[str]
+    stream: TextIO, emit: Emitter, tail: collections.deque[str], stop: threading.Event
 ) -> None:
     for line in stream:
         text = line.rstrip("\n")
         tail.append(text)
-        emit.send(protocol.MSG_LOG, r=None, s="agent", l=[text])
+        # Once we stop torchrun ourselves, what it prints is its own shutdown noise
+        # (a SignalException traceback): kept in the exit message's tail, not streamed.
+        if not stop.is_set():
+            emit.send(protocol.MSG_LOG, r=None, s="agent", l=[text])
 
 
 def _watch_stdin(stop: threading.Event, reason: list[str]) -> None:
@@ -114,7 +117,9 @@ def run(config: dict[str, Any], emit: Emitter, stop: threading.Event, reason: li
         return 127
     emit.send(protocol.MSG_AGENT, state="started", pid=os.getpid(), torchrun_pid=proc.pid)
     assert proc.stdout is not None
-    reader = threading.Thread(target=_forward_torchrun, args=(proc.stdout, emit, tail), daemon=True)
+    reader = threading.Thread(
+        target=_forward_torchrun, args=(proc.stdout, emit, tail, stop), daemon=True
+    )
     reader.start()
     tailer = RankDirTailer(rank_dir)
     stopped = False
@@ -126,7 +131,7 @@ def run(config: dict[str, Any], emit: Emitter, stop: threading.Event, reason: li
             stopped = True
             why = reason[0] if reason else "controller connection lost"
             emit.send(protocol.MSG_LOG, r=None, s="agent", l=[f"dmlctl agent: {why}; stopping"])
-            kill_tree(os.getpid(), STOP_GRACE_S)
+            kill_tree(os.getpid(), STOP_GRACE_S, keep=frozenset({proc.pid}))
             proc.wait()
             break
         if not busy:

@@ -8,6 +8,7 @@ tree are re-parented to it, not to init) and kills by walking its descendants in
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -57,30 +58,35 @@ def descendants(root: int) -> list[int]:
 
 def signal_all(pids: list[int], sig: int) -> None:
     for pid in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
-def reap() -> None:
-    """Collect exited children (we are a subreaper: orphans end up here)."""
-    while True:
+def reap(keep: frozenset[int] = frozenset()) -> None:
+    """Collect exited children of this process (as a subreaper, orphans end up here),
+    except ``keep``: a child whose exit status its owner still wants (torchrun)."""
+    me = os.getpid()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) in keep:
+            continue
         try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
+            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if len(fields) > 1 and int(fields[1]) == me and fields[0] == "Z":
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(int(entry), os.WNOHANG)
 
 
-def kill_tree(root: int, grace: float) -> None:
+def kill_tree(root: int, grace: float, keep: frozenset[int] = frozenset()) -> None:
     """SIGTERM every descendant of ``root``, wait up to ``grace`` seconds, then SIGKILL
-    whatever is left; returns when none is left (or after a further 5 s)."""
+    whatever is left; returns when none is left (or after a further 5 s). Children in
+    ``keep`` are signalled but not reaped, so their owner can read their exit status."""
     signal_all(descendants(root), signal.SIGTERM)
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline:
-        reap()
+        reap(keep)
         if not descendants(root):
             return
         time.sleep(0.05)
@@ -90,5 +96,5 @@ def kill_tree(root: int, grace: float) -> None:
         if not left:
             return
         signal_all(left, signal.SIGKILL)
-        reap()
+        reap(keep)
         time.sleep(0.05)

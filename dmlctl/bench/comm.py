@@ -70,7 +70,9 @@ def run_comm_bench(
     if result.exit_code != 0:
         cause = result.state.root_cause if result.state is not None else None
         why = cause.headline() if cause is not None else f"exit code {result.exit_code}"
-        raise BenchFailed(f"benchmark run {result.run_id} failed: {why}")
+        raise BenchFailed(
+            f"benchmark run {result.run_id} failed: {why} (see `dmlctl logs {result.run_id}`)"
+        )
     results = _read_results(result.run_dir)
     missing = [op for op in ops if not any(r.op == op for r in results)]
     if missing:

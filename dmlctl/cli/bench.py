@@ -23,7 +23,7 @@ app = typer.Typer(
 
 @app.command()
 def comm(
-    cluster: Optional[Path] = typer.Option(  # noqa: UP045, B008 - typer needs both
+    cluster: Optional[Path] = typer.Option(  # noqa: UP045 - typer needs both
         None, "--cluster", "-c", help="Cluster spec; default: this machine, one worker per core."
     ),
     workers: Optional[int] = typer.Option(  # noqa: UP045

@@ -89,7 +89,7 @@ def create_run(
         new_run_state(
             plan.run_id, plan.job_name, plan.strategy,
             [(r.rank, r.host, r.role) for r in plan.ranks], time.time(),
-        )  # fmt: skip
+        )
     )
     return run
 

@@ -15,7 +15,13 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dmlctl.launch.state import RunState
+    from dmlctl.launch.supervisor import Sink
+    from dmlctl.plan.model import LaunchPlan
+    from dmlctl.runs.store import RunDir
 
 _pending: list[str] = []
 _REASONS = {
@@ -35,7 +41,7 @@ def install_early_handlers() -> None:
         signal.signal(sig, _early)
 
 
-def run_controller(run: Any, plan: Any, sink: Any) -> Any:
+def run_controller(run: RunDir, plan: LaunchPlan, sink: Sink) -> RunState:
     """Supervise ``plan`` in ``run`` (a RunDir) and return the final RunState."""
     from dmlctl.launch.supervisor import Supervisor
     from dmlctl.transport import transport_for
@@ -46,7 +52,7 @@ def run_controller(run: Any, plan: Any, sink: Any) -> Any:
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         sup.request_stop(_REASONS.get(signal.Signals(signum), "signal"))
 
-    previous: dict[int, Callable[..., Any] | int | None] = {}
+    previous: dict[signal.Signals, Callable[..., Any] | int | None] = {}
     for sig in _REASONS:
         previous[sig] = signal.signal(sig, on_signal)
     for reason in _pending:
@@ -54,8 +60,8 @@ def run_controller(run: Any, plan: Any, sink: Any) -> Any:
     try:
         return sup.run()
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+        for restored, handler in previous.items():
+            signal.signal(restored, handler if handler is not None else signal.SIG_DFL)
 
 
 def main(argv: list[str]) -> int:

@@ -40,10 +40,11 @@ def _describe_exit(code: int) -> str:
 
 
 def torchrun_failure(host: str, tail: Sequence[str]) -> RootCause | None:
-    """The first failed rank in torchrun's failure summary (``rank : N`` /
-    ``exitcode : X`` lines), for ranks that died without a Python exception."""
+    """The root-cause rank in torchrun's failure summary (``rank : N`` / ``exitcode : X``
+    lines, after "Root Cause" when present: torchrun lists the other failures first),
+    for ranks that died without a Python exception."""
     rank: int | None = None
-    for line in tail:
+    for line in tail[next((i for i, s in enumerate(tail) if s.startswith("Root Cause")), 0) :]:
         if (m := _TORCHRUN_RANK.match(line)) is not None:
             rank = int(m.group(1))
         elif rank is not None and (m := _TORCHRUN_EXIT.match(line)) is not None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import Literal, TextIO, cast
 
 from rich.console import Console
 
@@ -31,8 +31,11 @@ class LiveSink:
         self._dash.tick()
 
     def close(self, state: RunState) -> None:
+        # The last frame stays on screen (header, ranks, root cause, log tail).
         self._dash.close(state)
-        self._console.print(render_summary(state, self._run_dir))
+        if state.stop_reason:
+            self._console.print(f"stopped: {state.stop_reason}", markup=False)
+        self._console.print(f"logs: {self._run_dir}/logs", markup=False)
 
 
 class PlainSink:
@@ -41,7 +44,7 @@ class PlainSink:
     def __init__(self, console: Console, run_dir: str) -> None:
         self._console = console
         self._run_dir = run_dir
-        self._printer = PlainPrinter(console.file)
+        self._printer = PlainPrinter(cast(TextIO, console.file))
 
     def on_events(self, events: Sequence[Event], state: RunState) -> None:
         self._printer.on_events(events, state)

@@ -108,7 +108,7 @@ class Supervisor:
         for host in self.plan.hosts:
             try:
                 proc = self.transports[host.name].start(host.agent_argv)
-            except Exception as e:  # noqa: BLE001 - any failure to start is this host's cause
+            except Exception as e:
                 cause = RootCause(host.name, None, type(e).__name__, f"cannot start agent: {e}")
                 events.append(AgentExited(host.name, 127, (), self.clock(), cause))
                 continue

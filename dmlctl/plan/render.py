@@ -33,7 +33,7 @@ def render_plan(plan: LaunchPlan) -> str:
         out += [
             "",
             f"host {host.name} — {where}, node rank {host.node_rank}, "
-            f"ranks {host.first_rank}–{last}",
+            f"ranks {host.first_rank}-{last}",
             f"  workdir:  {host.workdir}",
             f"  rank dir: {host.rank_dir}",
             f"  agent:    {render_command(host.agent_argv)}",

@@ -45,5 +45,8 @@ def stop_run(run: RunDir, *, timeout: float) -> str:
         return f"run {run.run_id} {state.phase.value}"
     if pid_alive(pid):
         os.kill(pid, signal.SIGKILL)
-    final = _mark_stopped(run, state, f"controller did not stop within {timeout:g} s")
-    return f"run {run.run_id}: controller killed after {timeout:g} s; marked {final.phase.value}"
+        why = f"controller did not stop within {timeout:g} s and was killed"
+    else:
+        why = "controller exited without recording the end of the run"
+    final = _mark_stopped(run, state, why)
+    return f"run {run.run_id}: {why}; marked {final.phase.value}"

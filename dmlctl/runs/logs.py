@@ -20,7 +20,7 @@ def log_path(run: RunDir, rank: int | None) -> Path:
     state = run.read_state()
     known = {r.rank for r in state.ranks}
     if rank not in known:
-        span = f"ranks 0–{max(known)}" if known else "no ranks"
+        span = f"ranks 0 to {max(known)}" if known else "no ranks"
         raise UsageError(f"run {run.run_id} has {span}; there is no rank {rank}")
     return run.rank_log(rank)
 

@@ -44,6 +44,17 @@ def new_run_id(job_name: str, now: float) -> str:
     return f"{slug}-{stamp}-{secrets.token_hex(2)}"
 
 
+_STAMP = re.compile(r"(\d{8}-\d{6})-[0-9a-f]{4}$")
+
+
+def _started_key(path: Path) -> tuple[str, float, str]:
+    """Sort key: the time stamp in the run id, else the state file's age."""
+    m = _STAMP.search(path.name)
+    if m:
+        return (m.group(1), 0.0, path.name)
+    return ("", (path / "state.json").stat().st_mtime, path.name)
+
+
 def atomic_write(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` so readers see the old or the new content, never a mix."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -72,14 +83,37 @@ class RunDir:
         self.path = path
         self.run_id = path.name
 
-    specs = property(lambda self: self.path / "specs")
-    plan = property(lambda self: self.path / "plan.json")
-    state_file = property(lambda self: self.path / "state.json")
-    logs = property(lambda self: self.path / "logs")
-    metrics = property(lambda self: self.path / "metrics.jsonl")
-    summary = property(lambda self: self.path / "summary.json")
-    controller_pid = property(lambda self: self.path / "controller.pid")
-    controller_log = property(lambda self: self.path / "controller.log")
+    @property
+    def specs(self) -> Path:
+        return self.path / "specs"
+
+    @property
+    def plan(self) -> Path:
+        return self.path / "plan.json"
+
+    @property
+    def state_file(self) -> Path:
+        return self.path / "state.json"
+
+    @property
+    def logs(self) -> Path:
+        return self.path / "logs"
+
+    @property
+    def metrics(self) -> Path:
+        return self.path / "metrics.jsonl"
+
+    @property
+    def summary(self) -> Path:
+        return self.path / "summary.json"
+
+    @property
+    def controller_pid(self) -> Path:
+        return self.path / "controller.pid"
+
+    @property
+    def controller_log(self) -> Path:
+        return self.path / "controller.log"
 
     def rank_log(self, rank: int) -> Path:
         return self.logs / f"rank-{rank}.log"
@@ -129,17 +163,19 @@ class RunStore:
     def create(self, run_id: str) -> RunDir:
         """Make a new, empty run directory (with specs/ and logs/)."""
         run = RunDir(self.root / run_id)
-        (run.path / "logs").mkdir(parents=True, exist_ok=False)
+        self.root.mkdir(parents=True, exist_ok=True)
+        # Private: plan.json holds the job's environment, which may carry secrets.
+        run.path.mkdir(mode=0o700)
+        (run.path / "logs").mkdir()
         run.specs.mkdir()
         return run
 
     def runs(self) -> Iterator[RunDir]:
-        """Every run that has a state file, oldest first."""
+        """Every run that has a state file, oldest first (by the time in its id)."""
         if not self.root.is_dir():
             return
-        for path in sorted(self.root.iterdir()):
-            if (path / "state.json").is_file():
-                yield RunDir(path)
+        paths = [p for p in self.root.iterdir() if (p / "state.json").is_file()]
+        yield from (RunDir(p) for p in sorted(paths, key=_started_key))
 
     def get(self, run_id: str) -> RunDir:
         """The run whose id is ``run_id`` or starts with it (must be unambiguous);

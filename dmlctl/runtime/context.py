@@ -29,7 +29,7 @@ import atexit
 import json
 import os
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -80,6 +80,7 @@ class Context:
         self._metrics = MetricLogger(rank, rank_dir)
         self._epoch = 0
         self._closed = False
+        self._on_close: list[Callable[[], None]] = []
 
     @property
     def rank(self) -> int:
@@ -210,20 +211,34 @@ class Context:
             tensor /= self._world_size
         return float(tensor.item())
 
-    def close(self) -> None:
-        """Flush metrics and destroy the process group this context created.
+    def on_close(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` in :meth:`close`, before the process group goes away.
 
-        Idempotent; registered with ``atexit``. A later :func:`init` starts afresh.
+        For strategies: release whatever holds the process group (e.g. DDP's reducer)
+        so the group's threads are joined while the interpreter is fully alive.
+        Callbacks run last-registered first.
+        """
+        self._on_close.append(callback)
+
+    def close(self) -> None:
+        """Flush metrics, run :meth:`on_close` callbacks, destroy the process group.
+
+        Only a group this context created is destroyed. Idempotent; registered with
+        ``atexit`` so a script need not call it. A later :func:`init` starts afresh.
         """
         global _current
         if self._closed:
             return
         self._closed = True
-        self._metrics.close()
-        if self._owns_group and dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
-        if _current is self:
-            _current = None
+        try:
+            self._metrics.close()
+            while self._on_close:
+                self._on_close.pop()()
+        finally:
+            if self._owns_group and dist.is_initialized():
+                dist.destroy_process_group()
+            if _current is self:
+                _current = None
 
     def __repr__(self) -> str:
         return (

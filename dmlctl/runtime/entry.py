@@ -23,6 +23,7 @@ import runpy
 import sys
 import time
 import traceback
+from typing import Any
 
 from dmlctl import protocol
 
@@ -49,7 +50,7 @@ def _user_frames(exc: BaseException, script: str) -> BaseException:
     return exc.with_traceback(tb) if tb is not None else exc
 
 
-def _error_record(exc: BaseException) -> dict[str, object]:
+def _error_record(exc: BaseException) -> dict[str, Any]:
     lines = "".join(traceback.format_exception(exc)).rstrip("\n").split("\n")
     return {
         "type": type(exc).__qualname__,
@@ -58,14 +59,14 @@ def _error_record(exc: BaseException) -> dict[str, object]:
     }
 
 
-def _write_torchelastic_error(error: dict[str, object]) -> None:
+def _write_torchelastic_error(error: dict[str, Any]) -> None:
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if not path:
         return
     message = {
         "message": f"{error['type']}: {error['message']}",
         "extraInfo": {
-            "py_callstack": "\n".join(error["traceback"]),  # type: ignore[arg-type]
+            "py_callstack": "\n".join(error["traceback"]),
             "timestamp": str(int(time.time())),
         },
     }
@@ -110,12 +111,12 @@ def main(argv: list[str]) -> int:
         if code != 0 and isinstance(e.code, str):
             print(e.code, file=sys.stderr)
         if writer is not None:
-            error = None if code == 0 else {
+            error: dict[str, Any] | None = None if code == 0 else {
                 "type": "SystemExit", "message": f"exit code {code}", "traceback": [],
             }
             writer.exit(code, error)
         return code
-    except BaseException as e:  # noqa: BLE001 - everything the script raises is reported
+    except BaseException as e:
         e = _user_frames(e, os.path.abspath(script))
         error = _error_record(e)
         traceback.print_exception(e)

@@ -71,5 +71,5 @@ def entry(name: str) -> StrategyEntry:
 
 def load(name: str) -> StrategyModule:
     """Import and return the strategy module for ``name`` (cheap: no torch at import)."""
-    module: StrategyModule = importlib.import_module(entry(name).module)  # type: ignore[assignment]
+    module: StrategyModule = importlib.import_module(entry(name).module)
     return module

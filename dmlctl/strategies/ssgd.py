@@ -11,13 +11,16 @@ to validate a job's ``strategy.params``); torch is imported inside :func:`prepar
 
 from __future__ import annotations
 
+import gc
 import inspect
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 if TYPE_CHECKING:
     import torch
+    from torch.nn.parallel import DistributedDataParallel
 
     from dmlctl.runtime.context import Context
 
@@ -82,4 +85,22 @@ def prepare(
         kwargs["broadcast_buffers"] = p.broadcast_buffers
     device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
     wrapped = DistributedDataParallel(model, device_ids=device_ids, **kwargs)
+    ref = weakref.ref(wrapped)
+    ctx.on_close(lambda: _release(ref))
     return wrapped, optimizer
+
+
+def _release(ref: weakref.ref[DistributedDataParallel]) -> None:
+    """Drop DDP's references to the process group so destroying it joins its threads.
+
+    Otherwise the group outlives ``destroy_process_group`` and a gloo worker thread
+    may free its last work object during interpreter shutdown, which aborts the
+    process ("terminate called without an active exception", pytorch/pytorch#190489).
+    The wrapper cannot run forward afterwards; ``.module`` still holds the model.
+    """
+    wrapped = ref()
+    if wrapped is None:
+        return
+    for name in ("reducer", "logger", "process_group"):
+        wrapped.__dict__.pop(name, None)
+    gc.collect()

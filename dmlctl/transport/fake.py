@@ -19,10 +19,10 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from dmlctl import protocol
-from dmlctl.transport.base import Result
+from dmlctl.transport.base import Process, Result, Transport
 
 STOP = "stop"
 """What the controller sends an agent to stop it."""
@@ -51,7 +51,8 @@ class ScriptedProcess:
       is the agent configuration, available parsed as :attr:`config`;
     * with ``hang=True``, :meth:`lines` blocks after the scripted lines until
       ``"stop"`` was sent (then yields :data:`STOPPED_EXIT_LINE`) or :meth:`kill`
-      was called (then yields nothing more);
+      was called (then yields nothing more); with ``ignore_stop=True`` as well, only
+      :meth:`kill` ends it (an agent that does not answer a stop);
     * :meth:`kill` also ends a non-hanging replay early; :meth:`send` returns False
       once stdin is closed or the process was killed;
     * :meth:`wait` returns None while :meth:`lines` has more to give, then the exit
@@ -66,6 +67,7 @@ class ScriptedProcess:
         *,
         exit_code: int = 0,
         hang: bool = False,
+        ignore_stop: bool = False,
         stderr: Sequence[str] = (),
         argv: Sequence[str] = (),
         cwd: str | None = None,
@@ -80,6 +82,7 @@ class ScriptedProcess:
         self._script = list(lines)
         self._exit_code = exit_code
         self._hang = hang
+        self._ignore_stop = ignore_stop
         self._stderr = list(stderr)
         self._cond = threading.Condition()
         self._done = False
@@ -126,7 +129,7 @@ class ScriptedProcess:
             if self.stdin_closed or self.killed:
                 return False
             self.sent.append(line)
-            if line == STOP and len(self.sent) > 1:
+            if line == STOP and len(self.sent) > 1 and not self._ignore_stop:
                 self.stopped = True
                 self._cond.notify_all()
             return True
@@ -173,6 +176,7 @@ class ScriptedTransport:
         exit_code: int = 0,
         hang: bool = False,
         *,
+        ignore_stop: bool = False,
         stderr: Sequence[str] = (),
         results: Mapping[tuple[str, ...], tuple[int, str, str]] | None = None,
         start_error: Exception | None = None,
@@ -181,6 +185,7 @@ class ScriptedTransport:
         self.script = list(lines)
         self.exit_code = exit_code
         self.hang = hang
+        self.ignore_stop = ignore_stop
         self.stderr = list(stderr)
         self.results = dict(results or {})
         self.start_error = start_error
@@ -216,10 +221,16 @@ class ScriptedTransport:
             raise self.start_error
         proc = ScriptedProcess(
             self.host, self.script, exit_code=self.exit_code, hang=self.hang,
+            ignore_stop=self.ignore_stop,
             stderr=self.stderr, argv=argv, cwd=cwd,
         )  # fmt: skip
         self.processes.append(proc)
         return proc
+
+
+if TYPE_CHECKING:  # mypy proves the fakes satisfy the protocols they stand in for
+    _transport: Transport = ScriptedTransport("host")
+    _process: Process = ScriptedProcess("host", [])
 
 
 # --------------------------------------------------------------- agent message lines
@@ -308,8 +319,9 @@ def agent_lines(
 
     agent started, each rank's start record, each rank's log lines (``logs``) and
     metric records (``metrics``: ``(step, values)`` pairs), each rank's exit record
-    (code from ``exits``, default 0; a rank mapped to None gets no exit record; an
-    ``errors`` entry becomes the exit record's error), and the agent's ``exit``
+    (code from ``exits``, default 0, or 1 for a rank with an ``errors`` entry, which
+    becomes the record's error; a rank mapped to None gets no exit record), and the
+    agent's ``exit``
     message with ``agent_code`` (None: no exit message, as from a lost agent).
     ``"auto"`` is 0 if every rank exited 0 and 1 otherwise (what the agent reports).
     """
@@ -323,12 +335,13 @@ def agent_lines(
         if logs.get(r):
             out.append(rank_log(r, *logs[r]))
         out += [rank_metric(r, step, values, ts=ts) for step, values in metrics.get(r, ())]
+    codes = {r: exits.get(r, 1 if r in errors else 0) for r in ranks}
     for r in ranks:
-        code = exits.get(r, 0)
+        code = codes[r]
         if code is not None:
             out.append(rank_exit(r, code, errors.get(r), ts=ts))
     if agent_code == "auto":
-        agent_code = 1 if any(c not in (0, None) for c in exits.values()) else 0
+        agent_code = 1 if any(c not in (0, None) for c in codes.values()) else 0
     if agent_code is not None:
         out.append(agent_exit(agent_code, tail))
     return out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import signal
 import subprocess
@@ -61,10 +62,8 @@ class LocalProcess:
 
     def close_stdin(self) -> None:
         if self._proc.stdin is not None and not self._proc.stdin.closed:
-            try:
+            with contextlib.suppress(OSError):
                 self._proc.stdin.close()
-            except OSError:
-                pass
 
     def wait(self, timeout: float | None = None) -> int | None:
         try:
@@ -76,10 +75,8 @@ class LocalProcess:
 
     def kill(self) -> None:
         """SIGKILL the command's whole process group."""
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self._proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
     def stderr_tail(self) -> list[str]:
         return list(self._stderr)

@@ -71,7 +71,9 @@ def test_every_spec_error_is_reported_at_once(
     assert "job.yaml:4" in err and "did you mean 'env'" in err
 
 
-def test_dry_run_prints_the_plan(tmp_path: Path, home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_dry_run_prints_the_plan(
+    tmp_path: Path, home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = project(tmp_path, JOB + "env:\n  API_TOKEN: s3cret\n")
     assert main(["launch", str(path), "--dry-run", "--workers", "1"]) == 0
     out = capsys.readouterr().out

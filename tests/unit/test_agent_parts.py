@@ -1,0 +1,201 @@
+"""Pieces of the host agent: the rank-file tailer (pure file I/O) and the process-tree
+killer (on a tiny real ``sh`` + ``sleep`` tree, never on anything else)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from dmlctl.agent.procs import descendants, kill_tree
+from dmlctl.agent.tail import CHUNK, RankDirTailer
+
+# ---------------------------------------------------------------------------- tailer
+
+
+@pytest.fixture
+def tailer(tmp_path: Path) -> Iterator[RankDirTailer]:
+    t = RankDirTailer(str(tmp_path))
+    yield t
+    t.close()
+
+
+def append(path: Path, data: bytes) -> None:
+    with open(path, "ab") as f:
+        f.write(data)
+
+
+def poll(t: RankDirTailer, final: bool = False) -> list[tuple[int, str, list[str]]]:
+    return list(t.poll(final=final))
+
+
+def test_partial_line_is_held_back_until_completed(tmp_path: Path, tailer: RankDirTailer) -> None:
+    out = tmp_path / "rank-0.stdout"
+    append(out, b"first\nsec")
+    assert poll(tailer) == [(0, "stdout", ["first"])]
+    assert poll(tailer) == []  # "sec" is not a line yet
+    append(out, b"ond\nthi")
+    assert poll(tailer) == [(0, "stdout", ["second"])]
+    assert poll(tailer, final=True) == [(0, "stdout", ["thi"])]
+    assert poll(tailer, final=True) == []  # flushed once
+
+
+def test_final_flushes_a_last_line_without_newline(tmp_path: Path, tailer: RankDirTailer) -> None:
+    append(tmp_path / "rank-2.stderr", b"Traceback (most recent call last):\nValueError: x")
+    assert poll(tailer, final=True) == [
+        (2, "stderr", ["Traceback (most recent call last):", "ValueError: x"])
+    ]
+
+
+def test_files_appearing_later_are_picked_up_from_their_start(tmp_path: Path) -> None:
+    rank_dir = tmp_path / "not-yet"
+    t = RankDirTailer(str(rank_dir))
+    try:
+        assert poll(t) == []  # the directory does not exist yet
+        rank_dir.mkdir()
+        append(rank_dir / "rank-0.stdout", b"zero\n")
+        assert poll(t) == [(0, "stdout", ["zero"])]
+        append(rank_dir / "rank-1.events.jsonl", b'{"kind":"start"}\n')
+        append(rank_dir / "rank-1.stdout", b"one\n")
+        append(rank_dir / "notes.txt", b"not a rank file\n")
+        append(rank_dir / "rank-x.stdout", b"not a rank file either\n")
+        assert sorted(poll(t)) == [
+            (1, "events.jsonl", ['{"kind":"start"}']),
+            (1, "stdout", ["one"]),
+        ]
+    finally:
+        t.close()
+
+
+def test_crlf_and_invalid_utf8_are_tolerated(tmp_path: Path, tailer: RankDirTailer) -> None:
+    append(tmp_path / "rank-0.stdout", b"windows\r\nbad \xff byte\n")
+    assert poll(tailer) == [(0, "stdout", ["windows", "bad \ufffd byte"])]
+
+
+def test_utf8_split_across_writes_is_decoded_whole(tmp_path: Path, tailer: RankDirTailer) -> None:
+    out = tmp_path / "rank-0.stdout"
+    text = "loss ↓ 0.5\n".encode()
+    cut = text.index("↓".encode()) + 1  # in the middle of the arrow's bytes
+    append(out, text[:cut])
+    assert poll(tailer) == []
+    append(out, text[cut:])
+    assert poll(tailer) == [(0, "stdout", ["loss ↓ 0.5"])]
+
+
+def test_100k_lines_are_all_returned_exactly_once_in_order(
+    tmp_path: Path, tailer: RankDirTailer
+) -> None:
+    n = 100_000
+    out = tmp_path / "rank-3.stdout"
+    lines = [f"step {i:06d} loss {i * 0.001:.3f}" for i in range(n)]
+    payload = "".join(line + "\n" for line in lines).encode()
+    assert len(payload) > 2 * CHUNK  # one poll reads at most about CHUNK per file
+    got: list[str] = []
+    # Written in odd-sized pieces, polled between writes: lines straddle the pieces.
+    piece = 65_537
+    for start in range(0, len(payload), piece):
+        append(out, payload[start : start + piece])
+        for rank, kind, batch in poll(tailer):
+            assert (rank, kind) == (3, "stdout")
+            got += batch
+    for _ in range(10):  # drain what is left after the last write
+        for _, _, batch in poll(tailer):
+            got += batch
+    got += [line for _, _, batch in poll(tailer, final=True) for line in batch]
+    assert len(got) == n
+    assert got == lines
+
+
+def test_one_poll_reads_a_bounded_amount(tmp_path: Path, tailer: RankDirTailer) -> None:
+    line = b"x" * 99 + b"\n"
+    append(tmp_path / "rank-0.stdout", line * (3 * CHUNK // len(line)))
+    first = poll(tailer)
+    assert len(first) == 1
+    assert 0 < len(first[0][2]) <= CHUNK // len(line) + 1
+    total = len(first[0][2])
+    while batch := poll(tailer):
+        total += len(batch[0][2])
+    assert total == 3 * CHUNK // len(line)
+
+
+# ----------------------------------------------------------------------------- procs
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
+    """Poll ``predicate`` until it holds (True) or ``timeout`` passes (False)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return predicate()
+
+
+Starter = Callable[[str], "subprocess.Popen[bytes]"]
+
+
+@pytest.fixture
+def tree() -> Iterator[Starter]:
+    """Starts ``sh -c SCRIPT`` in a session of its own and waits for its two children."""
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(script: str) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(["sh", "-c", script], start_new_session=True)
+        procs.append(proc)
+        assert wait_for(lambda: len(descendants(proc.pid)) == 2), descendants(proc.pid)
+        return proc
+
+    yield start
+    for proc in procs:  # never leave anything behind, whatever the test did
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+
+
+def test_descendants_lists_parents_before_children(tree: Starter) -> None:
+    sh = tree("sleep 30 & sleep 30 & wait")
+    mine = descendants(os.getpid())
+    assert sh.pid in mine
+    kids = descendants(sh.pid)
+    assert len(kids) == 2 and sh.pid not in kids
+    assert all(mine.index(sh.pid) < mine.index(k) for k in kids)
+    with open(f"/proc/{kids[0]}/cmdline", "rb") as f:
+        assert f.read().split(b"\0")[0].endswith(b"sleep")
+
+
+def test_kill_tree_ends_every_descendant(tree: Starter) -> None:
+    sh = tree("sleep 30 & sleep 30 & wait")
+    kids = descendants(sh.pid)
+    t0 = time.monotonic()
+    kill_tree(sh.pid, grace=2.0)
+    assert time.monotonic() - t0 < 2.0  # SIGTERM was enough: no wait for the grace
+    assert descendants(sh.pid) == []
+    assert not any(alive(k) for k in kids)
+    # With its children gone, sh's `wait` returns and sh exits by itself.
+    assert sh.wait(2.0) == 0
+
+
+def test_kill_tree_sigkills_what_ignores_sigterm(tree: Starter) -> None:
+    # `trap "" TERM` makes sh ignore SIGTERM, and the sleeps inherit the ignored signal.
+    sh = tree('trap "" TERM; sleep 30 & sleep 30 & wait')
+    kids = descendants(sh.pid)
+    t0 = time.monotonic()
+    kill_tree(sh.pid, grace=0.3)
+    took = time.monotonic() - t0
+    assert descendants(sh.pid) == []
+    assert not any(alive(k) for k in kids)
+    assert 0.3 <= took < 2.5
+    sh.wait(2.0)

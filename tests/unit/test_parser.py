@@ -1,0 +1,193 @@
+"""dmlctl.launch.parser: one agent output line in, typed events out (pure)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dmlctl.launch.events import (
+    AgentExited,
+    AgentStarted,
+    LogLine,
+    MetricRecord,
+    RankExited,
+    RankStarted,
+    RootCause,
+    Stream,
+)
+from dmlctl.launch.parser import parse_line, torchrun_failure
+from dmlctl.transport.fake import (
+    agent_exit,
+    agent_log,
+    agent_started,
+    rank_error,
+    rank_exit,
+    rank_log,
+    rank_metric,
+    rank_start,
+)
+
+NOW = 1234.5
+
+
+def one(host: str, line: str) -> object:
+    events = parse_line(host, line, NOW)
+    assert len(events) == 1, events
+    return events[0]
+
+
+def torchrun_summary(*failures: tuple[int, int, int, int], script: str = "train.py") -> list[str]:
+    """torchrun's ChildFailedError summary for ``(idx, rank, exitcode, pid)`` failures;
+    the first one is the root cause (torchrun prints it last)."""
+
+    def block(idx: int, rank: int, code: int, pid: int) -> list[str]:
+        trace = (
+            f"Signal {-code} (SIGKILL) received by PID {pid}"
+            if code < 0
+            else "To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html"
+        )
+        return [
+            f"[{idx}]:",
+            "  time      : 2026-11-20_22:33:27",
+            "  host      : worker-7",
+            f"  rank      : {rank} (local_rank: {rank})",
+            f"  exitcode  : {code} (pid: {pid})",
+            "  error_file: <N/A>",
+            f"  traceback : {trace}",
+        ]
+
+    root, *others = failures
+    other_lines = [line for f in others for line in block(*f)] or ["  <NO_OTHER_FAILURES>"]
+    return [
+        "Traceback (most recent call last):",
+        '  File "/usr/lib/python3/site-packages/torch/distributed/run.py", line 892, in main',
+        "    run(args)",
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+        "=" * 60,
+        f"{script} FAILED",
+        "-" * 60,
+        "Failures:",
+        *other_lines,
+        "-" * 60,
+        "Root Cause (first observed failure):",
+        *block(*root),
+        "=" * 60,
+    ]
+
+
+def test_agent_started() -> None:
+    assert one("a", agent_started(pid=321)) == AgentStarted("a", 321, NOW)
+
+
+def test_rank_log_lines_become_one_event_each() -> None:
+    events = parse_line("a", rank_log(3, "epoch 1", "epoch 2", stream="stderr"), NOW)
+    assert events == [
+        LogLine("a", 3, Stream.STDERR, "epoch 1", NOW),
+        LogLine("a", 3, Stream.STDERR, "epoch 2", NOW),
+    ]
+
+
+def test_agent_log_line_has_no_rank() -> None:
+    assert one("b", agent_log("W1120 torchrun warning")) == LogLine(
+        "b", None, Stream.AGENT, "W1120 torchrun warning", NOW
+    )
+
+
+def test_rank_start_record_uses_its_own_timestamp() -> None:
+    ev = one("a", rank_start(2, 0, pid=999, role="worker", ts=50.0))
+    assert ev == RankStarted("a", 2, 0, "worker", 999, 50.0)
+
+
+def test_metric_record() -> None:
+    ev = one("a", rank_metric(1, 40, {"loss": 0.25, "samples_per_s": 812.5}, ts=51.0))
+    assert ev == MetricRecord("a", 1, 40, {"loss": 0.25, "samples_per_s": 812.5}, 51.0)
+
+
+def test_rank_exit_ok() -> None:
+    assert one("a", rank_exit(0, 0, ts=52.0)) == RankExited("a", 0, 0, None, 52.0)
+
+
+def test_rank_exit_with_python_error_is_its_root_cause() -> None:
+    error = rank_error("ValueError", "bad batch", ["Traceback (most recent call last):", "X"])
+    ev = one("h", rank_exit(1, 1, error, ts=53.0))
+    assert isinstance(ev, RankExited)
+    assert ev.exit_code == 1
+    assert ev.cause == RootCause(
+        "h", 1, "ValueError", "bad batch", ("Traceback (most recent call last):", "X")
+    )
+
+
+def test_agent_exit_ok_has_no_cause() -> None:
+    ev = one("a", agent_exit(0, ["done"]))
+    assert ev == AgentExited("a", 0, ("done",), NOW, None)
+
+
+def test_agent_exit_nonzero_without_summary_has_no_rank_cause() -> None:
+    ev = one("a", agent_exit(1, ["RuntimeError: rendezvous timed out"]))
+    assert isinstance(ev, AgentExited)
+    assert (ev.exit_code, ev.cause) == (1, None)
+
+
+def test_torchrun_summary_gives_the_killed_rank() -> None:
+    tail = ["some earlier output", *torchrun_summary((0, 1, -9, 123))]
+    ev = one("node-a", agent_exit(1, tail))
+    assert isinstance(ev, AgentExited)
+    cause = ev.cause
+    assert cause is not None
+    assert (cause.host, cause.rank, cause.exc_type, cause.message) == (
+        "node-a",
+        1,
+        "Signal",
+        "killed by SIGKILL",
+    )
+    assert cause.headline() == "rank 1 on node-a: Signal: killed by SIGKILL"
+    assert cause.traceback == tuple(tail[-15:])
+
+
+def test_torchrun_summary_with_exit_code() -> None:
+    cause = torchrun_failure("h", torchrun_summary((0, 4, 3, 77)))
+    assert cause is not None
+    assert (cause.rank, cause.exc_type, cause.message) == (4, "ExitCode", "exited with code 3")
+
+
+def test_torchrun_summary_unknown_signal_number() -> None:
+    cause = torchrun_failure("h", ["  rank      : 0 (local_rank: 0)", "  exitcode  : -99 (pid: 1)"])
+    assert cause is not None
+    assert cause.message == "killed by signal 99"
+
+
+def test_torchrun_summary_picks_the_root_cause_not_the_other_failures() -> None:
+    # torchrun lists the *other* failures first and the root cause last.
+    tail = torchrun_summary((0, 2, -9, 200), (1, 3, 1, 201))
+    cause = torchrun_failure("h", tail)
+    assert cause is not None
+    assert (cause.rank, cause.message) == (2, "killed by SIGKILL")
+
+
+def test_no_summary_no_cause() -> None:
+    assert torchrun_failure("h", ["plain output", "exitcode  : 1"]) is None
+    assert torchrun_failure("h", []) is None
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "not json at all",
+        '{"k": "log", "r": 0',  # cut off
+        "[1, 2, 3]",  # JSON, not an object
+        '{"no": "kind"}',
+        '{"k": "mystery"}',  # unknown kind
+        '{"k": "log", "r": 0, "s": "sideways", "l": ["x"]}',  # unknown stream
+        '{"k": "rank", "rec": {"kind": "start", "rank": "zero", "ts": 1}}',
+        '{"k": "exit", "code": "boom"}',
+        "",
+    ],
+)
+def test_malformed_lines_are_kept_as_agent_log_lines(raw: str) -> None:
+    assert parse_line("a", raw, NOW) == [LogLine("a", None, Stream.AGENT, raw, NOW)]
+
+
+def test_unknown_rank_record_kind_is_ignored() -> None:
+    line = json.dumps({"k": "rank", "rec": {"kind": "future", "rank": 0, "ts": 1.0}})
+    assert parse_line("a", line, NOW) == []

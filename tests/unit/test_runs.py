@@ -1,0 +1,326 @@
+"""dmlctl.runs: the run directory store, the recorder, log streaming and stop_run,
+on real directories under tmp_path (one tiny real process: ``true``, for a dead pid)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from dmlctl.errors import RunNotFound, UsageError
+from dmlctl.launch.events import (
+    AgentExited,
+    Finished,
+    LogLine,
+    MetricRecord,
+    Progress,
+    RankExited,
+    RankStarted,
+    Stream,
+)
+from dmlctl.launch.state import Phase, RankStatus, RunState, apply, new_run_state
+from dmlctl.runs.control import stop_run
+from dmlctl.runs.logs import log_path, stream_log
+from dmlctl.runs.recorder import RunRecorder
+from dmlctl.runs.store import RunDir, RunStore, atomic_write, pid_alive
+
+T0 = 1000.0
+
+
+def running_state(run_id: str) -> RunState:
+    state = new_run_state(run_id, "job", "ssgd", [(0, "a", "worker"), (1, "a", "worker")], T0)
+    return apply(
+        state,
+        [Progress("starting", T0)]
+        + [RankStarted("a", r, r, "worker", 100 + r, T0 + 1) for r in (0, 1)],
+    )
+
+
+def finished_state(run_id: str) -> RunState:
+    return apply(
+        running_state(run_id),
+        [RankExited("a", r, 0, None, T0 + 2) for r in (0, 1)]
+        + [AgentExited("a", 0, (), T0 + 3), Finished(T0 + 4)],
+    )
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    assert not pid_alive(proc.pid)
+    return proc.pid
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> RunStore:
+    return RunStore(tmp_path / "home")
+
+
+def add_run(store: RunStore, run_id: str, state: RunState | None = None) -> RunDir:
+    run = store.create(run_id)
+    run.write_state(state if state is not None else finished_state(run_id))
+    return run
+
+
+# --------------------------------------------------------------------------- store
+
+
+def test_create_makes_the_layout(store: RunStore) -> None:
+    run = store.create("job-20260101-000000-abcd")
+    assert run.path == store.home / "runs" / "job-20260101-000000-abcd"
+    assert run.run_id == "job-20260101-000000-abcd"
+    assert run.logs.is_dir() and run.specs.is_dir()
+    with pytest.raises(FileExistsError):
+        store.create("job-20260101-000000-abcd")
+
+
+def test_runs_lists_only_runs_with_state_oldest_first(store: RunStore) -> None:
+    add_run(store, "job-20260102-000000-bbbb")
+    add_run(store, "job-20260101-000000-aaaa")
+    store.create("job-20260103-000000-cccc")  # no state.json yet: not listed
+    assert [r.run_id for r in store.runs()] == [
+        "job-20260101-000000-aaaa",
+        "job-20260102-000000-bbbb",
+    ]
+
+
+def test_runs_of_different_jobs_are_listed_oldest_first(store: RunStore) -> None:
+    add_run(store, "zeta-20260101-000000-aaaa")
+    add_run(store, "alpha-20260102-000000-bbbb")
+    assert [r.run_id for r in store.runs()] == [
+        "zeta-20260101-000000-aaaa",
+        "alpha-20260102-000000-bbbb",
+    ]
+
+
+def test_runs_of_an_empty_home(tmp_path: Path) -> None:
+    assert list(RunStore(tmp_path / "nothing").runs()) == []
+
+
+def test_get_exact_prefix_and_last(store: RunStore) -> None:
+    older = add_run(store, "train-20260101-000000-aaaa")
+    newer = add_run(store, "eval-20260102-000000-bbbb")
+    os.utime(older.state_file, (T0, T0))
+    os.utime(newer.state_file, (T0 + 10, T0 + 10))
+    assert store.get("train-20260101-000000-aaaa").path == older.path
+    assert store.get("train").path == older.path
+    assert store.get("eval-2026").path == newer.path
+    assert store.get("last").path == newer.path
+    os.utime(older.state_file, (T0 + 20, T0 + 20))  # state.json updated last
+    assert store.get("last").path == older.path
+
+
+def test_exact_id_wins_over_longer_ids_it_prefixes(store: RunStore) -> None:
+    add_run(store, "run-1")
+    add_run(store, "run-10")
+    assert store.get("run-1").run_id == "run-1"
+
+
+def test_ambiguous_prefix_names_the_candidates(store: RunStore) -> None:
+    add_run(store, "job-20260101-000000-aaaa")
+    add_run(store, "job-20260101-000000-bbbb")
+    with pytest.raises(UsageError) as info:
+        store.get("job-2026")
+    assert not isinstance(info.value, RunNotFound)
+    message = str(info.value)
+    assert "ambiguous" in message
+    assert "job-20260101-000000-aaaa" in message and "job-20260101-000000-bbbb" in message
+
+
+def test_unknown_run_is_run_not_found(store: RunStore) -> None:
+    add_run(store, "job-20260101-000000-aaaa")
+    with pytest.raises(RunNotFound) as info:
+        store.get("nope")
+    assert str(info.value) == f"no run 'nope' in {store.root} (see 'dmlctl status')"
+    with pytest.raises(RunNotFound):
+        RunStore(store.home / "empty").get("last")
+
+
+def test_atomic_write_replaces_and_leaves_no_tmp_files(tmp_path: Path) -> None:
+    target = tmp_path / "state.json"
+    for i in range(5):
+        atomic_write(target, json.dumps({"i": i}))
+    assert json.loads(target.read_text()) == {"i": 4}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state.json"]
+
+
+def test_state_round_trips_through_the_run_dir(store: RunStore) -> None:
+    run = add_run(store, "r", finished_state("r"))
+    assert run.read_state() == finished_state("r")
+    assert sorted(p.name for p in run.path.iterdir()) == ["logs", "specs", "state.json"]
+
+
+def test_read_state_is_lost_when_the_controller_is_dead(store: RunStore) -> None:
+    run = add_run(store, "r", running_state("r"))
+    run.controller_pid.write_text(str(dead_pid()))
+    state = run.read_state()
+    assert state.phase == Phase.LOST
+    assert state.detail == "controller is gone"
+    # The file itself is untouched: "lost" is the reader's conclusion.
+    assert json.loads(run.state_file.read_text())["phase"] == "running"
+
+
+def test_read_state_is_lost_without_a_controller_pid(store: RunStore) -> None:
+    run = add_run(store, "r", running_state("r"))
+    assert run.controller() is None
+    assert run.read_state().phase == Phase.LOST
+
+
+def test_read_state_keeps_phase_while_the_controller_lives(store: RunStore) -> None:
+    run = add_run(store, "r", running_state("r"))
+    run.controller_pid.write_text(str(os.getpid()))
+    assert run.read_state().phase == Phase.RUNNING
+
+
+def test_read_state_of_a_finished_run_ignores_the_controller(store: RunStore) -> None:
+    run = add_run(store, "r", finished_state("r"))
+    run.controller_pid.write_text(str(dead_pid()))
+    assert run.read_state().phase == Phase.SUCCEEDED
+
+
+def test_unreadable_state_is_a_usage_error(store: RunStore) -> None:
+    run = store.create("r")
+    run.state_file.write_text("{not json")
+    with pytest.raises(UsageError, match="unreadable run state"):
+        run.read_state()
+
+
+# ------------------------------------------------------------------------ recorder
+
+
+def test_recorder_writes_rank_merged_agent_and_metrics_files(store: RunStore) -> None:
+    run = store.create("r")
+    rec = RunRecorder(run)
+    rec.record(
+        [
+            LogLine("a", 0, Stream.STDOUT, "r0 first", T0),
+            LogLine("a", 1, Stream.STDERR, "r1 warn", T0),
+            LogLine("a", None, Stream.AGENT, "torchrun banner", T0),
+            MetricRecord("a", 1, 5, {"loss": 0.5}, T0 + 1),
+            Progress("ignored", T0),
+        ]
+    )
+    rec.flush()
+    # On disk after flush, before close (dmlctl logs -f reads them while the run goes on).
+    assert run.rank_log(0).read_text() == "r0 first\n"
+    rec.record([LogLine("a", 0, Stream.STDOUT, "r0 second", T0)])
+    rec.close()
+    assert run.rank_log(0).read_text() == "r0 first\nr0 second\n"
+    assert run.rank_log(1).read_text() == "r1 warn\n"
+    assert (run.logs / "agent-a.log").read_text() == "torchrun banner\n"
+    assert (run.logs / "merged.log").read_text().splitlines() == [
+        "[rank 0] r0 first",
+        "[rank 1] r1 warn",
+        "[a] torchrun banner",
+        "[rank 0] r0 second",
+    ]
+    (metric,) = [json.loads(x) for x in run.metrics.read_text().splitlines()]
+    assert metric == {"ts": T0 + 1, "host": "a", "rank": 1, "step": 5, "values": {"loss": 0.5}}
+
+
+# ---------------------------------------------------------------------------- logs
+
+
+def logged_run(store: RunStore, state: RunState) -> RunDir:
+    run = add_run(store, state.run_id, state)
+    rec = RunRecorder(run)
+    rec.record([LogLine("a", r % 2, Stream.STDOUT, f"line {r}", T0) for r in range(4)])
+    rec.close()
+    return run
+
+
+def test_stream_merged_log(store: RunStore) -> None:
+    run = logged_run(store, finished_state("r"))
+    out = io.BytesIO()
+    stream_log(run, None, follow=False, out=out)
+    assert out.getvalue().decode().splitlines() == [
+        "[rank 0] line 0",
+        "[rank 1] line 1",
+        "[rank 0] line 2",
+        "[rank 1] line 3",
+    ]
+
+
+def test_stream_one_rank(store: RunStore) -> None:
+    run = logged_run(store, finished_state("r"))
+    out = io.BytesIO()
+    stream_log(run, 1, follow=False, out=out)
+    assert out.getvalue() == b"line 1\nline 3\n"
+    assert log_path(run, 1) == run.rank_log(1)
+
+
+def test_unknown_rank_names_the_valid_range(store: RunStore) -> None:
+    run = logged_run(store, finished_state("r"))
+    with pytest.raises(UsageError) as info:
+        stream_log(run, 7, follow=False, out=io.BytesIO())
+    assert str(info.value) == "run r has ranks 0\u20131; there is no rank 7"
+
+
+def test_stream_a_log_that_does_not_exist_yet(store: RunStore) -> None:
+    run = add_run(store, "r", finished_state("r"))
+    out = io.BytesIO()
+    stream_log(run, 0, follow=True, out=out)  # a finished run: returns at once
+    assert out.getvalue() == b""
+
+
+def test_follow_returns_once_the_run_ended_with_every_line(store: RunStore) -> None:
+    run = logged_run(store, running_state("r"))
+    run.controller_pid.write_text(str(os.getpid()))  # a live controller: not lost
+    out = io.BytesIO()
+    returned = threading.Event()
+    still_following: list[bool] = []
+
+    def finish_once_followed() -> None:
+        # Wait until the follower has printed what exists, then end the run.
+        deadline = time.monotonic() + 5.0
+        while out.getvalue() != b"line 0\nline 2\n" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        still_following.append(not returned.is_set())
+        with open(run.rank_log(0), "a") as f:
+            f.write("last words\n")
+        run.write_state(finished_state("r"))
+
+    writer = threading.Thread(target=finish_once_followed)
+    writer.start()
+    stream_log(run, 0, follow=True, out=out)
+    returned.set()
+    writer.join()
+    assert still_following == [True]  # it did not return while the run was running
+    assert out.getvalue() == b"line 0\nline 2\nlast words\n"
+
+
+def test_follow_of_a_lost_run_returns(store: RunStore) -> None:
+    run = logged_run(store, running_state("r"))  # no controller: read as lost
+    out = io.BytesIO()
+    stream_log(run, None, follow=True, out=out)
+    assert out.getvalue().count(b"\n") == 4
+
+
+# ------------------------------------------------------------------------- control
+
+
+def test_stop_run_with_the_controller_gone_marks_it_stopped(store: RunStore) -> None:
+    run = add_run(store, "r", running_state("r"))
+    run.controller_pid.write_text(str(dead_pid()))
+    message = stop_run(run, timeout=1.0)
+    assert message == "run r: controller was gone; marked stopped"
+    state = run.read_state()
+    assert state.phase == Phase.STOPPED
+    assert state.exit_code == 130
+    assert state.stop_reason == "controller was gone"
+    assert {r.status for r in state.ranks} == {RankStatus.STOPPED}
+    assert RunState.from_dict(json.loads(run.summary.read_text())) == state
+
+
+def test_stop_run_of_a_finished_run_changes_nothing(store: RunStore) -> None:
+    run = add_run(store, "r", finished_state("r"))
+    before = run.state_file.read_text()
+    assert stop_run(run, timeout=1.0) == "run r already ended: succeeded"
+    assert run.state_file.read_text() == before
+    assert not run.summary.exists()
