@@ -12,7 +12,7 @@ import click
 import typer
 
 from dmlctl import __version__
-from dmlctl.cli import init_cmd, launch_cmd, logs_cmd, status_cmd, stop_cmd
+from dmlctl.cli import bench, init_cmd, launch_cmd, logs_cmd, status_cmd, stop_cmd
 from dmlctl.errors import DmlctlError, ExitCode
 
 app = typer.Typer(
@@ -42,7 +42,7 @@ def _root(
 
 for module in (init_cmd, launch_cmd, status_cmd, logs_cmd, stop_cmd):
     module.register(app)
-# BENCH
+app.add_typer(bench.app, name="bench")
 
 
 def _error(message: str) -> None:

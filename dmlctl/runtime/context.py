@@ -2,16 +2,17 @@
 
 Contract:
 
-* **Where am I.** ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``,
-  ``MASTER_ADDR`` and ``MASTER_PORT`` are read as torchrun sets them. Without them
-  (plain ``python train.py``) the script is rank 0 of a world of 1 and no process
-  group is created. With a world larger than 1, :func:`init` joins the default
-  process group (``nccl`` when CUDA is available, else ``gloo``) unless the script
-  already did. The device is ``cuda:LOCAL_RANK`` when CUDA is available, else CPU.
+* **Where am I.** ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE`` are
+  read as torchrun sets them (:mod:`dmlctl.runtime.env`). Without them (plain
+  ``python train.py``) the script is rank 0 of a world of 1 and no process group is
+  created. With a world larger than 1, :func:`init` joins the default process group
+  through ``MASTER_ADDR``/``MASTER_PORT`` (``nccl`` when CUDA is available, else
+  ``gloo``) unless the script already did. The device is ``cuda:LOCAL_RANK`` when
+  CUDA is available, else CPU.
 * **What am I.** The role comes from ``DMLCTL_ROLE`` (default ``worker``), the
   strategy from ``DMLCTL_STRATEGY`` (default ``ssgd``) and its parameters from
   ``DMLCTL_STRATEGY_PARAMS`` (JSON, default ``{}``), validated by the strategy's
-  ``Params`` model before anything else happens.
+  ``Params`` model before the process group is joined.
 * **Idempotent.** :func:`init` called again returns the same :class:`Context`
   (its arguments are then ignored) until :meth:`Context.close`, which also runs at
   interpreter exit and destroys the process group this module created.
@@ -26,25 +27,22 @@ Contract:
 from __future__ import annotations
 
 import atexit
-import json
-import os
 import random
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
-from dmlctl.protocol import ENV_RANK_DIR, ENV_ROLE, ENV_STRATEGY, ENV_STRATEGY_PARAMS
 from dmlctl.runtime.data import MapDataset, shard_batches
+from dmlctl.runtime.env import RunEnv, read_env
 from dmlctl.runtime.metrics import MetricLogger
 from dmlctl.strategies import registry
 
-DEFAULT_ROLE = "worker"
-DEFAULT_STRATEGY = "ssgd"
-
 _current: Context | None = None
+_THREAD_GRACE_S = 0.05
 
 
 class Context:
@@ -54,30 +52,11 @@ class Context:
     through the methods (``epoch`` follows :meth:`shard`).
     """
 
-    def __init__(
-        self,
-        *,
-        rank: int,
-        world_size: int,
-        local_rank: int,
-        local_world_size: int,
-        role: str,
-        device: torch.device,
-        strategy: str,
-        params: BaseModel,
-        rank_dir: str | None,
-        owns_group: bool,
-    ) -> None:
-        self._rank = rank
-        self._world_size = world_size
-        self._local_rank = local_rank
-        self._local_world_size = local_world_size
-        self._role = role
+    def __init__(self, env: RunEnv, *, device: torch.device, owns_group: bool) -> None:
+        self._env = env
         self._device = device
-        self._strategy = strategy
-        self._params = params
         self._owns_group = owns_group
-        self._metrics = MetricLogger(rank, rank_dir)
+        self._metrics = MetricLogger(env.rank, env.rank_dir)
         self._epoch = 0
         self._closed = False
         self._on_close: list[Callable[[], None]] = []
@@ -85,27 +64,27 @@ class Context:
     @property
     def rank(self) -> int:
         """Global rank, ``0 .. world_size - 1``."""
-        return self._rank
+        return self._env.rank
 
     @property
     def world_size(self) -> int:
         """Number of processes in the run."""
-        return self._world_size
+        return self._env.world_size
 
     @property
     def local_rank(self) -> int:
         """Rank among the processes on this host."""
-        return self._local_rank
+        return self._env.local_rank
 
     @property
     def local_world_size(self) -> int:
         """Number of processes on this host."""
-        return self._local_world_size
+        return self._env.local_world_size
 
     @property
     def role(self) -> str:
         """``worker`` for training processes; strategies may define others (``server``)."""
-        return self._role
+        return self._env.role
 
     @property
     def device(self) -> torch.device:
@@ -115,17 +94,17 @@ class Context:
     @property
     def strategy(self) -> str:
         """Registered name of the strategy in use."""
-        return self._strategy
+        return self._env.strategy
 
     @property
     def strategy_params(self) -> BaseModel:
         """The validated parameters of the strategy (its ``Params`` instance)."""
-        return self._params
+        return self._env.params
 
     @property
     def is_main(self) -> bool:
         """True on rank 0: the rank that prints, evaluates once, saves checkpoints."""
-        return self._rank == 0
+        return self._env.rank == 0
 
     @property
     def epoch(self) -> int:
@@ -142,8 +121,8 @@ class Context:
         optimizer still refers to them.
         """
         model = model.to(self._device)
-        module = registry.load(self._strategy)
-        return module.prepare(self, model, optimizer, self._params)
+        module = registry.load(self._env.strategy)
+        return module.prepare(self, model, optimizer, self._env.params)
 
     def shard(
         self,
@@ -160,14 +139,15 @@ class Context:
 
         ``batch_size`` is per rank. Batches are collated (a tensor dataset yields
         tuples of tensors) and already on :attr:`device`. :attr:`epoch` follows the
-        iteration; samples are counted for ``samples_per_s``. See
+        iteration; the samples yielded are counted for the ``samples_per_s`` that
+        :meth:`log` adds. See
         :func:`dmlctl.runtime.data.shard_batches` for the sharding promises.
         """
         self._metrics.start_clock()
         return shard_batches(
             dataset,
-            rank=self._rank,
-            world_size=self._world_size,
+            rank=self._env.rank,
+            world_size=self._env.world_size,
             batch_size=batch_size,
             epochs=epochs,
             shuffle=shuffle,
@@ -185,13 +165,16 @@ class Context:
     def log(self, step: int | None = None, **metrics: Any) -> int:
         """Record ``metrics`` (numbers or one-element tensors) for this rank.
 
-        ``step`` defaults to the previous step + 1 (first: 0). Returns the step used.
+        ``step`` defaults to the previous step + 1 (first: 0). When :meth:`shard`
+        yielded samples since the previous call, ``samples_per_s`` (this rank's
+        samples / elapsed wall time) is added unless given. Tensors become floats
+        (one ``.item()`` each, no other synchronisation). Returns the step used.
         """
         return self._metrics.log(step, metrics)
 
     def barrier(self) -> None:
         """Wait until every rank gets here (no-op in a world of 1)."""
-        if self._world_size > 1:
+        if self._env.world_size > 1:
             dist.barrier()
 
     def all_reduce_mean(self, value: float | torch.Tensor) -> float:
@@ -205,18 +188,17 @@ class Context:
             tensor = value.detach().reshape(()).to(self._device, torch.float64)
         else:
             tensor = torch.tensor(float(value), dtype=torch.float64, device=self._device)
-        if self._world_size > 1:
+        if self._env.world_size > 1:
             tensor = tensor.clone()
             dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-            tensor /= self._world_size
+            tensor /= self._env.world_size
         return float(tensor.item())
 
     def on_close(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` in :meth:`close`, before the process group goes away.
 
-        For strategies: release whatever holds the process group (e.g. DDP's reducer)
-        so the group's threads are joined while the interpreter is fully alive.
-        Callbacks run last-registered first.
+        For strategies: free communication state (e.g. DDP's reducer) while the
+        interpreter is fully alive. Callbacks run last-registered first.
         """
         self._on_close.append(callback)
 
@@ -237,35 +219,19 @@ class Context:
         finally:
             if self._owns_group and dist.is_initialized():
                 dist.destroy_process_group()
+                # Give the group's worker threads the GIL once more: a gloo thread that
+                # frees its last work object needs it, and one still waiting for it
+                # when the interpreter finalizes aborts the process (see
+                # dmlctl.strategies.ssgd._release; pytorch/pytorch#190489).
+                time.sleep(_THREAD_GRACE_S)
             if _current is self:
                 _current = None
 
     def __repr__(self) -> str:
         return (
-            f"Context(rank={self._rank}, world_size={self._world_size}, role={self._role!r}, "
-            f"device={self._device}, strategy={self._strategy!r})"
+            f"Context(rank={self.rank}, world_size={self.world_size}, role={self.role!r}, "
+            f"device={self._device}, strategy={self.strategy!r})"
         )
-
-
-def _env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError(f"environment variable {name}={raw!r} is not an integer") from None
-
-
-def _strategy_from_env() -> tuple[str, BaseModel, tuple[str, ...]]:
-    name = os.environ.get(ENV_STRATEGY) or DEFAULT_STRATEGY
-    module = registry.load(name)  # UnknownStrategy lists the valid names
-    raw = os.environ.get(ENV_STRATEGY_PARAMS) or "{}"
-    try:
-        params = module.Params.model_validate(json.loads(raw))
-    except (json.JSONDecodeError, ValidationError) as exc:
-        raise ValueError(f"{ENV_STRATEGY_PARAMS} is invalid for strategy {name!r}: {exc}") from exc
-    return name, params, module.ROLES
 
 
 def init(*, backend: str | None = None, seed: int | None = 0) -> Context:
@@ -276,43 +242,21 @@ def init(*, backend: str | None = None, seed: int | None = 0) -> Context:
     global _current
     if _current is not None:
         return _current
-    rank = _env_int("RANK", 0)
-    world_size = _env_int("WORLD_SIZE", 1)
-    local_rank = _env_int("LOCAL_RANK", rank)
-    local_world_size = _env_int("LOCAL_WORLD_SIZE", world_size)
-    if not 0 <= rank < world_size:
-        raise ValueError(f"RANK={rank} is outside WORLD_SIZE={world_size}")
-    strategy, params, roles = _strategy_from_env()
-    role = os.environ.get(ENV_ROLE) or DEFAULT_ROLE
-    if role not in roles:
-        raise ValueError(f"role {role!r} is not one of strategy {strategy!r}'s: {roles}")
-
+    env = read_env()
     if torch.cuda.is_available():
-        device = torch.device("cuda", local_rank)
+        device = torch.device("cuda", env.local_rank)
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
     owns_group = False
-    if world_size > 1 and not dist.is_initialized():
+    if env.world_size > 1 and not dist.is_initialized():
         chosen = backend or ("nccl" if device.type == "cuda" else "gloo")
-        dist.init_process_group(backend=chosen, rank=rank, world_size=world_size)
+        dist.init_process_group(backend=chosen, rank=env.rank, world_size=env.world_size)
         owns_group = True
     if seed is not None:
         random.seed(seed)
         torch.manual_seed(seed)
-
-    _current = Context(
-        rank=rank,
-        world_size=world_size,
-        local_rank=local_rank,
-        local_world_size=local_world_size,
-        role=role,
-        device=device,
-        strategy=strategy,
-        params=params,
-        rank_dir=os.environ.get(ENV_RANK_DIR) or None,
-        owns_group=owns_group,
-    )
+    _current = Context(env, device=device, owns_group=owns_group)
     atexit.register(_current.close)
     return _current
 

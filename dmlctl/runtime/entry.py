@@ -9,6 +9,7 @@ Promises, for every rank process:
   ends (code 0, or 1 with the exception type, message and traceback);
 * the script runs unchanged, as ``__main__``, with ``sys.argv`` = [SCRIPT, ARGS…]
   and its directory first on ``sys.path`` — exactly as torchrun would run it;
+* the process ends through :func:`finish` (atexit handlers run, output flushed);
 * on failure, torchelastic's error file (``$TORCHELASTIC_ERROR_FILE``) is written
   too, so torchrun's own summary names the exception.
 
@@ -130,5 +131,21 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def finish(code: int) -> None:
+    """Exit with ``code`` after the script's atexit handlers ran and output is flushed,
+    skipping the interpreter's own teardown: on gloo, a communication thread freed
+    during that teardown can abort a rank that has already finished its work
+    (pytorch/pytorch#190489), which would turn a successful run into a failed one."""
+    import atexit
+
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    finish(main(sys.argv[1:]))

@@ -65,10 +65,10 @@ class MetricLogger:
 
     * ``step=None`` means "previous step + 1" (the first automatic step is 0); an
       explicit step resets the counter, so automatic steps continue after it.
-    * Once :meth:`count` has been called (the data iterator is in use) every record
-      gets ``samples_per_s``: samples counted since the previous record (or since
-      :meth:`start_clock`) divided by the wall time since then — unless the caller
-      passed that key itself.
+    * A record gets ``samples_per_s`` when samples were counted (by the data
+      iterator, through :meth:`count`) since the previous record: those samples
+      divided by the wall time since the previous record, or since :meth:`start_clock`
+      for the first one. A caller-supplied ``samples_per_s`` is kept as given.
     """
 
     def __init__(self, rank: int, rank_dir: str | None) -> None:
@@ -77,13 +77,13 @@ class MetricLogger:
         self._writer: RankEventWriter | None = None
         self._next_step = 0
         self._samples = 0
-        self._counting = False
+        self._clock_started = False
         self._since = time.perf_counter()
 
     def start_clock(self) -> None:
         """Start measuring throughput now, unless it is already measured."""
-        if not self._counting:
-            self._counting = True
+        if not self._clock_started:
+            self._clock_started = True
             self._samples = 0
             self._since = time.perf_counter()
 
@@ -100,9 +100,8 @@ class MetricLogger:
         self._next_step = step + 1
         values = {name: to_scalar(name, v) for name, v in metrics.items()}
         now = time.perf_counter()
-        if self._counting and THROUGHPUT_KEY not in values:
-            elapsed = now - self._since
-            values[THROUGHPUT_KEY] = self._samples / elapsed if elapsed > 0 else 0.0
+        if self._samples > 0 and THROUGHPUT_KEY not in values:
+            values[THROUGHPUT_KEY] = self._samples / max(now - self._since, 1e-9)
         self._samples = 0
         self._since = now
         if self._rank_dir is not None:

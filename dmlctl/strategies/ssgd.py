@@ -33,23 +33,23 @@ class Params(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     bucket_cap_mb: float = Field(
-        25.0,
+        default=25.0,
         gt=0,
         description="Gradient bucket size in MiB: smaller buckets start all-reduces "
         "earlier during backward, larger ones send fewer messages.",
     )
     find_unused_parameters: bool = Field(
-        False,
+        default=False,
         description="Set when some parameters get no gradient in a step (conditional "
         "branches); costs a graph traversal every step.",
     )
     gradient_as_bucket_view: bool = Field(
-        True,
+        default=True,
         description="Let .grad tensors alias the communication buckets: saves one copy "
         "and the memory of one gradient set.",
     )
     broadcast_buffers: bool = Field(
-        True,
+        default=True,
         description="Copy rank 0's buffers (e.g. BatchNorm running stats) to every "
         "worker at the start of each forward. Buffers are synced once at wrap time "
         "either way.",
@@ -91,12 +91,12 @@ def prepare(
 
 
 def _release(ref: weakref.ref[DistributedDataParallel]) -> None:
-    """Drop DDP's references to the process group so destroying it joins its threads.
+    """Free DDP's reducer, and the gloo work objects it keeps, while Python is alive.
 
-    Otherwise the group outlives ``destroy_process_group`` and a gloo worker thread
-    may free its last work object during interpreter shutdown, which aborts the
-    process ("terminate called without an active exception", pytorch/pytorch#190489).
-    The wrapper cannot run forward afterwards; ``.module`` still holds the model.
+    Freed later, during interpreter shutdown, a work object's destructor may need the
+    GIL on a gloo thread, and the process aborts ("terminate called without an active
+    exception", pytorch/pytorch#190489). Runs from ``Context.close`` (atexit), so the
+    wrapper cannot run forward afterwards; ``.module`` still holds the model.
     """
     wrapped = ref()
     if wrapped is None:

@@ -5,11 +5,13 @@ Run it anywhere:
     torchrun --standalone --nproc-per-node 2 train.py        # two processes, by hand
     dmlctl launch job.yaml                                   # on the hosts of your cluster
 
-The data is generated from a fixed seed, so no download is needed. The digits of
-the operands are random, the rest (format and the answer) can be learned: the loss
-starts near ln(13) = 2.56 and falls well below 1.5.
+The data is generated from a fixed seed, so no download is needed. The loss starts
+near ln(13) = 2.56 (13 characters) and falls below 1.4 in about 10 seconds on two
+CPU cores. It cannot reach 0: the operands' digits are random (about 1.1 nats per
+character); only the format and the answers can be learned.
 """
 
+# mypy: allow-untyped-calls
 import argparse
 import random
 import time
@@ -21,11 +23,11 @@ from torch import nn
 import dmlctl
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--epochs", type=int, default=3)
+parser.add_argument("--epochs", type=int, default=5)
 parser.add_argument("--steps", type=int, default=0, help="stop after this many steps (0: no limit)")
-parser.add_argument("--lr", type=float, default=3e-3)
+parser.add_argument("--lr", type=float, default=6e-3)
 parser.add_argument("--batch-size", type=int, default=32, help="per worker")
-parser.add_argument("--log-every", type=int, default=10)
+parser.add_argument("--log-every", type=int, default=20)
 args = parser.parse_args()
 
 torch.set_num_threads(1)  # one core per worker: several workers share a machine
@@ -36,7 +38,7 @@ VOCAB = "0123456789+=\n"
 BLOCK = 32
 rng = random.Random(1234)  # same text on every rank; ctx.shard splits it
 lines = []
-for _ in range(12_000):
+for _ in range(24_000):
     a, b = rng.randrange(100), rng.randrange(100)
     lines.append(f"{a}+{b}={a + b}\n")
 text = "".join(lines)
@@ -54,8 +56,9 @@ class TinyGPT(nn.Module):
         self.tok = nn.Embedding(vocab, d)
         self.pos = nn.Embedding(block, d)
         self.blocks = nn.ModuleList(
-            nn.TransformerEncoderLayer(d, heads, 4 * d, dropout=0.0, batch_first=True,
-                                       norm_first=True)
+            nn.TransformerEncoderLayer(
+                d, heads, 4 * d, dropout=0.0, batch_first=True, norm_first=True
+            )
             for _ in range(layers)
         )
         self.norm = nn.LayerNorm(d)
@@ -67,12 +70,13 @@ class TinyGPT(nn.Module):
         mask = nn.Transformer.generate_square_subsequent_mask(t, device=idx.device)
         for block in self.blocks:
             h = block(h, src_mask=mask, is_causal=True)
-        return self.head(self.norm(h))
+        logits: torch.Tensor = self.head(self.norm(h))
+        return logits
 
 
-model = TinyGPT(len(VOCAB), BLOCK)
-optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
-model, optimizer = ctx.prepare(model, optimizer)  # e.g. DDP for strategy "ssgd"
+net = TinyGPT(len(VOCAB), BLOCK)
+# The strategy wraps both (ssgd: DistributedDataParallel); use what it returns.
+model, optimizer = ctx.prepare(net, torch.optim.AdamW(net.parameters(), lr=args.lr))
 
 # ---- train --------------------------------------------------------------------------
 start = time.time()
@@ -91,5 +95,7 @@ for xb, yb in ctx.shard(dataset, batch_size=args.batch_size, epochs=args.epochs)
 
 final = ctx.all_reduce_mean(loss)  # every rank calls it: it is a collective
 if ctx.is_main:
-    print(f"done: {step} steps on {ctx.world_size} worker(s) in {time.time() - start:.1f}s, "
-          f"final loss {final:.4f}")
+    print(
+        f"done: {step} steps on {ctx.world_size} worker(s) in {time.time() - start:.1f}s, "
+        f"final loss {final:.4f}"
+    )

@@ -221,7 +221,9 @@ def test_launch_bench_alternates_sides_and_reports_medians_and_ratio(tmp_path: P
     assert report["ratio"] == pytest.approx(1.2)
     assert report["overhead_s"] == pytest.approx(0.2)
     out = render(render_launch_table(report))
-    assert "ratio dmlctl/torchrun = 1.200" in out and "1.200" in out
+    ratio_row = next(line for line in out.splitlines() if "dmlctl/torchrun" in line)
+    cells = [c.strip() for c in ratio_row.split("│")]
+    assert cells == ["dmlctl/torchrun", "1.200", "1.222", "4.167"]  # median, min, max ratios
 
 
 def test_launch_bench_commands_and_minimum_repeats() -> None:

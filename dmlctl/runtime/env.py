@@ -1,0 +1,82 @@
+"""What a rank learns from its environment (pure: no torch, no I/O besides imports).
+
+torchrun sets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``; the
+dmlctl plan adds ``DMLCTL_ROLE``, ``DMLCTL_STRATEGY``, ``DMLCTL_STRATEGY_PARAMS`` and
+``DMLCTL_RANK_DIR`` (see :mod:`dmlctl.protocol`). Every variable is optional: a plain
+``python train.py`` is rank 0 of 1, role ``worker``, strategy ``ssgd`` with defaults.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from pydantic import BaseModel, ValidationError
+
+from dmlctl.protocol import ENV_RANK_DIR, ENV_ROLE, ENV_STRATEGY, ENV_STRATEGY_PARAMS
+from dmlctl.strategies import registry
+
+DEFAULT_ROLE = "worker"
+DEFAULT_STRATEGY = "ssgd"
+
+
+@dataclass(frozen=True)
+class RunEnv:
+    """The validated view of one rank's environment."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    role: str
+    strategy: str
+    params: BaseModel
+    rank_dir: str | None
+
+
+def _int(environ: Mapping[str, str], name: str, default: int) -> int:
+    raw = environ.get(name, "")
+    if raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={raw!r} is not an integer") from None
+
+
+def read_env(environ: Mapping[str, str] = os.environ) -> RunEnv:
+    """Parse and check ``environ``.
+
+    Raises ``ValueError`` (naming the variable) for a non-integer rank variable, a
+    rank outside the world, invalid strategy parameters or a role the strategy does
+    not have, and :class:`~dmlctl.strategies.registry.UnknownStrategy` (listing the
+    valid names) for an unknown strategy.
+    """
+    rank = _int(environ, "RANK", 0)
+    world_size = _int(environ, "WORLD_SIZE", 1)
+    if not 0 <= rank < world_size:
+        raise ValueError(f"RANK={rank} is outside WORLD_SIZE={world_size}")
+    strategy = environ.get(ENV_STRATEGY) or DEFAULT_STRATEGY
+    module = registry.load(strategy)
+    raw = environ.get(ENV_STRATEGY_PARAMS) or "{}"
+    try:
+        params = module.Params.model_validate(json.loads(raw))
+    except (json.JSONDecodeError, ValidationError) as exc:
+        raise ValueError(
+            f"{ENV_STRATEGY_PARAMS} is invalid for strategy {strategy!r}: {exc}"
+        ) from exc
+    role = environ.get(ENV_ROLE) or DEFAULT_ROLE
+    if role not in module.ROLES:
+        raise ValueError(f"role {role!r} is not one of strategy {strategy!r}'s: {module.ROLES}")
+    return RunEnv(
+        rank=rank,
+        world_size=world_size,
+        local_rank=_int(environ, "LOCAL_RANK", rank),
+        local_world_size=_int(environ, "LOCAL_WORLD_SIZE", world_size),
+        role=role,
+        strategy=strategy,
+        params=params,
+        rank_dir=environ.get(ENV_RANK_DIR) or None,
+    )
