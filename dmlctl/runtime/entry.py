@@ -18,6 +18,7 @@ Without ``$DMLCTL_RANK_DIR`` it only runs the script.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import runpy
@@ -140,10 +141,8 @@ def finish(code: int) -> None:
 
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(OSError, ValueError):
             stream.flush()
-        except (OSError, ValueError):
-            pass
     os._exit(code)
 
 

@@ -45,6 +45,7 @@ net = nn.Sequential(
 )
 model, optimizer = ctx.prepare(net, torch.optim.Adam(net.parameters(), lr=args.lr))
 
+print(f"rank {ctx.rank}/{ctx.world_size}: {len(train_set) // ctx.world_size} training samples")
 step = 0
 for x, y in ctx.shard(train_set, batch_size=args.batch_size, epochs=args.epochs):
     logits = model(x)
@@ -56,6 +57,8 @@ for x, y in ctx.shard(train_set, batch_size=args.batch_size, epochs=args.epochs)
     if step % 25 == 0:
         acc = (logits.argmax(dim=1) == y).float().mean()
         ctx.log(step=step, loss=loss, acc=acc, epoch=ctx.epoch)
+    if step % 100 == 0:
+        print(f"rank {ctx.rank} step {step} epoch {ctx.epoch} loss {loss.item():.4f}")
 
 # Each rank scores every world_size-th test point; all_reduce_mean averages the parts.
 model.eval()

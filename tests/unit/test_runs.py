@@ -259,7 +259,7 @@ def test_unknown_rank_names_the_valid_range(store: RunStore) -> None:
     run = logged_run(store, finished_state("r"))
     with pytest.raises(UsageError) as info:
         stream_log(run, 7, follow=False, out=io.BytesIO())
-    assert str(info.value) == "run r has ranks 0\u20131; there is no rank 7"
+    assert str(info.value) == "run r has ranks 0 to 1; there is no rank 7"
 
 
 def test_stream_a_log_that_does_not_exist_yet(store: RunStore) -> None:
