@@ -169,3 +169,17 @@ def test_logs_command_prints_rank_lines(cli: Cli) -> None:
     assert "[rank 0] plain rank=0" in merged.stdout and "[rank 1] plain rank=1" in merged.stdout
     bad = cli.run("logs", run_id, "--rank", "7")
     assert bad.returncode == 2 and "no rank 7" in bad.stderr
+
+
+def test_init_project_launches_as_is(cli: Cli, tmp_path: Path) -> None:
+    assert cli.run("init", "myproj", cwd=tmp_path).returncode == 0
+    proc = cli.run("launch", "job.yaml", "--ui", "plain", cwd=tmp_path / "myproj")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_id = only_run(cli)
+    records = [
+        json.loads(line)
+        for line in (cli.home / "runs" / run_id / "metrics.jsonl").read_text().splitlines()
+    ]
+    losses = [r["values"]["loss"] for r in records if r["rank"] == 0 and "loss" in r["values"]]
+    assert losses[-1] < losses[0]
+    assert cli.state(run_id)["phase"] == "succeeded"
