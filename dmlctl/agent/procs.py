@@ -26,27 +26,31 @@ def become_subreaper() -> bool:
         return False
 
 
-def _parents() -> dict[int, int]:
-    """pid → ppid of every live process."""
-    out: dict[int, int] = {}
+def _stat(pid: str) -> tuple[str, int] | None:
+    """``(state letter, ppid)`` of a process, or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (fields[0], int(fields[1])) if len(fields) > 1 else None
+
+
+def _processes() -> dict[int, tuple[str, int]]:
+    """pid → (state, ppid) of every process."""
+    out: dict[int, tuple[str, int]] = {}
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields and fields[0] != "Z":
-            out[int(entry)] = int(fields[1])
+        if entry.isdigit() and (st := _stat(entry)) is not None:
+            out[int(entry)] = st
     return out
 
 
 def descendants(root: int) -> list[int]:
     """Live descendants of ``root`` (not ``root`` itself), parents before children."""
     children: dict[int, list[int]] = {}
-    for pid, ppid in _parents().items():
-        children.setdefault(ppid, []).append(pid)
+    for pid, (state, ppid) in _processes().items():
+        if state != "Z":
+            children.setdefault(ppid, []).append(pid)
     out: list[int] = []
     todo = [root]
     while todo:
@@ -66,17 +70,12 @@ def reap(keep: frozenset[int] = frozenset()) -> None:
     """Collect exited children of this process (as a subreaper, orphans end up here),
     except ``keep``: a child whose exit status its owner still wants (torchrun)."""
     me = os.getpid()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) in keep:
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if len(fields) > 1 and int(fields[1]) == me and fields[0] == "Z":
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(int(entry), os.WNOHANG)
+    for pid, (state, ppid) in _processes().items():
+        if ppid == me and state == "Z" and pid not in keep:
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
 
 
 def kill_tree(root: int, grace: float, keep: frozenset[int] = frozenset()) -> None:

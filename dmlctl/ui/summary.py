@@ -81,7 +81,9 @@ def render_run_list(states: Sequence[RunState], now: float) -> RenderableType:
     if not states:
         return Text("no runs yet", style="dim")
     table = Table(box=None, pad_edge=False, header_style="bold")
-    table.add_column("run id", no_wrap=True)
+    table.add_column(
+        "run id", no_wrap=True, min_width=max((len(s.run_id) for s in states), default=6)
+    )
     table.add_column("job", overflow="ellipsis", no_wrap=True)
     table.add_column("strategy", no_wrap=True)
     table.add_column("state", no_wrap=True)
