@@ -72,10 +72,8 @@ def reap(keep: frozenset[int] = frozenset()) -> None:
     me = os.getpid()
     for pid, (state, ppid) in _processes().items():
         if ppid == me and state == "Z" and pid not in keep:
-            try:
+            with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                pass
 
 
 def kill_tree(root: int, grace: float, keep: frozenset[int] = frozenset()) -> None:

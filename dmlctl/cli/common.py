@@ -6,7 +6,6 @@ import sys
 
 from rich.console import Console
 
-
 # Pipes and files get wide, untruncated lines (run ids, log lines); a terminal its width.
 PIPE_WIDTH = 200
 
