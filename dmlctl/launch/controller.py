@@ -75,12 +75,15 @@ def main(argv: list[str]) -> int:
     from dmlctl.launch.sinks import make_sink
     from dmlctl.plan.model import LaunchPlan
     from dmlctl.runs.store import RunDir
+    from dmlctl.ui import render_summary
 
     run = RunDir(Path(argv[0]))
     run.controller_pid.write_text(str(os.getpid()))
     plan = LaunchPlan.from_dict(json.loads(run.plan.read_text(encoding="utf-8")))
+    # The run's lines are already in logs/; controller.log gets only the outcome.
     console = Console(file=sys.stdout, force_terminal=False, width=120)
-    state = run_controller(run, plan, make_sink("plain", console, str(run.path)))
+    state = run_controller(run, plan, make_sink("quiet", console, str(run.path)))
+    console.print(render_summary(state, str(run.path)))
     return int(state.exit_code or 0)
 
 

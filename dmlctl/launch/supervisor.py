@@ -12,6 +12,8 @@ Stop rules (all bounded):
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import json
 import queue
 import threading
@@ -24,9 +26,12 @@ from dmlctl.launch.events import (
     AgentStarted,
     Event,
     Finished,
+    LogLine,
     Progress,
+    RankExited,
     RootCause,
     StopRequested,
+    Stream,
 )
 from dmlctl.launch.parser import parse_line
 from dmlctl.launch.state import Phase, RunState, apply, new_run_state
@@ -36,6 +41,7 @@ from dmlctl.runs.store import RunDir
 from dmlctl.transport.base import Process, Transport
 
 BATCH = 5000
+STDERR_TAIL = 20
 
 
 class Sink(Protocol):
@@ -87,6 +93,7 @@ class Supervisor:
         self._lock = threading.Lock()
         self._queue: queue.Queue[tuple[str, str | None]] = queue.Queue()
         self._procs: dict[str, Process] = {}
+        self._stderr: dict[int, collections.deque[str]] = {}
 
     def request_stop(self, reason: str) -> None:
         """Ask the run to stop (thread- and signal-safe). A second request forces."""
@@ -209,7 +216,29 @@ class Supervisor:
             if not self._procs[host].send("stop"):
                 self._procs[host].kill()
 
+    def _with_stderr(self, cause: RootCause) -> RootCause:
+        """A rank's cause without a Python traceback (killed by a signal, SystemExit)
+        gets that rank's last stderr lines instead."""
+        lines = self._stderr.get(cause.rank) if cause.rank is not None else None
+        if not lines or (cause.traceback and cause.exc_type not in ("Signal", "ExitCode")):
+            return cause
+        return dataclasses.replace(cause, traceback=tuple(lines))
+
+    def _attach_stderr(self, batch: list[Event]) -> list[Event]:
+        out: list[Event] = []
+        for ev in batch:
+            if isinstance(ev, LogLine) and ev.stream == Stream.STDERR and ev.rank is not None:
+                tail = self._stderr.get(ev.rank)
+                if tail is None:
+                    tail = self._stderr[ev.rank] = collections.deque(maxlen=STDERR_TAIL)
+                tail.append(ev.text)
+            elif isinstance(ev, (RankExited, AgentExited)) and ev.cause is not None:
+                ev = dataclasses.replace(ev, cause=self._with_stderr(ev.cause))
+            out.append(ev)
+        return out
+
     def _step(self, state: RunState, batch: list[Event], recorder: RunRecorder) -> RunState:
+        batch = self._attach_stderr(batch)
         state = apply(state, batch)
         recorder.record(batch)
         recorder.flush()

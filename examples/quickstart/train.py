@@ -58,7 +58,7 @@ for x, y in ctx.shard(train_set, batch_size=args.batch_size, epochs=args.epochs)
         acc = (logits.argmax(dim=1) == y).float().mean()
         ctx.log(step=step, loss=loss, acc=acc, epoch=ctx.epoch)
     if step % 100 == 0:
-        print(f"rank {ctx.rank} step {step} epoch {ctx.epoch} loss {loss.item():.4f}")
+        print(f"step {step} epoch {ctx.epoch} loss {loss.item():.4f}")
 
 # Each rank scores every world_size-th test point; all_reduce_mean averages the parts.
 model.eval()

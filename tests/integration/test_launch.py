@@ -183,3 +183,15 @@ def test_init_project_launches_as_is(cli: Cli, tmp_path: Path) -> None:
     losses = [r["values"]["loss"] for r in records if r["rank"] == 0 and "loss" in r["values"]]
     assert losses[-1] < losses[0]
     assert cli.state(run_id)["phase"] == "succeeded"
+
+
+def test_rank_killed_by_a_signal_is_the_root_cause(cli: Cli) -> None:
+    proc = cli.run("launch", str(JOBS / "crash" / "job.yaml"), "--ui", "plain")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    run_id = only_run(cli)
+    cause = cli.state(run_id)["root_cause"]
+    assert (cause["rank"], cause["exc_type"]) == (1, "Signal")
+    assert cause["message"] == "killed by SIGSEGV"
+    assert cause["traceback"] == ["native code is about to crash"]
+    assert "rank 1 on local: Signal: killed by SIGSEGV" in proc.stdout
+    assert not run_processes(run_id)
