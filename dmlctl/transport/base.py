@@ -9,7 +9,7 @@ hosts, an SSH transport; tests use scripted fakes through the same interface.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -59,7 +59,14 @@ class Process(Protocol):
 
 
 class Transport(Protocol):
-    """One host's way to run commands."""
+    """One host's way to run commands.
+
+    ``run`` never raises for a command that ran and failed, nor for a host that
+    cannot be reached: both come back as a :class:`Result` (exit code 255 and the
+    reason in ``stderr`` for a connection failure, 124 for a timeout). There is no
+    ``env`` argument on purpose: on a remote host it would end up on the command
+    line; environment travels on stdin (see the host agent).
+    """
 
     host: str
 
@@ -69,8 +76,7 @@ class Transport(Protocol):
         *,
         timeout: float,
         cwd: str | None = None,
-        input: str | None = None,
-        env: Mapping[str, str] | None = None,
+        input: bytes | None = None,
     ) -> Result: ...
 
     def start(self, argv: Sequence[str], *, cwd: str | None = None) -> Process: ...

@@ -203,14 +203,12 @@ class ScriptedTransport:
         *,
         timeout: float,
         cwd: str | None = None,
-        input: str | None = None,
-        env: Mapping[str, str] | None = None,
+        input: bytes | None = None,
     ) -> Result:
         """The scripted result for ``argv`` (127 and a 'not scripted' stderr if none)."""
         key = tuple(argv)
         self.runs.append(
-            {"argv": key, "timeout": timeout, "cwd": cwd, "input": input,
-             "env": dict(env) if env is not None else None}
+            {"argv": key, "timeout": timeout, "cwd": cwd, "input": input}
         )  # fmt: skip
         code, out, err = self.results.get(key, (127, "", f"not scripted: {list(key)}"))
         return Result(self.host, key, code, out, err, 0.0)

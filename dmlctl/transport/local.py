@@ -9,7 +9,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 
 from dmlctl.transport.base import Result
 
@@ -94,8 +94,7 @@ class LocalTransport:
         *,
         timeout: float,
         cwd: str | None = None,
-        input: str | None = None,
-        env: Mapping[str, str] | None = None,
+        input: bytes | None = None,
     ) -> Result:
         start = time.monotonic()
         try:
@@ -104,14 +103,14 @@ class LocalTransport:
                 cwd=cwd,
                 input=input,
                 capture_output=True,
-                text=True,
                 timeout=timeout,
-                env={**os.environ, **env} if env else None,
             )
-            code, out, err = proc.returncode, proc.stdout, proc.stderr
+            code = proc.returncode
+            out = proc.stdout.decode("utf-8", "replace")
+            err = proc.stderr.decode("utf-8", "replace")
         except subprocess.TimeoutExpired as e:
             code = 124
-            out = e.stdout if isinstance(e.stdout, str) else ""
+            out = e.stdout.decode("utf-8", "replace") if isinstance(e.stdout, bytes) else ""
             err = f"timed out after {timeout:g} s"
         except OSError as e:
             code, out, err = 127, "", str(e)
