@@ -367,13 +367,13 @@ def test_agent_lines_parse_into_a_consistent_session() -> None:
 
 def test_scripted_run_always_returns_a_result() -> None:
     t = ScriptedTransport("a", results={("true",): (0, "ok\n", "")})
-    ok = t.run(["true"], timeout=1.0, env={"X": "1"})
+    ok = t.run(["true"], timeout=1.0, input=b"data")
     missing = t.run(["nope", "--x"], timeout=1.0)
     assert (ok.ok, ok.stdout, ok.host, ok.argv) == (True, "ok\n", "a", ("true",))
     assert (missing.exit_code, missing.ok) == (127, False)
     assert "not scripted" in missing.stderr
     assert [r["argv"] for r in t.runs] == [("true",), ("nope", "--x")]
-    assert t.runs[0]["env"] == {"X": "1"}
+    assert t.runs[0]["input"] == b"data"
 
 
 def test_scripted_process_wait_and_kill() -> None:
