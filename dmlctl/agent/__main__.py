@@ -8,12 +8,15 @@ Contract:
   ``HostPlan.agent_config``) — never from its command line, so no secret is visible
   in ``ps``.
 * Runs in a session of its own (the transport starts it so), becomes the child
-  subreaper of everything it starts, and runs torchrun in the job's directory.
+  subreaper of everything it starts, writes ``agent.pid`` into the rank directory,
+  and runs torchrun in the job's directory (``~`` expanded) with its own dmlctl
+  first on ``PYTHONPATH``.
 * Streams every rank's output and records (see :mod:`dmlctl.protocol`) and
   torchrun's own output to its stdout as JSON lines, ending with one ``exit`` message.
 * Stops the run — SIGTERM to its whole process tree, SIGKILL after a grace period —
-  when stdin says ``stop``, when stdin closes (the controller or the SSH connection
-  went away), or on SIGTERM/SIGHUP/SIGINT. When it exits, none of its processes is left.
+  when stdin says ``stop``, when stdin closes or its parent (sshd's session)
+  goes away (the controller or the SSH connection is gone), or on
+  SIGTERM/SIGHUP/SIGINT. When it exits, none of its processes is left.
 """
 
 from __future__ import annotations
@@ -98,14 +101,21 @@ def _emit_ranks(tailer: RankDirTailer, emit: Emitter, final: bool = False) -> bo
 
 def run(config: dict[str, Any], emit: Emitter, stop: threading.Event, reason: list[str]) -> int:
     """Run torchrun under supervision; returns torchrun's exit code (or 127/130)."""
-    rank_dir = config["rank_dir"]
+    rank_dir = os.path.expanduser(config["rank_dir"])
+    workdir = os.path.expanduser(config["workdir"])
     os.makedirs(rank_dir, exist_ok=True)
+    with open(os.path.join(rank_dir, "agent.pid"), "w", encoding="ascii") as f:
+        f.write(f"{os.getpid()}\n")
+    env = {**os.environ, **config["env"], protocol.ENV_RANK_DIR: rank_dir}
+    # Ranks import the same dmlctl as this agent (on a remote host: the shipped copy).
+    here = os.path.dirname(os.path.dirname(os.path.abspath(protocol.__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH", "")) if p)
     tail: collections.deque[str] = collections.deque(maxlen=TAIL)
     try:
         proc = subprocess.Popen(
             config["argv"],
-            cwd=config["workdir"],
-            env={**os.environ, **config["env"]},
+            cwd=workdir,
+            env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -123,10 +133,14 @@ def run(config: dict[str, Any], emit: Emitter, stop: threading.Event, reason: li
     reader.start()
     tailer = RankDirTailer(rank_dir)
     stopped = False
+    parent = os.getppid()
     while True:
         busy = _emit_ranks(tailer, emit)
         if proc.poll() is not None:
             break
+        if os.getppid() != parent and not stop.is_set():
+            reason.append("controller connection lost (parent process gone)")
+            stop.set()
         if stop.is_set():
             stopped = True
             why = reason[0] if reason else "controller connection lost"

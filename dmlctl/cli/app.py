@@ -12,7 +12,15 @@ import click
 import typer
 
 from dmlctl import __version__
-from dmlctl.cli import bench, init_cmd, launch_cmd, logs_cmd, status_cmd, stop_cmd
+from dmlctl.cli import (
+    bench,
+    doctor_cmd,
+    init_cmd,
+    launch_cmd,
+    logs_cmd,
+    status_cmd,
+    stop_cmd,
+)
 from dmlctl.errors import DmlctlError, ExitCode
 
 app = typer.Typer(
@@ -40,7 +48,7 @@ def _root(
     """dmlctl: launch, watch and stop distributed training runs."""
 
 
-for module in (init_cmd, launch_cmd, status_cmd, logs_cmd, stop_cmd):
+for module in (init_cmd, launch_cmd, status_cmd, logs_cmd, stop_cmd, doctor_cmd):
     module.register(app)
 app.add_typer(bench.app, name="bench")
 

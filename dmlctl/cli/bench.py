@@ -41,11 +41,11 @@ def comm(
     """Measure allreduce / allgather / broadcast time and bus bandwidth (nccl-tests style)."""
     from dmlctl.bench.comm import run_comm_bench
     from dmlctl.bench.report import comm_json, parse_ops, parse_size, render_comm_table
-    from dmlctl.spec import default_cluster, load_cluster
+    from dmlctl.spec import default_cluster, load_cluster_file
 
     op_names = parse_ops(ops)
     low, high = parse_size(min_bytes), parse_size(max_bytes)
-    spec = load_cluster(cluster) if cluster is not None else default_cluster()
+    spec = load_cluster_file(cluster) if cluster is not None else default_cluster()
     err = stderr_console()
     with err.status("running the communication benchmark…"):
         results, run = run_comm_bench(

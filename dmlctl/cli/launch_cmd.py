@@ -23,22 +23,31 @@ def launch(
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan; start nothing."),
     detach: bool = typer.Option(False, "--detach", "-d", help="Run in the background."),
     ui: str = typer.Option("auto", "--ui", help="auto | live | plain | quiet"),
+    connect_timeout: float = typer.Option(
+        10.0, "--connect-timeout", help="Seconds to wait for each host's SSH connection."
+    ),
+    accept_new_host_keys: bool = typer.Option(
+        False, "--accept-new-host-keys", help="Trust hosts not yet in known_hosts (shows keys)."
+    ),
 ) -> int:
     """Launch a training job and follow it to the end (exit 0 only if every rank succeeded)."""
     from dmlctl.errors import UsageError
     from dmlctl.launch.api import LaunchOptions
     from dmlctl.launch.api import launch as run_launch
-    from dmlctl.spec import default_cluster, load_cluster, load_job, with_workers
+    from dmlctl.spec import default_cluster, load_cluster_file, load_job, with_workers
 
     if ui not in UI_MODES:
         raise UsageError(f"--ui: expected one of {', '.join(UI_MODES)}, got {ui!r}")
     job = load_job(job_file)
-    spec = load_cluster(cluster) if cluster is not None else default_cluster()
+    spec = load_cluster_file(cluster) if cluster is not None else default_cluster()
     if workers is not None:
         job = with_workers(job, workers)
+    if connect_timeout <= 0:
+        raise UsageError(f"--connect-timeout: must be > 0, got {connect_timeout:g}")
     options = LaunchOptions(
         detach=detach, dry_run=dry_run, ui=ui,  # type: ignore[arg-type]
         job_file=job_file, cluster_file=cluster,
+        connect_timeout=connect_timeout, accept_new_host_keys=accept_new_host_keys,
     )  # fmt: skip
     console = stdout_console()
     result = run_launch(job, spec, options=options, console=console)

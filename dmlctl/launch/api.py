@@ -7,6 +7,7 @@ record specs and plan, and start (foreground or detached).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import socket
@@ -15,6 +16,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 from pydantic import BaseModel
@@ -27,7 +29,13 @@ from dmlctl.plan.model import LaunchPlan
 from dmlctl.plan.render import render_plan
 from dmlctl.runs.store import RunDir, RunStore, new_run_id
 from dmlctl.spec.models import ClusterSpec, JobSpec
-from dmlctl.transport import transport_for
+from dmlctl.transport import Transport, close_transports, make_transports
+
+if TYPE_CHECKING:
+    from dmlctl.transport.ssh import SshOptions
+
+
+DRY_RUN_PORT = 29500  # shown by --dry-run for remote clusters: it connects to nothing
 
 
 @dataclass(frozen=True)
@@ -38,6 +46,8 @@ class LaunchOptions:
     home: Path | None = None
     job_file: Path | None = None
     cluster_file: Path | None = None
+    connect_timeout: float = 10.0
+    accept_new_host_keys: bool = False
 
 
 @dataclass(frozen=True)
@@ -64,16 +74,27 @@ def _record_spec(dest: Path, source: Path | None, model: BaseModel) -> None:
         dest.write_text(yaml.safe_dump(model.model_dump(mode="json"), sort_keys=False))
 
 
-def plan_run(job: JobSpec, cluster: ClusterSpec, store: RunStore) -> LaunchPlan:
-    """The plan for a new run id (pure apart from the id and the free port)."""
-    run_id = new_run_id(job.name or "job", time.time())
+def plan_run(
+    job: JobSpec,
+    cluster: ClusterSpec,
+    store: RunStore,
+    *,
+    port: int,
+    lib: str = "dev",
+    run_id: str | None = None,
+    rdzv_host: str | None = None,
+) -> LaunchPlan:
+    """The plan for ``run_id`` (default: a new id); pure apart from making the id."""
+    run_id = run_id or new_run_id(job.name or "job", time.time())
     return build_plan(
         cluster,
         job,
         run_id=run_id,
-        rdzv_port=free_port(),
+        rdzv_port=port,
         local_python=sys.executable,
         local_run_dir=str(store.root / run_id),
+        lib_id=lib,
+        rdzv_host=rdzv_host,
     )
 
 
@@ -108,28 +129,96 @@ def _detach(run: RunDir) -> int:
     return proc.pid
 
 
+def _ssh_options(options: LaunchOptions, console: Console) -> SshOptions:
+    from dmlctl.transport.ssh import SshOptions
+
+    def shown(name: str, key_type: str, fp: str) -> None:
+        console.print(f"added host key of {name} to known_hosts: {key_type} {fp}", markup=False)
+
+    return SshOptions(
+        connect_timeout=options.connect_timeout,
+        accept_new_host_keys=options.accept_new_host_keys,
+        on_new_key=shown,
+    )
+
+
+def _prepare_remote(
+    job: JobSpec, cluster: ClusterSpec, store: RunStore, options: LaunchOptions,
+    console: Console, err: Console,
+) -> tuple[LaunchPlan, dict[str, Transport]]:  # fmt: skip
+    """Preflight every host (refusing with one table), then plan on a port free on
+    the first host, sync the code and run the setup command."""
+    from dmlctl.launch import remote
+    from dmlctl.provision.doctor import render_doctor, run_doctor
+
+    transports = make_transports(cluster.resolved_hosts(), _ssh_options(options, err))
+    lib = remote.lib_id(remote.package_files())
+    # Plan once with a placeholder port to learn which hosts take part.
+    draft = plan_run(job, cluster, store, port=DRY_RUN_PORT, lib=lib)
+    first = draft.hosts[0]
+    # The rendezvous needs the first host's network name, not an ~/.ssh/config alias.
+    rdzv_host = getattr(transports[first.name], "hostname", first.address)
+    # Probe what the run will use: the rendezvous address, and on localhost the
+    # interpreter running dmlctl (the plan's choice for local hosts).
+    hosts = [
+        dataclasses.replace(
+            h,
+            address=rdzv_host if h.name == first.name else h.address,
+            python=sys.executable if h.is_local else h.python,
+        )
+        for h in cluster.resolved_hosts()
+        if h.name in {p.name for p in draft.hosts}
+    ]
+    with err.status(f"checking {len(hosts)} host(s)…"):
+        first_python = first.python
+        port = (
+            free_port() if first.is_local
+            else remote.pick_port(transports[first.name], first_python, options.connect_timeout)
+        )  # fmt: skip
+        report = run_doctor(hosts, transports, rdzv_port=port)
+    if not report.ok:
+        console.print(render_doctor(report))
+        raise remote.ProvisionError(
+            f"preflight failed on {len(report.failures())} of {len(hosts)} host(s); nothing started"
+        )
+    plan = plan_run(
+        job, cluster, store, port=port, lib=lib, run_id=draft.run_id, rdzv_host=rdzv_host
+    )
+    remote.sync_code(plan, job, transports, err)
+    remote.run_setup(plan, job, transports, err)
+    return plan, transports
+
+
 def launch(
     job: JobSpec, cluster: ClusterSpec, *, options: LaunchOptions, console: Console
 ) -> LaunchResult:
     """Run ``job`` on ``cluster``; blocks until the run ends unless detached or dry.
 
-    Exit code: 0 every rank succeeded, 1 the run failed, 130 stopped; raises
-    DmlctlError (exit 2) for bad input before anything is created or started.
+    Exit code: 0 every rank succeeded, 1 the run failed (or a host could not be made
+    ready), 130 stopped; raises DmlctlError (exit 2) for bad input before anything is
+    created or started. A dry run connects to nothing.
     """
     from dmlctl.launch.controller import run_controller
 
     store = RunStore(options.home)
-    plan = plan_run(job, cluster, store)
-    for host in plan.hosts:
-        transport_for(host)  # refuse unreachable kinds of host before creating anything
+    err = Console(stderr=True, highlight=False)
+    is_remote = any(not h.is_local for h in cluster.resolved_hosts())
     if options.dry_run:
-        console.print(render_plan(plan), markup=False, highlight=False)
-        return LaunchResult(plan.run_id, None, None, 0)
+        port = DRY_RUN_PORT if is_remote else free_port()
+        console.print(render_plan(plan_run(job, cluster, store, port=port)),
+                      markup=False, highlight=False)  # fmt: skip
+        return LaunchResult("", None, None, 0)
+    if is_remote:
+        plan, transports = _prepare_remote(job, cluster, store, options, console, err)
+    else:
+        plan = plan_run(job, cluster, store, port=free_port())
+        transports = make_transports(plan.hosts)
     run = create_run(plan, job, cluster, store, options)
     if options.detach:
+        close_transports(transports)
         pid = _detach(run)
         return LaunchResult(plan.run_id, run.path, None, 0 if pid else 1)
     run.controller_pid.write_text(str(os.getpid()))
     sink = make_sink(options.ui, console, str(run.path))
-    state = run_controller(run, plan, sink)
+    state = run_controller(run, plan, sink, transports)
     return LaunchResult(plan.run_id, run.path, state, int(state.exit_code or 0))

@@ -18,10 +18,13 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from dmlctl.launch.state import RunState
     from dmlctl.launch.supervisor import Sink
     from dmlctl.plan.model import LaunchPlan
     from dmlctl.runs.store import RunDir
+    from dmlctl.transport import Transport
 
 _pending: list[str] = []
 _REASONS = {
@@ -41,12 +44,17 @@ def install_early_handlers() -> None:
         signal.signal(sig, _early)
 
 
-def run_controller(run: RunDir, plan: LaunchPlan, sink: Sink) -> RunState:
-    """Supervise ``plan`` in ``run`` (a RunDir) and return the final RunState."""
+def run_controller(
+    run: RunDir, plan: LaunchPlan, sink: Sink, transports: Mapping[str, Transport] | None = None
+) -> RunState:
+    """Supervise ``plan`` in ``run`` and return the final RunState; afterwards, remote
+    hosts' rank files are collected into the run directory."""
+    from dmlctl.launch.remote import collect_rank_files
     from dmlctl.launch.supervisor import Supervisor
-    from dmlctl.transport import transport_for
+    from dmlctl.transport import close_transports, make_transports
 
-    transports = {h.name: transport_for(h) for h in plan.hosts}
+    if transports is None:
+        transports = make_transports(plan.hosts)
     sup = Supervisor(plan, run, transports, sink)
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
@@ -58,8 +66,12 @@ def run_controller(run: RunDir, plan: LaunchPlan, sink: Sink) -> RunState:
     for reason in _pending:
         sup.request_stop(reason)
     try:
-        return sup.run()
+        state = sup.run()
+        for problem in collect_rank_files(plan, transports, run.path):
+            print(f"dmlctl: could not collect rank files from {problem}", file=sys.stderr)
+        return state
     finally:
+        close_transports(dict(transports))
         for restored, handler in previous.items():
             signal.signal(restored, handler if handler is not None else signal.SIG_DFL)
 

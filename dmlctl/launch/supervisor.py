@@ -114,7 +114,7 @@ class Supervisor:
         events: list[Event] = []
         for host in self.plan.hosts:
             try:
-                proc = self.transports[host.name].start(host.agent_argv)
+                proc = self.transports[host.name].start(host.agent_argv, cwd=host.agent_cwd)
             except Exception as e:
                 cause = RootCause(host.name, None, type(e).__name__, f"cannot start agent: {e}")
                 events.append(AgentExited(host.name, 127, (), self.clock(), cause))

@@ -49,11 +49,17 @@ def torchrun_argv(
     run_id: str,
     script: str,
     args: Sequence[str],
+    is_host: bool = True,
+    local_addr: str | None = None,
 ) -> tuple[str, ...]:
     """The exact torchrun command for one host (the real elastic agent, c10d rendezvous).
 
     Each worker runs ``dmlctl.runtime.entry``, which records the rank's start and
-    exit and then runs ``script`` unchanged, as torchrun would.
+    exit and then runs ``script`` unchanged, as torchrun would. ``is_host`` tells
+    torchrun whether this host serves the c10d store, instead of letting it guess
+    from host names (which fails on multi-homed machines and loopback test hosts);
+    ``local_addr`` (the first host of a multi-host run) becomes MASTER_ADDR, so ranks
+    meet at the address the preflight checked, not at a guessed host name.
     """
     return (
         python, "-m", "torch.distributed.run",
@@ -62,7 +68,9 @@ def torchrun_argv(
         "--rdzv-backend", "c10d",
         "--rdzv-endpoint", rdzv_endpoint,
         "--rdzv-id", run_id,
+        "--rdzv-conf", f"is_host={str(is_host).lower()}",
         "--max-restarts", "0",
+        *(("--local-addr", local_addr) if local_addr else ()),
         "-m", "dmlctl.runtime.entry",
         script, *args,
     )  # fmt: skip
@@ -76,32 +84,45 @@ def build_plan(
     rdzv_port: int,
     local_python: str,
     local_run_dir: str,
+    lib_id: str = "dev",
+    rdzv_host: str | None = None,
 ) -> LaunchPlan:
     """Plan ``job`` on ``cluster``.
 
     Promises: ranks are numbered host by host in cluster order (node rank = position
     among hosts that got workers); every host's environment holds the job env, the
     host env and the ``DMLCTL_*`` variables of :mod:`dmlctl.protocol`; the rendezvous
-    endpoint is the first host at ``rdzv_port``. Raises :class:`UsageError` when the
-    job asks for more workers than the cluster has slots.
+    endpoint is the first host at ``rdzv_port``; a remote host runs its agent from
+    ``<workdir>/.dmlctl/lib/<lib_id>``, where code sync puts this dmlctl.
+    ``rdzv_host`` is the first host's network name when its address is an alias
+    (``~/.ssh/config`` HostName). Raises :class:`UsageError` when the job asks for
+    more workers than the cluster has slots, or when other hosts would have to reach
+    ``localhost`` for the rendezvous.
     """
     hosts = cluster.resolved_hosts()
     workers = job.workers if job.workers is not None else sum(h.slots for h in hosts)
     assignment = _assign(hosts, workers)
     first = assignment[0][0]
-    rdzv_endpoint = f"{first.address}:{rdzv_port}"
+    if first.is_local and any(not h.is_local for h, _ in assignment):
+        raise UsageError(
+            f"host {first.name!r} is 'localhost', which the other hosts cannot reach for the"
+            " rendezvous; list a remote host first, or give this machine's network address"
+        )
+    rdzv_endpoint = f"{rdzv_host or first.address}:{rdzv_port}"
     params: Mapping[str, object] = dict(job.strategy.params)
     host_plans: list[HostPlan] = []
     ranks: list[RankPlan] = []
     next_rank = 0
     for node_rank, (host, nproc) in enumerate(assignment):
         python = local_python if host.is_local else host.python
+        agent_cwd: str | None = None
         if host.is_local:
             workdir = job.workdir
             rank_dir = posixpath.join(local_run_dir, "hosts", host.name)
         else:
             workdir = posixpath.join(host.workdir, job_dir_name(job))
             rank_dir = posixpath.join(host.workdir, ".dmlctl", "runs", run_id, host.name)
+            agent_cwd = lib_dir(host.workdir, lib_id)
         # torchrun's own default for several workers per host, set here so it does not
         # print its banner about it; the job or host env may override it.
         threads = {"OMP_NUM_THREADS": "1"} if nproc > 1 else {}
@@ -123,6 +144,9 @@ def build_plan(
                 name=host.name,
                 address=host.address,
                 is_local=host.is_local,
+                port=host.port,
+                user=host.user,
+                identity_file=host.identity_file,
                 node_rank=node_rank,
                 nproc=nproc,
                 first_rank=next_rank,
@@ -130,6 +154,7 @@ def build_plan(
                 workdir=workdir,
                 rank_dir=rank_dir,
                 agent_argv=(python, "-m", "dmlctl.agent", "--run-id", run_id),
+                agent_cwd=agent_cwd,
                 torchrun_argv=torchrun_argv(
                     python,
                     nnodes=len(assignment),
@@ -138,6 +163,10 @@ def build_plan(
                     run_id=run_id,
                     script=job.script,
                     args=job.args,
+                    is_host=node_rank == 0,
+                    local_addr=(rdzv_host or first.address)
+                    if node_rank == 0 and len(assignment) > 1
+                    else None,
                 ),
                 env=env,
             )
@@ -157,6 +186,11 @@ def build_plan(
         hosts=tuple(host_plans),
         ranks=tuple(ranks),
     )
+
+
+def lib_dir(host_workdir: str, lib_id: str) -> str:
+    """Where a remote host keeps the dmlctl package shipped by code sync."""
+    return posixpath.join(host_workdir, ".dmlctl", "lib", lib_id)
 
 
 def job_dir_name(job: JobSpec) -> str:

@@ -27,11 +27,16 @@ class RankPlan:
 
 @dataclass(frozen=True)
 class HostPlan:
-    """What runs on one host: a host agent, which runs ``torchrun_argv`` in ``workdir``."""
+    """What runs on one host: a host agent (started in ``agent_cwd``, where a remote
+    host has the shipped dmlctl package), which runs ``torchrun_argv`` in ``workdir``.
+    Remote paths may start with ``~/`` (the login's home); the agent expands them."""
 
     name: str
     address: str
     is_local: bool
+    port: int
+    user: str | None
+    identity_file: str | None
     node_rank: int
     nproc: int
     first_rank: int
@@ -39,6 +44,7 @@ class HostPlan:
     workdir: str
     rank_dir: str
     agent_argv: tuple[str, ...]
+    agent_cwd: str | None
     torchrun_argv: tuple[str, ...]
     env: Mapping[str, str]
 

@@ -36,7 +36,8 @@ def render_plan(plan: LaunchPlan) -> str:
             f"ranks {host.first_rank}-{last}",
             f"  workdir:  {host.workdir}",
             f"  rank dir: {host.rank_dir}",
-            f"  agent:    {render_command(host.agent_argv)}",
+            f"  agent:    {render_command(host.agent_argv)}"
+            + (f"  (in {host.agent_cwd})" if host.agent_cwd else ""),
             f"  torchrun: {render_command(host.torchrun_argv)}",
             "  env:",
         ]

@@ -1,7 +1,9 @@
 """Load cluster and job files: every problem reported at once, with file:line.
 
-All I/O of the spec layer lives here (reading files, checking paths, importing a
-strategy's parameter model); the models in :mod:`dmlctl.spec.models` are pure.
+The I/O of the spec layer lives here and in :mod:`dmlctl.spec.source` (reading files,
+checking paths, importing a strategy's parameter model); the models in
+:mod:`dmlctl.spec.models` and :mod:`dmlctl.spec.cluster` are pure. Hostfiles are read
+by :mod:`dmlctl.spec.hostfile`.
 
 Promises of :func:`load_job` and :func:`load_cluster`:
 
@@ -25,26 +27,29 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from dmlctl.errors import SpecError, SpecIssue, UsageError
+from dmlctl.spec.cluster import ClusterSpec, HostKey, duplicate_hosts
+from dmlctl.spec.fields import check_one_line
+from dmlctl.spec.local import PROC_NVIDIA_GPUS, count_local_gpus, default_cluster
 from dmlctl.spec.messages import format_path, is_key_error, issue_parts
-from dmlctl.spec.models import (
-    ClusterSpec,
-    HostSpec,
-    JobSpec,
-    duplicate_host_message,
-    duplicate_host_names,
-)
+from dmlctl.spec.models import JobSpec
+from dmlctl.spec.source import MAX_SPEC_BYTES, path_kind, read_text
 from dmlctl.spec.yamlpos import Document, KeyPath, YamlSyntaxError, parse
 from dmlctl.strategies import registry
 
-MAX_SPEC_BYTES = 1 << 20
-"""Spec files larger than this are refused (they are a few hundred bytes in practice)."""
-
-PROC_NVIDIA_GPUS = "/proc/driver/nvidia/gpus"
-"""One entry per GPU the NVIDIA driver sees (Linux)."""
+__all__ = [
+    "MAX_SPEC_BYTES",
+    "PROC_NVIDIA_GPUS",
+    "cluster_from_yaml",
+    "count_local_gpus",
+    "default_cluster",
+    "load_cluster",
+    "load_job",
+    "with_workers",
+]
 
 _M = TypeVar("_M", bound=BaseModel)
 
-_UUID_PREFIXES = ("GPU-", "MIG-")
+_DEFAULT_SSH_PORT = 22
 
 
 def load_job(path: str | os.PathLike[str]) -> JobSpec:
@@ -58,7 +63,7 @@ def load_job(path: str | os.PathLike[str]) -> JobSpec:
     file's directory name, reduced to letters, digits, ``.``, ``_`` and ``-``).
     """
     file = os.fspath(path)
-    doc = _read_mapping(file, JobSpec)
+    doc = _parse_mapping(file, read_text(file, "a YAML file"), JobSpec)
     data: Mapping[str, Any] = doc.data
     issues = _duplicate_issues(file, doc)
     job = _validate(file, doc, JobSpec, data, issues)
@@ -72,54 +77,32 @@ def load_job(path: str | os.PathLike[str]) -> JobSpec:
 
 
 def load_cluster(path: str | os.PathLike[str]) -> ClusterSpec:
-    """Load and validate a cluster file (hosts, defaults; unique host names)."""
+    """Load and validate a YAML cluster file (see :func:`cluster_from_yaml`).
+
+    For a file that may be a hostfile, use :func:`dmlctl.spec.hostfile.load_cluster_file`.
+    """
     file = os.fspath(path)
-    doc = _read_mapping(file, ClusterSpec)
+    return cluster_from_yaml(file, read_text(file, "a YAML cluster file"))
+
+
+def cluster_from_yaml(file: str, text: str) -> ClusterSpec:
+    """Validate ``text``, the content of the YAML cluster file ``file``.
+
+    Beyond the model's checks (unique host names; no two non-local hosts with the
+    same address and port): every ``identity_file`` (in ``defaults`` or a host) must
+    be an existing file; ``~`` is expanded and relative paths are taken from the
+    directory of ``file``. The returned spec carries those paths absolute.
+    ``workdir`` values are remote paths and are kept as written.
+    """
+    doc = _parse_mapping(file, text, ClusterSpec)
     issues = _duplicate_issues(file, doc)
     cluster = _validate(file, doc, ClusterSpec, doc.data, issues)
     if cluster is None:
-        issues += _raw_duplicate_hosts(file, doc, doc.data.get("hosts"), issues)
+        issues += _raw_duplicate_hosts(file, doc, issues)
+    keys = _key_files(file, doc, Path(file).absolute().parent, issues)
     if issues or cluster is None:
         raise SpecError(_sorted(issues))
-    return cluster
-
-
-def default_cluster() -> ClusterSpec:
-    """The cluster used when no cluster file is given: this machine, without SSH.
-
-    One host named ``local`` at ``localhost`` with one slot per GPU when the NVIDIA
-    driver reports GPUs (counted by :func:`count_local_gpus`, without importing
-    torch), otherwise one slot per CPU core this process may run on.
-    """
-    slots = count_local_gpus() or _usable_cpus()
-    return ClusterSpec(hosts=[HostSpec(name="local", address="localhost", slots=slots)])
-
-
-def count_local_gpus(
-    environ: Mapping[str, str] | None = None, proc_gpus: str | os.PathLike[str] = PROC_NVIDIA_GPUS
-) -> int:
-    """Number of NVIDIA GPUs this process may use, without importing torch or CUDA.
-
-    Counts the entries of ``/proc/driver/nvidia/gpus`` (0 when it does not exist). If
-    ``CUDA_VISIBLE_DEVICES`` is set, counts its entries the way CUDA reads them: up to
-    the first one that is not a valid index or a ``GPU-``/``MIG-`` UUID, duplicates
-    once, never more than the driver reports (``""`` or ``-1`` means none).
-    """
-    try:
-        physical = len(os.listdir(proc_gpus))
-    except OSError:
-        return 0
-    env = os.environ if environ is None else environ
-    visible = env.get("CUDA_VISIBLE_DEVICES")
-    if visible is None:
-        return physical
-    seen: set[str] = set()
-    for item in (part.strip() for part in visible.split(",")):
-        valid_index = item.isdigit() and int(item) < physical
-        if not (valid_index or item.startswith(_UUID_PREFIXES)):
-            break
-        seen.add(str(int(item)) if valid_index else item)
-    return min(len(seen), physical)
+    return _with_key_files(cluster, keys)
 
 
 def with_workers(job: JobSpec, n: int) -> JobSpec:
@@ -132,38 +115,12 @@ def with_workers(job: JobSpec, n: int) -> JobSpec:
     return job.model_copy(update={"workers": n})
 
 
-def _usable_cpus() -> int:
-    # Affinity honours taskset/cgroup cpusets; cpu_count() is the whole machine.
-    if hasattr(os, "sched_getaffinity"):
-        return max(1, len(os.sched_getaffinity(0)))
-    return max(1, os.cpu_count() or 1)
-
-
-def _read_mapping(file: str, model: type[BaseModel]) -> Document:
-    """Read ``file`` as a YAML mapping or raise SpecError with one file-level issue."""
+def _parse_mapping(file: str, text: str, model: type[BaseModel]) -> Document:
+    """``text`` parsed as a YAML mapping, or SpecError with one file-level issue."""
 
     def fail(line: int | None, message: str) -> SpecError:
         return SpecError([SpecIssue(file, line, "", message)])
 
-    try:
-        with open(file, "rb") as stream:
-            raw = stream.read(MAX_SPEC_BYTES + 1)
-    except FileNotFoundError:
-        raise fail(None, "no such file") from None
-    except IsADirectoryError:
-        raise fail(None, "is a directory; expected a YAML file") from None
-    except PermissionError:
-        raise fail(None, "cannot read the file: permission denied") from None
-    except OSError as exc:
-        raise fail(None, f"cannot read the file: {exc.strerror or exc}") from None
-    if len(raw) > MAX_SPEC_BYTES:
-        raise fail(None, f"file is larger than {MAX_SPEC_BYTES} bytes; not a spec file")
-    if b"\x00" in raw:
-        raise fail(None, "not a text file (contains NUL bytes)")
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise fail(None, f"not a text file (not valid UTF-8 at byte {exc.start})") from None
     try:
         doc = parse(text)
     except YamlSyntaxError as exc:
@@ -227,27 +184,103 @@ def _issues_from(
         yield SpecIssue(file, line, format_path(path, ends_in_key=is_key_error(error)), message)
 
 
-def _raw_duplicate_hosts(
-    file: str, doc: Document, hosts: Any, known: list[SpecIssue]
-) -> list[SpecIssue]:
-    """Duplicate host names pydantic did not check because other host errors stopped it."""
+def _raw_duplicate_hosts(file: str, doc: Document, known: list[SpecIssue]) -> list[SpecIssue]:
+    """Duplicate hosts pydantic did not check because other errors stopped it."""
+    hosts = doc.data.get("hosts")
     if not isinstance(hosts, list):
         return []
-    names: list[str | None] = []
-    for host in hosts:
-        name = None
-        if isinstance(host, dict):
-            name = host.get("name") if host.get("name") is not None else host.get("address")
-        names.append(name if isinstance(name, str) else None)
+    defaults = doc.data.get("defaults")
+    default_port: int | None = _DEFAULT_SSH_PORT
+    if isinstance(defaults, dict) and "port" in defaults:
+        default_port = _port(defaults["port"])
+    keys = [HostKey(None, None, None)] * len(hosts)
+    for index, host in enumerate(hosts):
+        if not isinstance(host, dict):
+            continue
+        address = host.get("address")
+        address = address if isinstance(address, str) and address else None
+        name = host.get("name") if host.get("name") is not None else address
+        port = default_port if host.get("port") is None else _port(host["port"])
+        keys[index] = HostKey(name if isinstance(name, str) else None, address, port)
     issues = []
-    for index, name, other in duplicate_host_names(names):
-        path: KeyPath = ("hosts", index, "name")
-        issue = SpecIssue(
-            file, doc.line_of(path), format_path(path), duplicate_host_message(name, other)
-        )
+    for dup in duplicate_hosts(keys):
+        path: KeyPath = ("hosts", dup.index, dup.field)
+        issue = SpecIssue(file, doc.line_of(path), format_path(path), dup.message)
         if issue not in known:
             issues.append(issue)
     return issues
+
+
+def _port(value: Any) -> int | None:
+    valid = isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 65535
+    return value if valid else None
+
+
+def _key_files(file: str, doc: Document, base: Path, issues: list[SpecIssue]) -> dict[KeyPath, str]:
+    """Absolute path of every usable ``identity_file``, by the key path of its mapping."""
+    owners: list[KeyPath] = [("defaults",)]
+    hosts = doc.data.get("hosts")
+    if isinstance(hosts, list):
+        owners += [("hosts", index) for index in range(len(hosts))]
+    found: dict[KeyPath, str] = {}
+    for owner in owners:
+        mapping = _at(doc.data, owner)
+        raw = mapping.get("identity_file") if isinstance(mapping, dict) else None
+        if not isinstance(raw, str) or not _is_one_line(raw):
+            continue  # absent, or the model reports it
+        path, problem = _key_file(base, raw)
+        if problem is None:
+            found[owner] = path
+        else:
+            key: KeyPath = (*owner, "identity_file")
+            issues.append(SpecIssue(file, doc.line_of(key), format_path(key), problem))
+    return found
+
+
+def _key_file(base: Path, raw: str) -> tuple[str, str | None]:
+    """``(absolute path, None)`` for an existing file, else ``(path, problem)``."""
+    expanded = os.path.expanduser(raw)
+    if expanded.startswith("~"):
+        user = expanded.split("/", 1)[0]
+        return expanded, f"cannot expand {user!r}: no such user (or no home directory)"
+    path = os.path.normpath(os.path.join(base, expanded))
+    kind = path_kind(path)
+    if kind == "file":
+        return path, None
+    if kind == "missing":
+        return path, f"no such key file: {path}"
+    what = "a directory" if kind == "directory" else "not a regular file"
+    return path, f"not a key file ({what}): {path}"
+
+
+def _with_key_files(cluster: ClusterSpec, keys: Mapping[KeyPath, str]) -> ClusterSpec:
+    if not keys:
+        return cluster
+    defaults = cluster.defaults
+    if ("defaults",) in keys:
+        defaults = defaults.model_copy(update={"identity_file": keys["defaults",]})
+    hosts = [
+        h.model_copy(update={"identity_file": keys["hosts", i]}) if ("hosts", i) in keys else h
+        for i, h in enumerate(cluster.hosts)
+    ]
+    return cluster.model_copy(update={"defaults": defaults, "hosts": hosts})
+
+
+def _at(data: Any, path: KeyPath) -> Any:
+    for part in path:
+        if isinstance(part, int):
+            data = data[part] if isinstance(data, list) and part < len(data) else None
+        else:
+            data = data.get(part) if isinstance(data, dict) else None
+    return data
+
+
+def _is_one_line(value: str) -> bool:
+    try:
+        check_one_line(value)
+    except ValueError:
+        return False
+    return True
 
 
 def _strategy_issues(file: str, doc: Document, raw: Any) -> list[SpecIssue]:
@@ -281,16 +314,19 @@ def _check_paths(
     raw_workdir = data.get("workdir", ".")
     if not isinstance(raw_workdir, str) or not raw_workdir:
         return None, None  # the model reports the type
-    workdir = (job_dir / Path(raw_workdir).expanduser()).resolve()
-    if not workdir.is_dir():
-        what = "not a directory" if workdir.exists() else "no such directory"
+    # os.path, not Path: Path.expanduser/resolve/is_dir raise for '~nobody', symlink
+    # loops or over-long names, and any file content must end as an issue.
+    workdir = Path(os.path.realpath(job_dir / os.path.expanduser(raw_workdir)))
+    kind = path_kind(workdir)
+    if kind != "directory":
+        what = "no such directory" if kind == "missing" else "not a directory"
         issues.append(SpecIssue(file, doc.line_of(("workdir",)), "workdir", f"{what}: {workdir}"))
         return None, None
     raw_script = data.get("script")
     if not isinstance(raw_script, str) or not raw_script:
         return workdir, None
     line = doc.line_of(("script",))
-    candidate = Path(os.path.normpath(workdir / Path(raw_script).expanduser()))
+    candidate = Path(os.path.normpath(workdir / os.path.expanduser(raw_script)))
     try:
         relative = candidate.relative_to(workdir)
     except ValueError:
@@ -300,8 +336,9 @@ def _check_paths(
             )
         )
         return workdir, None
-    if not candidate.is_file():
-        what = "is a directory" if candidate.is_dir() else "no such file"
+    kind = path_kind(candidate)
+    if kind != "file":
+        what = {"missing": "no such file", "directory": "is a directory"}.get(kind, "not a file")
         issues.append(SpecIssue(file, line, "script", f"{what}: {candidate}"))
         return workdir, None
     return workdir, relative.as_posix()

@@ -146,6 +146,8 @@ def issue_parts(error: ErrorDetails, model: type[BaseModel]) -> tuple[KeyPath, s
         return path, f"must be {_BOUNDS[kind]} {bound}, got {describe(value)}"
     if kind == "string_too_short":
         return path, "must not be empty"
+    if kind == "too_short" and path == ("hosts",):
+        return path, "no hosts; list at least one machine (e.g. '- address: gpu1')"
     if kind == "too_short":
         return path, f"must have at least {ctx.get('min_length', 1)} item(s)"
     if kind == "too_long":

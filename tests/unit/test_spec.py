@@ -10,6 +10,7 @@ import pytest
 
 from dmlctl.errors import SpecError, SpecIssue, UsageError
 from dmlctl.spec import (
+    BUILTIN_EXCLUDES,
     ClusterSpec,
     HostSpec,
     JobSpec,
@@ -234,6 +235,16 @@ JOB_CASES = [
     ("script: train.py\nworkdir: nowhere\n", 2, "workdir", "no such directory:"),
     ("script: train.py\nworkdir: train.py\n", 2, "workdir", "not a directory:"),
     ("script: 12\n", 1, "script", "expected a string, got 12; quote it"),
+    ("script: train.py\nsetup: ''\n", 2, "setup", "must not be empty"),
+    ("script: train.py\nsetup: '  '\n", 2, "setup", "must not be empty"),
+    ("script: train.py\nsetup: [pip install x]\n", 2, "setup", "expected a string, got a list"),
+    ("script: train.py\nexclude: '*.ckpt'\n", 2, "exclude", "expected a list, got '*.ckpt'"),
+    ("script: train.py\nexclude: {a: 1}\n", 2, "exclude", "expected a list, got a mapping"),
+    ("script: train.py\nexclude:\n  - data/\n  - 3\n", 4, "exclude[1]", "expected a string"),
+    ("script: train.py\nexclude: ['']\n", 2, "exclude[0]", "must not be empty"),
+    ("script: train.py\nexclude: ['#x']\n", 2, "exclude[0]", "reads as a comment"),
+    ('script: train.py\nexclude: ["a\\nb"]\n', 2, "exclude[0]", "single line"),
+    ("script: train.py\nworkdir: ~no-such-user-x9\n", 2, "workdir", "no such directory"),
 ]
 
 
@@ -333,6 +344,22 @@ workdir: src
     assert job.env == {"NCCL_DEBUG": "INFO", "SEED": "1"}
 
 
+def test_setup_and_exclude(project: Path) -> None:
+    text = (
+        "script: train.py\n"
+        "setup: |\n  pip install -r requirements.txt\n  pip install -e .\n"
+        "exclude: [data/, '*.ckpt', '!keep.ckpt']\n"
+    )
+    job = load_job(write(project, text))
+    assert job.setup == "pip install -r requirements.txt\npip install -e .\n"
+    assert job.exclude == ["data/", "*.ckpt", "!keep.ckpt"]
+    plain = load_job(write(project, "script: train.py\n"))
+    assert (plain.setup, plain.exclude) == (None, [])
+    assert BUILTIN_EXCLUDES == (".git/", "__pycache__/", "*.pyc", ".venv/", ".dmlctl/")
+    for field in ("setup", "exclude"):
+        assert JobSpec.model_fields[field].description
+
+
 @pytest.mark.parametrize(
     ("text", "strategy"),
     [
@@ -368,7 +395,7 @@ def test_with_workers_rejects(project: Path, n: int) -> None:
 # --------------------------------------------------------------------------- cluster
 
 CLUSTER_CASES = [
-    ("hosts: []\n", 1, "hosts", "must have at least 1 item"),
+    ("hosts: []\n", 1, "hosts", "no hosts; list at least one machine"),
     ("name: c\n", 1, "hosts", "required key missing"),
     ("hosts: {address: a}\n", 1, "hosts", "expected a list, got a mapping"),
     ("hosts:\n  - a\n", 2, "hosts[0]", "expected a mapping, got 'a'"),
@@ -397,6 +424,57 @@ CLUSTER_CASES = [
     ("defaults:\n  slot: 2\nhosts:\n  - address: a\n", 2, "defaults.slot", "did you mean 'slots'?"),
     ("defaults: [1]\nhosts:\n  - address: a\n", 1, "defaults", "expected a mapping, got a list"),
     ("hostz:\n  - address: a\n", 1, "hostz", "did you mean 'hosts'?"),
+    (
+        "hosts:\n  - {name: x, address: a}\n  - {name: y, address: a}\n",
+        3,
+        "hosts[1].address",
+        "duplicate host: same address and port as hosts[0]",
+    ),
+    (  # the default port is 22; addresses compare case-insensitively
+        "hosts:\n  - {name: x, address: gpu1}\n  - {name: y, address: GPU1, port: 22}\n",
+        3,
+        "hosts[1].address",
+        "duplicate host: same address and port as hosts[0]",
+    ),
+    (
+        "defaults: {port: 2222}\nhosts:\n  - {name: x, address: a}\n  - {name: y, address: a}\n",
+        4,
+        "hosts[1].address",
+        "same address and port as hosts[0]",
+    ),
+    (
+        "hosts:\n  - address: a\n    identity_file: nokey\n",
+        3,
+        "hosts[0].identity_file",
+        "no such key file: /",
+    ),
+    (
+        "defaults:\n  identity_file: keys/id\nhosts:\n  - address: a\n",
+        2,
+        "defaults.identity_file",
+        "no such key file: /",
+    ),
+    (
+        "hosts:\n  - address: a\n    identity_file: .\n",
+        3,
+        "hosts[0].identity_file",
+        "not a key file (a directory)",
+    ),
+    (
+        "hosts:\n  - address: a\n    identity_file: ''\n",
+        3,
+        "hosts[0].identity_file",
+        "must not be empty",
+    ),
+    ("hosts:\n  - address: a\n    workdir: ''\n", 3, "hosts[0].workdir", "must not be empty"),
+    ("hosts:\n  - address: a\n    workdir: '  '\n", 3, "hosts[0].workdir", "must not be empty"),
+    ('hosts:\n  - address: a\n    workdir: "a\\nb"\n', 3, "hosts[0].workdir", "single line"),
+    (
+        'defaults:\n  workdir: "w\\r"\nhosts:\n  - address: a\n',
+        2,
+        "defaults.workdir",
+        "single line",
+    ),
 ]
 
 
@@ -418,7 +496,10 @@ def test_duplicate_host_reported_with_other_host_errors(tmp_path: Path) -> None:
     assert [(i.line, i.path) for i in issues] == [(3, "hosts[1].name"), (4, "hosts[1].slots")]
 
 
-def test_cluster_defaults_and_overrides(tmp_path: Path) -> None:
+def test_cluster_defaults_and_overrides(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "home" / ".ssh").mkdir(parents=True)
+    (tmp_path / "home" / ".ssh" / "lab").write_text("key\n")
     text = """
 name: lab
 defaults:
@@ -459,7 +540,7 @@ hosts:
         address="10.0.0.2",
         port=22,
         user="bob",
-        identity_file="~/.ssh/lab",
+        identity_file=str(tmp_path / "home" / ".ssh" / "lab"),
         slots=8,
         workdir="/scratch/w",
         python="/opt/py/bin/python",
@@ -487,6 +568,87 @@ def test_models_without_files() -> None:
     with pytest.raises(ValueError, match="unknown strategy"):
         StrategySpec(name="nope")
     assert StrategySpec.model_validate("ssgd") == StrategySpec()
+
+
+def test_duplicate_address_reported_with_other_host_errors(tmp_path: Path) -> None:
+    text = (
+        "hosts:\n"  # 1
+        "  - {name: x, address: a, port: 2200}\n"  # 2
+        "  - name: y\n"  # 3
+        "    address: a\n"  # 4
+        "    port: 2200\n"  # 5
+        "    slots: 0\n"  # 6
+        "    identity_file: nokey\n"  # 7
+    )
+    issues = issues_of(load_cluster, write(tmp_path, text, "cluster.yaml"))
+    assert [(i.line, i.path) for i in issues] == [
+        (4, "hosts[1].address"),
+        (6, "hosts[1].slots"),
+        (7, "hosts[1].identity_file"),
+    ]
+    assert issues[0].message == "duplicate host: same address and port as hosts[0]"
+
+
+@pytest.mark.parametrize(
+    "hosts",
+    [
+        "  - {name: x, address: a, port: 22}\n  - {name: y, address: a, port: 2222}\n",
+        "  - {name: x, address: localhost}\n  - {name: y, address: localhost}\n",
+        "  - {name: x, address: a}\n  - {name: y, address: a, user: bob, port: 23}\n",
+    ],
+)
+def test_same_address_allowed(tmp_path: Path, hosts: str) -> None:
+    cluster = load_cluster(write(tmp_path, "hosts:\n" + hosts, "cluster.yaml"))
+    assert [h.name for h in cluster.hosts] == ["x", "y"]
+
+
+def test_duplicate_address_in_models() -> None:
+    with pytest.raises(ValueError, match="same address and port as hosts\\[0\\]"):
+        ClusterSpec(hosts=[HostSpec(name="x", address="a"), HostSpec(name="y", address="a")])
+    local = [HostSpec(name=n, address="localhost") for n in "ab"]
+    assert len(ClusterSpec(hosts=local).hosts) == 2
+
+
+def test_missing_key_file_names_the_absolute_path(tmp_path: Path) -> None:
+    (tmp_path / "conf").mkdir()
+    file = write(tmp_path / "conf", "hosts:\n  - address: a\n    identity_file: ../id\n", "c.yaml")
+    issue = only_issue(load_cluster, file)
+    assert str(issue) == f"{file}:3 hosts[0].identity_file: no such key file: {tmp_path / 'id'}"
+
+
+def test_key_files_resolved_against_cluster_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "conf" / "keys").mkdir(parents=True)
+    (tmp_path / "conf" / "keys" / "id").write_text("key\n")
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / "id_home").write_text("key\n")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)  # relative to the file, not to the working directory
+    text = (
+        "defaults:\n  identity_file: keys/id\n"
+        "hosts:\n  - address: a\n  - address: b\n    identity_file: ~/id_home\n"
+    )
+    cluster = load_cluster(write(tmp_path / "conf", text, "cluster.yaml"))
+    a, b = cluster.resolved_hosts()
+    assert cluster.defaults.identity_file == str(tmp_path / "conf" / "keys" / "id")
+    assert a.identity_file == str(tmp_path / "conf" / "keys" / "id")
+    assert b.identity_file == str(tmp_path / "home" / "id_home")
+    assert os.path.isabs(load_cluster("conf/cluster.yaml").defaults.identity_file or "")
+
+
+def test_unknown_user_in_key_file(tmp_path: Path) -> None:
+    text = "hosts:\n  - address: a\n    identity_file: ~no-such-user-x9/id\n"
+    issue = only_issue(load_cluster, write(tmp_path, text, "cluster.yaml"))
+    assert (issue.line, issue.path) == (3, "hosts[0].identity_file")
+    assert issue.message.startswith("cannot expand '~no-such-user-x9'")
+
+
+@pytest.mark.parametrize("workdir", ["relative/dir", "~/w", "~alice/w", "/abs/w", "with space"])
+def test_remote_workdir_kept_as_written(tmp_path: Path, workdir: str) -> None:
+    text = f"hosts:\n  - address: a\n    workdir: '{workdir}'\n"
+    (host,) = load_cluster(write(tmp_path, text, "cluster.yaml")).resolved_hosts()
+    assert host.workdir == workdir
 
 
 # --------------------------------------------------------------------------- default cluster

@@ -1,0 +1,225 @@
+"""Getting remote hosts ready for a run, and collecting what they kept.
+
+* :func:`package_files` / :func:`lib_id` — this dmlctl, shipped to every remote
+  host next to the job (so hosts need Python, torch and pydantic, not dmlctl);
+* :func:`pick_port` — a free rendezvous port on the first host;
+* :func:`sync_code` — the job directory and dmlctl to every remote host, in parallel;
+* :func:`run_setup` — the job's ``setup`` command on every remote host, in
+  parallel, output streamed into a per-host progress view;
+* :func:`collect_rank_files` — each remote host's rank files into the local run
+  directory (best effort: a host that is gone is reported, not fatal).
+"""
+
+from __future__ import annotations
+
+import base64
+import collections
+import hashlib
+import io
+import tarfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+import dmlctl
+from dmlctl.errors import DmlctlError
+from dmlctl.plan.model import HostPlan, LaunchPlan
+from dmlctl.provision.sync import (
+    LocalFile,
+    SyncResult,
+    SyncTarget,
+    excludes_for,
+    local_files,
+    sync_all,
+)
+from dmlctl.spec.models import JobSpec
+from dmlctl.transport.base import Transport
+
+SETUP_TAIL = 15
+
+
+class ProvisionError(DmlctlError):
+    """A host could not be made ready (sync or setup failed); names every host."""
+
+
+def package_files() -> dict[str, LocalFile]:
+    """The files of this dmlctl package, keyed ``dmlctl/...``."""
+    root = Path(dmlctl.__file__).resolve().parent
+    files = local_files(root, excludes_for(root, []))
+    return {f"dmlctl/{rel}": f for rel, f in files.items()}
+
+
+def lib_id(files: Mapping[str, LocalFile]) -> str:
+    """A short id of the package content: hosts keep one copy per distinct content."""
+    h = hashlib.sha256(dmlctl.__version__.encode())
+    for rel in sorted(files):
+        h.update(rel.encode())
+        h.update(files[rel].path.read_bytes())
+    return f"{dmlctl.__version__}-{h.hexdigest()[:12]}"
+
+
+_FREE_PORT = "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])"
+
+
+def pick_port(transport: Transport, python: str, timeout: float) -> int:
+    """A TCP port that was free on the host a moment ago."""
+    res = transport.run([python, "-c", _FREE_PORT], timeout=timeout)
+    if not res.ok or not res.stdout.strip().isdigit():
+        raise ProvisionError(
+            f"{transport.host}: cannot pick a rendezvous port: {res.stderr.strip()[-300:]}"
+        )
+    return int(res.stdout.strip())
+
+
+def _describe(results: Sequence[SyncResult]) -> str:
+    return "; ".join(f"{r.host}: {r.error}" for r in results if not r.ok)
+
+
+def sync_code(
+    plan: LaunchPlan, job: JobSpec, transports: Mapping[str, Transport], console: Console
+) -> list[SyncResult]:
+    """Ship the job directory and dmlctl to every remote host; raise naming every
+    host that failed. Returns the job sync result of every remote host."""
+    remote = [h for h in plan.hosts if not h.is_local]
+    if not remote:
+        return []
+    root = Path(job.workdir)
+    code = local_files(root, excludes_for(root, job.exclude))
+    pkg = package_files()
+    with console.status(f"syncing {len(code)} files to {len(remote)} host(s)…"):
+        results = sync_all(
+            code, [SyncTarget(transports[h.name], h.python, h.workdir) for h in remote]
+        )
+        lib = sync_all(
+            pkg,
+            [SyncTarget(transports[h.name], h.python, h.agent_cwd or "") for h in remote],
+        )
+    failed = [r for r in (*results, *lib) if not r.ok]
+    if failed:
+        raise ProvisionError(f"code sync failed: {_describe(failed)}")
+    for r in results:
+        console.print(
+            f"  {r.host}: {r.files_sent} of {r.files_total} files sent "
+            f"({r.bytes_sent / 1024:.1f} KiB, {r.seconds:.1f} s)",
+            markup=False, highlight=False,
+        )  # fmt: skip
+    return results
+
+
+class _SetupView:
+    """Per-host state of the setup step, rendered as a small table."""
+
+    def __init__(self, hosts: Sequence[str]) -> None:
+        self.lock = threading.Lock()
+        self.last = dict.fromkeys(hosts, "starting…")
+        self.state = dict.fromkeys(hosts, "running")
+        self.tails = {h: collections.deque[str](maxlen=SETUP_TAIL) for h in hosts}
+        self.started = time.monotonic()
+
+    def render(self) -> Table:
+        table = Table(box=None, title="setup", title_justify="left", show_header=False)
+        with self.lock:
+            for host, line in self.last.items():
+                style = {"running": "yellow", "ok": "green", "failed": "bold red"}[
+                    self.state[host]
+                ]
+                table.add_row(Text(host), Text(self.state[host], style=style),
+                              Text(line[-100:], overflow="ellipsis", no_wrap=True))  # fmt: skip
+        return table
+
+
+def _setup_one(host: HostPlan, transport: Transport, command: str, view: _SetupView) -> int:
+    try:
+        proc = transport.start(["sh", "-c", f"{command} 2>&1"], cwd=host.workdir)
+    except Exception as e:
+        with view.lock:
+            view.tails[host.name].append(str(e))
+            view.state[host.name] = "failed"
+        return 255
+    proc.close_stdin()
+    for line in proc.lines():
+        with view.lock:
+            view.last[host.name] = line
+            view.tails[host.name].append(line)
+    code = proc.wait(30.0)
+    code = 255 if code is None else code
+    with view.lock:
+        view.state[host.name] = "ok" if code == 0 else "failed"
+        if code != 0:
+            view.tails[host.name].extend(proc.stderr_tail())
+    return code
+
+
+def run_setup(
+    plan: LaunchPlan, job: JobSpec, transports: Mapping[str, Transport], console: Console
+) -> None:
+    """Run ``job.setup`` in the job directory of every remote host at once; raise
+    naming each failing host with the tail of its output."""
+    remote = [h for h in plan.hosts if not h.is_local]
+    if job.setup is None or not remote:
+        return
+    view = _SetupView([h.name for h in remote])
+    with Live(view.render(), console=console, refresh_per_second=4) as live, ThreadPoolExecutor(
+        max_workers=min(32, len(remote))
+    ) as pool:
+        futures = {h.name: pool.submit(_setup_one, h, transports[h.name], job.setup, view)
+                   for h in remote}  # fmt: skip
+        while not all(f.done() for f in futures.values()):
+            time.sleep(0.25)
+            live.update(view.render())
+        live.update(view.render())
+    codes = {name: f.result() for name, f in futures.items()}
+    failed = [name for name, code in codes.items() if code != 0]
+    if failed:
+        parts = []
+        for name in failed:
+            tail = "\n".join(f"    {line}" for line in view.tails[name])
+            parts.append(f"setup failed on {name} (exit code {codes[name]}):\n{tail}")
+        raise ProvisionError("\n".join(parts))
+
+
+# Prints a base64 tar of argv[1] (a rank directory) on stdout.
+_PACK = r"""
+import base64, io, os, sys, tarfile
+root = os.path.expanduser(sys.argv[1]); buf = io.BytesIO()
+with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+    if os.path.isdir(root):
+        tar.add(root, arcname=".")
+sys.stdout.write(base64.b64encode(buf.getvalue()).decode())
+"""
+
+
+def collect_rank_files(
+    plan: LaunchPlan, transports: Mapping[str, Transport], run_dir: Path, timeout: float = 120.0
+) -> list[str]:
+    """Copy every remote host's rank directory into ``run_dir/hosts/<host>/``.
+
+    Returns one problem line per host that could not be collected (nothing raised).
+    """
+    remote = [h for h in plan.hosts if not h.is_local]
+
+    def fetch(host: HostPlan) -> str | None:
+        res = transports[host.name].run([host.python, "-c", _PACK, host.rank_dir], timeout=timeout)
+        if not res.ok:
+            return f"{host.name}: {res.stderr.strip()[-300:] or f'exit code {res.exit_code}'}"
+        dest = run_dir / "hosts" / host.name
+        dest.mkdir(parents=True, exist_ok=True)
+        try:
+            data = base64.b64decode(res.stdout)
+            with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+                tar.extractall(dest, filter="data")
+        except (ValueError, tarfile.TarError, OSError) as e:
+            return f"{host.name}: cannot unpack rank files: {e}"
+        return None
+
+    if not remote:
+        return []
+    with ThreadPoolExecutor(max_workers=min(32, len(remote))) as pool:
+        return [p for p in pool.map(fetch, remote) if p is not None]

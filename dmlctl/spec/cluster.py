@@ -1,0 +1,278 @@
+"""Cluster specs: the hosts a job runs on, as frozen, typed data validated once.
+
+No I/O here: whether an ``identity_file`` exists, and where a relative one points,
+is checked by :mod:`dmlctl.spec.loader`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError, ValidationError
+
+from dmlctl.spec.fields import (
+    FROZEN,
+    HOST_NAME_PATTERN,
+    NAME_PATTERN,
+    EnvName,
+    check_env,
+    check_host_text,
+    check_one_line,
+    check_user,
+)
+
+LOCAL_ADDRESS = "localhost"
+"""The one address reached without SSH."""
+
+_WORKDIR_HELP = " On a remote host: absolute, '~/...', or relative to the SSH login directory."
+
+
+class HostDefaults(BaseModel):
+    """Values every host of a cluster gets unless the host sets its own."""
+
+    model_config = FROZEN
+
+    port: int = Field(default=22, ge=1, le=65535, description="SSH port.")
+    user: str | None = Field(
+        default=None, min_length=1, description="SSH user; default: your SSH config / login name."
+    )
+    identity_file: str | None = Field(
+        default=None,
+        min_length=1,
+        description=(
+            "Private key file for SSH ('~' expanded; relative to the cluster file's "
+            "directory); default: ssh-agent/SSH config."
+        ),
+    )
+    slots: int = Field(
+        default=1, ge=1, description="Worker processes per host (e.g. its GPU count)."
+    )
+    workdir: str = Field(
+        default="~/.dmlctl/work",
+        min_length=1,
+        description="Directory on the host where dmlctl puts the job's code and run files."
+        + _WORKDIR_HELP,
+    )
+    python: str = Field(
+        default="python3", min_length=1, description="Python interpreter on the host (with torch)."
+    )
+    env: dict[EnvName, str] = Field(
+        default_factory=dict, description="Environment variables for every process on the host."
+    )
+
+    _env = field_validator("env")(check_env)
+    _user = field_validator("user")(check_user)
+    _one_line = field_validator("identity_file", "workdir")(check_one_line)
+
+
+class HostSpec(BaseModel):
+    """One machine of a cluster. Unset values come from the cluster's ``defaults``."""
+
+    model_config = FROZEN
+
+    name: str = Field(
+        default="",
+        pattern=HOST_NAME_PATTERN,
+        description="Name shown in logs and the dashboard; unique per cluster; default: address.",
+    )
+    address: str = Field(
+        min_length=1,
+        description=(
+            "Host name, SSH config alias or IP address. Only 'localhost' runs without SSH; "
+            "every other address (even 127.0.0.1) is reached over SSH."
+        ),
+    )
+    port: int | None = Field(
+        default=None, ge=1, le=65535, description="SSH port; default: defaults.port (22)."
+    )
+    user: str | None = Field(
+        default=None, min_length=1, description="SSH user; default: defaults.user."
+    )
+    identity_file: str | None = Field(
+        default=None,
+        min_length=1,
+        description=(
+            "Private key file for SSH ('~' expanded; relative to the cluster file's "
+            "directory); default: defaults.identity_file."
+        ),
+    )
+    slots: int | None = Field(
+        default=None, ge=1, description="Worker processes on this host; default: defaults.slots."
+    )
+    workdir: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Directory for the job's code on this host; default: defaults.workdir."
+        + _WORKDIR_HELP,
+    )
+    python: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Python interpreter on this host; default: defaults.python.",
+    )
+    env: dict[EnvName, str] = Field(
+        default_factory=dict,
+        description="Environment variables for this host, merged over defaults.env.",
+    )
+
+    _env = field_validator("env")(check_env)
+    _user = field_validator("user")(check_user)
+    _one_line = field_validator("identity_file", "workdir")(check_one_line)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_name(cls, data: Any) -> Any:
+        # `name` is typed `str` so that `.name` is always usable; fill it from the
+        # address before validation, leaving a missing address for pydantic to report.
+        if (
+            isinstance(data, dict)
+            and data.get("name") is None
+            and isinstance(data.get("address"), str)
+            and data["address"]
+        ):
+            return {**data, "name": data["address"]}
+        return data
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        return check_host_text(value, "address")
+
+    @property
+    def is_local(self) -> bool:
+        """True when the host is this machine and is reached without SSH (``localhost``)."""
+        return self.address == LOCAL_ADDRESS
+
+
+@dataclass(frozen=True)
+class ResolvedHost:
+    """A host with its cluster defaults applied: every value is final."""
+
+    name: str
+    address: str
+    port: int
+    user: str | None
+    identity_file: str | None
+    slots: int
+    workdir: str
+    python: str
+    env: Mapping[str, str]
+    is_local: bool
+
+
+@dataclass(frozen=True)
+class HostKey:
+    """What makes a host distinct: its name, and where SSH connects to.
+
+    ``None`` stands for a value that is missing or invalid (it matches nothing).
+    """
+
+    name: str | None
+    address: str | None
+    port: int | None
+
+
+@dataclass(frozen=True)
+class DuplicateHost:
+    """Host ``index`` repeats host ``other``: by ``name``, or by address and port."""
+
+    index: int
+    field: Literal["name", "address"]
+    other: int
+    message: str
+
+
+def duplicate_hosts(keys: Sequence[HostKey]) -> list[DuplicateHost]:
+    """Every host that repeats an earlier one, reported at the later host.
+
+    A repeated name is reported at ``name``. Otherwise a repeated (address, port) is
+    reported at ``address`` (addresses compared case-insensitively, as DNS and ssh do).
+    ``localhost`` is exempt from the address check: it is reached without SSH, and
+    several local hosts are how one machine stands in for several nodes. Used by
+    :class:`ClusterSpec` and by the loader (which also checks raw data when other
+    host errors keep pydantic from running the model's own check).
+    """
+    names: dict[str, int] = {}
+    places: dict[tuple[str, int], int] = {}
+    found: list[DuplicateHost] = []
+    for index, key in enumerate(keys):
+        if key.name is not None:
+            if key.name in names:
+                other = names[key.name]
+                found.append(DuplicateHost(index, "name", other, _name_message(key.name, other)))
+                continue
+            names[key.name] = index
+        if key.address is None or key.port is None or key.address == LOCAL_ADDRESS:
+            continue
+        place = (key.address.lower(), key.port)
+        if place in places:
+            other = places[place]
+            message = f"duplicate host: same address and port as hosts[{other}]"
+            found.append(DuplicateHost(index, "address", other, message))
+        else:
+            places[place] = index
+    return found
+
+
+def _name_message(name: str, other: int) -> str:
+    # Braces would be read as a template by PydanticCustomError.
+    shown = name.replace("{", "(").replace("}", ")")
+    return f"duplicate host name {shown!r} (also hosts[{other}]); give each host a distinct name"
+
+
+class ClusterSpec(BaseModel):
+    """The machines a job runs on (a cluster file or a hostfile).
+
+    Host names are unique, and no two non-local hosts share an address and SSH port.
+    """
+
+    model_config = FROZEN
+
+    name: str = Field(default="default", pattern=NAME_PATTERN, description="Name of the cluster.")
+    defaults: HostDefaults = Field(
+        default_factory=HostDefaults, description="Values for every host that does not set its own."
+    )
+    hosts: list[HostSpec] = Field(min_length=1, description="The machines; at least one.")
+
+    @model_validator(mode="after")
+    def _unique_hosts(self) -> ClusterSpec:
+        port = self.defaults.port
+        keys = [HostKey(h.name, h.address, h.port or port) for h in self.hosts]
+        errors = [
+            InitErrorDetails(
+                type=PydanticCustomError("duplicate_host", d.message),
+                loc=("hosts", d.index, d.field),
+                input=getattr(self.hosts[d.index], d.field),
+            )
+            for d in duplicate_hosts(keys)
+        ]
+        if errors:
+            raise ValidationError.from_exception_data("ClusterSpec", errors)
+        return self
+
+    def resolved_hosts(self) -> tuple[ResolvedHost, ...]:
+        """Every host, in file order, with host values overriding ``defaults`` (env merged)."""
+        d = self.defaults
+        return tuple(
+            ResolvedHost(
+                name=h.name,
+                address=h.address,
+                port=h.port if h.port is not None else d.port,
+                user=h.user if h.user is not None else d.user,
+                identity_file=h.identity_file if h.identity_file is not None else d.identity_file,
+                slots=h.slots if h.slots is not None else d.slots,
+                workdir=h.workdir if h.workdir is not None else d.workdir,
+                python=h.python if h.python is not None else d.python,
+                env={**d.env, **h.env},
+                is_local=h.is_local,
+            )
+            for h in self.hosts
+        )
+
+    @property
+    def total_slots(self) -> int:
+        """Sum of the slots of all hosts: the default number of workers."""
+        return sum(h.slots for h in self.resolved_hosts())
