@@ -75,6 +75,8 @@ def _describe(exc: BaseException, where: str, timeout: float) -> str:
         return describe_bad_key(exc)
     if isinstance(exc, UnknownHostKey):
         return str(exc)
+    if isinstance(exc, paramiko.SSHException) and "banner" in str(exc):
+        return f"no SSH answer from {where} within {timeout:g} s (is sshd listening there?)"
     if isinstance(exc, paramiko.AuthenticationException):
         return f"authentication failed at {where}: {exc}"
     if isinstance(exc, socket.gaierror):

@@ -1,0 +1,272 @@
+"""dmlctl against real sshd hosts on loopback: launch, teardown, host keys, preflight."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dmlctl.provision.sync import excludes_for, local_files, sync_host
+from dmlctl.transport.ssh import SshOptions, SSHTransport
+from tests.conftest import Cli
+from tests.integration.procs import run_processes, wait_until
+from tests.ssh.lab import SshLab
+
+JOBS = Path(__file__).parent / "jobs"
+FOREVER = Path(__file__).parent.parent / "integration" / "jobs" / "forever"
+pytestmark = pytest.mark.ssh
+
+
+class LabCli(Cli):
+    """The real CLI with the lab's HOME (its ~/.ssh) and an own DMLCTL_HOME."""
+
+    def __init__(self, home: Path, lab: SshLab) -> None:
+        super().__init__(home)
+        self.lab = lab
+
+    @property
+    def env(self) -> dict[str, str]:
+        return self.lab.env(DMLCTL_HOME=str(self.home), COLUMNS="160")
+
+
+@pytest.fixture
+def lcli(ssh_lab: SshLab, tmp_path: Path) -> LabCli:
+    return LabCli(tmp_path / "home", ssh_lab)
+
+
+def cluster_file(lab: SshLab, tmp_path: Path, extra_hosts: str = "", **per_host: str) -> Path:
+    """A cluster spec naming the lab's hosts by their ~/.ssh/config alias."""
+    lines = ["defaults:", "  slots: 2", f"  python: {sys.executable}", "hosts:"]
+    for h in lab.hosts:
+        lines += [f"  - name: {h.alias}", f"    address: {h.alias}", f"    workdir: {h.workdir}"]
+        if h.alias in per_host:
+            lines.append(f"    {per_host[h.alias]}")
+    path = tmp_path / "cluster.yaml"
+    path.write_text("\n".join(lines) + "\n" + extra_hosts)
+    return path
+
+
+def only_run(cli: Cli) -> str:
+    runs = cli.runs()
+    assert len(runs) == 1, runs
+    return runs[0].name
+
+
+def test_two_hosts_two_workers_each(lcli: LabCli, ssh_lab: SshLab, tmp_path: Path) -> None:
+    cluster = cluster_file(ssh_lab, tmp_path)
+    proc = lcli.run("launch", str(JOBS / "metrics" / "job.yaml"), "--cluster", str(cluster),
+                    "--ui", "plain")  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_id = only_run(lcli)
+    run = lcli.home / "runs" / run_id
+    state = lcli.state(run_id)
+    assert state["phase"] == "succeeded"
+    hosts = sorted(r["host"] for r in state["ranks"])
+    assert hosts == ["node-a", "node-a", "node-b", "node-b"]
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert {(r["host"], r["rank"]) for r in records} == {
+        (r["host"], r["rank"]) for r in state["ranks"]
+    }
+    assert {r["rank"] for r in records} == {0, 1, 2, 3}
+    for rank in range(4):
+        assert f"rank {rank} of 4" in (run / "logs" / f"rank-{rank}.log").read_text()
+    for host in ("node-a", "node-b"):  # kept on each host, collected at the end
+        collected = run / "hosts" / host
+        assert sorted(p.name for p in collected.glob("rank-*.stdout")), collected
+        assert (collected / "agent.pid").is_file()
+    assert not run_processes(run_id)
+
+
+def _wait_running(cli: Cli, timeout: float = 90) -> str:
+    assert wait_until(
+        lambda: len(cli.runs()) == 1
+        and all(r["status"] == "running" for r in cli.state(cli.runs()[0].name)["ranks"]),
+        timeout,
+    ), "ranks never started"
+    return cli.runs()[0].name
+
+
+def test_ctrl_c_stops_every_host(lcli: LabCli, ssh_lab: SshLab, tmp_path: Path) -> None:
+    cluster = cluster_file(ssh_lab, tmp_path)
+    proc = lcli.popen("launch", str(FOREVER / "job.yaml"), "--cluster", str(cluster),
+                      "--workers", "4", "--ui", "plain")  # fmt: skip
+    try:
+        run_id = _wait_running(lcli)
+        assert {r["host"] for r in lcli.state(run_id)["ranks"]} == {"node-a", "node-b"}
+        started = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(10) == 130
+        assert wait_until(lambda: not run_processes(run_id), 10 - (time.monotonic() - started))
+        assert lcli.state(run_id)["phase"] == "stopped"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_killed_controller_leaves_nothing_on_any_host(
+    lcli: LabCli, ssh_lab: SshLab, tmp_path: Path
+) -> None:
+    cluster = cluster_file(ssh_lab, tmp_path)
+    proc = lcli.popen("launch", str(FOREVER / "job.yaml"), "--cluster", str(cluster),
+                      "--workers", "4", "--ui", "quiet")  # fmt: skip
+    run_id = _wait_running(lcli)
+    assert len(run_processes(run_id)) >= 8  # agents, torchruns, ranks, their children
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert wait_until(lambda: not run_processes(run_id), 15), run_processes(run_id)
+
+
+def test_stopping_one_run_leaves_the_other_alone(
+    lcli: LabCli, ssh_lab: SshLab, tmp_path: Path
+) -> None:
+    cluster = cluster_file(ssh_lab, tmp_path)
+    first = lcli.run("launch", str(FOREVER / "job.yaml"), "--cluster", str(cluster),
+                     "--workers", "4", "--detach")  # fmt: skip
+    second = lcli.run("launch", str(JOBS / "sleepy" / "job.yaml"), "--cluster", str(cluster),
+                      "--detach")  # fmt: skip
+    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+    a, b = first.stdout.strip(), second.stdout.strip()
+    assert wait_until(lambda: all(
+        r["status"] == "running" for rid in (a, b) for r in lcli.state(rid)["ranks"]
+    ), 90)  # fmt: skip
+    stop = lcli.run("stop", a)
+    assert stop.returncode == 0, stop.stderr
+    assert wait_until(lambda: not run_processes(a), 10), run_processes(a)
+    assert run_processes(b), "stopping one run touched the other"
+    assert wait_until(lambda: lcli.state(b)["phase"] == "succeeded", 60), lcli.state(b)
+    assert lcli.state(a)["phase"] == "stopped"
+
+
+def test_unknown_host_key_is_refused_with_its_fingerprint(
+    lcli: LabCli, ssh_lab: SshLab, tmp_path: Path
+) -> None:
+    s = ssh_lab.stranger
+    cluster = cluster_file(ssh_lab, tmp_path, extra_hosts=(
+        f"  - name: stranger\n    address: {s.address}\n    port: {s.port}\n"
+        f"    identity_file: {ssh_lab.identity_file}\n    workdir: {s.workdir}\n"
+    ))  # fmt: skip
+    proc = lcli.run("launch", str(JOBS / "metrics" / "job.yaml"), "--cluster", str(cluster),
+                    "--workers", "6")  # fmt: skip
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    out = proc.stdout + proc.stderr
+    assert "stranger" in out and "is not known" in out and "SHA256:" in out
+    assert "--accept-new-host-keys" in out
+    assert lcli.runs() == []
+
+
+def test_accepting_a_new_host_key_records_it(fresh_ssh_lab: SshLab, tmp_path: Path) -> None:
+    lab = fresh_ssh_lab
+    cli = LabCli(tmp_path / "home", lab)
+    s = lab.stranger
+    cluster = tmp_path / "stranger.yaml"
+    cluster.write_text(
+        f"hosts:\n  - name: stranger\n    address: {s.address}\n    port: {s.port}\n"
+        f"    identity_file: {lab.identity_file}\n    workdir: {s.workdir}\n"
+        f"    python: {sys.executable}\n"
+    )
+    before = lab.known_hosts.read_text()
+    proc = cli.run("doctor", "--cluster", str(cluster), "--accept-new-host-keys")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "SHA256:" in proc.stderr
+    added = lab.known_hosts.read_text()[len(before):]
+    assert added.startswith(f"[{s.address}]:{s.port} ssh-ed25519 ")
+    again = cli.run("doctor", "--cluster", str(cluster))  # now known: no flag needed
+    assert again.returncode == 0, again.stdout + again.stderr
+
+
+def test_changed_host_key_is_always_refused(fresh_ssh_lab: SshLab, tmp_path: Path) -> None:
+    lab = fresh_ssh_lab
+    cli = LabCli(tmp_path / "home", lab)
+    lab.rotate_host_key("node-b")
+    cluster = cluster_file(lab, tmp_path)
+    for extra in ([], ["--accept-new-host-keys"]):
+        proc = cli.run("doctor", "--cluster", str(cluster), *extra)
+        assert proc.returncode == 1
+        assert "CHANGED" in proc.stdout and "node-b" in proc.stdout
+
+
+def test_unreachable_and_mismatched_hosts_are_reported_together(
+    lcli: LabCli, ssh_lab: SshLab, tmp_path: Path
+) -> None:
+    dead, port = ssh_lab.dead_address
+    with socket.socket() as silent:  # accepts TCP connections, never answers SSH
+        silent.bind(("127.0.0.6", 0))
+        silent.listen()
+        silent_port = silent.getsockname()[1]
+        cluster = cluster_file(ssh_lab, tmp_path, extra_hosts=(
+            f"  - name: dead\n    address: {dead}\n    port: {port}\n"
+            f"  - name: silent\n    address: 127.0.0.6\n    port: {silent_port}\n"
+        ), **{"node-b": "python: /usr/bin/python3"})  # fmt: skip
+        started = time.monotonic()
+        proc = lcli.run("doctor", "--cluster", str(cluster), "--connect-timeout", "3")
+        took = time.monotonic() - started
+    assert proc.returncode == 1
+    out = proc.stdout
+    assert "dead" in out and "refused" in out
+    assert "silent" in out and "no SSH answer" in out
+    assert "node-b" in out and "torch" in out
+    assert "3 of 4 hosts failed" in out
+    assert took < 3 + 10, took  # the connect timeout, plus one probe with a torch import
+
+
+def test_setup_failure_names_the_host_and_its_output(
+    lcli: LabCli, ssh_lab: SshLab, tmp_path: Path
+) -> None:
+    cluster = cluster_file(ssh_lab, tmp_path)
+    proc = lcli.run("launch", str(JOBS / "setupfail" / "job.yaml"), "--cluster", str(cluster))
+    assert proc.returncode == 1
+    err = proc.stderr
+    assert "setup failed on node-a (exit code 3)" in err
+    assert "setup failed on node-b (exit code 3)" in err
+    assert "no matching distribution for nonexistent-pkg" in err
+    assert lcli.runs() == []
+
+
+def test_second_sync_sends_nothing(ssh_lab: SshLab, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(ssh_lab.home))
+    host = ssh_lab.hosts[0]
+    t = SSHTransport(host.alias, host.alias, options=SshOptions(connect_timeout=5))
+    root = JOBS / "metrics"
+    files = local_files(root, excludes_for(root, []))
+    dest = str(host.workdir / f"sync-{tmp_path.name}")
+    try:
+        first = sync_host(t, sys.executable, files, dest)
+        second = sync_host(t, sys.executable, files, dest)
+        (tmp_path / "extra").mkdir()
+    finally:
+        t.close()
+    assert first.ok and first.files_sent == len(files) > 0
+    assert second.ok and (second.files_sent, second.bytes_sent) == (0, 0)
+    assert (Path(dest) / "train.py").read_bytes() == (root / "train.py").read_bytes()
+
+
+def test_dry_run_opens_no_connection(lcli: LabCli, tmp_path: Path) -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.5", 0))
+        listener.listen()
+        listener.setblocking(False)
+        port = listener.getsockname()[1]
+        cluster = tmp_path / "cluster.yaml"
+        cluster.write_text(
+            "hosts:\n"
+            f"  - {{name: a, address: 127.0.0.5, port: {port}, slots: 2}}\n"
+            f"  - {{name: b, address: 127.0.0.5, port: {port + 1}, slots: 2}}\n"
+        )
+        job = tmp_path / "job.yaml"
+        (tmp_path / "train.py").write_text("print(1)\n")
+        job.write_text("script: train.py\nenv:\n  WANDB_API_KEY: secret-value\n")
+        proc = lcli.run("launch", str(job), "--cluster", str(cluster), "--dry-run")
+        assert proc.returncode == 0, proc.stderr
+        with pytest.raises(BlockingIOError):
+            listener.accept()
+    assert "host a — 127.0.0.5 over SSH" in proc.stdout
+    assert "host b — 127.0.0.5 over SSH" in proc.stdout
+    assert "torch.distributed.run" in proc.stdout
+    assert "WANDB_API_KEY=<redacted>" in proc.stdout and "secret-value" not in proc.stdout
+    assert lcli.runs() == []
