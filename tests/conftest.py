@@ -53,7 +53,9 @@ class Cli:
 
     def runs(self) -> list[Path]:
         root = self.home / "runs"
-        return sorted(root.iterdir()) if root.is_dir() else []
+        if not root.is_dir():
+            return []
+        return sorted(p for p in root.iterdir() if (p / "state.json").is_file())
 
     def state(self, run_id: str) -> dict[str, Any]:
         data: dict[str, Any] = json.loads(

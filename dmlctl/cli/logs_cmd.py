@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Optional
 
 import typer
@@ -13,12 +14,25 @@ def logs(
         None, "--rank", "-r", help="Only this rank (default: every rank, merged)."
     ),
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing until the run ends."),
+    fetch: bool = typer.Option(
+        False, "--fetch", help="Copy the rank files kept on each host again, and print those."
+    ),
 ) -> int:
-    """Print a run's logs from its run directory."""
-    from dmlctl.runs.logs import stream_log
+    """Print a run's logs from its run directory (or, with --fetch, from the hosts)."""
+    from dmlctl.errors import UsageError
+    from dmlctl.runs.logs import print_host_files, stream_log
     from dmlctl.runs.store import RunStore
 
     run = RunStore().get(run_id)
+    if fetch:
+        if follow:
+            raise UsageError("--fetch and --follow do not go together")
+        from dmlctl.launch.remote import fetch_rank_files
+
+        for problem in fetch_rank_files(run):
+            print(f"dmlctl: could not fetch from {problem}", file=sys.stderr)
+        print_host_files(run, rank)
+        return 0
     stream_log(run, rank, follow=follow)
     return 0
 

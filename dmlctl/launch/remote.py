@@ -39,6 +39,7 @@ from dmlctl.provision.sync import (
     local_files,
     sync_all,
 )
+from dmlctl.runs.store import RunDir
 from dmlctl.spec.models import JobSpec
 from dmlctl.transport.base import Transport
 
@@ -223,3 +224,18 @@ def collect_rank_files(
         return []
     with ThreadPoolExecutor(max_workers=min(32, len(remote))) as pool:
         return [p for p in pool.map(fetch, remote) if p is not None]
+
+
+def fetch_rank_files(run: RunDir) -> list[str]:
+    """:func:`collect_rank_files` for a finished run, from its ``plan.json``; local
+    hosts' files are already in the run directory."""
+    import json
+
+    from dmlctl.transport import close_transports, make_transports
+
+    plan = LaunchPlan.from_dict(json.loads(run.plan.read_text(encoding="utf-8")))
+    transports = make_transports(h for h in plan.hosts if not h.is_local)
+    try:
+        return collect_rank_files(plan, transports, run.path)
+    finally:
+        close_transports(transports)

@@ -49,3 +49,22 @@ def stream_log(run: RunDir, rank: int | None, *, follow: bool, out: BinaryIO | N
             time.sleep(POLL_S)
         except KeyboardInterrupt:
             return
+
+
+def print_host_files(run: RunDir, rank: int | None, out: BinaryIO | None = None) -> None:
+    """Print the rank files collected from the hosts (``hosts/<host>/rank-N.stdout``
+    and ``.stderr``): one rank's raw output, or every rank's with ``[rank N]``."""
+    sink = out if out is not None else sys.stdout.buffer
+    found: dict[int, list[Path]] = {}
+    for path in sorted((run.path / "hosts").glob("*/rank-*.std*")):
+        n = path.name.split(".", 1)[0].removeprefix("rank-")
+        if n.isdigit():
+            found.setdefault(int(n), []).append(path)
+    if rank is not None and rank not in found:
+        raise UsageError(f"no files of rank {rank} were collected from the hosts of {run.run_id}")
+    for r in sorted(found) if rank is None else [rank]:
+        for path in found[r]:
+            prefix = b"" if rank is not None else f"[rank {r}] ".encode()
+            for line in path.read_bytes().splitlines(keepends=True):
+                sink.write(prefix + line)
+    sink.flush()

@@ -271,3 +271,88 @@ def test_dry_run_opens_no_connection(lcli: LabCli, tmp_path: Path) -> None:
     assert "torch.distributed.run" in proc.stdout
     assert "WANDB_API_KEY=<redacted>" in proc.stdout and "secret-value" not in proc.stdout
     assert lcli.runs() == []
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def test_dropped_connection_stops_the_hosts_processes(
+    lcli: LabCli, ssh_lab: SshLab, tmp_path: Path
+) -> None:
+    """Killing the server side of the SSH connections (what a dropped network does to
+    sshd) makes each host agent stop its own processes; the secret env value never
+    shows on any command line."""
+    secret = "s3cr3t-value-never-on-a-command-line"
+    job = tmp_path / "job.yaml"
+    job.write_text(
+        f"script: {FOREVER / 'train.py'}\nworkdir: {FOREVER}\nworkers: 4\n"
+        f"env:\n  MY_API_TOKEN: {secret}\n"
+    )
+    cluster = cluster_file(ssh_lab, tmp_path)
+    proc = lcli.popen("launch", str(job), "--cluster", str(cluster), "--ui", "quiet")
+    try:
+        run_id = _wait_running(lcli)
+        pids = run_processes(run_id)
+        assert not [p for p in pids if secret in _cmdline(p)]
+        agents = [p for p in pids if "dmlctl.agent" in _cmdline(p)]
+        assert len(agents) == 2
+        for agent in agents:  # the sshd process serving this agent's session
+            os.kill(_parent(agent), signal.SIGKILL)
+        assert wait_until(lambda: not run_processes(run_id), 15), run_processes(run_id)
+        assert proc.wait(30) == 1  # the controller reports the lost hosts
+        cause = lcli.state(run_id)["root_cause"]
+        assert cause is not None and cause["host"] in ("node-a", "node-b")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_proxyjump_alias_from_ssh_config(lcli: LabCli, ssh_lab: SshLab, tmp_path: Path) -> None:
+    a = ssh_lab.hosts[0]
+    cluster = tmp_path / "jump.yaml"
+    cluster.write_text(
+        "hosts:\n  - name: a-via-b\n    address: node-a-via-b\n"
+        f"    workdir: {a.workdir}\n    python: {sys.executable}\n"
+    )
+    proc = lcli.run("doctor", "--cluster", str(cluster))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "all 1 hosts ready" in proc.stdout or "ready" in proc.stdout
+
+
+def test_hostfile_is_a_cluster(lcli: LabCli, ssh_lab: SshLab, tmp_path: Path) -> None:
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("# DeepSpeed style\nnode-a slots=1\nnode-b slots=1\n")
+    proc = lcli.run("launch", str(JOBS / "metrics" / "job.yaml"), "--cluster", str(hostfile),
+                    "--workers", "2", "--dry-run")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "host node-a — node-a over SSH" in proc.stdout
+    assert "host node-b — node-b over SSH" in proc.stdout
+
+
+def test_logs_fetch_reads_the_files_kept_on_the_hosts(
+    lcli: LabCli, ssh_lab: SshLab, tmp_path: Path
+) -> None:
+    cluster = cluster_file(ssh_lab, tmp_path)
+    proc = lcli.run("launch", str(JOBS / "metrics" / "job.yaml"), "--cluster", str(cluster),
+                    "--ui", "quiet")  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_id = only_run(lcli)
+    collected = lcli.home / "runs" / run_id / "hosts"
+    for f in collected.glob("*/rank-*"):
+        f.unlink()  # as if the collection at the end had failed
+    fetched = lcli.run("logs", run_id, "--fetch")
+    assert fetched.returncode == 0, fetched.stderr
+    for rank in range(4):
+        assert f"[rank {rank}] rank {rank} of 4" in fetched.stdout
+    one = lcli.run("logs", run_id, "--fetch", "--rank", "2")
+    assert one.stdout.startswith("rank 2 of 4")
