@@ -55,7 +55,7 @@ with tarfile.open(fileobj=sys.stdin.buffer, mode="r|") as tar:
         tar.extract(m, root, set_attrs=False)
         if m.isfile():
             os.chmod(dest, m.mode & 0o777)
-            os.utime(dest, ns=(int(m.mtime * 1e9), int(m.mtime * 1e9)))
+            os.utime(dest, (int(m.mtime), int(m.mtime)))
 print("ok")
 """
 
@@ -113,13 +113,18 @@ def local_files(root: Path, spec: pathspec.GitIgnoreSpec) -> dict[str, LocalFile
     return out
 
 
+NS = 1_000_000_000
+
+
 def changed(local: Mapping[str, LocalFile], remote: Mapping[str, Sequence[int]]) -> list[str]:
-    """Relative paths to send: new, or different in size or modification time (in
-    whole microseconds: tar keeps sub-second times but not every filesystem does)."""
+    """Relative paths to send: new, or different in size or in modification time at
+    whole-second resolution (as rsync compares; files are sent with whole-second
+    times, so the comparison is exact on every filesystem). A same-size edit within
+    the same second as the previous sync is not seen; touch the file to force it."""
     out = []
     for rel, f in local.items():
         have = remote.get(rel)
-        if have is None or have[0] != f.size or have[1] // 1000 != f.mtime_ns // 1000:
+        if have is None or have[0] != f.size or have[1] // NS != f.mtime_ns // NS:
             out.append(rel)
     return out
 
@@ -131,7 +136,7 @@ def make_tar(local: Mapping[str, LocalFile], paths: Iterable[str]) -> bytes:
         for rel in paths:
             f = local[rel]
             info = tar.gettarinfo(str(f.path), arcname=rel)
-            info.mtime = f.mtime_ns / 1e9
+            info.mtime = f.mtime_ns // NS
             info.uid = info.gid = 0
             info.uname = info.gname = ""
             with open(f.path, "rb") as fh:

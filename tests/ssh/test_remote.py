@@ -356,3 +356,21 @@ def test_logs_fetch_reads_the_files_kept_on_the_hosts(
         assert f"[rank {rank}] rank {rank} of 4" in fetched.stdout
     one = lcli.run("logs", run_id, "--fetch", "--rank", "2")
     assert one.stdout.startswith("rank 2 of 4")
+
+
+def test_a_failing_rank_stops_the_other_hosts_at_once(
+    lcli: LabCli, ssh_lab: SshLab, tmp_path: Path
+) -> None:
+    cluster = cluster_file(ssh_lab, tmp_path)
+    started = time.monotonic()
+    proc = lcli.run("launch", str(JOBS / "failhang" / "job.yaml"), "--cluster", str(cluster),
+                    "--ui", "plain", timeout=120)  # fmt: skip
+    took = time.monotonic() - started
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    run_id = only_run(lcli)
+    cause = lcli.state(run_id)["root_cause"]
+    assert (cause["rank"], cause["exc_type"]) == (1, "RuntimeError")
+    assert cause["message"] == "loss is NaN at step 3"
+    assert "RuntimeError: loss is NaN at step 3" in proc.stdout
+    assert took < 60, took  # not gloo's 30-minute collective timeout
+    assert not run_processes(run_id)
