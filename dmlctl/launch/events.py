@@ -19,6 +19,19 @@ class Stream(str, Enum):
     AGENT = "agent"  # the host agent or torchrun itself, not a rank
 
 
+_COLLATERAL = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Broken pipe",
+    "DistNetworkError",
+    "DistBackendError",
+    "Socket Timeout",
+    "Timed out waiting",
+    "collective operation timeout",
+    "NCCL communicator was aborted",
+)
+
+
 @dataclass(frozen=True)
 class RootCause:
     """Why a rank (or a host) failed: the first thing a user needs to read."""
@@ -28,6 +41,14 @@ class RootCause:
     exc_type: str
     message: str
     traceback: tuple[str, ...] = ()
+    ts: float = 0.0  # when the failure was recorded (the rank's own clock)
+
+    @property
+    def collateral(self) -> bool:
+        """True for an error that a peer's death causes (a collective whose connection
+        closed or timed out): a consequence, not a root cause."""
+        text = f"{self.exc_type}: {self.message}"
+        return any(marker in text for marker in _COLLATERAL)
 
     def headline(self) -> str:
         """One line: ``rank 1 on host-a: ValueError: bad batch``."""

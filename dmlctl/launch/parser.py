@@ -54,7 +54,9 @@ def torchrun_failure(host: str, tail: Sequence[str]) -> RootCause | None:
     return None
 
 
-def _cause(host: str, rank: int, error: Mapping[str, Any] | None) -> RootCause | None:
+def _cause(
+    host: str, rank: int, error: Mapping[str, Any] | None, ts: float
+) -> RootCause | None:
     if not error:
         return None
     return RootCause(
@@ -63,6 +65,7 @@ def _cause(host: str, rank: int, error: Mapping[str, Any] | None) -> RootCause |
         exc_type=str(error.get("type", "Error")),
         message=str(error.get("message", "")),
         traceback=tuple(str(x) for x in error.get("traceback", ())),
+        ts=ts,
     )
 
 
@@ -75,7 +78,8 @@ def _rank_record(host: str, rec: Mapping[str, Any]) -> list[Event]:
             RankStarted(host, rank, int(rec["local_rank"]), str(rec["role"]), int(rec["pid"]), ts)
         ]
     if kind == protocol.KIND_EXIT:
-        return [RankExited(host, rank, int(rec["code"]), _cause(host, rank, rec.get("error")), ts)]
+        cause = _cause(host, rank, rec.get("error"), ts)
+        return [RankExited(host, rank, int(rec["code"]), cause, ts)]
     return []
 
 

@@ -179,6 +179,15 @@ def _as_float(value: object) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
+def _explains_better(new: RootCause, old: RootCause | None) -> bool:
+    """Whether ``new`` is a better root cause than ``old``: a rank's own error beats a
+    collateral one (a collective that failed because a peer died), then the earlier
+    failure wins. Arrival order alone would often blame the wrong rank."""
+    if old is None:
+        return True
+    return (new.collateral, new.ts) < (old.collateral, old.ts)
+
+
 def apply(state: RunState, events: Iterable[Event]) -> RunState:
     """Fold ``events`` (in order) into ``state`` and return the new state.
 
@@ -235,10 +244,11 @@ def apply(state: RunState, events: Iterable[Event]) -> RunState:
                 u["status"] = RankStatus.STOPPED
             else:
                 u["status"] = RankStatus.FAILED
-                if get("root_cause") is None and get("phase") != Phase.STOPPING:
-                    s["root_cause"] = ev.cause or RootCause(
-                        ev.host, ev.rank, "ExitCode", f"exited with code {ev.exit_code}"
-                    )
+                cause = ev.cause or RootCause(
+                    ev.host, ev.rank, "ExitCode", f"exited with code {ev.exit_code}", (), ev.ts
+                )
+                if get("phase") != Phase.STOPPING and _explains_better(cause, get("root_cause")):
+                    s["root_cause"] = cause
         elif isinstance(ev, AgentStarted):
             if get("phase") == Phase.PENDING:
                 s["phase"] = Phase.STARTING

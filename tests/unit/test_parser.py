@@ -114,7 +114,7 @@ def test_rank_exit_with_python_error_is_its_root_cause() -> None:
     assert isinstance(ev, RankExited)
     assert ev.exit_code == 1
     assert ev.cause == RootCause(
-        "h", 1, "ValueError", "bad batch", ("Traceback (most recent call last):", "X")
+        "h", 1, "ValueError", "bad batch", ("Traceback (most recent call last):", "X"), 53.0
     )
 
 

@@ -123,7 +123,7 @@ def test_first_failure_wins() -> None:
 
 def test_failure_without_cause_reports_exit_code() -> None:
     state = apply(started(two_hosts()), [RankExited("b", 3, 7, None, T0 + 10)])
-    assert state.root_cause == RootCause("b", 3, "ExitCode", "exited with code 7")
+    assert state.root_cause == RootCause("b", 3, "ExitCode", "exited with code 7", (), T0 + 10)
     assert statuses(state)[3] == RankStatus.FAILED
     assert state.ranks[3].exit_code == 7
 
@@ -296,3 +296,30 @@ def test_state_round_trips_through_json() -> None:
 def test_pending_state_round_trips_through_json() -> None:
     state = two_hosts()
     assert RunState.from_dict(json.loads(json.dumps(state.to_dict()))) == state
+
+
+def test_a_ranks_own_error_beats_a_collateral_one_that_arrived_first() -> None:
+    peer_died = RootCause(
+        "a", 0, "RuntimeError",
+        "[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:4996",
+        (), T0 + 10.2,
+    )  # fmt: skip
+    real = RootCause("a", 1, "RuntimeError", "loss is NaN at step 3", (), T0 + 10.0)
+    later = RootCause("b", 2, "ValueError", "another own error, but later", (), T0 + 12)
+    state = apply(
+        started(two_hosts()),
+        [RankExited("a", 0, 1, peer_died, T0 + 10.2), RankExited("a", 1, 1, real, T0 + 10.0),
+         RankExited("b", 2, 1, later, T0 + 12)],
+    )  # fmt: skip
+    assert peer_died.collateral and not real.collateral
+    assert state.root_cause == real
+
+
+def test_earliest_failure_wins_between_own_errors() -> None:
+    early = RootCause("b", 2, "ValueError", "first", (), T0 + 5)
+    late = RootCause("a", 0, "KeyError", "second", (), T0 + 6)
+    state = apply(
+        started(two_hosts()),
+        [RankExited("a", 0, 1, late, T0 + 6), RankExited("b", 2, 1, early, T0 + 5)],
+    )
+    assert state.root_cause == early
