@@ -29,7 +29,7 @@ from dmlctl.plan.model import LaunchPlan
 from dmlctl.plan.render import render_plan
 from dmlctl.runs.store import RunDir, RunStore, new_run_id
 from dmlctl.spec.models import ClusterSpec, JobSpec
-from dmlctl.transport import Transport, close_transports, make_transports
+from dmlctl.transport import Transport, close_transports, make_transports, network_address
 
 if TYPE_CHECKING:
     from dmlctl.transport.ssh import SshOptions
@@ -157,15 +157,10 @@ def _prepare_remote(
     draft = plan_run(job, cluster, store, port=DRY_RUN_PORT, lib=lib)
     first = draft.hosts[0]
     # The rendezvous needs the first host's network name, not an ~/.ssh/config alias.
-    rdzv_host = getattr(transports[first.name], "hostname", first.address)
-    # Probe what the run will use: the rendezvous address, and on localhost the
-    # interpreter running dmlctl (the plan's choice for local hosts).
+    rdzv_host = network_address(transports[first.name], first.address)
+    # Probe what the run will use: on localhost, the interpreter running dmlctl.
     hosts = [
-        dataclasses.replace(
-            h,
-            address=rdzv_host if h.name == first.name else h.address,
-            python=sys.executable if h.is_local else h.python,
-        )
+        dataclasses.replace(h, python=sys.executable) if h.is_local else h
         for h in cluster.resolved_hosts()
         if h.name in {p.name for p in draft.hosts}
     ]

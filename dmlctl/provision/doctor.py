@@ -29,6 +29,7 @@ from rich.table import Table
 from rich.text import Text
 
 from dmlctl.provision import probe
+from dmlctl.transport import network_address
 from dmlctl.transport.base import Transport
 
 if TYPE_CHECKING:
@@ -185,8 +186,9 @@ def _rendezvous(
             why = _last_line(*proc.stderr_tail(), "no 'ready' from the listener")
             return Check(RDZV_PORT, False, f"listener did not start: {why}"), {}
         wait = min(CONNECT_TIMEOUT, timeout)
+        address = network_address(transports[first.name], first.address)
         calls = {
-            h.name: (transports[h.name], probe.connect_argv(h, first.address, port, wait))
+            h.name: (transports[h.name], probe.connect_argv(h, address, port, wait))
             for h in others
         }
         answers = probe.fan_out(calls, timeout=timeout, clock=clock)
@@ -194,7 +196,7 @@ def _rendezvous(
         proc.close_stdin()
         proc.kill()
         proc.wait(min(timeout, 5.0))  # the port is free again before launch binds it
-    reached = f"{first.address}:{port} reachable"
+    reached = f"{address}:{port} reachable"
     return None, {
         name: Check(RDZV_REACHABLE, False, a) if isinstance(a, str)
         else _check(RDZV_REACHABLE, a.result.ok and a.result.stdout.strip() == "ok", reached,

@@ -55,6 +55,13 @@ def make_transports(
     return out
 
 
+def network_address(transport: Transport, address: str) -> str:
+    """The name other hosts use to reach this host: the SSH transport's resolved
+    ``HostName`` when ``address`` is an ~/.ssh/config alias, else ``address``."""
+    resolved = getattr(transport, "hostname", None)
+    return resolved if isinstance(resolved, str) and resolved else address
+
+
 def close_transports(transports: dict[str, Transport]) -> None:
     """Close what holds a connection (SSH); harmless for the others."""
     for t in transports.values():
@@ -71,4 +78,5 @@ __all__ = [
     "Transport",
     "close_transports",
     "make_transports",
+    "network_address",
 ]

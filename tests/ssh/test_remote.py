@@ -374,3 +374,12 @@ def test_a_failing_rank_stops_the_other_hosts_at_once(
     assert "RuntimeError: loss is NaN at step 3" in proc.stdout
     assert took < 60, took  # not gloo's 30-minute collective timeout
     assert not run_processes(run_id)
+
+
+def test_doctor_passes_on_hosts_named_by_ssh_config_aliases(
+    lcli: LabCli, ssh_lab: SshLab, tmp_path: Path
+) -> None:
+    proc = lcli.run("doctor", "--cluster", str(cluster_file(ssh_lab, tmp_path)), "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    assert (report["ok"], report["total"], report["failed"]) == (True, 2, 0)
