@@ -57,6 +57,7 @@ class Context:
         self._device = device
         self._owns_group = owns_group
         self._metrics = MetricLogger(env.rank, env.rank_dir)
+        self._sources: list[Callable[[], dict[str, float]]] = []
         self._epoch = 0
         self._closed = False
         self._on_close: list[Callable[[], None]] = []
@@ -122,7 +123,18 @@ class Context:
         """
         model = model.to(self._device)
         module = registry.load(self._env.strategy)
-        return module.prepare(self, model, optimizer, self._env.params)
+        model, optimizer = module.prepare(self, model, optimizer, self._env.params)
+        for wrapped in (optimizer, model):
+            source = getattr(wrapped, "metrics", None)
+            if callable(source):
+                self.add_metrics_source(source)
+        return model, optimizer
+
+    def add_metrics_source(self, source: Callable[[], dict[str, float]]) -> None:
+        """Merge ``source()`` into every :meth:`log` record (values the caller passes
+        win). Strategies report ``comm_bytes_per_step``, ``comm_share`` and their own
+        measures (``consensus``, residuals) this way."""
+        self._sources.append(source)
 
     def shard(
         self,
@@ -170,6 +182,8 @@ class Context:
         samples / elapsed wall time) is added unless given. Tensors become floats
         (one ``.item()`` each, no other synchronisation). Returns the step used.
         """
+        for source in self._sources:
+            metrics = {**source(), **metrics}
         return self._metrics.log(step, metrics)
 
     def barrier(self) -> None:

@@ -39,7 +39,32 @@ _REGISTRY: dict[str, StrategyEntry] = {
         StrategyEntry(
             "ssgd",
             "dmlctl.strategies.ssgd",
-            "synchronous SGD: gradients all-reduced every step (PyTorch DDP)",
+            "synchronous SGD: gradients all-reduced every step (DDP), optional compression",
+        ),
+        StrategyEntry(
+            "local-sgd",
+            "dmlctl.strategies.local_sgd",
+            "model averaging: H local steps, then parameters averaged (post-local SGD)",
+        ),
+        StrategyEntry(
+            "bmuf",
+            "dmlctl.strategies.bmuf",
+            "block-wise model update filtering: block momentum on the averaged update",
+        ),
+        StrategyEntry(
+            "easgd",
+            "dmlctl.strategies.easgd",
+            "elastic averaging SGD: workers pulled towards a shared center variable",
+        ),
+        StrategyEntry(
+            "admm",
+            "dmlctl.strategies.admm",
+            "consensus ADMM: local proximal steps, averaged consensus, dual updates",
+        ),
+        StrategyEntry(
+            "dpsgd",
+            "dmlctl.strategies.dpsgd",
+            "decentralized SGD: gossip averaging with neighbours on a topology",
         ),
     )
 }

@@ -1,0 +1,179 @@
+"""Shared machinery of the strategies that are not plain DDP (runtime side only).
+
+* :class:`CommMeter` — bytes sent and seconds spent communicating, per step; every
+  strategy reports ``comm_bytes_per_step`` and ``comm_share`` through it.
+* :class:`StrategyOptimizer` — wraps the user's optimizer: ``step()`` runs the local
+  step, then the strategy's :meth:`~StrategyOptimizer.communicate` hook when due
+  (every ``period`` steps after ``warmup`` synchronous steps). ``param_groups``,
+  ``zero_grad`` and ``state`` pass through, so LR schedulers and gradient clipping
+  work unchanged; ``state_dict()`` holds the inner optimizer's state *and* the
+  strategy's (momentum, center, duals, …), so checkpoints carry both.
+* :func:`flat_params` / :func:`assign_flat` — one contiguous tensor of a model's
+  parameters (one collective instead of one per tensor).
+
+Only imported on the hosts (it imports torch); the control plane never imports it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+MetricsSource = Callable[[], dict[str, float]]
+
+
+class CommMeter:
+    """Accumulates communication volume and time; :meth:`metrics` reports the window
+    since its previous call and starts a new one."""
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self._clock = clock
+        self._window_start = clock()
+        self.bytes = 0
+        self.seconds = 0.0
+        self.steps = 0
+        self.extra: dict[str, float] = {}
+
+    def add(self, nbytes: int, seconds: float) -> None:
+        """Record one communication: ``nbytes`` this worker sent, in ``seconds``."""
+        self.bytes += nbytes
+        self.seconds += seconds
+
+    def step(self) -> None:
+        self.steps += 1
+
+    def metrics(self) -> dict[str, float]:
+        """``comm_bytes_per_step``, ``comm_share`` (of wall time) and any extra values
+        (e.g. ``consensus``) since the previous call."""
+        now = self._clock()
+        wall = max(now - self._window_start, 1e-9)
+        out = {
+            "comm_bytes_per_step": self.bytes / max(self.steps, 1),
+            "comm_share": min(1.0, self.seconds / wall),
+            **self.extra,
+        }
+        self._window_start, self.bytes, self.seconds, self.steps = now, 0, 0.0, 0
+        return out
+
+
+def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def flat_params(params: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The parameters' data concatenated into one new 1-D tensor."""
+    return torch.cat([p.detach().reshape(-1) for p in params])
+
+
+def assign_flat(params: Sequence[torch.Tensor], flat: torch.Tensor) -> None:
+    """Copy ``flat`` (as made by :func:`flat_params`) back into the parameters."""
+    offset = 0
+    with torch.no_grad():
+        for p in params:
+            n = p.numel()
+            p.copy_(flat[offset : offset + n].view_as(p))
+            offset += n
+
+
+def all_reduce_mean_(tensor: torch.Tensor, meter: CommMeter, world_size: int) -> torch.Tensor:
+    """In-place mean over all ranks, recorded in ``meter``."""
+    start = time.perf_counter()
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    tensor /= world_size
+    meter.add(tensor_bytes([tensor]), time.perf_counter() - start)
+    return tensor
+
+
+class StrategyOptimizer(torch.optim.Optimizer):
+    """The user's optimizer plus a strategy's periodic communication.
+
+    Subclasses implement :meth:`communicate` (called after the local step when
+    :meth:`due`), and :meth:`strategy_state` / :meth:`load_strategy_state`.
+    """
+
+    def __init__(
+        self,
+        inner: torch.optim.Optimizer,
+        params: Sequence[torch.nn.Parameter],
+        *,
+        world_size: int,
+        period: int = 1,
+        warmup: int = 0,
+    ) -> None:
+        # Deliberately no super().__init__: the Optimizer attributes *are* the inner
+        # optimizer's objects, so schedulers and clipping act on the real thing.
+        self.inner = inner
+        self.param_groups = inner.param_groups
+        self.state = inner.state
+        self.defaults = inner.defaults
+        self.params = list(params)
+        self.world_size = world_size
+        self.period = period
+        self.warmup = warmup
+        self.local_steps = 0
+        self.meter = CommMeter()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.inner.zero_grad(set_to_none=set_to_none)
+
+    def due(self) -> bool:
+        """Whether the step just taken ends a communication period."""
+        if self.local_steps <= self.warmup:
+            return True
+        return (self.local_steps - self.warmup) % self.period == 0
+
+    def step(self, closure: Callable[[], float] | None = None) -> Any:
+        self.before_step()
+        loss = self.inner.step(closure) if closure is not None else self.inner.step()
+        self.local_steps += 1
+        self.meter.step()
+        if self.world_size > 1 and self.due():
+            self.communicate()
+        return loss
+
+    def before_step(self) -> None:
+        """Hook before the local step (e.g. EASGD adds its elastic force to grads)."""
+
+    def communicate(self) -> None:
+        raise NotImplementedError
+
+    def strategy_state(self) -> dict[str, Any]:
+        return {}
+
+    def load_strategy_state(self, state: dict[str, Any]) -> None:
+        del state
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "inner": self.inner.state_dict(),
+            "strategy": {"local_steps": self.local_steps, **self.strategy_state()},
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.inner.load_state_dict(state_dict["inner"])
+        strategy = dict(state_dict.get("strategy", {}))
+        self.local_steps = int(strategy.pop("local_steps", 0))
+        self.load_strategy_state(strategy)
+
+    def metrics(self) -> dict[str, float]:
+        """What :meth:`dmlctl.runtime.context.Context.log` adds for this strategy."""
+        return self.meter.metrics()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.inner!r}, period={self.period})"
+
+
+def consensus_distance(
+    params: Sequence[torch.Tensor], mean: torch.Tensor, meter: CommMeter, world_size: int
+) -> float:
+    """sqrt(mean over workers of ||x_i - mean||²): how far apart the replicas are.
+
+    Collective (one scalar all-reduce, not counted as training traffic)."""
+    local = torch.sum((flat_params(params) - mean) ** 2).reshape(1).to(torch.float64)
+    dist.all_reduce(local, op=dist.ReduceOp.SUM)
+    del meter
+    return float(torch.sqrt(local / world_size).item())

@@ -1,0 +1,93 @@
+"""Run a function on N real gloo ranks (spawned processes) and collect its results.
+
+``run_ranks(fn, world_size, strategy="bmuf", params={...}, args=(...))`` starts
+``world_size`` processes with the environment torchrun would give them plus the
+``DMLCTL_STRATEGY*`` variables, so ``dmlctl.init()`` inside ``fn`` joins a real gloo
+process group with that strategy. ``fn(ctx, *args)`` must be a module-level function
+(it is pickled); its return value (picklable) comes back per rank, in rank order.
+A rank that raises makes ``run_ranks`` raise with that rank's traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch.multiprocessing as mp
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _worker(
+    rank: int,
+    world_size: int,
+    port: int,
+    strategy: str,
+    params: Mapping[str, Any],
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    results: Any,
+) -> None:
+    os.environ.update({
+        "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
+        "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port), "DMLCTL_STRATEGY": strategy,
+        "DMLCTL_STRATEGY_PARAMS": json.dumps(dict(params)), "OMP_NUM_THREADS": "1",
+    })  # fmt: skip
+    os.environ.pop("DMLCTL_RANK_DIR", None)
+    import torch
+
+    torch.set_num_threads(1)
+    import dmlctl
+
+    try:
+        ctx = dmlctl.init()
+        results.put((rank, True, fn(ctx, *args)))
+        ctx.close()
+    except BaseException:  # noqa: BLE001 - reported to the parent
+        results.put((rank, False, traceback.format_exc()))
+
+
+def run_ranks(
+    fn: Callable[..., Any],
+    world_size: int,
+    *,
+    strategy: str = "ssgd",
+    params: Mapping[str, Any] | None = None,
+    args: Sequence[Any] = (),
+    timeout: float = 120.0,
+) -> list[Any]:
+    """``fn(ctx, *args)`` on every rank; the results in rank order."""
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = _free_port()
+    procs = [
+        ctx.Process(
+            target=_worker,
+            args=(r, world_size, port, strategy, params or {}, fn, tuple(args), results),
+        )
+        for r in range(world_size)
+    ]
+    for p in procs:
+        p.start()
+    got: dict[int, Any] = {}
+    try:
+        for _ in range(world_size):
+            rank, ok, value = results.get(timeout=timeout)
+            if not ok:
+                raise AssertionError(f"rank {rank} failed:\n{value}")
+            got[rank] = value
+    finally:
+        for p in procs:
+            p.join(5)
+            if p.is_alive():
+                p.kill()
+    return [got[r] for r in range(world_size)]
