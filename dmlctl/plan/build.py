@@ -16,6 +16,7 @@ from dmlctl import protocol
 from dmlctl.errors import UsageError
 from dmlctl.plan.model import HostPlan, LaunchPlan, RankPlan
 from dmlctl.spec.models import ClusterSpec, JobSpec, ResolvedHost
+from dmlctl.strategies import registry
 
 WORKER_ROLE = "worker"
 
@@ -38,6 +39,18 @@ def _assign(hosts: Sequence[ResolvedHost], workers: int) -> list[tuple[ResolvedH
         out.append((host, n))
         left -= n
     return out
+
+
+def _check_strategy_world(job: JobSpec, workers: int) -> None:
+    """A strategy may constrain its parameters by the number of workers (EASGD's
+    α ≤ 1/p): its module's ``check_world(params, world_size)`` returns a message."""
+    module = registry.load(job.strategy.name)
+    check = getattr(module, "check_world", None)
+    if check is None:
+        return
+    message = check(module.Params.model_validate(dict(job.strategy.params)), workers)
+    if message:
+        raise UsageError(f"strategy {job.strategy.name!r} with {workers} workers: {message}")
 
 
 def torchrun_argv(
@@ -102,6 +115,7 @@ def build_plan(
     hosts = cluster.resolved_hosts()
     workers = job.workers if job.workers is not None else sum(h.slots for h in hosts)
     assignment = _assign(hosts, workers)
+    _check_strategy_world(job, workers)
     first = assignment[0][0]
     if first.is_local and any(not h.is_local for h, _ in assignment):
         raise UsageError(

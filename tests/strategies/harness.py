@@ -52,7 +52,7 @@ def _worker(
         ctx = dmlctl.init()
         results.put((rank, True, fn(ctx, *args)))
         ctx.close()
-    except BaseException:  # noqa: BLE001 - reported to the parent
+    except BaseException:
         results.put((rank, False, traceback.format_exc()))
 
 
