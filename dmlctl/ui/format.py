@@ -9,7 +9,7 @@ clock reads. User-controlled text (log lines, tracebacks, job names) always goes
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from rich.console import Group, RenderableType
 from rich.panel import Panel
@@ -194,6 +194,45 @@ def select_ranks(ranks: Sequence[RankState], limit: int | None) -> tuple[RankSta
     return tuple(r for r in ranks if r.rank in chosen)
 
 
+def _bytes(value: object) -> str:
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return "-"
+    size = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return "-"  # unreachable
+
+
+def _share(value: object) -> str:
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return "-"
+    return f"{100 * float(value):.0f}%"
+
+
+def _number(value: object) -> str:
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return "-"
+    return f"{float(value):.3g}"
+
+
+#: Metric key → (column header, formatter): what strategies report through ctx.log.
+STRATEGY_COLUMNS: dict[str, tuple[str, Callable[[object], str]]] = {
+    "comm_bytes_per_step": ("comm/step", _bytes),
+    "comm_share": ("comm %", _share),
+    "consensus": ("consensus", _number),
+    "primal_res": ("primal res", _number),
+    "dual_res": ("dual res", _number),
+}
+
+
+def strategy_columns(ranks: Sequence[RankState]) -> list[str]:
+    """The strategy metrics any rank reported, in column order (none: no columns)."""
+    seen = {key for r in ranks for key in r.metrics}
+    return [key for key in STRATEGY_COLUMNS if key in seen]
+
+
 def rank_table(
     ranks: Sequence[RankState], *, last_line: bool = True, max_rows: int | None = None
 ) -> Table:
@@ -203,6 +242,7 @@ def rank_table(
     caption says how many rows were left out. The last-line column never wraps.
     """
     shown = select_ranks(ranks, max_rows)
+    extras = strategy_columns(ranks)
     table = Table(expand=False, pad_edge=False, box=None, header_style="bold")
     table.add_column("host", no_wrap=True)
     table.add_column("rank", justify="right")
@@ -211,6 +251,8 @@ def rank_table(
     table.add_column("step", justify="right")
     table.add_column("loss", justify="right")
     table.add_column("samples/s", justify="right")
+    for key in extras:
+        table.add_column(STRATEGY_COLUMNS[key][0], justify="right", no_wrap=True)
     if last_line:
         table.add_column("last line", no_wrap=True, overflow="ellipsis", ratio=1)
     for r in shown:
@@ -223,6 +265,7 @@ def rank_table(
             format_loss(r.loss),
             format_rate(r.samples_per_s),
         ]
+        cells += [Text(STRATEGY_COLUMNS[key][1](r.metrics.get(key))) for key in extras]
         if last_line:
             cells.append(Text(truncate(clean_line(r.last_line), LAST_LINE_CHARS)))
         table.add_row(*cells)

@@ -281,3 +281,23 @@ def test_run_list_and_detail() -> None:
     assert "r-20240101-abcd" in detail and started in detail
     assert sum(ln.lstrip().startswith(("host-a", "host-b")) for ln in detail.splitlines()) == 4
     assert "root cause" in detail and "ValueError: bad batch shape (3, 7)" in detail
+
+
+def test_strategy_metrics_get_their_own_columns() -> None:
+    from dmlctl.launch.events import MetricRecord
+    from dmlctl.launch.state import apply, new_run_state
+    from dmlctl.ui.format import rank_table
+
+    state = new_run_state("r", "job", "bmuf", [(0, "a", "worker"), (1, "a", "worker")], 0.0)
+    values = {"loss": 0.5, "comm_bytes_per_step": 3 * 1024 * 1024, "comm_share": 0.25,
+              "consensus": 0.0123}  # fmt: skip
+    state = apply(state, [MetricRecord("a", 0, 10, values, 1.0)])
+    console = Console(record=True, width=160, color_system=None)
+    console.print(rank_table(state.ranks))
+    text = console.export_text()
+    assert "comm/step" in text and "comm %" in text and "consensus" in text
+    assert "3.0 MiB" in text and "25%" in text and "0.0123" in text
+    assert "primal res" not in text  # only what some rank reported
+    plain = Console(record=True, width=160, color_system=None)
+    plain.print(rank_table(new_run_state("r", "j", "ssgd", [(0, "a", "worker")], 0.0).ranks))
+    assert "comm/step" not in plain.export_text()
