@@ -48,7 +48,10 @@ class CommMeter:
 
     def metrics(self) -> dict[str, float]:
         """``comm_bytes_per_step``, ``comm_share`` (of wall time) and any extra values
-        (e.g. ``consensus``) since the previous call."""
+        (e.g. ``consensus``) since the previous call; only the extra values when no
+        step was taken since then (an evaluation record, say)."""
+        if self.steps == 0:  # no training step since the last report: nothing to say
+            return dict(self.extra)
         now = self._clock()
         wall = max(now - self._window_start, 1e-9)
         out = {

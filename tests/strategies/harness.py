@@ -10,6 +10,7 @@ A rank that raises makes ``run_ranks`` raise with that rank's traceback.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import socket
@@ -17,6 +18,7 @@ import traceback
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import torch
 import torch.multiprocessing as mp
 
 
@@ -50,7 +52,12 @@ def _worker(
 
     try:
         ctx = dmlctl.init()
-        results.put((rank, True, fn(ctx, *args)))
+        value = fn(ctx, *args)
+        # Bytes, not tensors: a tensor sent through the queue is a shared-memory handle
+        # that dies with this process, which may exit before the parent reads it.
+        buf = io.BytesIO()
+        torch.save(value, buf)
+        results.put((rank, True, buf.getvalue()))
         ctx.close()
     except BaseException:
         results.put((rank, False, traceback.format_exc()))
@@ -84,7 +91,7 @@ def run_ranks(
             rank, ok, value = results.get(timeout=timeout)
             if not ok:
                 raise AssertionError(f"rank {rank} failed:\n{value}")
-            got[rank] = value
+            got[rank] = torch.load(io.BytesIO(value), weights_only=False)
     finally:
         for p in procs:
             p.join(5)
