@@ -1,4 +1,4 @@
-"""``dmlctl bench comm`` and ``dmlctl bench launch``.
+"""``dmlctl bench comm``, ``dmlctl bench launch`` and ``dmlctl bench strategies``.
 
 Parse → call :mod:`dmlctl.bench` → render. stdout carries only the result (a table,
 or JSON with ``--json``); progress goes to stderr. Library imports happen inside the
@@ -16,7 +16,8 @@ import typer
 from dmlctl.cli.common import stderr_console, stdout_console
 
 app = typer.Typer(
-    help="Benchmarks: collective bandwidth (comm) and launcher overhead (launch).",
+    help="Benchmarks: collective bandwidth (comm), launcher overhead (launch), "
+    "strategy overhead and traffic (strategies).",
     no_args_is_help=True,
 )
 
@@ -77,4 +78,24 @@ def launch(
         print(json.dumps(report, indent=2))
     else:
         stdout_console().print(render_launch_table(report))
+    return 0
+
+
+@app.command()
+def strategies(
+    steps: int = typer.Option(400, "--steps", help="Steps per run: 48 warm-up + a multiple of 8."),
+    repeats: int = typer.Option(3, "--repeats", help="Throughput runs per side (at least 3)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+) -> int:
+    """ssgd via dmlctl vs hand-written DDP (throughput); bytes/step of local-sgd, PowerSGD."""
+    from dmlctl.bench.strategies import render_strategies_table, run_strategy_bench
+
+    err = stderr_console()
+    with err.status("running the strategy benchmark…"):
+        report = run_strategy_bench(steps, repeats, console=err)
+    if as_json:
+        print(json.dumps(report, indent=2))
+    else:
+        for table in render_strategies_table(report):
+            stdout_console().print(table)
     return 0

@@ -5,6 +5,12 @@ buckets, overlapping communication with the backward pass, so after
 ``optimizer.step()`` every replica holds the same parameters. This is exactly
 single-process SGD on the union of the workers' batches.
 
+``compression`` swaps the bucket all-reduce for one of PyTorch's DDP comm hooks
+(fp16/bf16 casts, PowerSGD low-rank factors with error feedback); see
+:mod:`dmlctl.strategies.compression`. With compression the returned model also
+reports ``comm_bytes_per_step`` and ``comm_share`` and carries the hook's state
+(``strategy_state()`` / ``load_strategy_state()``), which a checkpoint saves per rank.
+
 Importing this module is cheap: it never imports torch (the control plane imports it
 to validate a job's ``strategy.params``); torch is imported inside :func:`prepare`.
 """
@@ -14,9 +20,10 @@ from __future__ import annotations
 import gc
 import inspect
 import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 if TYPE_CHECKING:
     import torch
@@ -25,6 +32,13 @@ if TYPE_CHECKING:
     from dmlctl.runtime.context import Context
 
 ROLES: tuple[str, ...] = ("worker",)
+COMPRESSIONS: tuple[str, ...] = ("none", "fp16", "bf16", "powersgd")
+_POWERSGD_ONLY = (
+    "powersgd_rank",
+    "powersgd_warmup_steps",
+    "powersgd_error_feedback",
+    "powersgd_min_compression_rate",
+)
 
 
 class Params(BaseModel):
@@ -54,6 +68,54 @@ class Params(BaseModel):
         "worker at the start of each forward. Buffers are synced once at wrap time "
         "either way.",
     )
+    compression: str = Field(
+        default="none",
+        description="Gradient compression: none (float32 buckets), fp16 / bf16 (buckets "
+        "cast to 16 bits: half the bytes) or powersgd (rank-r factors of each matrix).",
+    )
+    powersgd_rank: int = Field(default=1, ge=1, description="PowerSGD matrix approximation rank r.")
+    powersgd_warmup_steps: int = Field(
+        default=10,
+        description="Steps of plain all-reduce before PowerSGD starts (start_powerSGD_iter); "
+        "at least 2.",
+    )
+    powersgd_error_feedback: bool = Field(
+        default=True,
+        description="Add each step's compression error to the next step's gradient.",
+    )
+    powersgd_min_compression_rate: float = Field(
+        default=2.0,
+        gt=0,
+        description="Compress an n×m matrix only when n·m > (n + m)·r·rate; others are "
+        "all-reduced as is.",
+    )
+
+    @field_validator("compression")
+    @classmethod
+    def _known_compression(cls, value: str) -> str:
+        if value not in COMPRESSIONS:
+            raise ValueError(f"unknown compression {value!r}; valid: {', '.join(COMPRESSIONS)}")
+        return value
+
+    @field_validator("powersgd_warmup_steps")
+    @classmethod
+    def _warmup_at_least_two(cls, value: int) -> int:
+        if value < 2:
+            raise ValueError(
+                f"powersgd_warmup_steps must be >= 2, got {value}: torch's PowerSGD needs "
+                "2 plain all-reduce steps (DDP rebuilds its buckets after the first step)"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _powersgd_params_need_powersgd(self) -> Params:
+        stray = [k for k in _POWERSGD_ONLY if k in self.model_fields_set]
+        if stray and self.compression != "powersgd":
+            raise ValueError(
+                f"{', '.join(stray)} only apply with compression: powersgd "
+                f"(compression is {self.compression!r})"
+            )
+        return self
 
 
 def prepare(
@@ -65,13 +127,18 @@ def prepare(
     comes back wrapped (parameters broadcast from rank 0, so every rank starts
     identical) and the optimizer comes back unchanged: DDP shares the module's
     parameters, so an optimizer built on ``model.parameters()`` before wrapping keeps
-    working. ``model`` must already be on ``ctx.device``.
+    working. ``model`` must already be on ``ctx.device``. The wrapper is a
+    :class:`~dmlctl.strategies.compression.MeteredDDP` with ``compression``'s hook
+    registered (``none`` included, so bytes and comm share are always reported);
+    compression is moot, and not applied, in a world of 1.
     """
     p = params if isinstance(params, Params) else Params.model_validate(params.model_dump())
     if ctx.world_size == 1:
         return model, optimizer
 
     from torch.nn.parallel import DistributedDataParallel
+
+    from dmlctl.strategies import compression
 
     kwargs: dict[str, Any] = {
         "bucket_cap_mb": p.bucket_cap_mb,
@@ -84,13 +151,18 @@ def prepare(
     else:
         kwargs["broadcast_buffers"] = p.broadcast_buffers
     device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
-    wrapped = DistributedDataParallel(model, device_ids=device_ids, **kwargs)
+    wrapped = compression.MeteredDDP(model, device_ids=device_ids, **kwargs)
+    compression.install(
+        wrapped, p.compression, rank=p.powersgd_rank, warmup_steps=p.powersgd_warmup_steps,
+        error_feedback=p.powersgd_error_feedback,
+        min_compression_rate=p.powersgd_min_compression_rate,
+    )  # fmt: skip
     ref = weakref.ref(wrapped)
     ctx.on_close(lambda: _release(ref))
     return wrapped, optimizer
 
 
-def _release(ref: weakref.ref[DistributedDataParallel]) -> None:
+def _release(ref: Callable[[], DistributedDataParallel | None]) -> None:
     """Free DDP's reducer, and the gloo work objects it keeps, while Python is alive.
 
     Freed later, during interpreter shutdown, a work object's destructor may need the

@@ -1,0 +1,286 @@
+"""Model averaging: local SGD, post-local SGD and hierarchical local SGD.
+
+Update rule. Every worker ``i`` runs the user's optimizer on its own batches (local
+steps); after every ``H = period`` local steps all workers replace their parameters
+by the average ``x_i ← x̄ = (1/N) Σ_j x_j``. During the first ``warmup_steps`` steps
+the average is taken after *every* step (post-local SGD, Lin et al. 2020): with plain
+SGD a local step followed by averaging is exactly a synchronous-SGD step, since
+``mean_i(x − η g_i) = x − η mean_i(g_i)``. With ``hierarchical: true`` the workers of
+one host average among themselves every ``H`` steps and all workers average every
+``H · hierarchy_factor`` steps (the global round replaces the host round that falls on
+the same step); on a single host that is simply global averaging every ``H`` steps.
+
+Promises:
+
+* ``prepare`` returns the model unchanged (not wrapped) after broadcasting rank 0's
+  parameters and floating-point buffers once, so every rank starts identical; at world
+  size 1 the optimizer also comes back unchanged.
+* One round = one all-reduce of one flat buffer (parameters + floating-point buffers
+  such as BatchNorm statistics), counted in ``comm_bytes_per_step``: after warm-up
+  that is ``buffer bytes / H`` per step. After a global round all ranks hold
+  identical parameters (everyone copies the same reduced buffer).
+* ``consensus`` = ``sqrt(mean_i ||x_i − x̄||²)`` over the parameters, measured just
+  *before* the latest global round (``consensus_host``: the same within a host). It
+  costs one scalar all-reduce, not counted as training traffic.
+* The inner optimizer's state (momentum, Adam moments) stays local, never averaged.
+
+Importing this module is cheap: torch is imported only inside functions (the control
+plane imports it to validate ``strategy.params``). The helpers below
+(:func:`model_tensors`, :func:`broadcast_from_rank0`, :func:`mean_and_consensus`) are
+shared with :mod:`dmlctl.strategies.bmuf`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+if TYPE_CHECKING:
+    import torch
+    import torch.distributed as dist
+
+    from dmlctl.runtime.context import Context
+    from dmlctl.strategies.base import CommMeter, StrategyOptimizer
+
+ROLES: tuple[str, ...] = ("worker",)
+
+
+class Params(BaseModel):
+    """``strategy.params`` of a ``local-sgd`` job (all optional; unknown keys are errors)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    period: int = Field(
+        default=8,
+        description="H: local steps between two model averages. Communication per step "
+        "is 1/H of synchronous SGD's; larger H lets the replicas drift further apart.",
+    )
+    warmup_steps: int = Field(
+        default=0,
+        description="Synchronous steps (average after every step) before local steps "
+        "begin: post-local SGD. Helps when early training is sensitive to drift.",
+    )
+    hierarchical: bool = Field(
+        default=False,
+        description="With several workers per host: average within each host every "
+        "`period` steps and across hosts every `period * hierarchy_factor` steps.",
+    )
+    hierarchy_factor: int = Field(
+        default=4,
+        description="With `hierarchical`: host-level rounds per global round.",
+    )
+
+    @field_validator("period")
+    @classmethod
+    def _period(cls, value: int) -> int:
+        if value < 1:
+            raise ValueError(f"period must be ≥ 1 (local steps between averages), got {value}")
+        return value
+
+    @field_validator("warmup_steps")
+    @classmethod
+    def _warmup(cls, value: int) -> int:
+        if value < 0:
+            raise ValueError(f"warmup_steps must be ≥ 0, got {value}")
+        return value
+
+    @field_validator("hierarchy_factor")
+    @classmethod
+    def _factor(cls, value: int) -> int:
+        if value < 1:
+            raise ValueError(f"hierarchy_factor must be ≥ 1, got {value}")
+        return value
+
+
+# --- helpers shared with bmuf (torch imported inside) ------------------------------
+
+
+def model_tensors(
+    model: torch.nn.Module,
+) -> tuple[list[torch.nn.Parameter], list[torch.Tensor]]:
+    """The model's parameters and its floating-point buffers (integer buffers such as
+    BatchNorm's ``num_batches_tracked`` are counters, not averaged)."""
+    return list(model.parameters()), [b for b in model.buffers() if b.is_floating_point()]
+
+
+def broadcast_from_rank0(tensors: Sequence[torch.Tensor]) -> None:
+    """Make every rank's ``tensors`` equal to rank 0's (one broadcast of a flat buffer;
+    setup, so not counted as training traffic)."""
+    import torch.distributed as dist
+
+    from dmlctl.strategies.base import assign_flat, flat_params
+
+    if not tensors:
+        return
+    flat = flat_params(tensors)
+    dist.broadcast(flat, src=0)
+    assign_flat(tensors, flat)
+
+
+def mean_and_consensus(
+    tensors: Sequence[torch.Tensor],
+    n_params: int,
+    meter: CommMeter,
+    group: dist.ProcessGroup | None,
+    size: int,
+) -> tuple[torch.Tensor, float]:
+    """Mean of ``tensors`` over ``group`` (``size`` ranks) as one flat buffer, and the
+    consensus distance of the first ``n_params`` elements measured before averaging.
+
+    One all-reduce of the flat buffer (counted in ``meter``) and one of a float64
+    scalar: ``||x_i − x̄||²`` is local once ``x̄`` is known (not counted). Collective
+    over ``group``."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from dmlctl.strategies.base import flat_params, tensor_bytes
+
+    local = flat_params(tensors)
+    mean = local.clone()
+    start = time.perf_counter()
+    dist.all_reduce(mean, op=dist.ReduceOp.SUM, group=group)
+    mean /= size
+    meter.add(tensor_bytes([mean]), time.perf_counter() - start)
+    diff = (local[:n_params] - mean[:n_params]).to(torch.float64)
+    spread = torch.sum(diff * diff).reshape(1)
+    dist.all_reduce(spread, op=dist.ReduceOp.SUM, group=group)
+    return mean, float(torch.sqrt(spread / size).item())
+
+
+def host_subgroup(ctx: Context) -> tuple[dist.ProcessGroup | None, int]:
+    """This rank's host group and its size; ``(None, size)`` when the host has a single
+    worker or the run a single host (no subgroup needed). Collective.
+
+    torchrun numbers the ranks of one host contiguously, so ``rank - local_rank`` (the
+    host's first rank) identifies the host; hosts may run different worker counts."""
+    import torch
+    import torch.distributed as dist
+
+    key = torch.tensor([ctx.rank - ctx.local_rank], dtype=torch.int64)
+    keys = [torch.zeros_like(key) for _ in range(ctx.world_size)]
+    dist.all_gather(keys, key)
+    hosts: dict[int, list[int]] = {}
+    for rank, k in enumerate(keys):
+        hosts.setdefault(int(k.item()), []).append(rank)
+    size = len(hosts[int(key.item())])
+    if len(hosts) == 1 or all(len(r) == 1 for r in hosts.values()):
+        return None, size
+    group, _ = dist.new_subgroups_by_enumeration(list(hosts.values()))  # type: ignore[no-untyped-call]
+    return group, size
+
+
+# --- the optimizer -------------------------------------------------------------------
+
+_CLASS: list[type[StrategyOptimizer]] = []
+
+
+def optimizer_class() -> type[StrategyOptimizer]:
+    """The :class:`LocalSGDOptimizer` class (defined on first use: it needs torch).
+
+    ``LocalSGDOptimizer(inner, params, *, buffers=(), world_size, period, warmup=0,
+    host_group=None, host_size=1, global_every=1)``: ``params``/``buffers`` are the
+    tensors averaged; a global round happens every ``period * global_every`` steps
+    after warm-up, host rounds (over ``host_group``, ``host_size`` ranks) in between.
+    Also available as ``dmlctl.strategies.local_sgd.LocalSGDOptimizer``."""
+    if _CLASS:
+        return _CLASS[0]
+    from dmlctl.strategies.base import StrategyOptimizer, assign_flat
+
+    class LocalSGDOptimizer(StrategyOptimizer):
+        """The user's optimizer plus periodic (optionally hierarchical) averaging."""
+
+        def __init__(
+            self,
+            inner: torch.optim.Optimizer,
+            params: Sequence[torch.nn.Parameter],
+            *,
+            buffers: Sequence[torch.Tensor] = (),
+            world_size: int,
+            period: int,
+            warmup: int = 0,
+            host_group: dist.ProcessGroup | None = None,
+            host_size: int = 1,
+            global_every: int = 1,
+        ) -> None:
+            super().__init__(inner, params, world_size=world_size, period=period, warmup=warmup)
+            self.tensors: list[torch.Tensor] = [*self.params, *buffers]
+            self.n_params = sum(p.numel() for p in self.params)
+            self.host_group = host_group
+            self.host_size = host_size
+            self.global_every = global_every
+
+        def is_global_round(self) -> bool:
+            """Whether the round due now averages over all workers (else: the host)."""
+            since = self.local_steps - self.warmup
+            return since <= 0 or since % (self.period * self.global_every) == 0
+
+        def communicate(self) -> None:
+            if self.is_global_round():
+                mean, spread = mean_and_consensus(
+                    self.tensors, self.n_params, self.meter, None, self.world_size
+                )
+                self.meter.extra["consensus"] = spread
+            elif self.host_group is not None and self.host_size > 1:
+                mean, spread = mean_and_consensus(
+                    self.tensors, self.n_params, self.meter, self.host_group, self.host_size
+                )
+                self.meter.extra["consensus_host"] = spread
+            else:
+                return  # one worker on this host: a host round is a no-op
+            assign_flat(self.tensors, mean)
+
+        def __repr__(self) -> str:
+            return (
+                f"LocalSGDOptimizer({self.inner!r}, period={self.period}, "
+                f"warmup={self.warmup}, global_every={self.global_every})"
+            )
+
+    _CLASS.append(LocalSGDOptimizer)
+    return LocalSGDOptimizer
+
+
+def __getattr__(name: str) -> Any:
+    if name == "LocalSGDOptimizer":
+        return optimizer_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def prepare(
+    ctx: Context, model: torch.nn.Module, optimizer: torch.optim.Optimizer, params: BaseModel
+) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """Broadcast rank 0's model and wrap ``optimizer`` in a ``LocalSGDOptimizer``.
+
+    Promises: see the module docstring. ``model`` must already be on ``ctx.device``;
+    the optimizer must be built on its parameters."""
+    p = params if isinstance(params, Params) else Params.model_validate(params.model_dump())
+    if ctx.world_size == 1:
+        return model, optimizer
+    weights, buffers = model_tensors(model)
+    broadcast_from_rank0([*weights, *buffers])
+    host_group, host_size, global_every = None, 1, 1
+    if p.hierarchical:
+        # torch's HierarchicalModelAverager does not fit the StrategyOptimizer hook: it
+        # keeps its own step counter, skips averaging during warm-up (it expects DDP to
+        # sync gradients then), neither exposes the mean (needed for the consensus
+        # distance) nor counts bytes, and builds equal-size subgroups from the CUDA
+        # device count. Same for PeriodicModelAverager. So: one flat all_reduce per
+        # round, over a host subgroup made with torch's new_subgroups_by_enumeration.
+        host_group, host_size = host_subgroup(ctx)
+        multi_host = host_size < ctx.world_size
+        global_every = p.hierarchy_factor if multi_host else 1
+    opt: StrategyOptimizer = optimizer_class()(  # type: ignore[call-arg]
+        optimizer,
+        weights,
+        buffers=buffers,
+        world_size=ctx.world_size,
+        period=p.period,
+        warmup=p.warmup_steps,
+        host_group=host_group,
+        host_size=host_size,
+        global_every=global_every,
+    )
+    return model, opt
