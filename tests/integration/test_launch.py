@@ -195,3 +195,19 @@ def test_rank_killed_by_a_signal_is_the_root_cause(cli: Cli) -> None:
     assert cause["traceback"] == ["native code is about to crash"]
     assert "rank 1 on local: Signal: killed by SIGSEGV" in proc.stdout
     assert not run_processes(run_id)
+
+
+@pytest.mark.parametrize(
+    "job", sorted(p.name for p in (REPO / "examples" / "strategies").glob("*.yaml"))
+)
+def test_every_strategy_example_trains(cli: Cli, job: str) -> None:
+    proc = cli.run("launch", str(REPO / "examples" / "strategies" / job), "--ui", "plain")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    accuracy = float(proc.stdout.split("final accuracy: ")[1].split()[0])
+    assert accuracy > 0.8, accuracy
+    run_id = only_run(cli)
+    records = [
+        json.loads(line)
+        for line in (cli.home / "runs" / run_id / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert any("comm_bytes_per_step" in r["values"] for r in records)
