@@ -201,7 +201,7 @@ JOB_CASES = [
         "script: train.py\nstrategy: nope\n",
         2,
         "strategy.name",
-        "unknown strategy 'nope'; valid: ssgd",
+        "unknown strategy 'nope'; valid: admm, bmuf, dpsgd, easgd, local-sgd, ssgd",
     ),
     (
         "script: train.py\nstrategy:\n  name: nope\n",
