@@ -132,13 +132,17 @@ def test_version_and_help(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_cli_never_imports_torch() -> None:
     code = (
-        "import sys\n"
+        "import glob, sys\n"
         "from dmlctl.cli.app import main\n"
         "main(['status'])\n"
         "main(['--help'])\n"
+        "for job in sorted(glob.glob('examples/strategies/*.yaml')):\n"
+        "    assert main(['launch', job, '--dry-run']) == 0, job\n"
         "assert 'torch' not in sys.modules, 'torch imported'\n"
+        "assert 'fabric' not in sys.modules, 'fabric imported for a local run'\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    repo = Path(__file__).resolve().parent.parent.parent
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=repo)
     assert proc.returncode == 0, proc.stderr
 
 
