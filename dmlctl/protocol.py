@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any, TextIO
@@ -37,6 +38,7 @@ ENV_SCRIPT = "DMLCTL_SCRIPT"
 KIND_START = "start"
 KIND_METRIC = "metric"
 KIND_EXIT = "exit"
+KIND_HEARTBEAT = "heartbeat"  # {progress: int}: the rank is alive; progress grows with work
 
 # Kinds of agent messages (agent stdout).
 MSG_LOG = "log"  # {"k": "log", "r": rank|None, "s": "stdout"|"stderr"|"agent", "l": [lines]}
@@ -85,11 +87,15 @@ class RankEventWriter:
         self._file: TextIO = open(  # noqa: SIM115 - lives as long as the rank
             rank_events(rank_dir, rank), "a", encoding="utf-8", buffering=1
         )
+        self._lock = threading.Lock()  # the heartbeat thread writes too
 
     def _write(self, record: dict[str, Any]) -> None:
         record["rank"] = self.rank
         record["ts"] = time.time()
-        self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
+        line = json.dumps(record, separators=(",", ":")) + "\n"
+        with self._lock:
+            if not self._file.closed:
+                self._file.write(line)
 
     def start(self, local_rank: int, role: str, host: str) -> None:
         """Record that this rank's process is up."""
@@ -103,12 +109,17 @@ class RankEventWriter:
         clean = {k: _jsonable(v) for k, v in values.items()}
         self._write({"kind": KIND_METRIC, "step": step, "values": clean})
 
+    def heartbeat(self, progress: int) -> None:
+        """Record that the rank is alive and how far it got (a growing counter)."""
+        self._write({"kind": KIND_HEARTBEAT, "progress": progress})
+
     def exit(self, code: int, error: Mapping[str, Any] | None) -> None:
         """Record the rank's exit: ``error`` is {type, message, traceback: [lines]} or None."""
         self._write({"kind": KIND_EXIT, "code": code, "error": dict(error) if error else None})
 
     def close(self) -> None:
-        self._file.close()
+        with self._lock:
+            self._file.close()
 
 
 def encode_agent_message(kind: str, **fields: Any) -> str:

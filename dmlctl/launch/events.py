@@ -120,6 +120,27 @@ class Progress:
 
 
 @dataclass(frozen=True)
+class Restarting:
+    """The run failed and will be started again (attempt ``attempt``, 1-based count of
+    restarts) after ``delay`` seconds, because of ``cause``."""
+
+    attempt: int
+    cause: RootCause
+    delay: float
+    ts: float
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """A rank is alive; ``progress`` grows while it makes progress (batches, logs)."""
+
+    host: str
+    rank: int
+    progress: int
+    ts: float
+
+
+@dataclass(frozen=True)
 class StopRequested:
     """The user asked to stop (Ctrl-C, ``dmlctl stop``)."""
 
@@ -143,6 +164,8 @@ Event = (
     | AgentStarted
     | AgentExited
     | Progress
+    | Restarting
+    | Heartbeat
     | StopRequested
     | Finished
 )

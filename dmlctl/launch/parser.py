@@ -17,6 +17,7 @@ from dmlctl.launch.events import (
     AgentExited,
     AgentStarted,
     Event,
+    Heartbeat,
     LogLine,
     MetricRecord,
     RankExited,
@@ -77,6 +78,8 @@ def _rank_record(host: str, rec: Mapping[str, Any]) -> list[Event]:
         return [
             RankStarted(host, rank, int(rec["local_rank"]), str(rec["role"]), int(rec["pid"]), ts)
         ]
+    if kind == protocol.KIND_HEARTBEAT:
+        return [Heartbeat(host, rank, int(rec["progress"]), ts)]
     if kind == protocol.KIND_EXIT:
         cause = _cause(host, rank, rec.get("error"), ts)
         return [RankExited(host, rank, int(rec["code"]), cause, ts)]

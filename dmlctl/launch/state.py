@@ -27,6 +27,7 @@ from dmlctl.launch.events import (
     Progress,
     RankExited,
     RankStarted,
+    Restarting,
     RootCause,
     StopRequested,
     Stream,
@@ -39,6 +40,7 @@ class Phase(str, Enum):
     PENDING = "pending"
     STARTING = "starting"
     RUNNING = "running"
+    RESTARTING = "restarting"
     STOPPING = "stopping"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
@@ -108,6 +110,7 @@ class RunState:
     restarts: int = 0
     ranks: tuple[RankState, ...] = ()
     root_cause: RootCause | None = None
+    failures: tuple[RootCause, ...] = ()  # the cause of every attempt that failed
     tail: tuple[TailLine, ...] = ()
     stop_reason: str | None = None
     exit_code: int | None = None
@@ -146,13 +149,16 @@ class RunState:
             ranks=tuple(
                 RankState(**{**r, "status": RankStatus(r["status"])}) for r in data["ranks"]
             ),
-            root_cause=(
-                RootCause(**{**cause, "traceback": tuple(cause["traceback"])}) if cause else None
-            ),
+            root_cause=_cause_from(cause) if cause else None,
+            failures=tuple(_cause_from(c) for c in data.get("failures", ())),
             tail=tuple(TailLine(**{**t, "stream": Stream(t["stream"])}) for t in data["tail"]),
             stop_reason=data.get("stop_reason"),
             exit_code=data.get("exit_code"),
         )
+
+
+def _cause_from(data: Mapping[str, Any]) -> RootCause:
+    return RootCause(**{**data, "traceback": tuple(data["traceback"])})
 
 
 def new_run_state(
@@ -275,6 +281,16 @@ def apply(state: RunState, events: Iterable[Event]) -> RunState:
             s["detail"] = ev.text
             if get("phase") == Phase.PENDING:
                 s["phase"] = Phase.STARTING
+        elif isinstance(ev, Restarting):
+            s["phase"] = Phase.RESTARTING
+            s["restarts"] = ev.attempt
+            s["failures"] = (*get("failures"), ev.cause)
+            s["root_cause"] = None
+            s["detail"] = f"restart {ev.attempt} in {ev.delay:.0f} s after {ev.cause.headline()}"
+            for rank in list(ranks):
+                upd(rank, ranks[rank].host).update(
+                    status=RankStatus.PENDING, exit_code=None, pid=None
+                )
         elif isinstance(ev, StopRequested):
             if not get("phase").terminal:
                 s["phase"] = Phase.STOPPING

@@ -19,22 +19,24 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from dmlctl.launch.events import (
     AgentExited,
     AgentStarted,
     Event,
     Finished,
+    Heartbeat,
     LogLine,
     Progress,
     RankExited,
+    Restarting,
     RootCause,
     StopRequested,
     Stream,
 )
 from dmlctl.launch.parser import parse_line
-from dmlctl.launch.state import Phase, RunState, apply, new_run_state
+from dmlctl.launch.state import Phase, RankStatus, RunState, apply, new_run_state
 from dmlctl.plan.model import LaunchPlan
 from dmlctl.runs.recorder import RunRecorder
 from dmlctl.runs.store import RunDir
@@ -79,6 +81,8 @@ class Supervisor:
         fail_grace: float = 2.0,
         stop_timeout: float = 8.0,
         persist_interval: float = 0.5,
+        decide: Callable[[RunState], float | None] | None = None,
+        hang_timeout: float | None = None,
     ) -> None:
         self.plan = plan
         self.run_dir = run
@@ -88,6 +92,11 @@ class Supervisor:
         self.fail_grace = fail_grace
         self.stop_timeout = stop_timeout
         self.persist_interval = persist_interval
+        #: Given a failed attempt's state: seconds to wait before a restart, or None.
+        self.decide: Callable[[RunState], float | None] = decide or (lambda _state: None)
+        self.hang_timeout = hang_timeout
+        # rank → (last progress value, when it last changed, already reported as hung)
+        self._progress: dict[int, tuple[int, float, bool]] = {}
         self._stop_reason: str | None = None
         self._force = False
         self._lock = threading.Lock()
@@ -110,7 +119,7 @@ class Supervisor:
         finally:
             self._queue.put((host, None))
 
-    def _start_agents(self) -> list[Event]:
+    def _start_agents(self, attempt: int = 0) -> list[Event]:
         events: list[Event] = []
         for host in self.plan.hosts:
             try:
@@ -119,7 +128,7 @@ class Supervisor:
                 cause = RootCause(host.name, None, type(e).__name__, f"cannot start agent: {e}")
                 events.append(AgentExited(host.name, 127, (), self.clock(), cause))
                 continue
-            proc.send(json.dumps(host.agent_config(self.plan.run_id)))
+            proc.send(json.dumps(attempt_config(host.agent_config(self.plan.run_id), attempt)))
             self._procs[host.name] = proc
             threading.Thread(target=self._read, args=(host.name, proc), daemon=True).start()
         return events
@@ -133,16 +142,58 @@ class Supervisor:
         return AgentExited(host, code if code is not None else -1, tail, self.clock(), cause)
 
     def run(self) -> RunState:
-        """Run the plan to its end; returns the final state (also persisted)."""
+        """Run the plan to its end, restarting it as ``decide`` says; returns the final
+        state (also persisted)."""
         plan = self.plan
         state = new_run_state(
             plan.run_id, plan.job_name, plan.strategy,
             [(r.rank, r.host, r.role) for r in plan.ranks], self.clock(),
         )  # fmt: skip
         recorder = RunRecorder(self.run_dir)
+        attempt = 0
+        while True:
+            state = self._run_attempt(state, recorder, attempt)
+            delay = None if self._stopping() else self.decide(state)
+            if delay is None or state.root_cause is None:
+                break
+            attempt += 1
+            event = Restarting(attempt, state.root_cause, delay, self.clock())
+            state = self._step(state, [event], recorder)
+            self.run_dir.write_state(state)
+            if not self._backoff(delay):
+                state = self._step(state, [StopRequested(self._stop_reason or "", self.clock())],
+                                   recorder)  # fmt: skip
+                break
+        state = self._step(state, [Finished(self.clock())], recorder)
+        recorder.close()
+        self.run_dir.write_state(state)
+        self.run_dir.write_summary(state)
+        self.sink.close(state)
+        return state
+
+    def _stopping(self) -> bool:
+        with self._lock:
+            return self._stop_reason is not None
+
+    def _backoff(self, delay: float) -> bool:
+        """Wait ``delay`` seconds (the dashboard keeps ticking); False if a stop came."""
+        end = time.monotonic() + delay
+        while time.monotonic() < end:
+            if self._stopping():
+                return False
+            self.sink.tick()
+            time.sleep(min(0.1, max(0.0, end - time.monotonic())))
+        return not self._stopping()
+
+    def _run_attempt(self, state: RunState, recorder: RunRecorder, attempt: int) -> RunState:
+        """Start every agent and follow them until all have exited."""
+        plan = self.plan
+        self._procs = {}
+        self._progress = {}
         hosts = ", ".join(h.name for h in plan.hosts)
-        first: list[Event] = [Progress(f"starting host agents on {hosts}", self.clock())]
-        first += self._start_agents()
+        what = "starting" if attempt == 0 else f"restarting (attempt {attempt + 1})"
+        first: list[Event] = [Progress(f"{what} host agents on {hosts}", self.clock())]
+        first += self._start_agents(attempt)
         live = set(self._procs)
         exited = {e.host for e in first if isinstance(e, AgentExited)}
         state = self._step(state, first, recorder)
@@ -168,6 +219,8 @@ class Supervisor:
                                 f"torchrun started on {host}; waiting for rendezvous "
                                 f"({plan.world_size} workers)", now))  # fmt: skip
             now = self.clock()
+            if stop_sent is None:
+                batch += self._hangs(state, now)
             with self._lock:
                 reason, force = self._stop_reason, self._force
             if reason is not None and stop_sent is None:
@@ -175,7 +228,7 @@ class Supervisor:
                 stop_sent = now
                 kill_at = now + self.stop_timeout
                 self._send_stop(live)
-            if state.root_cause is not None and stop_sent is None:
+            if (state.root_cause is not None or _has_cause(batch)) and stop_sent is None:
                 if fail_stop_at is None:
                     fail_stop_at = now + self.fail_grace
                 elif now >= fail_stop_at:
@@ -193,12 +246,25 @@ class Supervisor:
                 if state.phase != before or now - last_persist >= self.persist_interval:
                     self.run_dir.write_state(state)
                     last_persist = now
-        state = self._step(state, [Finished(self.clock())], recorder)
-        recorder.close()
-        self.run_dir.write_state(state)
-        self.run_dir.write_summary(state)
-        self.sink.close(state)
         return state
+
+    def _hangs(self, state: RunState, now: float) -> list[Event]:
+        """A RankExited with a ``Hang`` cause for every running rank whose progress
+        has not moved for ``hang_timeout`` seconds (only ranks that send heartbeats)."""
+        if self.hang_timeout is None:
+            return []
+        out: list[Event] = []
+        for r in state.ranks:
+            seen = self._progress.get(r.rank)
+            if r.status != RankStatus.RUNNING or seen is None or seen[2]:
+                continue
+            idle = now - seen[1]
+            if idle >= self.hang_timeout:
+                msg = f"no progress for {idle:.0f} s (step {r.step if r.step is not None else '-'})"
+                cause = RootCause(r.host, r.rank, "Hang", msg, (), now)
+                out.append(RankExited(r.host, r.rank, -1, cause, now))
+                self._progress[r.rank] = (seen[0], seen[1], True)
+        return out
 
     def _drain(self) -> list[tuple[str, str | None]]:
         """Up to BATCH queued lines, waiting at most 0.1 s for the first."""
@@ -239,11 +305,35 @@ class Supervisor:
 
     def _step(self, state: RunState, batch: list[Event], recorder: RunRecorder) -> RunState:
         batch = self._attach_stderr(batch)
+        for ev in batch:
+            if isinstance(ev, Heartbeat):
+                seen = self._progress.get(ev.rank)
+                if seen is None or seen[0] != ev.progress:  # the controller's clock: no skew
+                    self._progress[ev.rank] = (ev.progress, self.clock(), False)
         state = apply(state, batch)
         recorder.record(batch)
         recorder.flush()
         self.sink.on_events(batch, state)
         return state
+
+
+def _has_cause(batch: Sequence[Event]) -> bool:
+    return any(isinstance(ev, RankExited) and ev.cause is not None for ev in batch)
+
+
+def attempt_config(config: dict[str, Any], attempt: int) -> dict[str, Any]:
+    """The agent configuration for attempt ``attempt`` (0 = first): later attempts get
+    a rank directory of their own (an agent never replays an earlier attempt's
+    files), their own rendezvous id, and ``DMLCTL_ATTEMPT`` in the environment."""
+    if attempt == 0:  # no DMLCTL_ATTEMPT: the first attempt
+        return config
+    rank_dir = f"{config['rank_dir']}/attempt-{attempt}"
+    argv = list(config["argv"])
+    if "--rdzv-id" in argv:
+        i = argv.index("--rdzv-id") + 1
+        argv[i] = f"{argv[i]}.{attempt}"
+    env = {**config["env"], "DMLCTL_ATTEMPT": str(attempt), "DMLCTL_RANK_DIR": rank_dir}
+    return {**config, "rank_dir": rank_dir, "argv": argv, "env": env}
 
 
 def phase_exit_code(state: RunState) -> int:

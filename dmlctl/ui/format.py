@@ -26,6 +26,7 @@ PHASE_STYLES: dict[Phase, str] = {
     Phase.PENDING: "dim",
     Phase.STARTING: "cyan",
     Phase.RUNNING: "bold blue",
+    Phase.RESTARTING: "bold yellow",
     Phase.STOPPING: "yellow",
     Phase.SUCCEEDED: "bold green",
     Phase.FAILED: "bold red",
