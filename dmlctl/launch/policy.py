@@ -89,12 +89,18 @@ class RestartPolicy:
     hang_timeout: float = 30.0
 
     def __post_init__(self) -> None:
-        if self.max_user_restarts < 0 or self.max_infra_restarts < 0:
-            raise ValueError("restart budgets must be >= 0")
-        if self.backoff_initial <= 0 or self.backoff_max <= 0 or self.hang_timeout <= 0:
-            raise ValueError("backoff_initial, backoff_max and hang_timeout must be > 0")
-        if self.backoff_factor < 1:
-            raise ValueError("backoff_factor must be >= 1")
+        for name, ok, rule in (
+            ("max_user_restarts", self.max_user_restarts >= 0, ">= 0"),
+            ("max_infra_restarts", self.max_infra_restarts >= 0, ">= 0"),
+            ("backoff_initial", self.backoff_initial > 0, "> 0"),
+            ("backoff_factor", self.backoff_factor >= 1, ">= 1"),
+            ("backoff_max", self.backoff_max > 0, "> 0"),
+            ("hang_timeout", self.hang_timeout > 0, "> 0"),
+        ):
+            if not ok:
+                raise ValueError(
+                    f"restart policy: {name} must be {rule}, got {getattr(self, name)!r}"
+                )
 
     def budget(self, kind: FailureKind) -> int:
         """The number of restarts allowed for failures of ``kind``."""

@@ -153,8 +153,10 @@ class Supervisor:
         attempt = 0
         while True:
             state = self._run_attempt(state, recorder, attempt)
-            delay = None if self._stopping() else self.decide(state)
-            if delay is None or state.root_cause is None:
+            if state.root_cause is None or self._stopping():
+                break  # succeeded, or stopped: nothing to restart
+            delay = self.decide(state)
+            if delay is None:
                 break
             attempt += 1
             event = Restarting(attempt, state.root_cause, delay, self.clock())

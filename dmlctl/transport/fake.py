@@ -166,7 +166,8 @@ class ScriptedTransport:
     (all of them are kept in :attr:`processes`; :attr:`process` is the last).
     :meth:`run` answers from ``results`` — argv tuple → ``(exit_code, stdout,
     stderr)`` — and answers an unscripted command with exit code 127; every call is
-    kept in :attr:`runs`. ``start_error`` makes :meth:`start` raise it.
+    kept in :attr:`runs`. ``start_error`` makes :meth:`start` raise it. With
+    ``later``, the second and following starts replay those scripts instead.
     """
 
     def __init__(
@@ -180,9 +181,12 @@ class ScriptedTransport:
         stderr: Sequence[str] = (),
         results: Mapping[tuple[str, ...], tuple[int, str, str]] | None = None,
         start_error: Exception | None = None,
+        later: Sequence[Sequence[str]] = (),
     ) -> None:
         self.host = host
         self.script = list(lines)
+        #: Scripts for the 2nd, 3rd, … start (a restarted run); the last one repeats.
+        self.later = [list(x) for x in later]
         self.exit_code = exit_code
         self.hang = hang
         self.ignore_stop = ignore_stop
@@ -217,8 +221,10 @@ class ScriptedTransport:
         """A new :class:`ScriptedProcess` (or ``start_error`` raised)."""
         if self.start_error is not None:
             raise self.start_error
+        n = len(self.processes)
+        script = self.script if n == 0 or not self.later else self.later[min(n, len(self.later)) - 1]
         proc = ScriptedProcess(
-            self.host, self.script, exit_code=self.exit_code, hang=self.hang,
+            self.host, script, exit_code=self.exit_code, hang=self.hang,
             ignore_stop=self.ignore_stop,
             stderr=self.stderr, argv=argv, cwd=cwd,
         )  # fmt: skip

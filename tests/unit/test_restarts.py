@@ -1,0 +1,127 @@
+"""Restarts and hang detection in the supervisor, with scripted agents (no processes)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from dmlctl.launch.state import Phase, RankStatus, RunState
+from dmlctl.launch.supervisor import Supervisor, attempt_config
+from dmlctl.runs.store import RunDir, RunStore
+from dmlctl.transport.fake import (
+    ScriptedTransport,
+    agent_lines,
+    agent_started,
+    rank_error,
+    rank_start,
+)
+from tests.unit.test_supervisor import RUN_ID, RecordingSink, make_plan
+
+
+def _run(tmp_path: Path, transports: dict[str, ScriptedTransport], **kw: object) -> RunState:
+    run: RunDir = RunStore(tmp_path / "home").create(RUN_ID)
+    plan = make_plan(tmp_path, [1])
+    sup = Supervisor(plan, run, transports, RecordingSink(), fail_grace=0.1, stop_timeout=0.5,
+                     **kw)  # type: ignore[arg-type]  # fmt: skip
+    return sup.run()
+
+
+def test_a_failed_attempt_is_restarted_when_the_policy_says_so(tmp_path: Path) -> None:
+    failing = agent_lines([0], host="a", errors={0: rank_error("ValueError", "flaky")})
+    ok = agent_lines([0], host="a")
+    t = ScriptedTransport("a", failing, later=[ok])
+    decisions: list[str] = []
+
+    def decide(state: RunState) -> float | None:
+        decisions.append(state.root_cause.exc_type if state.root_cause else "-")
+        return 0.0 if len(decisions) == 1 else None
+
+    state = _run(tmp_path, {"a": t}, decide=decide)
+    assert decisions == ["ValueError"]
+    assert len(t.processes) == 2
+    assert state.phase == Phase.SUCCEEDED and state.exit_code == 0
+    assert state.restarts == 1
+    assert [c.message for c in state.failures] == ["flaky"]
+    assert state.root_cause is None
+    second = json.loads(t.processes[1].sent[0])
+    assert second["rank_dir"].endswith("/attempt-1")
+    assert second["env"]["DMLCTL_ATTEMPT"] == "1"
+    assert second["argv"][second["argv"].index("--rdzv-id") + 1] == f"{RUN_ID}.1"
+
+
+def test_without_a_restart_the_run_fails_with_the_last_cause(tmp_path: Path) -> None:
+    failing = agent_lines([0], host="a", errors={0: rank_error("KeyError", "again")})
+    t = ScriptedTransport("a", failing)
+    calls = []
+
+    def decide(state: RunState) -> float | None:
+        calls.append(1)
+        return 0.0 if len(calls) <= 2 else None
+
+    state = _run(tmp_path, {"a": t}, decide=decide)
+    assert len(t.processes) == 3
+    assert state.phase == Phase.FAILED and state.restarts == 2
+    assert state.root_cause is not None and state.root_cause.message == "again"
+    assert len(state.failures) == 2
+
+
+def test_a_rank_without_progress_is_reported_as_hung(tmp_path: Path) -> None:
+    beat = json.dumps({"kind": "heartbeat", "progress": 7, "rank": 0, "ts": 1.0})
+    hanging = [agent_started(), rank_start(0, 0, host="a"), '{"k":"rank","rec":' + beat + "}"]
+    t = ScriptedTransport("a", hanging, hang=True)
+    started = time.monotonic()
+    state = _run(tmp_path, {"a": t}, hang_timeout=0.5)
+    took = time.monotonic() - started
+    assert state.phase == Phase.FAILED
+    cause = state.root_cause
+    assert cause is not None and (cause.rank, cause.exc_type) == (0, "Hang")
+    assert "no progress for" in cause.message
+    assert state.ranks[0].status == RankStatus.FAILED
+    assert t.process.sent[1:] == ["stop"]
+    assert took < 5, took
+
+
+def test_ranks_without_heartbeats_are_never_called_hung(tmp_path: Path) -> None:
+    quiet = [agent_started(), rank_start(0, 0, host="a")]
+    t = ScriptedTransport("a", quiet, hang=True)
+    sup_state: dict[str, RunState] = {}
+
+    class StopSoon(RecordingSink):
+        def tick(self) -> None:
+            if time.monotonic() - t0 > 1.0:
+                sup.request_stop("test over")
+
+    run = RunStore(tmp_path / "home").create(RUN_ID)
+    sup = Supervisor(make_plan(tmp_path, [1]), run, {"a": t}, StopSoon(), hang_timeout=0.2,
+                     stop_timeout=0.5)  # fmt: skip
+    t0 = time.monotonic()
+    sup_state["s"] = sup.run()
+    assert sup_state["s"].phase == Phase.STOPPED
+    assert sup_state["s"].root_cause is None
+
+
+def test_attempt_config_leaves_the_first_attempt_alone() -> None:
+    config = {"rank_dir": "/r", "argv": ["x", "--rdzv-id", "id"], "env": {"A": "1"}}
+    assert attempt_config(config, 0) is config
+    second = attempt_config(config, 2)
+    assert second["rank_dir"] == "/r/attempt-2" and second["argv"][-1] == "id.2"
+    assert second["env"] == {"A": "1", "DMLCTL_ATTEMPT": "2", "DMLCTL_RANK_DIR": "/r/attempt-2"}
+    assert config["env"] == {"A": "1"}
+
+
+def test_stop_during_backoff_ends_the_run_stopped(tmp_path: Path) -> None:
+    failing = agent_lines([0], host="a", errors={0: rank_error("ValueError", "x")})
+    t = ScriptedTransport("a", failing)
+    run = RunStore(tmp_path / "home").create(RUN_ID)
+
+    def decide(state: RunState) -> float | None:
+        sup.request_stop("user")
+        return 30.0
+
+    sup = Supervisor(make_plan(tmp_path, [1]), run, {"a": t}, RecordingSink(), decide=decide)
+    started = time.monotonic()
+    state = sup.run()
+    assert time.monotonic() - started < 5
+    assert len(t.processes) == 1
+    assert state.phase == Phase.STOPPED and state.exit_code == 130
