@@ -222,7 +222,8 @@ class ScriptedTransport:
         if self.start_error is not None:
             raise self.start_error
         n = len(self.processes)
-        script = self.script if n == 0 or not self.later else self.later[min(n, len(self.later)) - 1]
+        later = self.later[min(n, len(self.later)) - 1] if n and self.later else None
+        script = self.script if later is None else later
         proc = ScriptedProcess(
             self.host, script, exit_code=self.exit_code, hang=self.hang,
             ignore_stop=self.ignore_stop,
