@@ -107,6 +107,9 @@ def run(config: dict[str, Any], emit: Emitter, stop: threading.Event, reason: li
     with open(os.path.join(rank_dir, "agent.pid"), "w", encoding="ascii") as f:
         f.write(f"{os.getpid()}\n")
     env = {**os.environ, **config["env"], protocol.ENV_RANK_DIR: rank_dir}
+    for key in (protocol.ENV_CHECKPOINT_DIR,):  # remote paths may start with ~/
+        if key in env:
+            env[key] = os.path.expanduser(env[key])
     # Ranks import the same dmlctl as this agent (on a remote host: the shipped copy).
     here = os.path.dirname(os.path.dirname(os.path.abspath(protocol.__file__)))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH", "")) if p)

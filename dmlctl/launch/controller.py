@@ -49,13 +49,18 @@ def run_controller(
 ) -> RunState:
     """Supervise ``plan`` in ``run`` and return the final RunState; afterwards, remote
     hosts' rank files are collected into the run directory."""
+    from dmlctl.launch.policy import RestartDecider, RestartPolicy
     from dmlctl.launch.remote import collect_rank_files
     from dmlctl.launch.supervisor import Supervisor
     from dmlctl.transport import close_transports, make_transports
 
     if transports is None:
         transports = make_transports(plan.hosts)
-    sup = Supervisor(plan, run, transports, sink)
+    restart = RestartPolicy(**plan.restart) if plan.restart else RestartPolicy()
+    sup = Supervisor(
+        plan, run, transports, sink,
+        decide=RestartDecider(restart), hang_timeout=restart.hang_timeout,
+    )  # fmt: skip
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         sup.request_stop(_REASONS.get(signal.Signals(signum), "signal"))

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from dmlctl.launch.events import RootCause
+from dmlctl.launch.state import RunState
 
 _INFRA_TYPES = frozenset({"Signal", "AgentLost", "AgentExit", "Hang"})
 
@@ -242,3 +243,26 @@ def _on_failure(
         last_cause=cause,
     )
     return restarting, Action.NONE
+
+
+class RestartDecider:
+    """The supervisor's ``decide`` callback over this state machine: given the state
+    of an attempt that failed, the seconds to wait before restarting, or None to give
+    up. Keeps the budgets across attempts."""
+
+    def __init__(self, policy: RestartPolicy) -> None:
+        self.policy = policy
+        self.state = RestartState(phase=RestartPhase.RUNNING)
+
+    def __call__(self, run: RunState) -> float | None:
+        cause = run.root_cause
+        if cause is None:
+            return None
+        now = 0.0  # the backoff does not depend on the time the failure happened
+        self.state, action = step(self.state, Failed(cause), now, self.policy)
+        if action == Action.GIVE_UP or self.state.phase != RestartPhase.RESTARTING:
+            return None
+        delay = (self.state.next_start_at or now) - now
+        self.state, _ = step(self.state, Tick(), self.state.next_start_at or now, self.policy)
+        self.state, _ = step(self.state, Started(), now, self.policy)
+        return max(0.0, delay)

@@ -41,6 +41,20 @@ def _assign(hosts: Sequence[ResolvedHost], workers: int) -> list[tuple[ResolvedH
     return out
 
 
+def _checkpoint_env(job: JobSpec, directory: str) -> dict[str, str]:
+    """The ``DMLCTL_CHECKPOINT_*`` variables for a job with a ``checkpoint:`` block;
+    ``directory`` is next to the host's rank directories (the same for every attempt)."""
+    spec = job.checkpoint
+    if spec is None:
+        return {}
+    env = {protocol.ENV_CHECKPOINT_DIR: directory, protocol.ENV_CHECKPOINT_KEEP: str(spec.keep)}
+    if spec.every_steps is not None:
+        env[protocol.ENV_CHECKPOINT_EVERY_STEPS] = str(spec.every_steps)
+    if spec.every_seconds is not None:
+        env[protocol.ENV_CHECKPOINT_EVERY_SECONDS] = repr(spec.every_seconds)
+    return env
+
+
 def _check_strategy_world(job: JobSpec, workers: int) -> None:
     """A strategy may constrain its parameters by the number of workers (EASGD's
     α ≤ 1/p): its module's ``check_world(params, world_size)`` returns a message."""
@@ -152,6 +166,7 @@ def build_plan(
             protocol.ENV_STRATEGY: job.strategy.name,
             protocol.ENV_STRATEGY_PARAMS: json.dumps(params, sort_keys=True),
             protocol.ENV_SCRIPT: job.script,
+            **_checkpoint_env(job, posixpath.join(posixpath.dirname(rank_dir), "checkpoints")),
         }
         host_plans.append(
             HostPlan(
@@ -196,6 +211,7 @@ def build_plan(
         script=job.script,
         args=tuple(job.args),
         world_size=next_rank,
+        restart=job.restart.model_dump(),
         rdzv_endpoint=rdzv_endpoint,
         hosts=tuple(host_plans),
         ranks=tuple(ranks),

@@ -76,6 +76,7 @@ class LaunchPlan:
     rdzv_endpoint: str
     hosts: tuple[HostPlan, ...]
     ranks: tuple[RankPlan, ...]
+    restart: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -105,4 +106,5 @@ class LaunchPlan:
                 for h in data["hosts"]
             ),
             ranks=tuple(RankPlan(**r) for r in data["ranks"]),
+            restart=dict(data.get("restart", {})),
         )

@@ -22,11 +22,15 @@ Contract:
 * **Metrics.** :meth:`Context.log` goes to ``rank-<R>.events.jsonl`` under
   ``DMLCTL_RANK_DIR`` when set, else to one printed line on rank 0
   (see :mod:`dmlctl.runtime.metrics`).
+* **Checkpoints.** With ``DMLCTL_CHECKPOINT_DIR`` set, :meth:`Context.checkpoint` saves
+  when due and :meth:`Context.resume` restores exactly (bit for bit at the same world
+  size), see :mod:`dmlctl.runtime.checkpoint`.
 """
 
 from __future__ import annotations
 
 import atexit
+import itertools
 import random
 import time
 from collections.abc import Callable, Iterator
@@ -36,6 +40,7 @@ import torch
 import torch.distributed as dist
 from pydantic import BaseModel
 
+from dmlctl.runtime import checkpoint as ckpt
 from dmlctl.runtime.data import MapDataset, shard_batches
 from dmlctl.runtime.env import RunEnv, read_env
 from dmlctl.runtime.metrics import MetricLogger
@@ -61,6 +66,10 @@ class Context:
         self._epoch = 0
         self._closed = False
         self._on_close: list[Callable[[], None]] = []
+        self._ckpt = ckpt.CheckpointManager.from_env(env.rank, env.world_size)
+        self._resume_at: tuple[int, int] | None = None  # (epoch, batches consumed)
+        self._batches = self._skip = 0  # batches yielded in this epoch / left to skip
+        self.resumed_extra: dict[str, Any] = {}  # ``extra`` of the checkpoint resumed
 
     @property
     def rank(self) -> int:
@@ -153,10 +162,15 @@ class Context:
         tuples of tensors) and already on :attr:`device`. :attr:`epoch` follows the
         iteration; the samples yielded are counted for the ``samples_per_s`` that
         :meth:`log` adds. See
-        :func:`dmlctl.runtime.data.shard_batches` for the sharding promises.
+        :func:`dmlctl.runtime.data.shard_batches` for the sharding promises. After
+        :meth:`resume` the first call continues at the saved position instead.
         """
         self._metrics.start_clock()
-        return shard_batches(
+        self._skip = 0
+        if self._resume_at is not None and self._resume_at[0] >= start_epoch:
+            start_epoch, self._skip = self._resume_at
+        self._resume_at = None
+        batches = shard_batches(
             dataset,
             rank=self._env.rank,
             world_size=self._env.world_size,
@@ -168,11 +182,47 @@ class Context:
             start_epoch=start_epoch,
             device=self._device,
             on_epoch=self._set_epoch,
-            on_batch=self._metrics.count,
+            on_batch=self._count,
         )
+        return itertools.islice(batches, self._skip, None)
 
     def _set_epoch(self, epoch: int) -> None:
-        self._epoch = epoch
+        self._epoch, self._batches = epoch, 0
+
+    def _count(self, samples: int) -> None:
+        self._batches += 1
+        if self._skip:
+            self._skip -= 1  # consumed before the checkpoint: not counted again
+        else:
+            self._metrics.count(samples)
+
+    def resume(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
+        """Restore the newest checkpoint valid on every rank into ``model``,
+        ``optimizer``, the strategy, the RNGs and the :meth:`shard` position; returns
+        the step to continue from (0: nothing to resume, or no checkpoint dir).
+
+        Collective. Call after :meth:`prepare`, before :meth:`shard`.
+        """
+        found = self._ckpt.load_latest() if self._ckpt is not None else None
+        if found is None:
+            return 0
+        step, state = found
+        ckpt.restore_training_state(state, model, optimizer)
+        self._resume_at = (int(state["data"]["epoch"]), int(state["data"]["batches"]))
+        self.resumed_extra = dict(state.get("extra", {}))
+        return step
+
+    def checkpoint(
+        self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, **extra: Any
+    ) -> str | None:
+        """Save after ``step`` completed steps when due (``DMLCTL_CHECKPOINT_EVERY_*``),
+        with ``extra`` tensors/numbers; returns the directory or None. Collective."""
+        if self._ckpt is None or not self._ckpt.due(step):
+            return None
+        state = ckpt.training_state(
+            model, optimizer, epoch=self._epoch, batches=self._batches, extra=extra
+        )
+        return self._ckpt.save(step, state)
 
     def log(self, step: int | None = None, **metrics: Any) -> int:
         """Record ``metrics`` (numbers or one-element tensors) for this rank.

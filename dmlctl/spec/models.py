@@ -34,6 +34,7 @@ from dmlctl.spec.fields import (
     check_command,
     check_env,
 )
+from dmlctl.spec.restart import CheckpointSpec, RestartSpec
 from dmlctl.strategies import registry
 
 __all__ = [
@@ -133,6 +134,16 @@ class JobSpec(BaseModel):
             "Files not to ship to the hosts: gitignore-style patterns, in addition to "
             ".gitignore and the built-in " + ", ".join(BUILTIN_EXCLUDES) + "."
         ),
+    )
+    restart: RestartSpec = Field(
+        default_factory=RestartSpec,
+        description="When a failed run is started again: budgets for failures of the "
+        "training code and of the infrastructure, backoff, hang timeout.",
+    )
+    checkpoint: CheckpointSpec | None = Field(
+        default=None,
+        description="Periodic checkpoints written by ctx.checkpoint() (every N steps "
+        "and/or T seconds), from which a restarted run resumes; default: none.",
     )
 
     _env = field_validator("env")(check_env)

@@ -1,0 +1,343 @@
+"""Crash-safe, rank-consistent checkpoints under one directory (shared by all ranks).
+
+Layout: ``root/step-<step:09d>/`` holds ``rank-<r>.pt`` per rank and ``manifest.json``
+(step, world_size, time, size + sha256 of every file); ``root/LATEST`` names the newest.
+
+Guarantees:
+
+* **Atomic commit.** Files are written and fsynced in ``root/.tmp-step-<step>/``; rank 0
+  writes the manifest, renames the directory into place, then replaces ``LATEST``
+  (tmp file + fsync + ``os.replace``), so a crash at any point leaves the previous
+  checkpoint intact and ``LATEST`` never absent after the first commit. Leftover
+  ``.tmp-*`` directories are ignored by loading and removed by the next save.
+* **Verified load.** :meth:`CheckpointManager.load_latest` checks the manifest, the
+  world size and this rank's size + sha256 before unpickling; a bad checkpoint is
+  skipped with a :class:`CheckpointWarning` (also on stderr) and the previous one
+  tried. With several ranks all resume from the same step: the MIN over the ranks'
+  newest valid steps (repeated until every rank holds a valid one at that step).
+* **Safe unpickling.** Always ``torch.load(weights_only=True)``; a file that needs
+  anything more raises :class:`CheckpointRefused` on every rank. There is no fallback
+  to ``weights_only=False``; the payload is never executed.
+* **Collective.** ``save``, ``load_latest`` and ``due`` (with ``every_seconds``) must be
+  called by every rank in the same order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+import random
+import re
+import shutil
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+ENV_CHECKPOINT_DIR = "DMLCTL_CHECKPOINT_DIR"
+ENV_CHECKPOINT_EVERY_STEPS = "DMLCTL_CHECKPOINT_EVERY_STEPS"
+ENV_CHECKPOINT_EVERY_SECONDS = "DMLCTL_CHECKPOINT_EVERY_SECONDS"
+ENV_CHECKPOINT_KEEP = "DMLCTL_CHECKPOINT_KEEP"
+
+_STEP_DIR = re.compile(r"^step-(\d{9,})$")
+_LATEST = "LATEST"
+_MANIFEST = "manifest.json"
+_NONE, _REFUSED = -1, -2
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written or used."""
+
+
+class CheckpointRefused(CheckpointError):
+    """A checkpoint file needs unsafe unpickling (``weights_only=False``); refused."""
+
+
+class CheckpointWarning(UserWarning):
+    """A checkpoint was skipped (corrupt, partial, other world size)."""
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _write_synced(path: Path, data: bytes | dict[str, Any]) -> None:
+    with path.open("wb") as f:
+        if isinstance(data, bytes):
+            f.write(data)
+        else:
+            torch.save(data, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+class CheckpointManager:
+    """Saves and restores this rank's state dict; see the module docstring.
+
+    ``every_steps`` / ``every_seconds`` set :meth:`due` (either one suffices);
+    ``keep`` is how many committed checkpoints survive a save.
+    """
+
+    def __init__(
+        self, root: str, rank: int, world_size: int, *, keep: int = 3,
+        every_steps: int | None = None, every_seconds: float | None = None,
+    ) -> None:  # fmt: skip
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1, got {keep}")
+        self.root = Path(root)
+        self.rank, self.world_size, self.keep = rank, world_size, keep
+        self.every_steps, self.every_seconds = every_steps, every_seconds
+        self._last_save = time.monotonic()
+        self._last_step: int | None = None
+
+    @classmethod
+    def from_env(cls, rank: int, world_size: int) -> CheckpointManager | None:
+        """The manager the ``DMLCTL_CHECKPOINT_*`` variables describe (None without a dir)."""
+        root = os.environ.get(ENV_CHECKPOINT_DIR)
+        if not root:
+            return None
+        steps, secs = (
+            os.environ.get(k) for k in (ENV_CHECKPOINT_EVERY_STEPS, ENV_CHECKPOINT_EVERY_SECONDS)
+        )
+        return cls(root, rank, world_size, keep=int(os.environ.get(ENV_CHECKPOINT_KEEP, "3")),
+                   every_steps=int(steps) if steps else None,
+                   every_seconds=float(secs) if secs else None)  # fmt: skip
+
+    def _collective(self) -> bool:
+        return self.world_size > 1 and dist.is_initialized()
+
+    def due(self, step: int) -> bool:
+        """Whether to save after ``step``; the same answer on every rank (for
+        ``every_seconds`` rank 0's clock decides and broadcasts: a collective)."""
+        if step == self._last_step:
+            return False
+        flag = bool(self.every_steps) and step % (self.every_steps or 1) == 0
+        if self.every_seconds is not None:
+            late = time.monotonic() - self._last_save >= self.every_seconds
+            decided = torch.tensor([int(flag or late)])
+            if self._collective():
+                dist.broadcast(decided, src=0)
+            flag = bool(decided.item())
+        return flag
+
+    def save(self, step: int, state: dict[str, Any]) -> str:
+        """Write ``state`` as this rank's part of checkpoint ``step``; returns the
+        committed directory. Collective when ``world_size > 1``."""
+        tmp = self.root / f".tmp-step-{step}"
+        tmp.mkdir(parents=True, exist_ok=True)
+        path = tmp / f"rank-{self.rank}.pt"
+        _write_synced(path, state)
+        _fsync_dir(tmp)
+        entry = {"sha256": _sha256(path), "size": path.stat().st_size}
+        entries: list[Any] = [entry] * self.world_size
+        if self._collective():  # doubles as the barrier before the commit
+            dist.all_gather_object(entries, entry)
+        final = self.root / f"step-{step:09d}"
+        if self.rank == 0:
+            self._commit(step, tmp, final, entries)
+        if self._collective():
+            dist.barrier()
+        self._last_save, self._last_step = time.monotonic(), step
+        return str(final)
+
+    def _commit(self, step: int, tmp: Path, final: Path, entries: list[Any]) -> None:
+        files = {f"rank-{r}.pt": e for r, e in enumerate(entries)}
+        manifest = {"format": 1, "step": step, "world_size": self.world_size,
+                    "time": time.time(), "files": files}  # fmt: skip
+        _write_synced(tmp / _MANIFEST, json.dumps(manifest, indent=1).encode())
+        _fsync_dir(tmp)
+        if final.exists():  # a discarded timeline's checkpoint of the same step
+            old = self.root / f".tmp-replaced-{step}"
+            shutil.rmtree(old, ignore_errors=True)
+            os.rename(final, old)
+        os.rename(tmp, final)
+        _fsync_dir(self.root)
+        latest_tmp = self.root / f".tmp-{_LATEST}"
+        _write_synced(latest_tmp, final.name.encode())
+        os.replace(latest_tmp, self.root / _LATEST)
+        _fsync_dir(self.root)
+        # Prune: newer steps belong to a timeline abandoned by a resume; then the oldest.
+        older = [p for s, p in self._step_dirs() if s < step]
+        doomed = [p for s, p in self._step_dirs() if s > step] + older[self.keep - 1 :]
+        doomed += [p for p in self.root.glob(".tmp-*") if p.is_dir()]
+        for p in doomed:
+            shutil.rmtree(p, ignore_errors=True)
+
+    def _step_dirs(self) -> list[tuple[int, Path]]:
+        """Committed-looking step directories, newest first."""
+        found = []
+        for p in self.root.iterdir() if self.root.is_dir() else []:
+            m = _STEP_DIR.match(p.name)
+            if m and p.is_dir():
+                found.append((int(m.group(1)), p))
+        return sorted(found, reverse=True)
+
+    def _candidates(self) -> list[tuple[int, Path]]:
+        """LATEST's target first, then older ones; everything when LATEST is unusable."""
+        dirs = self._step_dirs()
+        try:
+            name = (self.root / _LATEST).read_text().strip()
+        except OSError:
+            return dirs
+        m = _STEP_DIR.match(name)
+        if not m or not (self.root / name).is_dir():
+            return dirs
+        head = int(m.group(1))
+        return [(head, self.root / name)] + [(s, p) for s, p in dirs if s < head]
+
+    def _verify(self, step: int, path: Path) -> str | None:
+        """Why checkpoint ``path`` is unusable for this rank, or None when it is usable."""
+        fname = f"rank-{self.rank}.pt"
+        try:
+            manifest = json.loads((path / _MANIFEST).read_text())
+            saved_world = int(manifest["world_size"])
+            entry = dict(manifest["files"][fname])
+            if int(manifest["step"]) != step:
+                return "manifest names another step"
+        except FileNotFoundError:
+            return "no manifest"
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            return f"unreadable manifest ({type(exc).__name__}: {exc})"
+        if saved_world != self.world_size:
+            return f"saved by {saved_world} ranks, running {self.world_size}"
+        file = path / fname
+        size = file.stat().st_size if file.is_file() else None
+        if size != entry.get("size"):
+            return f"size mismatch on {fname} (truncated/missing: {size} bytes)"
+        if _sha256(file) != entry.get("sha256"):
+            return f"checksum mismatch on {fname}"
+        return None
+
+    def _load(self, path: Path) -> dict[str, Any]:
+        file = path / f"rank-{self.rank}.pt"
+        try:
+            state = torch.load(file, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as exc:
+            raise CheckpointRefused(f"{file} needs unsafe unpickling (refused): {exc}") from exc
+        if not isinstance(state, dict):
+            raise CheckpointError(f"{file} holds a {type(state).__name__}, not a dict")
+        return state
+
+    def _newest_valid(self, bound: int | None) -> tuple[int, Path | None]:
+        """This rank's newest verified checkpoint at or below ``bound``."""
+        cands = [(s, p) for s, p in self._candidates() if bound is None or s <= bound]
+        for i, (step, path) in enumerate(cands):
+            reason = self._verify(step, path)
+            if reason is None:
+                return step, path
+            after = cands[i + 1][1].name if i + 1 < len(cands) else "nothing (fresh start)"
+            msg = f"checkpoint {path.name} is corrupt ({reason}); falling back to {after}"
+            warnings.warn(msg, CheckpointWarning, stacklevel=3)
+            print(f"dmlctl rank {self.rank}: {msg}", file=sys.stderr, flush=True)
+        return _NONE, None
+
+    def load_latest(self) -> tuple[int, dict[str, Any]] | None:
+        """``(step, state)`` of the newest valid checkpoint all ranks hold, or None.
+
+        Collective when ``world_size > 1``; raises :class:`CheckpointRefused` on every
+        rank when any rank's chosen file needs unsafe unpickling."""
+        bound: int | None = None
+        while True:
+            step, path = self._newest_valid(bound)
+            agreed = step
+            if self._collective():
+                box = torch.tensor([step, -step], dtype=torch.int64)
+                dist.all_reduce(box, op=dist.ReduceOp.MIN)
+                agreed, highest = int(box[0]), -int(box[1])
+                if agreed != highest and agreed >= 0:
+                    bound = agreed  # someone is behind: everyone retries at its step
+                    continue
+            if agreed < 0:
+                return None
+            assert path is not None
+            try:
+                state, refused = self._load(path), None
+            except CheckpointRefused as exc:
+                state, refused = {}, exc
+            flag = torch.tensor([_REFUSED if refused else 0], dtype=torch.int64)
+            if self._collective():  # a refusal anywhere stops every rank, none hangs
+                dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+            if refused is not None or int(flag.item()) == _REFUSED:
+                raise refused or CheckpointRefused(f"another rank refused {path.name}")
+            return agreed, state
+
+
+def capture_rng() -> dict[str, Any]:
+    """torch (CPU + CUDA), ``random`` and numpy generator states, as tensors/tuples
+    that load with ``weights_only=True``."""
+    out: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        out["cuda"] = torch.cuda.get_rng_state_all()
+    try:
+        import numpy as np
+    except ImportError:  # pragma: no cover - numpy is optional
+        return out
+    _, keys, pos, has_gauss, gauss = np.random.get_state(legacy=True)
+    out["numpy"] = (torch.from_numpy(np.asarray(keys, np.int64)), int(pos), int(has_gauss),
+                    float(gauss))  # fmt: skip
+    return out
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    """Undo :func:`capture_rng` (states missing from ``state`` are left alone)."""
+    if "torch" in state:
+        torch.set_rng_state(state["torch"])
+    if "python" in state:
+        random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    if "numpy" in state:
+        import numpy as np
+
+        keys, *rest = state["numpy"]
+        np.random.set_state(("MT19937", keys.numpy().astype(np.uint32), *rest))
+
+
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    inner = getattr(model, "module", None)  # DDP and similar wrappers
+    return inner if isinstance(inner, torch.nn.Module) else model
+
+
+def training_state(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, epoch: int, batches: int,
+    extra: dict[str, Any],
+) -> dict[str, Any]:  # fmt: skip
+    """What ``Context.checkpoint`` saves per rank: model (unwrapped), optimizer (with a
+    StrategyOptimizer's strategy state), the model's ``strategy_state()``, RNG states,
+    the data position (epoch, batches consumed in it) and ``extra``."""
+    strategy = getattr(model, "strategy_state", None)
+    return {
+        "model": _unwrap(model).state_dict(), "optimizer": optimizer.state_dict(),
+        "strategy": strategy() if callable(strategy) else {}, "rng": capture_rng(),
+        "data": {"epoch": epoch, "batches": batches}, "extra": dict(extra),
+    }  # fmt: skip
+
+
+def restore_training_state(
+    state: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> None:
+    """Load what :func:`training_state` captured back into the live objects."""
+    _unwrap(model).load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    load_strategy = getattr(model, "load_strategy_state", None)
+    if callable(load_strategy):
+        load_strategy(state.get("strategy", {}))
+    restore_rng(state.get("rng", {}))

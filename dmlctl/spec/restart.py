@@ -1,0 +1,91 @@
+"""The ``restart:`` and ``checkpoint:`` blocks of a job file (pure models, no I/O).
+
+``RestartSpec`` holds exactly the keys of
+:class:`dmlctl.launch.policy.RestartPolicy`, so
+``RestartPolicy(**spec.restart.model_dump())`` builds the policy the supervisor runs.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from dmlctl.spec.fields import FROZEN
+
+__all__ = ["CheckpointSpec", "RestartSpec"]
+
+
+class RestartSpec(BaseModel):
+    """When a failed run is started again, and how long dmlctl waits before each restart.
+
+    Failures are split in two kinds with separate budgets: *user* failures (a rank
+    raised an exception or exited non-zero) and *infra* failures (a rank killed by a
+    signal, a host agent lost, torchrun failing, a hang). Restart ``n`` (0-based) waits
+    ``min(backoff_initial * backoff_factor ** n, backoff_max)`` seconds.
+    """
+
+    model_config = FROZEN
+
+    max_user_restarts: int = Field(
+        default=0,
+        ge=0,
+        description="Restarts allowed after failures of the training code itself "
+        "(an exception or a non-zero exit); 0 = never restart those.",
+    )
+    max_infra_restarts: int = Field(
+        default=3,
+        ge=0,
+        description="Restarts allowed after infrastructure failures (a rank killed by a "
+        "signal, a lost host, a torchrun failure, a hang).",
+    )
+    backoff_initial: float = Field(
+        default=1.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="Seconds to wait before the first restart.",
+    )
+    backoff_factor: float = Field(
+        default=2.0,
+        ge=1,
+        allow_inf_nan=False,
+        description="Multiplier applied to the wait after each restart (1 = constant wait).",
+    )
+    backoff_max: float = Field(
+        default=30.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="Longest wait before a restart, in seconds.",
+    )
+    hang_timeout: float = Field(
+        default=30.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="Seconds without progress from a rank before it counts as hung "
+        "(an infra failure).",
+    )
+
+
+class CheckpointSpec(BaseModel):
+    """How often the training script should save a checkpoint, and how many to keep.
+
+    Leaving both ``every_steps`` and ``every_seconds`` unset disables periodic
+    checkpoints; when both are set, whichever comes first triggers one.
+    """
+
+    model_config = FROZEN
+
+    every_steps: int | None = Field(
+        default=None,
+        ge=1,
+        description="Save a checkpoint every this many training steps.",
+    )
+    every_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        allow_inf_nan=False,
+        description="Save a checkpoint every this many seconds of training.",
+    )
+    keep: int = Field(
+        default=3,
+        ge=1,
+        description="Number of most recent checkpoints kept; older ones are deleted.",
+    )
