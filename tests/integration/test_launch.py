@@ -211,3 +211,22 @@ def test_every_strategy_example_trains(cli: Cli, job: str) -> None:
         for line in (cli.home / "runs" / run_id / "metrics.jsonl").read_text().splitlines()
     ]
     assert any("comm_bytes_per_step" in r["values"] for r in records)
+
+
+def test_a_transient_failure_is_restarted(cli: Cli) -> None:
+    proc = cli.run("launch", str(JOBS / "flaky" / "job.yaml"), "--ui", "plain")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    state = cli.state(only_run(cli))
+    assert (state["phase"], state["restarts"]) == ("succeeded", 1)
+    assert state["failures"][0]["message"] == "transient failure on the first attempt"
+    assert "rank 1 finished on attempt 1" in proc.stdout
+    assert not run_processes(state["run_id"])
+
+
+def test_a_failure_on_every_attempt_stops_after_the_user_budget(cli: Cli) -> None:
+    proc = cli.run("launch", str(JOBS / "alwaysfail" / "job.yaml"), "--ui", "plain")
+    assert proc.returncode == 1
+    state = cli.state(only_run(cli))
+    assert (state["phase"], state["restarts"]) == ("failed", 2)
+    assert state["root_cause"]["exc_type"] == "RuntimeError"
+    assert "RuntimeError: transient failure" in proc.stdout
