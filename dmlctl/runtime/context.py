@@ -43,6 +43,7 @@ from pydantic import BaseModel
 from dmlctl.runtime import checkpoint as ckpt
 from dmlctl.runtime.data import MapDataset, shard_batches
 from dmlctl.runtime.env import RunEnv, read_env
+from dmlctl.runtime.heartbeat import Heartbeat
 from dmlctl.runtime.metrics import MetricLogger
 from dmlctl.strategies import registry
 
@@ -70,6 +71,10 @@ class Context:
         self._resume_at: tuple[int, int] | None = None  # (epoch, batches consumed)
         self._batches = self._skip = 0  # batches yielded in this epoch / left to skip
         self.resumed_extra: dict[str, Any] = {}  # ``extra`` of the checkpoint resumed
+        self._progress = 0  # batches + log calls: what the heartbeat reports
+        self._heartbeat = (
+            Heartbeat(env.rank_dir, env.rank, lambda: self._progress) if env.rank_dir else None
+        )
 
     @property
     def rank(self) -> int:
@@ -191,6 +196,7 @@ class Context:
 
     def _count(self, samples: int) -> None:
         self._batches += 1
+        self._progress += 1
         if self._skip:
             self._skip -= 1  # consumed before the checkpoint: not counted again
         else:
@@ -234,6 +240,7 @@ class Context:
         """
         for source in self._sources:
             metrics = {**source(), **metrics}
+        self._progress += 1
         return self._metrics.log(step, metrics)
 
     def barrier(self) -> None:
@@ -277,6 +284,8 @@ class Context:
             return
         self._closed = True
         try:
+            if self._heartbeat is not None:
+                self._heartbeat.stop()
             self._metrics.close()
             while self._on_close:
                 self._on_close.pop()()

@@ -230,3 +230,17 @@ def test_a_failure_on_every_attempt_stops_after_the_user_budget(cli: Cli) -> Non
     assert (state["phase"], state["restarts"]) == ("failed", 2)
     assert state["root_cause"]["exc_type"] == "RuntimeError"
     assert "RuntimeError: transient failure" in proc.stdout
+
+
+def test_a_stopped_rank_is_detected_as_hung_and_restarted(cli: Cli) -> None:
+    started = time.monotonic()
+    proc = cli.run("launch", str(JOBS / "stopped" / "job.yaml"), "--ui", "plain")
+    took = time.monotonic() - started
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    state = cli.state(only_run(cli))
+    assert (state["phase"], state["restarts"]) == ("succeeded", 1)
+    hang = state["failures"][0]
+    assert (hang["rank"], hang["exc_type"]) == (1, "Hang")
+    assert "no progress for" in hang["message"]
+    assert took < 60, took  # hang_timeout 4 s, never a 30-minute collective timeout
+    assert not run_processes(state["run_id"])

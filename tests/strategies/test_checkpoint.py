@@ -1,0 +1,248 @@
+"""Checkpoints: atomic commit, verified fallback, safe loading, exact resume (gloo ranks)."""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from dmlctl.runtime import checkpoint as ckpt
+from dmlctl.runtime.checkpoint import CheckpointManager, CheckpointRefused, CheckpointWarning
+from tests.strategies.harness import run_ranks
+
+pytestmark = pytest.mark.integration
+
+
+def _state(step: int) -> dict[str, Any]:
+    return {"w": torch.full((3,), float(step)), "step": step}
+
+
+def _mgr(root: Path, **kw: Any) -> CheckpointManager:
+    return CheckpointManager(str(root), 0, 1, **kw)
+
+
+# ---------------------------------------------------------------- single process
+
+
+def test_round_trip_model_optimizer_rng_and_position(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(8, 4)).sum().backward()
+    opt.step()
+    random.seed(3)
+    state = ckpt.training_state(model, opt, epoch=2, batches=5, extra={"best": 0.5})
+    expect = (torch.rand(3), random.random())
+    mgr = _mgr(tmp_path)
+    path = mgr.save(7, state)
+    assert Path(path).name == "step-000000007"
+    assert (tmp_path / "LATEST").read_text() == "step-000000007"
+
+    model2 = torch.nn.Linear(4, 2)
+    opt2 = torch.optim.SGD(model2.parameters(), lr=0.1, momentum=0.9)
+    found = _mgr(tmp_path).load_latest()
+    assert found is not None
+    step, loaded = found
+    ckpt.restore_training_state(loaded, model2, opt2)
+    assert step == 7 and loaded["data"] == {"epoch": 2, "batches": 5}
+    assert loaded["extra"] == {"best": 0.5}
+    for a, b in zip(model.parameters(), model2.parameters(), strict=True):
+        assert torch.equal(a, b)
+    buf = opt2.state_dict()["state"][0]["momentum_buffer"]
+    assert torch.equal(buf, opt.state_dict()["state"][0]["momentum_buffer"])
+    assert torch.equal(torch.rand(3), expect[0]) and random.random() == expect[1]
+
+
+def test_nothing_to_resume(tmp_path: Path) -> None:
+    assert _mgr(tmp_path / "absent").load_latest() is None
+
+
+def _save_two(root: Path) -> Path:
+    mgr = _mgr(root)
+    mgr.save(80, _state(80))
+    return Path(mgr.save(120, _state(120)))
+
+
+@pytest.mark.parametrize("damage", ["truncate", "bitflip", "no-manifest"])
+def test_bad_newest_falls_back_with_warning(
+    tmp_path: Path, damage: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    newest = _save_two(tmp_path)
+    f = newest / "rank-0.pt"
+    data = bytearray(f.read_bytes())
+    if damage == "truncate":
+        f.write_bytes(data[: len(data) // 2])
+    elif damage == "bitflip":
+        data[len(data) // 2] ^= 0x01
+        f.write_bytes(bytes(data))
+    else:
+        (newest / "manifest.json").unlink()
+    with pytest.warns(CheckpointWarning, match="step-000000120 is corrupt"):
+        found = _mgr(tmp_path).load_latest()
+    assert found is not None and found[0] == 80 and found[1]["step"] == 80
+    err = capsys.readouterr().err
+    assert "falling back to step-000000080" in err
+    if damage == "bitflip":
+        assert "checksum mismatch on rank-0.pt" in err
+
+
+def test_leftover_tmp_dir_ignored_and_cleaned(tmp_path: Path) -> None:
+    mgr = _mgr(tmp_path)
+    mgr.save(5, _state(5))
+    crashed = tmp_path / ".tmp-step-10"  # a crash in the middle of writing step 10
+    crashed.mkdir()
+    (crashed / "rank-0.pt").write_bytes(b"half a checkp")
+    found = _mgr(tmp_path).load_latest()
+    assert found is not None and found[0] == 5
+    mgr.save(10, _state(10))
+    assert not crashed.exists() and not list(tmp_path.glob(".tmp-*"))
+    found = _mgr(tmp_path).load_latest()
+    assert found is not None and found[1]["step"] == 10
+
+
+class _Evil:
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Path.touch, (Path(self.marker),))
+
+
+def test_malicious_pickle_refused_never_executed(tmp_path: Path) -> None:
+    newest = _save_two(tmp_path)
+    marker = tmp_path / "pwned"
+    f = newest / "rank-0.pt"
+    torch.save({"model": _Evil(str(marker))}, f)
+    manifest = (newest / "manifest.json").read_text()
+    entry = {"sha256": ckpt._sha256(f), "size": f.stat().st_size}  # a matching checksum
+    import json
+
+    m = json.loads(manifest)
+    m["files"]["rank-0.pt"] = entry
+    (newest / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(CheckpointRefused, match="unsafe unpickling"):
+        _mgr(tmp_path).load_latest()
+    assert not marker.exists()
+    os.environ["TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"] = "1"  # cannot be talked into it
+    try:
+        with pytest.raises(CheckpointRefused):
+            _mgr(tmp_path).load_latest()
+    finally:
+        del os.environ["TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"]
+    assert not marker.exists()
+
+
+def test_keep_two(tmp_path: Path) -> None:
+    mgr = _mgr(tmp_path, keep=2)
+    for step in (1, 2, 3, 4):
+        mgr.save(step, _state(step))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "LATEST", "step-000000003", "step-000000004"]  # fmt: skip
+
+
+def test_latest_replaced_atomically(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    mgr = _mgr(tmp_path, keep=2)
+    mgr.save(0, _state(0))
+    real_replace = os.replace
+    replaced: list[str] = []
+
+    def checked_replace(src: Any, dst: Any) -> None:
+        assert (tmp_path / "LATEST").exists()
+        assert Path(src).read_text().startswith("step-")  # complete before the swap
+        replaced.append(Path(dst).name)
+        real_replace(src, dst)
+
+    monkeypatch.setattr(ckpt.os, "replace", checked_replace)
+    seen: list[str] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            seen.append((tmp_path / "LATEST").read_text())  # raises if ever absent
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        for step in range(1, 30):
+            mgr.save(step, _state(step))
+    finally:
+        stop.set()
+        watcher.join()
+    assert replaced == ["LATEST"] * 29
+    assert seen and all(s.startswith("step-") and len(s) == 14 for s in seen)
+
+
+def test_due_every_steps(tmp_path: Path) -> None:
+    mgr = _mgr(tmp_path, every_steps=5)
+    assert [s for s in range(1, 21) if mgr.due(s)] == [5, 10, 15, 20]
+    assert not _mgr(tmp_path).due(5)
+    assert _mgr(tmp_path, every_seconds=0.0).due(1)
+
+
+# ---------------------------------------------------------------- 2 real gloo ranks
+
+
+def _train(ctx: Any, stop_after: int, total: int) -> list[torch.Tensor]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.3), torch.nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    model, opt = ctx.prepare(model, opt)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(64, 4, generator=g)
+    data = torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True))
+    step = ctx.resume(model, opt)
+    start = step
+    if step < total:
+        for xb, yb in ctx.shard(data, batch_size=4, epochs=3, seed=2):
+            loss = torch.nn.functional.mse_loss(model(xb), yb) + torch.rand(()) * 0
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            step += 1
+            ctx.checkpoint(step, model, opt, lr=0.05)
+            if step in (stop_after, total):
+                break
+    return [torch.tensor(start), *(p.detach().clone() for p in model.parameters())]
+
+
+def test_resume_equals_uninterrupted_bit_for_bit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DMLCTL_CHECKPOINT_EVERY_STEPS", "5")
+    monkeypatch.setenv("DMLCTL_CHECKPOINT_DIR", str(tmp_path / "a"))
+    straight = run_ranks(_train, 2, args=(20, 20))
+    monkeypatch.setenv("DMLCTL_CHECKPOINT_DIR", str(tmp_path / "b"))
+    crashed = run_ranks(_train, 2, args=(12, 20))  # "crashes" after step 12
+    assert [int(r[0]) for r in crashed] == [0, 0]
+    resumed = run_ranks(_train, 2, args=(20, 20))
+    assert [int(r[0]) for r in resumed] == [10, 10]
+    for a, b in zip(straight, resumed, strict=True):
+        for pa, pb in zip(a[1:], b[1:], strict=True):
+            assert torch.equal(pa, pb)
+    assert not any(
+        torch.equal(pa, pb) for pa, pb in zip(crashed[0][1:], resumed[0][1:], strict=True)
+    )
+
+
+def _resume_step(ctx: Any, root: str) -> int:
+    found = CheckpointManager(root, ctx.rank, ctx.world_size).load_latest()
+    assert found is not None
+    return found[0]
+
+
+def test_ranks_agree_when_one_rank_newest_is_bad(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DMLCTL_CHECKPOINT_EVERY_STEPS", "5")
+    monkeypatch.setenv("DMLCTL_CHECKPOINT_DIR", str(tmp_path))
+    run_ranks(_train, 2, args=(12, 20))
+    f = tmp_path / "step-000000010" / "rank-1.pt"
+    data = bytearray(f.read_bytes())
+    data[-100] ^= 0x10
+    f.write_bytes(bytes(data))
+    assert run_ranks(_resume_step, 2, args=(str(tmp_path),)) == [5, 5]
