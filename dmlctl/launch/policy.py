@@ -50,8 +50,10 @@ def classify(cause: RootCause) -> FailureKind:
     ===========================================  =====  ==========================
     cause                                        kind   why
     ===========================================  =====  ==========================
-    ``Signal``                                   INFRA  killed from outside (OOM
+    ``Signal``: SIGKILL, SIGTERM, SIGHUP, …       INFRA  killed from outside (OOM
                                                         killer, preemption, kill)
+    ``Signal``: SIGSEGV, SIGABRT, SIGBUS,        USER   the process crashed itself
+    SIGFPE, SIGILL, SIGTRAP, SIGSYS                     (native code, an abort())
     ``AgentLost``                                INFRA  host agent / connection gone
     ``AgentExit``                                INFRA  torchrun or the agent failed
     ``Hang``                                     INFRA  no progress within the timeout
@@ -67,9 +69,16 @@ def classify(cause: RootCause) -> FailureKind:
     Restarting a USER failure usually fails the same way, which is why its budget
     defaults to zero.
     """
+    if cause.exc_type == "Signal" and any(sig in cause.message for sig in _CRASH_SIGNALS):
+        return FailureKind.USER
     if cause.exc_type in _INFRA_TYPES or cause.collateral or cause.rank is None:
         return FailureKind.INFRA
     return FailureKind.USER
+
+
+# Signals a process raises against itself when it crashes: its own fault, not the
+# infrastructure's, so restarting it spends the user-code budget.
+_CRASH_SIGNALS = ("SIGSEGV", "SIGABRT", "SIGBUS", "SIGFPE", "SIGILL", "SIGTRAP", "SIGSYS")
 
 
 @dataclass(frozen=True)

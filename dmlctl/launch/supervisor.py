@@ -192,6 +192,7 @@ class Supervisor:
         plan = self.plan
         self._procs = {}
         self._progress = {}
+        self._stderr = {}  # the stderr tails of this attempt only
         hosts = ", ".join(h.name for h in plan.hosts)
         what = "starting" if attempt == 0 else f"restarting (attempt {attempt + 1})"
         first: list[Event] = [Progress(f"{what} host agents on {hosts}", self.clock())]

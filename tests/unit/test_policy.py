@@ -246,3 +246,16 @@ def test_checkpoint_spec_defaults_and_values() -> None:
     assert CheckpointSpec() == CheckpointSpec(every_steps=None, every_seconds=None, keep=3)
     spec = CheckpointSpec.model_validate({"every_steps": 500, "every_seconds": 600, "keep": 1})
     assert (spec.every_steps, spec.every_seconds, spec.keep) == (500, 600.0, 1)
+
+
+@pytest.mark.parametrize(
+    ("message", "kind"),
+    [
+        ("killed by SIGSEGV", FailureKind.USER),
+        ("killed by SIGABRT", FailureKind.USER),
+        ("killed by SIGKILL", FailureKind.INFRA),
+        ("killed by SIGTERM", FailureKind.INFRA),
+    ],
+)
+def test_a_crash_signal_is_the_codes_fault_a_kill_is_not(message: str, kind: FailureKind) -> None:
+    assert classify(RootCause("h", 1, "Signal", message)) == kind
