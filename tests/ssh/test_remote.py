@@ -297,6 +297,7 @@ def test_dropped_connection_stops_the_hosts_processes(
     job.write_text(
         f"script: {FOREVER / 'train.py'}\nworkdir: {FOREVER}\nworkers: 4\n"
         f"env:\n  MY_API_TOKEN: {secret}\n"
+        "restart:\n  max_infra_restarts: 0\n"  # this test checks the failure, not a restart
     )
     cluster = cluster_file(ssh_lab, tmp_path)
     proc = lcli.popen("launch", str(job), "--cluster", str(cluster), "--ui", "quiet")
