@@ -40,7 +40,7 @@ def _describe_exit(code: int) -> str:
     return f"exited with code {code}"
 
 
-def torchrun_failure(host: str, tail: Sequence[str]) -> RootCause | None:
+def torchrun_failure(host: str, tail: Sequence[str], ts: float = 0.0) -> RootCause | None:
     """The root-cause rank in torchrun's failure summary (``rank : N`` / ``exitcode : X``
     lines, after "Root Cause" when present: torchrun lists the other failures first),
     for ranks that died without a Python exception."""
@@ -51,7 +51,7 @@ def torchrun_failure(host: str, tail: Sequence[str]) -> RootCause | None:
         elif rank is not None and (m := _TORCHRUN_EXIT.match(line)) is not None:
             code = int(m.group(1))
             kind = "Signal" if code < 0 else "ExitCode"
-            return RootCause(host, rank, kind, _describe_exit(code), tuple(tail[-15:]))
+            return RootCause(host, rank, kind, _describe_exit(code), tuple(tail[-15:]), ts)
     return None
 
 
@@ -102,7 +102,7 @@ def parse_line(host: str, line: str, now: float) -> list[Event]:
         if kind == protocol.MSG_EXIT:
             code = int(msg["code"])
             tail = tuple(str(x) for x in msg.get("tail", ()))
-            cause = torchrun_failure(host, tail) if code != 0 else None
+            cause = torchrun_failure(host, tail, now) if code != 0 else None
             return [AgentExited(host, code, tail, now, cause)]
     except (ValueError, KeyError, TypeError):
         pass

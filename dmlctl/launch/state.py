@@ -261,11 +261,18 @@ def apply(state: RunState, events: Iterable[Event]) -> RunState:
         elif isinstance(ev, AgentExited):
             stopping = get("phase") == Phase.STOPPING
             failed = ev.exit_code != 0 and not stopping
-            if failed and get("root_cause") is None:
-                s["root_cause"] = ev.cause or RootCause(
+            if failed:
+                cause = ev.cause or RootCause(
                     ev.host, None, "AgentExit", f"torchrun exited with code {ev.exit_code}",
-                    ev.tail,
+                    ev.tail, ev.ts,
                 )
+                # A rank killed without a word (SIGKILL) is only named by torchrun's
+                # summary, after its peers' collateral errors have arrived.
+                known = get("root_cause")
+                if known is None or (
+                    ev.cause is not None and known.collateral and not cause.collateral
+                ):
+                    s["root_cause"] = cause
             for rank in list(ranks):
                 if current(rank, "host") != ev.host or RankStatus(current(rank, "status")).terminal:
                     continue

@@ -244,3 +244,33 @@ def test_a_stopped_rank_is_detected_as_hung_and_restarted(cli: Cli) -> None:
     assert "no progress for" in hang["message"]
     assert took < 60, took  # hang_timeout 4 s, never a 30-minute collective timeout
     assert not run_processes(state["run_id"])
+
+
+def _resume_job(tmp_path: Path, name: str, fault: bool) -> Path:
+    job = tmp_path / f"{name}.yaml"
+    job.write_text(
+        f"name: {name}\nscript: train.py\nworkdir: {JOBS / 'resume'}\nworkers: 2\n"
+        f"env:\n  FAULT: '{int(fault)}'\n  OUT: {tmp_path / (name + '.pt')}\n"
+        "restart:\n  max_infra_restarts: 1\n  backoff_initial: 0.2\n"
+        "checkpoint:\n  every_steps: 5\n  keep: 2\n"
+    )
+    return job
+
+
+def test_kill_9_of_a_worker_resumes_from_the_last_checkpoint(cli: Cli, tmp_path: Path) -> None:
+    import torch
+
+    clean = cli.run("launch", str(_resume_job(tmp_path, "clean", False)), "--ui", "plain")
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    faulty = cli.run("launch", str(_resume_job(tmp_path, "faulty", True)), "--ui", "plain")
+    assert faulty.returncode == 0, faulty.stdout + faulty.stderr
+    assert "rank 1 attempt 1 starts at step 10" in faulty.stdout
+    run = next(p for p in cli.runs() if p.name.startswith("faulty"))
+    state = cli.state(run.name)
+    assert state["restarts"] == 1
+    assert state["failures"][0]["message"] == "killed by SIGKILL"
+    a = torch.load(tmp_path / "clean.pt", weights_only=True)
+    b = torch.load(tmp_path / "faulty.pt", weights_only=True)
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
