@@ -13,7 +13,12 @@ UI_MODES = ("auto", "live", "plain", "quiet")
 
 
 def launch(
-    job_file: Path = typer.Argument(..., help="The job file (job.yaml).", show_default=False),
+    job_file: Optional[Path] = typer.Argument(  # noqa: UP045 - typer needs Optional
+        None, help="The job file (job.yaml).", show_default=False
+    ),
+    resume: Optional[str] = typer.Option(  # noqa: UP045
+        None, "--resume", help="Continue RUN, whose controller died, from its checkpoints."
+    ),
     cluster: Optional[Path] = typer.Option(  # noqa: UP045 - typer needs Optional
         None, "--cluster", "-c", help="Cluster spec; default: this machine, one worker per core."
     ),
@@ -38,6 +43,18 @@ def launch(
 
     if ui not in UI_MODES:
         raise UsageError(f"--ui: expected one of {', '.join(UI_MODES)}, got {ui!r}")
+    if resume is not None:
+        if job_file is not None:
+            raise UsageError("give either a job file or --resume RUN, not both")
+        from dmlctl.launch.api import resume as resume_run
+
+        options = LaunchOptions(detach=detach, ui=ui)  # type: ignore[arg-type]
+        result = resume_run(resume, options=options, console=stdout_console())
+        if detach:
+            print(result.run_id)
+        return result.exit_code
+    if job_file is None:
+        raise UsageError("missing the job file: dmlctl launch JOB.yaml (or --resume RUN)")
     job = load_job(job_file)
     spec = load_cluster_file(cluster) if cluster is not None else default_cluster()
     if workers is not None:

@@ -115,10 +115,11 @@ def create_run(
     return run
 
 
-def _detach(run: RunDir) -> int:
+def _detach(run: RunDir, *, resume: bool = False) -> int:
     with open(run.controller_log, "ab") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "dmlctl.launch.controller", str(run.path)],
+            [sys.executable, "-m", "dmlctl.launch.controller", str(run.path),
+             *(["--resume"] if resume else [])],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -217,3 +218,33 @@ def launch(
     sink = make_sink(options.ui, console, str(run.path))
     state = run_controller(run, plan, sink, transports)
     return LaunchResult(plan.run_id, run.path, state, int(state.exit_code or 0))
+
+
+def resume(run_id: str, *, options: LaunchOptions, console: Console) -> LaunchResult:
+    """Continue run ``run_id`` whose controller died (``dmlctl status`` says ``lost``):
+    the same plan, as its next attempt, in the foreground or detached; the ranks
+    resume from their latest checkpoints. Refuses a run that is still controlled or
+    already ended."""
+    import json
+
+    from dmlctl.errors import UsageError
+    from dmlctl.launch.controller import run_controller
+    from dmlctl.launch.state import Phase
+
+    run = RunStore(options.home).get(run_id)
+    state = run.read_state()
+    if state.phase != Phase.LOST:
+        raise UsageError(
+            f"run {run.run_id} is {state.phase.value}; only a run whose controller died"
+            " ('lost' in dmlctl status) can be resumed"
+        )
+    plan = LaunchPlan.from_dict(json.loads(run.plan.read_text(encoding="utf-8")))
+    transports = make_transports(plan.hosts)
+    if options.detach:
+        close_transports(transports)
+        pid = _detach(run, resume=True)
+        return LaunchResult(plan.run_id, run.path, None, 0 if pid else 1)
+    run.controller_pid.write_text(str(os.getpid()))
+    sink = make_sink(options.ui, console, str(run.path))
+    final = run_controller(run, plan, sink, transports, resume_from=state)
+    return LaunchResult(plan.run_id, run.path, final, int(final.exit_code or 0))

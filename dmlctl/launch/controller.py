@@ -45,7 +45,11 @@ def install_early_handlers() -> None:
 
 
 def run_controller(
-    run: RunDir, plan: LaunchPlan, sink: Sink, transports: Mapping[str, Transport] | None = None
+    run: RunDir,
+    plan: LaunchPlan,
+    sink: Sink,
+    transports: Mapping[str, Transport] | None = None,
+    resume_from: RunState | None = None,
 ) -> RunState:
     """Supervise ``plan`` in ``run`` and return the final RunState; afterwards, remote
     hosts' rank files are collected into the run directory."""
@@ -71,7 +75,7 @@ def run_controller(
     for reason in _pending:
         sup.request_stop(reason)
     try:
-        state = sup.run()
+        state = sup.run(resume_from)
         for problem in collect_rank_files(plan, transports, run.path):
             print(f"dmlctl: could not collect rank files from {problem}", file=sys.stderr)
         return state
@@ -95,11 +99,14 @@ def main(argv: list[str]) -> int:
     from dmlctl.ui import render_summary
 
     run = RunDir(Path(argv[0]))
+    resume_from = run.read_state() if "--resume" in argv[1:] else None
     run.controller_pid.write_text(str(os.getpid()))
     plan = LaunchPlan.from_dict(json.loads(run.plan.read_text(encoding="utf-8")))
     # The run's lines are already in logs/; controller.log gets only the outcome.
     console = Console(file=sys.stdout, force_terminal=False, width=120)
-    state = run_controller(run, plan, make_sink("quiet", console, str(run.path)))
+    state = run_controller(
+        run, plan, make_sink("quiet", console, str(run.path)), resume_from=resume_from
+    )
     console.print(render_summary(state, str(run.path)))
     return int(state.exit_code or 0)
 

@@ -141,16 +141,27 @@ class Supervisor:
         cause = RootCause(host, None, "AgentLost", msg, tail)
         return AgentExited(host, code if code is not None else -1, tail, self.clock(), cause)
 
-    def run(self) -> RunState:
+    def run(self, resume_from: RunState | None = None) -> RunState:
         """Run the plan to its end, restarting it as ``decide`` says; returns the final
-        state (also persisted)."""
+        state (also persisted). ``resume_from`` is the last state of the same run whose
+        controller died: the run goes on as its next attempt (ranks resume from their
+        checkpoints), keeping its restart count and failures."""
         plan = self.plan
-        state = new_run_state(
-            plan.run_id, plan.job_name, plan.strategy,
-            [(r.rank, r.host, r.role) for r in plan.ranks], self.clock(),
-        )  # fmt: skip
         recorder = RunRecorder(self.run_dir)
         attempt = 0
+        if resume_from is None:
+            state = new_run_state(
+                plan.run_id, plan.job_name, plan.strategy,
+                [(r.rank, r.host, r.role) for r in plan.ranks], self.clock(),
+            )  # fmt: skip
+        else:
+            attempt = resume_from.restarts + 1
+            lost = RootCause("controller", None, "ControllerLost",
+                             "the controller died; resumed with dmlctl launch --resume",
+                             (), self.clock())  # fmt: skip
+            state = dataclasses.replace(resume_from, phase=Phase.RUNNING, ended_at=None,
+                                        exit_code=None, stop_reason=None)  # fmt: skip
+            state = self._step(state, [Restarting(attempt, lost, 0.0, self.clock())], recorder)
         while True:
             state = self._run_attempt(state, recorder, attempt)
             if state.root_cause is None or self._stopping():

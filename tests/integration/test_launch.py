@@ -274,3 +274,34 @@ def test_kill_9_of_a_worker_resumes_from_the_last_checkpoint(cli: Cli, tmp_path:
     assert a.keys() == b.keys()
     for key in a:
         assert torch.equal(a[key], b[key]), key
+
+
+def test_resume_continues_a_run_whose_controller_died(cli: Cli, tmp_path: Path) -> None:
+    import torch
+
+    job = tmp_path / "slow.yaml"
+    job.write_text(
+        f"name: slow\nscript: train.py\nworkdir: {JOBS / 'resume'}\nworkers: 2\n"
+        f"env:\n  STEP_SLEEP: '0.3'\n  OUT: {tmp_path / 'slow.pt'}\n"
+        "checkpoint:\n  every_steps: 5\n"
+    )
+    proc = cli.popen("launch", str(job), "--ui", "quiet")
+    run_id = _wait_running(cli)
+    latest = cli.home / "runs" / run_id / "hosts" / "checkpoints" / "LATEST"
+    assert wait_until(latest.is_file, 60), "no checkpoint was written"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert wait_until(lambda: not run_processes(run_id), 15), run_processes(run_id)
+    assert cli.state(run_id)["phase"] in ("running", "starting")  # as the dead controller left it
+    assert json.loads(cli.run("status", run_id, "--json").stdout)["phase"] == "lost"
+    resumed = cli.run("launch", "--resume", run_id, "--ui", "plain")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    starts = [int(x.split()[0]) for x in resumed.stdout.split("starts at step ")[1:]]
+    assert starts and min(starts) >= 5, resumed.stdout  # from a checkpoint, not from 0
+    state = cli.state(run_id)
+    assert (state["phase"], state["restarts"]) == ("succeeded", 1)
+    assert state["failures"][-1]["exc_type"] == "ControllerLost"
+    assert torch.load(tmp_path / "slow.pt", weights_only=True)
+    assert not run_processes(run_id)
+    again = cli.run("launch", "--resume", run_id)
+    assert again.returncode == 2 and "only a run whose controller died" in again.stderr

@@ -1,9 +1,10 @@
 """Trains 20 steps with checkpoints every 5. With FAULT=1, rank 1 is killed (SIGKILL)
 at step 12 on the first attempt; the restart resumes from step 10. Rank 0 writes the
-final weights to $OUT."""
+final weights to $OUT. STEP_SLEEP slows every step (to kill a controller mid-run)."""
 
 import os
 import signal
+import time
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +31,7 @@ for xb, yb in ctx.shard(data, batch_size=16, epochs=2):
     step += 1
     ctx.log(step=step, loss=loss)
     ctx.checkpoint(step, model, opt)
+    time.sleep(float(os.environ.get("STEP_SLEEP", "0")))
     if os.environ.get("FAULT") == "1" and attempt == 0 and ctx.rank == 1 and step == 12:
         os.kill(os.getpid(), signal.SIGKILL)
 if ctx.rank == 0:
