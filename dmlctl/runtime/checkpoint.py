@@ -28,7 +28,6 @@ import hashlib
 import json
 import os
 import pickle
-import random
 import re
 import shutil
 import sys
@@ -40,10 +39,33 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-ENV_CHECKPOINT_DIR = "DMLCTL_CHECKPOINT_DIR"
-ENV_CHECKPOINT_EVERY_STEPS = "DMLCTL_CHECKPOINT_EVERY_STEPS"
-ENV_CHECKPOINT_EVERY_SECONDS = "DMLCTL_CHECKPOINT_EVERY_SECONDS"
-ENV_CHECKPOINT_KEEP = "DMLCTL_CHECKPOINT_KEEP"
+from dmlctl.protocol import (
+    ENV_CHECKPOINT_DIR,
+    ENV_CHECKPOINT_EVERY_SECONDS,
+    ENV_CHECKPOINT_EVERY_STEPS,
+    ENV_CHECKPOINT_KEEP,
+)
+from dmlctl.runtime.resume import (
+    capture_rng,
+    restore_rng,
+    restore_training_state,
+    training_state,
+)
+
+__all__ = [
+    "ENV_CHECKPOINT_DIR",
+    "ENV_CHECKPOINT_EVERY_SECONDS",
+    "ENV_CHECKPOINT_EVERY_STEPS",
+    "ENV_CHECKPOINT_KEEP",
+    "CheckpointError",
+    "CheckpointManager",
+    "CheckpointRefused",
+    "CheckpointWarning",
+    "capture_rng",
+    "restore_rng",
+    "restore_training_state",
+    "training_state",
+]
 
 _STEP_DIR = re.compile(r"^step-(\d{9,})$")
 _LATEST = "LATEST"
@@ -278,66 +300,3 @@ class CheckpointManager:
             if refused is not None or int(flag.item()) == _REFUSED:
                 raise refused or CheckpointRefused(f"another rank refused {path.name}")
             return agreed, state
-
-
-def capture_rng() -> dict[str, Any]:
-    """torch (CPU + CUDA), ``random`` and numpy generator states, as tensors/tuples
-    that load with ``weights_only=True``."""
-    out: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if torch.cuda.is_available():
-        out["cuda"] = torch.cuda.get_rng_state_all()
-    try:
-        import numpy as np
-    except ImportError:  # pragma: no cover - numpy is optional
-        return out
-    _, keys, pos, has_gauss, gauss = np.random.get_state(legacy=True)
-    out["numpy"] = (torch.from_numpy(np.asarray(keys, np.int64)), int(pos), int(has_gauss),
-                    float(gauss))  # fmt: skip
-    return out
-
-
-def restore_rng(state: dict[str, Any]) -> None:
-    """Undo :func:`capture_rng` (states missing from ``state`` are left alone)."""
-    if "torch" in state:
-        torch.set_rng_state(state["torch"])
-    if "python" in state:
-        random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-    if "numpy" in state:
-        import numpy as np
-
-        keys, *rest = state["numpy"]
-        np.random.set_state(("MT19937", keys.numpy().astype(np.uint32), *rest))
-
-
-def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    inner = getattr(model, "module", None)  # DDP and similar wrappers
-    return inner if isinstance(inner, torch.nn.Module) else model
-
-
-def training_state(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, epoch: int, batches: int,
-    extra: dict[str, Any],
-) -> dict[str, Any]:  # fmt: skip
-    """What ``Context.checkpoint`` saves per rank: model (unwrapped), optimizer (with a
-    StrategyOptimizer's strategy state), the model's ``strategy_state()``, RNG states,
-    the data position (epoch, batches consumed in it) and ``extra``."""
-    strategy = getattr(model, "strategy_state", None)
-    return {
-        "model": _unwrap(model).state_dict(), "optimizer": optimizer.state_dict(),
-        "strategy": strategy() if callable(strategy) else {}, "rng": capture_rng(),
-        "data": {"epoch": epoch, "batches": batches}, "extra": dict(extra),
-    }  # fmt: skip
-
-
-def restore_training_state(
-    state: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer
-) -> None:
-    """Load what :func:`training_state` captured back into the live objects."""
-    _unwrap(model).load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    load_strategy = getattr(model, "load_strategy_state", None)
-    if callable(load_strategy):
-        load_strategy(state.get("strategy", {}))
-    restore_rng(state.get("rng", {}))
