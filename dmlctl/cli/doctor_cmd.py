@@ -33,19 +33,16 @@ def doctor(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> int:
     """Check every host before a launch (exit 0 only if every host is ready)."""
-    import dataclasses
     import sys
 
+    from dmlctl.plan.build import as_run
     from dmlctl.provision.doctor import doctor_json, render_doctor, run_doctor
     from dmlctl.spec import default_cluster, load_cluster
     from dmlctl.transport import close_transports, make_transports
 
     spec = load_cluster(cluster) if cluster is not None else default_cluster()
     # Local hosts run with this interpreter at launch time, so that is the one to check.
-    hosts = [
-        dataclasses.replace(h, python=sys.executable) if h.is_local else h
-        for h in spec.resolved_hosts()
-    ]
+    hosts = [as_run(h, sys.executable) for h in spec.resolved_hosts()]
     err = stderr_console()
     options = None
     if not all(h.is_local for h in hosts):

@@ -7,7 +7,6 @@ record specs and plan, and start (foreground or detached).
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import shutil
 import socket
@@ -24,7 +23,7 @@ from rich.console import Console
 
 from dmlctl.launch.sinks import UiMode, make_sink
 from dmlctl.launch.state import RunState, new_run_state
-from dmlctl.plan.build import build_plan
+from dmlctl.plan.build import as_run, build_plan
 from dmlctl.plan.model import LaunchPlan
 from dmlctl.plan.render import render_plan
 from dmlctl.runs.store import RunDir, RunStore, new_run_id
@@ -161,7 +160,7 @@ def _prepare_remote(
     rdzv_host = network_address(transports[first.name], first.address)
     # Probe what the run will use: on localhost, the interpreter running dmlctl.
     hosts = [
-        dataclasses.replace(h, python=sys.executable) if h.is_local else h
+        as_run(h, sys.executable)
         for h in cluster.resolved_hosts()
         if h.name in {p.name for p in draft.hosts}
     ]

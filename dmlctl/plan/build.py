@@ -7,6 +7,7 @@ give the same plan (tests compare plans against fixtures).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import posixpath
 import shlex
@@ -19,6 +20,12 @@ from dmlctl.spec.models import ClusterSpec, JobSpec, ResolvedHost
 from dmlctl.strategies import registry
 
 WORKER_ROLE = "worker"
+
+
+def as_run(host: ResolvedHost, local_python: str) -> ResolvedHost:
+    """``host`` with the interpreter a run uses there: on ``localhost`` that is the one
+    running dmlctl (``local_python``), elsewhere the host's ``python``."""
+    return dataclasses.replace(host, python=local_python) if host.is_local else host
 
 
 def _assign(hosts: Sequence[ResolvedHost], workers: int) -> list[tuple[ResolvedHost, int]]:
@@ -126,7 +133,7 @@ def build_plan(
     more workers than the cluster has slots, or when other hosts would have to reach
     ``localhost`` for the rendezvous.
     """
-    hosts = cluster.resolved_hosts()
+    hosts = tuple(as_run(h, local_python) for h in cluster.resolved_hosts())
     workers = job.workers if job.workers is not None else sum(h.slots for h in hosts)
     assignment = _assign(hosts, workers)
     _check_strategy_world(job, workers)
@@ -142,7 +149,7 @@ def build_plan(
     ranks: list[RankPlan] = []
     next_rank = 0
     for node_rank, (host, nproc) in enumerate(assignment):
-        python = local_python if host.is_local else host.python
+        python = host.python
         agent_cwd: str | None = None
         if host.is_local:
             workdir = job.workdir

@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from dmlctl.strategies.easgd import add_to_grads
+from dmlctl.strategies.registry import params_as
 
 if TYPE_CHECKING:
     import torch
@@ -90,7 +91,7 @@ def prepare(
     initialised collectively (every rank must call this) as ``init`` says, ``uᵢ = 0``,
     and the returned optimizer runs one round every ``local_steps`` steps.
     """
-    p = params if isinstance(params, Params) else Params.model_validate(params.model_dump())
+    p = params_as(Params, params)
     if ctx.world_size == 1:
         return model, optimizer
     cls = optimizer_class()

@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from dmlctl.strategies import topology
+from dmlctl.strategies.registry import params_as
 
 if TYPE_CHECKING:
     import torch
@@ -180,7 +181,7 @@ def prepare(
     """
     import torch.distributed as dist
 
-    p = params if isinstance(params, Params) else Params.model_validate(params.model_dump())
+    p = params_as(Params, params)
     tensors = list(model.parameters())
     if ctx.world_size > 1:
         for tensor in tensors:

@@ -53,6 +53,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from dmlctl.strategies.registry import params_as
+
 if TYPE_CHECKING:
     import torch
 
@@ -134,7 +136,7 @@ def prepare(
     and the returned optimizer applies the update rules of this module's docstring.
     Raises ValueError when α > 1/p, or when ρ is unset and the lr is not positive.
     """
-    p = params if isinstance(params, Params) else Params.model_validate(params.model_dump())
+    p = params_as(Params, params)
     if ctx.world_size == 1:
         return model, optimizer
     message = check_world(p, ctx.world_size)

@@ -37,6 +37,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from dmlctl.strategies.registry import params_as
+
 if TYPE_CHECKING:
     import torch
     import torch.distributed as dist
@@ -256,7 +258,7 @@ def prepare(
 
     Promises: see the module docstring. ``model`` must already be on ``ctx.device``;
     the optimizer must be built on its parameters."""
-    p = params if isinstance(params, Params) else Params.model_validate(params.model_dump())
+    p = params_as(Params, params)
     if ctx.world_size == 1:
         return model, optimizer
     weights, buffers = model_tensors(model)

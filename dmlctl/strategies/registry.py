@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel
 
@@ -79,6 +79,15 @@ class UnknownStrategy(KeyError):
 
     def __str__(self) -> str:
         return f"unknown strategy {self.name!r}; valid: {', '.join(names())}"
+
+
+_P = TypeVar("_P", bound=BaseModel)
+
+
+def params_as(cls: type[_P], params: BaseModel) -> _P:
+    """``params`` as an instance of the strategy's ``Params`` model (validated anew
+    when it is another model, e.g. from a different import of the module)."""
+    return params if isinstance(params, cls) else cls.model_validate(params.model_dump())
 
 
 def names() -> list[str]:

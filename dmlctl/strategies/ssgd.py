@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from dmlctl.strategies.registry import params_as
+
 if TYPE_CHECKING:
     import torch
     from torch.nn.parallel import DistributedDataParallel
@@ -132,7 +134,7 @@ def prepare(
     registered (``none`` included, so bytes and comm share are always reported);
     compression is moot, and not applied, in a world of 1.
     """
-    p = params if isinstance(params, Params) else Params.model_validate(params.model_dump())
+    p = params_as(Params, params)
     if ctx.world_size == 1:
         return model, optimizer
 
