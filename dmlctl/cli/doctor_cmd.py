@@ -37,10 +37,10 @@ def doctor(
 
     from dmlctl.plan.build import as_run
     from dmlctl.provision.doctor import doctor_json, render_doctor, run_doctor
-    from dmlctl.spec import default_cluster, load_cluster
+    from dmlctl.spec import default_cluster, load_cluster_file
     from dmlctl.transport import close_transports, make_transports
 
-    spec = load_cluster(cluster) if cluster is not None else default_cluster()
+    spec = load_cluster_file(cluster) if cluster is not None else default_cluster()
     # Local hosts run with this interpreter at launch time, so that is the one to check.
     hosts = [as_run(h, sys.executable) for h in spec.resolved_hosts()]
     err = stderr_console()

@@ -384,3 +384,11 @@ def test_doctor_passes_on_hosts_named_by_ssh_config_aliases(
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(proc.stdout)
     assert (report["ok"], report["total"], report["failed"]) == (True, 2, 0)
+
+
+def test_doctor_reads_a_hostfile_like_launch_does(lcli: LabCli, tmp_path: Path) -> None:
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("node-a slots=1\n")
+    proc = lcli.run("doctor", "--cluster", str(hostfile), "--json")
+    assert proc.returncode in (0, 1), proc.stderr  # checked, not refused as bad YAML
+    assert json.loads(proc.stdout)["hosts"][0]["host"] == "node-a"
