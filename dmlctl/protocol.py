@@ -6,8 +6,10 @@
   - ``rank-<R>.stdout`` / ``rank-<R>.stderr`` — the rank's raw output (file
     descriptors 1 and 2 point there, so a rank never blocks on a pipe);
   - ``rank-<R>.events.jsonl`` — one JSON record per line, ``kind`` one of
-    ``start`` (rank, local_rank, pid, role), ``metric`` (rank, step, values) and
-    ``exit`` (rank, code, error or null). :class:`RankEventWriter` writes them.
+    ``start`` (rank, local_rank, pid, role), ``metric`` (rank, step, values),
+    ``heartbeat`` (progress), ``checkpoint`` (step, dir: from the rank that committed
+    a checkpoint in its directory) and ``exit`` (rank, code, error or null).
+    :class:`RankEventWriter` writes them.
 
 * **host agent → controller.** The agent prints one JSON object per line on its
   stdout (see :func:`encode_agent_message`); the controller's parser
@@ -39,17 +41,33 @@ ENV_CHECKPOINT_EVERY_STEPS = "DMLCTL_CHECKPOINT_EVERY_STEPS"
 ENV_CHECKPOINT_EVERY_SECONDS = "DMLCTL_CHECKPOINT_EVERY_SECONDS"
 ENV_CHECKPOINT_KEEP = "DMLCTL_CHECKPOINT_KEEP"
 
+# Layout of a checkpoint directory (see dmlctl.runtime.checkpoint).
+CHECKPOINT_LATEST = "LATEST"  # names the newest committed step directory
+CHECKPOINT_MANIFEST = "manifest.json"  # step, world_size, files: {name: {size, sha256}}
+CHECKPOINT_STEP_PATTERN = r"^step-(\d{9,})$"
+
 # Kinds of rank records (rank-<R>.events.jsonl).
 KIND_START = "start"
 KIND_METRIC = "metric"
 KIND_EXIT = "exit"
 KIND_HEARTBEAT = "heartbeat"  # {progress: int}: the rank is alive; progress grows with work
+KIND_CHECKPOINT = "checkpoint"  # {step: int, dir: str}: this rank committed a checkpoint
 
 # Kinds of agent messages (agent stdout).
 MSG_LOG = "log"  # {"k": "log", "r": rank|None, "s": "stdout"|"stderr"|"agent", "l": [lines]}
 MSG_RANK = "rank"  # {"k": "rank", "rec": <rank record>}
-MSG_AGENT = "agent"  # {"k": "agent", "state": "started"|"torchrun", "pid": int}
+MSG_AGENT = "agent"  # {"k": "agent", "state": "started", "pid": int} | {..., "state": "alive"}
 MSG_EXIT = "exit"  # {"k": "exit", "code": int, "tail": [lines]} — the agent's last message
+
+
+def checkpoint_step_dir(step: int) -> str:
+    """Name of checkpoint ``step``'s directory."""
+    return f"step-{step:09d}"
+
+
+def rank_file(rank: int) -> str:
+    """Name of rank ``rank``'s file inside a checkpoint step directory."""
+    return f"rank-{rank}.pt"
 
 
 def rank_stdout(rank_dir: str, rank: int) -> str:
@@ -117,6 +135,10 @@ class RankEventWriter:
     def heartbeat(self, progress: int) -> None:
         """Record that the rank is alive and how far it got (a growing counter)."""
         self._write({"kind": KIND_HEARTBEAT, "progress": progress})
+
+    def checkpoint(self, step: int, directory: str) -> None:
+        """Record that this rank committed checkpoint ``step`` in ``directory``."""
+        self._write({"kind": KIND_CHECKPOINT, "step": step, "dir": directory})
 
     def exit(self, code: int, error: Mapping[str, Any] | None) -> None:
         """Record the rank's exit: ``error`` is {type, message, traceback: [lines]} or None."""

@@ -39,6 +39,7 @@ from dmlctl.agent.tail import RankDirTailer
 POLL_S = 0.05
 STOP_GRACE_S = 3.0
 TAIL = 40
+ALIVE_S = 1.0  # a message at least this often, so a silent host can be told from a busy one
 
 
 class Emitter:
@@ -137,8 +138,12 @@ def run(config: dict[str, Any], emit: Emitter, stop: threading.Event, reason: li
     tailer = RankDirTailer(rank_dir)
     stopped = False
     parent = os.getppid()
+    alive_at = time.monotonic() + ALIVE_S
     while True:
         busy = _emit_ranks(tailer, emit)
+        if time.monotonic() >= alive_at:  # the controller counts a silent host as lost
+            emit.send(protocol.MSG_AGENT, state="alive")
+            alive_at = time.monotonic() + ALIVE_S
         if proc.poll() is not None:
             break
         if os.getppid() != parent and not stop.is_set():

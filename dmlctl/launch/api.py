@@ -162,7 +162,7 @@ def _prepare_remote(
     hosts = [
         as_run(h, sys.executable)
         for h in cluster.resolved_hosts()
-        if h.name in {p.name for p in draft.hosts}
+        if h.name in {p.name for p in (*draft.hosts, *draft.spares)}
     ]
     with err.status(f"checking {len(hosts)} host(s)…"):
         first_python = first.python
@@ -238,7 +238,7 @@ def resume(run_id: str, *, options: LaunchOptions, console: Console) -> LaunchRe
             " ('lost' in dmlctl status) can be resumed"
         )
     plan = LaunchPlan.from_dict(json.loads(run.plan.read_text(encoding="utf-8")))
-    transports = make_transports(plan.hosts)
+    transports = make_transports(plan.hosts + plan.spares)
     if options.detach:
         close_transports(transports)
         pid = _detach(run, resume=True)

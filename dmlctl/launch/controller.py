@@ -10,8 +10,10 @@ kills the agents at once. SIGHUP (the terminal went away) stops the run too.
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
@@ -53,18 +55,34 @@ def run_controller(
 ) -> RunState:
     """Supervise ``plan`` in ``run`` and return the final RunState; afterwards, remote
     hosts' rank files are collected into the run directory."""
+    from dmlctl.launch.checkpoints import Replicator, replicated
+    from dmlctl.launch.events import CheckpointCopied
+    from dmlctl.launch.hosts import HostPool
     from dmlctl.launch.policy import RestartDecider, RestartPolicy
-    from dmlctl.launch.remote import collect_rank_files
+    from dmlctl.launch.remote import collect_rank_files, probe_host, rendezvous_on
     from dmlctl.launch.supervisor import Supervisor
     from dmlctl.transport import close_transports, make_transports
 
     if transports is None:
-        transports = make_transports(plan.hosts)
+        transports = make_transports(plan.hosts + plan.spares)
     restart = RestartPolicy(**plan.restart) if plan.restart else RestartPolicy()
+    pool = HostPool(
+        plan, lambda h: probe_host(h, transports[h.name]),
+        wait=restart.host_wait, cooldown=restart.host_cooldown,
+    )  # fmt: skip
+    replicator = (
+        Replicator(run.path / "checkpoints", transports, plan.hosts,
+                   keep=int(plan.checkpoint.get("keep", 3)))
+        if replicated(plan) else None
+    )  # fmt: skip
     sup = Supervisor(
         plan, run, transports, sink,
         decide=RestartDecider(restart), hang_timeout=restart.hang_timeout,
+        host_timeout=restart.host_timeout, hosts=pool, replicator=replicator,
+        rendezvous=lambda h: rendezvous_on(h, transports[h.name]),
     )  # fmt: skip
+    if replicator is not None:
+        replicator.on_copied = lambda step: sup.post(CheckpointCopied(step, time.time()))
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         sup.request_stop(_REASONS.get(signal.Signals(signum), "signal"))
@@ -76,8 +94,11 @@ def run_controller(
         sup.request_stop(reason)
     try:
         state = sup.run(resume_from)
-        for problem in collect_rank_files(plan, transports, run.path):
+        used = dataclasses.replace(plan, hosts=tuple(sup.hosts_used.values()))
+        for problem in collect_rank_files(used, transports, run.path):
             print(f"dmlctl: could not collect rank files from {problem}", file=sys.stderr)
+        for problem in replicator.problems if replicator is not None else ():
+            print(f"dmlctl: could not copy a checkpoint from {problem}", file=sys.stderr)
         return state
     finally:
         close_transports(dict(transports))

@@ -141,6 +141,36 @@ class Heartbeat:
 
 
 @dataclass(frozen=True)
+class CheckpointSaved:
+    """A rank committed checkpoint ``step`` in ``directory`` on ``host`` (one per
+    directory: per host with host-local checkpoint directories)."""
+
+    host: str
+    rank: int
+    step: int
+    directory: str
+    ts: float
+
+
+@dataclass(frozen=True)
+class CheckpointCopied:
+    """The controller holds a complete, verified copy of checkpoint ``step``."""
+
+    step: int
+    ts: float
+
+
+@dataclass(frozen=True)
+class Resized:
+    """The next attempt runs on other hosts (a host was lost, or came back):
+    ``ranks`` is ``(rank, host, role)`` per planned rank; ``note`` says why."""
+
+    ranks: tuple[tuple[int, str, str], ...]
+    note: str
+    ts: float
+
+
+@dataclass(frozen=True)
 class StopRequested:
     """The user asked to stop (Ctrl-C, ``dmlctl stop``)."""
 
@@ -166,6 +196,9 @@ Event = (
     | Progress
     | Restarting
     | Heartbeat
+    | CheckpointSaved
+    | CheckpointCopied
+    | Resized
     | StopRequested
     | Finished
 )

@@ -16,6 +16,7 @@ from dmlctl import protocol
 from dmlctl.launch.events import (
     AgentExited,
     AgentStarted,
+    CheckpointSaved,
     Event,
     Heartbeat,
     LogLine,
@@ -55,9 +56,7 @@ def torchrun_failure(host: str, tail: Sequence[str], ts: float = 0.0) -> RootCau
     return None
 
 
-def _cause(
-    host: str, rank: int, error: Mapping[str, Any] | None, ts: float
-) -> RootCause | None:
+def _cause(host: str, rank: int, error: Mapping[str, Any] | None, ts: float) -> RootCause | None:
     if not error:
         return None
     return RootCause(
@@ -80,6 +79,8 @@ def _rank_record(host: str, rec: Mapping[str, Any]) -> list[Event]:
         ]
     if kind == protocol.KIND_HEARTBEAT:
         return [Heartbeat(host, rank, int(rec["progress"]), ts)]
+    if kind == protocol.KIND_CHECKPOINT:
+        return [CheckpointSaved(host, rank, int(rec["step"]), str(rec["dir"]), ts)]
     if kind == protocol.KIND_EXIT:
         cause = _cause(host, rank, rec.get("error"), ts)
         return [RankExited(host, rank, int(rec["code"]), cause, ts)]
@@ -98,6 +99,8 @@ def parse_line(host: str, line: str, now: float) -> list[Event]:
         if kind == protocol.MSG_RANK:
             return _rank_record(host, msg["rec"])
         if kind == protocol.MSG_AGENT:
+            if msg.get("state") == "alive":
+                return []  # keepalive: the supervisor notes the line, nothing else
             return [AgentStarted(host, int(msg["pid"]), now)]
         if kind == protocol.MSG_EXIT:
             code = int(msg["code"])

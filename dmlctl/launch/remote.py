@@ -79,6 +79,30 @@ def pick_port(transport: Transport, python: str, timeout: float) -> int:
     return int(res.stdout.strip())
 
 
+def probe_host(host: HostPlan, transport: Transport, timeout: float = 10.0) -> str | None:
+    """None when ``host`` answers a no-op command within ``timeout`` seconds, else
+    why not (this machine always answers)."""
+    if host.is_local:
+        return None
+    res = transport.run(["true"], timeout=timeout)
+    return None if res.ok else (res.stderr.strip()[-200:] or f"exit code {res.exit_code}")
+
+
+def rendezvous_on(host: HostPlan, transport: Transport, timeout: float = 10.0) -> str:
+    """A rendezvous endpoint ``address:port`` on ``host``: its network address and a
+    port free there a moment ago. Raises :class:`ProvisionError`."""
+    from dmlctl.transport import network_address
+
+    if host.is_local:
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return f"127.0.0.1:{s.getsockname()[1]}"
+    port = pick_port(transport, host.python, timeout)
+    return f"{network_address(transport, host.address)}:{port}"
+
+
 def _describe(results: Sequence[SyncResult]) -> str:
     return "; ".join(f"{r.host}: {r.error}" for r in results if not r.ok)
 
@@ -86,9 +110,10 @@ def _describe(results: Sequence[SyncResult]) -> str:
 def sync_code(
     plan: LaunchPlan, job: JobSpec, transports: Mapping[str, Transport], console: Console
 ) -> list[SyncResult]:
-    """Ship the job directory and dmlctl to every remote host; raise naming every
+    """Ship the job directory and dmlctl to every remote host (spares too: they may
+    replace a lost host); raise naming every
     host that failed. Returns the job sync result of every remote host."""
-    remote = [h for h in plan.hosts if not h.is_local]
+    remote = [h for h in (*plan.hosts, *plan.spares) if not h.is_local]
     if not remote:
         return []
     root = Path(job.workdir)
@@ -163,7 +188,7 @@ def run_setup(
 ) -> None:
     """Run ``job.setup`` in the job directory of every remote host at once; raise
     naming each failing host with the tail of its output."""
-    remote = [h for h in plan.hosts if not h.is_local]
+    remote = [h for h in (*plan.hosts, *plan.spares) if not h.is_local]
     if job.setup is None or not remote:
         return
     view = _SetupView([h.name for h in remote])

@@ -20,6 +20,8 @@ from dmlctl.errors import ExitCode
 from dmlctl.launch.events import (
     AgentExited,
     AgentStarted,
+    CheckpointCopied,
+    CheckpointSaved,
     Event,
     Finished,
     LogLine,
@@ -27,6 +29,7 @@ from dmlctl.launch.events import (
     Progress,
     RankExited,
     RankStarted,
+    Resized,
     Restarting,
     RootCause,
     StopRequested,
@@ -114,6 +117,8 @@ class RunState:
     tail: tuple[TailLine, ...] = ()
     stop_reason: str | None = None
     exit_code: int | None = None
+    checkpoint_step: int | None = None  # newest checkpoint a rank committed
+    checkpoint_copied: int | None = None  # newest complete copy on the controller
 
     def elapsed(self, now: float) -> float:
         """Seconds since the run was created, frozen once it ended."""
@@ -154,6 +159,8 @@ class RunState:
             tail=tuple(TailLine(**{**t, "stream": Stream(t["stream"])}) for t in data["tail"]),
             stop_reason=data.get("stop_reason"),
             exit_code=data.get("exit_code"),
+            checkpoint_step=data.get("checkpoint_step"),
+            checkpoint_copied=data.get("checkpoint_copied"),
         )
 
 
@@ -234,8 +241,13 @@ def apply(state: RunState, events: Iterable[Event]) -> RunState:
                 u["samples_per_s"] = sps
         elif isinstance(ev, RankStarted):
             u = upd(ev.rank, ev.host)
-            u.update(host=ev.host, local_rank=ev.local_rank, role=ev.role, pid=ev.pid,
-                     status=RankStatus.RUNNING)
+            u.update(
+                host=ev.host,
+                local_rank=ev.local_rank,
+                role=ev.role,
+                pid=ev.pid,
+                status=RankStatus.RUNNING,
+            )
             if get("started_at") is None:
                 s["started_at"] = ev.ts
             if not get("phase").terminal and get("phase") != Phase.STOPPING:
@@ -263,8 +275,12 @@ def apply(state: RunState, events: Iterable[Event]) -> RunState:
             failed = ev.exit_code != 0 and not stopping
             if failed:
                 cause = ev.cause or RootCause(
-                    ev.host, None, "AgentExit", f"torchrun exited with code {ev.exit_code}",
-                    ev.tail, ev.ts,
+                    ev.host,
+                    None,
+                    "AgentExit",
+                    f"torchrun exited with code {ev.exit_code}",
+                    ev.tail,
+                    ev.ts,
                 )
                 # A rank killed without a word (SIGKILL) is only named by torchrun's
                 # summary, after its peers' collateral errors have arrived.
@@ -278,7 +294,9 @@ def apply(state: RunState, events: Iterable[Event]) -> RunState:
                     continue
                 cause = get("root_cause")
                 blamed = (
-                    failed and cause is not None and cause.host == ev.host
+                    failed
+                    and cause is not None
+                    and cause.host == ev.host
                     and cause.rank in (rank, None)
                 )
                 upd(rank, ev.host)["status"] = (
@@ -298,6 +316,17 @@ def apply(state: RunState, events: Iterable[Event]) -> RunState:
                 upd(rank, ranks[rank].host).update(
                     status=RankStatus.PENDING, exit_code=None, pid=None
                 )
+        elif isinstance(ev, CheckpointSaved):
+            if get("checkpoint_step") is None or ev.step > get("checkpoint_step"):
+                s["checkpoint_step"] = ev.step
+        elif isinstance(ev, CheckpointCopied):
+            s["checkpoint_copied"] = ev.step
+        elif isinstance(ev, Resized):
+            ranks = {r: RankState(rank=r, host=h, role=role) for r, h, role in ev.ranks}
+            updates.clear()
+            s["hosts"] = tuple(dict.fromkeys(h for _, h, _ in ev.ranks))
+            s["world_size"] = len(ev.ranks)
+            s["detail"] = ev.note
         elif isinstance(ev, StopRequested):
             if not get("phase").terminal:
                 s["phase"] = Phase.STOPPING
@@ -308,8 +337,10 @@ def apply(state: RunState, events: Iterable[Event]) -> RunState:
                 if not RankStatus(current(rank, "status")).terminal:
                     upd(rank, ranks[rank].host)["status"] = RankStatus.STOPPED
             statuses = [RankStatus(current(r, "status")) for r in ranks]
-            if get("root_cause") is None and statuses and all(
-                st == RankStatus.SUCCEEDED for st in statuses
+            if (
+                get("root_cause") is None
+                and statuses
+                and all(st == RankStatus.SUCCEEDED for st in statuses)
             ):
                 s["phase"], s["exit_code"] = Phase.SUCCEEDED, int(ExitCode.OK)
             elif get("stop_reason") is not None and get("root_cause") is None:

@@ -7,7 +7,15 @@ Stop rules (all bounded):
   still running ``stop_timeout`` seconds later is killed through its transport;
 * once a rank has failed, the other hosts' agents are stopped after ``fail_grace``
   seconds, so no rank waits forever in a collective for a peer that is gone;
-* an agent whose output ends without an ``exit`` message is reported as lost.
+* an agent whose output ends without an ``exit`` message is reported as lost, and so
+  is an agent silent for ``host_timeout`` seconds (agents send a keepalive every
+  second; a host cut off from the network may keep its connection open for minutes).
+
+Between attempts (``decide`` said to restart): lost hosts are set aside and the next
+attempt is placed on the hosts that answer (:class:`dmlctl.launch.hosts.HostPool`,
+:func:`dmlctl.plan.elastic.replan`); the controller's copy of the newest checkpoint
+is handed to them (:class:`dmlctl.launch.checkpoints.Replicator`), which also copies
+every checkpoint a rank reports while the run goes on.
 """
 
 from __future__ import annotations
@@ -21,29 +29,35 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
+from dmlctl.launch.checkpoints import Replicator
 from dmlctl.launch.events import (
     AgentExited,
     AgentStarted,
+    CheckpointSaved,
     Event,
     Finished,
     Heartbeat,
     LogLine,
     Progress,
     RankExited,
+    Resized,
     Restarting,
     RootCause,
     StopRequested,
     Stream,
 )
+from dmlctl.launch.hosts import HostPool, HostsLost
 from dmlctl.launch.parser import parse_line
 from dmlctl.launch.state import Phase, RankStatus, RunState, apply, new_run_state
-from dmlctl.plan.model import LaunchPlan
+from dmlctl.plan.elastic import CannotReplan, pick_hosts, replan
+from dmlctl.plan.model import HostPlan, LaunchPlan
 from dmlctl.runs.recorder import RunRecorder
 from dmlctl.runs.store import RunDir
 from dmlctl.transport.base import Process, Transport
 
 BATCH = 5000
 STDERR_TAIL = 20
+FINAL_COPY_WAIT = 30.0  # seconds the end of a run waits for a checkpoint copy under way
 
 
 class Sink(Protocol):
@@ -83,8 +97,15 @@ class Supervisor:
         persist_interval: float = 0.5,
         decide: Callable[[RunState], float | None] | None = None,
         hang_timeout: float | None = None,
+        host_timeout: float | None = None,
+        hosts: HostPool | None = None,
+        rendezvous: Callable[[HostPlan], str] | None = None,
+        replicator: Replicator | None = None,
     ) -> None:
-        self.plan = plan
+        self.plan = plan  # the current attempt's plan
+        self.base_plan = plan
+        #: Every host an attempt ran on (where rank files are to be collected from).
+        self.hosts_used: dict[str, HostPlan] = {h.name: h for h in plan.hosts}
         self.run_dir = run
         self.transports = transports
         self.sink = sink
@@ -95,6 +116,17 @@ class Supervisor:
         #: Given a failed attempt's state: seconds to wait before a restart, or None.
         self.decide: Callable[[RunState], float | None] = decide or (lambda _state: None)
         self.hang_timeout = hang_timeout
+        self.host_timeout = host_timeout
+        self.hosts = hosts
+        #: The rendezvous endpoint (``address:port``) of an attempt whose first host
+        #: is not the planned one; by default the planned endpoint's port on its address.
+        self.rendezvous = rendezvous or (
+            lambda h: f"{h.address}:{plan.rdzv_endpoint.rsplit(':', 1)[1]}"
+        )
+        self.replicator = replicator
+        self._inbox: queue.Queue[Event] = queue.Queue()  # events from other threads
+        self._lost_hosts: dict[str, str] = {}  # host → why, in the current attempt
+        self._last_seen: dict[str, float] = {}
         # rank → (last progress value, when it last changed, already reported as hung)
         self._progress: dict[int, tuple[int, float, bool]] = {}
         self._stop_reason: str | None = None
@@ -127,17 +159,19 @@ class Supervisor:
             except Exception as e:
                 cause = RootCause(host.name, None, type(e).__name__, f"cannot start agent: {e}")
                 events.append(AgentExited(host.name, 127, (), self.clock(), cause))
+                self._lost_hosts[host.name] = f"cannot start agent: {e}"
                 continue
             proc.send(json.dumps(attempt_config(host.agent_config(self.plan.run_id), attempt)))
             self._procs[host.name] = proc
             threading.Thread(target=self._read, args=(host.name, proc), daemon=True).start()
         return events
 
-    def _lost(self, host: str) -> AgentExited:
+    def _lost(self, host: str, why: str | None = None) -> AgentExited:
         proc = self._procs[host]
-        code = proc.wait(5.0)
+        code = proc.wait(0.5 if why else 5.0)
         tail = tuple(proc.stderr_tail())
-        msg = f"host agent ended without reporting (exit code {code})"
+        msg = why or f"host agent ended without reporting (exit code {code})"
+        self._lost_hosts[host] = msg
         cause = RootCause(host, None, "AgentLost", msg, tail)
         return AgentExited(host, code if code is not None else -1, tail, self.clock(), cause)
 
@@ -162,7 +196,9 @@ class Supervisor:
             state = dataclasses.replace(resume_from, phase=Phase.RUNNING, ended_at=None,
                                         exit_code=None, stop_reason=None)  # fmt: skip
             state = self._step(state, [Restarting(attempt, lost, 0.0, self.clock())], recorder)
-        while True:
+        if resume_from is not None:
+            state = self._between_attempts(state, recorder)
+        while state.root_cause is None and state.phase != Phase.STOPPING:
             state = self._run_attempt(state, recorder, attempt)
             if state.root_cause is None or self._stopping():
                 break  # succeeded, or stopped: nothing to restart
@@ -177,12 +213,82 @@ class Supervisor:
                 state = self._step(state, [StopRequested(self._stop_reason or "", self.clock())],
                                    recorder)  # fmt: skip
                 break
-        state = self._step(state, [Finished(self.clock())], recorder)
+            state = self._between_attempts(state, recorder)
+        if self.replicator is not None:
+            self.replicator.drain(FINAL_COPY_WAIT)  # the last checkpoint, if still copying
+            self.replicator.close()
+        state = self._step(state, [*self._take_inbox(), Finished(self.clock())], recorder)
         recorder.close()
         self.run_dir.write_state(state)
         self.run_dir.write_summary(state)
         self.sink.close(state)
         return state
+
+    def _between_attempts(self, state: RunState, recorder: RunRecorder) -> RunState:
+        """Place the next attempt on the hosts that answer and hand them the newest
+        checkpoint. A run that cannot go on gets its root cause here (``HostsLost``)."""
+        lost, self._lost_hosts = self._lost_hosts, {}
+        if self.hosts is None:
+            return state
+        for host, why in lost.items():
+            self.hosts.lose(host, why)
+        notes: list[str] = []
+
+        def note(text: str) -> None:
+            if not notes or notes[-1] != text:
+                notes.append(text)
+                self._step(state, [Progress(text, self.clock())], recorder)
+            self.sink.tick()
+
+        try:
+            avail = self.hosts.next_hosts(lost, stopping=self._stopping, note=note)
+            if avail is None:
+                return self._step(state, [StopRequested(self._stop_reason or "", self.clock())],
+                                  recorder)  # fmt: skip
+            plan = self._placed(avail)
+        except (HostsLost, CannotReplan) as e:
+            host = next(iter(lost), self.plan.hosts[0].name)
+            cause = RootCause(host, None, "HostsLost", str(e), (), self.clock())
+            return self._step(state, [AgentExited(host, 255, (), self.clock(), cause)], recorder)
+        if [h.name for h in plan.hosts] != [h.name for h in self.plan.hosts]:
+            names = ", ".join(h.name for h in plan.hosts)
+            gone = sorted({h.name for h in self.plan.hosts} - {h.name for h in plan.hosts})
+            why = f" ({', '.join(gone)} set aside)" if gone else ""
+            ranks = tuple((r.rank, r.host, r.role) for r in plan.ranks)
+            text = f"next attempt on {names}: {plan.world_size} workers{why}"
+            state = self._step(state, [Resized(ranks, text, self.clock())], recorder)
+        self.plan = plan
+        self.hosts_used.update({h.name: h for h in plan.hosts})
+        if self.replicator is not None:
+            self.replicator.track(plan.hosts)
+            for problem in self.replicator.hand_out(plan.hosts):
+                state = self._step(state, [Progress(problem, self.clock())], recorder)
+        return state
+
+    def _placed(self, available: set[str]) -> LaunchPlan:
+        """The plan of the next attempt on ``available`` hosts (the current plan when
+        it is unchanged; the planned endpoint while the first host stays the same)."""
+        base = self.base_plan
+        chosen = pick_hosts(base, available)
+        if [h.name for h in chosen] == [h.name for h in self.plan.hosts]:
+            return self.plan
+        if chosen and chosen[0].name == base.hosts[0].name:
+            endpoint = base.rdzv_endpoint
+        else:
+            endpoint = self.rendezvous(chosen[0]) if chosen else base.rdzv_endpoint
+        return replan(base, available, endpoint)
+
+    def _take_inbox(self) -> list[Event]:
+        out: list[Event] = []
+        while True:
+            try:
+                out.append(self._inbox.get_nowait())
+            except queue.Empty:
+                return out
+
+    def post(self, event: Event) -> None:
+        """Hand an event over from another thread (the checkpoint copier)."""
+        self._inbox.put(event)
 
     def _stopping(self) -> bool:
         with self._lock:
@@ -204,6 +310,7 @@ class Supervisor:
         self._procs = {}
         self._progress = {}
         self._stderr = {}  # the stderr tails of this attempt only
+        self._lost_hosts = {}
         hosts = ", ".join(h.name for h in plan.hosts)
         what = "starting" if attempt == 0 else f"restarting (attempt {attempt + 1})"
         first: list[Event] = [Progress(f"{what} host agents on {hosts}", self.clock())]
@@ -213,8 +320,9 @@ class Supervisor:
         state = self._step(state, first, recorder)
         last_persist = 0.0
         stop_sent = fail_stop_at = kill_at = None
+        self._last_seen = dict.fromkeys(live, time.monotonic())
         while live:
-            batch: list[Event] = []
+            batch: list[Event] = self._take_inbox()
             items = self._drain()
             if items:
                 now = self.clock()
@@ -224,15 +332,23 @@ class Supervisor:
                         if host not in exited:
                             batch.append(self._lost(host))
                         continue
+                    self._last_seen[host] = time.monotonic()
                     for ev in parse_line(host, line, now):
                         batch.append(ev)
                         if isinstance(ev, AgentExited):
                             exited.add(ev.host)
+                        elif isinstance(ev, CheckpointSaved) and self.replicator is not None:
+                            self.replicator.saved(ev.host, ev.step)
                         elif isinstance(ev, AgentStarted):
                             batch.append(Progress(
                                 f"torchrun started on {host}; waiting for rendezvous "
                                 f"({plan.world_size} workers)", now))  # fmt: skip
             now = self.clock()
+            for host in self._silent(live - exited):
+                exited.add(host)
+                why = f"no message from the host for {self.host_timeout:.0f} s (unreachable?)"
+                batch.append(self._lost(host, why))
+                self._procs[host].kill()
             if stop_sent is None:
                 batch += self._hangs(state, now)
             with self._lock:
@@ -261,6 +377,13 @@ class Supervisor:
                     self.run_dir.write_state(state)
                     last_persist = now
         return state
+
+    def _silent(self, hosts: set[str]) -> list[str]:
+        """Hosts among ``hosts`` that sent nothing for ``host_timeout`` seconds."""
+        if self.host_timeout is None:
+            return []
+        now = time.monotonic()
+        return [h for h in sorted(hosts) if now - self._last_seen.get(h, now) > self.host_timeout]
 
     def _hangs(self, state: RunState, now: float) -> list[Event]:
         """A RankExited with a ``Hang`` cause for every running rank whose progress

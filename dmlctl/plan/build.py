@@ -48,12 +48,16 @@ def _assign(hosts: Sequence[ResolvedHost], workers: int) -> list[tuple[ResolvedH
     return out
 
 
-def _checkpoint_env(job: JobSpec, directory: str) -> dict[str, str]:
+def _checkpoint_env(job: JobSpec, directory: str, run_id: str) -> dict[str, str]:
     """The ``DMLCTL_CHECKPOINT_*`` variables for a job with a ``checkpoint:`` block;
-    ``directory`` is next to the host's rank directories (the same for every attempt)."""
+    ``directory`` is next to the host's rank directories (the same for every attempt)
+    unless the job names its own ``checkpoint.dir`` (``{run_id}`` in it is replaced
+    by the run id)."""
     spec = job.checkpoint
     if spec is None:
         return {}
+    if spec.dir is not None:
+        directory = spec.dir.replace("{run_id}", run_id)
     env = {protocol.ENV_CHECKPOINT_DIR: directory, protocol.ENV_CHECKPOINT_KEEP: str(spec.keep)}
     if spec.every_steps is not None:
         env[protocol.ENV_CHECKPOINT_EVERY_STEPS] = str(spec.every_steps)
@@ -62,16 +66,21 @@ def _checkpoint_env(job: JobSpec, directory: str) -> dict[str, str]:
     return env
 
 
-def _check_strategy_world(job: JobSpec, workers: int) -> None:
-    """A strategy may constrain its parameters by the number of workers (EASGD's
-    α ≤ 1/p): its module's ``check_world(params, world_size)`` returns a message."""
-    module = registry.load(job.strategy.name)
+def world_problem(strategy: str, params: Mapping[str, object], workers: int) -> str | None:
+    """Why ``strategy`` with ``params`` cannot run on ``workers`` workers (EASGD's
+    α ≤ 1/p: its module's ``check_world(params, world_size)``), or None."""
+    module = registry.load(strategy)
     check = getattr(module, "check_world", None)
     if check is None:
-        return
-    message = check(module.Params.model_validate(dict(job.strategy.params)), workers)
-    if message:
-        raise UsageError(f"strategy {job.strategy.name!r} with {workers} workers: {message}")
+        return None
+    message = check(module.Params.model_validate(dict(params)), workers)
+    return f"strategy {strategy!r} with {workers} workers: {message}" if message else None
+
+
+def _check_strategy_world(job: JobSpec, workers: int) -> None:
+    problem = world_problem(job.strategy.name, job.strategy.params, workers)
+    if problem:
+        raise UsageError(problem)
 
 
 def torchrun_argv(
@@ -134,9 +143,15 @@ def build_plan(
     ``localhost`` for the rendezvous.
     """
     hosts = tuple(as_run(h, local_python) for h in cluster.resolved_hosts())
-    workers = job.workers if job.workers is not None else sum(h.slots for h in hosts)
-    assignment = _assign(hosts, workers)
+    usable = hosts[: job.max_hosts] if job.max_hosts is not None else hosts
+    workers = job.workers if job.workers is not None else sum(h.slots for h in usable)
+    assignment = _assign(usable, workers)
     _check_strategy_world(job, workers)
+    if job.min_hosts is not None and job.min_hosts > len(assignment):
+        raise UsageError(
+            f"min_hosts is {job.min_hosts} but the job needs only {len(assignment)} host(s)"
+            f" for {workers} workers; lower min_hosts or raise workers"
+        )
     first = assignment[0][0]
     if first.is_local and any(not h.is_local for h, _ in assignment):
         raise UsageError(
@@ -145,11 +160,8 @@ def build_plan(
         )
     rdzv_endpoint = f"{rdzv_host or first.address}:{rdzv_port}"
     params: Mapping[str, object] = dict(job.strategy.params)
-    host_plans: list[HostPlan] = []
-    ranks: list[RankPlan] = []
-    next_rank = 0
-    for node_rank, (host, nproc) in enumerate(assignment):
-        python = host.python
+
+    def host_plan(host: ResolvedHost, node_rank: int, nproc: int, first_rank: int) -> HostPlan:
         agent_cwd: str | None = None
         if host.is_local:
             workdir = job.workdir
@@ -173,43 +185,49 @@ def build_plan(
             protocol.ENV_STRATEGY: job.strategy.name,
             protocol.ENV_STRATEGY_PARAMS: json.dumps(params, sort_keys=True),
             protocol.ENV_SCRIPT: job.script,
-            **_checkpoint_env(job, posixpath.join(posixpath.dirname(rank_dir), "checkpoints")),
+            **_checkpoint_env(
+                job, posixpath.join(posixpath.dirname(rank_dir), "checkpoints"), run_id
+            ),
         }
-        host_plans.append(
-            HostPlan(
-                name=host.name,
-                address=host.address,
-                is_local=host.is_local,
-                port=host.port,
-                user=host.user,
-                identity_file=host.identity_file,
-                node_rank=node_rank,
+        return HostPlan(
+            name=host.name,
+            address=host.address,
+            is_local=host.is_local,
+            port=host.port,
+            user=host.user,
+            identity_file=host.identity_file,
+            node_rank=node_rank,
+            nproc=nproc,
+            first_rank=first_rank,
+            python=host.python,
+            workdir=workdir,
+            rank_dir=rank_dir,
+            agent_argv=(host.python, "-m", "dmlctl.agent", "--run-id", run_id),
+            agent_cwd=agent_cwd,
+            torchrun_argv=torchrun_argv(
+                host.python,
+                nnodes=len(assignment),
                 nproc=nproc,
-                first_rank=next_rank,
-                python=python,
-                workdir=workdir,
-                rank_dir=rank_dir,
-                agent_argv=(python, "-m", "dmlctl.agent", "--run-id", run_id),
-                agent_cwd=agent_cwd,
-                torchrun_argv=torchrun_argv(
-                    python,
-                    nnodes=len(assignment),
-                    nproc=nproc,
-                    rdzv_endpoint=rdzv_endpoint,
-                    run_id=run_id,
-                    script=job.script,
-                    args=job.args,
-                    is_host=node_rank == 0,
-                    local_addr=(rdzv_host or first.address)
-                    if node_rank == 0 and len(assignment) > 1
-                    else None,
-                ),
-                env=env,
-            )
+                rdzv_endpoint=rdzv_endpoint,
+                run_id=run_id,
+                script=job.script,
+                args=job.args,
+                is_host=node_rank == 0,
+                local_addr=(rdzv_host or first.address)
+                if node_rank == 0 and len(assignment) > 1
+                else None,
+            ),
+            env=env,
+            slots=host.slots,
         )
-        for local_rank in range(nproc):
-            ranks.append(RankPlan(next_rank, host.name, local_rank, WORKER_ROLE))
-            next_rank += 1
+
+    host_plans: list[HostPlan] = []
+    ranks: list[RankPlan] = []
+    for node_rank, (host, nproc) in enumerate(assignment):
+        host_plans.append(host_plan(host, node_rank, nproc, len(ranks)))
+        ranks += [RankPlan(len(ranks) + i, host.name, i, WORKER_ROLE) for i in range(nproc)]
+    used = {h.name for h in host_plans}
+    spares = tuple(host_plan(h, -1, 0, 0) for h in hosts if h.name not in used)
     return LaunchPlan(
         run_id=run_id,
         job_name=job.name or "job",
@@ -217,11 +235,16 @@ def build_plan(
         strategy_params=params,
         script=job.script,
         args=tuple(job.args),
-        world_size=next_rank,
+        world_size=len(ranks),
         restart=job.restart.model_dump(),
+        checkpoint=job.checkpoint.model_dump() if job.checkpoint is not None else {},
         rdzv_endpoint=rdzv_endpoint,
         hosts=tuple(host_plans),
         ranks=tuple(ranks),
+        spares=spares,
+        min_hosts=job.min_hosts if job.min_hosts is not None else len(host_plans),
+        max_hosts=job.max_hosts if job.max_hosts is not None else len(host_plans),
+        workers=len(ranks),
     )
 
 

@@ -47,6 +47,7 @@ class HostPlan:
     agent_cwd: str | None
     torchrun_argv: tuple[str, ...]
     env: Mapping[str, str]
+    slots: int = 1  # the most workers the host may run (the cluster spec's slots)
 
     def agent_config(self, run_id: str) -> dict[str, Any]:
         """The host agent's configuration, sent on its stdin (never on a command line)."""
@@ -77,6 +78,17 @@ class LaunchPlan:
     hosts: tuple[HostPlan, ...]
     ranks: tuple[RankPlan, ...]
     restart: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    #: The job's ``checkpoint:`` block ({} without one).
+    checkpoint: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    #: Hosts of the cluster that run nothing now; a restart may use them instead of
+    #: lost hosts (see :func:`dmlctl.plan.elastic.replan`).
+    spares: tuple[HostPlan, ...] = ()
+    #: Bounds of a restarted attempt: at least ``min_hosts`` hosts (0: all of
+    #: ``hosts``), at most ``max_hosts`` (0: as many as ``hosts``), ``workers`` workers
+    #: at most (0: ``world_size``).
+    min_hosts: int = 0
+    max_hosts: int = 0
+    workers: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -85,6 +97,17 @@ class LaunchPlan:
     @staticmethod
     def from_dict(data: Mapping[str, Any]) -> LaunchPlan:
         """Inverse of :meth:`to_dict`."""
+
+        def host(h: Mapping[str, Any]) -> HostPlan:
+            return HostPlan(
+                **{
+                    **h,
+                    "agent_argv": tuple(h["agent_argv"]),
+                    "torchrun_argv": tuple(h["torchrun_argv"]),
+                    "env": dict(h["env"]),
+                }
+            )
+
         return LaunchPlan(
             run_id=data["run_id"],
             job_name=data["job_name"],
@@ -94,17 +117,12 @@ class LaunchPlan:
             args=tuple(data["args"]),
             world_size=int(data["world_size"]),
             rdzv_endpoint=data["rdzv_endpoint"],
-            hosts=tuple(
-                HostPlan(
-                    **{
-                        **h,
-                        "agent_argv": tuple(h["agent_argv"]),
-                        "torchrun_argv": tuple(h["torchrun_argv"]),
-                        "env": dict(h["env"]),
-                    }
-                )
-                for h in data["hosts"]
-            ),
+            hosts=tuple(host(h) for h in data["hosts"]),
             ranks=tuple(RankPlan(**r) for r in data["ranks"]),
             restart=dict(data.get("restart", {})),
+            checkpoint=dict(data.get("checkpoint", {})),
+            spares=tuple(host(h) for h in data.get("spares", ())),
+            min_hosts=int(data.get("min_hosts", 0)),
+            max_hosts=int(data.get("max_hosts", 0)),
+            workers=int(data.get("workers", 0)),
         )

@@ -5,19 +5,28 @@ Layout: ``root/step-<step:09d>/`` holds ``rank-<r>.pt`` per rank and ``manifest.
 
 Guarantees:
 
-* **Atomic commit.** Files are written and fsynced in ``root/.tmp-step-<step>/``; rank 0
-  writes the manifest, renames the directory into place, then replaces ``LATEST``
-  (tmp file + fsync + ``os.replace``), so a crash at any point leaves the previous
-  checkpoint intact and ``LATEST`` never absent after the first commit. Leftover
-  ``.tmp-*`` directories are ignored by loading and removed by the next save.
+* **Atomic commit.** Files are written and fsynced in ``root/.tmp-step-<step>/``; once
+  every rank's file is written, one rank per directory (the first local rank of each
+  host that wins the commit lock, so one per host with host-local directories and one
+  in all with a shared directory) writes the manifest of *every* rank's file, renames
+  the directory into place, then replaces ``LATEST`` (tmp file + fsync +
+  ``os.replace``). A crash at any point leaves the previous checkpoint intact and
+  ``LATEST`` never absent after the first commit. Leftover ``.tmp-*`` directories are
+  ignored by loading and removed by the next save. A host-local directory holds only
+  its own ranks' files; the controller merges the hosts' parts into a complete copy
+  (``dmlctl.launch.checkpoints``) and hands it back to the hosts on a restart.
 * **Verified load.** :meth:`CheckpointManager.load_latest` checks the manifest, the
-  world size and this rank's size + sha256 before unpickling; a bad checkpoint is
+  rank's file size + sha256 before unpickling; a bad checkpoint is
   skipped with a :class:`CheckpointWarning` (also on stderr) and the previous one
   tried. With several ranks all resume from the same step: the MIN over the ranks'
   newest valid steps (repeated until every rank holds a valid one at that step).
 * **Safe unpickling.** Always ``torch.load(weights_only=True)``; a file that needs
   anything more raises :class:`CheckpointRefused` on every rank. There is no fallback
   to ``weights_only=False``; the payload is never executed.
+* **Another world size.** A checkpoint saved by ``n`` ranks resumed by ``m != n``
+  ranks (a host was lost, or came back): rank ``r`` loads ``rank-<r mod n>.pt``, with
+  a warning. Exact for data-parallel state (every replica holds the same model and
+  optimizer); strategies with per-rank state start from a replica's state.
 * **Collective.** ``save``, ``load_latest`` and ``due`` (with ``every_seconds``) must be
   called by every rank in the same order.
 """
@@ -40,10 +49,15 @@ import torch
 import torch.distributed as dist
 
 from dmlctl.protocol import (
+    CHECKPOINT_LATEST,
+    CHECKPOINT_MANIFEST,
+    CHECKPOINT_STEP_PATTERN,
     ENV_CHECKPOINT_DIR,
     ENV_CHECKPOINT_EVERY_SECONDS,
     ENV_CHECKPOINT_EVERY_STEPS,
     ENV_CHECKPOINT_KEEP,
+    checkpoint_step_dir,
+    rank_file,
 )
 from dmlctl.runtime.resume import (
     capture_rng,
@@ -67,9 +81,9 @@ __all__ = [
     "training_state",
 ]
 
-_STEP_DIR = re.compile(r"^step-(\d{9,})$")
-_LATEST = "LATEST"
-_MANIFEST = "manifest.json"
+_STEP_DIR = re.compile(CHECKPOINT_STEP_PATTERN)
+_LATEST = CHECKPOINT_LATEST
+_MANIFEST = CHECKPOINT_MANIFEST
 _NONE, _REFUSED = -1, -2
 
 
@@ -101,6 +115,15 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _take_lock(path: Path) -> bool:
+    """Create ``path`` exclusively: True for the one caller that created it."""
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+    except (FileExistsError, FileNotFoundError):  # taken, or already committed
+        return False
+    return True
+
+
 def _write_synced(path: Path, data: bytes | dict[str, Any]) -> None:
     with path.open("wb") as f:
         if isinstance(data, bytes):
@@ -121,17 +144,26 @@ class CheckpointManager:
     def __init__(
         self, root: str, rank: int, world_size: int, *, keep: int = 3,
         every_steps: int | None = None, every_seconds: float | None = None,
+        local_rank: int | None = None,
     ) -> None:  # fmt: skip
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
         self.root = Path(root)
         self.rank, self.world_size, self.keep = rank, world_size, keep
+        #: Whether this rank may commit in its directory: the first rank of its host
+        #: (``local_rank`` 0), or rank 0 when the local rank is not known.
+        self.leader = local_rank == 0 if local_rank is not None else rank == 0
+        #: Whether the last :meth:`save` was committed by this rank (then the
+        #: controller is told, so it can copy this directory's part).
+        self.committed_here = False
         self.every_steps, self.every_seconds = every_steps, every_seconds
         self._last_save = time.monotonic()
         self._last_step: int | None = None
 
     @classmethod
-    def from_env(cls, rank: int, world_size: int) -> CheckpointManager | None:
+    def from_env(
+        cls, rank: int, world_size: int, local_rank: int | None = None
+    ) -> CheckpointManager | None:
         """The manager the ``DMLCTL_CHECKPOINT_*`` variables describe (None without a dir)."""
         root = os.environ.get(ENV_CHECKPOINT_DIR)
         if not root:
@@ -141,7 +173,8 @@ class CheckpointManager:
         )
         return cls(root, rank, world_size, keep=int(os.environ.get(ENV_CHECKPOINT_KEEP, "3")),
                    every_steps=int(steps) if steps else None,
-                   every_seconds=float(secs) if secs else None)  # fmt: skip
+                   every_seconds=float(secs) if secs else None,
+                   local_rank=local_rank)  # fmt: skip
 
     def _collective(self) -> bool:
         return self.world_size > 1 and dist.is_initialized()
@@ -165,23 +198,29 @@ class CheckpointManager:
         committed directory. Collective when ``world_size > 1``."""
         tmp = self.root / f".tmp-step-{step}"
         tmp.mkdir(parents=True, exist_ok=True)
-        path = tmp / f"rank-{self.rank}.pt"
+        path = tmp / rank_file(self.rank)
         _write_synced(path, state)
         _fsync_dir(tmp)
-        entry = {"sha256": _sha256(path), "size": path.stat().st_size}
+        # Rank 0's token names this save's commit lock (a stale lock of a crashed
+        # attempt never blocks a commit).
+        entry = {"sha256": _sha256(path), "size": path.stat().st_size, "token": os.urandom(8).hex()}
         entries: list[Any] = [entry] * self.world_size
         if self._collective():  # doubles as the barrier before the commit
             dist.all_gather_object(entries, entry)
-        final = self.root / f"step-{step:09d}"
-        if self.rank == 0:
-            self._commit(step, tmp, final, entries)
+        final = self.root / checkpoint_step_dir(step)
+        lock = f".commit-{entries[0]['token']}"
+        self.committed_here = self.leader and _take_lock(tmp / lock)
+        if self.committed_here:
+            files = [{"sha256": e["sha256"], "size": e["size"]} for e in entries]
+            self._commit(step, tmp, final, files)
+            (final / lock).unlink(missing_ok=True)
         if self._collective():
             dist.barrier()
         self._last_save, self._last_step = time.monotonic(), step
         return str(final)
 
     def _commit(self, step: int, tmp: Path, final: Path, entries: list[Any]) -> None:
-        files = {f"rank-{r}.pt": e for r, e in enumerate(entries)}
+        files = {rank_file(r): e for r, e in enumerate(entries)}
         manifest = {"format": 1, "step": step, "world_size": self.world_size,
                     "time": time.time(), "files": files}  # fmt: skip
         _write_synced(tmp / _MANIFEST, json.dumps(manifest, indent=1).encode())
@@ -225,12 +264,19 @@ class CheckpointManager:
         head = int(m.group(1))
         return [(head, self.root / name)] + [(s, p) for s, p in dirs if s < head]
 
+    def _saved_world(self, path: Path) -> int:
+        """How many ranks saved checkpoint ``path`` (this world's size if unreadable)."""
+        try:
+            return max(1, int(json.loads((path / _MANIFEST).read_text())["world_size"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            return self.world_size
+
     def _verify(self, step: int, path: Path) -> str | None:
         """Why checkpoint ``path`` is unusable for this rank, or None when it is usable."""
-        fname = f"rank-{self.rank}.pt"
         try:
             manifest = json.loads((path / _MANIFEST).read_text())
             saved_world = int(manifest["world_size"])
+            fname = rank_file(self.rank % max(saved_world, 1))
             entry = dict(manifest["files"][fname])
             if int(manifest["step"]) != step:
                 return "manifest names another step"
@@ -238,8 +284,6 @@ class CheckpointManager:
             return "no manifest"
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             return f"unreadable manifest ({type(exc).__name__}: {exc})"
-        if saved_world != self.world_size:
-            return f"saved by {saved_world} ranks, running {self.world_size}"
         file = path / fname
         size = file.stat().st_size if file.is_file() else None
         if size != entry.get("size"):
@@ -249,7 +293,13 @@ class CheckpointManager:
         return None
 
     def _load(self, path: Path) -> dict[str, Any]:
-        file = path / f"rank-{self.rank}.pt"
+        saved = self._saved_world(path)
+        file = path / rank_file(self.rank % saved)
+        if saved != self.world_size:
+            msg = (f"checkpoint {path.name} was saved by {saved} ranks; rank {self.rank} of "
+                   f"{self.world_size} resumes from {file.name}")  # fmt: skip
+            warnings.warn(msg, CheckpointWarning, stacklevel=3)
+            print(f"dmlctl rank {self.rank}: {msg}", file=sys.stderr, flush=True)
         try:
             state = torch.load(file, map_location="cpu", weights_only=True)
         except pickle.UnpicklingError as exc:

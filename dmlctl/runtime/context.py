@@ -67,7 +67,7 @@ class Context:
         self._epoch = 0
         self._closed = False
         self._on_close: list[Callable[[], None]] = []
-        self._ckpt = ckpt.CheckpointManager.from_env(env.rank, env.world_size)
+        self._ckpt = ckpt.CheckpointManager.from_env(env.rank, env.world_size, env.local_rank)
         self._resume_at: tuple[int, int] | None = None  # (epoch, batches consumed)
         self._batches = self._skip = 0  # batches yielded in this epoch / left to skip
         self.resumed_extra: dict[str, Any] = {}  # ``extra`` of the checkpoint resumed
@@ -228,7 +228,10 @@ class Context:
         state = ckpt.training_state(
             model, optimizer, epoch=self._epoch, batches=self._batches, extra=extra
         )
-        return self._ckpt.save(step, state)
+        directory = self._ckpt.save(step, state)
+        if self._ckpt.committed_here:
+            self._metrics.checkpoint(step, directory)
+        return directory
 
     def log(self, step: int | None = None, **metrics: Any) -> int:
         """Record ``metrics`` (numbers or one-element tensors) for this rank.

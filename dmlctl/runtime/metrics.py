@@ -104,14 +104,25 @@ class MetricLogger:
             values[THROUGHPUT_KEY] = self._samples / max(now - self._since, 1e-9)
         self._samples = 0
         self._since = now
-        if self._rank_dir is not None:
-            if self._writer is None:
-                self._writer = RankEventWriter(self._rank_dir, self._rank)
-            self._writer.metric(step, values)
+        writer = self._records()
+        if writer is not None:
+            writer.metric(step, values)
         elif self._rank == 0:
             line = " ".join(f"{k}={format_value(v)}" for k, v in values.items())
             print(f"step {step} {line}".rstrip(), flush=True)
         return step
+
+    def _records(self) -> RankEventWriter | None:
+        """The record file's writer (opened on first use), or None without a rank dir."""
+        if self._rank_dir is not None and self._writer is None:
+            self._writer = RankEventWriter(self._rank_dir, self._rank)
+        return self._writer
+
+    def checkpoint(self, step: int, directory: str) -> None:
+        """Record that this rank committed checkpoint ``step`` (for the controller)."""
+        writer = self._records()
+        if writer is not None:
+            writer.checkpoint(step, directory)
 
     def close(self) -> None:
         """Close the record file (a later :meth:`log` reopens it)."""

@@ -145,6 +145,26 @@ class JobSpec(BaseModel):
         description="Periodic checkpoints written by ctx.checkpoint() (every N steps "
         "and/or T seconds), from which a restarted run resumes; default: none.",
     )
+    min_hosts: int | None = Field(
+        default=None,
+        ge=1,
+        description="Fewest hosts a restarted run may continue on after losing hosts "
+        "(it re-forms with fewer workers); with fewer left it waits up to "
+        "restart.host_wait for them, then fails. Default: every host of the first attempt.",
+    )
+    max_hosts: int | None = Field(
+        default=None,
+        ge=1,
+        description="Most hosts the run uses at once; the cluster's other hosts stand by "
+        "and replace lost ones on a restart. Default: as many as 'workers' needs.",
+    )
+
+    @model_validator(mode="after")
+    def _host_bounds(self) -> JobSpec:
+        low, high = self.min_hosts, self.max_hosts
+        if low is not None and high is not None and low > high:
+            raise ValueError(f"min_hosts ({low}) is larger than max_hosts ({high})")
+        return self
 
     _env = field_validator("env")(check_env)
     _setup = field_validator("setup")(check_command)

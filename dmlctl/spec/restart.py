@@ -62,6 +62,27 @@ class RestartSpec(BaseModel):
         description="Seconds without progress from a rank before it counts as hung "
         "(an infra failure).",
     )
+    host_timeout: float = Field(
+        default=10.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="Seconds without any message from a host before it counts as lost "
+        "(an infra failure); its agents send one every second.",
+    )
+    host_wait: float = Field(
+        default=60.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="On a restart with fewer than min_hosts hosts answering: seconds to "
+        "wait for lost hosts to answer again before the run fails.",
+    )
+    host_cooldown: float = Field(
+        default=30.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="Seconds a lost host is set aside before a restart may use it again "
+        "(once it answers).",
+    )
 
 
 class CheckpointSpec(BaseModel):
@@ -88,4 +109,12 @@ class CheckpointSpec(BaseModel):
         default=3,
         ge=1,
         description="Number of most recent checkpoints kept; older ones are deleted.",
+    )
+    dir: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Checkpoint directory on every host, e.g. on a shared filesystem "
+        "(``{run_id}`` is replaced by the run id). Default: a directory of the run on "
+        "each host, copied to the controller's machine after every checkpoint and "
+        "handed back to the hosts on a restart.",
     )

@@ -157,6 +157,25 @@ class SshLab:
         _spawn(server)
         _wait_ready([server])
 
+    def kill_host(self, alias: str) -> None:
+        """``alias`` dies as a machine does: its sshd and every process below it (the
+        host agent, torchrun, the ranks) get SIGKILL at once; returns when they are gone."""
+        server = self._server(alias)
+        proc, server.proc = server.proc, None
+        if proc is None:
+            return
+        for pid in [proc.pid, *_descendants(proc.pid)]:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        proc.wait(timeout=5)
+
+    def revive_host(self, alias: str) -> None:
+        """Start ``alias``'s sshd again (same address, port and keys); returns when ready."""
+        server = self._server(alias)
+        if server.proc is None:
+            _spawn(server)
+            _wait_ready([server])
+
     def stop(self) -> None:
         """Stop every server and kill whatever still runs below them. Idempotent."""
         atexit.unregister(self.stop)

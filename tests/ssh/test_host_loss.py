@@ -1,0 +1,90 @@
+"""Losing a host mid-run, on real sshd hosts: the run goes on with the hosts left
+(``min_hosts``), from the checkpoint the controller kept, or fails clearly."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.procs import run_processes, wait_until
+from tests.ssh.lab import SshLab, start_lab
+from tests.ssh.test_remote import LabCli, cluster_file
+
+ELASTIC = Path(__file__).parent / "jobs" / "elastic"
+pytestmark = pytest.mark.ssh
+
+
+@pytest.fixture
+def lab(tmp_path: Path) -> Iterator[SshLab]:
+    """A lab of this test's own: its hosts get killed."""
+    with start_lab(tmp_path / "lab", n_hosts=2) as lab:
+        yield lab
+
+
+def _job(tmp_path: Path, extra: str) -> Path:
+    job = tmp_path / "job.yaml"
+    job.write_text(
+        f"name: elastic\nscript: train.py\nworkdir: {ELASTIC}\nworkers: 2\n"
+        f"env:\n  OUT: {tmp_path / 'out.txt'}\n"
+        "checkpoint:\n  every_steps: 5\n"
+        "restart:\n  max_infra_restarts: 2\n  backoff_initial: 0.2\n"
+        "  host_wait: 3\n  host_cooldown: 60\n" + extra
+    )
+    return job
+
+
+def _run_until_copied(cli: LabCli, lab: SshLab, tmp_path: Path, extra: str) -> tuple[str, float]:
+    """Launch on both hosts (one worker each), wait until the controller holds a
+    checkpoint copy, then kill node-a (the rendezvous host); returns (run, kill time)."""
+    cluster = cluster_file(lab, tmp_path, **{h.alias: "slots: 1" for h in lab.hosts})
+    proc = cli.popen("launch", str(_job(tmp_path, extra)), "--cluster", str(cluster),
+                     "--ui", "plain")  # fmt: skip
+    assert wait_until(lambda: len(cli.runs()) == 1, 60), "no run started"
+    run_id = cli.runs()[0].name
+    latest = cli.home / "runs" / run_id / "checkpoints" / "LATEST"
+    assert wait_until(latest.is_file, 90), "the controller never got a checkpoint copy"
+    lab.kill_host("node-a")
+    killed = time.time()
+    cli.proc = proc  # type: ignore[attr-defined]
+    return run_id, killed
+
+
+def test_a_lost_host_is_replaced_by_the_hosts_left(
+    lab: SshLab, tmp_path: Path
+) -> None:
+    cli = LabCli(tmp_path / "home", lab)
+    run_id, killed = _run_until_copied(cli, lab, tmp_path, "min_hosts: 1\n")
+    out, _ = cli.proc.communicate(timeout=120)  # type: ignore[attr-defined]
+    assert cli.proc.returncode == 0, out  # type: ignore[attr-defined]
+    state = cli.state(run_id)
+    lost = state["failures"][0]
+    assert (lost["host"], lost["exc_type"]) == ("node-a", "AgentLost"), lost
+    assert lost["ts"] == 0.0 or lost["ts"] - killed < 15
+    assert state["hosts"] == ["node-b"] and state["world_size"] == 1
+    # node-b had only rank 1's files; rank 0 of the smaller world needs rank-0.pt,
+    # which only the controller's copy could hand it.
+    starts = [line for line in out.splitlines() if "attempt 1 starts at step" in line]
+    assert starts and "rank 0 of 1" in starts[0], out
+    assert int(starts[0].rsplit(" ", 1)[1]) >= 5, starts
+    assert "was saved by 2 ranks; rank 0 of 1 resumes from rank-0.pt" in out, out
+    assert (tmp_path / "out.txt").read_text().startswith("40 ")
+    assert wait_until(lambda: not run_processes(run_id), 15), run_processes(run_id)
+
+
+def test_too_few_hosts_left_fails_clearly_without_hanging(lab: SshLab, tmp_path: Path) -> None:
+    cli = LabCli(tmp_path / "home", lab)
+    run_id, killed = _run_until_copied(cli, lab, tmp_path, "")
+    out, _ = cli.proc.communicate(timeout=120)  # type: ignore[attr-defined]
+    took = time.time() - killed
+    assert cli.proc.returncode == 1, out  # type: ignore[attr-defined]
+    cause = cli.state(run_id)["root_cause"]
+    assert cause["exc_type"] == "HostsLost", cause
+    assert "node-a" in cause["message"] and "min_hosts" in cause["message"], cause
+    assert took < 40, took  # host_wait 3 s: never a collective timeout
+    assert wait_until(lambda: not run_processes(run_id), 15), run_processes(run_id)
+    summary = json.loads((cli.home / "runs" / run_id / "summary.json").read_text())
+    assert summary
