@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 
 from dmlctl.spec.cluster import (
     LOCAL_ADDRESS,
@@ -159,12 +159,13 @@ class JobSpec(BaseModel):
         "and replace lost ones on a restart. Default: as many as 'workers' needs.",
     )
 
-    @model_validator(mode="after")
-    def _host_bounds(self) -> JobSpec:
-        low, high = self.min_hosts, self.max_hosts
+    @field_validator("max_hosts")
+    @classmethod
+    def _host_bounds(cls, high: int | None, info: ValidationInfo) -> int | None:
+        low = info.data.get("min_hosts")
         if low is not None and high is not None and low > high:
-            raise ValueError(f"min_hosts ({low}) is larger than max_hosts ({high})")
-        return self
+            raise ValueError(f"is smaller than min_hosts ({low})")
+        return high
 
     _env = field_validator("env")(check_env)
     _setup = field_validator("setup")(check_command)

@@ -142,7 +142,8 @@ def tail_text(line: TailLine) -> Text:
 
 
 def run_header(state: RunState, now: float, *, marker: str | None = None) -> RenderableType:
-    """Two lines: identity (run, job, strategy) then phase, elapsed, restarts, world.
+    """Two lines: identity (run, job, strategy) then phase, elapsed, restarts, world,
+    hosts and the newest checkpoint (with the controller's copy, when there is one).
 
     ``marker`` (a spinner frame) is put before ``state.detail`` when given; the detail
     line is shown only when there is something to say (progress text, stop reason).
@@ -166,6 +167,11 @@ def run_header(state: RunState, now: float, *, marker: str | None = None) -> Ren
         ("  hosts ", "dim"),
         (str(len(state.hosts)), ""),
     )
+    if state.checkpoint_step is not None:
+        status.append("  checkpoint ", style="dim")
+        status.append(f"step {state.checkpoint_step}")
+        if state.checkpoint_copied is not None:
+            status.append(f" (copy: step {state.checkpoint_copied})", style="dim")
     if state.exit_code is not None:
         status.append("  exit code ", style="dim")
         status.append(str(state.exit_code), style="red" if state.exit_code else "green")

@@ -43,7 +43,9 @@ def _run_until_copied(cli: LabCli, lab: SshLab, tmp_path: Path, extra: str) -> t
     cluster = cluster_file(lab, tmp_path, **{h.alias: "slots: 1" for h in lab.hosts})
     proc = cli.popen("launch", str(_job(tmp_path, extra)), "--cluster", str(cluster),
                      "--ui", "plain")  # fmt: skip
-    assert wait_until(lambda: len(cli.runs()) == 1, 60), "no run started"
+    if not wait_until(lambda: len(cli.runs()) == 1 or proc.poll() is not None, 60):
+        proc.kill()
+    assert len(cli.runs()) == 1, proc.communicate()[0]
     run_id = cli.runs()[0].name
     latest = cli.home / "runs" / run_id / "checkpoints" / "LATEST"
     assert wait_until(latest.is_file, 90), "the controller never got a checkpoint copy"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import threading
@@ -246,3 +247,50 @@ def test_ranks_agree_when_one_rank_newest_is_bad(
     data[-100] ^= 0x10
     f.write_bytes(bytes(data))
     assert run_ranks(_resume_step, 2, args=(str(tmp_path),)) == [5, 5]
+
+
+# ------------------------------------------------- host-local and shared directories
+
+
+def _save_as_hosts(ctx: Any, roots: list[str]) -> tuple[bool, str]:
+    """Each rank plays the first rank of its own host (local rank 0), saving into
+    ``roots[rank]`` (host-local directories) or one shared root."""
+    mgr = CheckpointManager(roots[ctx.rank], ctx.rank, ctx.world_size, local_rank=0)
+    path = mgr.save(5, _state(5 + ctx.rank))
+    return mgr.committed_here, path
+
+
+def test_host_local_directories_are_each_committed(tmp_path: Path) -> None:
+    roots = [str(tmp_path / "a"), str(tmp_path / "b")]
+    results = run_ranks(_save_as_hosts, 2, args=(roots,))
+    assert [committed for committed, _ in results] == [True, True]  # one leader per dir
+    manifests = []
+    for rank, root in enumerate(roots):
+        step = Path(root) / "step-000000005"
+        assert (Path(root) / "LATEST").read_text() == step.name
+        assert sorted(p.name for p in step.iterdir()) == ["manifest.json", f"rank-{rank}.pt"]
+        manifests.append(json.loads((step / "manifest.json").read_text()))
+    assert manifests[0]["files"] == manifests[1]["files"]  # every rank's file listed
+    assert set(manifests[0]["files"]) == {"rank-0.pt", "rank-1.pt"}
+
+
+def test_a_shared_directory_is_committed_once(tmp_path: Path) -> None:
+    shared = str(tmp_path / "shared")
+    results = run_ranks(_save_as_hosts, 2, args=([shared, shared],))
+    assert sorted(committed for committed, _ in results) == [False, True]
+    step = Path(shared) / "step-000000005"
+    assert sorted(p.name for p in step.iterdir()) == ["manifest.json", "rank-0.pt", "rank-1.pt"]
+    assert not list(Path(shared).glob(".tmp-*"))
+    assert run_ranks(_resume_step, 2, args=(shared,)) == [5, 5]
+
+
+def _load_in_bigger_world(ctx: Any, root: str) -> tuple[int, float]:
+    with pytest.warns(CheckpointWarning, match="saved by 1 ranks"):
+        found = CheckpointManager(root, ctx.rank, ctx.world_size).load_latest()
+    assert found is not None
+    return found[0], float(found[1]["w"][0])
+
+
+def test_another_world_size_resumes_from_a_replica_with_a_warning(tmp_path: Path) -> None:
+    _mgr(tmp_path).save(5, _state(5))  # saved by 1 rank, resumed by 2
+    assert run_ranks(_load_in_bigger_world, 2, args=(str(tmp_path),)) == [(5, 5.0), (5, 5.0)]

@@ -301,3 +301,17 @@ def test_strategy_metrics_get_their_own_columns() -> None:
     plain = Console(record=True, width=160, color_system=None)
     plain.print(rank_table(new_run_state("r", "j", "ssgd", [(0, "a", "worker")], 0.0).ranks))
     assert "comm/step" not in plain.export_text()
+
+
+def test_header_shows_the_newest_checkpoint_and_its_copy() -> None:
+    from dmlctl.launch.events import CheckpointCopied, CheckpointSaved, Resized
+
+    state = apply(running(), [CheckpointSaved("host-a", 0, 10, "/c/step-10", T0 + 5)])
+    assert "checkpoint step 10" in render(render_dashboard(state, T0 + 6))
+    state = apply(state, [CheckpointCopied(10, T0 + 6)])
+    assert "checkpoint step 10 (copy: step 10)" in render(render_dashboard(state, T0 + 7))
+    resized = apply(state, [Resized(((0, "host-b", "worker"), (1, "host-b", "worker")),
+                                    "next attempt on host-b", T0 + 8)])  # fmt: skip
+    assert (resized.world_size, resized.hosts) == (2, ("host-b",))
+    assert [r.host for r in resized.ranks] == ["host-b", "host-b"]
+    assert RunState.from_dict(resized.to_dict()) == resized
