@@ -26,6 +26,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import pwd
 import signal
 import socket
 import string
@@ -164,10 +165,20 @@ class SshLab:
         proc, server.proc = server.proc, None
         if proc is None:
             return
-        for pid in [proc.pid, *_descendants(proc.pid)]:
+        doomed = [proc.pid, *_descendants(proc.pid)]
+        rehashing = any("pyenv-rehash" in _cmdline(pid) for pid in doomed)
+        for pid in doomed:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
         proc.wait(timeout=5)
+        if rehashing:
+            # The lab's hosts share this machine's home: a login shell killed inside
+            # ``pyenv rehash`` (run by ~/.bashrc) leaves pyenv's lock behind, and every
+            # later session would wait on it. A machine that really died takes it along.
+            root = Path(
+                os.environ.get("PYENV_ROOT", Path(pwd.getpwuid(os.getuid()).pw_dir, ".pyenv"))
+            )
+            (root / "shims" / ".pyenv-shim").unlink(missing_ok=True)
 
     def revive_host(self, alias: str) -> None:
         """Start ``alias``'s sshd again (same address, port and keys); returns when ready."""
@@ -420,6 +431,14 @@ def _tail(path: Path, lines: int = 20) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return "(no log)"
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def _descendants(pid: int) -> list[int]:

@@ -55,9 +55,7 @@ def _run_until_copied(cli: LabCli, lab: SshLab, tmp_path: Path, extra: str) -> t
     return run_id, killed
 
 
-def test_a_lost_host_is_replaced_by_the_hosts_left(
-    lab: SshLab, tmp_path: Path
-) -> None:
+def test_a_lost_host_is_replaced_by_the_hosts_left(lab: SshLab, tmp_path: Path) -> None:
     cli = LabCli(tmp_path / "home", lab)
     run_id, killed = _run_until_copied(cli, lab, tmp_path, "min_hosts: 1\n")
     out, _ = cli.proc.communicate(timeout=120)  # type: ignore[attr-defined]
