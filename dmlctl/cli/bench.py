@@ -1,4 +1,4 @@
-"""``dmlctl bench comm``, ``dmlctl bench launch`` and ``dmlctl bench strategies``.
+"""``dmlctl bench comm``, ``launch``, ``strategies`` and ``recovery``.
 
 Parse → call :mod:`dmlctl.bench` → render. stdout carries only the result (a table,
 or JSON with ``--json``); progress goes to stderr. Library imports happen inside the
@@ -17,7 +17,7 @@ from dmlctl.cli.common import stderr_console, stdout_console
 
 app = typer.Typer(
     help="Benchmarks: collective bandwidth (comm), launcher overhead (launch), "
-    "strategy overhead and traffic (strategies).",
+    "strategy overhead and traffic (strategies), recovery after a killed worker (recovery).",
     no_args_is_help=True,
 )
 
@@ -97,5 +97,27 @@ def strategies(
         print(json.dumps(report, indent=2))
     else:
         for table in render_strategies_table(report):
+            stdout_console().print(table)
+    return 0
+
+
+@app.command()
+def recovery(
+    repeats: int = typer.Option(3, "--repeats", help="Failures timed per launcher (at least 1)."),
+    backoff: float = typer.Option(
+        0.1, "--backoff", help="dmlctl's restart backoff_initial in seconds (its default: 1.0)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+) -> int:
+    """Seconds from a worker's SIGKILL to its first step after restart: dmlctl vs torchrun."""
+    from dmlctl.bench.recovery import render_recovery_tables, run_recovery_bench
+
+    err = stderr_console()
+    with err.status("timing recovery under dmlctl and bare torchrun…"):
+        report = run_recovery_bench(repeats, backoff=backoff, console=err)
+    if as_json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        for table in render_recovery_tables(report):
             stdout_console().print(table)
     return 0

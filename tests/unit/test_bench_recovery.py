@@ -98,7 +98,7 @@ def test_measure_recovery_from_kill_to_the_killed_ranks_first_step_after_restart
     expected = [0.1, 0.7, 2.0, 2.1, 3.5, 3.6, 3.65]
     assert list(rec.stages.values()) == pytest.approx(expected)
     assert rec.to_dict()["recovery_s"] == pytest.approx(3.65)
-    assert rec.to_dict()["steps_lost"] == 2
+    assert rec.to_dict()["steps_lost"] == 2 and rec.to_dict()["cause"] == ""
 
 
 def test_steps_done_counts_the_furthest_rank_before_the_kill() -> None:
@@ -172,7 +172,10 @@ def test_dmlctl_times_read_the_run_directory(tmp_path: Path) -> None:
     assert got["rank_started"] == 1.5
     assert got["agent_started"] == pytest.approx((attempt_dir / "agent.pid").stat().st_mtime)
     assert got["detected"] == pytest.approx(now + 0.1)
-    # A failure that is not rank 1's SIGKILL is not the controller noticing the kill.
+    # torchrun's summary may blame the peer (exit code 1): still the controller's clock.
+    run.write_json(run.state_file, {"failures": [{**failure, "exc_type": "ExitCode"}]})
+    assert dmlctl_times(run.path)["controller_notified"] == KILL + 0.5
+    # A cause taken from a rank's own exit record carries the rank's clock: no stage.
     run.write_json(run.state_file, {"failures": [{**failure, "exc_type": "RuntimeError"}]})
     assert "controller_notified" not in dmlctl_times(run.path)
     assert dmlctl_times(tmp_path / "nothing") == {}
@@ -252,6 +255,7 @@ def test_both_sides_run_the_same_shipped_script(tmp_path: Path) -> None:
     assert (job.workdir, job.script, job.workers) == (str(JOB_DIR), SCRIPT, 2)
     assert job.checkpoint is None  # the script's own checkpoints, on both sides
     assert (job.restart.max_infra_restarts, job.restart.backoff_initial) == (1, 0.25)
+    assert job.restart.max_user_restarts == 1  # like torchrun's --max-restarts 1
     assert recovery_job(tmp_path, 60.0).restart.backoff_max == 60.0  # never capped below it
     argv = torchrun_command(tmp_path)
     assert argv[1:8] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node",

@@ -1,0 +1,526 @@
+"""``dmlctl bench recovery``: how long a run takes to train again after a worker dies.
+
+Both sides run the same ``recovery_job/train.py`` (2 workers, gloo, DDP on a tiny
+model, its own checkpoint every :data:`CHECKPOINT_EVERY` steps; see the script) for
+:data:`STEPS` steps. On the first attempt, rank :data:`KILL_RANK` records the time
+and SIGKILLs itself right after step :data:`KILL_AT`:
+
+* **dmlctl** — a real run through :func:`dmlctl.launch.api.launch` with
+  ``restart: {max_infra_restarts: 1, backoff_initial: <backoff>}`` and no
+  ``checkpoint:`` block (the script's own checkpoints, as on the other side). The
+  controller sees an infrastructure failure and starts a new attempt: a new host
+  agent, a new torchrun, a new rendezvous.
+* **torchrun** — ``python -m torch.distributed.run --standalone --nproc-per-node 2
+  --max-restarts 1 train.py …``, which restarts its worker group in place, in the
+  launch benchmark's environment plus :data:`TORCHRUN_ENV`:
+  ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` because with torch's default (workers
+  share the rendezvous TCPStore across restarts) a restarted gloo group can read the
+  dead worker's address from the previous round and fail with "Connection refused"
+  (pytorch/pytorch#135712; 2 of 4 restarts failed so with torch 2.13 here).
+  ``TORCH_LOGS_OUT`` copies torchrun's log lines to a file, for the stages below.
+
+**Recovery** = the time the killed rank completed its first step after the
+restart − the time it recorded just before killing itself (both ``time.time()`` on
+this machine). **Steps lost** = the last step any rank completed before the kill −
+the step the restart resumed from (goal: at most the checkpoint interval).
+
+Runs alternate (dmlctl, torchrun, dmlctl, …). There is no warm-up run: the first
+attempt of every run imports and warms everything before the kill. Each
+:class:`Recovery` also holds when each stage of the recovery ended (:data:`STAGES`,
+seconds after the kill), read from the script's timing file, torchrun's log lines
+and, for dmlctl, the run directory. This module never imports torch; run
+directories go to a temporary ``DMLCTL_HOME``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from dmlctl.bench.launch_overhead import _env, _time_once, summarize
+from dmlctl.errors import DmlctlError, UsageError
+from dmlctl.launch.api import LaunchOptions, launch
+from dmlctl.launch.supervisor import attempt_config
+from dmlctl.plan.model import LaunchPlan
+from dmlctl.protocol import KIND_START, rank_events
+from dmlctl.spec import ClusterSpec, HostSpec, JobSpec
+from dmlctl.spec.cluster import LOCAL_ADDRESS
+from dmlctl.spec.restart import RestartSpec
+
+JOB_DIR = Path(__file__).resolve().parent / "recovery_job"
+SCRIPT = "train.py"
+JOB_NAME = "bench-recovery"
+WORKERS = 2
+STEPS = 25
+CHECKPOINT_EVERY = 5
+KILL_AT = 12
+KILL_RANK = 1
+STEP_SLEEP_S = 0.05
+DEFAULT_REPEATS = 3
+DEFAULT_BACKOFF_S = 0.1
+RATIO_GOAL = 1.2
+SIDES = ("dmlctl", "torchrun")
+TORCHRUN_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "OMP_NUM_THREADS": "1"}
+"""Environment of the bare torchrun side (see the module docstring)."""
+
+STAGES: tuple[tuple[str, str], ...] = (
+    ("detected", "torchrun saw the kill (SIGTERM to the other workers)"),
+    ("workers_stopped", "torchrun logged the failure (old workers gone)"),
+    ("controller_notified", "controller recorded the failure (torchrun, agent exited)"),
+    ("agent_started", "new host agent running (after the backoff)"),
+    ("rank_started", "new rank process started (torchrun, rendezvous, spawn)"),
+    ("script_started", "script started"),
+    ("torch_imported", "torch imported"),
+    ("joined", "process group initialised"),
+    ("built", "model and optimizer built"),
+    ("resumed", "checkpoint loaded"),
+    ("first_step", "first step completed (= recovery)"),
+)
+"""Stages of a recovery in the order they end: (key, meaning). The dmlctl-only
+stages are ``controller_notified``, ``agent_started`` and ``rank_started``."""
+
+_SCRIPT_STAGES = {
+    "start": "script_started",
+    "imported": "torch_imported",
+    "joined": "joined",
+    "built": "built",
+    "resumed_from": "resumed",
+}
+# Causes the controller makes itself (parser.torchrun_failure, state.apply), stamped
+# with its own clock when the agent's exit arrives.
+_CONTROLLER_CAUSES = ("Signal", "ExitCode", "AgentExit")
+_TORCHRUN_STAGES = {"closing signal": "detected", "failed (exitcode": "workers_stopped"}
+# torchrun's log prefix: level, MMDD HH:MM:SS.micro (local time), pid.
+_GLOG = re.compile(r"^[IWEF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d)(\.\d+) +\d+ ")
+
+
+class RecoveryBenchFailed(DmlctlError):
+    """A dmlctl run failed or did not restart exactly once, or a run's timing files
+    lack the kill or the restart; the message says which."""
+
+
+@dataclass(frozen=True)
+class TimingRecord:
+    """One line of a rank's timing file: ``KIND STEP TIME ATTEMPT`` (see the script)."""
+
+    rank: int
+    kind: str
+    step: int
+    time: float
+    attempt: int
+
+
+def parse_timing(lines: Iterable[str], rank: int) -> list[TimingRecord]:
+    """The records of rank ``rank``'s timing file, in file order.
+
+    Blank and malformed lines (a line torn by a kill, anything else) are skipped.
+    """
+    out: list[TimingRecord] = []
+    for line in lines:
+        parts = line.split()
+        if len(parts) != 4:
+            continue
+        try:
+            out.append(TimingRecord(rank, parts[0], int(parts[1]), float(parts[2]), int(parts[3])))
+        except ValueError:
+            continue
+    return out
+
+
+def read_timing_dir(directory: Path) -> list[TimingRecord]:
+    """Every ``rank-<R>.timing`` file in ``directory``, parsed (none: empty list)."""
+    records: list[TimingRecord] = []
+    for path in sorted(directory.glob("rank-*.timing")):
+        rank = path.name[len("rank-") : -len(".timing")]
+        if rank.isdigit():
+            with open(path, encoding="ascii", errors="replace") as f:
+                records += parse_timing(f, int(rank))
+    return records
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """One failure and restart on one side (times: ``time.time()`` seconds).
+
+    ``stages`` maps the keys of :data:`STAGES` that were observed to the seconds
+    after the kill at which they ended.
+    """
+
+    kill_time: float
+    first_step_time: float
+    steps_done: int
+    resumed_from: int
+    stages: Mapping[str, float] = field(default_factory=dict)
+    cause: str = ""  # what the launcher recorded as the failure (dmlctl: its root cause)
+
+    @property
+    def seconds(self) -> float:
+        """Recovery time: first step after the restart − kill."""
+        return self.first_step_time - self.kill_time
+
+    @property
+    def steps_lost(self) -> int:
+        """Steps done before the kill that the restart had to do again."""
+        return self.steps_done - self.resumed_from
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form, with ``recovery_s`` and ``steps_lost``."""
+        return {
+            "recovery_s": self.seconds,
+            "kill_time": self.kill_time,
+            "first_step_time": self.first_step_time,
+            "steps_done": self.steps_done,
+            "resumed_from": self.resumed_from,
+            "steps_lost": self.steps_lost,
+            "stages_s": dict(self.stages),
+            "cause": self.cause,
+        }
+
+
+def measure_recovery(
+    records: Sequence[TimingRecord],
+    *,
+    killed_rank: int = KILL_RANK,
+    launcher_times: Mapping[str, float] | None = None,
+) -> Recovery:
+    """The recovery in ``records`` (every rank's timing lines of one run).
+
+    The kill is ``killed_rank``'s ``kill`` record; the restart is the first later
+    attempt in which ``killed_rank`` completed a step. ``steps_done`` is the highest
+    step any rank completed in the killed attempt; ``resumed_from`` is
+    ``killed_rank``'s ``resumed_from`` in the restart. Stages come from the killed
+    rank's records of the restart plus ``launcher_times`` (absolute times keyed by
+    :data:`STAGES` keys). Raises :class:`RecoveryBenchFailed` naming what is missing.
+    """
+    kills = [r for r in records if r.rank == killed_rank and r.kind == "kill"]
+    if not kills:
+        raise RecoveryBenchFailed(f"rank {killed_rank} recorded no kill")
+    kill = kills[0]
+    restart = [r for r in records if r.rank == killed_rank and r.attempt > kill.attempt]
+    steps = [r for r in restart if r.kind == "step"]
+    if not steps:
+        raise RecoveryBenchFailed(f"rank {killed_rank} completed no step after the restart")
+    attempt = min(r.attempt for r in steps)
+    mine = [r for r in restart if r.attempt == attempt]
+    resumed = [r for r in mine if r.kind == "resumed_from"]
+    if not resumed:
+        raise RecoveryBenchFailed(
+            f"rank {killed_rank} did not record where attempt {attempt} resumed from"
+        )
+    first = next(r for r in mine if r.kind == "step")
+    done = max(
+        (r.step for r in records if r.kind == "step" and r.attempt == kill.attempt), default=0
+    )
+    times = {stage: r.time for r in reversed(mine) if (stage := _SCRIPT_STAGES.get(r.kind))}
+    times.update(launcher_times or {}, first_step=first.time)
+    stages = {key: times[key] - kill.time for key, _ in STAGES if key in times}
+    return Recovery(kill.time, first.time, done, resumed[0].step, stages)
+
+
+def _glog_time(line: str, near: float) -> float | None:
+    """The time in a torchrun log line's prefix (local time, no year: the year that
+    puts it nearest to ``near``), or None for a line without one."""
+    m = _GLOG.match(line)
+    if m is None:
+        return None
+    month, day, hour, minute, second = (int(g) for g in m.groups()[:5])
+    year = time.localtime(near).tm_year
+    stamps = [
+        time.mktime((y, month, day, hour, minute, second, 0, 0, -1)) + float(m.group(6))
+        for y in (year - 1, year, year + 1)
+    ]
+    return min(stamps, key=lambda t: abs(t - near))
+
+
+def torchrun_times(lines: Iterable[str], now: float | None = None) -> dict[str, float]:
+    """Absolute times of torchrun's first "closing signal" line (``detected``: it
+    saw a worker fail and signals the others) and first "failed (exitcode" line
+    (``workers_stopped``). ``now`` (default: the clock) picks the year."""
+    near = time.time() if now is None else now
+    out: dict[str, float] = {}
+    for line in lines:
+        for marker, stage in _TORCHRUN_STAGES.items():
+            if stage not in out and marker in line and (t := _glog_time(line, near)) is not None:
+                out[stage] = t
+    return out
+
+
+def dmlctl_times(run_dir: Path, *, rank: int = KILL_RANK, attempt: int = 1) -> dict[str, float]:
+    """Absolute times of the dmlctl-side stages of attempt ``attempt`` in ``run_dir``:
+    torchrun's log lines (``logs/agent-*.log``), ``controller_notified`` (the first
+    failure in ``state.json``, when its cause was made on the controller's clock
+    from torchrun's summary or the agent's exit, not from a rank's own record),
+    ``agent_started`` (the new agent's ``agent.pid``) and ``rank_started``
+    (``rank``'s ``start`` record). A stage whose file is missing is left out."""
+    out: dict[str, float] = {}
+    for log in sorted((run_dir / "logs").glob("agent-*.log")):
+        with open(log, encoding="utf-8", errors="replace") as f:
+            out = {**torchrun_times(f), **out}
+    try:
+        state = json.loads((run_dir / "state.json").read_text(encoding="utf-8"))
+        plan = LaunchPlan.from_dict(json.loads((run_dir / "plan.json").read_text("utf-8")))
+    except (OSError, ValueError, KeyError):
+        return out
+    cause = next(iter(state.get("failures", ())), None)
+    if cause and cause.get("exc_type") in _CONTROLLER_CAUSES:
+        out["controller_notified"] = float(cause["ts"])
+    host = next((h for h in plan.hosts if h.first_rank <= rank < h.first_rank + h.nproc), None)
+    if host is None:
+        return out
+    config = attempt_config({"rank_dir": host.rank_dir, "argv": [], "env": {}}, attempt)
+    rank_dir = Path(config["rank_dir"])
+    try:
+        out["agent_started"] = (rank_dir / "agent.pid").stat().st_mtime
+        with open(rank_events(str(rank_dir), rank), encoding="utf-8") as f:
+            start = next(rec for line in f if (rec := json.loads(line))["kind"] == KIND_START)
+        out["rank_started"] = float(start["ts"])
+    except (OSError, ValueError, KeyError, StopIteration):
+        pass
+    return out
+
+
+@dataclass(frozen=True)
+class RecoveryReport:
+    """Every measured recovery of both sides, and what they were measured under.
+
+    ``runs`` maps each of :data:`SIDES` to its recoveries, in run order (at least one).
+    """
+
+    runs: Mapping[str, tuple[Recovery, ...]]
+    backoff_s: float
+    workers: int = WORKERS
+    steps: int = STEPS
+    checkpoint_every: int = CHECKPOINT_EVERY
+    kill_at: int = KILL_AT
+    kill_rank: int = KILL_RANK
+
+    def median(self, side: str) -> float:
+        """Median recovery seconds of ``side``."""
+        return statistics.median(r.seconds for r in self.runs[side])
+
+    @property
+    def ratio(self) -> float:
+        """median(dmlctl) / median(torchrun); the goal is at most :data:`RATIO_GOAL`."""
+        return self.median("dmlctl") / self.median("torchrun")
+
+    def steps_lost(self, side: str) -> int:
+        """The most steps ``side`` lost in one failure."""
+        return max(r.steps_lost for r in self.runs[side])
+
+    def stages(self, side: str) -> dict[str, float]:
+        """Per stage of :data:`STAGES` (in that order): the median seconds after the
+        kill over the runs of ``side`` in which it was seen (torchrun logs no
+        ``detected`` line when no other worker is left to signal)."""
+        seen = {k: [r.stages[k] for r in self.runs[side] if k in r.stages] for k, _ in STAGES}
+        return {k: statistics.median(v) for k, v in seen.items() if v}
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready report: settings, ``ratio``, and per side ``recovery_s``
+        (median/min/max/samples), ``steps_lost`` (max), ``stages_s`` (medians), ``runs``."""
+        sides = {
+            side: {
+                "recovery_s": summarize([r.seconds for r in runs]),
+                "steps_lost": self.steps_lost(side),
+                "stages_s": self.stages(side),
+                "runs": [r.to_dict() for r in runs],
+            }
+            for side, runs in self.runs.items()
+        }
+        return {
+            "workers": self.workers,
+            "steps": self.steps,
+            "checkpoint_every": self.checkpoint_every,
+            "kill_at": self.kill_at,
+            "kill_rank": self.kill_rank,
+            "repeats": len(self.runs["dmlctl"]),
+            "backoff_s": self.backoff_s,
+            "default_backoff_s": RestartSpec().backoff_initial,
+            "ratio": self.ratio,
+            "ratio_goal": RATIO_GOAL,
+            **sides,
+        }
+
+
+def script_args(work: Path) -> list[str]:
+    """Arguments of ``train.py`` for one run whose files go under ``work``."""
+    options = {
+        "--timing-dir": work / "timing",
+        "--ckpt-dir": work / "ckpt",
+        "--steps": STEPS,
+        "--every": CHECKPOINT_EVERY,
+        "--kill-at": KILL_AT,
+        "--kill-rank": KILL_RANK,
+        "--sleep": STEP_SLEEP_S,
+    }
+    return [str(part) for option in options.items() for part in option]
+
+
+def recovery_job(work: Path, backoff: float) -> JobSpec:
+    """The dmlctl side's job: no ``checkpoint:`` block; one restart after exactly
+    ``backoff`` seconds (``backoff_max`` raised to it if needed) for an infra failure
+    (the SIGKILL) and, as torchrun's ``--max-restarts 1`` does, for a user one too:
+    dmlctl sometimes blames the peer's collateral exit code instead (see
+    :func:`run_dmlctl`)."""
+    cap = max(backoff, RestartSpec().backoff_max)
+    return JobSpec(
+        name=JOB_NAME,
+        script=SCRIPT,
+        args=script_args(work),
+        workers=WORKERS,
+        workdir=str(JOB_DIR),
+        restart=RestartSpec(
+            max_infra_restarts=1, max_user_restarts=1, backoff_initial=backoff, backoff_max=cap
+        ),
+    )
+
+
+def torchrun_command(work: Path) -> list[str]:
+    """argv of the bare torchrun side: the launch benchmark's, with one restart."""
+    script = str(JOB_DIR / SCRIPT)
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+            str(WORKERS), "--max-restarts", "1", script, *script_args(work)]  # fmt: skip
+
+
+def bench_cluster() -> ClusterSpec:
+    """This machine as host ``local`` with :data:`WORKERS` slots, whatever its cores."""
+    return ClusterSpec(hosts=[HostSpec(name="local", address=LOCAL_ADDRESS, slots=WORKERS)])
+
+
+def run_dmlctl(work: Path, *, backoff: float, home: Path, console: Console) -> Recovery:
+    """One dmlctl run of :func:`recovery_job` on :func:`bench_cluster`; its recovery,
+    whose ``cause`` is the failure dmlctl recorded. When that is not rank
+    :data:`KILL_RANK`'s SIGKILL (torchrun's summary can name the peer that died of
+    the broken connection first, or torchrun can fail on a half-written error file),
+    a warning goes to ``console``. Raises :class:`RecoveryBenchFailed` unless the run
+    succeeded after exactly one restart."""
+    options = LaunchOptions(ui="quiet", home=home)
+    job = recovery_job(work, backoff)
+    result = launch(job, bench_cluster(), options=options, console=console)
+    state, run_dir = result.state, result.run_dir
+    if state is None or run_dir is None or result.exit_code != 0 or state.restarts != 1:
+        root = state.root_cause if state is not None else None
+        why = root.headline() if root is not None else f"exit code {result.exit_code}"
+        restarts = state.restarts if state is not None else 0
+        raise RecoveryBenchFailed(
+            f"dmlctl run {result.run_id} did not recover: {why}, {restarts} restart(s)"
+        )
+    cause = state.failures[0]
+    if (cause.rank, cause.exc_type) != (KILL_RANK, "Signal"):
+        console.print(
+            f"[yellow]dmlctl run {result.run_id} recorded the SIGKILL of rank "
+            f"{KILL_RANK} as: {cause.headline()}[/yellow]",
+            highlight=False,
+        )
+    times = dmlctl_times(run_dir)
+    found = measure_recovery(read_timing_dir(work / "timing"), launcher_times=times)
+    return dataclasses.replace(found, cause=cause.headline())
+
+
+def run_torchrun(work: Path, home: Path) -> Recovery:
+    """One bare torchrun run (:func:`torchrun_command`) in ``work``, in the launch
+    benchmark's environment plus :data:`TORCHRUN_ENV`; its recovery. torchrun's own
+    log lines also go to ``work/torchrun.log`` (``TORCH_LOGS_OUT``). Raises
+    :class:`~dmlctl.bench.launch_overhead.LaunchBenchFailed` if it fails or times out."""
+    log = work / "torchrun.log"
+    env = {**_env(home), **TORCHRUN_ENV, "TORCH_LOGS_OUT": str(log)}
+    _time_once(torchrun_command(work), env, work)
+    lines = log.read_text(encoding="utf-8", errors="replace").splitlines() if log.exists() else []
+    times = torchrun_times(lines)
+    return measure_recovery(read_timing_dir(work / "timing"), launcher_times=times)
+
+
+def run_recovery_bench(
+    repeats: int = DEFAULT_REPEATS,
+    *,
+    backoff: float = DEFAULT_BACKOFF_S,
+    console: Console,
+    home: Path | None = None,
+    measure: Callable[[str, Path], Recovery] | None = None,
+) -> RecoveryReport:
+    """Run both sides ``repeats`` times each, alternating (dmlctl first), and report.
+
+    Each run gets a fresh directory (timing files, checkpoint) under a temporary
+    directory; dmlctl's run directories go to ``home`` (default: a temporary
+    ``DMLCTL_HOME``). ``measure(side, work_dir)`` replaces the real runs in tests.
+    Raises :class:`UsageError` for ``repeats < 1`` or ``backoff <= 0`` and
+    :class:`RecoveryBenchFailed` if any run fails.
+    """
+    if repeats < 1:
+        raise UsageError(f"--repeats must be at least 1, got {repeats}")
+    if not 0 < backoff < float("inf"):
+        raise UsageError(f"--backoff must be a positive number of seconds, got {backoff}")
+    runs: dict[str, list[Recovery]] = {side: [] for side in SIDES}
+    with tempfile.TemporaryDirectory(prefix="dmlctl-bench-recovery-") as tmp:
+        dml_home = home if home is not None else Path(tmp) / "home"
+
+        def real(side: str, work: Path) -> Recovery:
+            if side == "dmlctl":
+                return run_dmlctl(work, backoff=backoff, home=dml_home, console=console)
+            return run_torchrun(work, dml_home)
+
+        for round_ in range(1, repeats + 1):
+            for side in SIDES:
+                console.print(f"[dim]{side} {round_}/{repeats}[/dim]", highlight=False)
+                work = Path(tmp) / f"{side}-{round_}"
+                work.mkdir()
+                runs[side].append((measure or real)(side, work))
+    return RecoveryReport({side: tuple(r) for side, r in runs.items()}, backoff_s=backoff)
+
+
+def render_recovery_tables(report: RecoveryReport) -> list[Table]:
+    """Two tables: recovery seconds (median/min/max) and steps lost per launcher with
+    the ratio row; then the median end of every stage, in seconds after the kill."""
+    runs = report.runs
+    t = Table(
+        title=f"recovery from a SIGKILL, {len(runs['dmlctl'])} run(s) each, "
+        f"dmlctl backoff {report.backoff_s:g} s",
+        title_justify="left",
+        show_edge=False,
+        pad_edge=False,
+    )
+    for name in ("launcher", "median (s)", "min (s)", "max (s)", "steps lost (max)"):
+        t.add_column(name, justify="left" if name == "launcher" else "right")
+    for side in SIDES:
+        secs = [r.seconds for r in runs[side]]
+        t.add_row(
+            side,
+            f"{report.median(side):.3f}",
+            f"{min(secs):.3f}",
+            f"{max(secs):.3f}",
+            str(report.steps_lost(side)),
+            end_section=side == SIDES[-1],
+        )
+    t.add_row(
+        "[bold]dmlctl/torchrun[/bold]",
+        f"[bold]{report.ratio:.3f}[/bold]",
+        f"goal ≤ {RATIO_GOAL}",
+        "",
+        f"goal ≤ {report.checkpoint_every}",
+    )
+    s = Table(
+        title="where the time goes (median seconds after the kill when each stage ended)",
+        title_justify="left",
+        show_edge=False,
+        pad_edge=False,
+    )
+    s.add_column("stage")
+    for side in SIDES:
+        s.add_column(side, justify="right")
+    stages = {side: report.stages(side) for side in SIDES}
+    for key, meaning in STAGES:
+        cells = [f"{stages[side][key]:.3f}" if key in stages[side] else "" for side in SIDES]
+        if any(cells):
+            s.add_row(meaning, *cells)
+    return [t, s]
