@@ -42,18 +42,29 @@ def _describe_exit(code: int) -> str:
 
 
 def torchrun_failure(host: str, tail: Sequence[str], ts: float = 0.0) -> RootCause | None:
-    """The root-cause rank in torchrun's failure summary (``rank : N`` / ``exitcode : X``
-    lines, after "Root Cause" when present: torchrun lists the other failures first),
-    for ranks that died without a Python exception."""
+    """The failed rank torchrun's failure summary names (``rank : N`` / ``exitcode : X``
+    lines), for ranks that died without a Python exception: a rank killed by a signal
+    first (it could not report itself; torchrun's own "Root Cause" only picks the
+    earliest failure, in whole seconds, so a peer that died of the broken connection in
+    the same second may stand there), else the one after "Root Cause", else the first."""
+    start = next((i for i, s in enumerate(tail) if s.startswith("Root Cause")), len(tail))
+    failures: list[tuple[bool, int, int]] = []  # (is the root cause entry, rank, code)
     rank: int | None = None
-    for line in tail[next((i for i, s in enumerate(tail) if s.startswith("Root Cause")), 0) :]:
+    for i, line in enumerate(tail):
         if (m := _TORCHRUN_RANK.match(line)) is not None:
             rank = int(m.group(1))
         elif rank is not None and (m := _TORCHRUN_EXIT.match(line)) is not None:
-            code = int(m.group(1))
-            kind = "Signal" if code < 0 else "ExitCode"
-            return RootCause(host, rank, kind, _describe_exit(code), tuple(tail[-15:]), ts)
-    return None
+            failures.append((i > start, rank, int(m.group(1))))
+            rank = None
+    if not failures:
+        return None
+    # SIGTERM is how torchrun itself stops the other workers: weaker evidence.
+    killed = [f for f in failures if f[2] < 0 and f[2] != -signal.SIGTERM]
+    signalled = [f for f in failures if f[2] < 0]
+    rooted = [f for f in failures if f[0]]
+    _, rank, code = (killed or signalled or rooted or failures)[0]
+    kind = "Signal" if code < 0 else "ExitCode"
+    return RootCause(host, rank, kind, _describe_exit(code), tuple(tail[-15:]), ts)
 
 
 def _cause(host: str, rank: int, error: Mapping[str, Any] | None, ts: float) -> RootCause | None:

@@ -286,7 +286,10 @@ def apply(state: RunState, events: Iterable[Event]) -> RunState:
                 # summary, after its peers' collateral errors have arrived.
                 known = get("root_cause")
                 if known is None or (
-                    ev.cause is not None and known.collateral and not cause.collateral
+                    ev.cause is not None
+                    and known.collateral
+                    and not cause.collateral
+                    and (cause.rank != known.rank or cause.host != known.host)
                 ):
                     s["root_cause"] = cause
             for rank in list(ranks):

@@ -84,7 +84,7 @@ __all__ = [
 _STEP_DIR = re.compile(CHECKPOINT_STEP_PATTERN)
 _LATEST = CHECKPOINT_LATEST
 _MANIFEST = CHECKPOINT_MANIFEST
-_NONE, _REFUSED = -1, -2
+_NONE = -1
 
 
 class CheckpointError(RuntimeError):
@@ -198,6 +198,8 @@ class CheckpointManager:
         committed directory. Collective when ``world_size > 1``."""
         tmp = self.root / f".tmp-step-{step}"
         tmp.mkdir(parents=True, exist_ok=True)
+        for stale in tmp.glob(".commit-*"):  # a crashed save's lock; this save's come later
+            stale.unlink(missing_ok=True)
         path = tmp / rank_file(self.rank)
         _write_synced(path, state)
         _fsync_dir(tmp)
@@ -344,9 +346,15 @@ class CheckpointManager:
                 state, refused = self._load(path), None
             except CheckpointRefused as exc:
                 state, refused = {}, exc
-            flag = torch.tensor([_REFUSED if refused else 0], dtype=torch.int64)
-            if self._collective():  # a refusal anywhere stops every rank, none hangs
-                dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-            if refused is not None or int(flag.item()) == _REFUSED:
-                raise refused or CheckpointRefused(f"another rank refused {path.name}")
+            # a refusal anywhere stops every rank, none hangs: 1 + the refusing rank
+            flag = torch.tensor([self.rank + 1 if refused else 0], dtype=torch.int64)
+            if self._collective():
+                dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            if refused is not None:
+                raise refused
+            if int(flag.item()) > 0:
+                who = int(flag.item()) - 1
+                raise CheckpointRefused(
+                    f"another rank refused {path.name}: rank {who}'s file needs unsafe unpickling"
+                )
             return agreed, state

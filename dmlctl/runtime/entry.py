@@ -72,9 +72,11 @@ def _write_torchelastic_error(error: dict[str, Any]) -> None:
             "timestamp": str(int(time.time())),
         },
     }
-    try:
-        with open(path, "w", encoding="utf-8") as f:
+    try:  # whole or absent: torchrun may read it the moment this rank exits
+        tmp = f"{path}.tmp-{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as f:
             json.dump({"message": message}, f)
+        os.replace(tmp, path)
     except OSError:
         pass
 

@@ -165,6 +165,16 @@ def test_torchrun_summary_picks_the_root_cause_not_the_other_failures() -> None:
     assert (cause.rank, cause.message) == (2, "killed by SIGKILL")
 
 
+def test_torchrun_summary_prefers_the_killed_rank_over_a_same_second_peer() -> None:
+    # torchrun stamps failures in whole seconds and breaks the tie by rank: rank 0,
+    # which died of the broken connection, can stand as "Root Cause" while rank 1 was
+    # the one killed. The killed rank never reported itself: it is the cause.
+    tail = torchrun_summary((0, 0, 1, 300), (1, 1, -9, 301))
+    cause = torchrun_failure("h", tail)
+    assert cause is not None
+    assert (cause.rank, cause.message) == (1, "killed by SIGKILL")
+
+
 def test_no_summary_no_cause() -> None:
     assert torchrun_failure("h", ["plain output", "exitcode  : 1"]) is None
     assert torchrun_failure("h", []) is None
