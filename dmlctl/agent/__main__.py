@@ -13,6 +13,10 @@ Contract:
   first on ``PYTHONPATH``.
 * Streams every rank's output and records (see :mod:`dmlctl.protocol`) and
   torchrun's own output to its stdout as JSON lines, ending with one ``exit`` message.
+* Imports torchrun before it reads its configuration and runs it in a forked child
+  instead of a new interpreter (:mod:`dmlctl.agent.warm`), so an agent the
+  controller starts ahead of time (a standby for the next restart) saves a restart
+  torchrun's start-up.
 * Stops the run — SIGTERM to its whole process tree, SIGKILL after a grace period —
   when stdin says ``stop``, when stdin closes or its parent (sshd's session)
   goes away (the controller or the SSH connection is gone), or on
@@ -33,6 +37,7 @@ from types import FrameType
 from typing import Any, TextIO
 
 from dmlctl import protocol
+from dmlctl.agent import warm
 from dmlctl.agent.procs import become_subreaper, kill_tree
 from dmlctl.agent.tail import RankDirTailer
 
@@ -115,17 +120,22 @@ def run(config: dict[str, Any], emit: Emitter, stop: threading.Event, reason: li
     here = os.path.dirname(os.path.dirname(os.path.abspath(protocol.__file__)))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH", "")) if p)
     tail: collections.deque[str] = collections.deque(maxlen=TAIL)
+    proc: subprocess.Popen[str] | warm.ForkedTorchrun
     try:
-        proc = subprocess.Popen(
-            config["argv"],
-            cwd=workdir,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            errors="replace",
-        )
+        if warm.can_fork(config["argv"]):
+            proc = warm.ForkedTorchrun(config["argv"], workdir, env)
+            emit.send(protocol.MSG_LOG, r=None, s="agent", l=["dmlctl agent: warm start"])
+        else:
+            proc = subprocess.Popen(
+                config["argv"],
+                cwd=workdir,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                errors="replace",
+            )
     except OSError as e:
         emit.send(protocol.MSG_EXIT, code=127, tail=[f"cannot start torchrun: {e}"], stopped=False)
         return 127
@@ -162,7 +172,7 @@ def run(config: dict[str, Any], emit: Emitter, stop: threading.Event, reason: li
     _emit_ranks(tailer, emit, final=True)
     tailer.close()
     kill_tree(os.getpid(), 1.0)  # anything a rank left behind (daemons, grandchildren)
-    code = proc.returncode
+    code = int(proc.returncode) if proc.returncode is not None else 1
     emit.send(protocol.MSG_EXIT, code=code, tail=list(tail), stopped=stopped)
     return code
 
@@ -177,6 +187,7 @@ def main() -> int:
 
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(sig, on_signal)
+    warm.preload()  # torchrun runs forked from this process: see dmlctl.agent.warm
     first = sys.stdin.readline()
     if not first:
         return 2

@@ -79,6 +79,7 @@ def run_controller(
         plan, run, transports, sink,
         decide=RestartDecider(restart), hang_timeout=restart.hang_timeout,
         host_timeout=restart.host_timeout, hosts=pool, replicator=replicator,
+        standby=restart.standby and restart.max_infra_restarts + restart.max_user_restarts > 0,
         rendezvous=lambda h: rendezvous_on(h, transports[h.name]),
     )  # fmt: skip
     if replicator is not None:

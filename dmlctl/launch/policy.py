@@ -101,6 +101,7 @@ class RestartPolicy:
     host_timeout: float = 10.0
     host_wait: float = 60.0
     host_cooldown: float = 30.0
+    standby: bool = True
 
     def __post_init__(self) -> None:
         for name, ok, rule in (

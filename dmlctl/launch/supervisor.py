@@ -40,6 +40,7 @@ from dmlctl.launch.events import (
     LogLine,
     Progress,
     RankExited,
+    RankStarted,
     Resized,
     Restarting,
     RootCause,
@@ -58,6 +59,7 @@ from dmlctl.transport.base import Process, Transport
 BATCH = 5000
 STDERR_TAIL = 20
 FINAL_COPY_WAIT = 30.0  # seconds the end of a run waits for a checkpoint copy under way
+WARM_AFTER = 2.0  # seconds of running ranks on a host before its warm standby starts
 
 
 class Sink(Protocol):
@@ -101,6 +103,7 @@ class Supervisor:
         hosts: HostPool | None = None,
         rendezvous: Callable[[HostPlan], str] | None = None,
         replicator: Replicator | None = None,
+        standby: bool = False,
     ) -> None:
         self.plan = plan  # the current attempt's plan
         self.base_plan = plan
@@ -127,6 +130,11 @@ class Supervisor:
         self._inbox: queue.Queue[Event] = queue.Queue()  # events from other threads
         self._lost_hosts: dict[str, str] = {}  # host → why, in the current attempt
         self._last_seen: dict[str, float] = {}
+        #: Keep a warm agent (torchrun imported) ready on every host for a restart.
+        self.standby = standby
+        self._standbys: dict[str, Process] = {}  # host → warm agent for the next attempt
+        self._warming: set[str] = set()  # hosts whose warm agent is being started
+        self._running_since: dict[str, float] = {}  # host → first rank start (monotonic)
         # rank → (last progress value, when it last changed, already reported as hung)
         self._progress: dict[int, tuple[int, float, bool]] = {}
         self._stop_reason: str | None = None
@@ -155,7 +163,9 @@ class Supervisor:
         events: list[Event] = []
         for host in self.plan.hosts:
             try:
-                proc = self.transports[host.name].start(host.agent_argv, cwd=host.agent_cwd)
+                proc = self._take_standby(host.name) or self.transports[host.name].start(
+                    host.agent_argv, cwd=host.agent_cwd
+                )
             except Exception as e:
                 cause = RootCause(host.name, None, type(e).__name__, f"cannot start agent: {e}")
                 events.append(AgentExited(host.name, 127, (), self.clock(), cause))
@@ -165,6 +175,54 @@ class Supervisor:
             self._procs[host.name] = proc
             threading.Thread(target=self._read, args=(host.name, proc), daemon=True).start()
         return events
+
+    def _take_standby(self, host: str) -> Process | None:
+        """The warm agent prepared on ``host``, if it is still there."""
+        with self._lock:
+            proc = self._standbys.pop(host, None)
+        if proc is not None and proc.wait(0) is not None:
+            return None  # it died meanwhile (its host with it, perhaps)
+        return proc
+
+    def _warm_up(self, now: float, live: set[str]) -> None:
+        """Start a warm agent on every host whose ranks have run ``WARM_AFTER`` s (so a
+        short run never pays for one), in the background."""
+        if not self.standby:
+            return
+        for host in sorted(live):
+            since = self._running_since.get(host)
+            with self._lock:
+                busy = host in self._standbys or host in self._warming
+                if since is None or busy or now - since < WARM_AFTER:
+                    continue
+                self._warming.add(host)
+            plan = next(h for h in self.plan.hosts if h.name == host)
+            threading.Thread(target=self._start_standby, args=(plan,), daemon=True).start()
+
+    def _start_standby(self, host: HostPlan) -> None:
+        try:
+            proc = self.transports[host.name].start(host.agent_argv, cwd=host.agent_cwd)
+        except Exception:
+            proc = None  # no standby: a restart starts a cold agent, as without
+        with self._lock:
+            self._warming.discard(host.name)
+            if proc is not None:
+                self._standbys[host.name] = proc
+
+    def _close_standbys(self) -> None:
+        """End every unused warm agent (stdin EOF; killed if it lingers)."""
+        deadline = time.monotonic() + 3.0
+        while True:
+            with self._lock:
+                if not self._warming or time.monotonic() > deadline:
+                    procs, self._standbys = list(self._standbys.values()), {}
+                    break
+            time.sleep(0.05)
+        for proc in procs:
+            proc.close_stdin()
+        for proc in procs:
+            if proc.wait(max(0.1, deadline + 3.0 - time.monotonic())) is None:
+                proc.kill()
 
     def _lost(self, host: str, why: str | None = None) -> AgentExited:
         proc = self._procs[host]
@@ -214,6 +272,7 @@ class Supervisor:
                                    recorder)  # fmt: skip
                 break
             state = self._between_attempts(state, recorder)
+        self._close_standbys()
         if self.replicator is not None:
             self.replicator.drain(FINAL_COPY_WAIT)  # the last checkpoint, if still copying
             self.replicator.close()
@@ -311,6 +370,7 @@ class Supervisor:
         self._progress = {}
         self._stderr = {}  # the stderr tails of this attempt only
         self._lost_hosts = {}
+        self._running_since = {}
         hosts = ", ".join(h.name for h in plan.hosts)
         what = "starting" if attempt == 0 else f"restarting (attempt {attempt + 1})"
         first: list[Event] = [Progress(f"{what} host agents on {hosts}", self.clock())]
@@ -339,6 +399,8 @@ class Supervisor:
                             exited.add(ev.host)
                         elif isinstance(ev, CheckpointSaved) and self.replicator is not None:
                             self.replicator.saved(ev.host, ev.step)
+                        elif isinstance(ev, RankStarted):
+                            self._running_since.setdefault(ev.host, time.monotonic())
                         elif isinstance(ev, AgentStarted):
                             batch.append(Progress(
                                 f"torchrun started on {host}; waiting for rendezvous "
@@ -351,6 +413,8 @@ class Supervisor:
                 self._procs[host].kill()
             if stop_sent is None:
                 batch += self._hangs(state, now)
+                if state.root_cause is None:
+                    self._warm_up(time.monotonic(), live - exited)
             with self._lock:
                 reason, force = self._stop_reason, self._force
             if reason is not None and stop_sent is None:

@@ -76,6 +76,12 @@ class RestartSpec(BaseModel):
         description="On a restart with fewer than min_hosts hosts answering: seconds to "
         "wait for lost hosts to answer again before the run fails.",
     )
+    standby: bool = Field(
+        default=True,
+        description="Keep a warm host agent (torchrun already imported) on every host "
+        "while the run goes on, so a restart skips torchrun's start-up (about 1 s); it "
+        "costs one idle Python process with torch loaded per host.",
+    )
     host_cooldown: float = Field(
         default=30.0,
         ge=0,

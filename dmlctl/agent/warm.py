@@ -1,0 +1,122 @@
+"""torchrun imported ahead of time by the host agent, forked when the run needs it.
+
+The largest fixed cost of starting torchrun is a new interpreter importing torch
+(about 1 s of CPU). The host agent imports ``torch.distributed.run`` before it reads
+its configuration, then forks: the child runs torchrun's ``main`` with the attempt's
+arguments, environment and directory — the same program as ``python -m
+torch.distributed.run`` — and ends with ``os._exit`` after the exit handlers, so no
+interpreter teardown delays the report of a failure. For a first attempt that costs
+what a new torchrun would; for a restart the controller starts the next agent while
+the current attempt runs (a *standby*), and the restart skips the start-up. Anything
+that fails here falls back to the cold path (a new process).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import runpy
+import signal
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from typing import IO, Any
+
+TORCHRUN = ("-m", "torch.distributed.run")
+
+
+def preload() -> bool:
+    """Import torchrun now; False (and nothing raised) when it cannot be imported."""
+    try:
+        import torch.distributed.run  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def can_fork(argv: Sequence[str]) -> bool:
+    """Whether ``argv`` is ``<this python> -m torch.distributed.run …`` (what a warm
+    agent can run in a forked child)."""
+    return (
+        len(argv) > 3
+        and tuple(argv[1:3]) == TORCHRUN
+        and os.path.realpath(argv[0]) == os.path.realpath(sys.executable)
+        and "torch.distributed.run" in sys.modules
+    )
+
+
+class ForkedTorchrun:
+    """torchrun in a child forked from this process, with the part of
+    :class:`subprocess.Popen` the agent uses: ``pid``, ``stdout`` (text, torchrun's
+    stdout and stderr together), ``poll``, ``wait`` and ``returncode``."""
+
+    def __init__(self, argv: Sequence[str], cwd: str, env: Mapping[str, str]) -> None:
+        read, write = os.pipe()
+        for stream in (sys.stdout, sys.stderr):  # nothing buffered is written twice
+            stream.flush()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - runs in the child, which never returns
+            os.close(read)
+            _child(list(argv), cwd, env, write)
+        os.close(write)
+        self.pid = pid
+        self.returncode: int | None = None
+        self.stdout: IO[str] = os.fdopen(read, "r", errors="replace")
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid == self.pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        end = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if end is not None and time.monotonic() >= end:
+                return None
+            time.sleep(0.02)
+        return self.returncode
+
+
+_kept: list[Any] = []  # the parent's stdio objects, kept so their buffers never flush
+
+
+def _child(argv: list[str], cwd: str, env: Mapping[str, str], out: int) -> None:
+    """Become ``python -m torch.distributed.run argv[3:]`` in ``cwd`` with ``env``."""
+    code = 1
+    try:
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+            signal.signal(sig, signal.SIG_DFL)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(out, 1)
+        os.dup2(out, 2)
+        os.close(null)
+        os.close(out)
+        _kept.extend((sys.stdin, sys.stdout, sys.stderr))
+        sys.stdin = open(0, closefd=False)  # noqa: SIM115 - the child's own stdio
+        sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
+        sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+        os.chdir(cwd)
+        os.environ.clear()
+        os.environ.update(env)
+        sys.argv = ["torch.distributed.run", *argv[3:]]
+        try:
+            runpy.run_module("torch.distributed.run", run_name="__main__", alter_sys=True)
+            code = 0
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+            if not isinstance(e.code, int | None):
+                print(e.code, file=sys.stderr)
+        atexit._run_exitfuncs()
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
