@@ -104,6 +104,7 @@ class Supervisor:
         rendezvous: Callable[[HostPlan], str] | None = None,
         replicator: Replicator | None = None,
         standby: bool = False,
+        warm_after: float = WARM_AFTER,
     ) -> None:
         self.plan = plan  # the current attempt's plan
         self.base_plan = plan
@@ -132,6 +133,7 @@ class Supervisor:
         self._last_seen: dict[str, float] = {}
         #: Keep a warm agent (torchrun imported) ready on every host for a restart.
         self.standby = standby
+        self.warm_after = warm_after
         self._standbys: dict[str, Process] = {}  # host → warm agent for the next attempt
         self._warming: set[str] = set()  # hosts whose warm agent is being started
         self._running_since: dict[str, float] = {}  # host → first rank start (monotonic)
@@ -185,7 +187,7 @@ class Supervisor:
         return proc
 
     def _warm_up(self, now: float, live: set[str]) -> None:
-        """Start a warm agent on every host whose ranks have run ``WARM_AFTER`` s (so a
+        """Start a warm agent on every host whose ranks have run ``warm_after`` s (so a
         short run never pays for one), in the background."""
         if not self.standby:
             return
@@ -193,7 +195,7 @@ class Supervisor:
             since = self._running_since.get(host)
             with self._lock:
                 busy = host in self._standbys or host in self._warming
-                if since is None or busy or now - since < WARM_AFTER:
+                if since is None or busy or now - since < self.warm_after:
                     continue
                 self._warming.add(host)
             plan = next(h for h in self.plan.hosts if h.name == host)

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+from dmlctl.launch.events import RankStarted
 from dmlctl.launch.state import Phase, RankStatus, RunState
 from dmlctl.launch.supervisor import Supervisor, attempt_config
 from dmlctl.runs.store import RunDir, RunStore
@@ -125,3 +128,43 @@ def test_stop_during_backoff_ends_the_run_stopped(tmp_path: Path) -> None:
     assert time.monotonic() - started < 5
     assert len(t.processes) == 1
     assert state.phase == Phase.STOPPED and state.exit_code == 130
+
+
+def test_a_restart_takes_the_standby_agent_started_during_the_attempt(tmp_path: Path) -> None:
+    """Once ranks run, a standby agent is started on their host; the next attempt is
+    handed to it instead of a new agent, and an unused standby is closed at the end."""
+    t = ScriptedTransport("a", [agent_started(), rank_start(0, host="a")], hang=True,
+                          later=[agent_lines([0], host="a")])  # fmt: skip
+
+    def wait_for(cond: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + 5
+        while not cond() and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def script() -> None:
+        wait_for(lambda: len(t.processes) >= 2)  # the standby is up: lose the agent
+        t.processes[0].kill()
+        wait_for(lambda: bool(t.processes[1].sent))  # attempt 1 went to the standby
+        time.sleep(0.3)  # its lines are out; end it (scripted agents hang after them)
+        t.processes[1].kill()
+
+    scripted: list[threading.Thread] = []
+
+    def lose_the_agent_once_a_standby_exists(ev: object) -> None:
+        if isinstance(ev, RankStarted) and not scripted:
+            scripted.append(threading.Thread(target=script, daemon=True))
+            scripted[0].start()
+
+    run: RunDir = RunStore(tmp_path / "home").create(RUN_ID)
+    sup = Supervisor(make_plan(tmp_path, [1]), run, {"a": t},
+                     RecordingSink(lose_the_agent_once_a_standby_exists), fail_grace=0.1,
+                     stop_timeout=0.5, decide=lambda _s: 0.0 if not t.processes[1].sent else None,
+                     standby=True, warm_after=0.0)  # fmt: skip
+    state = sup.run()
+    assert state.phase == Phase.SUCCEEDED and state.restarts == 1, state.failures
+    standby = t.processes[1]
+    assert standby.argv == tuple(make_plan(tmp_path, [1]).hosts[0].agent_argv)
+    assert json.loads(standby.sent[0])["env"]["DMLCTL_ATTEMPT"] == "1"  # attempt 1 ran there
+    assert state.failures[0].exc_type == "AgentLost"
+    for extra in t.processes[2:]:  # a standby for an attempt that never came
+        assert extra.sent == [] and extra.wait(0) is not None
