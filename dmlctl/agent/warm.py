@@ -79,6 +79,17 @@ class ForkedTorchrun:
         return self.returncode
 
 
+def _name_process(name: bytes) -> None:
+    """Set this process's short name (``ps -o comm``, ``top``): the command line stays
+    the agent's, since a fork keeps it."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(15, name, 0, 0, 0)  # PR_SET_NAME
+    except Exception:
+        pass
+
+
 _kept: list[Any] = []  # the parent's stdio objects, kept so their buffers never flush
 
 
@@ -86,6 +97,7 @@ def _child(argv: list[str], cwd: str, env: Mapping[str, str], out: int) -> None:
     """Become ``python -m torch.distributed.run argv[3:]`` in ``cwd`` with ``env``."""
     code = 1
     try:
+        _name_process(b"torchrun")
         for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
             signal.signal(sig, signal.SIG_DFL)
         null = os.open(os.devnull, os.O_RDONLY)

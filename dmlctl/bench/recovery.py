@@ -9,7 +9,7 @@ and SIGKILLs itself right after step :data:`KILL_AT`:
   ``restart: {max_infra_restarts: 1, backoff_initial: <backoff>}`` and no
   ``checkpoint:`` block (the script's own checkpoints, as on the other side). The
   controller sees an infrastructure failure and starts a new attempt: the host's
-  warm standby agent (started 2 s into every attempt, torchrun already imported)
+  warm standby agent (started 5 s into every attempt, torchrun already imported)
   forks a new torchrun, which forms a new rendezvous.
 * **torchrun** — ``python -m torch.distributed.run --standalone --nproc-per-node 2
   --max-restarts 1 train.py …``, which restarts its worker group in place, in the
@@ -64,9 +64,9 @@ JOB_DIR = Path(__file__).resolve().parent / "recovery_job"
 SCRIPT = "train.py"
 JOB_NAME = "bench-recovery"
 WORKERS = 2
-STEPS = 90
+STEPS = 150
 CHECKPOINT_EVERY = 5
-KILL_AT = 62  # ≈3 s into training: a failure strikes a run that has been going a while
+KILL_AT = 122  # ≈6 s into training: a failure strikes a run that has been going a while
 KILL_RANK = 1
 STEP_SLEEP_S = 0.05
 DEFAULT_REPEATS = 3

@@ -59,7 +59,7 @@ from dmlctl.transport.base import Process, Transport
 BATCH = 5000
 STDERR_TAIL = 20
 FINAL_COPY_WAIT = 30.0  # seconds the end of a run waits for a checkpoint copy under way
-WARM_AFTER = 2.0  # seconds of running ranks on a host before its warm standby starts
+WARM_AFTER = 5.0  # seconds of running ranks on a host before its warm standby starts
 
 
 class Sink(Protocol):
@@ -212,7 +212,8 @@ class Supervisor:
                 self._standbys[host.name] = proc
 
     def _close_standbys(self) -> None:
-        """End every unused warm agent (stdin EOF; killed if it lingers)."""
+        """End every unused warm agent at once: it runs nothing yet, so killing it
+        (through its transport) loses nothing and waits for no import to finish."""
         deadline = time.monotonic() + 3.0
         while True:
             with self._lock:
@@ -222,9 +223,7 @@ class Supervisor:
             time.sleep(0.05)
         for proc in procs:
             proc.close_stdin()
-        for proc in procs:
-            if proc.wait(max(0.1, deadline + 3.0 - time.monotonic())) is None:
-                proc.kill()
+            proc.kill()
 
     def _lost(self, host: str, why: str | None = None) -> AgentExited:
         proc = self._procs[host]

@@ -305,7 +305,9 @@ def test_dropped_connection_stops_the_hosts_processes(
         run_id = _wait_running(lcli)
         pids = run_processes(run_id)
         assert not [p for p in pids if secret in _cmdline(p)]
-        agents = [p for p in pids if "dmlctl.agent" in _cmdline(p)]
+        forked = [p for p in pids if "dmlctl.agent" in _cmdline(p)]
+        # torchrun runs in a child forked from its agent (same command line)
+        agents = [p for p in forked if _parent(p) not in forked]
         assert len(agents) == 2
         for agent in agents:  # the sshd process serving this agent's session
             os.kill(_parent(agent), signal.SIGKILL)
