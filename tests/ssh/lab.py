@@ -166,6 +166,9 @@ class SshLab:
         if proc is None:
             return
         doomed = [proc.pid, *_descendants(proc.pid)]
+        for pid in doomed:  # a frozen host dies too
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGCONT)
         rehashing = any("pyenv-rehash" in _cmdline(pid) for pid in doomed)
         for pid in doomed:
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -179,6 +182,24 @@ class SshLab:
                 os.environ.get("PYENV_ROOT", Path(pwd.getpwuid(os.getuid()).pw_dir, ".pyenv"))
             )
             (root / "shims" / ".pyenv-shim").unlink(missing_ok=True)
+
+    def freeze_host(self, alias: str) -> list[int]:
+        """``alias`` stops answering without closing a connection, as a host cut off
+        from the network does: its sshd and every process below it get SIGSTOP.
+        Returns the stopped pids (``kill_host`` ends them). A ``pyenv rehash`` run by a
+        login shell is left to finish: its lock is shared with the other lab hosts."""
+        server = self._server(alias)
+        if server.proc is None:
+            return []
+        frozen = [
+            pid
+            for pid in [server.proc.pid, *_descendants(server.proc.pid)]
+            if "pyenv" not in _cmdline(pid)
+        ]
+        for pid in frozen:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGSTOP)
+        return frozen
 
     def revive_host(self, alias: str) -> None:
         """Start ``alias``'s sshd again (same address, port and keys); returns when ready."""
