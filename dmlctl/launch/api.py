@@ -222,8 +222,9 @@ def launch(
 def resume(run_id: str, *, options: LaunchOptions, console: Console) -> LaunchResult:
     """Continue run ``run_id`` whose controller died (``dmlctl status`` says ``lost``):
     the same plan, as its next attempt, in the foreground or detached; the ranks
-    resume from their latest checkpoints. Refuses a run that is still controlled or
-    already ended."""
+    resume from their latest checkpoints. Agents the dead controller left running (a
+    host cut off keeps its agent until the connection times out) are stopped first.
+    Refuses a run that is still controlled or already ended."""
     import json
 
     from dmlctl.errors import UsageError
@@ -239,6 +240,10 @@ def resume(run_id: str, *, options: LaunchOptions, console: Console) -> LaunchRe
         )
     plan = LaunchPlan.from_dict(json.loads(run.plan.read_text(encoding="utf-8")))
     transports = make_transports(plan.hosts + plan.spares)
+    from dmlctl.launch.remote import stop_stale_agents
+
+    for line in stop_stale_agents(plan.run_id, plan.hosts + plan.spares, transports):
+        console.print(f"dmlctl: {line}", markup=False, highlight=False)
     if options.detach:
         close_transports(transports)
         pid = _detach(run, resume=True)
