@@ -1,0 +1,247 @@
+"""Push/pull messages between worker ranks and parameter-server ranks.
+
+Two roles, two small classes, so the transport can be replaced later without touching
+the server or the worker-side strategy:
+
+* :class:`WorkerChannel` — a worker pushes gradients for shards, pulls fresh shard
+  parameters, and says DONE.
+* :class:`ServerChannel` — a server receives the next message from *any* worker and
+  replies to pulls.
+
+This module's implementation is ``torch.distributed`` point-to-point (gloo; no RPC).
+Wire protocol (all messages of one (sender, receiver) pair arrive in order per tag):
+
+* **Header**: int64 tensor ``[op, worker_rank, clock, shard_id]``, tag
+  :data:`HEADER_TAG`, worker → server. The server receives headers with
+  ``dist.recv(header, tag=HEADER_TAG)`` and no ``src``: gloo receives from any
+  source and returns the sender's rank (checked against gloo in torch 2.13).
+* **PUSH**: the header, then the shard's flat gradient (the shard's dtype,
+  ``numel`` elements) with tag :func:`push_tag`. The server applies it.
+* **PULL**: the header only. The server answers with a reply header
+  ``[PULL_REPLY, server_rank, version, shard_id]`` (tag :func:`reply_header_tag`) and
+  the shard's flat parameters (tag :func:`reply_payload_tag`). The worker posts both
+  receives *before* it sends the PULL header, so the server's blocking sends always
+  find a posted receive.
+* **DONE**: the header only: this worker sends nothing more to this server.
+
+Empty shards (``numel == 0``) carry no payload message in either direction.
+Several shards are pushed or pulled concurrently: every send and receive of a call
+is posted with ``isend``/``irecv`` first, then all are waited on.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+import torch.distributed as dist
+
+HEADER_TAG = 0
+HEADER_LEN = 4
+
+
+class Op(enum.IntEnum):
+    """Message kinds (the first element of a header)."""
+
+    PUSH = 1
+    PULL = 2
+    DONE = 3
+    PULL_REPLY = 4
+
+
+def push_tag(shard_id: int) -> int:
+    """Tag of a PUSH payload for ``shard_id`` (distinct from every other tag)."""
+    return 1 + 3 * shard_id
+
+
+def reply_header_tag(shard_id: int) -> int:
+    """Tag of the reply header the server sends for a PULL of ``shard_id``."""
+    return 2 + 3 * shard_id
+
+
+def reply_payload_tag(shard_id: int) -> int:
+    """Tag of the flat parameters the server sends for a PULL of ``shard_id``."""
+    return 3 + 3 * shard_id
+
+
+def _wait_all(works: Sequence[dist.Work | None]) -> None:
+    """Wait on every started operation (``None`` means this rank is not in the
+    default group, which the channel never does)."""
+    for work in works:
+        if work is None:
+            raise RuntimeError("point-to-point operation outside the process group")
+        work.wait()
+
+
+def _header(op: Op, rank: int, clock: int, shard_id: int) -> torch.Tensor:
+    return torch.tensor([int(op), rank, clock, shard_id], dtype=torch.int64)
+
+
+@dataclass(frozen=True)
+class Message:
+    """One message a server received: ``payload`` is the flat gradient for PUSH and
+    ``None`` for PULL and DONE (``shard_id`` is -1 for DONE)."""
+
+    op: Op
+    worker: int
+    clock: int
+    shard_id: int
+    payload: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class Pulled:
+    """A pulled shard: the server's ``version`` (updates applied so far) and its flat
+    parameters at that version."""
+
+    version: int
+    flat: torch.Tensor
+
+
+class WorkerChannel:
+    """The worker's end: push, pull, done.
+
+    ``shard_servers[s]`` is the rank of the server that holds shard ``s`` and
+    ``shard_numel[s]`` its number of elements; every shard has dtype ``dtype``.
+    ``bytes_sent`` counts payload bytes this worker sent (headers excluded).
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        shard_servers: Sequence[int],
+        shard_numel: Sequence[int],
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        if len(shard_servers) != len(shard_numel):
+            raise ValueError("shard_servers and shard_numel must have the same length")
+        self.rank = rank
+        self.shard_servers = list(shard_servers)
+        self.shard_numel = list(shard_numel)
+        self.dtype = dtype
+        self.bytes_sent = 0
+
+    @property
+    def servers(self) -> list[int]:
+        """The distinct server ranks, sorted."""
+        return sorted(set(self.shard_servers))
+
+    def push(self, grads: Mapping[int, torch.Tensor], clock: int) -> None:
+        """Send the flat gradient ``grads[s]`` for each shard ``s`` to its server,
+        all concurrently; returns once every send completed. Each gradient must have
+        the shard's ``numel`` elements (it is flattened and cast to ``dtype``)."""
+        works = []
+        keep: list[torch.Tensor] = []  # buffers must outlive their sends
+        for shard_id, grad in grads.items():
+            flat = grad.detach().reshape(-1).to(self.dtype).contiguous()
+            if flat.numel() != self.shard_numel[shard_id]:
+                raise ValueError(
+                    f"shard {shard_id}: gradient has {flat.numel()} elements, "
+                    f"expected {self.shard_numel[shard_id]}"
+                )
+            dst = self.shard_servers[shard_id]
+            header = _header(Op.PUSH, self.rank, clock, shard_id)
+            keep += [header, flat]
+            works.append(dist.isend(header, dst, tag=HEADER_TAG))
+            if flat.numel():
+                works.append(dist.isend(flat, dst, tag=push_tag(shard_id)))
+                self.bytes_sent += flat.numel() * flat.element_size()
+        _wait_all(works)
+
+    def pull(self, shard_ids: Sequence[int], clock: int) -> dict[int, Pulled]:
+        """Fresh parameters of every shard in ``shard_ids``, all requested
+        concurrently; the result maps shard id → :class:`Pulled`."""
+        replies: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        works = []
+        for shard_id in shard_ids:  # post every receive before any request
+            src = self.shard_servers[shard_id]
+            header = torch.empty(HEADER_LEN, dtype=torch.int64)
+            flat = torch.empty(self.shard_numel[shard_id], dtype=self.dtype)
+            replies[shard_id] = (header, flat)
+            works.append(dist.irecv(header, src, tag=reply_header_tag(shard_id)))
+            if flat.numel():
+                works.append(dist.irecv(flat, src, tag=reply_payload_tag(shard_id)))
+        requests = [_header(Op.PULL, self.rank, clock, s) for s in shard_ids]
+        for shard_id, request in zip(shard_ids, requests, strict=True):
+            works.append(dist.isend(request, self.shard_servers[shard_id], tag=HEADER_TAG))
+        _wait_all(works)
+        out: dict[int, Pulled] = {}
+        for shard_id, (header, flat) in replies.items():
+            op, _, version, got = (int(v) for v in header.tolist())
+            if op != Op.PULL_REPLY or got != shard_id:
+                raise RuntimeError(f"bad pull reply {header.tolist()} for shard {shard_id}")
+            out[shard_id] = Pulled(version, flat)
+        return out
+
+    def done(self, clock: int) -> None:
+        """Tell every server this worker is finished (sends nothing more to them)."""
+        headers = [_header(Op.DONE, self.rank, clock, -1) for _ in self.servers]
+        works = [
+            dist.isend(h, server, tag=HEADER_TAG)
+            for h, server in zip(headers, self.servers, strict=True)
+        ]
+        _wait_all(works)
+
+
+class ServerTransport(Protocol):
+    """What :class:`~dmlctl.ps.server.ParameterServer` needs from its transport
+    (:class:`ServerChannel` here; a test fake or another transport elsewhere)."""
+
+    def receive(self) -> Message:
+        """The next message from any worker (blocking)."""
+        ...
+
+    def reply(self, worker: int, shard_id: int, version: int, flat: torch.Tensor) -> None:
+        """Send shard ``shard_id``'s parameters at ``version`` to ``worker``."""
+        ...
+
+
+class ServerChannel:
+    """The server's end: receive the next message from any worker; reply to pulls.
+
+    ``shard_numel`` maps the shard ids this server holds to their element counts.
+    """
+
+    def __init__(
+        self, rank: int, shard_numel: Mapping[int, int], dtype: torch.dtype = torch.float32
+    ) -> None:
+        self.rank = rank
+        self.shard_numel = dict(shard_numel)
+        self.dtype = dtype
+
+    def receive(self) -> Message:
+        """Block until a header arrives from any rank; for a PUSH also receive its
+        payload from that rank. Raises :class:`RuntimeError` on an unknown op or a
+        shard this server does not hold."""
+        header = torch.empty(HEADER_LEN, dtype=torch.int64)
+        sender = dist.recv(header, tag=HEADER_TAG)
+        raw_op, worker, clock, shard_id = (int(v) for v in header.tolist())
+        try:
+            op = Op(raw_op)
+        except ValueError:
+            raise RuntimeError(f"unknown op {raw_op} from rank {sender}") from None
+        if worker != sender:
+            raise RuntimeError(f"header names rank {worker} but came from rank {sender}")
+        if op is Op.DONE:
+            return Message(op, worker, clock, -1)
+        if shard_id not in self.shard_numel:
+            raise RuntimeError(f"rank {sender} sent {op.name} for shard {shard_id}, not held here")
+        if op is Op.PULL:
+            return Message(op, worker, clock, shard_id)
+        if op is not Op.PUSH:
+            raise RuntimeError(f"unexpected op {op.name} from rank {sender}")
+        payload = torch.empty(self.shard_numel[shard_id], dtype=self.dtype)
+        if payload.numel():
+            dist.recv(payload, sender, tag=push_tag(shard_id))
+        return Message(op, worker, clock, shard_id, payload)
+
+    def reply(self, worker: int, shard_id: int, version: int, flat: torch.Tensor) -> None:
+        """Send ``flat`` (the shard's parameters at ``version``) to ``worker``, which
+        has already posted its receives (see the module docstring)."""
+        header = _header(Op.PULL_REPLY, self.rank, version, shard_id)
+        dist.send(header, worker, tag=reply_header_tag(shard_id))
+        if flat.numel():
+            dist.send(flat.contiguous(), worker, tag=reply_payload_tag(shard_id))
