@@ -20,11 +20,9 @@ The controller never imports torch: it moves files and checks their digests.
 from __future__ import annotations
 
 import base64
-import hashlib
 import io
 import json
 import os
-import re
 import shutil
 import tarfile
 import threading
@@ -33,10 +31,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from dmlctl import protocol
+from dmlctl.checkpoint_files import fsync_path, point_latest, sha256_file, step_dirs
 from dmlctl.plan.model import HostPlan, LaunchPlan
 from dmlctl.transport.base import Transport
-
-_STEP = re.compile(protocol.CHECKPOINT_STEP_PATTERN)
 
 # argv: root step_name → base64 tar.gz of the step directory's plain files (no dotfiles).
 _PACK = r"""
@@ -103,28 +100,12 @@ def checkpoint_root(host: HostPlan) -> str | None:
     return host.env.get(protocol.ENV_CHECKPOINT_DIR)
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _tar(files: Mapping[str, Path]) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
         for name, path in sorted(files.items()):
             tar.add(path, arcname=name)
     return base64.b64encode(buf.getvalue())
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class Replicator:
@@ -219,22 +200,16 @@ class Replicator:
             if final.is_dir() or not part.is_dir() or not _complete(part):
                 return
             for f in part.iterdir():
-                _fsync(f)
+                fsync_path(f)
             os.rename(part, final)
-            latest = self.root / f".tmp-{protocol.CHECKPOINT_LATEST}"
-            latest.write_text(final.name)
-            _fsync(latest)
-            newest = self.newest_locked()
-            if newest is not None and newest[0] <= step:
-                os.replace(latest, self.root / protocol.CHECKPOINT_LATEST)
-            else:
-                latest.unlink()
-            _fsync(self.root)
+            fsync_path(self.root)
+            if step_dirs(self.root)[0][0] == step:  # LATEST never moves back
+                point_latest(self.root, final.name)
             self._prune_locked()
         self.on_copied(step)
 
     def _prune_locked(self) -> None:
-        steps = self._steps_locked()
+        steps = step_dirs(self.root)
         for _, path in steps[self.keep :]:
             shutil.rmtree(path, ignore_errors=True)
         if steps:
@@ -244,22 +219,11 @@ class Replicator:
                 if num.isdigit() and int(num) < kept:
                     shutil.rmtree(p, ignore_errors=True)  # parts that can no longer matter
 
-    def _steps_locked(self) -> list[tuple[int, Path]]:
-        found = []
-        for p in self.root.iterdir() if self.root.is_dir() else []:
-            m = _STEP.match(p.name)
-            if m and p.is_dir():
-                found.append((int(m.group(1)), p))
-        return sorted(found, reverse=True)
-
-    def newest_locked(self) -> tuple[int, Path] | None:
-        steps = self._steps_locked()
-        return steps[0] if steps else None
-
     def newest(self) -> tuple[int, Path] | None:
         """``(step, directory)`` of the newest complete copy here, or None."""
         with self._lock:
-            return self.newest_locked()
+            steps = step_dirs(self.root)
+        return steps[0] if steps else None
 
     def drain(self, timeout: float) -> None:
         """Wait up to ``timeout`` seconds for the copies under way to end."""
@@ -289,7 +253,7 @@ class Replicator:
             return []
         step, directory = newest
         files = {p.name: p for p in directory.iterdir() if p.is_file()}
-        digests = {name: _sha256(p) for name, p in files.items()}
+        digests = {name: sha256_file(p) for name, p in files.items()}
 
         def push(host: HostPlan) -> str | None:
             root = checkpoint_root(host)
@@ -330,7 +294,7 @@ def _complete(part: Path) -> bool:
         path = part / name
         if not path.is_file() or path.stat().st_size != entry.get("size"):
             return False
-        if _sha256(path) != entry.get("sha256"):
+        if sha256_file(path) != entry.get("sha256"):
             return False
     return True
 

@@ -33,11 +33,9 @@ Guarantees:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import pickle
-import re
 import shutil
 import sys
 import time
@@ -48,10 +46,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from dmlctl.checkpoint_files import fsync_path, point_latest, sha256_file, step_dirs, step_of
 from dmlctl.protocol import (
     CHECKPOINT_LATEST,
     CHECKPOINT_MANIFEST,
-    CHECKPOINT_STEP_PATTERN,
     ENV_CHECKPOINT_DIR,
     ENV_CHECKPOINT_EVERY_SECONDS,
     ENV_CHECKPOINT_EVERY_STEPS,
@@ -81,7 +79,6 @@ __all__ = [
     "training_state",
 ]
 
-_STEP_DIR = re.compile(CHECKPOINT_STEP_PATTERN)
 _LATEST = CHECKPOINT_LATEST
 _MANIFEST = CHECKPOINT_MANIFEST
 _NONE = -1
@@ -97,22 +94,6 @@ class CheckpointRefused(CheckpointError):
 
 class CheckpointWarning(UserWarning):
     """A checkpoint was skipped (corrupt, partial, other world size)."""
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _take_lock(path: Path) -> bool:
@@ -202,10 +183,11 @@ class CheckpointManager:
             stale.unlink(missing_ok=True)
         path = tmp / rank_file(self.rank)
         _write_synced(path, state)
-        _fsync_dir(tmp)
+        fsync_path(tmp)
         # Rank 0's token names this save's commit lock (a stale lock of a crashed
         # attempt never blocks a commit).
-        entry = {"sha256": _sha256(path), "size": path.stat().st_size, "token": os.urandom(8).hex()}
+        token = os.urandom(8).hex()
+        entry = {"sha256": sha256_file(path), "size": path.stat().st_size, "token": token}
         entries: list[Any] = [entry] * self.world_size
         if self._collective():  # doubles as the barrier before the commit
             dist.all_gather_object(entries, entry)
@@ -226,17 +208,14 @@ class CheckpointManager:
         manifest = {"format": 1, "step": step, "world_size": self.world_size,
                     "time": time.time(), "files": files}  # fmt: skip
         _write_synced(tmp / _MANIFEST, json.dumps(manifest, indent=1).encode())
-        _fsync_dir(tmp)
+        fsync_path(tmp)
         if final.exists():  # a discarded timeline's checkpoint of the same step
             old = self.root / f".tmp-replaced-{step}"
             shutil.rmtree(old, ignore_errors=True)
             os.rename(final, old)
         os.rename(tmp, final)
-        _fsync_dir(self.root)
-        latest_tmp = self.root / f".tmp-{_LATEST}"
-        _write_synced(latest_tmp, final.name.encode())
-        os.replace(latest_tmp, self.root / _LATEST)
-        _fsync_dir(self.root)
+        fsync_path(self.root)
+        point_latest(self.root, final.name)
         # Prune: newer steps belong to a timeline abandoned by a resume; then the oldest.
         older = [p for s, p in self._step_dirs() if s < step]
         doomed = [p for s, p in self._step_dirs() if s > step] + older[self.keep - 1 :]
@@ -246,12 +225,7 @@ class CheckpointManager:
 
     def _step_dirs(self) -> list[tuple[int, Path]]:
         """Committed-looking step directories, newest first."""
-        found = []
-        for p in self.root.iterdir() if self.root.is_dir() else []:
-            m = _STEP_DIR.match(p.name)
-            if m and p.is_dir():
-                found.append((int(m.group(1)), p))
-        return sorted(found, reverse=True)
+        return step_dirs(self.root)
 
     def _candidates(self) -> list[tuple[int, Path]]:
         """LATEST's target first, then older ones; everything when LATEST is unusable."""
@@ -260,10 +234,9 @@ class CheckpointManager:
             name = (self.root / _LATEST).read_text().strip()
         except OSError:
             return dirs
-        m = _STEP_DIR.match(name)
-        if not m or not (self.root / name).is_dir():
+        head = step_of(name)
+        if head is None or not (self.root / name).is_dir():
             return dirs
-        head = int(m.group(1))
         return [(head, self.root / name)] + [(s, p) for s, p in dirs if s < head]
 
     def _saved_world(self, path: Path) -> int:
@@ -290,7 +263,7 @@ class CheckpointManager:
         size = file.stat().st_size if file.is_file() else None
         if size != entry.get("size"):
             return f"size mismatch on {fname} (truncated/missing: {size} bytes)"
-        if _sha256(file) != entry.get("sha256"):
+        if sha256_file(file) != entry.get("sha256"):
             return f"checksum mismatch on {fname}"
         return None
 

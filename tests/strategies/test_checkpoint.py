@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 
+from dmlctl.checkpoint_files import sha256_file
 from dmlctl.runtime import checkpoint as ckpt
 from dmlctl.runtime.checkpoint import CheckpointManager, CheckpointRefused, CheckpointWarning
 from tests.strategies.harness import run_ranks
@@ -120,7 +121,7 @@ def test_malicious_pickle_refused_never_executed(tmp_path: Path) -> None:
     f = newest / "rank-0.pt"
     torch.save({"model": _Evil(str(marker))}, f)
     manifest = (newest / "manifest.json").read_text()
-    entry = {"sha256": ckpt._sha256(f), "size": f.stat().st_size}  # a matching checksum
+    entry = {"sha256": sha256_file(f), "size": f.stat().st_size}  # a matching checksum
     import json
 
     m = json.loads(manifest)
