@@ -91,14 +91,11 @@ def probe_host(host: HostPlan, transport: Transport, timeout: float = 10.0) -> s
 def rendezvous_on(host: HostPlan, transport: Transport, timeout: float = 10.0) -> str:
     """A rendezvous endpoint ``address:port`` on ``host``: its network address and a
     port free there a moment ago. Raises :class:`ProvisionError`."""
+    from dmlctl.launch.api import free_port
     from dmlctl.transport import network_address
 
     if host.is_local:
-        import socket
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            return f"127.0.0.1:{s.getsockname()[1]}"
+        return f"127.0.0.1:{free_port()}"
     port = pick_port(transport, host.python, timeout)
     return f"{network_address(transport, host.address)}:{port}"
 

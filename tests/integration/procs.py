@@ -29,6 +29,21 @@ def run_processes(run_id: str) -> list[int]:
     return found
 
 
+def cmdline(pid: int) -> str:
+    """Process ``pid``'s command line, arguments joined by spaces ("" once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def parent(pid: int) -> int:
+    """Process ``pid``'s parent pid (OSError once it is gone)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
 def wait_until(predicate: object, timeout: float, interval: float = 0.1) -> bool:
     """Poll ``predicate()`` until true or ``timeout`` seconds passed."""
     deadline = time.monotonic() + timeout

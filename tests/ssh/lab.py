@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
+from tests.integration.procs import cmdline
+
 SSHD = Path("/usr/sbin/sshd")
 SSH_KEYGEN = "ssh-keygen"
 PRIVSEP_DIR = Path("/run/sshd")
@@ -169,7 +171,7 @@ class SshLab:
         for pid in doomed:  # a frozen host dies too
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGCONT)
-        rehashing = any("pyenv-rehash" in _cmdline(pid) for pid in doomed)
+        rehashing = any("pyenv-rehash" in cmdline(pid) for pid in doomed)
         for pid in doomed:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
@@ -194,7 +196,7 @@ class SshLab:
         frozen = [
             pid
             for pid in [server.proc.pid, *_descendants(server.proc.pid)]
-            if "pyenv" not in _cmdline(pid)
+            if "pyenv" not in cmdline(pid)
         ]
         for pid in frozen:
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -452,14 +454,6 @@ def _tail(path: Path, lines: int = 20) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return "(no log)"
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
 
 
 def _descendants(pid: int) -> list[int]:

@@ -15,7 +15,7 @@ import pytest
 from dmlctl.provision.sync import excludes_for, local_files, sync_host
 from dmlctl.transport.ssh import SshOptions, SSHTransport
 from tests.conftest import Cli
-from tests.integration.procs import run_processes, wait_until
+from tests.integration.procs import cmdline, parent, run_processes, wait_until
 from tests.ssh.lab import SshLab
 
 JOBS = Path(__file__).parent / "jobs"
@@ -273,19 +273,6 @@ def test_dry_run_opens_no_connection(lcli: LabCli, tmp_path: Path) -> None:
     assert lcli.runs() == []
 
 
-def _cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def _parent(pid: int) -> int:
-    with open(f"/proc/{pid}/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[1])
-
-
 def test_dropped_connection_stops_the_hosts_processes(
     lcli: LabCli, ssh_lab: SshLab, tmp_path: Path
 ) -> None:
@@ -304,13 +291,13 @@ def test_dropped_connection_stops_the_hosts_processes(
     try:
         run_id = _wait_running(lcli)
         pids = run_processes(run_id)
-        assert not [p for p in pids if secret in _cmdline(p)]
-        forked = [p for p in pids if "dmlctl.agent" in _cmdline(p)]
+        assert not [p for p in pids if secret in cmdline(p)]
+        forked = [p for p in pids if "dmlctl.agent" in cmdline(p)]
         # torchrun runs in a child forked from its agent (same command line)
-        agents = [p for p in forked if _parent(p) not in forked]
+        agents = [p for p in forked if parent(p) not in forked]
         assert len(agents) == 2
         for agent in agents:  # the sshd process serving this agent's session
-            os.kill(_parent(agent), signal.SIGKILL)
+            os.kill(parent(agent), signal.SIGKILL)
         assert wait_until(lambda: not run_processes(run_id), 15), run_processes(run_id)
         assert proc.wait(30) == 1  # the controller reports the lost hosts
         cause = lcli.state(run_id)["root_cause"]
