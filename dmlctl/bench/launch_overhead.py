@@ -19,9 +19,7 @@ user's.
 
 from __future__ import annotations
 
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,6 +30,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from dmlctl.bench.proc import bench_env, run_checked
 from dmlctl.errors import DmlctlError, UsageError
 
 TRIVIAL_DIR = Path(__file__).resolve().parent / "trivial"
@@ -39,7 +38,6 @@ TRIVIAL_JOB = TRIVIAL_DIR / "job.yaml"
 TRIVIAL_SCRIPT = TRIVIAL_DIR / "trivial.py"
 MIN_REPEATS = 5
 RUN_TIMEOUT_S = 300.0
-_TAIL = 1500
 
 
 class LaunchBenchFailed(DmlctlError):
@@ -58,20 +56,11 @@ def torchrun_command(workers: int) -> list[str]:
             "--nproc-per-node", str(workers), str(TRIVIAL_SCRIPT)]
 
 
-def _time_once(argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> float:
+def time_once(argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> float:
+    """Wall seconds ``argv`` takes to run to a successful end (:func:`run_checked`)."""
     start = time.perf_counter()
-    try:
-        proc = subprocess.run(argv, env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL,
-                              capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False)
-    except subprocess.TimeoutExpired:
-        raise LaunchBenchFailed(
-            f"`{' '.join(argv)}` ran longer than {RUN_TIMEOUT_S:.0f}s"
-        ) from None
-    elapsed = time.perf_counter() - start
-    if proc.returncode != 0:
-        tail = (proc.stdout + proc.stderr)[-_TAIL:].strip()
-        raise LaunchBenchFailed(f"`{' '.join(argv)}` exited with {proc.returncode}:\n{tail}")
-    return elapsed
+    run_checked(argv, env, cwd, timeout=RUN_TIMEOUT_S, error=LaunchBenchFailed)
+    return time.perf_counter() - start
 
 
 def summarize(samples: Sequence[float]) -> dict[str, Any]:
@@ -80,18 +69,9 @@ def summarize(samples: Sequence[float]) -> dict[str, Any]:
             "samples": list(samples)}
 
 
-def _env(home: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    env["DMLCTL_HOME"] = str(home)
-    # Both sides import from the same tree, installed or not.
-    package_root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
-    return env
-
-
 def run_launch_bench(
     repeats: int = MIN_REPEATS, workers: int = 2, *, console: Console, home: Path | None = None,
-    timer: Callable[[Sequence[str], Mapping[str, str], Path], float] = _time_once,
+    timer: Callable[[Sequence[str], Mapping[str, str], Path], float] = time_once,
 ) -> dict[str, Any]:
     """Time both launchers ``repeats`` times each (alternating) and return the report.
 
@@ -107,7 +87,7 @@ def run_launch_bench(
     sides = {"dmlctl": dmlctl_command(workers), "torchrun": torchrun_command(workers)}
     times: dict[str, list[float]] = {name: [] for name in sides}
     with tempfile.TemporaryDirectory(prefix="dmlctl-bench-launch-") as tmp:
-        env = _env(home if home is not None else Path(tmp))
+        env = bench_env(home if home is not None else Path(tmp))
         for round_ in range(repeats + 1):
             for name, argv in sides.items():
                 label = "warm-up" if round_ == 0 else f"{round_}/{repeats}"

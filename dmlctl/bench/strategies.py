@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping
@@ -35,6 +33,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from dmlctl.bench.proc import bench_env, run_checked
 from dmlctl.errors import DmlctlError, UsageError
 
 JOBS_DIR = Path(__file__).resolve().parent / "strategy_jobs"
@@ -53,33 +52,8 @@ class StrategyBenchFailed(DmlctlError):
     """A benchmark run failed or reported nothing; carries the output's tail."""
 
 
-def _env(home: Path) -> dict[str, str]:
-    env = dict(os.environ, DMLCTL_HOME=str(home), OMP_NUM_THREADS="1")
-    root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-    return env
-
-
 def _run(argv: list[str], env: Mapping[str, str], cwd: Path) -> str:
-    try:
-        proc = subprocess.run(
-            argv,
-            env=dict(env),
-            cwd=cwd,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=RUN_TIMEOUT_S,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        raise StrategyBenchFailed(
-            f"`{' '.join(argv)}` ran longer than {RUN_TIMEOUT_S:.0f}s"
-        ) from None
-    if proc.returncode != 0:
-        tail = (proc.stdout + proc.stderr)[-1500:].strip()
-        raise StrategyBenchFailed(f"`{' '.join(argv)}` exited with {proc.returncode}:\n{tail}")
-    return proc.stdout
+    return run_checked(argv, env, cwd, timeout=RUN_TIMEOUT_S, error=StrategyBenchFailed)
 
 
 def script_args(model: str, steps: int) -> list[str]:
@@ -158,7 +132,7 @@ def run_strategy_bench(steps: int, repeats: int, *, console: Console) -> dict[st
         raise UsageError(f"--repeats must be at least {MIN_REPEATS}, got {repeats}")
     with tempfile.TemporaryDirectory(prefix="dmlctl-bench-strategies-") as tmp:
         home = Path(tmp) / "home"
-        env = _env(home)
+        env = bench_env(home, OMP_NUM_THREADS="1")
         ssgd_job = write_job("ssgd.yaml", steps, Path(tmp))
         rates: dict[str, list[float]] = {"dmlctl": [], "bare": []}
         for round_ in range(repeats + 1):

@@ -27,7 +27,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 from dmlctl.launch.checkpoints import Replicator
 from dmlctl.launch.events import (
@@ -49,8 +49,10 @@ from dmlctl.launch.events import (
 )
 from dmlctl.launch.hosts import HostPool, HostsLost
 from dmlctl.launch.parser import parse_line
-from dmlctl.launch.state import Phase, RankStatus, RunState, apply, new_run_state
-from dmlctl.plan.elastic import CannotReplan, pick_hosts, replan
+from dmlctl.launch.standby import WARM_AFTER, Standbys
+from dmlctl.launch.state import Phase, RunState, apply, new_run_state
+from dmlctl.launch.watch import Liveness
+from dmlctl.plan.elastic import CannotReplan, place
 from dmlctl.plan.model import HostPlan, LaunchPlan
 from dmlctl.runs.recorder import RunRecorder
 from dmlctl.runs.store import RunDir
@@ -59,7 +61,6 @@ from dmlctl.transport.base import Process, Transport
 BATCH = 5000
 STDERR_TAIL = 20
 FINAL_COPY_WAIT = 30.0  # seconds the end of a run waits for a checkpoint copy under way
-WARM_AFTER = 5.0  # seconds of running ranks on a host before its warm standby starts
 
 
 class Sink(Protocol):
@@ -119,8 +120,8 @@ class Supervisor:
         self.persist_interval = persist_interval
         #: Given a failed attempt's state: seconds to wait before a restart, or None.
         self.decide: Callable[[RunState], float | None] = decide or (lambda _state: None)
-        self.hang_timeout = hang_timeout
         self.host_timeout = host_timeout
+        self.liveness = Liveness(hang_timeout, host_timeout, clock)
         self.hosts = hosts
         #: The rendezvous endpoint (``address:port``) of an attempt whose first host
         #: is not the planned one; by default the planned endpoint's port on its address.
@@ -130,15 +131,9 @@ class Supervisor:
         self.replicator = replicator
         self._inbox: queue.Queue[Event] = queue.Queue()  # events from other threads
         self._lost_hosts: dict[str, str] = {}  # host → why, in the current attempt
-        self._last_seen: dict[str, float] = {}
-        #: Keep a warm agent (torchrun imported) ready on every host for a restart.
-        self.standby = standby
-        self.warm_after = warm_after
-        self._standbys: dict[str, Process] = {}  # host → warm agent for the next attempt
-        self._warming: set[str] = set()  # hosts whose warm agent is being started
+        #: Warm agents (torchrun imported) ready on every host for a restart, or None.
+        self.standbys = Standbys(transports, warm_after) if standby else None
         self._running_since: dict[str, float] = {}  # host → first rank start (monotonic)
-        # rank → (last progress value, when it last changed, already reported as hung)
-        self._progress: dict[int, tuple[int, float, bool]] = {}
         self._stop_reason: str | None = None
         self._force = False
         self._lock = threading.Lock()
@@ -165,7 +160,8 @@ class Supervisor:
         events: list[Event] = []
         for host in self.plan.hosts:
             try:
-                proc = self._take_standby(host.name) or self.transports[host.name].start(
+                warm = self.standbys.take(host.name) if self.standbys is not None else None
+                proc = warm or self.transports[host.name].start(
                     host.agent_argv, cwd=host.agent_cwd
                 )
             except Exception as e:
@@ -173,57 +169,20 @@ class Supervisor:
                 events.append(AgentExited(host.name, 127, (), self.clock(), cause))
                 self._lost_hosts[host.name] = f"cannot start agent: {e}"
                 continue
-            proc.send(json.dumps(attempt_config(host.agent_config(self.plan.run_id), attempt)))
+            proc.send(json.dumps(host.agent_config(self.plan.run_id, attempt)))
             self._procs[host.name] = proc
             threading.Thread(target=self._read, args=(host.name, proc), daemon=True).start()
         return events
 
-    def _take_standby(self, host: str) -> Process | None:
-        """The warm agent prepared on ``host``, if it is still there."""
-        with self._lock:
-            proc = self._standbys.pop(host, None)
-        if proc is not None and proc.wait(0) is not None:
-            return None  # it died meanwhile (its host with it, perhaps)
-        return proc
-
-    def _warm_up(self, now: float, live: set[str]) -> None:
-        """Start a warm agent on every host whose ranks have run ``warm_after`` s (so a
-        short run never pays for one), in the background."""
-        if not self.standby:
+    def _warm_up(self, running: set[str]) -> None:
+        """Let every host still running ranks get its standby agent (when it is due)."""
+        if self.standbys is None:
             return
-        for host in sorted(live):
-            since = self._running_since.get(host)
-            with self._lock:
-                busy = host in self._standbys or host in self._warming
-                if since is None or busy or now - since < self.warm_after:
-                    continue
-                self._warming.add(host)
-            plan = next(h for h in self.plan.hosts if h.name == host)
-            threading.Thread(target=self._start_standby, args=(plan,), daemon=True).start()
-
-    def _start_standby(self, host: HostPlan) -> None:
-        try:
-            proc = self.transports[host.name].start(host.agent_argv, cwd=host.agent_cwd)
-        except Exception:
-            proc = None  # no standby: a restart starts a cold agent, as without
-        with self._lock:
-            self._warming.discard(host.name)
-            if proc is not None:
-                self._standbys[host.name] = proc
-
-    def _close_standbys(self) -> None:
-        """End every unused warm agent at once: it runs nothing yet, so killing it
-        (through its transport) loses nothing and waits for no import to finish."""
-        deadline = time.monotonic() + 3.0
-        while True:
-            with self._lock:
-                if not self._warming or time.monotonic() > deadline:
-                    procs, self._standbys = list(self._standbys.values()), {}
-                    break
-            time.sleep(0.05)
-        for proc in procs:
-            proc.close_stdin()
-            proc.kill()
+        now = time.monotonic()
+        for host in self.plan.hosts:
+            since = self._running_since.get(host.name)
+            if host.name in running and since is not None:
+                self.standbys.warm_up(host, now - since)
 
     def _lost(self, host: str, why: str | None = None) -> AgentExited:
         proc = self._procs[host]
@@ -273,7 +232,8 @@ class Supervisor:
                                    recorder)  # fmt: skip
                 break
             state = self._between_attempts(state, recorder)
-        self._close_standbys()
+        if self.standbys is not None:
+            self.standbys.close()
         if self.replicator is not None:
             self.replicator.drain(FINAL_COPY_WAIT)  # the last checkpoint, if still copying
             self.replicator.close()
@@ -305,7 +265,7 @@ class Supervisor:
             if avail is None:
                 return self._step(state, [StopRequested(self._stop_reason or "", self.clock())],
                                   recorder)  # fmt: skip
-            plan = self._placed(avail)
+            plan = place(self.base_plan, self.plan, avail, self.rendezvous)
         except (HostsLost, CannotReplan) as e:
             host = next(iter(lost), self.plan.hosts[0].name)
             cause = RootCause(host, None, "HostsLost", str(e), (), self.clock())
@@ -324,19 +284,6 @@ class Supervisor:
             for problem in self.replicator.hand_out(plan.hosts):
                 state = self._step(state, [Progress(problem, self.clock())], recorder)
         return state
-
-    def _placed(self, available: set[str]) -> LaunchPlan:
-        """The plan of the next attempt on ``available`` hosts (the current plan when
-        it is unchanged; the planned endpoint while the first host stays the same)."""
-        base = self.base_plan
-        chosen = pick_hosts(base, available)
-        if [h.name for h in chosen] == [h.name for h in self.plan.hosts]:
-            return self.plan
-        if chosen and chosen[0].name == base.hosts[0].name:
-            endpoint = base.rdzv_endpoint
-        else:
-            endpoint = self.rendezvous(chosen[0]) if chosen else base.rdzv_endpoint
-        return replan(base, available, endpoint)
 
     def _take_inbox(self) -> list[Event]:
         out: list[Event] = []
@@ -368,7 +315,6 @@ class Supervisor:
         """Start every agent and follow them until all have exited."""
         plan = self.plan
         self._procs = {}
-        self._progress = {}
         self._stderr = {}  # the stderr tails of this attempt only
         self._lost_hosts = {}
         self._running_since = {}
@@ -381,7 +327,7 @@ class Supervisor:
         state = self._step(state, first, recorder)
         last_persist = 0.0
         stop_sent = fail_stop_at = kill_at = None
-        self._last_seen = dict.fromkeys(live, time.monotonic())
+        self.liveness.reset(live)
         while live:
             batch: list[Event] = self._take_inbox()
             items = self._drain()
@@ -393,7 +339,7 @@ class Supervisor:
                         if host not in exited:
                             batch.append(self._lost(host))
                         continue
-                    self._last_seen[host] = time.monotonic()
+                    self.liveness.heard(host)
                     for ev in parse_line(host, line, now):
                         batch.append(ev)
                         if isinstance(ev, AgentExited):
@@ -407,15 +353,15 @@ class Supervisor:
                                 f"torchrun started on {host}; waiting for rendezvous "
                                 f"({plan.world_size} workers)", now))  # fmt: skip
             now = self.clock()
-            for host in self._silent(live - exited):
+            for host in self.liveness.silent(live - exited):
                 exited.add(host)
                 why = f"no message from the host for {self.host_timeout:.0f} s (unreachable?)"
                 batch.append(self._lost(host, why))
                 self._procs[host].kill()
             if stop_sent is None:
-                batch += self._hangs(state, now)
+                batch += self.liveness.hung(state, now)
                 if state.root_cause is None:
-                    self._warm_up(time.monotonic(), live - exited)
+                    self._warm_up(live - exited)
             with self._lock:
                 reason, force = self._stop_reason, self._force
             if reason is not None and stop_sent is None:
@@ -442,31 +388,6 @@ class Supervisor:
                     self.run_dir.write_state(state)
                     last_persist = now
         return state
-
-    def _silent(self, hosts: set[str]) -> list[str]:
-        """Hosts among ``hosts`` that sent nothing for ``host_timeout`` seconds."""
-        if self.host_timeout is None:
-            return []
-        now = time.monotonic()
-        return [h for h in sorted(hosts) if now - self._last_seen.get(h, now) > self.host_timeout]
-
-    def _hangs(self, state: RunState, now: float) -> list[Event]:
-        """A RankExited with a ``Hang`` cause for every running rank whose progress
-        has not moved for ``hang_timeout`` seconds (only ranks that send heartbeats)."""
-        if self.hang_timeout is None:
-            return []
-        out: list[Event] = []
-        for r in state.ranks:
-            seen = self._progress.get(r.rank)
-            if r.status != RankStatus.RUNNING or seen is None or seen[2]:
-                continue
-            idle = now - seen[1]
-            if idle >= self.hang_timeout:
-                msg = f"no progress for {idle:.0f} s (step {r.step if r.step is not None else '-'})"
-                cause = RootCause(r.host, r.rank, "Hang", msg, (), now)
-                out.append(RankExited(r.host, r.rank, -1, cause, now))
-                self._progress[r.rank] = (seen[0], seen[1], True)
-        return out
 
     def _drain(self) -> list[tuple[str, str | None]]:
         """Up to BATCH queued lines, waiting at most 0.1 s for the first."""
@@ -509,9 +430,7 @@ class Supervisor:
         batch = self._attach_stderr(batch)
         for ev in batch:
             if isinstance(ev, Heartbeat):
-                seen = self._progress.get(ev.rank)
-                if seen is None or seen[0] != ev.progress:  # the controller's clock: no skew
-                    self._progress[ev.rank] = (ev.progress, self.clock(), False)
+                self.liveness.progress(ev.rank, ev.progress)
         state = apply(state, batch)
         recorder.record(batch)
         recorder.flush()
@@ -521,21 +440,6 @@ class Supervisor:
 
 def _has_cause(batch: Sequence[Event]) -> bool:
     return any(isinstance(ev, RankExited) and ev.cause is not None for ev in batch)
-
-
-def attempt_config(config: dict[str, Any], attempt: int) -> dict[str, Any]:
-    """The agent configuration for attempt ``attempt`` (0 = first): later attempts get
-    a rank directory of their own (an agent never replays an earlier attempt's
-    files), their own rendezvous id, and ``DMLCTL_ATTEMPT`` in the environment."""
-    if attempt == 0:  # no DMLCTL_ATTEMPT: the first attempt
-        return config
-    rank_dir = f"{config['rank_dir']}/attempt-{attempt}"
-    argv = list(config["argv"])
-    if "--rdzv-id" in argv:
-        i = argv.index("--rdzv-id") + 1
-        argv[i] = f"{argv[i]}.{attempt}"
-    env = {**config["env"], "DMLCTL_ATTEMPT": str(attempt), "DMLCTL_RANK_DIR": rank_dir}
-    return {**config, "rank_dir": rank_dir, "argv": argv, "env": env}
 
 
 def phase_exit_code(state: RunState) -> int:

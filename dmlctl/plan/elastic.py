@@ -11,7 +11,7 @@ the rendezvous endpoint on the new first host; everything else of a host's plan
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 from dmlctl.plan.build import WORKER_ROLE, torchrun_argv, world_problem
 from dmlctl.plan.model import HostPlan, LaunchPlan, RankPlan
@@ -118,3 +118,23 @@ def replan(plan: LaunchPlan, available: Collection[str], endpoint: str) -> Launc
         plan, hosts=tuple(hosts), ranks=tuple(ranks), spares=spares,
         world_size=world, rdzv_endpoint=endpoint,
     )  # fmt: skip
+
+
+def place(
+    base: LaunchPlan,
+    current: LaunchPlan,
+    available: Collection[str],
+    rendezvous: Callable[[HostPlan], str],
+) -> LaunchPlan:
+    """The plan of the next attempt on the ``available`` hosts: ``current`` when it
+    would run on the same hosts; else :func:`replan` of ``base``, meeting at the
+    planned endpoint while the first host stays the planned one, else at
+    ``rendezvous(new first host)``. Raises :class:`CannotReplan`."""
+    chosen = pick_hosts(base, available)
+    if [h.name for h in chosen] == [h.name for h in current.hosts]:
+        return current
+    if not chosen or chosen[0].name == base.hosts[0].name:
+        endpoint = base.rdzv_endpoint
+    else:
+        endpoint = rendezvous(chosen[0])
+    return replan(base, available, endpoint)

@@ -49,9 +49,10 @@ class HostPlan:
     env: Mapping[str, str]
     slots: int = 1  # the most workers the host may run (the cluster spec's slots)
 
-    def agent_config(self, run_id: str) -> dict[str, Any]:
-        """The host agent's configuration, sent on its stdin (never on a command line)."""
-        return {
+    def agent_config(self, run_id: str, attempt: int = 0) -> dict[str, Any]:
+        """The host agent's configuration for attempt ``attempt`` (0 = first), sent
+        on its stdin (never on a command line); see :func:`attempt_config`."""
+        config = {
             "run_id": run_id,
             "host": self.name,
             "workdir": self.workdir,
@@ -61,6 +62,27 @@ class HostPlan:
             "nproc": self.nproc,
             "first_rank": self.first_rank,
         }
+        return attempt_config(config, attempt)
+
+
+def attempt_rank_dir(rank_dir: str, attempt: int) -> str:
+    """Where attempt ``attempt`` (0 = first) of a host keeps its rank files."""
+    return rank_dir if attempt == 0 else f"{rank_dir}/attempt-{attempt}"
+
+
+def attempt_config(config: dict[str, Any], attempt: int) -> dict[str, Any]:
+    """The agent configuration for attempt ``attempt`` (0 = first): later attempts get
+    a rank directory of their own (an agent never replays an earlier attempt's
+    files), their own rendezvous id, and ``DMLCTL_ATTEMPT`` in the environment."""
+    if attempt == 0:  # no DMLCTL_ATTEMPT: the first attempt
+        return config
+    rank_dir = attempt_rank_dir(config["rank_dir"], attempt)
+    argv = list(config["argv"])
+    if "--rdzv-id" in argv:
+        i = argv.index("--rdzv-id") + 1
+        argv[i] = f"{argv[i]}.{attempt}"
+    env = {**config["env"], "DMLCTL_ATTEMPT": str(attempt), "DMLCTL_RANK_DIR": rank_dir}
+    return {**config, "rank_dir": rank_dir, "argv": argv, "env": env}
 
 
 @dataclass(frozen=True)

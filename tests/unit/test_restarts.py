@@ -10,7 +10,8 @@ from pathlib import Path
 
 from dmlctl.launch.events import RankStarted
 from dmlctl.launch.state import Phase, RankStatus, RunState
-from dmlctl.launch.supervisor import Supervisor, attempt_config
+from dmlctl.launch.supervisor import Supervisor
+from dmlctl.plan.model import attempt_config
 from dmlctl.runs.store import RunDir, RunStore
 from dmlctl.transport.fake import (
     ScriptedTransport,
