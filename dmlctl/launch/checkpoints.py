@@ -284,19 +284,17 @@ class Replicator:
 
 
 def _complete(part: Path) -> bool:
-    """Whether ``part`` holds the manifest and every file it lists, digests matching."""
+    """Whether ``part`` holds the manifest and every file it lists, digests matching
+    (files are hashed only once all of them are there with their sizes)."""
     try:
         manifest = json.loads((part / protocol.CHECKPOINT_MANIFEST).read_text())
-        files = dict(manifest["files"])
-    except (OSError, ValueError, KeyError, TypeError):
+        files = {name: dict(entry) for name, entry in manifest["files"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return False
-    for name, entry in files.items():
-        path = part / name
-        if not path.is_file() or path.stat().st_size != entry.get("size"):
-            return False
-        if sha256_file(path) != entry.get("sha256"):
-            return False
-    return True
+    paths = {name: part / name for name in files}
+    if not all(p.is_file() and p.stat().st_size == files[n].get("size") for n, p in paths.items()):
+        return False
+    return all(sha256_file(p) == files[n].get("sha256") for n, p in paths.items())
 
 
 def replicated(plan: LaunchPlan) -> bool:
