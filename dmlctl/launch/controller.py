@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from dmlctl.launch.sink import Sink
     from dmlctl.launch.state import RunState
-    from dmlctl.launch.supervisor import Sink
     from dmlctl.plan.model import LaunchPlan
     from dmlctl.runs.store import RunDir
     from dmlctl.transport import Transport

@@ -20,14 +20,12 @@ every checkpoint a rank reports while the run goes on.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import json
 import queue
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol
 
 from dmlctl.launch.checkpoints import Replicator
 from dmlctl.launch.events import (
@@ -37,7 +35,6 @@ from dmlctl.launch.events import (
     Event,
     Finished,
     Heartbeat,
-    LogLine,
     Progress,
     RankExited,
     RankStarted,
@@ -45,12 +42,13 @@ from dmlctl.launch.events import (
     Restarting,
     RootCause,
     StopRequested,
-    Stream,
 )
 from dmlctl.launch.hosts import HostPool, HostsLost
 from dmlctl.launch.parser import parse_line
+from dmlctl.launch.sink import Sink
 from dmlctl.launch.standby import WARM_AFTER, Standbys
 from dmlctl.launch.state import Phase, RunState, apply, new_run_state
+from dmlctl.launch.stderr_tail import StderrTails
 from dmlctl.launch.watch import Liveness
 from dmlctl.plan.elastic import CannotReplan, place
 from dmlctl.plan.model import HostPlan, LaunchPlan
@@ -59,31 +57,7 @@ from dmlctl.runs.store import RunDir
 from dmlctl.transport.base import Process, Transport
 
 BATCH = 5000
-STDERR_TAIL = 20
 FINAL_COPY_WAIT = 30.0  # seconds the end of a run waits for a checkpoint copy under way
-
-
-class Sink(Protocol):
-    """Where snapshots go (dashboard, plain printer, nothing)."""
-
-    def on_events(self, events: Sequence[Event], state: RunState) -> None: ...
-
-    def tick(self) -> None:
-        """Called about every 0.1 s, events or not (lets a live view advance its clock)."""
-        ...
-
-    def close(self, state: RunState) -> None: ...
-
-
-class NullSink:
-    def on_events(self, events: Sequence[Event], state: RunState) -> None:
-        pass
-
-    def tick(self) -> None:
-        pass
-
-    def close(self, state: RunState) -> None:
-        pass
 
 
 class Supervisor:
@@ -139,7 +113,7 @@ class Supervisor:
         self._lock = threading.Lock()
         self._queue: queue.Queue[tuple[str, str | None]] = queue.Queue()
         self._procs: dict[str, Process] = {}
-        self._stderr: dict[int, collections.deque[str]] = {}
+        self._stderr = StderrTails()
 
     def request_stop(self, reason: str) -> None:
         """Ask the run to stop (thread- and signal-safe). A second request forces."""
@@ -315,7 +289,7 @@ class Supervisor:
         """Start every agent and follow them until all have exited."""
         plan = self.plan
         self._procs = {}
-        self._stderr = {}  # the stderr tails of this attempt only
+        self._stderr = StderrTails()  # the stderr tails of this attempt only
         self._lost_hosts = {}
         self._running_since = {}
         hosts = ", ".join(h.name for h in plan.hosts)
@@ -405,29 +379,8 @@ class Supervisor:
             if not self._procs[host].send("stop"):
                 self._procs[host].kill()
 
-    def _with_stderr(self, cause: RootCause) -> RootCause:
-        """A rank's cause without a Python traceback (killed by a signal, SystemExit)
-        gets that rank's last stderr lines instead."""
-        lines = self._stderr.get(cause.rank) if cause.rank is not None else None
-        if not lines or (cause.traceback and cause.exc_type not in ("Signal", "ExitCode")):
-            return cause
-        return dataclasses.replace(cause, traceback=tuple(lines))
-
-    def _attach_stderr(self, batch: list[Event]) -> list[Event]:
-        out: list[Event] = []
-        for ev in batch:
-            if isinstance(ev, LogLine) and ev.stream == Stream.STDERR and ev.rank is not None:
-                tail = self._stderr.get(ev.rank)
-                if tail is None:
-                    tail = self._stderr[ev.rank] = collections.deque(maxlen=STDERR_TAIL)
-                tail.append(ev.text)
-            elif isinstance(ev, (RankExited, AgentExited)) and ev.cause is not None:
-                ev = dataclasses.replace(ev, cause=self._with_stderr(ev.cause))
-            out.append(ev)
-        return out
-
     def _step(self, state: RunState, batch: list[Event], recorder: RunRecorder) -> RunState:
-        batch = self._attach_stderr(batch)
+        batch = self._stderr.attach(batch)
         for ev in batch:
             if isinstance(ev, Heartbeat):
                 self.liveness.progress(ev.rank, ev.progress)
