@@ -32,6 +32,23 @@ ENV_RUN_ID = "DMLCTL_RUN_ID"
 ENV_RANK_DIR = "DMLCTL_RANK_DIR"
 ENV_HOST = "DMLCTL_HOST"
 ENV_ROLE = "DMLCTL_ROLE"
+# Roles of a host's processes by LOCAL_RANK, comma-separated ("worker,worker,server");
+# wins over DMLCTL_ROLE (torchrun gives every process of a host the same environment).
+ENV_LOCAL_ROLES = "DMLCTL_LOCAL_ROLES"
+
+
+def local_role(environ: Mapping[str, str], local_rank: int, default: str = "worker") -> str:
+    """This process's role: its entry of ``DMLCTL_LOCAL_ROLES`` (by ``local_rank``),
+    else ``DMLCTL_ROLE``, else ``default``. Raises ``ValueError`` when the list has
+    no entry for ``local_rank``."""
+    roles = [r.strip() for r in environ.get(ENV_LOCAL_ROLES, "").split(",") if r.strip()]
+    if not roles:
+        return environ.get(ENV_ROLE) or default
+    if not 0 <= local_rank < len(roles):
+        raise ValueError(
+            f"LOCAL_RANK={local_rank} has no entry in {ENV_LOCAL_ROLES}={','.join(roles)}"
+        )
+    return roles[local_rank]
 ENV_STRATEGY = "DMLCTL_STRATEGY"
 ENV_STRATEGY_PARAMS = "DMLCTL_STRATEGY_PARAMS"
 ENV_SCRIPT = "DMLCTL_SCRIPT"

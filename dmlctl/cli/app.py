@@ -20,6 +20,7 @@ from dmlctl.cli import (
     logs_cmd,
     status_cmd,
     stop_cmd,
+    strategies_cmd,
 )
 from dmlctl.errors import DmlctlError, ExitCode
 
@@ -48,9 +49,21 @@ def _root(
     """dmlctl: launch, watch and stop distributed training runs."""
 
 
-for module in (init_cmd, launch_cmd, status_cmd, logs_cmd, stop_cmd, doctor_cmd):
+for module in (
+    init_cmd, launch_cmd, status_cmd, logs_cmd, stop_cmd, doctor_cmd, strategies_cmd,
+):  # fmt: skip
     module.register(app)
 app.add_typer(bench.app, name="bench")
+
+
+def _click(name: str) -> tuple[type[BaseException], ...]:
+    """Click's exception class ``name``, and typer's vendored copy of it where this
+    typer has one (typer >= 0.2x raises its own ``typer._click`` exceptions)."""
+    found: list[type[BaseException]] = [getattr(click.exceptions, name)]
+    vendored = sys.modules.get("typer._click.exceptions")
+    if vendored is not None and hasattr(vendored, name):
+        found.append(getattr(vendored, name))
+    return tuple(found)
 
 
 def _error(message: str) -> None:
@@ -69,13 +82,13 @@ def main(argv: list[str] | None = None) -> int:
     except DmlctlError as e:
         _error(str(e))
         code = int(e.exit_code)
-    except click.exceptions.Exit as e:
-        code = int(e.exit_code)
-    except click.exceptions.Abort:
+    except _click("Exit") as e:
+        code = int(getattr(e, "exit_code", 0))
+    except _click("Abort"):
         print("dmlctl: aborted", file=sys.stderr)
         code = int(ExitCode.INTERRUPTED)
-    except click.ClickException as e:
-        e.show()
+    except _click("ClickException") as e:
+        e.show()  # type: ignore[attr-defined]
         code = int(ExitCode.BAD_INPUT)
     except KeyboardInterrupt:
         code = int(ExitCode.INTERRUPTED)

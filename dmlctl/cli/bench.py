@@ -1,4 +1,4 @@
-"""``dmlctl bench comm``, ``launch``, ``strategies`` and ``recovery``.
+"""``dmlctl bench comm``, ``ps``, ``launch``, ``strategies`` and ``recovery``.
 
 Parse → call :mod:`dmlctl.bench` → render. stdout carries only the result (a table,
 or JSON with ``--json``); progress goes to stderr. Library imports happen inside the
@@ -16,7 +16,8 @@ import typer
 from dmlctl.cli.common import stderr_console, stdout_console
 
 app = typer.Typer(
-    help="Benchmarks: collective bandwidth (comm), launcher overhead (launch), "
+    help="Benchmarks: collective bandwidth (comm), parameter-server push+pull against "
+    "all-reduce (ps), launcher overhead (launch), "
     "strategy overhead and traffic (strategies), recovery after a killed worker (recovery).",
     no_args_is_help=True,
 )
@@ -58,6 +59,40 @@ def comm(
         print(json.dumps({"run_id": run.run_id, **comm_json(results, world)}, indent=2))
     else:
         stdout_console().print(render_comm_table(results, world))
+        err.print(f"run {run.run_id}", markup=False)
+    return 0
+
+
+@app.command()
+def ps(
+    workers: int = typer.Option(2, "--workers", "-n", help="Worker ranks (W)."),
+    servers: int = typer.Option(1, "--servers", "-s", help="Parameter-server ranks (S)."),
+    min_bytes: str = typer.Option("64K", "--min-bytes", help="Smallest gradient (e.g. 64K)."),
+    max_bytes: str = typer.Option("16M", "--max-bytes", help="Largest gradient (e.g. 16M)."),
+    iters: int = typer.Option(20, "--iters", help="Timed rounds / all-reduces per size."),
+    warmup: int = typer.Option(3, "--warmup", help="Untimed rounds / all-reduces per size."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> int:
+    """PS push+pull throughput against an all-reduce of the same bytes on this machine."""
+    from dmlctl.bench.ps import local_bench_cluster, run_ps_bench
+    from dmlctl.bench.ps_report import ps_json, ps_summary, render_ps_table
+    from dmlctl.bench.report import parse_size
+    from dmlctl.spec import default_cluster
+
+    low, high = parse_size(min_bytes), parse_size(max_bytes)
+    spec = local_bench_cluster(default_cluster(), workers + servers)
+    err = stderr_console()
+    with err.status(f"running the parameter-server benchmark ({workers} + {servers} ranks)…"):
+        results, run = run_ps_bench(
+            spec, workers=workers, servers=servers, min_bytes=low, max_bytes=high,
+            iters=iters, warmup=warmup, console=err,
+        )  # fmt: skip
+    if as_json:
+        print(json.dumps({"run_id": run.run_id, **ps_json(results, workers, servers)}, indent=2))
+    else:
+        out = stdout_console()
+        out.print(render_ps_table(results, workers, servers))
+        out.print(ps_summary(results), markup=False)
         err.print(f"run {run.run_id}", markup=False)
     return 0
 

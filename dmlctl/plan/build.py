@@ -20,6 +20,7 @@ from dmlctl.spec.models import ClusterSpec, JobSpec, ResolvedHost
 from dmlctl.strategies import registry
 
 WORKER_ROLE = "worker"
+SERVER_ROLE = "server"
 
 
 def as_run(host: ResolvedHost, local_python: str) -> ResolvedHost:
@@ -46,6 +47,56 @@ def _assign(hosts: Sequence[ResolvedHost], workers: int) -> list[tuple[ResolvedH
         out.append((host, n))
         left -= n
     return out
+
+
+def _place_servers(
+    job: JobSpec,
+    hosts: Sequence[ResolvedHost],
+    assignment: list[tuple[ResolvedHost, int]],
+) -> dict[str, int]:
+    """How many parameter servers each host runs (host name → count): spread in turn
+    over ``job.server_hosts`` when given, else over the hosts that got workers."""
+    if job.parameter_servers == 0:
+        return {}
+    if job.server_hosts is not None:
+        targets = [h.name for h in hosts if h.name in job.server_hosts]
+    else:
+        targets = [h.name for h, _ in assignment]
+    counts: dict[str, int] = {}
+    for i in range(job.parameter_servers):
+        name = targets[i % len(targets)]
+        counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
+def _check_server_hosts(job: JobSpec, hosts: Sequence[ResolvedHost]) -> None:
+    if job.parameter_servers and (job.min_hosts is not None or job.max_hosts is not None):
+        raise UsageError(
+            "min_hosts/max_hosts (continuing on fewer hosts) is not supported with "
+            "parameter_servers yet; remove them (a lost host then fails the run)"
+        )
+    if job.server_hosts is None:
+        return
+    names = {h.name for h in hosts}
+    unknown = [n for n in job.server_hosts if n not in names]
+    if unknown:
+        raise UsageError(
+            f"server_hosts names {', '.join(map(repr, unknown))}, not in the cluster "
+            f"(hosts: {', '.join(sorted(names))})"
+        )
+    if len(job.server_hosts) >= len(hosts):
+        raise UsageError("server_hosts lists every host of the cluster; leave some for workers")
+
+
+def _check_strategy_hosts(job: JobSpec, n_hosts: int) -> None:
+    """A strategy that runs on one host only (hogwild: ``check_hosts``) refuses more."""
+    module = registry.load(job.strategy.name)
+    check = getattr(module, "check_hosts", None)
+    if check is None:
+        return
+    message = check(module.Params.model_validate(dict(job.strategy.params)), n_hosts)
+    if message:
+        raise UsageError(f"strategy {job.strategy.name!r}: {message}")
 
 
 def _checkpoint_env(job: JobSpec, directory: str, run_id: str) -> dict[str, str]:
@@ -143,10 +194,16 @@ def build_plan(
     ``localhost`` for the rendezvous.
     """
     hosts = tuple(as_run(h, local_python) for h in cluster.resolved_hosts())
-    usable = hosts[: job.max_hosts] if job.max_hosts is not None else hosts
+    _check_server_hosts(job, hosts)
+    server_only = set(job.server_hosts or ())
+    usable = tuple(h for h in hosts if h.name not in server_only)
+    usable = usable[: job.max_hosts] if job.max_hosts is not None else usable
     workers = job.workers if job.workers is not None else sum(h.slots for h in usable)
     assignment = _assign(usable, workers)
     _check_strategy_world(job, workers)
+    servers = _place_servers(job, hosts, assignment)
+    assignment += [(h, 0) for h in hosts if h.name in server_only and servers.get(h.name)]
+    _check_strategy_hosts(job, len(assignment))
     if job.min_hosts is not None and job.min_hosts > len(assignment):
         raise UsageError(
             f"min_hosts is {job.min_hosts} but the job needs only {len(assignment)} host(s)"
@@ -161,7 +218,14 @@ def build_plan(
     rdzv_endpoint = f"{rdzv_host or first.address}:{rdzv_port}"
     params: Mapping[str, object] = dict(job.strategy.params)
 
+    def roles_env(host: ResolvedHost, nproc: int) -> dict[str, str]:
+        if not servers:
+            return {}
+        roles = [WORKER_ROLE] * nproc + [SERVER_ROLE] * servers.get(host.name, 0)
+        return {protocol.ENV_LOCAL_ROLES: ",".join(roles)}
+
     def host_plan(host: ResolvedHost, node_rank: int, nproc: int, first_rank: int) -> HostPlan:
+        n_servers = servers.get(host.name, 0) if node_rank >= 0 else 0
         agent_cwd: str | None = None
         if host.is_local:
             workdir = job.workdir
@@ -172,7 +236,7 @@ def build_plan(
             agent_cwd = lib_dir(host.workdir, lib_id)
         # torchrun's own default for several workers per host, set here so it does not
         # print its banner about it; the job or host env may override it.
-        threads = {"OMP_NUM_THREADS": "1"} if nproc > 1 else {}
+        threads = {"OMP_NUM_THREADS": "1"} if nproc + n_servers > 1 else {}
         env = {
             **threads,
             **job.env,
@@ -185,6 +249,7 @@ def build_plan(
             protocol.ENV_STRATEGY: job.strategy.name,
             protocol.ENV_STRATEGY_PARAMS: json.dumps(params, sort_keys=True),
             protocol.ENV_SCRIPT: job.script,
+            **(roles_env(host, nproc) if node_rank >= 0 else {}),
             **_checkpoint_env(
                 job, posixpath.join(posixpath.dirname(rank_dir), "checkpoints"), run_id
             ),
@@ -197,7 +262,7 @@ def build_plan(
             user=host.user,
             identity_file=host.identity_file,
             node_rank=node_rank,
-            nproc=nproc,
+            nproc=nproc + n_servers,
             first_rank=first_rank,
             python=host.python,
             workdir=workdir,
@@ -207,7 +272,7 @@ def build_plan(
             torchrun_argv=torchrun_argv(
                 host.python,
                 nnodes=len(assignment),
-                nproc=nproc,
+                nproc=nproc + n_servers,
                 rdzv_endpoint=rdzv_endpoint,
                 run_id=run_id,
                 script=job.script,
@@ -225,7 +290,8 @@ def build_plan(
     ranks: list[RankPlan] = []
     for node_rank, (host, nproc) in enumerate(assignment):
         host_plans.append(host_plan(host, node_rank, nproc, len(ranks)))
-        ranks += [RankPlan(len(ranks) + i, host.name, i, WORKER_ROLE) for i in range(nproc)]
+        roles = [WORKER_ROLE] * nproc + [SERVER_ROLE] * servers.get(host.name, 0)
+        ranks += [RankPlan(len(ranks) + i, host.name, i, role) for i, role in enumerate(roles)]
     used = {h.name for h in host_plans}
     spares = tuple(host_plan(h, -1, 0, 0) for h in hosts if h.name not in used)
     return LaunchPlan(
@@ -244,7 +310,8 @@ def build_plan(
         spares=spares,
         min_hosts=job.min_hosts if job.min_hosts is not None else len(host_plans),
         max_hosts=job.max_hosts if job.max_hosts is not None else len(host_plans),
-        workers=len(ranks),
+        workers=workers,
+        parameter_servers=job.parameter_servers,
     )
 
 

@@ -111,6 +111,8 @@ class LaunchPlan:
     min_hosts: int = 0
     max_hosts: int = 0
     workers: int = 0
+    #: Parameter-server ranks among ``ranks`` (role ``server``).
+    parameter_servers: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -147,4 +149,5 @@ class LaunchPlan:
             min_hosts=int(data.get("min_hosts", 0)),
             max_hosts=int(data.get("max_hosts", 0)),
             workers=int(data.get("workers", 0)),
+            parameter_servers=int(data.get("parameter_servers", 0)),
         )

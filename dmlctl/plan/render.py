@@ -17,11 +17,20 @@ def redact_env(env: Mapping[str, str]) -> dict[str, str]:
     return {k: (REDACTED if _SECRET.search(k) else v) for k, v in env.items()}
 
 
+def _server_ranks(plan: LaunchPlan, host: str) -> str:
+    ranks = [r.rank for r in plan.ranks if r.host == host and r.role == "server"]
+    return f" (parameter servers: {', '.join(map(str, ranks))})" if ranks else ""
+
+
 def render_plan(plan: LaunchPlan) -> str:
     """Every host's agent command, torchrun command, directory, ranks and environment."""
+    servers = (
+        f" + {plan.parameter_servers} parameter server(s)" if plan.parameter_servers else ""
+    )
     out = [
         f"run {plan.run_id}: job {plan.job_name!r}, strategy {plan.strategy}, "
-        f"{plan.world_size} workers on {len(plan.hosts)} host(s)",
+        f"{plan.world_size - plan.parameter_servers} workers{servers} "
+        f"on {len(plan.hosts)} host(s)",
         f"rendezvous: c10d at {plan.rdzv_endpoint}",
     ]
     if plan.strategy_params:
@@ -33,7 +42,7 @@ def render_plan(plan: LaunchPlan) -> str:
         out += [
             "",
             f"host {host.name} — {where}, node rank {host.node_rank}, "
-            f"ranks {host.first_rank}-{last}",
+            f"ranks {host.first_rank}-{last}{_server_ranks(plan, host.name)}",
             f"  workdir:  {host.workdir}",
             f"  rank dir: {host.rank_dir}",
             f"  agent:    {render_command(host.agent_argv)}"

@@ -11,18 +11,27 @@ the server or the worker-side strategy:
 This module's implementation is ``torch.distributed`` point-to-point (gloo; no RPC).
 Wire protocol (all messages of one (sender, receiver) pair arrive in order per tag):
 
-* **Header**: int64 tensor ``[op, worker_rank, clock, shard_id]``, tag
+* **Header**: int64 tensor ``[op, worker_rank, clock, shard_id, extra]``, tag
   :data:`HEADER_TAG`, worker → server. The server receives headers with
   ``dist.recv(header, tag=HEADER_TAG)`` and no ``src``: gloo receives from any
   source and returns the sender's rank (checked against gloo in torch 2.13).
-* **PUSH**: the header, then the shard's flat gradient (the shard's dtype,
-  ``numel`` elements) with tag :func:`push_tag`. The server applies it.
-* **PULL**: the header only. The server answers with a reply header
-  ``[PULL_REPLY, server_rank, version, shard_id]`` (tag :func:`reply_header_tag`) and
-  the shard's flat parameters (tag :func:`reply_payload_tag`). The worker posts both
-  receives *before* it sends the PULL header, so the server's blocking sends always
-  find a posted receive.
-* **DONE**: the header only: this worker sends nothing more to this server.
+* **PUSH**: the header, then the shard's flat update (the shard's dtype, ``numel``
+  elements) with tag :func:`push_tag`. The server applies it.
+* **PULL**: the header only. The server answers — at once, or for stale synchronous
+  parallel once the slowest worker is close enough — with a reply header
+  ``[PULL_REPLY, server_rank, version, shard_id, min_clock]`` (tag
+  :func:`reply_header_tag`) and the shard's flat parameters (tag
+  :func:`reply_payload_tag`). The worker posts both receives *before* it sends the
+  PULL header, so the server's blocking sends always find a posted receive.
+* **DONE**: the header only: this worker pushes nothing more for now (it no longer
+  holds back stale-synchronous readers); a later PUSH revokes it.
+* **CLOSE**: the header only: this worker sends nothing more at all.
+* **SNAPSHOT**: the header only; the server answers with a header
+  ``[SNAPSHOT_REPLY, server_rank, nbytes, -1, 0]`` (tag :data:`BLOB_HEADER_TAG`) and
+  its state as ``nbytes`` uint8 (tag :data:`BLOB_TAG`).
+* **RESTORE**: the header with ``extra = nbytes``, then the state as uint8 (tag
+  :data:`BLOB_TAG`); the server answers with a SNAPSHOT_REPLY header of 0 bytes
+  once it has loaded the state (an acknowledgement).
 
 Empty shards (``numel == 0``) carry no payload message in either direction.
 Several shards are pushed or pulled concurrently: every send and receive of a call
@@ -40,7 +49,9 @@ import torch
 import torch.distributed as dist
 
 HEADER_TAG = 0
-HEADER_LEN = 4
+HEADER_LEN = 5
+BLOB_HEADER_TAG = 1_000_001
+BLOB_TAG = 1_000_002
 
 
 class Op(enum.IntEnum):
@@ -50,6 +61,10 @@ class Op(enum.IntEnum):
     PULL = 2
     DONE = 3
     PULL_REPLY = 4
+    CLOSE = 5
+    SNAPSHOT = 6
+    SNAPSHOT_REPLY = 7
+    RESTORE = 8
 
 
 def push_tag(shard_id: int) -> int:
@@ -76,14 +91,15 @@ def _wait_all(works: Sequence[dist.Work | None]) -> None:
         work.wait()
 
 
-def _header(op: Op, rank: int, clock: int, shard_id: int) -> torch.Tensor:
-    return torch.tensor([int(op), rank, clock, shard_id], dtype=torch.int64)
+def _header(op: Op, rank: int, clock: int, shard_id: int, extra: int = 0) -> torch.Tensor:
+    return torch.tensor([int(op), rank, clock, shard_id, extra], dtype=torch.int64)
 
 
 @dataclass(frozen=True)
 class Message:
-    """One message a server received: ``payload`` is the flat gradient for PUSH and
-    ``None`` for PULL and DONE (``shard_id`` is -1 for DONE)."""
+    """One message a server received: ``payload`` is the flat update for PUSH, the
+    state bytes (uint8) for RESTORE and ``None`` otherwise (``shard_id`` is -1 for
+    the messages that name no shard)."""
 
     op: Op
     worker: int
@@ -94,11 +110,13 @@ class Message:
 
 @dataclass(frozen=True)
 class Pulled:
-    """A pulled shard: the server's ``version`` (updates applied so far) and its flat
-    parameters at that version."""
+    """A pulled shard: the server's ``version`` (updates applied so far), its flat
+    parameters at that version, and the slowest unfinished worker's clock as that
+    server saw it when it answered (``min_clock``)."""
 
     version: int
     flat: torch.Tensor
+    min_clock: int = 0
 
 
 class WorkerChannel:
@@ -123,6 +141,7 @@ class WorkerChannel:
         self.shard_numel = list(shard_numel)
         self.dtype = dtype
         self.bytes_sent = 0
+        self.bytes_received = 0
 
     @property
     def servers(self) -> list[int]:
@@ -170,20 +189,57 @@ class WorkerChannel:
         _wait_all(works)
         out: dict[int, Pulled] = {}
         for shard_id, (header, flat) in replies.items():
-            op, _, version, got = (int(v) for v in header.tolist())
+            op, _, version, got, min_clock = (int(v) for v in header.tolist())
             if op != Op.PULL_REPLY or got != shard_id:
                 raise RuntimeError(f"bad pull reply {header.tolist()} for shard {shard_id}")
-            out[shard_id] = Pulled(version, flat)
+            out[shard_id] = Pulled(version, flat, min_clock)
+        self.bytes_received += sum(
+            flat.numel() * flat.element_size() for _, flat in replies.values()
+        )
         return out
 
-    def done(self, clock: int) -> None:
-        """Tell every server this worker is finished (sends nothing more to them)."""
-        headers = [_header(Op.DONE, self.rank, clock, -1) for _ in self.servers]
+    def _tell_servers(self, op: Op, clock: int) -> None:
+        headers = [_header(op, self.rank, clock, -1) for _ in self.servers]
         works = [
             dist.isend(h, server, tag=HEADER_TAG)
             for h, server in zip(headers, self.servers, strict=True)
         ]
         _wait_all(works)
+
+    def done(self, clock: int) -> None:
+        """Tell every server this worker pushes nothing more for now (a later push
+        revokes it); stale-synchronous readers no longer wait for this worker."""
+        self._tell_servers(Op.DONE, clock)
+
+    def close(self, clock: int) -> None:
+        """Tell every server this worker sends nothing more at all; a server ends
+        its loop once every worker closed."""
+        self._tell_servers(Op.CLOSE, clock)
+
+    def snapshot(self, server: int) -> bytes:
+        """The state of ``server`` (its :meth:`ParameterServer.state_dict`,
+        serialized) at the moment it handles this request."""
+        reply = torch.empty(HEADER_LEN, dtype=torch.int64)
+        work = dist.irecv(reply, server, tag=BLOB_HEADER_TAG)
+        request = _header(Op.SNAPSHOT, self.rank, 0, -1)
+        _wait_all([dist.isend(request, server, tag=HEADER_TAG), work])
+        nbytes = int(reply[2])
+        blob = torch.empty(nbytes, dtype=torch.uint8)
+        if nbytes:
+            dist.recv(blob, server, tag=BLOB_TAG)
+        return blob.numpy().tobytes()
+
+    def restore(self, server: int, state: bytes) -> None:
+        """Make ``server`` load ``state`` (as :meth:`snapshot` returned it); returns
+        once the server acknowledged."""
+        ack = torch.empty(HEADER_LEN, dtype=torch.int64)
+        work = dist.irecv(ack, server, tag=BLOB_HEADER_TAG)
+        blob = torch.frombuffer(bytearray(state), dtype=torch.uint8)
+        request = _header(Op.RESTORE, self.rank, 0, -1, blob.numel())
+        works = [dist.isend(request, server, tag=HEADER_TAG)]
+        if blob.numel():
+            works.append(dist.isend(blob, server, tag=BLOB_TAG))
+        _wait_all([*works, work])
 
 
 class ServerTransport(Protocol):
@@ -194,8 +250,14 @@ class ServerTransport(Protocol):
         """The next message from any worker (blocking)."""
         ...
 
-    def reply(self, worker: int, shard_id: int, version: int, flat: torch.Tensor) -> None:
+    def reply(
+        self, worker: int, shard_id: int, version: int, flat: torch.Tensor, min_clock: int = 0
+    ) -> None:
         """Send shard ``shard_id``'s parameters at ``version`` to ``worker``."""
+        ...
+
+    def send_blob(self, worker: int, blob: bytes) -> None:
+        """Send ``blob`` (a SNAPSHOT answer, or b"" to acknowledge a RESTORE)."""
         ...
 
 
@@ -218,15 +280,20 @@ class ServerChannel:
         shard this server does not hold."""
         header = torch.empty(HEADER_LEN, dtype=torch.int64)
         sender = dist.recv(header, tag=HEADER_TAG)
-        raw_op, worker, clock, shard_id = (int(v) for v in header.tolist())
+        raw_op, worker, clock, shard_id, extra = (int(v) for v in header.tolist())
         try:
             op = Op(raw_op)
         except ValueError:
             raise RuntimeError(f"unknown op {raw_op} from rank {sender}") from None
         if worker != sender:
             raise RuntimeError(f"header names rank {worker} but came from rank {sender}")
-        if op is Op.DONE:
+        if op in (Op.DONE, Op.CLOSE, Op.SNAPSHOT):
             return Message(op, worker, clock, -1)
+        if op is Op.RESTORE:
+            blob = torch.empty(extra, dtype=torch.uint8)
+            if extra:
+                dist.recv(blob, sender, tag=BLOB_TAG)
+            return Message(op, worker, clock, -1, blob)
         if shard_id not in self.shard_numel:
             raise RuntimeError(f"rank {sender} sent {op.name} for shard {shard_id}, not held here")
         if op is Op.PULL:
@@ -238,10 +305,19 @@ class ServerChannel:
             dist.recv(payload, sender, tag=push_tag(shard_id))
         return Message(op, worker, clock, shard_id, payload)
 
-    def reply(self, worker: int, shard_id: int, version: int, flat: torch.Tensor) -> None:
+    def reply(
+        self, worker: int, shard_id: int, version: int, flat: torch.Tensor, min_clock: int = 0
+    ) -> None:
         """Send ``flat`` (the shard's parameters at ``version``) to ``worker``, which
         has already posted its receives (see the module docstring)."""
-        header = _header(Op.PULL_REPLY, self.rank, version, shard_id)
+        header = _header(Op.PULL_REPLY, self.rank, version, shard_id, min_clock)
         dist.send(header, worker, tag=reply_header_tag(shard_id))
         if flat.numel():
             dist.send(flat.contiguous(), worker, tag=reply_payload_tag(shard_id))
+
+    def send_blob(self, worker: int, blob: bytes) -> None:
+        """Answer a SNAPSHOT (or acknowledge a RESTORE with ``b""``): a header with the
+        size, then the bytes; ``worker`` has posted its header receive."""
+        dist.send(_header(Op.SNAPSHOT_REPLY, self.rank, len(blob), -1), worker, tag=BLOB_HEADER_TAG)
+        if blob:
+            dist.send(torch.frombuffer(bytearray(blob), dtype=torch.uint8), worker, tag=BLOB_TAG)

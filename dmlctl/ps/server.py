@@ -6,8 +6,17 @@ shard, the parameters and a **version** (the number of updates applied so far); 
 worker a **clock** (the largest clock that worker sent); and, per (worker, shard), the
 version that worker last pulled.
 
-Update rule (for now): plain SGD, applied to each pushed gradient as it arrives —
-``flat.add_(grad, alpha=-lr)``, exactly what ``torch.optim.SGD`` does without momentum.
+Update rule: an :class:`~dmlctl.ps.rules.UpdateRule` applied to each pushed tensor as
+it arrives — by default plain SGD (``flat.add_(grad, alpha=-lr)``, exactly what
+``torch.optim.SGD`` does without momentum); the strategies use a scaled delta
+(asgd, ssp, easgd-async) or AdaDelay's delay-dependent step (see :mod:`~dmlctl.ps.rules`).
+
+**Stale synchronous parallel.** With ``staleness_bound = s``, a PULL sent at clock
+``c`` is answered only once every worker still pushing has clock ``>= c - s``
+(clocks count a worker's pushes; a worker that said DONE no longer holds readers
+back). Until then the request waits in :attr:`ParameterServer.pending`; each answered
+read's lead ``c - min_clock`` is at most ``s`` and the largest one is kept in
+:attr:`ParameterServer.max_lead`.
 
 **Staleness** of an applied update = the shard's version just before it is applied
 minus the version that worker last pulled of that shard (0 when it never pulled: the
@@ -17,12 +26,15 @@ the measured values in :attr:`ParameterServer.staleness_histogram`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import io
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
 
 from dmlctl.ps.channel import Message, Op, ServerTransport
+from dmlctl.ps.rules import ScaledAdd, UpdateRule
+from dmlctl.ps.stats import ServerStats
 
 
 def pack(tensors: Sequence[torch.Tensor], indices: Iterable[int]) -> torch.Tensor:
@@ -58,7 +70,11 @@ def unpack(
 
 class ParameterServer:
     """Serves the shards ``shards`` (shard id → flat parameters, copied) to the
-    workers ``worker_ranks`` through ``channel`` with SGD learning rate ``lr``."""
+    workers ``worker_ranks`` through ``channel``.
+
+    ``rule`` updates a shard with a pushed tensor (default: SGD with ``lr``);
+    ``staleness_bound`` turns on stale synchronous parallel (None: answer at once).
+    """
 
     def __init__(
         self,
@@ -66,54 +82,109 @@ class ParameterServer:
         worker_ranks: Iterable[int],
         channel: ServerTransport,
         *,
-        lr: float,
+        lr: float | None = None,
+        rule: UpdateRule | None = None,
+        staleness_bound: int | None = None,
     ) -> None:
+        if rule is None:
+            if lr is None:
+                raise ValueError("give the server an update rule or an SGD lr")
+            rule = ScaledAdd(-lr)
         self.params: dict[int, torch.Tensor] = {
             s: t.detach().reshape(-1).clone() for s, t in shards.items()
         }
         self.workers = sorted(set(worker_ranks))
         self.channel = channel
-        self.lr = lr
+        self.rule = rule
+        self.staleness_bound = staleness_bound
         self.versions: dict[int, int] = dict.fromkeys(self.params, 0)
         self.clocks: dict[int, int] = dict.fromkeys(self.workers, 0)
         self.pulled: dict[tuple[int, int], int] = {}
         self.staleness_histogram: dict[int, int] = {}
-        self.finished: set[int] = set()
+        self.finished: set[int] = set()  # said DONE: not pushing now
+        self.closed: set[int] = set()  # said CLOSE: gone
+        self.pending: list[Message] = []  # PULLs waiting for the slowest worker
+        self.max_lead = 0
+        self.stats = ServerStats()
 
     # ----------------------------------------------------------------- messages
 
+    def min_clock(self) -> int:
+        """The smallest clock among workers still pushing (the largest clock of all
+        when none is: nobody holds readers back)."""
+        active = [c for w, c in self.clocks.items() if w not in self.finished]
+        return min(active) if active else max(self.clocks.values(), default=0)
+
     def handle(self, msg: Message) -> None:
-        """Apply one message: PUSH → SGD step on the shard (version + 1, staleness
-        recorded); PULL → reply with the current parameters and remember the version
-        the worker now has; DONE → mark the worker finished. Every message advances
-        the worker's clock to ``max(clock, msg.clock)``. Raises :class:`RuntimeError`
-        for a rank that is not one of this server's workers."""
+        """Apply one message: PUSH → the rule updates the shard (version + 1,
+        staleness recorded); PULL → reply with the current parameters (for SSP once
+        the bound allows) and remember the version the worker now has; DONE / CLOSE
+        → the worker stops pushing / leaves; SNAPSHOT / RESTORE → send / load the
+        whole state. Every message advances the worker's clock to
+        ``max(clock, msg.clock)``. Raises :class:`RuntimeError` for a rank that is
+        not one of this server's workers."""
         if msg.worker not in self.clocks:
             raise RuntimeError(f"message from rank {msg.worker}, not a worker of this server")
         self.clocks[msg.worker] = max(self.clocks[msg.worker], msg.clock)
         if msg.op is Op.DONE:
             self.finished.add(msg.worker)
+        elif msg.op is Op.CLOSE:
+            self.finished.add(msg.worker)
+            self.closed.add(msg.worker)
         elif msg.op is Op.PULL:
-            version = self.versions[msg.shard_id]
-            self.pulled[(msg.worker, msg.shard_id)] = version
-            self.channel.reply(msg.worker, msg.shard_id, version, self.params[msg.shard_id])
+            self.pending.append(msg)
         elif msg.op is Op.PUSH:
             assert msg.payload is not None
+            self.finished.discard(msg.worker)
             self.apply(msg.worker, msg.shard_id, msg.payload)
+        elif msg.op is Op.SNAPSHOT:
+            self.channel.send_blob(msg.worker, dumps(self.state_dict()))
+        elif msg.op is Op.RESTORE:
+            assert msg.payload is not None
+            self.load_state_dict(loads(msg.payload.numpy().tobytes()))
+            self.channel.send_blob(msg.worker, b"")
         else:
             raise RuntimeError(f"a server cannot handle {msg.op.name}")
+        self._answer_ready()
 
-    def apply(self, worker: int, shard_id: int, grad: torch.Tensor) -> int:
-        """SGD step ``params[shard] -= lr * grad`` (as ``add_(grad, alpha=-lr)``);
-        returns the measured staleness (>= 0) and counts it."""
+    def _answer_ready(self) -> None:
+        """Reply to every pending PULL the staleness bound now allows."""
+        if not self.pending:
+            return
+        low = self.min_clock()
+        waiting: list[Message] = []
+        for msg in self.pending:
+            if self.staleness_bound is not None and msg.clock - low > self.staleness_bound:
+                waiting.append(msg)
+                continue
+            self.max_lead = max(self.max_lead, msg.clock - low)
+            version = self.versions[msg.shard_id]
+            self.pulled[(msg.worker, msg.shard_id)] = version
+            flat = self.params[msg.shard_id]
+            self.channel.reply(msg.worker, msg.shard_id, version, flat, low)
+            self.stats.pulled(flat.numel() * flat.element_size())
+        self.pending = waiting
+
+    def apply(self, worker: int, shard_id: int, update: torch.Tensor) -> int:
+        """Apply ``update`` to the shard with the rule; returns the measured staleness
+        (>= 0) and counts it."""
         version = self.versions[shard_id]
         staleness = version - self.pulled.get((worker, shard_id), 0)
-        self.params[shard_id].add_(grad.reshape(-1), alpha=-self.lr)
+        self.rule.apply(shard_id, self.params[shard_id], update.reshape(-1), version, staleness)
         self.versions[shard_id] = version + 1
         self.staleness_histogram[staleness] = self.staleness_histogram.get(staleness, 0) + 1
+        self.stats.pushed(update.numel() * update.element_size(), staleness)
         return staleness
 
-    def serve(self) -> None:
+    def serve(self, on_message: Callable[[], None] | None = None) -> None:
+        """Receive and handle messages until every worker sent CLOSE (or, for
+        callers that never close, DONE); ``on_message`` runs after each one."""
+        while len(self.closed) < len(self.workers):
+            self.handle(self.channel.receive())
+            if on_message is not None:
+                on_message()
+
+    def serve_until_done(self) -> None:
         """Receive and handle messages until every worker sent DONE."""
         while len(self.finished) < len(self.workers):
             self.handle(self.channel.receive())
@@ -122,21 +193,24 @@ class ParameterServer:
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume: parameters (copies), versions, clocks, the
-        versions each worker last pulled and the staleness histogram. Plain dicts,
-        lists and tensors (``torch.save`` / ``weights_only`` loading works)."""
+        versions each worker last pulled, the staleness histogram and the rule's
+        state. Plain dicts, lists and tensors (``torch.save`` / ``weights_only``
+        loading works)."""
         return {
             "params": {s: t.clone() for s, t in self.params.items()},
             "versions": dict(self.versions),
             "clocks": dict(self.clocks),
             "pulled": [[w, s, v] for (w, s), v in sorted(self.pulled.items())],
             "staleness_histogram": dict(self.staleness_histogram),
+            "rule": self.rule.state_dict(),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore :meth:`state_dict`'s output. The shard ids and sizes must match this
         server's (raises :class:`ValueError` otherwise); the parameters are copied
-        in place. Finished workers are not part of the state (a restored server waits
-        for every worker's DONE again)."""
+        in place. Clocks are kept only for workers this server has (a run resumed
+        with fewer workers); finished workers and waiting reads are not part of the
+        state."""
         params: Mapping[int, torch.Tensor] = state["params"]
         if set(params) != set(self.params):
             raise ValueError(f"state holds shards {sorted(params)}, server {sorted(self.params)}")
@@ -148,7 +222,27 @@ class ParameterServer:
         for s, t in params.items():
             self.params[s].copy_(t.reshape(-1))
         self.versions = {int(s): int(v) for s, v in state["versions"].items()}
-        self.clocks = {int(w): int(c) for w, c in state["clocks"].items()}
-        self.pulled = {(int(w), int(s)): int(v) for w, s, v in state["pulled"]}
+        saved = {int(w): int(c) for w, c in state["clocks"].items()}
+        self.clocks = {w: saved.get(w, 0) for w in self.workers}
+        self.pulled = {
+            (int(w), int(s)): int(v) for w, s, v in state["pulled"] if int(w) in self.clocks
+        }
         self.staleness_histogram = {int(k): int(v) for k, v in state["staleness_histogram"].items()}
+        if "rule" in state:
+            self.rule.load_state_dict(state["rule"])
         self.finished = set()
+
+
+def dumps(state: Mapping[str, Any]) -> bytes:
+    """``state`` as bytes (``torch.save``)."""
+    buf = io.BytesIO()
+    torch.save(dict(state), buf)
+    return buf.getvalue()
+
+
+def loads(blob: bytes) -> dict[str, Any]:
+    """Inverse of :func:`dumps`; only plain data is accepted (``weights_only``)."""
+    state = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
+    if not isinstance(state, dict):
+        raise ValueError(f"server state is a {type(state).__name__}, not a dict")
+    return state

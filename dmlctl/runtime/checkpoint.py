@@ -125,7 +125,7 @@ class CheckpointManager:
     def __init__(
         self, root: str, rank: int, world_size: int, *, keep: int = 3,
         every_steps: int | None = None, every_seconds: float | None = None,
-        local_rank: int | None = None,
+        local_rank: int | None = None, group: Any = None, src: int = 0,
     ) -> None:  # fmt: skip
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
@@ -138,13 +138,17 @@ class CheckpointManager:
         #: controller is told, so it can copy this directory's part).
         self.committed_here = False
         self.every_steps, self.every_seconds = every_steps, every_seconds
+        #: The ranks' process group (None: the default group) and the global rank of
+        #: its first member (with parameter servers: the workers' group).
+        self.group, self.src = group, src
         self._last_save = time.monotonic()
         self._last_step: int | None = None
 
     @classmethod
     def from_env(
-        cls, rank: int, world_size: int, local_rank: int | None = None
-    ) -> CheckpointManager | None:
+        cls, rank: int, world_size: int, local_rank: int | None = None, *,
+        group: Any = None, src: int = 0,
+    ) -> CheckpointManager | None:  # fmt: skip
         """The manager the ``DMLCTL_CHECKPOINT_*`` variables describe (None without a dir)."""
         root = os.environ.get(ENV_CHECKPOINT_DIR)
         if not root:
@@ -155,7 +159,7 @@ class CheckpointManager:
         return cls(root, rank, world_size, keep=int(os.environ.get(ENV_CHECKPOINT_KEEP, "3")),
                    every_steps=int(steps) if steps else None,
                    every_seconds=float(secs) if secs else None,
-                   local_rank=local_rank)  # fmt: skip
+                   local_rank=local_rank, group=group, src=src)  # fmt: skip
 
     def _collective(self) -> bool:
         return self.world_size > 1 and dist.is_initialized()
@@ -170,7 +174,7 @@ class CheckpointManager:
             late = time.monotonic() - self._last_save >= self.every_seconds
             decided = torch.tensor([int(flag or late)])
             if self._collective():
-                dist.broadcast(decided, src=0)
+                dist.broadcast(decided, src=self.src, group=self.group)
             flag = bool(decided.item())
         return flag
 
@@ -190,7 +194,7 @@ class CheckpointManager:
         entry = {"sha256": sha256_file(path), "size": path.stat().st_size, "token": token}
         entries: list[Any] = [entry] * self.world_size
         if self._collective():  # doubles as the barrier before the commit
-            dist.all_gather_object(entries, entry)
+            dist.all_gather_object(entries, entry, group=self.group)
         final = self.root / checkpoint_step_dir(step)
         lock = f".commit-{entries[0]['token']}"
         self.committed_here = self.leader and _take_lock(tmp / lock)
@@ -199,7 +203,7 @@ class CheckpointManager:
             self._commit(step, tmp, final, files)
             (final / lock).unlink(missing_ok=True)
         if self._collective():
-            dist.barrier()
+            dist.barrier(group=self.group)
         self._last_save, self._last_step = time.monotonic(), step
         return str(final)
 
@@ -307,7 +311,7 @@ class CheckpointManager:
             agreed = step
             if self._collective():
                 box = torch.tensor([step, -step], dtype=torch.int64)
-                dist.all_reduce(box, op=dist.ReduceOp.MIN)
+                dist.all_reduce(box, op=dist.ReduceOp.MIN, group=self.group)
                 agreed, highest = int(box[0]), -int(box[1])
                 if agreed != highest and agreed >= 0:
                     bound = agreed  # someone is behind: everyone retries at its step
@@ -322,7 +326,7 @@ class CheckpointManager:
             # a refusal anywhere stops every rank, none hangs: 1 + the refusing rank
             flag = torch.tensor([self.rank + 1 if refused else 0], dtype=torch.int64)
             if self._collective():
-                dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+                dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
             if refused is not None:
                 raise refused
             if int(flag.item()) > 0:

@@ -25,6 +25,13 @@ Contract:
 * **Checkpoints.** With ``DMLCTL_CHECKPOINT_DIR`` set, :meth:`Context.checkpoint` saves
   when due and :meth:`Context.resume` restores exactly (bit for bit at the same world
   size), see :mod:`dmlctl.runtime.checkpoint`.
+* **Parameter servers.** With a strategy that has a ``server`` role (asgd, ssp, …),
+  :func:`init` finds every rank's role (:mod:`dmlctl.ps.roles`). On a server rank it
+  never returns: the rank serves until every worker is finished, then exits with
+  code 0 — so the same script runs unchanged under ``ssgd`` and ``asgd``. On a worker,
+  :attr:`Context.rank` / :attr:`Context.world_size` count *workers* only (data
+  sharding, ``all_reduce_mean``, ``barrier`` and checkpoints involve workers only);
+  :attr:`Context.global_rank` is the process-group rank.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ import torch
 import torch.distributed as dist
 from pydantic import BaseModel
 
+from dmlctl.ps.roles import SERVER_ROLE, Membership, discover
 from dmlctl.runtime import checkpoint as ckpt
 from dmlctl.runtime.data import MapDataset, shard_batches
 from dmlctl.runtime.env import RunEnv, read_env
@@ -58,33 +66,72 @@ class Context:
     through the methods (``epoch`` follows :meth:`shard`).
     """
 
-    def __init__(self, env: RunEnv, *, device: torch.device, owns_group: bool) -> None:
+    def __init__(
+        self,
+        env: RunEnv,
+        *,
+        device: torch.device,
+        owns_group: bool,
+        membership: Membership | None = None,
+    ) -> None:
         self._env = env
         self._device = device
         self._owns_group = owns_group
+        self._members = membership
+        is_server = membership is not None and env.rank in membership.servers
+        if membership is not None and not is_server:
+            self._rank, self._world = membership.worker_index(env.rank), len(membership.workers)
+        else:
+            self._rank, self._world = env.rank, env.world_size
+        self._group: Any = membership.group if membership is not None else None
         self._metrics = MetricLogger(env.rank, env.rank_dir)
         self._sources: list[Callable[[], dict[str, float]]] = []
         self._epoch = 0
         self._closed = False
         self._on_close: list[Callable[[], None]] = []
-        self._ckpt = ckpt.CheckpointManager.from_env(env.rank, env.world_size, env.local_rank)
+        self._ckpt = (
+            None
+            if is_server
+            else ckpt.CheckpointManager.from_env(
+                self._rank,
+                self._world,
+                env.local_rank,
+                group=self._group,
+                src=membership.workers[0] if membership is not None else 0,
+            )
+        )
         self._resume_at: tuple[int, int] | None = None  # (epoch, batches consumed)
         self._batches = self._skip = 0  # batches yielded in this epoch / left to skip
         self.resumed_extra: dict[str, Any] = {}  # ``extra`` of the checkpoint resumed
         self._progress = 0  # batches + log calls: what the heartbeat reports
-        self._heartbeat = (
-            Heartbeat(env.rank_dir, env.rank, lambda: self._progress) if env.rank_dir else None
-        )
+        # A server waits for workers by design: its beat always shows progress (a hang
+        # is the workers' to detect).
+        progress = (lambda: int(time.monotonic())) if is_server else (lambda: self._progress)
+        self._heartbeat = Heartbeat(env.rank_dir, env.rank, progress) if env.rank_dir else None
+        self._on_data_end: list[Callable[[], None]] = []
 
     @property
     def rank(self) -> int:
-        """Global rank, ``0 .. world_size - 1``."""
-        return self._env.rank
+        """This worker's rank among the training processes, ``0 .. world_size - 1``
+        (the global rank, except with parameter servers: then the index among the
+        workers)."""
+        return self._rank
 
     @property
     def world_size(self) -> int:
-        """Number of processes in the run."""
-        return self._env.world_size
+        """Number of training processes (workers; parameter servers not counted)."""
+        return self._world
+
+    @property
+    def global_rank(self) -> int:
+        """Rank in the default process group (servers included)."""
+        return self._env.rank
+
+    @property
+    def membership(self) -> Membership | None:
+        """Global ranks of workers and servers and the workers' group (None: no
+        parameter servers in this run)."""
+        return self._members
 
     @property
     def local_rank(self) -> int:
@@ -119,7 +166,7 @@ class Context:
     @property
     def is_main(self) -> bool:
         """True on rank 0: the rank that prints, evaluates once, saves checkpoints."""
-        return self._env.rank == 0
+        return self._rank == 0 and self.role != SERVER_ROLE
 
     @property
     def epoch(self) -> int:
@@ -177,8 +224,8 @@ class Context:
         self._resume_at = None
         batches = shard_batches(
             dataset,
-            rank=self._env.rank,
-            world_size=self._env.world_size,
+            rank=self._rank,
+            world_size=self._world,
             batch_size=batch_size,
             epochs=epochs,
             shuffle=shuffle,
@@ -189,7 +236,22 @@ class Context:
             on_epoch=self._set_epoch,
             on_batch=self._count,
         )
-        return itertools.islice(batches, self._skip, None)
+        return self._ending(itertools.islice(batches, self._skip, None))
+
+    def _ending(self, batches: Iterator[Any]) -> Iterator[Any]:
+        yield from batches
+        for callback in list(self._on_data_end):
+            callback()
+
+    def on_data_end(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` when an iteration over :meth:`shard` ends (for strategies:
+        e.g. parameter-server workers push what is left and pull the final model)."""
+        self._on_data_end.append(callback)
+
+    def mark_progress(self) -> None:
+        """Count one unit of progress for the hang detector (the data iterator and
+        :meth:`log` already do)."""
+        self._progress += 1
 
     def _set_epoch(self, epoch: int) -> None:
         self._epoch, self._batches = epoch, 0
@@ -248,8 +310,8 @@ class Context:
 
     def barrier(self) -> None:
         """Wait until every rank gets here (no-op in a world of 1)."""
-        if self._env.world_size > 1:
-            dist.barrier()
+        if self._world > 1:
+            dist.barrier(group=self._group)
 
     def all_reduce_mean(self, value: float | torch.Tensor) -> float:
         """Mean of a scalar over all ranks, returned to every rank as a float.
@@ -262,10 +324,10 @@ class Context:
             tensor = value.detach().reshape(()).to(self._device, torch.float64)
         else:
             tensor = torch.tensor(float(value), dtype=torch.float64, device=self._device)
-        if self._env.world_size > 1:
+        if self._world > 1:
             tensor = tensor.clone()
-            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-            tensor /= self._env.world_size
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self._group)
+            tensor /= self._world
         return float(tensor.item())
 
     def on_close(self, callback: Callable[[], None]) -> None:
@@ -306,6 +368,7 @@ class Context:
     def __repr__(self) -> str:
         return (
             f"Context(rank={self.rank}, world_size={self.world_size}, role={self.role!r}, "
+            f"global_rank={self.global_rank}, "
             f"device={self._device}, strategy={self.strategy!r})"
         )
 
@@ -332,9 +395,26 @@ def init(*, backend: str | None = None, seed: int | None = 0) -> Context:
     if seed is not None:
         random.seed(seed)
         torch.manual_seed(seed)
-    _current = Context(env, device=device, owns_group=owns_group)
+    module = registry.load(env.strategy)
+    membership = (
+        discover(env.role) if env.world_size > 1 and SERVER_ROLE in module.ROLES else None
+    )
+    _current = Context(env, device=device, owns_group=owns_group, membership=membership)
     atexit.register(_current.close)
+    if env.role == SERVER_ROLE:
+        _serve(_current, module)
     return _current
+
+
+def _serve(ctx: Context, module: Any) -> None:
+    """Run this server rank until the workers are finished, then end the script
+    (``SystemExit(0)``: the rest of the training script is the workers')."""
+    serve = getattr(module, "serve", None)
+    if ctx.membership is None or not callable(serve):
+        raise RuntimeError(f"strategy {ctx.strategy!r} has no parameter server to run")
+    serve(ctx, ctx.strategy_params)
+    ctx.close()
+    raise SystemExit(0)
 
 
 def current() -> Context:

@@ -100,11 +100,12 @@ def main(argv: list[str]) -> int:
     if rank_dir:
         _redirect(rank_dir, rank)
         writer = protocol.RankEventWriter(rank_dir, rank)
-        writer.start(
-            int(os.environ.get("LOCAL_RANK", "0")),
-            os.environ.get(protocol.ENV_ROLE, "worker"),
-            os.environ.get(protocol.ENV_HOST, ""),
-        )
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        try:
+            role = protocol.local_role(os.environ, local_rank)
+        except ValueError:
+            role = "worker"  # dmlctl.init() reports the bad variable
+        writer.start(local_rank, role, os.environ.get(protocol.ENV_HOST, ""))
     script = os.path.abspath(argv[0])
     sys.argv = list(argv)
     sys.path[0] = os.path.dirname(os.path.abspath(script))

@@ -2,7 +2,8 @@
 
 torchrun sets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``; the
 dmlctl plan adds ``DMLCTL_ROLE``, ``DMLCTL_STRATEGY``, ``DMLCTL_STRATEGY_PARAMS`` and
-``DMLCTL_RANK_DIR`` (see :mod:`dmlctl.protocol`). Every variable is optional: a plain
+``DMLCTL_RANK_DIR`` (see :mod:`dmlctl.protocol`); with parameter servers,
+``DMLCTL_LOCAL_ROLES`` names each local rank's role. Every variable is optional: a plain
 ``python train.py`` is rank 0 of 1, role ``worker``, strategy ``ssgd`` with defaults.
 """
 
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ValidationError
 
-from dmlctl.protocol import ENV_RANK_DIR, ENV_ROLE, ENV_STRATEGY, ENV_STRATEGY_PARAMS
+from dmlctl.protocol import ENV_RANK_DIR, ENV_STRATEGY, ENV_STRATEGY_PARAMS, local_role
 from dmlctl.strategies import registry
 
 DEFAULT_ROLE = "worker"
@@ -67,13 +68,14 @@ def read_env(environ: Mapping[str, str] = os.environ) -> RunEnv:
         raise ValueError(
             f"{ENV_STRATEGY_PARAMS} is invalid for strategy {strategy!r}: {exc}"
         ) from exc
-    role = environ.get(ENV_ROLE) or DEFAULT_ROLE
+    local_rank = _int(environ, "LOCAL_RANK", rank)
+    role = local_role(environ, local_rank, DEFAULT_ROLE)
     if role not in module.ROLES:
         raise ValueError(f"role {role!r} is not one of strategy {strategy!r}'s: {module.ROLES}")
     return RunEnv(
         rank=rank,
         world_size=world_size,
-        local_rank=_int(environ, "LOCAL_RANK", rank),
+        local_rank=local_rank,
         local_world_size=_int(environ, "LOCAL_WORLD_SIZE", world_size),
         role=role,
         strategy=strategy,

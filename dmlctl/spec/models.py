@@ -91,6 +91,11 @@ class StrategySpec(BaseModel):
         return name
 
 
+def uses_servers(strategy: str) -> bool:
+    """Whether the registered strategy ``strategy`` runs parameter servers."""
+    return "server" in registry.load(strategy).ROLES
+
+
 class JobSpec(BaseModel):
     """One training run (a job file): what to run, how many workers, which strategy."""
 
@@ -110,6 +115,20 @@ class JobSpec(BaseModel):
     )
     strategy: StrategySpec = Field(
         default_factory=StrategySpec, description="Distributed strategy: a name or {name, params}."
+    )
+    parameter_servers: int = Field(
+        default=0,
+        ge=0,
+        validate_default=True,
+        description="Parameter-server processes, for the strategies that use them (asgd, "
+        "ssp, adadelay, easgd-async; required there, refused elsewhere). They do not take "
+        "worker slots. Default: 0.",
+    )
+    server_hosts: list[str] | None = Field(
+        default=None,
+        min_length=1,
+        description="Cluster hosts that run only parameter servers (spread over them in "
+        "turn); default: the servers run next to the workers, one per worker host in turn.",
     )
     env: dict[EnvName, str] = Field(
         default_factory=dict,
@@ -158,6 +177,25 @@ class JobSpec(BaseModel):
         description="Most hosts the run uses at once; the cluster's other hosts stand by "
         "and replace lost ones on a restart. Default: as many as 'workers' needs.",
     )
+
+    @field_validator("parameter_servers")
+    @classmethod
+    def _servers_fit_strategy(cls, n: int, info: ValidationInfo) -> int:
+        strategy = info.data.get("strategy")
+        if not isinstance(strategy, StrategySpec):
+            return n
+        with_servers = [name for name in registry.names() if uses_servers(name)]
+        if uses_servers(strategy.name) and n == 0:
+            raise ValueError(
+                f"strategy {strategy.name!r} needs parameter servers: set parameter_servers "
+                "to 1 or more"
+            )
+        if n > 0 and not uses_servers(strategy.name):
+            raise ValueError(
+                f"strategy {strategy.name!r} has no parameter servers; remove "
+                f"parameter_servers or use one of: {', '.join(with_servers)}"
+            )
+        return n
 
     @field_validator("max_hosts")
     @classmethod

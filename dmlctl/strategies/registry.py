@@ -66,6 +66,33 @@ _REGISTRY: dict[str, StrategyEntry] = {
             "dmlctl.strategies.dpsgd",
             "decentralized SGD: gossip averaging with neighbours on a topology",
         ),
+        StrategyEntry(
+            "asgd",
+            "dmlctl.strategies.asgd",
+            "asynchronous SGD (Downpour) on parameter servers: push every n_push, "
+            "pull every n_fetch steps",
+        ),
+        StrategyEntry(
+            "ssp",
+            "dmlctl.strategies.ssp",
+            "stale synchronous parallel on parameter servers: at most s clocks ahead "
+            "of the slowest worker",
+        ),
+        StrategyEntry(
+            "adadelay",
+            "dmlctl.strategies.adadelay",
+            "asynchronous SGD whose server step size shrinks with each update's delay",
+        ),
+        StrategyEntry(
+            "easgd-async",
+            "dmlctl.strategies.easgd_async",
+            "asynchronous elastic averaging: workers exchange with a center on the servers",
+        ),
+        StrategyEntry(
+            "hogwild",
+            "dmlctl.strategies.hogwild",
+            "lock-free updates of parameters in shared memory by the workers of one host",
+        ),
     )
 }
 

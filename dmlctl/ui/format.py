@@ -9,7 +9,7 @@ clock reads. User-controlled text (log lines, tracebacks, job names) always goes
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from rich.console import Group, RenderableType
 from rich.panel import Panel
@@ -224,13 +224,31 @@ def _number(value: object) -> str:
     return f"{float(value):.3g}"
 
 
-#: Metric key → (column header, formatter): what strategies report through ctx.log.
-STRATEGY_COLUMNS: dict[str, tuple[str, Callable[[object], str]]] = {
-    "comm_bytes_per_step": ("comm/step", _bytes),
-    "comm_share": ("comm %", _share),
-    "consensus": ("consensus", _number),
-    "primal_res": ("primal res", _number),
-    "dual_res": ("dual res", _number),
+def _pair(first: str, second: str, fmt: Callable[[object], str]) -> MetricCell:
+    """A cell ``a/b`` of two metrics (``-`` for a missing one)."""
+    return lambda m: f"{fmt(m.get(first))}/{fmt(m.get(second))}"
+
+
+def _one(key: str, fmt: Callable[[object], str]) -> MetricCell:
+    return lambda m: fmt(m.get(key))
+
+
+MetricCell = Callable[[Mapping[str, object]], str]
+
+#: Metric key → (column header, cell): what strategies report through ctx.log. A
+#: column appears when any rank reported its key.
+STRATEGY_COLUMNS: dict[str, tuple[str, MetricCell]] = {
+    "comm_bytes_per_step": ("comm/step", _one("comm_bytes_per_step", _bytes)),
+    "comm_share": ("comm %", _one("comm_share", _share)),
+    "consensus": ("consensus", _one("consensus", _number)),
+    "primal_res": ("primal res", _one("primal_res", _number)),
+    "dual_res": ("dual res", _one("dual_res", _number)),
+    # parameter servers: workers report their clock, servers the rest
+    "clock": ("clock", _one("clock", _number)),
+    "staleness_max": ("stale med/max", _pair("staleness_median", "staleness_max", _number)),
+    "push_per_s": ("push/pull per s", _pair("push_per_s", "pull_per_s", _number)),
+    "push_bytes_per_s": ("in/out per s", _pair("push_bytes_per_s", "pull_bytes_per_s", _bytes)),
+    "clock_spread": ("spread", _one("clock_spread", _number)),
 }
 
 
@@ -272,7 +290,7 @@ def rank_table(
             format_loss(r.loss),
             format_rate(r.samples_per_s),
         ]
-        cells += [Text(STRATEGY_COLUMNS[key][1](r.metrics.get(key))) for key in extras]
+        cells += [Text(STRATEGY_COLUMNS[key][1](r.metrics)) for key in extras]
         if last_line:
             cells.append(Text(truncate(clean_line(r.last_line), LAST_LINE_CHARS)))
         table.add_row(*cells)

@@ -158,3 +158,29 @@ def test_internal_errors_are_one_line(
     assert main(["status"]) == 3
     err = capsys.readouterr().err
     assert "internal error: RuntimeError: disk on fire" in err and "--debug" in err
+
+
+def test_strategies_lists_every_strategy_and_one_strategys_params(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from dmlctl.strategies import registry
+
+    assert main(["strategies"]) == 0
+    out = capsys.readouterr().out
+    for name in registry.names():
+        assert name in out
+    assert "required" in out  # the parameter-server strategies say so
+    assert main(["strategies", "ssp"]) == 0
+    out = capsys.readouterr().out
+    assert "staleness" in out and "parameter_servers" in out
+    assert main(["strategies", "nope"]) == 2
+    assert "unknown strategy 'nope'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args", [["nosuch"], ["launch", "--bogus"]])
+def test_unknown_command_or_option_is_bad_input(
+    args: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "internal error" not in err and "No such" in err

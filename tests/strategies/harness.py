@@ -6,6 +6,11 @@
 process group with that strategy. ``fn(ctx, *args)`` must be a module-level function
 (it is pickled); its return value (picklable) comes back per rank, in rank order.
 A rank that raises makes ``run_ranks`` raise with that rank's traceback.
+
+``roles=["worker", "worker", "server"]`` gives the ranks roles the way the plan does
+(``DMLCTL_LOCAL_ROLES``, by local rank; every rank is on one "host" here). A
+parameter-server rank never runs ``fn``: ``dmlctl.init()`` serves and ends it with
+``SystemExit(0)``, and its result is None.
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ def _worker(
     fn: Callable[..., Any],
     args: Sequence[Any],
     results: Any,
+    roles: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
 ) -> None:
     os.environ.update({
         "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
@@ -45,6 +52,9 @@ def _worker(
         "DMLCTL_STRATEGY_PARAMS": json.dumps(dict(params)), "OMP_NUM_THREADS": "1",
     })  # fmt: skip
     os.environ.pop("DMLCTL_RANK_DIR", None)
+    if roles:
+        os.environ["DMLCTL_LOCAL_ROLES"] = ",".join(roles)
+    os.environ.update(env or {})
     import torch
 
     torch.set_num_threads(1)
@@ -59,6 +69,13 @@ def _worker(
         torch.save(value, buf)
         results.put((rank, True, buf.getvalue()))
         ctx.close()
+    except SystemExit as exc:  # a parameter server's normal end
+        if exc.code not in (0, None):
+            results.put((rank, False, traceback.format_exc()))
+            return
+        buf = io.BytesIO()
+        torch.save(None, buf)
+        results.put((rank, True, buf.getvalue()))
     except BaseException:
         results.put((rank, False, traceback.format_exc()))
 
@@ -71,6 +88,8 @@ def run_ranks(
     params: Mapping[str, Any] | None = None,
     args: Sequence[Any] = (),
     timeout: float = 120.0,
+    roles: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
 ) -> list[Any]:
     """``fn(ctx, *args)`` on every rank; the results in rank order."""
     ctx = mp.get_context("spawn")
@@ -79,7 +98,10 @@ def run_ranks(
     procs = [
         ctx.Process(
             target=_worker,
-            args=(r, world_size, port, strategy, params or {}, fn, tuple(args), results),
+            args=(
+                r, world_size, port, strategy, params or {}, fn, tuple(args), results,
+                tuple(roles), dict(env or {}),
+            ),
         )
         for r in range(world_size)
     ]

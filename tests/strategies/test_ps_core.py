@@ -153,7 +153,7 @@ def _ps_rank(ctx: Any, n_servers: int) -> dict[str, Any]:
         channel.pull(shard_ids, clock=step)
         grads = _gradients(1000 * step + rank)
         channel.push({s: pack(grads, plan[s]) for s in shard_ids}, clock=step)
-    channel.done(clock=8)
+    channel.close(clock=8)
     out["bytes_sent"] = channel.bytes_sent
     return out
 
@@ -235,8 +235,13 @@ def test_single_worker_pull_push_pull_has_staleness_zero() -> None:
         def receive(self) -> Message:
             raise AssertionError("not used: messages are handed to handle() directly")
 
-        def reply(self, worker: int, shard_id: int, version: int, flat: torch.Tensor) -> None:
+        def reply(
+            self, worker: int, shard_id: int, version: int, flat: torch.Tensor, min_clock: int = 0
+        ) -> None:
             self.replies.append((worker, shard_id, version, flat.tolist()))
+
+        def send_blob(self, worker: int, blob: bytes) -> None:
+            raise AssertionError("not used")
 
     rec = Recorder()
     server = ParameterServer({0: torch.ones(3)}, [0], rec, lr=0.5)

@@ -201,7 +201,34 @@ JOB_CASES = [
         "script: train.py\nstrategy: nope\n",
         2,
         "strategy.name",
-        "unknown strategy 'nope'; valid: admm, bmuf, dpsgd, easgd, local-sgd, ssgd",
+        "unknown strategy 'nope'; valid: adadelay, admm, asgd, bmuf, dpsgd, easgd, "
+        "easgd-async, hogwild, local-sgd, ssgd, ssp",
+    ),
+    (
+        "script: train.py\nstrategy: asgd\n",
+        1,
+        "parameter_servers",
+        "strategy 'asgd' needs parameter servers: set parameter_servers to 1 or more",
+    ),
+    (
+        "script: train.py\nparameter_servers: 2\n",
+        2,
+        "parameter_servers",
+        "strategy 'ssgd' has no parameter servers; remove parameter_servers or use one of: "
+        "adadelay, asgd, easgd-async, ssp",
+    ),
+    (
+        "script: train.py\nstrategy: ssp\nparameter_servers: -1\n",
+        3,
+        "parameter_servers",
+        "must be >= 0, got -",
+    ),
+    (
+        "script: train.py\nstrategy:\n  name: ssp\n  params: {staleness: -2}\n"
+        "parameter_servers: 1\n",
+        4,
+        "strategy.params.staleness",
+        "must be >= 0, got -",
     ),
     (
         "script: train.py\nstrategy:\n  name: nope\n",

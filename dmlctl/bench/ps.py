@@ -1,0 +1,109 @@
+"""``dmlctl bench ps``: parameter-server push+pull against all-reduce, as a dmlctl job.
+
+The benchmark is an ordinary run (run directory, logs, ``dmlctl status``) of
+``ps_worker.py`` from this package with strategy ``ssgd`` on ``W + S`` ranks:
+``W`` workers and ``S`` servers, then an all-reduce on the same ``W + S`` processes.
+Definitions are in :mod:`dmlctl.bench.ps_report`. This module never imports torch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+
+from dmlctl.bench.comm import BENCH_DIR, BenchFailed
+from dmlctl.bench.ps_report import PsResult, parse_ps_metrics
+from dmlctl.bench.report import size_sweep
+from dmlctl.errors import UsageError
+from dmlctl.launch.api import LaunchOptions, LaunchResult, launch
+from dmlctl.spec.models import ClusterSpec, JobSpec, StrategySpec
+from dmlctl.spec.restart import RestartSpec
+
+WORKER_SCRIPT = "ps_worker.py"
+JOB_NAME = "bench-ps"
+DEFAULT_FACTOR = 4
+
+__all__ = ["BenchFailed", "local_bench_cluster", "ps_job", "run_ps_bench"]
+
+
+def ps_job(
+    *, workers: int, servers: int, min_bytes: int, max_bytes: int, iters: int, warmup: int,
+    factor: int = DEFAULT_FACTOR,
+) -> JobSpec:  # fmt: skip
+    """The job spec of one benchmark run on ``workers + servers`` ranks (validates the
+    options; no I/O). No restarts: a restarted attempt would mix two measurements.
+
+    Raises :class:`UsageError` for ``workers < 1``, ``servers < 1``, a bad size range,
+    ``min_bytes`` below 4 bytes per server, ``iters < 1`` or ``warmup < 0``.
+    """
+    if workers < 1 or servers < 1:
+        raise UsageError(f"need --workers >= 1 and --servers >= 1, got {workers} and {servers}")
+    size_sweep(min_bytes, max_bytes, factor)
+    if min_bytes < 4 * servers:
+        raise UsageError(
+            f"--min-bytes must give every server at least one float32 (>= {4 * servers} bytes "
+            f"for {servers} servers), got {min_bytes}"
+        )
+    if iters < 1 or warmup < 0:
+        raise UsageError(f"need --iters >= 1 and --warmup >= 0, got {iters} and {warmup}")
+    args = [
+        "--servers", str(servers), "--min-bytes", str(min_bytes), "--max-bytes", str(max_bytes),
+        "--factor", str(factor), "--iters", str(iters), "--warmup", str(warmup),
+    ]  # fmt: skip
+    return JobSpec(
+        name=JOB_NAME, script=WORKER_SCRIPT, args=args, workers=workers + servers,
+        workdir=str(BENCH_DIR), strategy=StrategySpec(name="ssgd"),
+        restart=RestartSpec(max_user_restarts=0, max_infra_restarts=0),
+    )  # fmt: skip
+
+
+def local_bench_cluster(cluster: ClusterSpec, ranks: int) -> ClusterSpec:
+    """``cluster`` (the default one: this machine, one host) with at least ``ranks``
+    slots on its host, so ``W + S`` ranks fit even on a machine with fewer cores
+    (oversubscribed: servers mostly wait). Other clusters are returned unchanged."""
+    if len(cluster.hosts) != 1 or cluster.total_slots >= ranks:
+        return cluster
+    host = cluster.hosts[0].model_copy(update={"slots": ranks})
+    return cluster.model_copy(update={"hosts": [host]})
+
+
+def run_ps_bench(
+    cluster: ClusterSpec, *, workers: int, servers: int, min_bytes: int, max_bytes: int,
+    iters: int, warmup: int, console: Console, home: Path | None = None,
+) -> tuple[list[PsResult], LaunchResult]:  # fmt: skip
+    """Run the benchmark on ``cluster`` and return one result per size (sorted).
+
+    Blocks until the run ends. Raises :class:`UsageError` for bad options (before
+    launching) and :class:`BenchFailed` naming the root cause if the run failed, or
+    succeeded without a result for every size of the sweep.
+    """
+    job = ps_job(workers=workers, servers=servers, min_bytes=min_bytes, max_bytes=max_bytes,
+                 iters=iters, warmup=warmup)  # fmt: skip
+    result = launch(job, cluster, options=LaunchOptions(ui="quiet", home=home), console=console)
+    if result.exit_code != 0:
+        cause = result.state.root_cause if result.state is not None else None
+        why = cause.headline() if cause is not None else f"exit code {result.exit_code}"
+        raise BenchFailed(
+            f"benchmark run {result.run_id} failed: {why} (see `dmlctl logs {result.run_id}`)"
+        )
+    results = _read_results(result.run_dir)
+    expected = size_sweep(min_bytes, max_bytes, DEFAULT_FACTOR)
+    got = {r.bytes for r in results}
+    missing = [size for size in expected if size // 4 * 4 not in got]
+    if missing:
+        raise BenchFailed(
+            f"benchmark run {result.run_id} succeeded but reported no result for "
+            f"{len(missing)} of {len(expected)} sizes; see `dmlctl logs {result.run_id}`"
+        )
+    return results, result
+
+
+def _read_results(run_dir: Path | None) -> list[PsResult]:
+    if run_dir is None:
+        return []
+    try:
+        with open(run_dir / "metrics.jsonl", encoding="utf-8") as f:
+            return parse_ps_metrics(f)
+    except FileNotFoundError:
+        return []

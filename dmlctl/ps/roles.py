@@ -1,0 +1,51 @@
+"""Which ranks are workers and which are parameter servers (runtime side, torch).
+
+The plan gives every host's processes their roles by local rank
+(``DMLCTL_LOCAL_ROLES``); global ranks are only known after torchrun's rendezvous.
+:func:`discover` finds them with one all-gather over the default group, and builds
+the workers' own process group, which every collective of the training script
+(``ctx.barrier``, ``ctx.all_reduce_mean``, checkpoints) uses instead of the default
+group — the servers never take part in those.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+SERVER_ROLE = "server"
+
+
+@dataclass(frozen=True)
+class Membership:
+    """Global ranks by role (sorted) and the workers' process group."""
+
+    workers: tuple[int, ...]
+    servers: tuple[int, ...]
+    group: Any  # the workers' ProcessGroup
+
+    def worker_index(self, rank: int) -> int:
+        """Position of global ``rank`` among the workers (ValueError for a server)."""
+        return self.workers.index(rank)
+
+
+def discover(role: str) -> Membership:
+    """Every rank's role, gathered from every rank (collective over the default group,
+    and so is building the workers' group: every rank must call this). Raises
+    :class:`RuntimeError` when no rank is a worker or none is a server."""
+    world = dist.get_world_size()
+    mine = torch.tensor([1 if role == SERVER_ROLE else 0], dtype=torch.int64)
+    gathered = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
+    dist.all_gather(gathered, mine)
+    servers = tuple(r for r, flag in enumerate(gathered) if int(flag.item()) == 1)
+    workers = tuple(r for r in range(world) if r not in servers)
+    if not workers or not servers:
+        raise RuntimeError(
+            f"a parameter-server run needs workers and servers; got {len(workers)} worker(s) "
+            f"and {len(servers)} server(s) among {world} ranks"
+        )
+    group = dist.new_group(list(workers))
+    return Membership(workers, servers, group)

@@ -1,0 +1,87 @@
+"""A server rank's life: receive the layout, serve, report (runtime side, torch).
+
+:func:`run_server` is what a parameter-server strategy's ``serve`` does on a server
+rank: take part in the two bootstrap broadcasts (:mod:`dmlctl.ps.bootstrap`), build a
+:class:`~dmlctl.ps.server.ParameterServer` for its shard with the layout's update
+rule, and handle messages until every worker closed. Every ``log_every_s`` seconds
+(and once at the end) it logs, as this rank's metrics:
+
+* ``push_per_s``, ``pull_per_s``, ``push_bytes_per_s``, ``pull_bytes_per_s``;
+* ``staleness_median`` / ``staleness_max`` of the updates applied in the window;
+* ``clock_min`` / ``clock_max`` over the workers, ``clock_spread`` (their difference:
+  for ``ssp`` the spread between the fastest and the slowest worker) and
+  ``max_lead`` (the largest ``clock − min_clock`` of any answered read so far: never
+  above the bound ``s`` under ``ssp``);
+* ``version``: updates applied to the shard; for AdaDelay also ``step_size`` (the
+  mean α of the latest update).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from dmlctl.ps.bootstrap import Layout, share_initial, share_layout
+from dmlctl.ps.channel import ServerChannel
+from dmlctl.ps.rules import AdaDelay, ScaledAdd, UpdateRule
+from dmlctl.ps.server import ParameterServer
+from dmlctl.runtime.context import Context
+
+
+def make_rule(spec: Mapping[str, Any]) -> UpdateRule:
+    """The rule ``spec`` names: ``{"kind": "scaled_add", "alpha": a}`` or
+    ``{"kind": "adadelay", "L": L, "c": c}``; ValueError otherwise."""
+    kind = spec.get("kind")
+    if kind == "scaled_add":
+        return ScaledAdd(float(spec["alpha"]))
+    if kind == "adadelay":
+        return AdaDelay(float(spec["L"]), float(spec.get("c", 1.0)))
+    raise ValueError(f"unknown server update rule {kind!r}")
+
+
+def server_metrics(server: ParameterServer) -> dict[str, float]:
+    """The metrics of the module docstring for the window since the last call."""
+    clocks = list(server.clocks.values())
+    out: dict[str, float] = dict(server.stats.window())
+    out.update(
+        clock_min=float(min(clocks)),
+        clock_max=float(max(clocks)),
+        clock_spread=float(max(clocks) - min(clocks)),
+        max_lead=float(server.max_lead),
+        version=float(sum(server.versions.values())),
+    )
+    if isinstance(server.rule, AdaDelay) and server.rule.last_step:
+        out["step_size"] = sum(server.rule.last_step.values()) / len(server.rule.last_step)
+    return out
+
+
+def run_server(ctx: Context) -> ParameterServer:
+    """Serve this rank's shard until every worker closed; returns the server (its
+    final state) after logging the last window."""
+    members = ctx.membership
+    if members is None:
+        raise RuntimeError("run_server needs a run with parameter servers")
+    layout: Layout = share_layout(None, src=members.workers[0])
+    shards = share_initial(layout, src=members.workers[0])
+    k = layout.servers.index(ctx.global_rank)
+    channel = ServerChannel(ctx.global_rank, {k: shards[k].numel()}, layout.torch_dtype)
+    server = ParameterServer(
+        {k: shards[k]},
+        layout.workers,
+        channel,
+        rule=make_rule(layout.rule),
+        staleness_bound=layout.staleness_bound,
+    )
+    last = time.monotonic()
+
+    def report() -> None:
+        nonlocal last
+        now = time.monotonic()
+        if now - last >= layout.log_every_s:
+            ctx.log(step=server.stats.total_pushes, **server_metrics(server))
+            last = now
+
+    server.serve(on_message=report)
+    ctx.log(step=server.stats.total_pushes, **server_metrics(server))
+    return server
