@@ -1,4 +1,4 @@
-"""``dmlctl bench comm``, ``ps``, ``launch``, ``strategies`` and ``recovery``.
+"""``dmlctl bench comm``, ``ps``, ``launch``, ``strategies``, ``recovery`` and ``straggler``.
 
 Parse → call :mod:`dmlctl.bench` → render. stdout carries only the result (a table,
 or JSON with ``--json``); progress goes to stderr. Library imports happen inside the
@@ -18,7 +18,8 @@ from dmlctl.cli.common import stderr_console, stdout_console
 app = typer.Typer(
     help="Benchmarks: collective bandwidth (comm), parameter-server push+pull against "
     "all-reduce (ps), launcher overhead (launch), "
-    "strategy overhead and traffic (strategies), recovery after a killed worker (recovery).",
+    "strategy overhead and traffic (strategies), recovery after a killed worker (recovery), "
+    "throughput next to a slowed worker under ssgd/asgd/ssp (straggler).",
     no_args_is_help=True,
 )
 
@@ -155,4 +156,43 @@ def recovery(
     else:
         for table in render_recovery_tables(report):
             stdout_console().print(table)
+    return 0
+
+
+@app.command()
+def straggler(
+    steps: int = typer.Option(60, "--steps", help="Steps per worker and run (at least 20)."),
+    step_sleep: float = typer.Option(
+        0.03, "--step-sleep", help="Seconds of simulated compute per step (the straggler: 3×)."
+    ),
+    repeats: int = typer.Option(
+        1, "--repeats", help="Runs per side; each worker's median steps/s counts."
+    ),
+    scenarios: str = typer.Option(
+        "all", "--scenarios", help="Comma-separated: ssgd, asgd, ssp-s3, ssp-s12-burst, or all."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> int:
+    """Fast workers' steps/s next to a 3× slower worker, relative to no straggler."""
+    from dmlctl.bench.straggler import FACTOR, check_options, parse_scenarios, run_straggler_bench
+    from dmlctl.bench.straggler_report import render_straggler_table, straggler_json
+    from dmlctl.spec import default_cluster
+
+    chosen = parse_scenarios(scenarios)
+    check_options(steps, step_sleep, repeats)
+    err = stderr_console()
+    with err.status("running the straggler benchmark…"):
+        results, run_ids = run_straggler_bench(
+            chosen, steps=steps, step_sleep=step_sleep, repeats=repeats, console=err,
+            cluster=default_cluster(),
+        )  # fmt: skip
+    if as_json:
+        report = straggler_json(results, steps=steps, step_sleep=step_sleep, factor=FACTOR,
+                                repeats=repeats, run_ids=run_ids)  # fmt: skip
+        print(json.dumps(report, indent=2))
+    else:
+        stdout_console().print(render_straggler_table(
+            results, steps=steps, step_sleep=step_sleep, factor=FACTOR, repeats=repeats
+        ))  # fmt: skip
+        err.print(f"runs {', '.join(run_ids)}", markup=False)
     return 0

@@ -381,3 +381,33 @@ def test_doctor_reads_a_hostfile_like_launch_does(lcli: LabCli, tmp_path: Path) 
     proc = lcli.run("doctor", "--cluster", str(hostfile), "--json")
     assert proc.returncode in (0, 1), proc.stderr  # checked, not refused as bad YAML
     assert json.loads(proc.stdout)["hosts"][0]["host"] == "node-a"
+
+
+def test_parameter_server_on_a_dedicated_host(
+    lcli: LabCli, ssh_lab: SshLab, tmp_path: Path
+) -> None:
+    """Two workers on node-a, their parameter server alone on node-b (server_hosts):
+    roles found across hosts after the rendezvous, pushes and pulls over the network."""
+    example = Path(__file__).resolve().parents[2] / "examples" / "parameter-server"
+    job = tmp_path / "ps.yaml"
+    job.write_text(
+        f"name: ps\nworkdir: {example}\nscript: train.py\nargs: ['--epochs', '1']\n"
+        "workers: 2\nparameter_servers: 1\nserver_hosts: [node-b]\n"
+        "strategy:\n  name: ssp\n  params: {staleness: 2}\n"
+    )
+    cluster = cluster_file(ssh_lab, tmp_path)
+    proc = lcli.run("launch", str(job), "--cluster", str(cluster), "--ui", "plain")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_id = only_run(lcli)
+    state = lcli.state(run_id)
+    placed = sorted((r["host"], r["role"]) for r in state["ranks"])
+    assert placed == [("node-a", "worker"), ("node-a", "worker"), ("node-b", "server")]
+    records = [
+        json.loads(x)
+        for x in (lcli.home / "runs" / run_id / "metrics.jsonl").read_text().splitlines()
+    ]
+    served = [r for r in records if r["host"] == "node-b" and "max_lead" in r["values"]]
+    assert served and all(r["values"]["max_lead"] <= 2 for r in served)
+    final = [r["values"] for r in records if "test_acc" in r["values"]]
+    assert final and final[-1]["test_acc"] >= 0.9, final
+    assert not run_processes(run_id)

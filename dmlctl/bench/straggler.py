@@ -1,0 +1,178 @@
+"""``dmlctl bench straggler``: the other workers' throughput next to a slowed worker.
+
+For each scenario (:data:`SCENARIOS`) two ordinary dmlctl runs (run directory, logs,
+``dmlctl status``) of ``straggler_job/train.py`` on this machine, restarts off: a
+baseline where every worker sleeps ``step_sleep`` per step, and one where the last
+worker sleeps :data:`FACTOR` times as long. The claim measured: under ``asgd``, and
+under ``ssp`` while the straggler stays within ``s`` steps, the fast workers keep
+≥ 0.8× of their baseline steps/s; under ``ssgd`` they drop to the straggler's pace.
+Definitions are in :mod:`dmlctl.bench.straggler_report`. This module never imports
+torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from rich.console import Console
+
+from dmlctl.bench.comm import BenchFailed
+from dmlctl.bench.ps import local_bench_cluster
+from dmlctl.bench.straggler_report import (
+    Scenario,
+    ScenarioResult,
+    compare,
+    median_rates,
+    parse_rates,
+)
+from dmlctl.errors import UsageError
+from dmlctl.launch.api import LaunchOptions, LaunchResult, launch
+from dmlctl.spec.models import ClusterSpec, JobSpec, StrategySpec
+from dmlctl.spec.restart import RestartSpec
+
+JOB_DIR = Path(__file__).resolve().parent / "straggler_job"
+"""The job's workdir (shipped to the hosts)."""
+
+WORKER_SCRIPT = "train.py"
+FACTOR = 3.0
+"""How many times longer the straggler sleeps per step (the issue's 3×)."""
+
+MIN_STEPS = 20  # above the default burst's end and above every default s
+MAX_STEP_SLEEP = 1.0
+
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in (
+        Scenario("ssgd", "ssgd"),
+        Scenario("asgd", "asgd", servers=1, absorbs=True),
+        Scenario("ssp-s3", "ssp", {"staleness": 3}, servers=1),
+        # 5 steps at 3× fall 5·(3 − 1) = 10 steps behind: within s = 12.
+        Scenario(
+            "ssp-s12-burst", "ssp", {"staleness": 12}, servers=1, burst=(10, 15), absorbs=True
+        ),
+    )
+}
+"""The scenarios by name, in report order."""
+
+Launcher = Callable[..., LaunchResult]
+"""``launch``'s shape: ``(job, cluster, *, options, console) -> LaunchResult``."""
+
+__all__ = ["FACTOR", "SCENARIOS", "BenchFailed", "parse_scenarios", "run_straggler_bench"]
+
+
+def parse_scenarios(text: str) -> list[Scenario]:
+    """Comma-separated scenario names (``all``: every one) in the order given.
+
+    Raises :class:`UsageError` naming the valid names for an unknown or empty one.
+    """
+    names = [n.strip() for n in text.split(",")]
+    if names == ["all"]:
+        return list(SCENARIOS.values())
+    unknown = [n for n in names if n not in SCENARIOS]
+    if unknown:
+        raise UsageError(
+            f"unknown scenario(s) {', '.join(repr(n) for n in unknown)}; "
+            f"valid: all, {', '.join(SCENARIOS)}"
+        )
+    return [SCENARIOS[n] for n in dict.fromkeys(names)]
+
+
+def check_options(steps: int, step_sleep: float, repeats: int) -> None:
+    """Raise :class:`UsageError` for ``steps < MIN_STEPS``, a ``step_sleep`` outside
+    ``(0, MAX_STEP_SLEEP]`` or ``repeats < 1``."""
+    if steps < MIN_STEPS:
+        raise UsageError(f"--steps must be at least {MIN_STEPS}, got {steps}")
+    if not 0 < step_sleep <= MAX_STEP_SLEEP:
+        raise UsageError(f"--step-sleep must be in (0, {MAX_STEP_SLEEP:g}] s, got {step_sleep}")
+    if repeats < 1:
+        raise UsageError(f"--repeats must be at least 1, got {repeats}")
+
+
+def straggler_job(scenario: Scenario, *, steps: int, step_sleep: float, slowed: bool) -> JobSpec:
+    """The job spec of one run of ``scenario`` (no I/O): the baseline, or with the last
+    worker ``FACTOR``× slower (on the scenario's burst only, if it has one). No
+    restarts: a restarted attempt would mix two measurements."""
+    args = ["--steps", str(steps), "--step-sleep", str(step_sleep)]
+    if slowed:
+        args += ["--factor", str(FACTOR)]
+        if scenario.burst is not None:
+            args += ["--burst", f"{scenario.burst[0]}:{scenario.burst[1]}"]
+    return JobSpec(
+        name=f"bench-straggler-{scenario.name}", script=WORKER_SCRIPT, args=args,
+        workers=scenario.workers, parameter_servers=scenario.servers, workdir=str(JOB_DIR),
+        strategy=StrategySpec(name=scenario.strategy, params=dict(scenario.params)),
+        env={"OMP_NUM_THREADS": "1"},
+        restart=RestartSpec(max_user_restarts=0, max_infra_restarts=0),
+    )  # fmt: skip
+
+
+def _run_once(
+    launcher: Launcher, job: JobSpec, cluster: ClusterSpec, console: Console, home: Path | None
+) -> tuple[dict[int, float], int | None, str]:
+    """Launch ``job`` to its end; its per-worker steps/s, straggler and run id."""
+    options = LaunchOptions(ui="quiet", home=home)
+    result = launcher(job, cluster, options=options, console=console)
+    if result.exit_code != 0:
+        cause = result.state.root_cause if result.state is not None else None
+        why = cause.headline() if cause is not None else f"exit code {result.exit_code}"
+        raise BenchFailed(
+            f"benchmark run {result.run_id} failed: {why} (see `dmlctl logs {result.run_id}`)"
+        )
+    rates, straggler = _read_rates(result.run_dir)
+    return rates, straggler, result.run_id
+
+
+def _read_rates(run_dir: Path | None) -> tuple[dict[int, float], int | None]:
+    if run_dir is None:
+        return {}, None
+    try:
+        with open(run_dir / "metrics.jsonl", encoding="utf-8") as f:
+            return parse_rates(f)
+    except FileNotFoundError:
+        return {}, None
+
+
+def run_straggler_bench(
+    scenarios: Sequence[Scenario], *, steps: int, step_sleep: float, repeats: int,
+    console: Console, cluster: ClusterSpec, home: Path | None = None,
+    launcher: Launcher = launch,
+) -> tuple[list[ScenarioResult], list[str]]:  # fmt: skip
+    """Run every scenario (baseline, then straggler, ``repeats`` times) on ``cluster``
+    (the default local one is widened to fit workers + servers); return one result per
+    scenario and the run ids, in order.
+
+    Blocks until the last run ends. Raises :class:`UsageError` for bad options (before
+    launching) and :class:`BenchFailed` naming the run when one fails or reports no
+    rate for some worker. ``launcher`` runs each job (tests pass a fake).
+    """
+    check_options(steps, step_sleep, repeats)
+    results: list[ScenarioResult] = []
+    run_ids: list[str] = []
+    for scenario in scenarios:
+        where = local_bench_cluster(cluster, scenario.workers + scenario.servers)
+        runs: dict[bool, list[dict[int, float]]] = {False: [], True: []}
+        straggler: int | None = None
+        for repeat in range(1, repeats + 1):
+            for slowed in (False, True):
+                label = "straggler" if slowed else "baseline"
+                console.print(
+                    f"[dim]{scenario.name} {label} {repeat}/{repeats}[/dim]", highlight=False
+                )
+                job = straggler_job(scenario, steps=steps, step_sleep=step_sleep, slowed=slowed)
+                rates, flagged, run_id = _run_once(launcher, job, where, console, home)
+                run_ids.append(run_id)
+                if len(rates) != scenario.workers:
+                    raise BenchFailed(
+                        f"benchmark run {run_id} succeeded but reported steps/s for "
+                        f"{len(rates)} of {scenario.workers} workers; see `dmlctl logs {run_id}`"
+                    )
+                runs[slowed].append(rates)
+                straggler = flagged if slowed else straggler
+        baseline, with_straggler = median_rates(runs[False]), median_rates(runs[True])
+        try:
+            result = compare(scenario, baseline, with_straggler, straggler, steps=steps)
+        except ValueError as exc:
+            raise BenchFailed(f"{exc} (runs {', '.join(run_ids[-2 * repeats :])})") from None
+        results.append(result)
+    return results, run_ids
