@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 import time
 from collections.abc import Mapping
@@ -35,6 +36,15 @@ ENV_ROLE = "DMLCTL_ROLE"
 # Roles of a host's processes by LOCAL_RANK, comma-separated ("worker,worker,server");
 # wins over DMLCTL_ROLE (torchrun gives every process of a host the same environment).
 ENV_LOCAL_ROLES = "DMLCTL_LOCAL_ROLES"
+
+
+_SUMMARY_LINE = re.compile(r"^\s*(rank|exitcode)\s*:|^Root Cause")
+
+
+def is_failure_summary_line(line: str) -> bool:
+    """Whether ``line`` of torchrun's output belongs to its failure summary: a
+    ``rank : N`` or ``exitcode : X`` entry, or the "Root Cause" heading."""
+    return _SUMMARY_LINE.match(line) is not None
 
 
 def local_role(environ: Mapping[str, str], local_rank: int, default: str = "worker") -> str:

@@ -44,6 +44,7 @@ from dmlctl.agent.tail import RankDirTailer
 POLL_S = 0.05
 STOP_GRACE_S = 3.0
 TAIL = 40
+SUMMARY_LINES = 2000
 ALIVE_S = 1.0  # a message at least this often, so a silent host can be told from a busy one
 
 
@@ -68,11 +69,17 @@ class Emitter:
 
 
 def _forward_torchrun(
-    stream: TextIO, emit: Emitter, tail: collections.deque[str], stop: threading.Event
+    stream: TextIO,
+    emit: Emitter,
+    tail: collections.deque[str],
+    stop: threading.Event,
+    summary: collections.deque[str] | None = None,
 ) -> None:
     for line in stream:
         text = line.rstrip("\n")
         tail.append(text)
+        if summary is not None and protocol.is_failure_summary_line(text):
+            summary.append(text)
         # Once we stop torchrun ourselves, what it prints is its own shutdown noise
         # (a SignalException traceback): kept in the exit message's tail, not streamed.
         if not stop.is_set():
@@ -120,6 +127,9 @@ def run(config: dict[str, Any], emit: Emitter, stop: threading.Event, reason: li
     here = os.path.dirname(os.path.dirname(os.path.abspath(protocol.__file__)))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH", "")) if p)
     tail: collections.deque[str] = collections.deque(maxlen=TAIL)
+    # torchrun's failure summary ("rank : N" / "exitcode : X" per failed rank) can start
+    # far above the tail when other ranks' tracebacks follow it: kept on its own.
+    summary: collections.deque[str] = collections.deque(maxlen=SUMMARY_LINES)
     proc: subprocess.Popen[str] | warm.ForkedTorchrun
     try:
         if warm.can_fork(config["argv"]):
@@ -142,7 +152,7 @@ def run(config: dict[str, Any], emit: Emitter, stop: threading.Event, reason: li
     emit.send(protocol.MSG_AGENT, state="started", pid=os.getpid(), torchrun_pid=proc.pid)
     assert proc.stdout is not None
     reader = threading.Thread(
-        target=_forward_torchrun, args=(proc.stdout, emit, tail, stop), daemon=True
+        target=_forward_torchrun, args=(proc.stdout, emit, tail, stop, summary), daemon=True
     )
     reader.start()
     tailer = RankDirTailer(rank_dir)
@@ -173,7 +183,9 @@ def run(config: dict[str, Any], emit: Emitter, stop: threading.Event, reason: li
     tailer.close()
     kill_tree(os.getpid(), 1.0)  # anything a rank left behind (daemons, grandchildren)
     code = int(proc.returncode) if proc.returncode is not None else 1
-    emit.send(protocol.MSG_EXIT, code=code, tail=list(tail), stopped=stopped)
+    emit.send(
+        protocol.MSG_EXIT, code=code, tail=list(tail), summary=list(summary), stopped=stopped
+    )
     return code
 
 

@@ -41,16 +41,21 @@ def _describe_exit(code: int) -> str:
     return f"exited with code {code}"
 
 
-def torchrun_failure(host: str, tail: Sequence[str], ts: float = 0.0) -> RootCause | None:
+def torchrun_failure(
+    host: str, tail: Sequence[str], ts: float = 0.0, summary: Sequence[str] | None = None
+) -> RootCause | None:
     """The failed rank torchrun's failure summary names (``rank : N`` / ``exitcode : X``
     lines), for ranks that died without a Python exception: a rank killed by a signal
     first (it could not report itself; torchrun's own "Root Cause" only picks the
     earliest failure, in whole seconds, so a peer that died of the broken connection in
-    the same second may stand there), else the one after "Root Cause", else the first."""
-    start = next((i for i, s in enumerate(tail) if s.startswith("Root Cause")), len(tail))
+    the same second may stand there), else the one after "Root Cause", else the first.
+    ``summary`` — the summary's lines from all of torchrun's output, which other ranks'
+    tracebacks can push out of ``tail`` — is read instead of ``tail`` when given."""
+    lines = list(summary) if summary else list(tail)
+    start = next((i for i, s in enumerate(lines) if s.startswith("Root Cause")), len(lines))
     failures: list[tuple[bool, int, int]] = []  # (is the root cause entry, rank, code)
     rank: int | None = None
-    for i, line in enumerate(tail):
+    for i, line in enumerate(lines):
         if (m := _TORCHRUN_RANK.match(line)) is not None:
             rank = int(m.group(1))
         elif rank is not None and (m := _TORCHRUN_EXIT.match(line)) is not None:
@@ -116,7 +121,8 @@ def parse_line(host: str, line: str, now: float) -> list[Event]:
         if kind == protocol.MSG_EXIT:
             code = int(msg["code"])
             tail = tuple(str(x) for x in msg.get("tail", ()))
-            cause = torchrun_failure(host, tail, now) if code != 0 else None
+            summary = [str(x) for x in msg.get("summary", ())]
+            cause = torchrun_failure(host, tail, now, summary) if code != 0 else None
             return [AgentExited(host, code, tail, now, cause)]
     except (ValueError, KeyError, TypeError):
         pass

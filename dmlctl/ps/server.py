@@ -177,17 +177,12 @@ class ParameterServer:
         return staleness
 
     def serve(self, on_message: Callable[[], None] | None = None) -> None:
-        """Receive and handle messages until every worker sent CLOSE (or, for
-        callers that never close, DONE); ``on_message`` runs after each one."""
+        """Receive and handle messages until every worker sent CLOSE;
+        ``on_message`` runs after each one."""
         while len(self.closed) < len(self.workers):
             self.handle(self.channel.receive())
             if on_message is not None:
                 on_message()
-
-    def serve_until_done(self) -> None:
-        """Receive and handle messages until every worker sent DONE."""
-        while len(self.finished) < len(self.workers):
-            self.handle(self.channel.receive())
 
     # ----------------------------------------------------------------- state
 

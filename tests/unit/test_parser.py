@@ -175,6 +175,32 @@ def test_torchrun_summary_prefers_the_killed_rank_over_a_same_second_peer() -> N
     assert (cause.rank, cause.message) == (1, "killed by SIGKILL")
 
 
+def test_the_killed_rank_is_found_above_long_tracebacks_through_the_summary() -> None:
+    # A parameter server killed by SIGKILL is listed first under "Failures:"; the two
+    # workers that died of the broken connection follow with long tracebacks, so the
+    # agent's 40-line tail holds only rank 0's "Root Cause" entry. The agent keeps the
+    # summary lines of the whole output apart; the parser reads those.
+    from dmlctl import protocol
+
+    full = torchrun_summary((0, 0, 1, 300), (1, 2, -9, 302), (2, 1, 1, 301))
+    traceback = ["  traceback : Traceback (most recent call last):"] + [
+        f'    File "train.py", line {i}, in <module>' for i in range(30)
+    ]
+    at = full.index("[2]:") + 7  # after the peer's entry
+    full = full[:at] + traceback + full[at:]
+    tail = full[-40:]
+    assert not any("rank      : 2" in line for line in tail)  # pushed out of the tail
+    summary = [line for line in full if protocol.is_failure_summary_line(line)]
+    cause = torchrun_failure("h", tail, 0.0, summary)
+    assert cause is not None
+    assert (cause.rank, cause.message) == (2, "killed by SIGKILL")
+    assert cause.traceback == tuple(tail[-15:])  # what the user reads stays the tail
+    ev = one("h", protocol.encode_agent_message(
+        protocol.MSG_EXIT, code=1, tail=tail, summary=summary, stopped=False
+    ))  # fmt: skip
+    assert isinstance(ev, AgentExited) and ev.cause is not None and ev.cause.rank == 2
+
+
 def test_no_summary_no_cause() -> None:
     assert torchrun_failure("h", ["plain output", "exitcode  : 1"]) is None
     assert torchrun_failure("h", []) is None
