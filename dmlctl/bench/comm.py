@@ -13,8 +13,9 @@ from pathlib import Path
 from rich.console import Console
 
 from dmlctl.bench.report import OPS, CommResult, parse_metrics, size_sweep
-from dmlctl.errors import DmlctlError, UsageError
-from dmlctl.launch.api import LaunchOptions, LaunchResult, launch
+from dmlctl.bench.runs import BenchFailed, launch_bench, metric_lines
+from dmlctl.errors import UsageError
+from dmlctl.launch.api import LaunchResult
 from dmlctl.spec.models import ClusterSpec, JobSpec
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -25,8 +26,7 @@ JOB_NAME = "bench-comm"
 DEFAULT_FACTOR = 4
 
 
-class BenchFailed(DmlctlError):
-    """The benchmark run failed or produced no results; the message names the root cause."""
+__all__ = ["BENCH_DIR", "BenchFailed", "comm_job", "run_comm_bench"]
 
 
 def comm_job(
@@ -66,14 +66,8 @@ def run_comm_bench(
     """
     job = comm_job(workers=workers, ops=ops, min_bytes=min_bytes, max_bytes=max_bytes,
                    iters=iters, warmup=warmup)
-    result = launch(job, cluster, options=LaunchOptions(ui="quiet", home=home), console=console)
-    if result.exit_code != 0:
-        cause = result.state.root_cause if result.state is not None else None
-        why = cause.headline() if cause is not None else f"exit code {result.exit_code}"
-        raise BenchFailed(
-            f"benchmark run {result.run_id} failed: {why} (see `dmlctl logs {result.run_id}`)"
-        )
-    results = _read_results(result.run_dir)
+    result = launch_bench(job, cluster, console=console, home=home)
+    results = parse_metrics(metric_lines(result))
     missing = [op for op in ops if not any(r.op == op for r in results)]
     if missing:
         raise BenchFailed(
@@ -81,13 +75,3 @@ def run_comm_bench(
             f"{', '.join(missing)}; see `dmlctl logs {result.run_id}`"
         )
     return results, result
-
-
-def _read_results(run_dir: Path | None) -> list[CommResult]:
-    if run_dir is None:
-        return []
-    try:
-        with open(run_dir / "metrics.jsonl", encoding="utf-8") as f:
-            return parse_metrics(f)
-    except FileNotFoundError:
-        return []

@@ -12,11 +12,12 @@ from pathlib import Path
 
 from rich.console import Console
 
-from dmlctl.bench.comm import BENCH_DIR, BenchFailed
+from dmlctl.bench.comm import BENCH_DIR
 from dmlctl.bench.ps_report import PsResult, parse_ps_metrics
 from dmlctl.bench.report import size_sweep
+from dmlctl.bench.runs import BenchFailed, launch_bench, metric_lines
 from dmlctl.errors import UsageError
-from dmlctl.launch.api import LaunchOptions, LaunchResult, launch
+from dmlctl.launch.api import LaunchResult
 from dmlctl.spec.models import ClusterSpec, JobSpec, StrategySpec
 from dmlctl.spec.restart import RestartSpec
 
@@ -80,14 +81,8 @@ def run_ps_bench(
     """
     job = ps_job(workers=workers, servers=servers, min_bytes=min_bytes, max_bytes=max_bytes,
                  iters=iters, warmup=warmup)  # fmt: skip
-    result = launch(job, cluster, options=LaunchOptions(ui="quiet", home=home), console=console)
-    if result.exit_code != 0:
-        cause = result.state.root_cause if result.state is not None else None
-        why = cause.headline() if cause is not None else f"exit code {result.exit_code}"
-        raise BenchFailed(
-            f"benchmark run {result.run_id} failed: {why} (see `dmlctl logs {result.run_id}`)"
-        )
-    results = _read_results(result.run_dir)
+    result = launch_bench(job, cluster, console=console, home=home)
+    results = parse_ps_metrics(metric_lines(result))
     expected = size_sweep(min_bytes, max_bytes, DEFAULT_FACTOR)
     got = {r.bytes for r in results}
     missing = [size for size in expected if size // 4 * 4 not in got]
@@ -97,13 +92,3 @@ def run_ps_bench(
             f"{len(missing)} of {len(expected)} sizes; see `dmlctl logs {result.run_id}`"
         )
     return results, result
-
-
-def _read_results(run_dir: Path | None) -> list[PsResult]:
-    if run_dir is None:
-        return []
-    try:
-        with open(run_dir / "metrics.jsonl", encoding="utf-8") as f:
-            return parse_ps_metrics(f)
-    except FileNotFoundError:
-        return []

@@ -25,7 +25,6 @@ Nothing here imports torch or does I/O.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
@@ -33,7 +32,7 @@ from typing import Any
 
 from rich.table import Table
 
-from dmlctl.bench.report import human_size
+from dmlctl.bench.report import human_size, metric_values
 
 GOAL = 0.5
 """The ratio the parameter-server transport should reach at the largest size."""
@@ -109,15 +108,8 @@ def parse_ps_metrics(lines: Iterable[str]) -> list[PsResult]:
     the last record wins.
     """
     found: dict[int, PsResult] = {}
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if not isinstance(record, dict):
-            continue
-        values = record.get("values", record)
-        if isinstance(values, dict) and (result := _result(values)) is not None:
+    for values in metric_values(lines):
+        if (result := _result(values)) is not None:
             found[result.bytes] = result
     return [found[size] for size in sorted(found)]
 

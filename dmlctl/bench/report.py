@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -135,6 +135,20 @@ def _result(values: dict[str, Any]) -> CommResult | None:
     return result if result.op in OPS else None
 
 
+def metric_values(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
+    """The value objects in ``metrics.jsonl`` lines (or a worker's printed JSON lines):
+    the ``values`` of ``{"values": {...}}`` records, or the bare ``{...}`` object.
+    Blank, non-JSON and torn lines, and anything not an object, are skipped."""
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        values = record.get("values", record) if isinstance(record, dict) else None
+        if isinstance(values, dict):
+            yield values
+
+
 def parse_metrics(lines: Iterable[str]) -> list[CommResult]:
     """Benchmark results from ``metrics.jsonl`` lines (or the worker's printed JSON lines).
 
@@ -144,15 +158,8 @@ def parse_metrics(lines: Iterable[str]) -> list[CommResult]:
     :data:`OPS` order) then size; for a repeated (op, bytes) the last one wins.
     """
     found: dict[tuple[str, int], CommResult] = {}
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if not isinstance(record, dict):
-            continue
-        values = record.get("values", record)
-        if isinstance(values, dict) and (result := _result(values)) is not None:
+    for values in metric_values(lines):
+        if (result := _result(values)) is not None:
             found[(result.op, result.bytes)] = result
     return sorted(found.values(), key=lambda r: (OPS.index(r.op), r.bytes))
 

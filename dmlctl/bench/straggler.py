@@ -12,13 +12,13 @@ torch.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from rich.console import Console
 
-from dmlctl.bench.comm import BenchFailed
 from dmlctl.bench.ps import local_bench_cluster
+from dmlctl.bench.runs import BenchFailed, Launcher, launch_bench, metric_lines
 from dmlctl.bench.straggler_report import (
     Scenario,
     ScenarioResult,
@@ -27,7 +27,7 @@ from dmlctl.bench.straggler_report import (
     parse_rates,
 )
 from dmlctl.errors import UsageError
-from dmlctl.launch.api import LaunchOptions, LaunchResult, launch
+from dmlctl.launch.api import launch
 from dmlctl.spec.models import ClusterSpec, JobSpec, StrategySpec
 from dmlctl.spec.restart import RestartSpec
 
@@ -54,9 +54,6 @@ SCENARIOS: dict[str, Scenario] = {
     )
 }
 """The scenarios by name, in report order."""
-
-Launcher = Callable[..., LaunchResult]
-"""``launch``'s shape: ``(job, cluster, *, options, console) -> LaunchResult``."""
 
 __all__ = ["FACTOR", "SCENARIOS", "BenchFailed", "parse_scenarios", "run_straggler_bench"]
 
@@ -111,26 +108,9 @@ def _run_once(
     launcher: Launcher, job: JobSpec, cluster: ClusterSpec, console: Console, home: Path | None
 ) -> tuple[dict[int, float], int | None, str]:
     """Launch ``job`` to its end; its per-worker steps/s, straggler and run id."""
-    options = LaunchOptions(ui="quiet", home=home)
-    result = launcher(job, cluster, options=options, console=console)
-    if result.exit_code != 0:
-        cause = result.state.root_cause if result.state is not None else None
-        why = cause.headline() if cause is not None else f"exit code {result.exit_code}"
-        raise BenchFailed(
-            f"benchmark run {result.run_id} failed: {why} (see `dmlctl logs {result.run_id}`)"
-        )
-    rates, straggler = _read_rates(result.run_dir)
+    result = launch_bench(job, cluster, console=console, home=home, launcher=launcher)
+    rates, straggler = parse_rates(metric_lines(result))
     return rates, straggler, result.run_id
-
-
-def _read_rates(run_dir: Path | None) -> tuple[dict[int, float], int | None]:
-    if run_dir is None:
-        return {}, None
-    try:
-        with open(run_dir / "metrics.jsonl", encoding="utf-8") as f:
-            return parse_rates(f)
-    except FileNotFoundError:
-        return {}, None
 
 
 def run_straggler_bench(

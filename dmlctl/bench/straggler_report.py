@@ -27,7 +27,6 @@ Nothing here imports torch or does I/O.
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
@@ -35,6 +34,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rich.table import Table
+
+from dmlctl.bench.report import metric_values
 
 GOAL = 0.8
 """Lowest ratio of the fast workers where the strategy should absorb the straggler."""
@@ -98,13 +99,8 @@ def parse_rates(lines: Iterable[str]) -> tuple[dict[int, float], int | None]:
     repeated worker the last record wins."""
     rates: dict[int, float] = {}
     straggler: int | None = None
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        values = record.get("values", record) if isinstance(record, dict) else None
-        if not isinstance(values, dict) or values.get("bench") != BENCH:
+    for values in metric_values(lines):
+        if values.get("bench") != BENCH:
             continue
         worker, slow, rate = values.get("worker"), values.get("straggler"), values.get(RATE)
         if not isinstance(rate, int | float) or not isinstance(worker, int):

@@ -1,0 +1,50 @@
+"""Running a benchmark as an ordinary dmlctl job and reading back what it logged.
+
+Shared by ``dmlctl bench comm``, ``ps`` and ``straggler``: each builds a job, runs it
+with :func:`launch_bench` (a real run: run directory, logs, ``dmlctl status``) and
+parses the lines :func:`metric_lines` returns. Never imports torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from rich.console import Console
+
+from dmlctl.errors import DmlctlError
+from dmlctl.launch.api import LaunchOptions, LaunchResult, launch
+from dmlctl.spec.models import ClusterSpec, JobSpec
+
+Launcher = Callable[..., LaunchResult]
+"""``launch``'s shape: ``(job, cluster, *, options, console) -> LaunchResult``."""
+
+
+class BenchFailed(DmlctlError):
+    """The benchmark run failed or produced no results; the message names the root cause."""
+
+
+def launch_bench(
+    job: JobSpec, cluster: ClusterSpec, *, console: Console, home: Path | None = None,
+    launcher: Launcher = launch,
+) -> LaunchResult:  # fmt: skip
+    """Run ``job`` on ``cluster`` to its end without a live view; raises
+    :class:`BenchFailed` naming the run's root cause unless it succeeded."""
+    result = launcher(job, cluster, options=LaunchOptions(ui="quiet", home=home), console=console)
+    if result.exit_code != 0:
+        cause = result.state.root_cause if result.state is not None else None
+        why = cause.headline() if cause is not None else f"exit code {result.exit_code}"
+        raise BenchFailed(
+            f"benchmark run {result.run_id} failed: {why} (see `dmlctl logs {result.run_id}`)"
+        )
+    return result
+
+
+def metric_lines(result: LaunchResult) -> list[str]:
+    """The lines of the run's ``metrics.jsonl`` ([] when the run wrote none)."""
+    if result.run_dir is None:
+        return []
+    try:
+        return (result.run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        return []
