@@ -23,15 +23,15 @@ if TYPE_CHECKING:
 
 
 def init(**kwargs: Any) -> Context:
-    """Join the run and return its context (see :func:`dmlctl.runtime.context.init`)."""
-    from dmlctl.runtime.context import init as _init
+    """Join the run and return its context (see :func:`dmlctl.runtime.session.init`)."""
+    from dmlctl.runtime.session import init as _init
 
     return _init(**kwargs)
 
 
 def log(**metrics: Any) -> None:
     """Record metrics for this rank on the current context (see ``Context.log``)."""
-    from dmlctl.runtime.context import current
+    from dmlctl.runtime.session import current
 
     current().log(**metrics)
 

@@ -36,6 +36,8 @@ ENV_ROLE = "DMLCTL_ROLE"
 # Roles of a host's processes by LOCAL_RANK, comma-separated ("worker,worker,server");
 # wins over DMLCTL_ROLE (torchrun gives every process of a host the same environment).
 ENV_LOCAL_ROLES = "DMLCTL_LOCAL_ROLES"
+ROLE_WORKER = "worker"  # a training process
+ROLE_SERVER = "server"  # a parameter-server process
 
 
 _SUMMARY_LINE = re.compile(r"^\s*(rank|exitcode)\s*:|^Root Cause")
@@ -47,7 +49,7 @@ def is_failure_summary_line(line: str) -> bool:
     return _SUMMARY_LINE.match(line) is not None
 
 
-def local_role(environ: Mapping[str, str], local_rank: int, default: str = "worker") -> str:
+def local_role(environ: Mapping[str, str], local_rank: int, default: str = ROLE_WORKER) -> str:
     """This process's role: its entry of ``DMLCTL_LOCAL_ROLES`` (by ``local_rank``),
     else ``DMLCTL_ROLE``, else ``default``. Raises ``ValueError`` when the list has
     no entry for ``local_rank``."""

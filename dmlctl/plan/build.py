@@ -19,8 +19,8 @@ from dmlctl.plan.model import HostPlan, LaunchPlan, RankPlan
 from dmlctl.spec.models import ClusterSpec, JobSpec, ResolvedHost
 from dmlctl.strategies import registry
 
-WORKER_ROLE = "worker"
-SERVER_ROLE = "server"
+WORKER_ROLE = protocol.ROLE_WORKER
+SERVER_ROLE = protocol.ROLE_SERVER
 
 
 def as_run(host: ResolvedHost, local_python: str) -> ResolvedHost:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from dmlctl.plan.build import render_command
+from dmlctl.plan.build import SERVER_ROLE, render_command
 from dmlctl.plan.model import LaunchPlan
 
 _SECRET = re.compile(r"(?i)(secret|token|passw(or)?d|api[_-]?key|credential|private)")
@@ -18,7 +18,7 @@ def redact_env(env: Mapping[str, str]) -> dict[str, str]:
 
 
 def _server_ranks(plan: LaunchPlan, host: str) -> str:
-    ranks = [r.rank for r in plan.ranks if r.host == host and r.role == "server"]
+    ranks = [r.rank for r in plan.ranks if r.host == host and r.role == SERVER_ROLE]
     return f" (parameter servers: {', '.join(map(str, ranks))})" if ranks else ""
 
 

@@ -11,6 +11,7 @@ worker calls them from ``ctx.prepare``, every server before it serves.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,18 +43,11 @@ class Layout:
 
     def shard_numel(self) -> list[int]:
         """Elements of each shard."""
-        sizes = [_numel(s) for s in self.shapes]
+        sizes = [math.prod(s) for s in self.shapes]
         return [sum(sizes[i] for i in shard) for shard in self.plan]
 
     def total_numel(self) -> int:
-        return sum(_numel(s) for s in self.shapes)
-
-
-def _numel(shape: Sequence[int]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
+        return sum(math.prod(s) for s in self.shapes)
 
 
 def share_layout(layout: Layout | None, src: int) -> Layout:

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-SERVER_ROLE = "server"
+from dmlctl.protocol import ROLE_SERVER
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ def discover(role: str) -> Membership:
     and so is building the workers' group: every rank must call this). Raises
     :class:`RuntimeError` when no rank is a worker or none is a server."""
     world = dist.get_world_size()
-    mine = torch.tensor([1 if role == SERVER_ROLE else 0], dtype=torch.int64)
+    mine = torch.tensor([1 if role == ROLE_SERVER else 0], dtype=torch.int64)
     gathered = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
     dist.all_gather(gathered, mine)
     servers = tuple(r for r, flag in enumerate(gathered) if int(flag.item()) == 1)

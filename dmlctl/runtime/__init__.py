@@ -17,15 +17,15 @@ if TYPE_CHECKING:
 
 
 def init(*, backend: str | None = None, seed: int | None = 0) -> Context:
-    """Join the run and return its context (see :func:`dmlctl.runtime.context.init`)."""
-    from dmlctl.runtime.context import init as _init
+    """Join the run and return its context (see :func:`dmlctl.runtime.session.init`)."""
+    from dmlctl.runtime.session import init as _init
 
     return _init(backend=backend, seed=seed)
 
 
 def current() -> Context:
     """The context returned by :func:`init` (``RuntimeError`` before it)."""
-    from dmlctl.runtime.context import current as _current
+    from dmlctl.runtime.session import current as _current
 
     return _current()
 

@@ -5,7 +5,7 @@ Contract:
 * **Where am I.** ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE`` are
   read as torchrun sets them (:mod:`dmlctl.runtime.env`). Without them (plain
   ``python train.py``) the script is rank 0 of a world of 1 and no process group is
-  created. With a world larger than 1, :func:`init` joins the default process group
+  created. With a world larger than 1, ``init()`` joins the default process group
   through ``MASTER_ADDR``/``MASTER_PORT`` (``nccl`` when CUDA is available, else
   ``gloo``) unless the script already did. The device is ``cuda:LOCAL_RANK`` when
   CUDA is available, else CPU.
@@ -13,7 +13,7 @@ Contract:
   strategy from ``DMLCTL_STRATEGY`` (default ``ssgd``) and its parameters from
   ``DMLCTL_STRATEGY_PARAMS`` (JSON, default ``{}``), validated by the strategy's
   ``Params`` model before the process group is joined.
-* **Idempotent.** :func:`init` called again returns the same :class:`Context`
+* **Idempotent.** ``init()`` called again returns the same :class:`Context`
   (its arguments are then ignored) until :meth:`Context.close`, which also runs at
   interpreter exit and destroys the process group this module created.
 * **Same start everywhere.** ``seed`` seeds ``random`` and torch identically on
@@ -26,7 +26,7 @@ Contract:
   when due and :meth:`Context.resume` restores exactly (bit for bit at the same world
   size), see :mod:`dmlctl.runtime.checkpoint`.
 * **Parameter servers.** With a strategy that has a ``server`` role (asgd, ssp, …),
-  :func:`init` finds every rank's role (:mod:`dmlctl.ps.roles`). On a server rank it
+  ``init()`` finds every rank's role (:mod:`dmlctl.ps.roles`). On a server rank it
   never returns: the rank serves until every worker is finished, then exits with
   code 0 — so the same script runs unchanged under ``ssgd`` and ``asgd``. On a worker,
   :attr:`Context.rank` / :attr:`Context.world_size` count *workers* only (data
@@ -36,9 +36,7 @@ Contract:
 
 from __future__ import annotations
 
-import atexit
 import itertools
-import random
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -47,22 +45,22 @@ import torch
 import torch.distributed as dist
 from pydantic import BaseModel
 
-from dmlctl.ps.roles import SERVER_ROLE, Membership, discover
+from dmlctl.protocol import ROLE_SERVER
+from dmlctl.ps.roles import Membership
 from dmlctl.runtime import checkpoint as ckpt
 from dmlctl.runtime.data import MapDataset, shard_batches
-from dmlctl.runtime.env import RunEnv, read_env
+from dmlctl.runtime.env import RunEnv
 from dmlctl.runtime.heartbeat import Heartbeat
 from dmlctl.runtime.metrics import MetricLogger
 from dmlctl.strategies import registry
 
-_current: Context | None = None
 _THREAD_GRACE_S = 0.05
 
 
 class Context:
     """This process's place in the run, and the helpers that depend on it.
 
-    Build it with :func:`init`, not directly. Every attribute is read-only except
+    Build it with ``init()``, not directly. Every attribute is read-only except
     through the methods (``epoch`` follows :meth:`shard`).
     """
 
@@ -166,7 +164,7 @@ class Context:
     @property
     def is_main(self) -> bool:
         """True on rank 0: the rank that prints, evaluates once, saves checkpoints."""
-        return self._rank == 0 and self.role != SERVER_ROLE
+        return self._rank == 0 and self.role != ROLE_SERVER
 
     @property
     def epoch(self) -> int:
@@ -342,9 +340,8 @@ class Context:
         """Flush metrics, run :meth:`on_close` callbacks, destroy the process group.
 
         Only a group this context created is destroyed. Idempotent; registered with
-        ``atexit`` so a script need not call it. A later :func:`init` starts afresh.
+        ``atexit`` so a script need not call it. A later ``init()`` starts afresh.
         """
-        global _current
         if self._closed:
             return
         self._closed = True
@@ -362,8 +359,6 @@ class Context:
                 # when the interpreter finalizes aborts the process (see
                 # dmlctl.strategies.ssgd._release; pytorch/pytorch#190489).
                 time.sleep(_THREAD_GRACE_S)
-            if _current is self:
-                _current = None
 
     def __repr__(self) -> str:
         return (
@@ -371,54 +366,3 @@ class Context:
             f"global_rank={self.global_rank}, "
             f"device={self._device}, strategy={self.strategy!r})"
         )
-
-
-def init(*, backend: str | None = None, seed: int | None = 0) -> Context:
-    """Join the run (once) and return its :class:`Context`; see the module docstring.
-
-    ``backend`` overrides the process-group backend; ``seed=None`` skips seeding.
-    """
-    global _current
-    if _current is not None:
-        return _current
-    env = read_env()
-    if torch.cuda.is_available():
-        device = torch.device("cuda", env.local_rank)
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
-    owns_group = False
-    if env.world_size > 1 and not dist.is_initialized():
-        chosen = backend or ("nccl" if device.type == "cuda" else "gloo")
-        dist.init_process_group(backend=chosen, rank=env.rank, world_size=env.world_size)
-        owns_group = True
-    if seed is not None:
-        random.seed(seed)
-        torch.manual_seed(seed)
-    module = registry.load(env.strategy)
-    membership = (
-        discover(env.role) if env.world_size > 1 and SERVER_ROLE in module.ROLES else None
-    )
-    _current = Context(env, device=device, owns_group=owns_group, membership=membership)
-    atexit.register(_current.close)
-    if env.role == SERVER_ROLE:
-        _serve(_current, module)
-    return _current
-
-
-def _serve(ctx: Context, module: Any) -> None:
-    """Run this server rank until the workers are finished, then end the script
-    (``SystemExit(0)``: the rest of the training script is the workers')."""
-    serve = getattr(module, "serve", None)
-    if ctx.membership is None or not callable(serve):
-        raise RuntimeError(f"strategy {ctx.strategy!r} has no parameter server to run")
-    serve(ctx, ctx.strategy_params)
-    ctx.close()
-    raise SystemExit(0)
-
-
-def current() -> Context:
-    """The context :func:`init` returned; ``RuntimeError`` before ``init()``."""
-    if _current is None:
-        raise RuntimeError("no dmlctl context: call dmlctl.init() first")
-    return _current

@@ -104,7 +104,7 @@ def main(argv: list[str]) -> int:
         try:
             role = protocol.local_role(os.environ, local_rank)
         except ValueError:
-            role = "worker"  # dmlctl.init() reports the bad variable
+            role = protocol.ROLE_WORKER  # dmlctl.init() reports the bad variable
         writer.start(local_rank, role, os.environ.get(protocol.ENV_HOST, ""))
     script = os.path.abspath(argv[0])
     sys.argv = list(argv)

@@ -16,10 +16,16 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ValidationError
 
-from dmlctl.protocol import ENV_RANK_DIR, ENV_STRATEGY, ENV_STRATEGY_PARAMS, local_role
+from dmlctl.protocol import (
+    ENV_RANK_DIR,
+    ENV_STRATEGY,
+    ENV_STRATEGY_PARAMS,
+    ROLE_WORKER,
+    local_role,
+)
 from dmlctl.strategies import registry
 
-DEFAULT_ROLE = "worker"
+DEFAULT_ROLE = ROLE_WORKER
 DEFAULT_STRATEGY = "ssgd"
 
 

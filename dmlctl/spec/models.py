@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 
+from dmlctl.protocol import ROLE_SERVER
 from dmlctl.spec.cluster import (
     LOCAL_ADDRESS,
     ClusterSpec,
@@ -93,7 +94,7 @@ class StrategySpec(BaseModel):
 
 def uses_servers(strategy: str) -> bool:
     """Whether the registered strategy ``strategy`` runs parameter servers."""
-    return "server" in registry.load(strategy).ROLES
+    return ROLE_SERVER in registry.load(strategy).ROLES
 
 
 class JobSpec(BaseModel):
@@ -184,13 +185,13 @@ class JobSpec(BaseModel):
         strategy = info.data.get("strategy")
         if not isinstance(strategy, StrategySpec):
             return n
-        with_servers = [name for name in registry.names() if uses_servers(name)]
         if uses_servers(strategy.name) and n == 0:
             raise ValueError(
                 f"strategy {strategy.name!r} needs parameter servers: set parameter_servers "
                 "to 1 or more"
             )
         if n > 0 and not uses_servers(strategy.name):
+            with_servers = [name for name in registry.names() if uses_servers(name)]
             raise ValueError(
                 f"strategy {strategy.name!r} has no parameter servers; remove "
                 f"parameter_servers or use one of: {', '.join(with_servers)}"

@@ -56,8 +56,8 @@ def prepare(
 ) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     """Bootstrap the servers and wrap ``optimizer`` (collective with the servers)."""
     p = params_as(Params, params)
-    scale = p.scale if p.scale is not None else 1.0 / ctx.world_size
+    rule = ps_common.delta_rule(p.scale, ctx.world_size)
     return ps_common.prepare_worker(
-        ctx, model, optimizer, rule={"kind": "scaled_add", "alpha": scale}, mode="delta",
+        ctx, model, optimizer, rule=rule, mode="delta",
         n_push=p.n_push, n_fetch=p.n_fetch,
     )  # fmt: skip

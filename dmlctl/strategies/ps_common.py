@@ -19,18 +19,26 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
+from dmlctl.protocol import ROLE_SERVER, ROLE_WORKER
+
 if TYPE_CHECKING:
     import torch
 
     from dmlctl.runtime.context import Context
 
-ROLES: tuple[str, ...] = ("worker", "server")
+ROLES: tuple[str, ...] = (ROLE_WORKER, ROLE_SERVER)
 
 
 def first_lr(optimizer: torch.optim.Optimizer) -> float:
     """The ``lr`` of the optimizer's first param group (0.0 when it has none)."""
     lr = optimizer.param_groups[0].get("lr", 0.0) if optimizer.param_groups else 0.0
     return float(lr)
+
+
+def delta_rule(scale: float | None, workers: int) -> dict[str, Any]:
+    """The server rule of the delta-pushing strategies (asgd, ssp): add each pushed
+    change times ``scale``, by default ``1/workers``."""
+    return {"kind": "scaled_add", "alpha": scale if scale is not None else 1.0 / workers}
 
 
 def prepare_worker(

@@ -1,0 +1,84 @@
+"""Joining the run: :func:`init` builds the one :class:`~dmlctl.runtime.context.Context`
+of this process, :func:`current` returns it again (see the contract in
+:mod:`dmlctl.runtime.context`).
+
+:func:`init` reads the environment, joins the default process group when the world is
+larger than 1, seeds every rank alike, finds the ranks' roles for a strategy with
+parameter servers, and on a server rank serves and never returns.
+"""
+
+from __future__ import annotations
+
+import atexit
+import random
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from dmlctl.protocol import ROLE_SERVER
+from dmlctl.ps.roles import discover
+from dmlctl.runtime.context import Context
+from dmlctl.runtime.env import read_env
+from dmlctl.strategies import registry
+
+_current: Context | None = None
+
+
+def init(*, backend: str | None = None, seed: int | None = 0) -> Context:
+    """Join the run (once) and return its :class:`Context`; see
+    :mod:`dmlctl.runtime.context` for the contract.
+
+    ``backend`` overrides the process-group backend; ``seed=None`` skips seeding.
+    """
+    global _current
+    if _current is not None:
+        return _current
+    env = read_env()
+    if torch.cuda.is_available():
+        device = torch.device("cuda", env.local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    owns_group = False
+    if env.world_size > 1 and not dist.is_initialized():
+        chosen = backend or ("nccl" if device.type == "cuda" else "gloo")
+        dist.init_process_group(backend=chosen, rank=env.rank, world_size=env.world_size)
+        owns_group = True
+    if seed is not None:
+        random.seed(seed)
+        torch.manual_seed(seed)
+    module = registry.load(env.strategy)
+    membership = (
+        discover(env.role) if env.world_size > 1 and ROLE_SERVER in module.ROLES else None
+    )
+    ctx = _current = Context(env, device=device, owns_group=owns_group, membership=membership)
+    ctx.on_close(lambda: _forget(ctx))  # runs last: a later init() starts afresh
+    atexit.register(ctx.close)
+    if env.role == ROLE_SERVER:
+        _serve(ctx, module)
+    return ctx
+
+
+def _forget(ctx: Context) -> None:
+    global _current
+    if _current is ctx:
+        _current = None
+
+
+def _serve(ctx: Context, module: Any) -> None:
+    """Run this server rank until the workers are finished, then end the script
+    (``SystemExit(0)``: the rest of the training script is the workers')."""
+    serve = getattr(module, "serve", None)
+    if ctx.membership is None or not callable(serve):
+        raise RuntimeError(f"strategy {ctx.strategy!r} has no parameter server to run")
+    serve(ctx, ctx.strategy_params)
+    ctx.close()
+    raise SystemExit(0)
+
+
+def current() -> Context:
+    """The context :func:`init` returned; ``RuntimeError`` before ``init()``."""
+    if _current is None:
+        raise RuntimeError("no dmlctl context: call dmlctl.init() first")
+    return _current
