@@ -16,7 +16,9 @@ Wire protocol (all messages of one (sender, receiver) pair arrive in order per t
   ``dist.recv(header, tag=HEADER_TAG)`` and no ``src``: gloo receives from any
   source and returns the sender's rank (checked against gloo in torch 2.13).
 * **PUSH**: the header, then the shard's flat update (the shard's dtype, ``numel``
-  elements) with tag :func:`push_tag`. The server applies it.
+  elements) with tag :func:`push_tag`. The server applies it; with ``extra = 1`` it
+  then treats the header as a PULL too (push and read in one step, see
+  :meth:`WorkerChannel.push`).
 * **PULL**: the header only. The server answers — at once, or for stale synchronous
   parallel once the slowest worker is close enough — with a reply header
   ``[PULL_REPLY, server_rank, version, shard_id, min_clock]`` (tag
@@ -106,6 +108,7 @@ class Message:
     clock: int
     shard_id: int
     payload: torch.Tensor | None = None
+    then_pull: bool = False  # a PUSH that asks for the shard back once applied
 
 
 @dataclass(frozen=True)
@@ -148,11 +151,18 @@ class WorkerChannel:
         """The distinct server ranks, sorted."""
         return sorted(set(self.shard_servers))
 
-    def push(self, grads: Mapping[int, torch.Tensor], clock: int) -> None:
-        """Send the flat gradient ``grads[s]`` for each shard ``s`` to its server,
-        all concurrently; returns once every send completed. Each gradient must have
-        the shard's ``numel`` elements (it is flattened and cast to ``dtype``)."""
-        works = []
+    def push(
+        self, grads: Mapping[int, torch.Tensor], clock: int, *, pull: bool = False
+    ) -> dict[int, Pulled]:
+        """Send the flat update ``grads[s]`` for each shard ``s`` to its server, all
+        concurrently; returns once every send completed. Each update must have the
+        shard's ``numel`` elements (it is flattened and cast to ``dtype``).
+
+        With ``pull``, each PUSH also asks for the shard back (header ``extra = 1``):
+        the server queues that read the moment it applies the update, exactly as a
+        PULL at ``clock`` arriving right then — no other push can slip in between —
+        and this returns the replies like :meth:`pull`; else it returns ``{}``."""
+        replies, works = self._post_replies(list(grads) if pull else [])
         keep: list[torch.Tensor] = []  # buffers must outlive their sends
         for shard_id, grad in grads.items():
             flat = grad.detach().reshape(-1).to(self.dtype).contiguous()
@@ -162,20 +172,33 @@ class WorkerChannel:
                     f"expected {self.shard_numel[shard_id]}"
                 )
             dst = self.shard_servers[shard_id]
-            header = _header(Op.PUSH, self.rank, clock, shard_id)
+            header = _header(Op.PUSH, self.rank, clock, shard_id, int(pull))
             keep += [header, flat]
             works.append(dist.isend(header, dst, tag=HEADER_TAG))
             if flat.numel():
                 works.append(dist.isend(flat, dst, tag=push_tag(shard_id)))
                 self.bytes_sent += flat.numel() * flat.element_size()
         _wait_all(works)
+        return self._collect(replies)
 
     def pull(self, shard_ids: Sequence[int], clock: int) -> dict[int, Pulled]:
         """Fresh parameters of every shard in ``shard_ids``, all requested
         concurrently; the result maps shard id → :class:`Pulled`."""
+        replies, works = self._post_replies(shard_ids)
+        requests = [_header(Op.PULL, self.rank, clock, s) for s in shard_ids]
+        for shard_id, request in zip(shard_ids, requests, strict=True):
+            works.append(dist.isend(request, self.shard_servers[shard_id], tag=HEADER_TAG))
+        _wait_all(works)
+        return self._collect(replies)
+
+    def _post_replies(
+        self, shard_ids: Sequence[int]
+    ) -> tuple[dict[int, tuple[torch.Tensor, torch.Tensor]], list[dist.Work | None]]:
+        """Post the receives of the replies for ``shard_ids`` (before any request, so
+        the server's blocking sends always find them)."""
         replies: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         works = []
-        for shard_id in shard_ids:  # post every receive before any request
+        for shard_id in shard_ids:
             src = self.shard_servers[shard_id]
             header = torch.empty(HEADER_LEN, dtype=torch.int64)
             flat = torch.empty(self.shard_numel[shard_id], dtype=self.dtype)
@@ -183,19 +206,18 @@ class WorkerChannel:
             works.append(dist.irecv(header, src, tag=reply_header_tag(shard_id)))
             if flat.numel():
                 works.append(dist.irecv(flat, src, tag=reply_payload_tag(shard_id)))
-        requests = [_header(Op.PULL, self.rank, clock, s) for s in shard_ids]
-        for shard_id, request in zip(shard_ids, requests, strict=True):
-            works.append(dist.isend(request, self.shard_servers[shard_id], tag=HEADER_TAG))
-        _wait_all(works)
+        return replies, works
+
+    def _collect(
+        self, replies: Mapping[int, tuple[torch.Tensor, torch.Tensor]]
+    ) -> dict[int, Pulled]:
         out: dict[int, Pulled] = {}
         for shard_id, (header, flat) in replies.items():
             op, _, version, got, min_clock = (int(v) for v in header.tolist())
             if op != Op.PULL_REPLY or got != shard_id:
                 raise RuntimeError(f"bad pull reply {header.tolist()} for shard {shard_id}")
             out[shard_id] = Pulled(version, flat, min_clock)
-        self.bytes_received += sum(
-            flat.numel() * flat.element_size() for _, flat in replies.values()
-        )
+            self.bytes_received += flat.numel() * flat.element_size()
         return out
 
     def _tell_servers(self, op: Op, clock: int) -> None:
@@ -303,7 +325,7 @@ class ServerChannel:
         payload = torch.empty(self.shard_numel[shard_id], dtype=self.dtype)
         if payload.numel():
             dist.recv(payload, sender, tag=push_tag(shard_id))
-        return Message(op, worker, clock, shard_id, payload)
+        return Message(op, worker, clock, shard_id, payload, then_pull=extra == 1)
 
     def reply(
         self, worker: int, shard_id: int, version: int, flat: torch.Tensor, min_clock: int = 0

@@ -117,7 +117,8 @@ class ParameterServer:
 
     def handle(self, msg: Message) -> None:
         """Apply one message: PUSH → the rule updates the shard (version + 1,
-        staleness recorded); PULL → reply with the current parameters (for SSP once
+        staleness recorded; one that asks for the shard back is then queued as a
+        read); PULL → reply with the current parameters (for SSP once
         the bound allows) and remember the version the worker now has; DONE / CLOSE
         → the worker stops pushing / leaves; SNAPSHOT / RESTORE → send / load the
         whole state. Every message advances the worker's clock to
@@ -137,6 +138,8 @@ class ParameterServer:
             assert msg.payload is not None
             self.finished.discard(msg.worker)
             self.apply(msg.worker, msg.shard_id, msg.payload)
+            if msg.then_pull:
+                self.pending.append(msg)
         elif msg.op is Op.SNAPSHOT:
             self.channel.send_blob(msg.worker, dumps(self.state_dict()))
         elif msg.op is Op.RESTORE:

@@ -38,14 +38,14 @@ every worker continues from the servers' parameters.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from dmlctl.ps.bootstrap import Layout, share_initial, share_layout
-from dmlctl.ps.channel import WorkerChannel
+from dmlctl.ps.channel import Pulled, WorkerChannel
 from dmlctl.ps.server import pack, unpack
 from dmlctl.runtime.context import Context
 from dmlctl.strategies.base import StrategyOptimizer
@@ -123,18 +123,23 @@ class PSOptimizer(StrategyOptimizer):
         self._bytes_seen = moved
         return result
 
-    def _push(self, tensors: Sequence[torch.Tensor]) -> None:
+    def _push(
+        self, tensors: Sequence[torch.Tensor], *, pull: bool = False
+    ) -> list[torch.Tensor] | None:
+        """Push ``tensors``; with ``pull`` read the parameters back in the same
+        messages (the read follows this very update: see ``WorkerChannel.push``)."""
         grads = {s: pack(tensors, self.layout.plan[s]) for s in self.shard_ids}
-        self._timed(lambda: self.channel.push(grads, clock=self.local_steps))
+        pulled = self._timed(lambda: self.channel.push(grads, self.local_steps, pull=pull))
         self.pushed_at = self.local_steps
+        return self._unpacked(pulled) if pull else None
 
     def _pull(self) -> list[torch.Tensor]:
         pulled = self._timed(lambda: self.channel.pull(self.shard_ids, clock=self.local_steps))
+        return self._unpacked(pulled)
+
+    def _unpacked(self, pulled: Mapping[int, Pulled]) -> list[torch.Tensor]:
         self.min_clock = min(p.min_clock for p in pulled.values())
         return unpack([pulled[s].flat for s in self.shard_ids], self.layout.plan, self.shapes)
-
-    def _local(self) -> list[torch.Tensor]:
-        return [p.detach() for p in self.params]
 
     def _delta(self) -> list[torch.Tensor]:
         return [p.detach() - r for p, r in zip(self.params, self.reference, strict=True)]
@@ -160,21 +165,23 @@ class PSOptimizer(StrategyOptimizer):
             grads = [self._dense_grad(p) for p in self.params]
             self.local_steps += 1
             self.meter.step()
-            self._push(grads)
-            if self.local_steps % self.n_fetch == 0:
-                self._adopt(self._pull(), keep_local=False)
+            fresh = self._push(grads, pull=self.local_steps % self.n_fetch == 0)
+            if fresh is not None:
+                self._adopt(fresh, keep_local=False)
             return loss
         loss = self.inner.step(closure) if closure is not None else self.inner.step()
         self.local_steps += 1
         self.meter.step()
         if self.mode == "delta":
+            fetch = self.local_steps % self.n_fetch == 0
+            fresh = None
             if self.local_steps % self.n_push == 0:
-                self._push(self._delta())
+                fresh = self._push(self._delta(), pull=fetch)
                 with torch.no_grad():
                     for p, r in zip(self.params, self.reference, strict=True):
                         r.copy_(p)
-            if self.local_steps % self.n_fetch == 0:
-                self._adopt(self._pull(), keep_local=True)
+            if fetch:
+                self._adopt(fresh if fresh is not None else self._pull(), keep_local=True)
         elif self.local_steps % self.elastic_period == 0:
             self._elastic()
         return loss

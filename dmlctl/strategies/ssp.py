@@ -7,9 +7,10 @@ training has reached clock ``c − s``. So every read sees every worker's first
 ``c − s`` updates, and no worker runs more than ``s`` clocks ahead of the slowest.
 
 * ``s = 0`` is synchronous training: each read waits for every worker's update of
-  the previous clock. With plain SGD (or momentum SGD) and the default ``scale = 1/p``
-  the parameters then follow synchronous SGD with averaged gradients (``ssgd``) up
-  to floating-point rounding.
+  the previous clock, and rides on the worker's own push (one message), so no
+  worker's next update can slip in between. With plain SGD (or momentum SGD) and the
+  default ``scale = 1/p`` the parameters then follow synchronous SGD with averaged
+  gradients (``ssgd``) up to floating-point rounding.
 * a large ``s`` never waits: ``asgd``.
 
 The servers report ``clock_spread`` (fastest − slowest worker) and ``max_lead`` (the
@@ -58,8 +59,8 @@ def prepare(
 ) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     """Bootstrap the servers and wrap ``optimizer`` (collective with the servers)."""
     p = params_as(Params, params)
-    scale = p.scale if p.scale is not None else 1.0 / ctx.world_size
+    rule = ps_common.delta_rule(p.scale, ctx.world_size)
     return ps_common.prepare_worker(
-        ctx, model, optimizer, rule={"kind": "scaled_add", "alpha": scale}, mode="delta",
+        ctx, model, optimizer, rule=rule, mode="delta",
         staleness_bound=p.staleness, n_push=1, n_fetch=1,
     )  # fmt: skip
