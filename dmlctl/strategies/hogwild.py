@@ -26,9 +26,9 @@ Promises:
 * **The shared file.** ``/dev/shm/dmlctl-hogwild-<run id>[-a<attempt>]`` (the run id
   from ``DMLCTL_RUN_ID``, else ``MASTER_ADDR``/``MASTER_PORT``; the temporary
   directory where ``/dev/shm`` does not exist). Rank 0 creates it (``RuntimeError``
-  when the directory lacks room for the parameters), every rank maps it, and rank 0
-  unlinks it as soon as every rank has mapped it (a mapping outlives its name),
-  still inside :func:`prepare`; so a crash afterwards leaves nothing behind, and the
+  when the directory lacks room for the parameters), every rank maps it, and every
+  rank unlinks it as soon as all have mapped it (a mapping outlives its name), still
+  inside :func:`prepare`; so a crash afterwards leaves nothing behind, and the
   memory is freed when the last worker exits.
 
 Importing this module is cheap (no torch): the control plane imports it for
@@ -167,8 +167,8 @@ def share_parameters(ctx: Context, weights: list[torch.nn.Parameter]) -> None:
     finally:
         # Here rather than in ctx.on_close: it also runs when a barrier fails, and the
         # name is gone before training starts, so a later crash leaves no file behind.
-        if ctx.rank == 0:
-            unlink()
+        # Every rank removes it (missing_ok), so it is gone when prepare returns on any.
+        unlink()
 
 
 def _check_room(directory: Path, nbytes: int) -> None:
