@@ -359,3 +359,10 @@ def apply(state: RunState, events: Iterable[Event]) -> RunState:
     if len(tail) > TAIL_LINES:
         tail = tail[-TAIL_LINES:]
     return dataclasses.replace(state, **s, ranks=new_ranks, tail=tuple(tail))
+
+
+def phase_exit_code(state: RunState) -> int:
+    """The launch exit code for a final state."""
+    if state.exit_code is not None:
+        return state.exit_code
+    return 0 if state.phase == Phase.SUCCEEDED else 1

@@ -393,10 +393,3 @@ class Supervisor:
 
 def _has_cause(batch: Sequence[Event]) -> bool:
     return any(isinstance(ev, RankExited) and ev.cause is not None for ev in batch)
-
-
-def phase_exit_code(state: RunState) -> int:
-    """The launch exit code for a final state."""
-    if state.exit_code is not None:
-        return state.exit_code
-    return 0 if state.phase == Phase.SUCCEEDED else 1

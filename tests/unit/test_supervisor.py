@@ -20,8 +20,8 @@ from dmlctl.launch.events import (
     RootCause,
 )
 from dmlctl.launch.parser import parse_line
-from dmlctl.launch.state import Phase, RankStatus, RunState
-from dmlctl.launch.supervisor import Supervisor, phase_exit_code
+from dmlctl.launch.state import Phase, RankStatus, RunState, phase_exit_code
+from dmlctl.launch.supervisor import Supervisor
 from dmlctl.plan.build import build_plan
 from dmlctl.plan.model import LaunchPlan
 from dmlctl.runs.store import RunDir, RunStore
