@@ -33,6 +33,7 @@ Importing this module is cheap (no torch at import; the control plane validates
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -105,17 +106,13 @@ def resolve_block_momentum(value: float | None, world_size: int) -> float:
     return value if value is not None else 1.0 - 1.0 / max(world_size, 1)
 
 
-_CLASS: list[type[StrategyOptimizer]] = []
-
-
+@functools.cache
 def optimizer_class() -> type[StrategyOptimizer]:
     """The :class:`BMUFOptimizer` class (defined on first use: it needs torch).
 
     ``BMUFOptimizer(inner, params, *, buffers=(), world_size, period,
     block_momentum, block_lr=1.0, nesterov=False)``; ``w_g`` starts at the current
     ``params``. Also available as ``dmlctl.strategies.bmuf.BMUFOptimizer``."""
-    if _CLASS:
-        return _CLASS[0]
     import torch
 
     from dmlctl.strategies.base import StrategyOptimizer, assign_flat, flat_params
@@ -188,7 +185,6 @@ def optimizer_class() -> type[StrategyOptimizer]:
                 f"nesterov={self.nesterov})"
             )
 
-    _CLASS.append(BMUFOptimizer)
     return BMUFOptimizer
 
 

@@ -32,6 +32,7 @@ shared with :mod:`dmlctl.strategies.bmuf`.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -177,9 +178,7 @@ def host_subgroup(ctx: Context) -> tuple[dist.ProcessGroup | None, int]:
 
 # --- the optimizer -------------------------------------------------------------------
 
-_CLASS: list[type[StrategyOptimizer]] = []
-
-
+@functools.cache
 def optimizer_class() -> type[StrategyOptimizer]:
     """The :class:`LocalSGDOptimizer` class (defined on first use: it needs torch).
 
@@ -188,8 +187,6 @@ def optimizer_class() -> type[StrategyOptimizer]:
     tensors averaged; a global round happens every ``period * global_every`` steps
     after warm-up, host rounds (over ``host_group``, ``host_size`` ranks) in between.
     Also available as ``dmlctl.strategies.local_sgd.LocalSGDOptimizer``."""
-    if _CLASS:
-        return _CLASS[0]
     from dmlctl.strategies.base import StrategyOptimizer, assign_flat
 
     class LocalSGDOptimizer(StrategyOptimizer):
@@ -241,7 +238,6 @@ def optimizer_class() -> type[StrategyOptimizer]:
                 f"warmup={self.warmup}, global_every={self.global_every})"
             )
 
-    _CLASS.append(LocalSGDOptimizer)
     return LocalSGDOptimizer
 
 
