@@ -1,23 +1,39 @@
 # Two commands that work on a fresh machine (see README.md):
 #   make quickstart   install dmlctl (+ torch 2.13.0 CPU) and train examples/quickstart here
 #   make test         install dmlctl with its dev extras and run the whole test suite
+# Everything goes into the project's own virtualenv .venv/, never into the system Python
+# (Debian/Ubuntu refuse that, PEP 668, and it would hide undeclared dependencies).
+# .venv/.installed records the last install: it is redone only when pyproject.toml changes.
 PY ?= python3
+VENV := .venv
+VPY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
 
 .PHONY: install quickstart test lint bench
 
-install:
-	$(PY) -m pip install --quiet --disable-pip-version-check torch==2.13.0 -e '.[dev]'
+# Debian/Ubuntu ship venv's ensurepip in a separate package: say so in one line.
+$(VPY):
+	@$(PY) -c 'import ensurepip, venv' 2>/dev/null || { echo "make: $(PY) cannot create \
+	a virtualenv (no ensurepip): run 'apt-get install python3-venv' (as root), then retry" >&2; \
+	exit 1; }
+	$(PY) -m venv $(VENV) || { rm -rf $(VENV); exit 1; }
+
+$(STAMP): pyproject.toml | $(VPY)
+	$(VPY) -m pip install --quiet --disable-pip-version-check torch==2.13.0 -e '.[dev]'
+	touch $@
+
+install: $(STAMP)
 
 quickstart: install
-	$(PY) -m dmlctl launch examples/quickstart/job.yaml
+	$(VENV)/bin/dmlctl launch examples/quickstart/job.yaml
 
 test: install
-	$(PY) -m pytest -q
+	$(VPY) -m pytest -q
 
 lint: install
-	$(PY) -m ruff check dmlctl tests
-	$(PY) -m mypy
+	$(VPY) -m ruff check dmlctl tests
+	$(VPY) -m mypy
 
 bench: install
-	$(PY) -m dmlctl bench launch
-	$(PY) -m dmlctl bench comm
+	$(VENV)/bin/dmlctl bench launch
+	$(VENV)/bin/dmlctl bench comm

@@ -6,10 +6,13 @@
   - ``rank-<R>.stdout`` / ``rank-<R>.stderr`` — the rank's raw output (file
     descriptors 1 and 2 point there, so a rank never blocks on a pipe);
   - ``rank-<R>.events.jsonl`` — one JSON record per line, ``kind`` one of
-    ``start`` (rank, local_rank, pid, role), ``metric`` (rank, step, values),
-    ``heartbeat`` (progress), ``checkpoint`` (step, dir: from the rank that committed
-    a checkpoint in its directory) and ``exit`` (rank, code, error or null).
-    :class:`RankEventWriter` writes them.
+    ``start`` (rank, local_rank, pid, role, main thread id), ``metric`` (rank, step,
+    values), ``heartbeat`` (liveness and progress, see :data:`BEAT_KEYS`),
+    ``checkpoint`` (step, dir: from the rank that committed a checkpoint in its
+    directory), ``prepared`` (strategy: the script let the strategy wrap its model) and
+    ``exit`` (rank, code, error or null). :class:`RankEventWriter` writes them.
+  - ``rank-<R>.stacks`` — Python stacks of every thread, written by ``faulthandler``
+    when the rank gets :data:`STACKS_SIGNAL` (the host agent sends it on a hang).
 
 * **host agent → controller.** The agent prints one JSON object per line on its
   stdout (see :func:`encode_agent_message`); the controller's parser
@@ -61,10 +64,12 @@ def local_role(environ: Mapping[str, str], local_rank: int, default: str = ROLE_
             f"LOCAL_RANK={local_rank} has no entry in {ENV_LOCAL_ROLES}={','.join(roles)}"
         )
     return roles[local_rank]
+
+
 ENV_STRATEGY = "DMLCTL_STRATEGY"
 ENV_STRATEGY_PARAMS = "DMLCTL_STRATEGY_PARAMS"
 ENV_SCRIPT = "DMLCTL_SCRIPT"
-ENV_ATTEMPT = "DMLCTL_ATTEMPT"  # 0-based attempt of a restarted run (absent: 0)
+ENV_ATTEMPT = "DMLCTL_ATTEMPT"  # 1-based attempt: 1 on the first, as the dashboard counts
 ENV_CHECKPOINT_DIR = "DMLCTL_CHECKPOINT_DIR"
 ENV_CHECKPOINT_EVERY_STEPS = "DMLCTL_CHECKPOINT_EVERY_STEPS"
 ENV_CHECKPOINT_EVERY_SECONDS = "DMLCTL_CHECKPOINT_EVERY_SECONDS"
@@ -79,13 +84,43 @@ CHECKPOINT_STEP_PATTERN = r"^step-(\d{9,})$"
 KIND_START = "start"
 KIND_METRIC = "metric"
 KIND_EXIT = "exit"
-KIND_HEARTBEAT = "heartbeat"  # {progress: int}: the rank is alive; progress grows with work
+KIND_HEARTBEAT = "heartbeat"  # the rank is alive; BEAT_KEYS say what it is doing
 KIND_CHECKPOINT = "checkpoint"  # {step: int, dir: str}: this rank committed a checkpoint
+KIND_PREPARED = "prepared"  # {strategy: str}: ctx.prepare() applied the job's strategy
+
+# What a heartbeat record carries besides kind/rank/ts (all optional but progress):
+#   progress  int    batches and log calls so far (grows while the rank trains)
+#   armed     bool   training steps are under way: no phase, data not exhausted
+#   since     float  seconds since the last step
+#   phase     str    the phase the script declared (ctx.phase), or absent
+#   phase_s   float  seconds since that phase began
+#   limit     float  that phase's own time limit in seconds, or absent
+#   step_s    float  the slowest of the rank's recent steps, in seconds
+#   cpu       float  CPU seconds used so far by the process and its children
+#   where     str    innermost frame of the script's own code in the main thread
+#   inner     str    innermost frame of the main thread (what it is blocked in)
+#   coll      {group: [entered, completed, op, age]}  collectives per process group:
+#             the last one entered and completed, and the oldest still pending (its
+#             op name and seconds since it was entered) or nulls
+BEAT_KEYS = (
+    "progress", "armed", "since", "phase", "phase_s", "limit", "step_s", "cpu", "where",
+    "inner", "coll",
+)  # fmt: skip
+
+# faulthandler dumps every thread's stack into rank-<R>.stacks on this signal.
+STACKS_SIGNAL = "SIGUSR2"
+
+# PyTorch's flight recorder (every rank's record of its collectives; the hang detector
+# reads it): its size variables, and the size the plan sets when the job sets none.
+FR_ENV = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+FR_DEFAULT_SIZE = "200"
 
 # Kinds of agent messages (agent stdout).
 MSG_LOG = "log"  # {"k": "log", "r": rank|None, "s": "stdout"|"stderr"|"agent", "l": [lines]}
 MSG_RANK = "rank"  # {"k": "rank", "rec": <rank record>}
 MSG_AGENT = "agent"  # {"k": "agent", "state": "started", "pid": int} | {..., "state": "alive"}
+#   | {..., "state": "dumped", "stopped": [ranks whose process is stopped]}: stacks are sent
+MSG_STACKS = "stacks"  # {"k": "stacks", "r": rank, "l": [lines]}: a rank's stack dump
 MSG_EXIT = "exit"  # {"k": "exit", "code": int, "tail": [lines]} — the agent's last message
 
 
@@ -107,6 +142,11 @@ def rank_stdout(rank_dir: str, rank: int) -> str:
 def rank_stderr(rank_dir: str, rank: int) -> str:
     """Path of rank ``rank``'s stderr file inside ``rank_dir``."""
     return os.path.join(rank_dir, f"rank-{rank}.stderr")
+
+
+def rank_stacks(rank_dir: str, rank: int) -> str:
+    """Path of rank ``rank``'s stack dump file inside ``rank_dir``."""
+    return os.path.join(rank_dir, f"rank-{rank}.stacks")
 
 
 def rank_events(rank_dir: str, rank: int) -> str:
@@ -150,10 +190,16 @@ class RankEventWriter:
                 self._file.write(line)
 
     def start(self, local_rank: int, role: str, host: str) -> None:
-        """Record that this rank's process is up."""
+        """Record that this rank's process is up (and which thread is its main one)."""
         self._write(
-            {"kind": KIND_START, "local_rank": local_rank, "pid": os.getpid(), "role": role,
-             "host": host}
+            {
+                "kind": KIND_START,
+                "local_rank": local_rank,
+                "pid": os.getpid(),
+                "role": role,
+                "host": host,
+                "main_thread": threading.main_thread().ident,
+            }
         )
 
     def metric(self, step: int, values: Mapping[str, Any]) -> None:
@@ -161,9 +207,13 @@ class RankEventWriter:
         clean = {k: _jsonable(v) for k, v in values.items()}
         self._write({"kind": KIND_METRIC, "step": step, "values": clean})
 
-    def heartbeat(self, progress: int) -> None:
-        """Record that the rank is alive and how far it got (a growing counter)."""
-        self._write({"kind": KIND_HEARTBEAT, "progress": progress})
+    def heartbeat(self, beat: Mapping[str, Any]) -> None:
+        """Record that the rank is alive and what it does (keys: :data:`BEAT_KEYS`)."""
+        self._write({"kind": KIND_HEARTBEAT, **beat})
+
+    def prepared(self, strategy: str) -> None:
+        """Record that the script let ``strategy`` wrap its model and optimizer."""
+        self._write({"kind": KIND_PREPARED, "strategy": strategy})
 
     def checkpoint(self, step: int, directory: str) -> None:
         """Record that this rank committed checkpoint ``step`` in ``directory``."""

@@ -17,16 +17,24 @@ Contract:
   instead of a new interpreter (:mod:`dmlctl.agent.warm`), so an agent the
   controller starts ahead of time (a standby for the next restart) saves a restart
   torchrun's start-up.
-* Stops the run — SIGTERM to its whole process tree, SIGKILL after a grace period —
-  when stdin says ``stop``, when stdin closes or its parent (sshd's session)
-  goes away (the controller or the SSH connection is gone), or on
-  SIGTERM/SIGHUP/SIGINT. When it exits, none of its processes is left.
+* Stops the run when stdin says ``stop [GRACE]``, when stdin closes or its parent
+  (sshd's session) goes away (the controller or the SSH connection is gone), or on
+  SIGTERM/SIGHUP/SIGINT: SIGTERM to torchrun, which passes it to every rank and
+  waits for them (``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``); the ranks' output keeps
+  streaming meanwhile; after GRACE seconds (default: the config's ``stop_grace``)
+  SIGKILL to whatever is left. When it exits, none of its processes is left.
+* On ``dump`` it has every rank write its Python stacks (:mod:`dmlctl.agent.stacks`)
+  and streams them back, then says ``dumped``.
+* Every byte a rank wrote reaches stdout before the ``exit`` message: the rank files
+  are read to their end, in bounded chunks, after torchrun has ended.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
+import math
 import os
 import signal
 import subprocess
@@ -39,13 +47,18 @@ from typing import Any, TextIO
 from dmlctl import protocol
 from dmlctl.agent import warm
 from dmlctl.agent.procs import become_subreaper, kill_tree
+from dmlctl.agent.stacks import dump_stacks, main_thread_frames
 from dmlctl.agent.tail import RankDirTailer
+from dmlctl.runtime.where import FrameNamer
 
 POLL_S = 0.05
-STOP_GRACE_S = 3.0
+STOP_GRACE_S = 30.0  # without a stop_grace in the config
+ENTRY = "dmlctl.runtime.entry"  # the module torchrun runs for each rank
 TAIL = 40
 SUMMARY_LINES = 2000
 ALIVE_S = 1.0  # a message at least this often, so a silent host can be told from a busy one
+
+Torchrun = subprocess.Popen[str] | warm.ForkedTorchrun
 
 
 class Emitter:
@@ -86,18 +99,35 @@ def _forward_torchrun(
             emit.send(protocol.MSG_LOG, r=None, s="agent", l=[text])
 
 
-def _watch_stdin(stop: threading.Event, reason: list[str]) -> None:
+class Commands:
+    """What the controller asked for on stdin (set by :func:`_watch_stdin`)."""
+
+    def __init__(self, stop: threading.Event, reason: list[str]) -> None:
+        self.stop = stop
+        self.reason = reason
+        self.grace: float | None = None  # seconds the stop gives the ranks
+        self.dump = threading.Event()
+
+
+def _watch_stdin(commands: Commands) -> None:
     for line in sys.stdin:
-        if line.strip() == "stop":
-            reason.append("stop requested")
-            stop.set()
-            return
-    reason.append("controller connection closed")
-    stop.set()
+        words = line.split()
+        if words[:1] == ["dump"]:
+            commands.dump.set()
+        elif words[:1] == ["stop"]:
+            with contextlib.suppress(ValueError, IndexError):
+                commands.grace = max(0.0, float(words[1]))
+            commands.reason.append("stop requested")
+            commands.stop.set()
+    commands.reason.append("controller connection closed")
+    commands.stop.set()
 
 
-def _emit_ranks(tailer: RankDirTailer, emit: Emitter, final: bool = False) -> bool:
-    """Forward new rank output; True if anything was read."""
+def _emit_ranks(
+    tailer: RankDirTailer, emit: Emitter, pids: dict[int, int], final: bool = False
+) -> bool:
+    """Forward new rank output (noting each rank's pid in ``pids``); True if anything
+    was read."""
     records: list[str] = []
     any_data = False
     for rank, kind, lines in tailer.poll(final=final):
@@ -108,17 +138,41 @@ def _emit_ranks(tailer: RankDirTailer, emit: Emitter, final: bool = False) -> bo
             emit.send(protocol.MSG_LOG, r=rank, s=kind, l=lines)
     # Output first, then records: a rank's last lines arrive before its exit.
     for rec in records:
+        if '"kind":"start"' in rec:
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                start = json.loads(rec)
+                pids[int(start["rank"])] = int(start["pid"])
         emit.raw('{"k":"rank","rec":' + rec + "}")
     return any_data
 
 
-def run(config: dict[str, Any], emit: Emitter, stop: threading.Event, reason: list[str]) -> int:
-    """Run torchrun under supervision; returns torchrun's exit code (or 127/130)."""
-    rank_dir = os.path.expanduser(config["rank_dir"])
-    workdir = os.path.expanduser(config["workdir"])
-    os.makedirs(rank_dir, exist_ok=True)
-    with open(os.path.join(rank_dir, "agent.pid"), "w", encoding="ascii") as f:
-        f.write(f"{os.getpid()}\n")
+def _drain(tailer: RankDirTailer, emit: Emitter, pids: dict[int, int]) -> None:
+    """Forward everything the ranks wrote, to the end of every file."""
+    while _emit_ranks(tailer, emit, pids):
+        pass
+    _emit_ranks(tailer, emit, pids, final=True)
+
+
+def _dump(pids: dict[int, int], rank_dir: str, namer: FrameNamer, emit: Emitter) -> None:
+    """Every rank's stacks, each with where its main thread is, then ``dumped``."""
+    dumps, stopped = dump_stacks(pids, rank_dir)
+    for rank, lines in sorted(dumps.items()):
+        where, inner = namer.summary(main_thread_frames(lines))
+        emit.send(protocol.MSG_STACKS, r=rank, l=lines, where=where, inner=inner)
+    emit.send(protocol.MSG_AGENT, state="dumped", stopped=stopped)
+
+
+def _script_dir(config: dict[str, Any], workdir: str) -> str:
+    """The directory of the training script (the argument after the rank entry)."""
+    argv = list(config["argv"])
+    i = argv.index(ENTRY) + 1 if ENTRY in argv else len(argv)
+    script = argv[i] if i < len(argv) else "."
+    return os.path.dirname(os.path.join(workdir, script))
+
+
+def _environment(config: dict[str, Any], rank_dir: str) -> dict[str, str]:
+    """torchrun's environment: the agent's, the plan's, the rank directory, this
+    dmlctl first on ``PYTHONPATH`` and the stop grace as torchrun's shutdown timeout."""
     env = {**os.environ, **config["env"], protocol.ENV_RANK_DIR: rank_dir}
     for key in (protocol.ENV_CHECKPOINT_DIR,):  # remote paths may start with ~/
         if key in env:
@@ -126,67 +180,101 @@ def run(config: dict[str, Any], emit: Emitter, stop: threading.Event, reason: li
     # Ranks import the same dmlctl as this agent (on a remote host: the shipped copy).
     here = os.path.dirname(os.path.dirname(os.path.abspath(protocol.__file__)))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH", "")) if p)
+    grace = float(config.get("stop_grace", STOP_GRACE_S))
+    env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(max(1, math.ceil(grace))))
+    return env
+
+
+def _start(config: dict[str, Any], workdir: str, env: dict[str, str], emit: Emitter) -> Torchrun:
+    """torchrun, forked from this warm process when possible, else a new process."""
+    if warm.can_fork(config["argv"]):
+        forked = warm.ForkedTorchrun(config["argv"], workdir, env)
+        emit.send(protocol.MSG_LOG, r=None, s="agent", l=["dmlctl agent: warm start"])
+        return forked
+    return subprocess.Popen(
+        config["argv"], cwd=workdir, env=env, stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
+    )  # fmt: skip
+
+
+def run(config: dict[str, Any], emit: Emitter, commands: Commands) -> int:
+    """Run torchrun under supervision; returns torchrun's exit code (or 127)."""
+    rank_dir = os.path.expanduser(config["rank_dir"])
+    workdir = os.path.expanduser(config["workdir"])
+    os.makedirs(rank_dir, exist_ok=True)
+    with open(os.path.join(rank_dir, "agent.pid"), "w", encoding="ascii") as f:
+        f.write(f"{os.getpid()}\n")
     tail: collections.deque[str] = collections.deque(maxlen=TAIL)
     # torchrun's failure summary ("rank : N" / "exitcode : X" per failed rank) can start
     # far above the tail when other ranks' tracebacks follow it: kept on its own.
     summary: collections.deque[str] = collections.deque(maxlen=SUMMARY_LINES)
-    proc: subprocess.Popen[str] | warm.ForkedTorchrun
     try:
-        if warm.can_fork(config["argv"]):
-            proc = warm.ForkedTorchrun(config["argv"], workdir, env)
-            emit.send(protocol.MSG_LOG, r=None, s="agent", l=["dmlctl agent: warm start"])
-        else:
-            proc = subprocess.Popen(
-                config["argv"],
-                cwd=workdir,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                errors="replace",
-            )
+        proc = _start(config, workdir, _environment(config, rank_dir), emit)
     except OSError as e:
         emit.send(protocol.MSG_EXIT, code=127, tail=[f"cannot start torchrun: {e}"], stopped=False)
         return 127
     emit.send(protocol.MSG_AGENT, state="started", pid=os.getpid(), torchrun_pid=proc.pid)
     assert proc.stdout is not None
     reader = threading.Thread(
-        target=_forward_torchrun, args=(proc.stdout, emit, tail, stop, summary), daemon=True
+        target=_forward_torchrun,
+        args=(proc.stdout, emit, tail, commands.stop, summary),
+        daemon=True,
     )
     reader.start()
     tailer = RankDirTailer(rank_dir)
-    stopped = False
+    pids: dict[int, int] = {}
+    stopped = _supervise(proc, config, tailer, emit, commands, pids, rank_dir)
+    reader.join(5.0)
+    _drain(tailer, emit, pids)
+    tailer.close()
+    kill_tree(os.getpid(), 1.0)  # anything a rank left behind (daemons, grandchildren)
+    code = int(proc.returncode) if proc.returncode is not None else 1
+    emit.send(protocol.MSG_EXIT, code=code, tail=list(tail), summary=list(summary), stopped=stopped)
+    return code
+
+
+def _supervise(
+    proc: Torchrun,
+    config: dict[str, Any],
+    tailer: RankDirTailer,
+    emit: Emitter,
+    commands: Commands,
+    pids: dict[int, int],
+    rank_dir: str,
+) -> bool:
+    """Stream the ranks until torchrun ends; carry out stops and dumps. True if stopped."""
     parent = os.getppid()
     alive_at = time.monotonic() + ALIVE_S
+    kill_at: float | None = None
     while True:
-        busy = _emit_ranks(tailer, emit)
+        busy = _emit_ranks(tailer, emit, pids)
         if time.monotonic() >= alive_at:  # the controller counts a silent host as lost
             emit.send(protocol.MSG_AGENT, state="alive")
             alive_at = time.monotonic() + ALIVE_S
         if proc.poll() is not None:
-            break
-        if os.getppid() != parent and not stop.is_set():
-            reason.append("controller connection lost (parent process gone)")
-            stop.set()
-        if stop.is_set():
-            stopped = True
-            why = reason[0] if reason else "controller connection lost"
-            emit.send(protocol.MSG_LOG, r=None, s="agent", l=[f"dmlctl agent: {why}; stopping"])
-            kill_tree(os.getpid(), STOP_GRACE_S, keep=frozenset({proc.pid}))
+            return kill_at is not None
+        if os.getppid() != parent and not commands.stop.is_set():
+            commands.reason.append("controller connection lost (parent process gone)")
+            commands.stop.set()
+        if commands.dump.is_set():
+            commands.dump.clear()
+            workdir = os.path.expanduser(config["workdir"])
+            _dump(pids, rank_dir, FrameNamer(_script_dir(config, workdir)), emit)
+        if commands.stop.is_set() and kill_at is None:
+            grace = commands.grace
+            grace = float(config.get("stop_grace", STOP_GRACE_S)) if grace is None else grace
+            why = commands.reason[0] if commands.reason else "controller connection lost"
+            emit.send(protocol.MSG_LOG, r=None, s="agent",
+                      l=[f"dmlctl agent: {why}; stopping (ranks get {grace:g} s)"])  # fmt: skip
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGTERM)  # torchrun passes it on to every rank
+            kill_at = time.monotonic() + grace
+        if kill_at is not None and time.monotonic() >= kill_at:
+            kill_tree(os.getpid(), 1.0, keep=frozenset({proc.pid}))
             proc.wait()
-            break
+            return True
         if not busy:
             time.sleep(POLL_S)
-    reader.join(5.0)
-    _emit_ranks(tailer, emit, final=True)
-    tailer.close()
-    kill_tree(os.getpid(), 1.0)  # anything a rank left behind (daemons, grandchildren)
-    code = int(proc.returncode) if proc.returncode is not None else 1
-    emit.send(
-        protocol.MSG_EXIT, code=code, tail=list(tail), summary=list(summary), stopped=stopped
-    )
-    return code
 
 
 def main() -> int:
@@ -206,8 +294,9 @@ def main() -> int:
     config = json.loads(first)
     emit = Emitter(sys.stdout, stop)
     become_subreaper()
-    threading.Thread(target=_watch_stdin, args=(stop, reason), daemon=True).start()
-    code = run(config, emit, stop, reason)
+    commands = Commands(stop, reason)
+    threading.Thread(target=_watch_stdin, args=(commands,), daemon=True).start()
+    code = run(config, emit, commands)
     return 0 if code == 0 else 1
 
 

@@ -8,7 +8,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 _NAME = re.compile(r"^rank-(\d+)\.(stdout|stderr|events\.jsonl)$")
-CHUNK = 1 << 20
+CHUNK = 1 << 18
+MAX_LINE = 1 << 20  # bytes without a newline after which they are passed on as a line
 
 
 @dataclass
@@ -23,8 +24,10 @@ class RankDirTailer:
     """Reads every ``rank-<R>.{stdout,stderr,events.jsonl}`` file in ``rank_dir`` from
     its start; each :meth:`poll` returns the complete lines written since the last one.
 
-    Promise: every byte written is returned exactly once, in order per file; a last
-    line without newline is returned by :meth:`poll` with ``final=True``.
+    Promise: every byte written is returned exactly once, in order per file; one poll
+    reads at most about :data:`CHUNK` bytes per file (memory stays bounded however far
+    behind the reader is); a last line without newline is returned by :meth:`poll`
+    with ``final=True`` once the file has been read to its end.
     """
 
     def __init__(self, rank_dir: str) -> None:
@@ -53,19 +56,22 @@ class RankDirTailer:
         self._discover()
         for f in self._files.values():
             data = b""
-            while True:
-                chunk = os.read(f.fd, CHUNK)
+            at_end = False
+            while len(data) < CHUNK:
+                chunk = os.read(f.fd, CHUNK - len(data))
                 if not chunk:
+                    at_end = True
                     break
                 data += chunk
-                if len(data) >= CHUNK:
-                    break
             if not data and not (final and f.partial):
                 continue
             data = f.partial + data
             parts = data.split(b"\n")
             f.partial = parts.pop()
-            if final and f.partial:
+            if len(f.partial) > MAX_LINE:  # no newline for this long: pass it on as is
+                parts.append(f.partial)
+                f.partial = b""
+            if final and at_end and f.partial:
                 parts.append(f.partial)
                 f.partial = b""
             if parts:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import atexit
 import os
-import runpy
 import signal
 import sys
 import time
@@ -115,7 +114,11 @@ def _child(argv: list[str], cwd: str, env: Mapping[str, str], out: int) -> None:
         os.environ.update(env)
         sys.argv = ["torch.distributed.run", *argv[3:]]
         try:
-            runpy.run_module("torch.distributed.run", run_name="__main__", alter_sys=True)
+            # torchrun's own entry point, called: running the module again with runpy
+            # would warn that it is already in sys.modules.
+            from torch.distributed.run import main
+
+            main(argv[3:])
             code = 0
         except SystemExit as e:
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)

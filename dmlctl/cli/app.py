@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import sys
 
-import click
 import typer
 
 from dmlctl import __version__
@@ -56,16 +55,6 @@ for module in (
 app.add_typer(bench.app, name="bench")
 
 
-def _click(name: str) -> tuple[type[BaseException], ...]:
-    """Click's exception class ``name``, and typer's vendored copy of it where this
-    typer has one (typer >= 0.2x raises its own ``typer._click`` exceptions)."""
-    found: list[type[BaseException]] = [getattr(click.exceptions, name)]
-    vendored = sys.modules.get("typer._click.exceptions")
-    if vendored is not None and hasattr(vendored, name):
-        found.append(getattr(vendored, name))
-    return tuple(found)
-
-
 def _error(message: str) -> None:
     for line in message.splitlines() or [""]:
         print(f"dmlctl: {line}" if not line.startswith(" ") else line, file=sys.stderr)
@@ -82,13 +71,17 @@ def main(argv: list[str] | None = None) -> int:
     except DmlctlError as e:
         _error(str(e))
         code = int(e.exit_code)
-    except _click("Exit") as e:
-        code = int(getattr(e, "exit_code", 0))
-    except _click("Abort"):
+    except typer.Exit as e:
+        code = int(e.exit_code)
+    except typer.Abort:
         print("dmlctl: aborted", file=sys.stderr)
         code = int(ExitCode.INTERRUPTED)
-    except _click("ClickException") as e:
-        e.show()  # type: ignore[attr-defined]
+    except typer.TyperException as e:  # usage errors: typer prints usage and the problem
+        show = getattr(e, "show", None)
+        if callable(show):
+            show()
+        else:
+            _error(e.format_message())
         code = int(ExitCode.BAD_INPUT)
     except KeyboardInterrupt:
         code = int(ExitCode.INTERRUPTED)

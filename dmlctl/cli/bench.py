@@ -1,4 +1,5 @@
-"""``dmlctl bench comm``, ``ps``, ``launch``, ``strategies``, ``recovery`` and ``straggler``.
+"""``dmlctl bench comm``, ``ps``, ``launch``, ``strategies``, ``recovery``, ``straggler``, ``logs``
+and ``hangs``.
 
 Parse → call :mod:`dmlctl.bench` → render. stdout carries only the result (a table,
 or JSON with ``--json``); progress goes to stderr. Library imports happen inside the
@@ -19,7 +20,8 @@ app = typer.Typer(
     help="Benchmarks: collective bandwidth (comm), parameter-server push+pull against "
     "all-reduce (ps), launcher overhead (launch), "
     "strategy overhead and traffic (strategies), recovery after a killed worker (recovery), "
-    "throughput next to a slowed worker under ssgd/asgd/ssp (straggler).",
+    "throughput next to a slowed worker under ssgd/asgd/ssp (straggler), log lines carried "
+    "(logs), hang verdicts on healthy and hung runs (hangs).",
     no_args_is_help=True,
 )
 
@@ -195,4 +197,61 @@ def straggler(
             results, steps=steps, step_sleep=step_sleep, factor=FACTOR, repeats=repeats
         ))  # fmt: skip
         err.print(f"runs {', '.join(run_ids)}", markup=False)
+    return 0
+
+
+@app.command()
+def logs(
+    lines: int = typer.Option(
+        1_000_000, "--lines", help="Lines each of the 2 ranks prints as fast as it can."
+    ),
+    steps: int = typer.Option(20_000, "--steps", help="Iterations of the printing loop."),
+    work_us: float = typer.Option(
+        1000.0, "--work-us", help="Microseconds of compute per loop iteration."
+    ),
+    repeats: int = typer.Option(3, "--repeats", help="Loop runs per side (median counts)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> int:
+    """Log lines/s carried to the run directory, and a printing loop's slowdown."""
+    from dmlctl.bench.logs import render_logs_table, run_logs_bench
+
+    err = stderr_console()
+    with err.status("running the log benchmark…"):
+        report = run_logs_bench(lines=lines, steps=steps, work_us=work_us, repeats=repeats,
+                                console=err)  # fmt: skip
+    if as_json:
+        print(json.dumps(report, indent=2))
+    else:
+        stdout_console().print(render_logs_table(report))
+    return 0
+
+
+@app.command()
+def hangs(
+    runs: int = typer.Option(20, "--runs", help="Runs per scenario."),
+    scenarios: str = typer.Option(
+        "all",
+        "--scenarios",
+        help="Comma-separated: prep, compile, eval, deadlock, sigstop, or all.",
+    ),
+    seconds: float = typer.Option(40.0, "--seconds", help="Length of the healthy stretch."),
+    skew: float = typer.Option(35.0, "--skew", help="Rank 1's extra seconds in that stretch."),
+    hang_timeout: Optional[float] = typer.Option(  # noqa: UP045 - typer needs Optional
+        None, "--hang-timeout", help="restart.hang_timeout of the runs; default: the job default."
+    ),
+    burn: bool = typer.Option(True, "--burn/--no-burn", help="Keep one core busy meanwhile."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> int:
+    """False hang verdicts on healthy runs; delay and culprit of real hangs."""
+    from dmlctl.bench.hangs import SCENARIOS, render_hang_table, run_hang_bench
+
+    chosen = SCENARIOS if scenarios == "all" else tuple(s.strip() for s in scenarios.split(","))
+    err = stderr_console()
+    with err.status("running the hang benchmark…"):
+        report = run_hang_bench(runs=runs, scenarios=chosen, seconds=seconds, skew=skew,
+                                hang_timeout=hang_timeout, burn=burn, console=err)  # fmt: skip
+    if as_json:
+        print(json.dumps(report, indent=2))
+    else:
+        stdout_console().print(render_hang_table(report))
     return 0

@@ -17,13 +17,21 @@ def logs(
     fetch: bool = typer.Option(
         False, "--fetch", help="Copy the rank files kept on each host again, and print those."
     ),
+    stacks: bool = typer.Option(
+        False, "--stacks", help="Print the Python stacks of every thread, dumped on a hang."
+    ),
 ) -> int:
     """Print a run's logs from its run directory (or, with --fetch, from the hosts)."""
     from dmlctl.errors import UsageError
-    from dmlctl.runs.logs import print_host_files, stream_log
+    from dmlctl.runs.logs import print_host_files, print_stacks, stream_log
     from dmlctl.runs.store import RunStore
 
+    if stacks and (fetch or follow):
+        raise UsageError("--stacks goes with neither --fetch nor --follow")
     run = RunStore().get(run_id)
+    if stacks:
+        print_stacks(run, rank)
+        return 0
     if fetch:
         if follow:
             raise UsageError("--fetch and --follow do not go together")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import typer
 
 from dmlctl.cli.common import stdout_console
@@ -9,13 +11,19 @@ from dmlctl.cli.common import stdout_console
 
 def stop(
     run_id: str = typer.Argument(..., help="A run id (or a unique prefix, or 'last')."),
-    timeout: float = typer.Option(10.0, "--timeout", help="Seconds to wait for a clean stop."),
+    timeout: Optional[float] = typer.Option(  # noqa: UP045 - typer needs Optional
+        None, "--timeout",
+        help="Seconds to wait for a clean stop; default: the job's restart.stop_grace + 10.",
+    ),  # fmt: skip
 ) -> int:
-    """Stop a run: every process of it, and nothing else."""
-    from dmlctl.runs.control import stop_run
+    """Stop a run: every process of it, and nothing else. Its ranks get SIGTERM and the
+    job's restart.stop_grace to save and exit."""
+    from dmlctl.runs.control import default_stop_timeout, stop_run
     from dmlctl.runs.store import RunStore
 
-    outcome = stop_run(RunStore().get(run_id), timeout=timeout)
+    run = RunStore().get(run_id)
+    wait = timeout if timeout is not None else default_stop_timeout(run)
+    outcome = stop_run(run, timeout=wait)
     stdout_console().print(outcome, markup=False)
     return 0
 

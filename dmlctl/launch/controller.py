@@ -78,6 +78,7 @@ def run_controller(
     sup = Supervisor(
         plan, run, transports, sink,
         decide=RestartDecider(restart), hang_timeout=restart.hang_timeout,
+        stop_grace=restart.stop_grace,
         host_timeout=restart.host_timeout, hosts=pool, replicator=replicator,
         standby=restart.standby and restart.max_infra_restarts + restart.max_user_restarts > 0,
         rendezvous=lambda h: rendezvous_on(h, transports[h.name]),

@@ -58,11 +58,14 @@ class RootCause:
 
 
 @dataclass(frozen=True)
-class LogLine:
+class LogLines:
+    """Consecutive lines of one stream of one rank (``rank`` None: the host agent or
+    torchrun), in order, as one agent message carried them."""
+
     host: str
     rank: int | None
     stream: Stream
-    text: str
+    lines: tuple[str, ...]
     ts: float
 
 
@@ -132,12 +135,69 @@ class Restarting:
 
 
 @dataclass(frozen=True)
+class Collective:
+    """A rank's collectives in one process group: the sequence numbers of the last one
+    it entered and the last it completed; the oldest pending one's op name and age in
+    seconds (when the beat was written), or None."""
+
+    entered: int
+    completed: int
+    op: str | None = None
+    age: float | None = None
+
+
+@dataclass(frozen=True)
 class Heartbeat:
-    """A rank is alive; ``progress`` grows while it makes progress (batches, logs)."""
+    """A rank is alive and says what it does (see :data:`dmlctl.protocol.BEAT_KEYS`):
+    ``progress`` grows with its steps; ``armed`` while steps are expected."""
 
     host: str
     rank: int
     progress: int
+    ts: float
+    armed: bool = False
+    since: float | None = None
+    phase: str | None = None
+    phase_s: float | None = None
+    limit: float | None = None
+    step_s: float | None = None
+    cpu: float | None = None
+    where: str | None = None
+    inner: str | None = None
+    coll: Mapping[str, Collective] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StackDump:
+    """The Python stacks of every thread of a rank, taken on a suspected hang;
+    ``where``/``inner`` locate its main thread (the script's innermost frame, the
+    innermost frame), as the agent read them from the dump."""
+
+    host: str
+    rank: int
+    lines: tuple[str, ...]
+    ts: float
+    where: str | None = None
+    inner: str | None = None
+
+
+@dataclass(frozen=True)
+class StacksDumped:
+    """A host agent sent every stack dump it could take; ``stopped`` ranks' processes
+    are stopped (SIGSTOP) and could not dump their own stack."""
+
+    host: str
+    stopped: tuple[int, ...]
+    ts: float
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A rank let the job's strategy wrap its model (``ctx.prepare``)."""
+
+    host: str
+    rank: int
+    strategy: str
     ts: float
 
 
@@ -188,7 +248,7 @@ class Finished:
 
 
 Event = (
-    LogLine
+    LogLines
     | MetricRecord
     | RankStarted
     | RankExited
@@ -197,6 +257,9 @@ Event = (
     | Progress
     | Restarting
     | Heartbeat
+    | StackDump
+    | StacksDumped
+    | Prepared
     | CheckpointSaved
     | CheckpointCopied
     | Resized

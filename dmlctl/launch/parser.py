@@ -17,13 +17,17 @@ from dmlctl.launch.events import (
     AgentExited,
     AgentStarted,
     CheckpointSaved,
+    Collective,
     Event,
     Heartbeat,
-    LogLine,
+    LogLines,
     MetricRecord,
+    Prepared,
     RankExited,
     RankStarted,
     RootCause,
+    StackDump,
+    StacksDumped,
     Stream,
 )
 
@@ -85,6 +89,29 @@ def _cause(host: str, rank: int, error: Mapping[str, Any] | None, ts: float) -> 
     )
 
 
+def _opt_float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _opt_str(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def _heartbeat(host: str, rank: int, rec: Mapping[str, Any], ts: float) -> Heartbeat:
+    coll = {
+        str(group): Collective(int(row[0]), int(row[1]), _opt_str(row[2]), _opt_float(row[3]))
+        for group, row in (rec.get("coll") or {}).items()
+    }
+    return Heartbeat(
+        host, rank, int(rec["progress"]), ts, armed=bool(rec.get("armed", False)),
+        since=_opt_float(rec.get("since")), phase=_opt_str(rec.get("phase")),
+        phase_s=_opt_float(rec.get("phase_s")),
+        limit=_opt_float(rec.get("limit")), step_s=_opt_float(rec.get("step_s")),
+        cpu=_opt_float(rec.get("cpu")), where=_opt_str(rec.get("where")),
+        inner=_opt_str(rec.get("inner")), coll=coll,
+    )  # fmt: skip
+
+
 def _rank_record(host: str, rec: Mapping[str, Any]) -> list[Event]:
     kind, rank, ts = rec["kind"], int(rec["rank"]), float(rec["ts"])
     if kind == protocol.KIND_METRIC:
@@ -94,7 +121,9 @@ def _rank_record(host: str, rec: Mapping[str, Any]) -> list[Event]:
             RankStarted(host, rank, int(rec["local_rank"]), str(rec["role"]), int(rec["pid"]), ts)
         ]
     if kind == protocol.KIND_HEARTBEAT:
-        return [Heartbeat(host, rank, int(rec["progress"]), ts)]
+        return [_heartbeat(host, rank, rec, ts)]
+    if kind == protocol.KIND_PREPARED:
+        return [Prepared(host, rank, str(rec["strategy"]), ts)]
     if kind == protocol.KIND_CHECKPOINT:
         return [CheckpointSaved(host, rank, int(rec["step"]), str(rec["dir"]), ts)]
     if kind == protocol.KIND_EXIT:
@@ -111,12 +140,19 @@ def parse_line(host: str, line: str, now: float) -> list[Event]:
         if kind == protocol.MSG_LOG:
             rank = msg["r"]
             stream = _STREAMS[msg["s"]]
-            return [LogLine(host, rank, stream, text, now) for text in msg["l"]]
+            return [LogLines(host, rank, stream, tuple(str(x) for x in msg["l"]), now)]
         if kind == protocol.MSG_RANK:
             return _rank_record(host, msg["rec"])
+        if kind == protocol.MSG_STACKS:
+            lines = tuple(str(x) for x in msg["l"])
+            where, inner = _opt_str(msg.get("where")), _opt_str(msg.get("inner"))
+            return [StackDump(host, int(msg["r"]), lines, now, where, inner)]
         if kind == protocol.MSG_AGENT:
-            if msg.get("state") == "alive":
+            state = msg.get("state")
+            if state == "alive":
                 return []  # keepalive: the supervisor notes the line, nothing else
+            if state == "dumped":
+                return [StacksDumped(host, tuple(int(r) for r in msg.get("stopped", ())), now)]
             return [AgentStarted(host, int(msg["pid"]), now)]
         if kind == protocol.MSG_EXIT:
             code = int(msg["code"])
@@ -126,4 +162,4 @@ def parse_line(host: str, line: str, now: float) -> list[Event]:
             return [AgentExited(host, code, tail, now, cause)]
     except (ValueError, KeyError, TypeError):
         pass
-    return [LogLine(host, None, Stream.AGENT, line, now)]
+    return [LogLines(host, None, Stream.AGENT, (line,), now)]

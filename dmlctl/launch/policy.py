@@ -87,9 +87,9 @@ class RestartPolicy:
 
     Constructible from a job file's ``restart:`` block: ``RestartPolicy(**mapping)``
     (see :class:`dmlctl.spec.restart.RestartSpec`, which validates the same keys).
-    ``hang_timeout`` (the hang detector) and the ``host_*`` settings (lost hosts, see
-    :mod:`dmlctl.launch.hosts`) are carried for the supervisor; :func:`step` does not
-    read them. Raises ``ValueError`` for values the spec model would reject.
+    ``hang_timeout`` (the hang detector), ``stop_grace`` and the ``host_*`` settings
+    (lost hosts, see :mod:`dmlctl.launch.hosts`) are carried for the supervisor;
+    :func:`step` does not read them. Raises ``ValueError`` for values the spec model would reject.
     """
 
     max_user_restarts: int = 0
@@ -98,6 +98,7 @@ class RestartPolicy:
     backoff_factor: float = 2.0
     backoff_max: float = 30.0
     hang_timeout: float = 30.0
+    stop_grace: float = 30.0
     host_timeout: float = 10.0
     host_wait: float = 60.0
     host_cooldown: float = 30.0
@@ -111,6 +112,7 @@ class RestartPolicy:
             ("backoff_factor", self.backoff_factor >= 1, ">= 1"),
             ("backoff_max", self.backoff_max > 0, "> 0"),
             ("hang_timeout", self.hang_timeout > 0, "> 0"),
+            ("stop_grace", self.stop_grace >= 0, ">= 0"),
             ("host_timeout", self.host_timeout > 0, "> 0"),
             ("host_wait", self.host_wait >= 0, ">= 0"),
             ("host_cooldown", self.host_cooldown >= 0, ">= 0"),

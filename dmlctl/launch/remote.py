@@ -1,7 +1,8 @@
 """Getting remote hosts ready for a run, and collecting what they kept.
 
 * :func:`package_files` / :func:`lib_id` — this dmlctl, shipped to every remote
-  host next to the job (so hosts need Python, torch and pydantic, not dmlctl);
+  host next to the job (so hosts need Python and the packages the ranks import — see
+  :mod:`dmlctl.provision.requirements` — not dmlctl);
 * :func:`pick_port` — a free rendezvous port on the first host;
 * :func:`sync_code` — the job directory and dmlctl to every remote host, in parallel;
 * :func:`run_setup` — the job's ``setup`` command on every remote host, in

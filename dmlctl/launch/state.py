@@ -24,8 +24,9 @@ from dmlctl.launch.events import (
     CheckpointSaved,
     Event,
     Finished,
-    LogLine,
+    LogLines,
     MetricRecord,
+    Prepared,
     Progress,
     RankExited,
     RankStarted,
@@ -37,6 +38,7 @@ from dmlctl.launch.events import (
 )
 
 TAIL_LINES = 100
+NO_STRATEGY = "none"  # what a run whose script never called ctx.prepare ran with
 
 
 class Phase(str, Enum):
@@ -119,6 +121,7 @@ class RunState:
     exit_code: int | None = None
     checkpoint_step: int | None = None  # newest checkpoint a rank committed
     checkpoint_copied: int | None = None  # newest complete copy on the controller
+    prepared: bool = False  # a rank let the strategy wrap its model (ctx.prepare)
 
     def elapsed(self, now: float) -> float:
         """Seconds since the run was created, frozen once it ended."""
@@ -161,6 +164,7 @@ class RunState:
             exit_code=data.get("exit_code"),
             checkpoint_step=data.get("checkpoint_step"),
             checkpoint_copied=data.get("checkpoint_copied"),
+            prepared=bool(data.get("prepared", False)),
         )
 
 
@@ -225,12 +229,16 @@ def apply(state: RunState, events: Iterable[Event]) -> RunState:
         return s[key] if key in s else getattr(state, key)
 
     for ev in events:
-        if isinstance(ev, LogLine):
-            tail.append(TailLine(ev.host, ev.rank, ev.stream, ev.text))
+        if isinstance(ev, LogLines):
+            if not ev.lines:
+                continue
+            tail += [TailLine(ev.host, ev.rank, ev.stream, t) for t in ev.lines[-TAIL_LINES:]]
+            if len(tail) > 2 * TAIL_LINES:
+                del tail[:-TAIL_LINES]
             if ev.rank is not None:
                 u = upd(ev.rank, ev.host)
-                u["last_line"] = ev.text
-                u["lines"] = current(ev.rank, "lines") + 1
+                u["last_line"] = ev.lines[-1]
+                u["lines"] = current(ev.rank, "lines") + len(ev.lines)
         elif isinstance(ev, MetricRecord):
             u = upd(ev.rank, ev.host)
             u["step"] = ev.step
@@ -256,10 +264,10 @@ def apply(state: RunState, events: Iterable[Event]) -> RunState:
         elif isinstance(ev, RankExited):
             u = upd(ev.rank, ev.host)
             u["exit_code"] = ev.exit_code
-            if ev.exit_code == 0:
+            if get("phase") == Phase.STOPPING and (ev.cause is None or ev.exit_code == 0):
+                u["status"] = RankStatus.STOPPED  # whatever its SIGTERM handler returned
+            elif ev.exit_code == 0:
                 u["status"] = RankStatus.SUCCEEDED
-            elif get("phase") == Phase.STOPPING and ev.cause is None:
-                u["status"] = RankStatus.STOPPED
             else:
                 u["status"] = RankStatus.FAILED
                 cause = ev.cause or RootCause(
@@ -319,6 +327,8 @@ def apply(state: RunState, events: Iterable[Event]) -> RunState:
                 upd(rank, ranks[rank].host).update(
                     status=RankStatus.PENDING, exit_code=None, pid=None
                 )
+        elif isinstance(ev, Prepared):
+            s["prepared"] = True
         elif isinstance(ev, CheckpointSaved):
             if get("checkpoint_step") is None or ev.step > get("checkpoint_step"):
                 s["checkpoint_step"] = ev.step
@@ -340,14 +350,17 @@ def apply(state: RunState, events: Iterable[Event]) -> RunState:
                 if not RankStatus(current(rank, "status")).terminal:
                     upd(rank, ranks[rank].host)["status"] = RankStatus.STOPPED
             statuses = [RankStatus(current(r, "status")) for r in ranks]
-            if (
+            if get("stop_reason") is not None and get("root_cause") is None:
+                # A stop is a stop, whatever the ranks' SIGTERM handlers returned.
+                s["phase"], s["exit_code"] = Phase.STOPPED, int(ExitCode.INTERRUPTED)
+            elif (
                 get("root_cause") is None
                 and statuses
                 and all(st == RankStatus.SUCCEEDED for st in statuses)
             ):
                 s["phase"], s["exit_code"] = Phase.SUCCEEDED, int(ExitCode.OK)
-            elif get("stop_reason") is not None and get("root_cause") is None:
-                s["phase"], s["exit_code"] = Phase.STOPPED, int(ExitCode.INTERRUPTED)
+                if not get("prepared"):  # every rank ran without ctx.prepare
+                    s["strategy"] = NO_STRATEGY
             else:
                 s["phase"], s["exit_code"] = Phase.FAILED, int(ExitCode.RUN_FAILED)
             s["detail"] = ""

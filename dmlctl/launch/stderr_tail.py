@@ -6,7 +6,7 @@ import collections
 import dataclasses
 from collections.abc import Sequence
 
-from dmlctl.launch.events import AgentExited, Event, LogLine, RankExited, RootCause, Stream
+from dmlctl.launch.events import AgentExited, Event, LogLines, RankExited, RootCause, Stream
 
 STDERR_TAIL = 20
 
@@ -30,11 +30,11 @@ class StderrTails:
         """``batch`` with stderr lines remembered and exit causes completed, in order."""
         out: list[Event] = []
         for ev in batch:
-            if isinstance(ev, LogLine) and ev.stream == Stream.STDERR and ev.rank is not None:
+            if isinstance(ev, LogLines) and ev.stream == Stream.STDERR and ev.rank is not None:
                 tail = self._tails.get(ev.rank)
                 if tail is None:
                     tail = self._tails[ev.rank] = collections.deque(maxlen=STDERR_TAIL)
-                tail.append(ev.text)
+                tail.extend(ev.lines)
             elif isinstance(ev, (RankExited, AgentExited)) and ev.cause is not None:
                 ev = dataclasses.replace(ev, cause=self._with_stderr(ev.cause))
             out.append(ev)

@@ -3,10 +3,12 @@ reduces them into the run state, records and renders it, and tears the run down.
 
 Stop rules (all bounded):
 
-* a stop request (Ctrl-C, ``dmlctl stop``) sends ``stop`` to every agent; an agent
-  still running ``stop_timeout`` seconds later is killed through its transport;
-* once a rank has failed, the other hosts' agents are stopped after ``fail_grace``
-  seconds, so no rank waits forever in a collective for a peer that is gone;
+* a user's stop and a failure stop the agents as :mod:`dmlctl.launch.stops` says (the
+  ranks get SIGTERM and a grace, the agents are killed if they outlive it); a stopped
+  run ends ``stopped`` whatever the ranks' exit codes;
+* a hang (:mod:`dmlctl.launch.hangs`) first has every agent dump every rank's stacks
+  (``stacks/`` in the run directory; at most ``dump_wait`` seconds), then becomes the
+  root cause, naming the culprit's frame, and the run is stopped as after a failure;
 * an agent whose output ends without an ``exit`` message is reported as lost, and so
   is an agent silent for ``host_timeout`` seconds (agents send a keepalive every
   second; a host cut off from the network may keep its connection open for minutes).
@@ -25,7 +27,7 @@ import json
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 
 from dmlctl.launch.checkpoints import Replicator
 from dmlctl.launch.events import (
@@ -36,11 +38,12 @@ from dmlctl.launch.events import (
     Finished,
     Heartbeat,
     Progress,
-    RankExited,
     RankStarted,
     Resized,
     Restarting,
     RootCause,
+    StackDump,
+    StacksDumped,
     StopRequested,
 )
 from dmlctl.launch.hosts import HostPool, HostsLost
@@ -49,14 +52,16 @@ from dmlctl.launch.sink import Sink
 from dmlctl.launch.standby import WARM_AFTER, Standbys
 from dmlctl.launch.state import Phase, RunState, apply, new_run_state
 from dmlctl.launch.stderr_tail import StderrTails
-from dmlctl.launch.watch import Liveness
+from dmlctl.launch.stops import STOP_MARGIN, AttemptStops, StopRules
+from dmlctl.launch.watch import DUMP_WAIT_S, HangProbe, HangWatch, Liveness
 from dmlctl.plan.elastic import CannotReplan, place
 from dmlctl.plan.model import HostPlan, LaunchPlan
 from dmlctl.runs.recorder import RunRecorder
 from dmlctl.runs.store import RunDir
 from dmlctl.transport.base import Process, Transport
 
-BATCH = 5000
+BATCH = 8  # agent messages handled per step (each carries up to ~256 KiB of lines)
+QUEUE_MAX = 16  # agent messages read ahead of the supervisor: bounds the controller's memory
 FINAL_COPY_WAIT = 30.0  # seconds the end of a run waits for a checkpoint copy under way
 
 
@@ -70,7 +75,9 @@ class Supervisor:
         *,
         clock: Callable[[], float] = time.time,
         fail_grace: float = 2.0,
-        stop_timeout: float = 8.0,
+        stop_grace: float = 30.0,
+        stop_margin: float = STOP_MARGIN,
+        dump_wait: float = DUMP_WAIT_S,
         persist_interval: float = 0.5,
         decide: Callable[[RunState], float | None] | None = None,
         hang_timeout: float | None = None,
@@ -89,13 +96,18 @@ class Supervisor:
         self.transports = transports
         self.sink = sink
         self.clock = clock
-        self.fail_grace = fail_grace
-        self.stop_timeout = stop_timeout
+        self.stop_grace = stop_grace
+        self.stops = StopRules(
+            stop_grace=stop_grace, fail_grace=fail_grace, stop_margin=stop_margin
+        )
+        self.dump_wait = dump_wait
         self.persist_interval = persist_interval
         #: Given a failed attempt's state: seconds to wait before a restart, or None.
         self.decide: Callable[[RunState], float | None] = decide or (lambda _state: None)
         self.host_timeout = host_timeout
-        self.liveness = Liveness(hang_timeout, host_timeout, clock)
+        self.liveness = Liveness(host_timeout)
+        self.hangs = HangWatch(hang_timeout)
+        self._probe: HangProbe | None = None  # a hang verdict waiting for stack dumps
         self.hosts = hosts
         #: The rendezvous endpoint (``address:port``) of an attempt whose first host
         #: is not the planned one; by default the planned endpoint's port on its address.
@@ -108,20 +120,15 @@ class Supervisor:
         #: Warm agents (torchrun imported) ready on every host for a restart, or None.
         self.standbys = Standbys(transports, warm_after) if standby else None
         self._running_since: dict[str, float] = {}  # host → first rank start (monotonic)
-        self._stop_reason: str | None = None
-        self._force = False
-        self._lock = threading.Lock()
-        self._queue: queue.Queue[tuple[str, str | None]] = queue.Queue()
+        # Bounded: a reader blocks when the supervisor is behind, the agent then blocks
+        # on its pipe and the ranks' files hold the rest (nothing is dropped).
+        self._queue: queue.Queue[tuple[str, str | None]] = queue.Queue(QUEUE_MAX)
         self._procs: dict[str, Process] = {}
         self._stderr = StderrTails()
 
     def request_stop(self, reason: str) -> None:
         """Ask the run to stop (thread- and signal-safe). A second request forces."""
-        with self._lock:
-            if self._stop_reason is None:
-                self._stop_reason = reason
-            else:
-                self._force = True
+        self.stops.request(reason)
 
     def _read(self, host: str, proc: Process) -> None:
         try:
@@ -135,15 +142,14 @@ class Supervisor:
         for host in self.plan.hosts:
             try:
                 warm = self.standbys.take(host.name) if self.standbys is not None else None
-                proc = warm or self.transports[host.name].start(
-                    host.agent_argv, cwd=host.agent_cwd
-                )
+                proc = warm or self.transports[host.name].start(host.agent_argv, cwd=host.agent_cwd)
             except Exception as e:
                 cause = RootCause(host.name, None, type(e).__name__, f"cannot start agent: {e}")
                 events.append(AgentExited(host.name, 127, (), self.clock(), cause))
                 self._lost_hosts[host.name] = f"cannot start agent: {e}"
                 continue
-            proc.send(json.dumps(host.agent_config(self.plan.run_id, attempt)))
+            config = host.agent_config(self.plan.run_id, attempt, self.stop_grace)
+            proc.send(json.dumps(config))
             self._procs[host.name] = proc
             threading.Thread(target=self._read, args=(host.name, proc), daemon=True).start()
         return events
@@ -202,7 +208,7 @@ class Supervisor:
             state = self._step(state, [event], recorder)
             self.run_dir.write_state(state)
             if not self._backoff(delay):
-                state = self._step(state, [StopRequested(self._stop_reason or "", self.clock())],
+                state = self._step(state, [StopRequested(self.stops.reason or "", self.clock())],
                                    recorder)  # fmt: skip
                 break
             state = self._between_attempts(state, recorder)
@@ -237,7 +243,7 @@ class Supervisor:
         try:
             avail = self.hosts.next_hosts(lost, stopping=self._stopping, note=note)
             if avail is None:
-                return self._step(state, [StopRequested(self._stop_reason or "", self.clock())],
+                return self._step(state, [StopRequested(self.stops.reason or "", self.clock())],
                                   recorder)  # fmt: skip
             plan = place(self.base_plan, self.plan, avail, self.rendezvous)
         except (HostsLost, CannotReplan) as e:
@@ -272,8 +278,7 @@ class Supervisor:
         self._inbox.put(event)
 
     def _stopping(self) -> bool:
-        with self._lock:
-            return self._stop_reason is not None
+        return self.stops.reason is not None
 
     def _backoff(self, delay: float) -> bool:
         """Wait ``delay`` seconds (the dashboard keeps ticking); False if a stop came."""
@@ -292,79 +297,92 @@ class Supervisor:
         self._stderr = StderrTails()  # the stderr tails of this attempt only
         self._lost_hosts = {}
         self._running_since = {}
+        self._probe = None
         hosts = ", ".join(h.name for h in plan.hosts)
         what = "starting" if attempt == 0 else f"restarting (attempt {attempt + 1})"
         first: list[Event] = [Progress(f"{what} host agents on {hosts}", self.clock())]
         first += self._start_agents(attempt)
-        live = set(self._procs)
-        exited = {e.host for e in first if isinstance(e, AgentExited)}
+        run = _Attempt(live=set(self._procs))
+        run.exited = {e.host for e in first if isinstance(e, AgentExited)}
         state = self._step(state, first, recorder)
-        last_persist = 0.0
-        stop_sent = fail_stop_at = kill_at = None
-        self.liveness.reset(live)
-        while live:
-            batch: list[Event] = self._take_inbox()
-            items = self._drain()
-            if items:
-                now = self.clock()
-                for host, line in items:
-                    if line is None:
-                        live.discard(host)
-                        if host not in exited:
-                            batch.append(self._lost(host))
-                        continue
-                    self.liveness.heard(host)
-                    for ev in parse_line(host, line, now):
-                        batch.append(ev)
-                        if isinstance(ev, AgentExited):
-                            exited.add(ev.host)
-                        elif isinstance(ev, CheckpointSaved) and self.replicator is not None:
-                            self.replicator.saved(ev.host, ev.step)
-                        elif isinstance(ev, RankStarted):
-                            self._running_since.setdefault(ev.host, time.monotonic())
-                        elif isinstance(ev, AgentStarted):
-                            batch.append(Progress(
-                                f"torchrun started on {host}; waiting for rendezvous "
-                                f"({plan.world_size} workers)", now))  # fmt: skip
+        self.liveness.reset(run.live)
+        self.hangs.reset()
+        while run.live:
+            batch: list[Event] = self._take_inbox() + self._read_events(run)
             now = self.clock()
-            for host in self.liveness.silent(live - exited):
-                exited.add(host)
+            for host in self.liveness.silent(run.live - run.exited):
+                run.exited.add(host)
                 why = f"no message from the host for {self.host_timeout:.0f} s (unreachable?)"
                 batch.append(self._lost(host, why))
                 self._procs[host].kill()
-            if stop_sent is None:
-                batch += self.liveness.hung(state, now)
-                if state.root_cause is None:
-                    self._warm_up(live - exited)
-            with self._lock:
-                reason, force = self._stop_reason, self._force
-            if reason is not None and stop_sent is None:
-                batch.append(StopRequested(reason, now))
-                stop_sent = now
-                kill_at = now + self.stop_timeout
-                self._send_stop(live)
-            if (state.root_cause is not None or _has_cause(batch)) and stop_sent is None:
-                if fail_stop_at is None:
-                    fail_stop_at = now + self.fail_grace
-                elif now >= fail_stop_at:
-                    stop_sent = now
-                    kill_at = now + self.stop_timeout
-                    self._send_stop(live)
-            if (kill_at is not None and now >= kill_at) or force:
-                for host in live:
-                    self._procs[host].kill()
-                kill_at = None
+            batch += self.stops.apply(run.stops, self._procs, run.live, state, batch, now)
             self.sink.tick()
+            before = state.phase
             if batch:
-                before = state.phase
                 state = self._step(state, batch, recorder)
-                if state.phase != before or now - last_persist >= self.persist_interval:
-                    self.run_dir.write_state(state)
-                    last_persist = now
+            if run.stops.stop_sent is None:  # judged on the state with every event so far
+                found = self._watch_hangs(state, run)
+                if found:
+                    state = self._step(state, found, recorder)
+                    batch += found
+                if state.root_cause is None:
+                    self._warm_up(run.live - run.exited)
+            changed = state.phase != before
+            if changed or (batch and now - run.last_persist >= self.persist_interval):
+                self.run_dir.write_state(state)
+                run.last_persist = now
         return state
 
+    def _read_events(self, run: _Attempt) -> list[Event]:
+        """The events of the agent messages waiting now (at most 0.1 s for the first)."""
+        batch: list[Event] = []
+        items = self._drain()
+        now = self.clock()
+        for host, line in items:
+            if line is None:
+                run.live.discard(host)
+                if host not in run.exited:
+                    batch.append(self._lost(host))
+                continue
+            self.liveness.heard(host)
+            for ev in parse_line(host, line, now):
+                batch.append(ev)
+                if isinstance(ev, AgentExited):
+                    run.exited.add(ev.host)
+                elif isinstance(ev, CheckpointSaved) and self.replicator is not None:
+                    self.replicator.saved(ev.host, ev.step)
+                elif isinstance(ev, RankStarted):
+                    self._running_since.setdefault(ev.host, time.monotonic())
+                elif isinstance(ev, AgentStarted):
+                    batch.append(Progress(
+                        f"torchrun started on {host}; waiting for rendezvous "
+                        f"({self.plan.world_size} workers)", now))  # fmt: skip
+        return batch
+
+    def _watch_hangs(self, state: RunState, run: _Attempt) -> list[Event]:
+        """A hang verdict asks every agent for stack dumps; once they are in (or
+        ``dump_wait`` passed) it becomes the culprit's ``Hang`` exit."""
+        now = time.monotonic()
+        if self._probe is None:
+            verdict = self.hangs.check(state)
+            if verdict is None:
+                return []
+            asked = {h for h in run.live - run.exited if self._procs[h].send("dump")}
+            self._probe = HangProbe(verdict, asked, now + self.dump_wait, self.clock())
+            return [
+                Progress(
+                    f"rank {verdict.rank} on {verdict.host} seems hung "
+                    f"({verdict.reason}); taking every rank's stacks",
+                    self.clock(),
+                )
+            ]
+        if not self._probe.done(now):
+            return []
+        probe, self._probe = self._probe, None
+        return [probe.result()]
+
     def _drain(self) -> list[tuple[str, str | None]]:
-        """Up to BATCH queued lines, waiting at most 0.1 s for the first."""
+        """Up to BATCH queued messages, waiting at most 0.1 s for the first."""
         items: list[tuple[str, str | None]] = []
         try:
             items.append(self._queue.get(timeout=0.1))
@@ -374,16 +392,13 @@ class Supervisor:
             pass
         return items
 
-    def _send_stop(self, live: set[str]) -> None:
-        for host in live:
-            if not self._procs[host].send("stop"):
-                self._procs[host].kill()
-
     def _step(self, state: RunState, batch: list[Event], recorder: RunRecorder) -> RunState:
         batch = self._stderr.attach(batch)
         for ev in batch:
             if isinstance(ev, Heartbeat):
-                self.liveness.progress(ev.rank, ev.progress)
+                self.hangs.beat(ev)
+            elif isinstance(ev, (StackDump, StacksDumped)) and self._probe is not None:
+                self._probe.take(ev)
         state = apply(state, batch)
         recorder.record(batch)
         recorder.flush()
@@ -391,5 +406,11 @@ class Supervisor:
         return state
 
 
-def _has_cause(batch: Sequence[Event]) -> bool:
-    return any(isinstance(ev, RankExited) and ev.cause is not None for ev in batch)
+@dataclasses.dataclass
+class _Attempt:
+    """The supervisor's bookkeeping of one attempt (hosts, stop deadlines)."""
+
+    live: set[str]
+    exited: set[str] = dataclasses.field(default_factory=set)
+    stops: AttemptStops = dataclasses.field(default_factory=AttemptStops)
+    last_persist: float = 0.0

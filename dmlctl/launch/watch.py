@@ -1,52 +1,54 @@
-"""Liveness of an attempt, seen from the controller: ranks that stop making progress
-(hangs) and hosts that stop sending anything (cut off).
+"""Liveness of an attempt, seen from the controller: hosts that stop sending anything
+(cut off), ranks that hang (:mod:`dmlctl.launch.hangs` decides), and the
+investigation between a hang verdict and the root cause (stack dumps).
 
-Both use the controller's own clocks only, so clock skew between hosts never counts:
-a rank's heartbeat is dated when it arrives, and a host's silence is measured since
-its last line arrived.
+Everything is measured on the controller's own clock, so clock skew between hosts
+never counts: a heartbeat is dated when it arrives, a host's silence since its last
+line arrived, a rank's progress since the beat that changed it.
 """
 
 from __future__ import annotations
 
+import collections
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 
-from dmlctl.launch.events import Event, RankExited, RootCause
+from dmlctl.launch.events import (
+    Collective,
+    Heartbeat,
+    RankExited,
+    RootCause,
+    StackDump,
+    StacksDumped,
+)
+from dmlctl.launch.hangs import RankView, Verdict, find_hang
 from dmlctl.launch.state import RankStatus, RunState
+
+CPU_WINDOW_S = 5.0
+"""A rank's CPU use is averaged over its beats of this many recent seconds."""
+DUMP_WAIT_S = 3.0
+"""How long a hang verdict waits for the hosts' stack dumps before it is reported."""
+STALE_BEAT_S = 3.0
+"""A rank silent for this long (exiting, or frozen) tells nothing about its collectives
+or CPU any more: its views keep its counts but no ages or rates."""
 
 
 class Liveness:
-    """Per attempt: call :meth:`reset` when it starts, :meth:`heard` for every line
-    from a host, :meth:`progress` for every heartbeat; :meth:`hung` and
-    :meth:`silent` say who stopped. ``None`` timeouts turn a check off."""
+    """Hosts: call :meth:`reset` when an attempt starts, :meth:`heard` for every line
+    from a host; :meth:`silent` says who stopped (``None`` timeout: never)."""
 
-    def __init__(
-        self,
-        hang_timeout: float | None,
-        host_timeout: float | None,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        self.hang_timeout = hang_timeout
+    def __init__(self, host_timeout: float | None) -> None:
         self.host_timeout = host_timeout
-        self.clock = clock
-        # rank → (last progress value, when it last changed, already reported as hung)
-        self._progress: dict[int, tuple[int, float, bool]] = {}
         self._last_seen: dict[str, float] = {}  # host → monotonic time of its last line
 
     def reset(self, hosts: Iterable[str]) -> None:
-        """A new attempt starts on ``hosts``: no progress seen yet, every host heard now."""
-        self._progress = {}
+        """A new attempt starts on ``hosts``: every host heard now."""
         self._last_seen = dict.fromkeys(hosts, time.monotonic())
 
     def heard(self, host: str) -> None:
         """A line arrived from ``host``."""
         self._last_seen[host] = time.monotonic()
-
-    def progress(self, rank: int, value: int) -> None:
-        """Rank ``rank`` reported progress ``value`` (a growing counter)."""
-        seen = self._progress.get(rank)
-        if seen is None or seen[0] != value:
-            self._progress[rank] = (value, self.clock(), False)
 
     def silent(self, hosts: Iterable[str]) -> list[str]:
         """Hosts among ``hosts`` that sent nothing for ``host_timeout`` seconds."""
@@ -56,21 +58,162 @@ class Liveness:
         limit = self.host_timeout
         return [h for h in sorted(hosts) if now - self._last_seen.get(h, now) > limit]
 
-    def hung(self, state: RunState, now: float) -> list[Event]:
-        """A RankExited with a ``Hang`` cause for every running rank whose progress
-        has not moved for ``hang_timeout`` seconds (only ranks that send heartbeats);
-        each rank is reported once."""
-        if self.hang_timeout is None:
-            return []
-        out: list[Event] = []
+
+@dataclass
+class _Track:
+    """What the controller keeps of one rank's heartbeats."""
+
+    last: Heartbeat
+    beat_at: float
+    progress_at: float
+    cpu: collections.deque[tuple[float, float]] = field(default_factory=collections.deque)
+
+    def cpu_rate(self, now: float) -> float | None:
+        """Cores used over the recent window, or None with too short a history."""
+        while len(self.cpu) > 2 and self.cpu[1][0] <= now - CPU_WINDOW_S:
+            self.cpu.popleft()
+        if len(self.cpu) < 2 or self.cpu[-1][0] - self.cpu[0][0] < CPU_WINDOW_S / 2:
+            return None
+        (t0, c0), (t1, c1) = self.cpu[0], self.cpu[-1]
+        return max(0.0, c1 - c0) / max(t1 - t0, 1e-9)
+
+
+class HangWatch:
+    """Ranks: call :meth:`reset` when an attempt starts and :meth:`beat` for every
+    heartbeat; :meth:`check` returns a verdict once per attempt (``None`` timeout:
+    never). ``clock`` is the monotonic clock beats are dated with."""
+
+    def __init__(
+        self, hang_timeout: float | None, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.hang_timeout = hang_timeout
+        self.clock = clock
+        self._ranks: dict[int, _Track] = {}
+        self._reported = False
+
+    def reset(self) -> None:
+        self._ranks = {}
+        self._reported = False
+
+    def beat(self, ev: Heartbeat) -> None:
+        now = self.clock()
+        track = self._ranks.get(ev.rank)
+        if track is None:
+            track = self._ranks[ev.rank] = _Track(ev, now, now)
+        elif ev.progress != track.last.progress:
+            track.progress_at = now
+        track.last, track.beat_at = ev, now
+        if ev.cpu is not None:
+            track.cpu.append((now, ev.cpu))
+
+    def views(self, state: RunState) -> list[RankView]:
+        """A view of every rank that has sent a heartbeat in this attempt."""
+        now = self.clock()
+        out = []
         for r in state.ranks:
-            seen = self._progress.get(r.rank)
-            if r.status != RankStatus.RUNNING or seen is None or seen[2]:
+            track = self._ranks.get(r.rank)
+            if track is None or r.status is RankStatus.PENDING:
                 continue
-            idle = now - seen[1]
-            if idle >= self.hang_timeout:
-                msg = f"no progress for {idle:.0f} s (step {r.step if r.step is not None else '-'})"
-                cause = RootCause(r.host, r.rank, "Hang", msg, (), now)
-                out.append(RankExited(r.host, r.rank, -1, cause, now))
-                self._progress[r.rank] = (seen[0], seen[1], True)
+            b, age = track.last, now - track.beat_at
+            fresh = age <= STALE_BEAT_S
+            coll = {
+                g: Collective(c.entered, c.completed, c.op,
+                           c.age + age if c.age is not None and fresh else None)
+                for g, c in b.coll.items()
+            }  # fmt: skip
+            # The rank's own count of seconds since its last step is exact; the time
+            # since its progress changed on arrival is late by up to a beat.
+            stalled = b.since + age if b.since is not None else now - track.progress_at
+            out.append(RankView(
+                rank=r.rank, host=r.host, role=r.role, beat_age=age,
+                stalled_for=stalled, armed=b.armed, phase=b.phase,
+                phase_s=None if b.phase_s is None else b.phase_s + age, limit=b.limit,
+                step_s=b.step_s, cpu_rate=track.cpu_rate(now) if fresh else None,
+                where=b.where, inner=b.inner,
+                coll=coll, exit_code=r.exit_code if r.status.terminal else None,
+            ))  # fmt: skip
         return out
+
+    def check(self, state: RunState) -> Verdict | None:
+        """The run's hang (see :mod:`dmlctl.launch.hangs`), reported once per attempt."""
+        if self.hang_timeout is None or self._reported:
+            return None
+        verdict = find_hang(self.views(state), self.hang_timeout)
+        self._reported = verdict is not None
+        return verdict
+
+
+@dataclass
+class HangProbe:
+    """A verdict waiting for the stack dumps of ``hosts`` (until ``deadline``)."""
+
+    verdict: Verdict
+    hosts: set[str]
+    deadline: float  # monotonic
+    detected_at: float  # wall clock: the root cause's time
+    dumps: dict[int, StackDump] = field(default_factory=dict)
+    stopped: set[int] = field(default_factory=set)
+
+    def take(self, ev: StackDump | StacksDumped) -> None:
+        if isinstance(ev, StackDump):
+            self.dumps[ev.rank] = ev
+        else:
+            self.hosts.discard(ev.host)
+            self.stopped.update(ev.stopped)
+
+    def done(self, now: float) -> bool:
+        """Every host answered, or the wait is over."""
+        return not self.hosts or now >= self.deadline
+
+    def result(self) -> RankExited:
+        """The culprit's exit with a ``Hang`` root cause naming where it is, dated when
+        the hang was detected."""
+        ts = self.detected_at
+        return RankExited(self.verdict.host, self.verdict.rank, -1, self.cause(ts), ts)
+
+    def cause(self, ts: float) -> RootCause:
+        v = self.verdict
+        dump = self.dumps.get(v.rank)
+        where = (dump.where if dump is not None else None) or v.where
+        inner = (dump.inner if dump is not None else None) or v.inner
+        message = hang_message(v, where, inner, stopped=v.rank in self.stopped)
+        trace = _main_thread(dump.lines) if dump is not None else ()
+        return RootCause(v.host, v.rank, "Hang", message, trace, ts)
+
+
+def hang_message(v: Verdict, where: str | None, inner: str | None, *, stopped: bool) -> str:
+    """One line: what is wrong and where the culprit is, e.g. ``stuck 41 s at
+    train.py:88 in step (in threading.py:320 in wait); never entered all_reduce #57,
+    which rank 0 has waited in for 41 s``."""
+    at = f" at {where}" if where else ""
+    inside = f" (in {inner})" if inner and inner != where else ""
+    if v.reason == "frozen":
+        state = "; its process is stopped (SIGSTOP?)" if stopped else ""
+        seen = f"; last seen{at}{inside}" if where or inner else ""
+        return f"not responding: {v.detail}{state}{seen}"
+    if v.reason in ("stuck", "idle"):
+        return f"stuck {v.seconds:.0f} s{at}{inside}; {v.detail}"
+    if v.reason == "collective":
+        return f"stuck {v.detail}{at}"
+    return f"{v.detail}{at}{inside}"
+
+
+def _main_thread(lines: tuple[str, ...]) -> tuple[str, ...]:
+    """The main thread's part of a faulthandler dump (all of it if not found)."""
+    ident = next((ln.rsplit("main thread ", 1)[1].strip() for ln in lines
+                  if "main thread 0x" in ln), None)  # fmt: skip
+    out: list[str] = []
+    inside = False
+    for ln in lines:
+        if ln.startswith(("Thread 0x", "Current thread 0x")):
+            inside = ident is not None and ident in ln
+            if inside:
+                out.append(ln)
+        elif inside and any(mark in ln for mark in _WRAPPER_FRAMES):
+            inside = False  # dmlctl's rank entry and runpy below the script: not shown
+        elif inside and ln.strip():
+            out.append(ln)
+    return tuple(out) if out else tuple(lines)
+
+
+_WRAPPER_FRAMES = ("dmlctl/runtime/entry.py", "<frozen runpy>", "/runpy.py")

@@ -99,6 +99,14 @@ def _check_strategy_hosts(job: JobSpec, n_hosts: int) -> None:
         raise UsageError(f"strategy {job.strategy.name!r}: {message}")
 
 
+def _flight_recorder(*envs: Mapping[str, str]) -> dict[str, str]:
+    """PyTorch's flight recorder on (its record of every rank's collectives is how a
+    hang's culprit is found), unless the job or host environment sizes it already."""
+    if any(name in env for env in envs for name in protocol.FR_ENV):
+        return {}
+    return {protocol.FR_ENV[0]: protocol.FR_DEFAULT_SIZE}
+
+
 def _checkpoint_env(job: JobSpec, directory: str, run_id: str) -> dict[str, str]:
     """The ``DMLCTL_CHECKPOINT_*`` variables for a job with a ``checkpoint:`` block;
     ``directory`` is next to the host's rank directories (the same for every attempt)
@@ -239,6 +247,7 @@ def build_plan(
         threads = {"OMP_NUM_THREADS": "1"} if nproc + n_servers > 1 else {}
         env = {
             **threads,
+            **_flight_recorder(job.env, host.env),
             **job.env,
             **host.env,
             "PYTHONUNBUFFERED": "1",

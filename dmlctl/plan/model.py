@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from dmlctl.protocol import ENV_ATTEMPT, ENV_RANK_DIR
+
 
 @dataclass(frozen=True)
 class RankPlan:
@@ -49,9 +51,12 @@ class HostPlan:
     env: Mapping[str, str]
     slots: int = 1  # the most workers the host may run (the cluster spec's slots)
 
-    def agent_config(self, run_id: str, attempt: int = 0) -> dict[str, Any]:
+    def agent_config(
+        self, run_id: str, attempt: int = 0, stop_grace: float = 30.0
+    ) -> dict[str, Any]:
         """The host agent's configuration for attempt ``attempt`` (0 = first), sent
-        on its stdin (never on a command line); see :func:`attempt_config`."""
+        on its stdin (never on a command line); see :func:`attempt_config`.
+        ``stop_grace``: seconds the ranks get after SIGTERM when the agent stops them."""
         config = {
             "run_id": run_id,
             "host": self.name,
@@ -61,6 +66,7 @@ class HostPlan:
             "env": dict(self.env),
             "nproc": self.nproc,
             "first_rank": self.first_rank,
+            "stop_grace": stop_grace,
         }
         return attempt_config(config, attempt)
 
@@ -71,17 +77,19 @@ def attempt_rank_dir(rank_dir: str, attempt: int) -> str:
 
 
 def attempt_config(config: dict[str, Any], attempt: int) -> dict[str, Any]:
-    """The agent configuration for attempt ``attempt`` (0 = first): later attempts get
-    a rank directory of their own (an agent never replays an earlier attempt's
-    files), their own rendezvous id, and ``DMLCTL_ATTEMPT`` in the environment."""
-    if attempt == 0:  # no DMLCTL_ATTEMPT: the first attempt
-        return config
+    """The agent configuration for attempt ``attempt`` (0 = first): ``DMLCTL_ATTEMPT``
+    is ``attempt + 1`` (the dashboard's count); later attempts also get a rank directory
+    of their own (an agent never replays an earlier attempt's files) and their own
+    rendezvous id."""
+    env = {**config["env"], ENV_ATTEMPT: str(attempt + 1)}
+    if attempt == 0:
+        return {**config, "env": env}
     rank_dir = attempt_rank_dir(config["rank_dir"], attempt)
     argv = list(config["argv"])
     if "--rdzv-id" in argv:
         i = argv.index("--rdzv-id") + 1
         argv[i] = f"{argv[i]}.{attempt}"
-    env = {**config["env"], "DMLCTL_ATTEMPT": str(attempt), "DMLCTL_RANK_DIR": rank_dir}
+    env[ENV_RANK_DIR] = rank_dir
     return {**config, "rank_dir": rank_dir, "argv": argv, "env": env}
 
 

@@ -8,6 +8,10 @@
 * each host gets the checks in :data:`CHECKS` (``rendezvous port`` on the first
   host, ``rendezvous reachable`` on the others): a host that cannot be reached fails
   ``reachable`` only, its other checks are skipped (``skipped=True``, not failures);
+* ``packages`` imports, on the host's Python, exactly what the ranks will import
+  (:func:`~dmlctl.provision.requirements.data_plane_requirements`, derived from the
+  code and dmlctl's declared dependencies) and fails naming every distribution that
+  is missing or outside its declared range;
 * with several hosts, a listener is started on the first host's rendezvous port and
   every other host connects to it (the address the launch plan will use), in
   parallel; waiting for the listener and for the connects each take at most
@@ -29,16 +33,17 @@ from rich.table import Table
 from rich.text import Text
 
 from dmlctl.provision import probe
+from dmlctl.provision.requirements import Needed, data_plane_requirements
 from dmlctl.transport import network_address
 from dmlctl.transport.base import Transport
 
 if TYPE_CHECKING:
     from dmlctl.spec.models import ResolvedHost
 
-REACHABLE, PYTHON, TORCH, PYDANTIC = "reachable", "python", "torch", "pydantic"
+REACHABLE, PYTHON, TORCH, PACKAGES = "reachable", "python", "torch", "packages"
 VERSIONS, DISK, CLOCK = "versions", "disk", "clock"
 RDZV_PORT, RDZV_REACHABLE = "rendezvous port", "rendezvous reachable"
-CHECKS = (REACHABLE, PYTHON, TORCH, PYDANTIC, VERSIONS, DISK, CLOCK, RDZV_PORT, RDZV_REACHABLE)
+CHECKS = (REACHABLE, PYTHON, TORCH, PACKAGES, VERSIONS, DISK, CLOCK, RDZV_PORT, RDZV_REACHABLE)
 """Every check name, in report order."""
 MIN_PYTHON = (3, 10)
 CONNECT_TIMEOUT = 5.0
@@ -103,8 +108,9 @@ def _gib(n: float) -> str:
 
 
 def _probe_checks(
-    h: ResolvedHost, a: probe.Answer | str, *, first: bool, min_free: int, max_skew: float
-) -> tuple[dict[str, Check], dict[str, Any] | None, str | None]:
+    h: ResolvedHost, a: probe.Answer | str, needed: Sequence[Needed], *, first: bool,
+    min_free: int, max_skew: float,
+) -> tuple[dict[str, Check], dict[str, Any] | None, str | None]:  # fmt: skip
     """(checks, probe facts or None, why the other checks are skipped or None)."""
     if isinstance(a, str):
         return {REACHABLE: Check(REACHABLE, False, a)}, None, "unreachable"
@@ -115,6 +121,7 @@ def _probe_checks(
     checks = {REACHABLE: Check(REACHABLE, True, f"answered in {r.duration:.2f} s")}
     if (f := probe.read_probe(r.stdout, a.sent, a.received)) is not None:
         checks.update(_host_checks(f, first=first, min_free=min_free, max_skew=max_skew))
+        checks[PACKAGES] = _packages_check(f.get("packages") or {}, needed)
         return checks, f, None
     why = f"{h.python} exited {r.exit_code}: {_last_line(r.stderr, r.stdout)}"
     checks[PYTHON] = Check(PYTHON, False, why)
@@ -134,8 +141,6 @@ def _host_checks(
         _check(PYTHON, tuple(map(int, py.split(".")[:2])) >= MIN_PYTHON, py, f"{py}, need >= 3.10"),
         _check(TORCH, f.get("torch") is not None, str(f.get("torch")),
                f"not importable: {f.get('torch_error')}"),
-        _check(PYDANTIC, f.get("pydantic") is not None, str(f.get("pydantic")),
-               f"not importable: {f.get('pydantic_error')}"),
         Check(DISK, False, f"work dir {f.get('workdir')}: {f.get('disk_error')}") if free is None
         else _check(DISK, free >= min_free, f"{_gib(free)} free in {f['workdir']}",
                     f"{_gib(free)} free in {f['workdir']}, need {_gib(min_free)}"),
@@ -149,10 +154,35 @@ def _host_checks(
     return {check.name: check for check in c}
 
 
-_COMPARED: tuple[tuple[str, Callable[[str], str]], ...] = (
-    ("python", lambda v: ".".join(v.split(".")[:2])),
-    ("torch", lambda v: v.split("+")[0]),  # cpu and cuda builds of one release interoperate
-    ("pydantic", lambda v: v.split(".")[0]),
+def _packages_check(found: Mapping[str, Any], needed: Sequence[Needed]) -> Check:
+    """Every distribution in ``needed`` importable (all its modules) and in range;
+    ``found`` is the probe's ``packages`` answer."""
+    problems: list[str] = []
+    have: list[str] = []
+    for n in needed:
+        answers = [found.get(m) or {"error": "not probed"} for m in n.modules]
+        errors = [a["error"] for a in answers if a.get("error")]
+        version = next((a["version"] for a in answers if a.get("version")), None)
+        if errors:
+            problems.extend(f"{n.dist} not importable: {e}" for e in errors)
+        elif version is not None and not n.allows(version):
+            problems.append(f"{n.dist} {version} does not satisfy {n.range}")
+        else:
+            have.append(f"{n.dist} {version or '(version unknown)'}")
+    if problems:
+        return Check(PACKAGES, False, "; ".join(problems))
+    return Check(PACKAGES, True, ", ".join(have) or "none needed")
+
+
+def _package_version(name: str) -> Callable[[Mapping[str, Any]], Any]:
+    return lambda f: ((f.get("packages") or {}).get(name) or {}).get("version")
+
+
+_COMPARED: tuple[tuple[str, Callable[[Mapping[str, Any]], Any], Callable[[str], str]], ...] = (
+    ("python", lambda f: f.get("python"), lambda v: ".".join(v.split(".")[:2])),
+    # cpu and cuda builds of one release interoperate
+    ("torch", lambda f: f.get("torch"), lambda v: v.split("+")[0]),
+    ("pydantic", _package_version("pydantic"), lambda v: v.split(".")[0]),
 )
 
 
@@ -160,8 +190,8 @@ def _version_checks(facts: Mapping[str, Mapping[str, Any]]) -> dict[str, Check]:
     """Flags the odd ones out: hosts whose python major.minor, torch release or pydantic
     major differs from the most common one (ties: the earliest host's)."""
     problems: dict[str, list[str]] = {h: [] for h in facts}
-    for key, norm in _COMPARED:
-        have = {h: str(f[key]) for h, f in facts.items() if f.get(key) is not None}
+    for key, get, norm in _COMPARED:
+        have = {h: str(get(f)) for h, f in facts.items() if get(f) is not None}
         counts = Counter(norm(v) for v in have.values())
         best = max(counts.values(), default=0)
         ref = next((h for h, v in have.items() if counts[norm(v)] == best), "")
@@ -188,8 +218,7 @@ def _rendezvous(
         wait = min(CONNECT_TIMEOUT, timeout)
         address = network_address(transports[first.name], first.address)
         calls = {
-            h.name: (transports[h.name], probe.connect_argv(h, address, port, wait))
-            for h in others
+            h.name: (transports[h.name], probe.connect_argv(h, address, port, wait)) for h in others
         }
         answers = probe.fan_out(calls, timeout=timeout, clock=clock)
     finally:  # EOF on stdin ends the listener where kill() cannot reach it (SSH)
@@ -214,17 +243,22 @@ def run_doctor(
     min_free_bytes: int = 1 << 30,
     max_clock_skew: float = 2.0,
     clock: Callable[[], float] = time.time,
+    packages: Sequence[Needed] | None = None,
 ) -> DoctorReport:
     """Check every host (see the module promises); ``transports`` maps host name to
     transport. Clock skew is ``remote time - midpoint`` of the window in which the
-    probe can have answered (after its own run time, before its reply arrived)."""
+    probe can have answered (after its own run time, before its reply arrived).
+    ``packages``: what the ``packages`` check asks for (default: what the ranks import,
+    :func:`~dmlctl.provision.requirements.data_plane_requirements`)."""
     if missing := [h.name for h in hosts if h.name not in transports]:
         raise ValueError(f"no transport for hosts {missing}")
     if not hosts:
         return DoctorReport(())
+    needed = data_plane_requirements() if packages is None else tuple(packages)
+    asked = [(m, n.dist) for n in needed for m in n.modules]
     first = hosts[0]
     calls = {
-        h.name: (transports[h.name], probe.probe_argv(h, rdzv_port if h is first else None))
+        h.name: (transports[h.name], probe.probe_argv(h, rdzv_port if h is first else None, asked))
         for h in hosts
     }
     answers = probe.fan_out(calls, timeout=timeout, clock=clock)
@@ -233,8 +267,9 @@ def run_doctor(
     skipped: dict[str, str] = {}
     for h in hosts:
         checks[h.name], found, why = _probe_checks(
-            h, answers[h.name], first=h is first, min_free=min_free_bytes, max_skew=max_clock_skew
-        )
+            h, answers[h.name], needed, first=h is first, min_free=min_free_bytes,
+            max_skew=max_clock_skew,
+        )  # fmt: skip
         facts.update({h.name: found} if found is not None else {})
         skipped.update({h.name: why} if why is not None else {})
     for name, check in _version_checks(facts).items():
@@ -287,7 +322,10 @@ def render_doctor(report: DoctorReport) -> RenderableType:
 
 def doctor_json(report: DoctorReport) -> dict[str, Any]:
     """``{ok, total, failed, hosts: [{host, address, ok, checks: [{name, ok, skipped,
-    detail}], facts}]}`` (facts: the probe's answer plus clock_skew/clock_uncertainty)."""
+    detail}], facts}]}``: checks in :data:`CHECKS` order (``packages``' detail names
+    every missing or out-of-range distribution); facts are the probe's answer
+    (:data:`~dmlctl.provision.probe.PROBE_KEYS`, ``packages`` keyed by import name)
+    plus clock_skew/clock_uncertainty."""
     return {
         "ok": report.ok,
         "total": len(report.hosts),

@@ -3,9 +3,9 @@
 
 Each script is a self-contained Python source string run as ``python -c SCRIPT
 ARGS...`` through a :class:`~dmlctl.transport.base.Transport`. They need nothing but
-the standard library of Python 3.8 or newer (the probe also imports torch and
-pydantic when present), so a host with an old or bare interpreter still answers and
-the doctor can say what is missing. Tests build scripted results with the same
+the standard library of Python 3.8 or newer (the probe also imports torch and the
+packages it is asked about, when present), so a host with an old or bare interpreter
+still answers and the doctor can say what is missing. Tests build scripted results with the same
 ``*_argv`` helpers the doctor uses.
 
 * :data:`PROBE` prints one JSON object (keys: :data:`PROBE_KEYS`) on one line;
@@ -32,25 +32,31 @@ if TYPE_CHECKING:
     from dmlctl.spec.models import ResolvedHost
 
 PROBE_KEYS = (
-    "python", "platform", "torch", "torch_error", "cuda", "gpus", "pydantic",
-    "pydantic_error", "workdir", "disk_free", "disk_error", "port", "port_free",
-    "port_error", "time", "elapsed",
+    "python", "platform", "torch", "torch_error", "cuda", "gpus", "packages", "workdir",
+    "disk_free", "disk_error", "port", "port_free", "port_error", "time", "elapsed",
 )  # fmt: skip
-"""Every key of the probe's JSON object (values are null when not applicable)."""
+"""Every key of the probe's JSON object (values are null when not applicable).
+``packages`` maps each import name asked about to ``{"dist", "version", "error"}``:
+``error`` is null or one short line (why the import failed), ``version`` the
+installed distribution's version (else the module's ``__version__``, else null)."""
 
 # Python >= 3.8, standard library only: no annotations, no walrus, no match. The
 # answer's time is taken last, after the slow imports, so the controller can bound
 # when it was produced (see ``elapsed`` and read_probe); os._exit skips torch's slow
 # teardown, which would only widen that window.
 PROBE = r"""
-import json, os, platform, shutil, socket, sys, time
+import importlib, json, os, platform, shutil, socket, sys, time
 t0 = time.monotonic()
 out = {"python": "%d.%d.%d" % sys.version_info[:3], "platform": platform.platform(),
        "torch": None, "torch_error": None, "cuda": False, "gpus": 0,
-       "pydantic": None, "pydantic_error": None, "workdir": None, "disk_free": None,
-       "disk_error": None, "port": None, "port_free": None, "port_error": None}
+       "packages": {}, "workdir": None, "disk_free": None, "disk_error": None,
+       "port": None, "port_free": None, "port_error": None}
 def err(e):
     return ("%s: %s" % (type(e).__name__, e))[:500]
+def short(e):  # an import error's own message says it all; others need their type
+    text = str(e) if isinstance(e, ImportError) else "%s: %s" % (type(e).__name__, e)
+    lines = text.strip().splitlines()
+    return (lines[0] if lines else type(e).__name__)[:200]
 try:
     import torch
     out["torch"] = str(torch.__version__)
@@ -62,10 +68,24 @@ try:
 except BaseException as e:
     out["torch_error"] = err(e)
 try:
-    import pydantic
-    out["pydantic"] = str(getattr(pydantic, "VERSION", "unknown"))
-except BaseException as e:
-    out["pydantic_error"] = err(e)
+    from importlib import metadata
+except ImportError:  # Python < 3.8: versions from __version__ only
+    metadata = None
+for pair in (sys.argv[3] if len(sys.argv) > 3 else "").split(","):
+    if not pair:
+        continue
+    name, _, dist = pair.partition("=")
+    found = out["packages"][name] = {"dist": dist or name, "version": None, "error": None}
+    try:
+        mod = importlib.import_module(name)
+    except BaseException as e:
+        found["error"] = short(e)
+        continue
+    try:
+        found["version"] = str(metadata.version(found["dist"]))
+    except Exception:
+        v = getattr(mod, "__version__", None)
+        found["version"] = None if v is None else str(v)
 try:
     wd = os.path.abspath(os.path.expanduser(sys.argv[1]))
     out["workdir"] = wd
@@ -147,9 +167,13 @@ print("ok")
 """.replace("GREETING", GREETING)
 
 
-def probe_argv(host: ResolvedHost, port: int | None) -> list[str]:
-    """``[python, -c, PROBE, workdir, port or ""]``: probe ``host`` (and ``port``)."""
-    return [host.python, "-c", PROBE, host.workdir, "" if port is None else str(port)]
+def probe_argv(
+    host: ResolvedHost, port: int | None, packages: Sequence[tuple[str, str]] = ()
+) -> list[str]:
+    """``[python, -c, PROBE, workdir, port or "", "mod=dist,…"]``: probe ``host`` (and
+    ``port``), importing each ``(import name, distribution)`` of ``packages``."""
+    asked = ",".join(f"{module}={dist}" for module, dist in packages)
+    return [host.python, "-c", PROBE, host.workdir, "" if port is None else str(port), asked]
 
 
 def listener_argv(host: ResolvedHost, port: int, lifetime: float) -> list[str]:

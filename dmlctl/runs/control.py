@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import signal
 import time
@@ -12,6 +13,18 @@ from dmlctl.launch.state import Phase, RunState, apply
 from dmlctl.runs.store import RunDir, pid_alive
 
 POLL_S = 0.1
+STOP_SLACK_S = 10.0  # beyond the ranks' grace: the agents' margin and the teardown
+
+
+def default_stop_timeout(run: RunDir) -> float:
+    """How long ``dmlctl stop`` waits by default: the job's ``restart.stop_grace`` (from
+    its plan; 30 s where it is unreadable) plus :data:`STOP_SLACK_S`."""
+    try:
+        plan = json.loads(run.plan.read_text(encoding="utf-8"))
+        grace = float(plan.get("restart", {}).get("stop_grace", 30.0))
+    except (OSError, ValueError, TypeError, AttributeError):
+        grace = 30.0
+    return grace + STOP_SLACK_S
 
 
 def _mark_stopped(run: RunDir, state: RunState, why: str) -> RunState:

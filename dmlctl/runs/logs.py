@@ -68,3 +68,24 @@ def print_host_files(run: RunDir, rank: int | None, out: BinaryIO | None = None)
             for line in path.read_bytes().splitlines(keepends=True):
                 sink.write(prefix + line)
     sink.flush()
+
+
+def print_stacks(run: RunDir, rank: int | None, out: BinaryIO | None = None) -> None:
+    """Print the stack dumps taken when a hang was detected (``stacks/rank-N.txt``):
+    one rank's, or every rank's in rank order. UsageError when there are none."""
+    sink = out if out is not None else sys.stdout.buffer
+    found = {}
+    for path in run.stacks.glob("rank-*.txt") if run.stacks.is_dir() else ():
+        n = path.stem.removeprefix("rank-")
+        if n.isdigit():
+            found[int(n)] = path
+    if not found:
+        raise UsageError(
+            f"run {run.run_id} has no stack dumps (they are taken when a hang is detected)"
+        )
+    if rank is not None and rank not in found:
+        have = ", ".join(map(str, sorted(found)))
+        raise UsageError(f"run {run.run_id} has no stack dump of rank {rank} (ranks: {have})")
+    for r in sorted(found) if rank is None else [rank]:
+        sink.write(found[r].read_bytes())
+    sink.flush()

@@ -9,6 +9,7 @@ Layout of one run directory::
     logs/merged.log   every line of every rank, "[rank N] " prefixed, in arrival order
     logs/agent-H.log  what host H's agent and torchrun printed
     metrics.jsonl     one metric record per line: {ts, host, rank, step, values}
+    stacks/rank-N.txt every thread's stack of rank N, dumped when a hang was detected
     summary.json      the final state, written once when the run ends
     controller.pid    pid of the controller process while it runs
     controller.log    a detached controller's own output
@@ -98,6 +99,11 @@ class RunDir:
     @property
     def logs(self) -> Path:
         return self.path / "logs"
+
+    @property
+    def stacks(self) -> Path:
+        """``stacks/rank-N.txt``: every thread's stack, dumped on each hang verdict."""
+        return self.path / "stacks"
 
     @property
     def metrics(self) -> Path:

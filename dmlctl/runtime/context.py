@@ -39,6 +39,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -48,10 +49,11 @@ from pydantic import BaseModel
 from dmlctl.protocol import ROLE_SERVER
 from dmlctl.ps.roles import Membership
 from dmlctl.runtime import checkpoint as ckpt
+from dmlctl.runtime import guards
 from dmlctl.runtime.data import MapDataset, shard_batches
 from dmlctl.runtime.env import RunEnv
-from dmlctl.runtime.heartbeat import Heartbeat
 from dmlctl.runtime.metrics import MetricLogger
+from dmlctl.runtime.progress import TRACKER
 from dmlctl.strategies import registry
 
 _THREAD_GRACE_S = 0.05
@@ -101,11 +103,6 @@ class Context:
         self._resume_at: tuple[int, int] | None = None  # (epoch, batches consumed)
         self._batches = self._skip = 0  # batches yielded in this epoch / left to skip
         self.resumed_extra: dict[str, Any] = {}  # ``extra`` of the checkpoint resumed
-        self._progress = 0  # batches + log calls: what the heartbeat reports
-        # A server waits for workers by design: its beat always shows progress (a hang
-        # is the workers' to detect).
-        progress = (lambda: int(time.monotonic())) if is_server else (lambda: self._progress)
-        self._heartbeat = Heartbeat(env.rank_dir, env.rank, progress) if env.rank_dir else None
         self._on_data_end: list[Callable[[], None]] = []
 
     @property
@@ -183,6 +180,8 @@ class Context:
         model = model.to(self._device)
         module = registry.load(self._env.strategy)
         model, optimizer = module.prepare(self, model, optimizer, self._env.params)
+        guards.mark_prepared()
+        self._metrics.prepared(self._env.strategy)
         for wrapped in (optimizer, model):
             source = getattr(wrapped, "metrics", None)
             if callable(source):
@@ -237,7 +236,10 @@ class Context:
         return self._ending(itertools.islice(batches, self._skip, None))
 
     def _ending(self, batches: Iterator[Any]) -> Iterator[Any]:
-        yield from batches
+        try:
+            yield from batches
+        finally:  # exhausted, or the loop broke out: no more steps for now
+            TRACKER.data_end()
         for callback in list(self._on_data_end):
             callback()
 
@@ -247,16 +249,27 @@ class Context:
         self._on_data_end.append(callback)
 
     def mark_progress(self) -> None:
-        """Count one unit of progress for the hang detector (the data iterator and
-        :meth:`log` already do)."""
-        self._progress += 1
+        """Count one training step for the hang detector (the data iterator and
+        :meth:`log` already do): for loops that use neither."""
+        TRACKER.step(batch=True)
+
+    def phase(self, name: str, limit: float | None = None) -> AbstractContextManager[None]:
+        """``with ctx.phase("eval"): …`` — a long stretch without training steps
+        (evaluation, compilation, a data download) that must not count as a hang.
+
+        The hang detector judges steps only while they run: before the first batch and
+        after the data ends it never expects any. Inside a phase it does not either,
+        unless the phase runs past ``limit`` seconds — then the rank is reported hung
+        (with its stack) like one whose steps stopped.
+        """
+        return TRACKER.phase(name, limit)
 
     def _set_epoch(self, epoch: int) -> None:
         self._epoch, self._batches = epoch, 0
 
     def _count(self, samples: int) -> None:
         self._batches += 1
-        self._progress += 1
+        TRACKER.step(batch=True)
         if self._skip:
             self._skip -= 1  # consumed before the checkpoint: not counted again
         else:
@@ -269,7 +282,8 @@ class Context:
 
         Collective. Call after :meth:`prepare`, before :meth:`shard`.
         """
-        found = self._ckpt.load_latest() if self._ckpt is not None else None
+        with TRACKER.phase("resume"):
+            found = self._ckpt.load_latest() if self._ckpt is not None else None
         if found is None:
             return 0
         step, state = found
@@ -288,7 +302,8 @@ class Context:
         state = ckpt.training_state(
             model, optimizer, epoch=self._epoch, batches=self._batches, extra=extra
         )
-        directory = self._ckpt.save(step, state)
+        with TRACKER.phase("checkpoint"):
+            directory = self._ckpt.save(step, state)
         if self._ckpt.committed_here:
             self._metrics.checkpoint(step, directory)
         return directory
@@ -303,7 +318,7 @@ class Context:
         """
         for source in self._sources:
             metrics = {**source(), **metrics}
-        self._progress += 1
+        TRACKER.step()
         return self._metrics.log(step, metrics)
 
     def barrier(self) -> None:
@@ -346,8 +361,6 @@ class Context:
             return
         self._closed = True
         try:
-            if self._heartbeat is not None:
-                self._heartbeat.stop()
             self._metrics.close()
             while self._on_close:
                 self._on_close.pop()()

@@ -5,31 +5,67 @@ Promises, for every rank process:
 * file descriptors 1 and 2 point at ``rank-<R>.stdout`` / ``rank-<R>.stderr`` in
   ``$DMLCTL_RANK_DIR`` (append mode), so a rank never blocks on a pipe and nothing
   it — or any child it starts — prints is lost;
-* a ``start`` record is written before the script runs, an ``exit`` record after it
-  ends (code 0, or 1 with the exception type, message and traceback);
-* the script runs unchanged, as ``__main__``, with ``sys.argv`` = [SCRIPT, ARGS…]
-  and its directory first on ``sys.path`` — exactly as torchrun would run it;
-* the process ends through :func:`finish` (atexit handlers run, output flushed);
-* on failure, torchelastic's error file (``$TORCHELASTIC_ERROR_FILE``) is written
-  too, so torchrun's own summary names the exception.
+* before the script runs: ``faulthandler`` dumps every thread's stack into
+  ``rank-<R>.stacks`` on :data:`dmlctl.protocol.STACKS_SIGNAL`, a ``start`` record is
+  written and the heartbeat (:mod:`dmlctl.runtime.heartbeat`) beats every second;
+  the strategy's guards are armed (:mod:`dmlctl.runtime.guards`);
+* a worker runs the script exactly as ``python SCRIPT ARGS…`` under torchrun would:
+  as ``__main__`` with ``__file__`` its absolute path, ``sys.argv`` = [SCRIPT, ARGS…]
+  as given, and its directory first on ``sys.path``. A parameter-server rank never
+  runs the script: it serves (``dmlctl.init()``) until the workers are done;
+* the process ends the way the interpreter ends under torchrun — non-daemon threads
+  joined (pending ``ThreadPoolExecutor`` jobs included), ``atexit`` handlers run,
+  output flushed — then an ``exit`` record (code 0, or the exception's type, message
+  and traceback) is written, and, on failure, torchelastic's error file
+  (``$TORCHELASTIC_ERROR_FILE``) so torchrun's own summary names the exception. Only
+  the interpreter's final teardown is skipped (see :func:`finish`).
 
-Without ``$DMLCTL_RANK_DIR`` it only runs the script.
+Without ``$DMLCTL_RANK_DIR`` it only runs the script and ends as above.
 """
 
 from __future__ import annotations
 
+import atexit
+import builtins
 import contextlib
+import faulthandler
+import io
 import json
 import os
 import runpy
+import signal
 import sys
+import threading
 import time
 import traceback
-from typing import Any
+import types
+from dataclasses import dataclass
+from importlib.machinery import SourceFileLoader
+from typing import IO, Any, NoReturn
 
 from dmlctl import protocol
+from dmlctl.runtime.heartbeat import Heartbeat
+from dmlctl.runtime.progress import TRACKER
+from dmlctl.runtime.where import FrameNamer
 
 TRACEBACK_LINES = 40
+_kept: list[Any] = []  # objects that must outlive the script (this module, the stacks file)
+
+
+@dataclass
+class Outcome:
+    """How the script ended: exit code and, on failure, {type, message, traceback}."""
+
+    code: int
+    error: dict[str, Any] | None = None
+
+
+@dataclass
+class RankFiles:
+    """What this rank set up in its rank directory before the script ran."""
+
+    writer: protocol.RankEventWriter
+    heartbeat: Heartbeat
 
 
 def _redirect(rank_dir: str, rank: int) -> None:
@@ -43,9 +79,73 @@ def _redirect(rank_dir: str, rank: int) -> None:
         os.close(target)
 
 
+def _stack_dumps(rank_dir: str, rank: int) -> None:
+    """Dump every thread's stack into ``rank-<R>.stacks`` on the stacks signal."""
+    f: IO[bytes] = open(protocol.rank_stacks(rank_dir, rank), "ab", buffering=0)  # noqa: SIM115
+    main = threading.main_thread().ident or 0
+    f.write(f"dmlctl: rank {rank} pid {os.getpid()} main thread 0x{main:016x}\n".encode())
+    faulthandler.register(getattr(signal, protocol.STACKS_SIGNAL), file=f, all_threads=True)
+    _kept.append(f)
+
+
+def _role() -> str:
+    try:
+        return protocol.local_role(os.environ, int(os.environ.get("LOCAL_RANK", "0")))
+    except ValueError:
+        return protocol.ROLE_WORKER  # dmlctl.init() reports the bad variable
+
+
+def setup(rank: int, script: str) -> RankFiles | None:
+    """Redirect output, arm stack dumps, record the start and start the heartbeat
+    (nothing without ``$DMLCTL_RANK_DIR``)."""
+    rank_dir = os.environ.get(protocol.ENV_RANK_DIR)
+    if not rank_dir:
+        return None
+    _redirect(rank_dir, rank)
+    _stack_dumps(rank_dir, rank)
+    writer = protocol.RankEventWriter(rank_dir, rank)
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    writer.start(local_rank, _role(), os.environ.get(protocol.ENV_HOST, ""))
+    namer = FrameNamer(os.path.dirname(os.path.abspath(script)))
+    return RankFiles(writer, Heartbeat(writer, namer).start())
+
+
+def _arm_guards(role: str) -> None:
+    from dmlctl.runtime import guards
+    from dmlctl.strategies import registry
+
+    strategy = os.environ.get(protocol.ENV_STRATEGY) or "ssgd"
+    try:
+        servers = protocol.ROLE_SERVER in registry.load(strategy).ROLES
+    except KeyError:
+        return  # an unknown strategy: dmlctl.init() names it
+    guards.install(strategy, servers=servers)
+
+
+def run_script(argv: list[str]) -> None:
+    """Run ``argv[0]`` as ``__main__`` with ``sys.argv = argv``, as ``python argv…``
+    does (``__file__`` absolute, ``sys.argv[0]`` as given)."""
+    path = os.path.abspath(argv[0])
+    sys.argv = list(argv)
+    sys.path[0] = os.path.dirname(path)
+    if not os.path.isfile(path):  # a directory or zip file with __main__.py
+        runpy.run_path(path, run_name="__main__")
+        return
+    with io.open_code(path) as f:
+        code = compile(f.read(), path, "exec", dont_inherit=True)
+    module = types.ModuleType("__main__")
+    module.__dict__.update(
+        __file__=path, __loader__=SourceFileLoader("__main__", path), __spec__=None,
+        __package__=None, __builtins__=builtins,
+    )  # fmt: skip
+    _kept.append(sys.modules.get("__main__"))  # this module: its functions still run
+    sys.modules["__main__"] = module
+    exec(code, module.__dict__)
+
+
 def _user_frames(exc: BaseException, script: str) -> BaseException:
-    """``exc`` with the traceback frames of this wrapper and runpy cut off, so the
-    traceback starts in the user's script (unchanged if the script is not in it)."""
+    """``exc`` with the traceback frames of this wrapper cut off, so the traceback
+    starts in the user's script (unchanged if the script is not in it)."""
     tb = exc.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_filename != script:
         tb = tb.tb_next
@@ -59,6 +159,41 @@ def _error_record(exc: BaseException) -> dict[str, Any]:
         "message": str(exc),
         "traceback": lines[-TRACEBACK_LINES:],
     }
+
+
+def _exit_code(code: object) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    return 1
+
+
+def main(argv: list[str]) -> Outcome:
+    """Run ``argv[0]`` with ``argv[1:]`` (a worker) or serve (a parameter server)."""
+    script = os.path.abspath(argv[0])
+    role = _role()
+    try:
+        if role == protocol.ROLE_SERVER:
+            from dmlctl.runtime.session import init
+
+            init()  # serves until the workers are done, then raises SystemExit(0)
+        else:
+            _arm_guards(role)
+            run_script(argv)
+    except SystemExit as e:
+        code = _exit_code(e.code)
+        if code != 0 and isinstance(e.code, str):
+            print(e.code, file=sys.stderr)
+        if code == 0:
+            return Outcome(0)
+        return Outcome(code, {"type": "SystemExit", "message": f"exit code {code}",
+                              "traceback": []})  # fmt: skip
+    except BaseException as e:
+        e = _user_frames(e, script)
+        traceback.print_exception(e)
+        return Outcome(1, _error_record(e))
+    return Outcome(0)
 
 
 def _write_torchelastic_error(error: dict[str, Any]) -> None:
@@ -81,73 +216,36 @@ def _write_torchelastic_error(error: dict[str, Any]) -> None:
         pass
 
 
-def _exit_code(code: object) -> int:
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code
-    return 1
-
-
-def main(argv: list[str]) -> int:
-    """Run ``argv[0]`` as a script with ``argv[1:]`` as its arguments."""
-    if not argv:
-        print("usage: python -m dmlctl.runtime.entry SCRIPT [ARGS...]", file=sys.stderr)
-        return 2
-    rank = int(os.environ.get("RANK", "0"))
-    rank_dir = os.environ.get(protocol.ENV_RANK_DIR)
-    writer = None
-    if rank_dir:
-        _redirect(rank_dir, rank)
-        writer = protocol.RankEventWriter(rank_dir, rank)
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        try:
-            role = protocol.local_role(os.environ, local_rank)
-        except ValueError:
-            role = protocol.ROLE_WORKER  # dmlctl.init() reports the bad variable
-        writer.start(local_rank, role, os.environ.get(protocol.ENV_HOST, ""))
-    script = os.path.abspath(argv[0])
-    sys.argv = list(argv)
-    sys.path[0] = os.path.dirname(os.path.abspath(script))
-    try:
-        runpy.run_path(script, run_name="__main__")
-    except SystemExit as e:
-        code = _exit_code(e.code)
-        if code != 0 and isinstance(e.code, str):
-            print(e.code, file=sys.stderr)
-        if writer is not None:
-            error: dict[str, Any] | None = None if code == 0 else {
-                "type": "SystemExit", "message": f"exit code {code}", "traceback": [],
-            }
-            writer.exit(code, error)
-        return code
-    except BaseException as e:
-        e = _user_frames(e, os.path.abspath(script))
-        error = _error_record(e)
-        traceback.print_exception(e)
-        sys.stderr.flush()
-        _write_torchelastic_error(error)
-        if writer is not None:
-            writer.exit(1, error)
-        return 1
-    if writer is not None:
-        writer.exit(0, None)
-    return 0
-
-
-def finish(code: int) -> None:
-    """Exit with ``code`` after the script's atexit handlers ran and output is flushed,
-    skipping the interpreter's own teardown: on gloo, a communication thread freed
-    during that teardown can abort a rank that has already finished its work
-    (pytorch/pytorch#190489), which would turn a successful run into a failed one."""
-    import atexit
-
-    atexit._run_exitfuncs()
+def _flush() -> None:
     for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):
+        with contextlib.suppress(OSError, ValueError, AttributeError):
             stream.flush()
-    os._exit(code)
+
+
+def finish(outcome: Outcome, files: RankFiles | None) -> NoReturn:
+    """End the process as the interpreter would (see the module promises), then
+    ``os._exit``: on gloo, a communication thread freed during the interpreter's own
+    teardown can abort a rank that has already finished its work
+    (pytorch/pytorch#190489), which would turn a successful run into a failed one."""
+    with TRACKER.phase("exit"):  # joining threads may take long: not a hang
+        shutdown = getattr(threading, "_shutdown", None)
+        if callable(shutdown):
+            shutdown()  # runs threading's atexit hooks (executors), joins non-daemon threads
+        atexit._run_exitfuncs()
+    _flush()
+    if outcome.error is not None:
+        _write_torchelastic_error(outcome.error)
+    if files is not None:
+        files.heartbeat.stop()
+        files.writer.exit(outcome.code, outcome.error)
+        files.writer.close()
+    os._exit(outcome.code)
 
 
 if __name__ == "__main__":
-    finish(main(sys.argv[1:]))
+    if len(sys.argv) < 2:
+        print("usage: python -m dmlctl.runtime.entry SCRIPT [ARGS...]", file=sys.stderr)
+        sys.exit(2)
+    _args = sys.argv[1:]
+    _files = setup(int(os.environ.get("RANK", "0")), _args[0])
+    finish(main(_args), _files)

@@ -1,42 +1,91 @@
-"""A rank's heartbeat: a daemon thread that records, every few seconds, that the rank
-is alive and how far it got (a counter of batches and log calls).
+"""A rank's heartbeat: a daemon thread that records, once a second, that the process
+is alive and what it is doing (torch-free: it reads torch's flight recorder only
+when the script has loaded torch.distributed).
 
-The supervisor calls a rank *hung* when that counter stops moving for the job's
-``restart.hang_timeout`` — a rank stuck in a collective keeps beating with the same
-counter; a stopped process (SIGSTOP) stops beating. Cheap: one short line per
-interval, no synchronisation with training.
+The runtime entry starts it before the training script runs, so every rank process
+beats from its first second to its last, whether or not the script uses the dmlctl
+runtime. Each beat is one ``heartbeat`` record (keys: :data:`dmlctl.protocol.BEAT_KEYS`):
+the progress tracker's view (:mod:`dmlctl.runtime.progress`), the CPU time of the
+process tree, the main thread's position (:mod:`dmlctl.runtime.where`) and the
+collectives per process group (:mod:`dmlctl.runtime.collectives`).
+
+Liveness and progress are separate signals for the controller: a frozen process
+(SIGSTOP, an interpreter whose lock is never released) stops beating; a rank in a
+long phase keeps beating while its progress stands still. Cost: one short line a
+second and well under a millisecond of work (a few ``/proc`` reads, a stack walk of
+the main thread, a flight-recorder dump of at most a few hundred entries).
 """
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import threading
 from collections.abc import Callable
+from typing import Any
 
 from dmlctl.protocol import RankEventWriter
+from dmlctl.runtime import collectives
+from dmlctl.runtime.cpu import tree_cpu_seconds
+from dmlctl.runtime.progress import TRACKER, Tracker
+from dmlctl.runtime.where import FrameNamer, frames_of
 
-INTERVAL_S = 2.0
+INTERVAL_S = 1.0
+
+
+def main_thread_position(namer: FrameNamer) -> tuple[str | None, str | None]:
+    """``(where, inner)`` of the main thread now (see :meth:`FrameNamer.summary`)."""
+    ident = threading.main_thread().ident
+    frame = sys._current_frames().get(ident) if ident is not None else None
+    return namer.summary(frames_of(frame))
 
 
 class Heartbeat:
-    """Writes ``progress()`` every ``interval`` seconds until :meth:`stop`."""
+    """Writes a beat every ``interval`` seconds (the first at once) until :meth:`stop`."""
 
     def __init__(
-        self, rank_dir: str, rank: int, progress: Callable[[], int], interval: float = INTERVAL_S
+        self,
+        writer: RankEventWriter,
+        namer: FrameNamer,
+        tracker: Tracker = TRACKER,
+        interval: float = INTERVAL_S,
+        cpu: Callable[[], float] = tree_cpu_seconds,
     ) -> None:
-        self._writer = RankEventWriter(rank_dir, rank)
-        self._progress = progress
+        self._writer = writer
+        self._namer = namer
+        self._tracker = tracker
         self._interval = interval
+        self._cpu = cpu
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, name="dmlctl-heartbeat", daemon=True)
+
+    def start(self) -> Heartbeat:
         self._thread.start()
+        return self
+
+    def beat(self) -> dict[str, Any]:
+        """The current beat's fields."""
+        out = self._tracker.snapshot()
+        out["cpu"] = round(self._cpu(), 3)
+        where, inner = main_thread_position(self._namer)
+        if where is not None:
+            out["where"] = where
+        if inner is not None:
+            out["inner"] = inner
+        coll = collectives.snapshot()
+        if coll:
+            out["coll"] = coll
+        return out
 
     def _run(self) -> None:
-        # Beat at once: a rank that stops before its first interval is still watched.
-        self._writer.heartbeat(self._progress())
-        while not self._done.wait(self._interval):
-            self._writer.heartbeat(self._progress())
+        while True:
+            with contextlib.suppress(Exception):  # a beat that cannot be made is skipped
+                self._writer.heartbeat(self.beat())
+            if self._done.wait(self._interval):
+                return
 
     def stop(self) -> None:
+        """Stop beating (waits for a beat in progress)."""
         self._done.set()
-        self._thread.join(self._interval + 1.0)
-        self._writer.close()
+        if self._thread.is_alive():
+            self._thread.join(self._interval + 1.0)

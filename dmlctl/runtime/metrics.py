@@ -124,6 +124,12 @@ class MetricLogger:
         if writer is not None:
             writer.checkpoint(step, directory)
 
+    def prepared(self, strategy: str) -> None:
+        """Record that ``ctx.prepare`` applied ``strategy`` (for the controller)."""
+        writer = self._records()
+        if writer is not None:
+            writer.prepared(strategy)
+
     def close(self) -> None:
         """Close the record file (a later :meth:`log` reopens it)."""
         if self._writer is not None:

@@ -18,8 +18,10 @@ import torch.distributed as dist
 
 from dmlctl.protocol import ROLE_SERVER
 from dmlctl.ps.roles import discover
+from dmlctl.runtime import guards
 from dmlctl.runtime.context import Context
 from dmlctl.runtime.env import read_env
+from dmlctl.runtime.progress import TRACKER
 from dmlctl.strategies import registry
 
 _current: Context | None = None
@@ -43,15 +45,14 @@ def init(*, backend: str | None = None, seed: int | None = 0) -> Context:
     owns_group = False
     if env.world_size > 1 and not dist.is_initialized():
         chosen = backend or ("nccl" if device.type == "cuda" else "gloo")
-        dist.init_process_group(backend=chosen, rank=env.rank, world_size=env.world_size)
+        with guards.joining():
+            dist.init_process_group(backend=chosen, rank=env.rank, world_size=env.world_size)
         owns_group = True
     if seed is not None:
         random.seed(seed)
         torch.manual_seed(seed)
     module = registry.load(env.strategy)
-    membership = (
-        discover(env.role) if env.world_size > 1 and ROLE_SERVER in module.ROLES else None
-    )
+    membership = discover(env.role) if env.world_size > 1 and ROLE_SERVER in module.ROLES else None
     ctx = _current = Context(env, device=device, owns_group=owns_group, membership=membership)
     ctx.on_close(lambda: _forget(ctx))  # runs last: a later init() starts afresh
     atexit.register(ctx.close)
@@ -67,11 +68,13 @@ def _forget(ctx: Context) -> None:
 
 
 def _serve(ctx: Context, module: Any) -> None:
-    """Run this server rank until the workers are finished, then end the script
-    (``SystemExit(0)``: the rest of the training script is the workers')."""
+    """Run this server rank until the workers are finished, then end the process
+    (``SystemExit(0)``; under dmlctl a server rank never runs the training script,
+    see :mod:`dmlctl.runtime.entry`)."""
     serve = getattr(module, "serve", None)
     if ctx.membership is None or not callable(serve):
         raise RuntimeError(f"strategy {ctx.strategy!r} has no parameter server to run")
+    TRACKER.serving()  # waiting for workers is a server's job, never a hang
     serve(ctx, ctx.strategy_params)
     ctx.close()
     raise SystemExit(0)

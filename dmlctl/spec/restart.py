@@ -59,8 +59,16 @@ class RestartSpec(BaseModel):
         default=30.0,
         gt=0,
         allow_inf_nan=False,
-        description="Seconds without progress from a rank before it counts as hung "
-        "(an infra failure).",
+        description="Seconds a rank may go without a heartbeat, or with its training "
+        "steps stalled and idle while others wait for it in a collective, before it "
+        "counts as hung (an infra failure); stretched to 4x its slowest recent step.",
+    )
+    stop_grace: float = Field(
+        default=30.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="On a stop (Ctrl-C, dmlctl stop): seconds the ranks get after "
+        "SIGTERM to save and exit before they are killed.",
     )
     host_timeout: float = Field(
         default=10.0,

@@ -16,7 +16,13 @@ from pydantic import BaseModel
 
 
 class StrategyModule(Protocol):
-    """What a strategy module provides (module-level names)."""
+    """What a strategy module provides (module-level names).
+
+    A module may also set ``NEEDS_RUNTIME = False`` when a script that never calls
+    ``ctx.prepare`` still runs it faithfully (``none``, and ``ssgd``, whose DDP a plain
+    torchrun script builds itself); every other strategy makes such a script fail
+    before its first optimizer step (see :func:`needs_runtime`).
+    """
 
     Params: type[BaseModel]
     ROLES: tuple[str, ...]
@@ -36,6 +42,11 @@ class StrategyEntry:
 _REGISTRY: dict[str, StrategyEntry] = {
     e.name: e
     for e in (
+        StrategyEntry(
+            "none",
+            "dmlctl.strategies.none",
+            "plain torchrun semantics: dmlctl applies no strategy (the script does its own)",
+        ),
         StrategyEntry(
             "ssgd",
             "dmlctl.strategies.ssgd",
@@ -128,6 +139,12 @@ def entry(name: str) -> StrategyEntry:
         return _REGISTRY[name]
     except KeyError:
         raise UnknownStrategy(name) from None
+
+
+def needs_runtime(name: str) -> bool:
+    """Whether strategy ``name`` only works through ``ctx.prepare`` (see
+    :class:`StrategyModule`)."""
+    return bool(getattr(load(name), "NEEDS_RUNTIME", True))
 
 
 def load(name: str) -> StrategyModule:

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from dmlctl.runtime.context import Context
 
 ROLES: tuple[str, ...] = ("worker",)
+NEEDS_RUNTIME = False  # a plain torchrun script that builds its own DDP is ssgd already
 COMPRESSIONS: tuple[str, ...] = ("none", "fp16", "bf16", "powersgd")
 _POWERSGD_ONLY = (
     "powersgd_rank",

@@ -124,12 +124,13 @@ class ScriptedProcess:
                 self._cond.notify_all()
 
     def send(self, line: str) -> bool:
-        """Record ``line``; ``"stop"`` (after the configuration) stops a hanging agent."""
+        """Record ``line``; ``"stop [GRACE]"`` (after the configuration) stops a hanging
+        agent."""
         with self._cond:
             if self.stdin_closed or self.killed:
                 return False
             self.sent.append(line)
-            if line == STOP and len(self.sent) > 1 and not self._ignore_stop:
+            if line.split()[:1] == [STOP] and len(self.sent) > 1 and not self._ignore_stop:
                 self.stopped = True
                 self._cond.notify_all()
             return True

@@ -14,7 +14,7 @@ from dmlctl.launch.events import (
     AgentStarted,
     Event,
     Finished,
-    LogLine,
+    LogLines,
     Progress,
     RankExited,
     RankStarted,
@@ -62,9 +62,9 @@ class PlainPrinter:
         emit = buf.append
         finished = False
         for ev in events:
-            if isinstance(ev, LogLine):
-                who = f"rank {ev.rank}" if ev.rank is not None else ev.host
-                emit(f"[{who}] {ev.text.rstrip()}")
+            if isinstance(ev, LogLines):
+                who = f"[rank {ev.rank}] " if ev.rank is not None else f"[{ev.host}] "
+                buf.extend(who + text.rstrip() for text in ev.lines)
             elif isinstance(ev, Progress):
                 emit(f"dmlctl: {ev.text}")
             elif isinstance(ev, RankStarted):

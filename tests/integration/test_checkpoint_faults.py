@@ -72,7 +72,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, to
     cli = Cli(tmp / "home")
     _, out, state = _launch(cli, _job(tmp, "clean", "none"))
     assert (state["phase"], state["exit_code"], state["restarts"]) == ("succeeded", 0, 0), out
-    assert _starts(out, 0) == {0: 0, 1: 0}, out
+    assert _starts(out, 1) == {0: 0, 1: 0}, out
     yield _weights(tmp / "clean.pt")
 
 
@@ -85,8 +85,8 @@ def _assert_recovered(
     assert (state["phase"], state["exit_code"], state["restarts"]) == ("succeeded", 0, 1), out
     failures = [(f["rank"], f["exc_type"], f["message"]) for f in state["failures"]]
     assert failures == [(killed, "Signal", "killed by SIGKILL")], f"{failures}\n{out}"
-    assert _starts(out, 0) == {0: 0, 1: 0}, out
-    assert _starts(out, 1) == {0: 5, 1: 5}, out  # the previous checkpoint: not 10, not 0
+    assert _starts(out, 1) == {0: 0, 1: 0}, out
+    assert _starts(out, 2) == {0: 5, 1: 5}, out  # the previous checkpoint: not 10, not 0
     root = _checkpoint_dir(cli, run_id)
     assert f"checkpoint dir: {root}" in out  # what the ranks were given
     names = sorted(p.name for p in root.iterdir())
@@ -152,8 +152,8 @@ def test_checkpoint_needing_unsafe_unpickling_is_refused_never_executed(
     assert "ckptfault: rank 1 pickle step-000000010/rank-1.pt" in out, out
     assert not marker.exists(), "the malicious pickle was executed"
     assert (state["phase"], state["exit_code"]) == ("failed", 1), out
-    assert state["restarts"] == 1  # the SIGKILL of attempt 0; the refusal is not retried
-    assert _starts(out, 1) == {}, out  # no rank got past resume()
+    assert state["restarts"] == 1  # the SIGKILL of attempt 1; the refusal is not retried
+    assert _starts(out, 2) == {}, out  # no rank got past resume()
     # Every rank refuses; the root cause is either rank's ("…/step-000000010/rank-1.pt
     # needs unsafe unpickling (refused): …" or "another rank refused step-000000010").
     cause = state["root_cause"]

@@ -79,9 +79,13 @@ def test_dry_run_prints_plan_and_starts_nothing(cli: Cli) -> None:
 
 
 def _wait_running(cli: Cli, timeout: float = 60) -> str:
-    assert wait_until(lambda: cli.runs() and all(
-        r["status"] == "running" for r in cli.state(cli.runs()[0].name)["ranks"]
-    ), timeout), "ranks never started"
+    assert wait_until(
+        lambda: (
+            cli.runs()
+            and all(r["status"] == "running" for r in cli.state(cli.runs()[0].name)["ranks"])
+        ),
+        timeout,
+    ), "ranks never started"
     return cli.runs()[0].name
 
 
@@ -219,7 +223,7 @@ def test_a_transient_failure_is_restarted(cli: Cli) -> None:
     state = cli.state(only_run(cli))
     assert (state["phase"], state["restarts"]) == ("succeeded", 1)
     assert state["failures"][0]["message"] == "transient failure on the first attempt"
-    assert "rank 1 finished on attempt 1" in proc.stdout
+    assert "rank 1 finished on attempt 2" in proc.stdout
     assert not run_processes(state["run_id"])
 
 
@@ -241,7 +245,7 @@ def test_a_stopped_rank_is_detected_as_hung_and_restarted(cli: Cli) -> None:
     assert (state["phase"], state["restarts"]) == ("succeeded", 1)
     hang = state["failures"][0]
     assert (hang["rank"], hang["exc_type"]) == (1, "Hang")
-    assert "no progress for" in hang["message"]
+    assert hang["message"].startswith("not responding: sent no heartbeat for "), hang
     assert took < 60, took  # hang_timeout 4 s, never a 30-minute collective timeout
     assert not run_processes(state["run_id"])
 
@@ -264,7 +268,7 @@ def test_kill_9_of_a_worker_resumes_from_the_last_checkpoint(cli: Cli, tmp_path:
     assert clean.returncode == 0, clean.stdout + clean.stderr
     faulty = cli.run("launch", str(_resume_job(tmp_path, "faulty", True)), "--ui", "plain")
     assert faulty.returncode == 0, faulty.stdout + faulty.stderr
-    assert "rank 1 attempt 1 starts at step 10" in faulty.stdout
+    assert "rank 1 attempt 2 starts at step 10" in faulty.stdout
     run = next(p for p in cli.runs() if p.name.startswith("faulty"))
     state = cli.state(run.name)
     assert state["restarts"] == 1

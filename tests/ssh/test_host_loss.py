@@ -38,7 +38,12 @@ def _job(tmp_path: Path, extra: str, restart: str = "") -> Path:
 
 
 def _run_until_copied(
-    cli: LabCli, lab: SshLab, tmp_path: Path, extra: str, *, freeze: bool = False,
+    cli: LabCli,
+    lab: SshLab,
+    tmp_path: Path,
+    extra: str,
+    *,
+    freeze: bool = False,
     timeout: str = "",
 ) -> tuple[str, float]:
     """Launch on both hosts (one worker each), wait until the controller holds a
@@ -78,7 +83,7 @@ def test_a_lost_host_is_replaced_by_the_hosts_left(lab: SshLab, tmp_path: Path) 
     assert state["hosts"] == ["node-b"] and state["world_size"] == 1
     # node-b had only rank 1's files; rank 0 of the smaller world needs rank-0.pt,
     # which only the controller's copy could hand it.
-    starts = [line for line in out.splitlines() if "attempt 1 starts at step" in line]
+    starts = [line for line in out.splitlines() if "attempt 2 starts at step" in line]
     assert starts and "rank 0 of 1" in starts[0], out
     assert int(starts[0].rsplit(" ", 1)[1]) >= 5, starts
     assert "was saved by 2 ranks; rank 0 of 1 resumes from rank-0.pt" in out, out

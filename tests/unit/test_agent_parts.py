@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -13,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from dmlctl.agent.procs import descendants, kill_tree
-from dmlctl.agent.tail import CHUNK, RankDirTailer
+from dmlctl.agent.stacks import dump_stacks, main_thread_frames, process_state
+from dmlctl.agent.tail import CHUNK, MAX_LINE, RankDirTailer
 
 # ---------------------------------------------------------------------------- tailer
 
@@ -199,3 +201,67 @@ def test_kill_tree_sigkills_what_ignores_sigterm(tree: Starter) -> None:
     assert not any(alive(k) for k in kids)
     assert 0.3 <= took < 2.5
     sh.wait(2.0)
+
+
+def test_a_final_poll_flushes_a_last_line_only_at_the_end_of_the_file(
+    tmp_path: Path, tailer: RankDirTailer
+) -> None:
+    line = b"y" * 99 + b"\n"
+    append(tmp_path / "rank-0.stdout", line * (2 * CHUNK // len(line)) + b"no newline")
+    got: list[str] = []
+    while batch := poll(tailer, final=True):  # the agent's drain: poll until nothing
+        got += batch[0][2]
+    assert len(got) == 2 * CHUNK // len(line) + 1
+    assert got[-1] == "no newline" and all(g == "y" * 99 for g in got[:-1])
+
+
+def test_a_line_longer_than_the_limit_is_passed_on_in_pieces(
+    tmp_path: Path, tailer: RankDirTailer
+) -> None:
+    append(tmp_path / "rank-0.stdout", b"z" * (MAX_LINE + CHUNK) + b"\nend\n")
+    got: list[str] = []
+    for _ in range(2 + (MAX_LINE + CHUNK) // CHUNK):  # a poll reads one CHUNK at most
+        for _, _, lines in poll(tailer):
+            got += lines
+    assert "".join(got) == "z" * (MAX_LINE + CHUNK) + "end"  # nothing lost
+    assert got[-1] == "end" and all(len(g) <= MAX_LINE + CHUNK for g in got)
+
+
+# ----------------------------------------------------------------------------- stacks
+
+DUMPER = """
+import faulthandler, signal, sys, threading, time
+f = open(sys.argv[1], "ab", buffering=0)
+f.write(b"dmlctl: rank 0 pid 1 main thread 0x%016x\\n" % threading.main_thread().ident)
+faulthandler.register(signal.SIGUSR2, file=f, all_threads=True)
+threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+def blocked_here():
+    print("ready", flush=True)
+    time.sleep(60)
+blocked_here()
+"""
+
+
+def test_every_rank_dumps_its_stacks_on_request_and_a_stopped_one_is_named(
+    tmp_path: Path,
+) -> None:
+    procs = []
+    try:
+        for rank in (0, 1):
+            path = tmp_path / f"rank-{rank}.stacks"
+            p = subprocess.Popen([sys.executable, "-c", DUMPER, str(path)], stdout=subprocess.PIPE)
+            assert p.stdout is not None and p.stdout.readline() == b"ready\n"
+            procs.append(p)
+        os.kill(procs[1].pid, signal.SIGSTOP)
+        assert wait_for(lambda: process_state(procs[1].pid) == "T")
+        dumps, stopped = dump_stacks({0: procs[0].pid, 1: procs[1].pid}, str(tmp_path))
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert stopped == [1]
+    assert "is stopped (state T" in dumps[1][0]
+    assert dumps[0][0].startswith("dmlctl: rank 0 pid 1 main thread 0x")
+    frames = main_thread_frames(dumps[0])
+    assert [f[2] for f in frames[:2]] == ["blocked_here", "<module>"]
+    assert sum(line.startswith(("Thread 0x", "Current thread 0x")) for line in dumps[0]) == 2

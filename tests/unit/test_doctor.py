@@ -1,11 +1,14 @@
 """The preflight doctor: scripted hosts for every check, real processes for the scripts.
 
 Scripted results are keyed by the exact argv the doctor sends, built with the same
-helpers (:func:`probe_argv`, :func:`connect_argv`) the doctor uses.
+helpers (:func:`probe_argv`, :func:`connect_argv`) the doctor uses. Scripted hosts are
+asked about :data:`NEEDED`; the real-process tests ask what the ranks really import.
 """
 
 from __future__ import annotations
 
+import ast
+import importlib.metadata as md
 import io
 import json
 import os
@@ -18,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from packaging.specifiers import SpecifierSet
 from rich.console import Console
 
 from dmlctl.provision import probe
@@ -30,6 +34,7 @@ from dmlctl.provision.doctor import (
     run_doctor,
 )
 from dmlctl.provision.probe import PROBE, PROBE_KEYS, connect_argv, probe_argv, read_probe
+from dmlctl.provision.requirements import Needed, data_plane_requirements
 from dmlctl.spec.models import ResolvedHost
 from dmlctl.transport.base import Result, Transport
 from dmlctl.transport.fake import ScriptedTransport
@@ -40,6 +45,14 @@ PORT = 29511
 GIB = 1 << 30
 SYSTEM_PYTHON = "/usr/bin/python3"  # Debian's 3.11.2: no torch, no pydantic
 NO_LISTENER = "skipped: node-a has no rendezvous listener"
+NEEDED = (
+    Needed("numpy", ("numpy",), SpecifierSet(">=1.22")),
+    Needed("pydantic", ("pydantic",), SpecifierSet(">=2.5,<3")),
+    Needed("PyYAML", ("yaml",), SpecifierSet(">=6")),  # import name != distribution name
+    Needed("torch", ("torch",), SpecifierSet(">=2.4")),
+)
+ASKED = [("numpy", "numpy"), ("pydantic", "pydantic"), ("yaml", "PyYAML"), ("torch", "torch")]
+VERSIONS = {"numpy": "2.4.6", "pydantic": "2.13.4", "yaml": "6.0.3", "torch": "2.13.0+cpu"}
 
 
 def clock() -> float:
@@ -56,12 +69,23 @@ def host(name: str, address: str | None = None, python: str = "python3", **kw: A
     return ResolvedHost(**values)
 
 
+def packages(**versions: str | None) -> dict[str, Any]:
+    """The probe's ``packages`` answer for :data:`ASKED`: every module importable with
+    its version in :data:`VERSIONS` unless ``versions`` says (None: not installed)."""
+    out = {}
+    for module, dist in ASKED:
+        version = versions.get(module, VERSIONS[module])
+        error = None if version is not None else f"No module named {module!r}"
+        out[module] = {"dist": dist, "version": version, "error": error}
+    return out
+
+
 def facts(**overrides: Any) -> str:
     """A healthy host's probe answer, as the probe prints it."""
     out: dict[str, Any] = {
         "python": "3.11.7", "platform": "Linux-6.1-x86_64", "torch": "2.13.0+cpu",
-        "torch_error": None, "cuda": False, "gpus": 0, "pydantic": "2.13.4",
-        "pydantic_error": None, "workdir": "/home/u/.dmlctl/work", "disk_free": 50 * GIB,
+        "torch_error": None, "cuda": False, "gpus": 0, "packages": packages(),
+        "workdir": "/home/u/.dmlctl/work", "disk_free": 50 * GIB,
         "disk_error": None, "port": None, "port_free": None, "port_error": None,
         "time": NOW, "elapsed": 0.01,
     }  # fmt: skip
@@ -87,7 +111,7 @@ def cluster(
     for h in hosts:
         port = PORT if h is first else None
         default = facts(port=PORT, port_free=True) if port else facts()
-        results = {tuple(probe_argv(h, port)): answers.get(h.name, (0, default, ""))}
+        results = {tuple(probe_argv(h, port, ASKED)): answers.get(h.name, (0, default, ""))}
         if h is not first:
             argv = tuple(connect_argv(h, first.address, PORT, wait))
             results[argv] = connects.get(h.name, (0, "ok\n", ""))
@@ -101,6 +125,7 @@ def doctor(
     **kw: Any,
 ) -> DoctorReport:
     kw.setdefault("clock", clock)
+    kw.setdefault("packages", NEEDED)
     return run_doctor(hosts, transports, rdzv_port=PORT, **kw)
 
 
@@ -130,6 +155,9 @@ def test_all_good() -> None:
     assert [c.name for c in other.checks] == [c for c in CHECKS if c != "rendezvous port"]
     assert detail(report, "node-b", "rendezvous reachable") == f"10.0.0.1:{PORT} reachable"
     assert detail(report, "node-a", "rendezvous port") == f"port {PORT} is free"
+    assert detail(report, "node-b", "packages") == (
+        "numpy 2.4.6, pydantic 2.13.4, PyYAML 6.0.3, torch 2.13.0+cpu"
+    )
     # One listener on the first host, killed at the end; probes asked each host once.
     (proc,) = ts["node-a"].processes
     assert proc.argv == tuple(probe.listener_argv(A, PORT, 35.0)) and proc.killed
@@ -173,8 +201,12 @@ def test_versions_flag_the_odd_one_out_only() -> None:
     assert [h.host for h in report.failures()] == ["node-a"]
     assert detail(report, "node-a", "versions") == "python 3.10.12 here, 3.11.7 on node-b"
     # cpu and cuda builds of one torch release, and pydantic minors, are compatible
-    ts = cluster(answers={"node-c": (0, facts(torch="2.13.0+cu128", pydantic="2.5.0"), "")})
-    assert doctor(ts).ok
+    odd = facts(torch="2.13.0+cu128", packages=packages(pydantic="2.5.0"))
+    assert doctor(cluster(answers={"node-c": (0, odd, "")})).ok
+    # pydantic's major is compared too, read from the packages answer
+    odd = facts(packages=packages(pydantic="1.10.2"))
+    report = doctor(cluster(answers={"node-c": (0, odd, "")}))
+    assert detail(report, "node-c", "versions") == "pydantic 1.10.2 here, 2.13.4 on node-a"
 
 
 def test_host_key_refusal_lands_in_reachable_with_fingerprint() -> None:
@@ -191,9 +223,25 @@ def test_host_key_refusal_lands_in_reachable_with_fingerprint() -> None:
     [
         ({"python": "3.8.10"}, "python", "3.8.10, need >= 3.10"),
         (
-            {"pydantic": None, "pydantic_error": "ModuleNotFoundError: No module named 'pydantic'"},
-            "pydantic",
-            "not importable: ModuleNotFoundError: No module named 'pydantic'",
+            {"packages": packages(numpy=None)},
+            "packages",
+            "numpy not importable: No module named 'numpy'",
+        ),
+        (
+            {"packages": packages(pydantic="1.10.2")},
+            "packages",
+            "pydantic 1.10.2 does not satisfy >=2.5,<3",
+        ),
+        (
+            {"packages": packages(numpy=None, pydantic="1.10.2", yaml=None)},
+            "packages",
+            "numpy not importable: No module named 'numpy'; pydantic 1.10.2 does not satisfy "
+            ">=2.5,<3; PyYAML not importable: No module named 'yaml'",
+        ),
+        (
+            {"torch": "2.3.1", "packages": packages(torch="2.3.1")},
+            "packages",
+            "torch 2.3.1 does not satisfy >=2.4",
         ),
         (
             {"torch": None, "torch_error": "ModuleNotFoundError: No module named 'torch'"},
@@ -217,11 +265,52 @@ def test_one_bad_host(overrides: dict[str, Any], check: str, expected: str) -> N
     assert (failed.failures()[0].name, failed.failures()[0].detail) == (check, expected)
 
 
+def test_host_without_numpy_fails_packages_and_says_so_everywhere() -> None:
+    report = doctor(cluster(answers={"node-c": (0, facts(packages=packages(numpy=None)), "")}))
+    assert [(c.name, c.detail) for c in report.hosts[2].failures()] == [
+        ("packages", "numpy not importable: No module named 'numpy'")
+    ]
+    assert "✗ packages: numpy not importable: No module named 'numpy'" in rendered(report)
+    checks = doctor_json(report)["hosts"][2]["checks"]
+    assert {"name": "packages", "ok": False, "skipped": False,
+            "detail": "numpy not importable: No module named 'numpy'"} in checks  # fmt: skip
+
+
+def test_packages_without_a_known_version_or_bound_pass() -> None:
+    # No version to compare (no metadata, no __version__): the import is what counts.
+    report = doctor(cluster(answers={"node-b": (0, facts(packages=packages(yaml="")), "")}))
+    assert report.ok
+    assert "PyYAML (version unknown)" in detail(report, "node-b", "packages")
+    # No dmlctl metadata: every module is needed, in any version.
+    unbounded = tuple(Needed(n.dist, n.modules, SpecifierSet()) for n in NEEDED)
+    old = facts(packages=packages(pydantic="1.10.2", torch="1.0"))
+    report = doctor(cluster(answers={"node-b": (0, old, "")}), packages=unbounded)
+    assert detail(report, "node-b", "packages").startswith("numpy 2.4.6, pydantic 1.10.2")
+
+
+def test_the_default_packages_are_what_the_ranks_import() -> None:
+    needed = data_plane_requirements()
+    asked = [(m, n.dist) for n in needed for m in n.modules]
+    answer = {m: {"dist": d, "version": None, "error": None} for m, d in asked}
+    argv = tuple(probe_argv(A, PORT, asked))
+    healthy = facts(packages=answer, port=PORT, port_free=True)
+    t = ScriptedTransport("node-a", results={argv: (0, healthy, "")})
+    report = run_doctor([A], {"node-a": t}, rdzv_port=PORT, clock=clock)
+    assert [r["argv"] for r in t.runs] == [argv]
+    assert {"torch", "pydantic", "numpy"} <= {n.name for n in needed}
+    assert report.ok, report.failures()
+
+
+def test_scripts_run_on_python_3_8() -> None:
+    for script in (PROBE, probe.LISTENER, probe.CONNECT):
+        ast.parse(script, feature_version=(3, 8))
+
+
 def test_clock_skew_is_measured_against_the_request_window() -> None:
     # Request sent at 100, reply at 104; the probe ran 3 s, so it answered in [103, 104].
     ticks = iter([100.0, 104.0])
     answer = facts(time=103.5, elapsed=3.0, port=PORT, port_free=True)
-    t = ScriptedTransport("node-a", results={tuple(probe_argv(A, PORT)): (0, answer, "")})
+    t = ScriptedTransport("node-a", results={tuple(probe_argv(A, PORT, ASKED)): (0, answer, "")})
     report = doctor({"node-a": t}, hosts=[A], clock=lambda: next(ticks))
     assert report.ok
     assert report.hosts[0].facts["clock_skew"] == 0.0
@@ -319,9 +408,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run_probe(python: str, workdir: Path, port: int | None) -> dict[str, Any]:
+def run_probe(
+    python: str, workdir: Path, port: int | None, asked: Sequence[tuple[str, str]] = ()
+) -> dict[str, Any]:
     h = host("local", python=python, workdir=str(workdir))
-    res = LocalTransport("local").run(probe_argv(h, port), timeout=60)
+    res = LocalTransport("local").run(probe_argv(h, port, asked), timeout=60)
     assert res.exit_code == 0, res.stderr
     parsed = read_probe(res.stdout, NOW, NOW)
     assert parsed is not None and set(PROBE_KEYS) <= set(parsed)
@@ -331,12 +422,19 @@ def run_probe(python: str, workdir: Path, port: int | None) -> dict[str, Any]:
 @pytest.mark.integration
 def test_probe_for_real_with_torch(tmp_path: Path) -> None:
     port = free_port()
-    f = run_probe(sys.executable, tmp_path / "new" / "work", port)
+    asked = [("torch", "torch"), ("yaml", "PyYAML"), ("dmlctl_nothing", "dmlctl-nothing")]
+    f = run_probe(sys.executable, tmp_path / "new" / "work", port, asked)
     import torch  # the test may; the doctor never does
 
     assert f["torch"] == torch.__version__ and f["torch_error"] is None
     assert f["python"] == ".".join(map(str, sys.version_info[:3]))
-    assert f["pydantic"] and f["gpus"] == torch.cuda.device_count()
+    assert f["gpus"] == torch.cuda.device_count()
+    assert f["packages"] == {
+        "torch": {"dist": "torch", "version": md.version("torch"), "error": None},
+        "yaml": {"dist": "PyYAML", "version": md.version("PyYAML"), "error": None},
+        "dmlctl_nothing": {"dist": "dmlctl-nothing", "version": None,
+                           "error": "No module named 'dmlctl_nothing'"},
+    }  # fmt: skip
     assert (tmp_path / "new" / "work").is_dir() and f["disk_free"] > 0
     assert f["port"] == port and f["port_free"] is True
     assert abs(f["time"] - time.time()) < 60
@@ -349,9 +447,10 @@ def test_probe_for_real_without_torch(tmp_path: Path) -> None:
         busy.bind(("", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        f = run_probe(SYSTEM_PYTHON, tmp_path, port)
+        f = run_probe(SYSTEM_PYTHON, tmp_path, port, [("pydantic", "pydantic")])
     assert f["torch"] is None and "No module named 'torch'" in f["torch_error"]
-    assert f["pydantic"] is None and f["gpus"] == 0
+    assert f["gpus"] == 0
+    assert f["packages"]["pydantic"]["error"] == "No module named 'pydantic'"
     assert f["port_free"] is False and "in use" in f["port_error"]
 
 
@@ -369,7 +468,10 @@ def test_doctor_for_real_on_loopback(tmp_path: Path) -> None:
     )  # fmt: skip
     took = time.monotonic() - start
     assert [c.name for c in report.hosts[0].failures()] == []
-    assert {c.name for c in report.hosts[1].failures()} == {"torch", "pydantic"}
+    assert {c.name for c in report.hosts[1].failures()} == {"torch", "packages"}
+    missing = detail(report, "node-b", "packages")
+    assert "pydantic not importable: No module named 'pydantic'" in missing
+    assert "torch not importable: No module named 'torch'" in missing
     assert detail(report, "node-b", "rendezvous reachable") == f"127.0.0.1:{port} reachable"
     assert abs(report.hosts[1].facts["clock_skew"]) < 0.5
     assert took < 20, took

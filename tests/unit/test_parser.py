@@ -9,11 +9,16 @@ import pytest
 from dmlctl.launch.events import (
     AgentExited,
     AgentStarted,
-    LogLine,
+    Collective,
+    Heartbeat,
+    LogLines,
     MetricRecord,
+    Prepared,
     RankExited,
     RankStarted,
     RootCause,
+    StackDump,
+    StacksDumped,
     Stream,
 )
 from dmlctl.launch.parser import parse_line, torchrun_failure
@@ -80,17 +85,14 @@ def test_agent_started() -> None:
     assert one("a", agent_started(pid=321)) == AgentStarted("a", 321, NOW)
 
 
-def test_rank_log_lines_become_one_event_each() -> None:
+def test_rank_log_lines_of_one_message_become_one_event() -> None:
     events = parse_line("a", rank_log(3, "epoch 1", "epoch 2", stream="stderr"), NOW)
-    assert events == [
-        LogLine("a", 3, Stream.STDERR, "epoch 1", NOW),
-        LogLine("a", 3, Stream.STDERR, "epoch 2", NOW),
-    ]
+    assert events == [LogLines("a", 3, Stream.STDERR, ("epoch 1", "epoch 2"), NOW)]
 
 
 def test_agent_log_line_has_no_rank() -> None:
-    assert one("b", agent_log("W1120 torchrun warning")) == LogLine(
-        "b", None, Stream.AGENT, "W1120 torchrun warning", NOW
+    assert one("b", agent_log("W1120 torchrun warning")) == LogLines(
+        "b", None, Stream.AGENT, ("W1120 torchrun warning",), NOW
     )
 
 
@@ -221,9 +223,41 @@ def test_no_summary_no_cause() -> None:
     ],
 )
 def test_malformed_lines_are_kept_as_agent_log_lines(raw: str) -> None:
-    assert parse_line("a", raw, NOW) == [LogLine("a", None, Stream.AGENT, raw, NOW)]
+    assert parse_line("a", raw, NOW) == [LogLines("a", None, Stream.AGENT, (raw,), NOW)]
 
 
 def test_unknown_rank_record_kind_is_ignored() -> None:
     line = json.dumps({"k": "rank", "rec": {"kind": "future", "rank": 0, "ts": 1.0}})
     assert parse_line("a", line, NOW) == []
+
+
+def test_a_heartbeat_carries_what_the_rank_does() -> None:
+    rec = {"kind": "heartbeat", "rank": 1, "ts": 5.0, "progress": 42, "armed": True,
+           "since": 0.2, "step_s": 0.05, "cpu": 3.5, "where": "train.py:9 in step",
+           "inner": "threading.py:320 in wait", "phase": "eval", "phase_s": 2.0, "limit": 60,
+           "coll": {"0": [11, 10, "all_reduce", 1.5], "1": [3, 3, None, None]}}  # fmt: skip
+    beat = one("a", json.dumps({"k": "rank", "rec": rec}))
+    assert beat == Heartbeat(
+        "a", 1, 42, 5.0, armed=True, since=0.2, phase="eval", phase_s=2.0, limit=60.0,
+        step_s=0.05, cpu=3.5, where="train.py:9 in step", inner="threading.py:320 in wait",
+        coll={"0": Collective(11, 10, "all_reduce", 1.5), "1": Collective(3, 3)},
+    )  # fmt: skip
+    bare = one("a", json.dumps({"k": "rank", "rec": {"kind": "heartbeat", "rank": 0, "ts": 1.0,
+                                                       "progress": 0}}))  # fmt: skip
+    assert bare == Heartbeat("a", 0, 0, 1.0)
+
+
+def test_stack_dumps_and_the_end_of_a_dump_are_events() -> None:
+    line = json.dumps({"k": "stacks", "r": 3, "l": ["Thread 0x1:", '  File "t.py", line 2 in f'],
+                       "where": "t.py:2 in f", "inner": None})  # fmt: skip
+    assert one("b", line) == StackDump(
+        "b", 3, ("Thread 0x1:", '  File "t.py", line 2 in f'), NOW, "t.py:2 in f", None
+    )
+    assert one("b", json.dumps({"k": "agent", "state": "dumped", "stopped": [1]})) == (
+        StacksDumped("b", (1,), NOW)
+    )
+
+
+def test_a_prepared_record_names_the_strategy() -> None:
+    rec = {"kind": "prepared", "rank": 0, "ts": 2.0, "strategy": "local-sgd"}
+    assert one("a", json.dumps({"k": "rank", "rec": rec})) == Prepared("a", 0, "local-sgd", 2.0)

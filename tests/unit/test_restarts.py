@@ -26,8 +26,8 @@ from tests.unit.test_supervisor import RUN_ID, RecordingSink, make_plan
 def _run(tmp_path: Path, transports: dict[str, ScriptedTransport], **kw: object) -> RunState:
     run: RunDir = RunStore(tmp_path / "home").create(RUN_ID)
     plan = make_plan(tmp_path, [1])
-    sup = Supervisor(plan, run, transports, RecordingSink(), fail_grace=0.1, stop_timeout=0.5,
-                     **kw)  # type: ignore[arg-type]  # fmt: skip
+    sup = Supervisor(plan, run, transports, RecordingSink(), fail_grace=0.1, stop_grace=0.0,
+                     stop_margin=0.5, **kw)  # type: ignore[arg-type]  # fmt: skip
     return sup.run()
 
 
@@ -50,7 +50,8 @@ def test_a_failed_attempt_is_restarted_when_the_policy_says_so(tmp_path: Path) -
     assert state.root_cause is None
     second = json.loads(t.processes[1].sent[0])
     assert second["rank_dir"].endswith("/attempt-1")
-    assert second["env"]["DMLCTL_ATTEMPT"] == "1"
+    assert json.loads(t.processes[0].sent[0])["env"]["DMLCTL_ATTEMPT"] == "1"
+    assert second["env"]["DMLCTL_ATTEMPT"] == "2"  # as the dashboard counts attempts
     assert second["argv"][second["argv"].index("--rdzv-id") + 1] == f"{RUN_ID}.1"
 
 
@@ -70,19 +71,23 @@ def test_without_a_restart_the_run_fails_with_the_last_cause(tmp_path: Path) -> 
     assert len(state.failures) == 2
 
 
-def test_a_rank_without_progress_is_reported_as_hung(tmp_path: Path) -> None:
-    beat = json.dumps({"kind": "heartbeat", "progress": 7, "rank": 0, "ts": 1.0})
+def test_a_rank_that_stops_beating_is_hung_after_its_stacks_are_asked_for(
+    tmp_path: Path,
+) -> None:
+    beat = json.dumps({"kind": "heartbeat", "progress": 7, "rank": 0, "ts": 1.0,
+                       "where": "train.py:9 in step"})  # fmt: skip
     hanging = [agent_started(), rank_start(0, 0, host="a"), '{"k":"rank","rec":' + beat + "}"]
     t = ScriptedTransport("a", hanging, hang=True)
     started = time.monotonic()
-    state = _run(tmp_path, {"a": t}, hang_timeout=0.5)
+    state = _run(tmp_path, {"a": t}, hang_timeout=0.5, dump_wait=0.3)
     took = time.monotonic() - started
     assert state.phase == Phase.FAILED
     cause = state.root_cause
     assert cause is not None and (cause.rank, cause.exc_type) == (0, "Hang")
-    assert "no progress for" in cause.message
+    assert cause.message.startswith("not responding: sent no heartbeat for ")
+    assert cause.message.endswith("last seen at train.py:9 in step")
     assert state.ranks[0].status == RankStatus.FAILED
-    assert t.process.sent[1:] == ["stop"]
+    assert [line.split()[0] for line in t.process.sent[1:]] == ["dump", "stop"]
     assert took < 5, took
 
 
@@ -98,19 +103,19 @@ def test_ranks_without_heartbeats_are_never_called_hung(tmp_path: Path) -> None:
 
     run = RunStore(tmp_path / "home").create(RUN_ID)
     sup = Supervisor(make_plan(tmp_path, [1]), run, {"a": t}, StopSoon(), hang_timeout=0.2,
-                     stop_timeout=0.5)  # fmt: skip
+                     stop_grace=0.0, stop_margin=0.5)  # fmt: skip
     t0 = time.monotonic()
     sup_state["s"] = sup.run()
     assert sup_state["s"].phase == Phase.STOPPED
     assert sup_state["s"].root_cause is None
 
 
-def test_attempt_config_leaves_the_first_attempt_alone() -> None:
+def test_attempt_config_numbers_attempts_from_one_and_separates_later_ones() -> None:
     config = {"rank_dir": "/r", "argv": ["x", "--rdzv-id", "id"], "env": {"A": "1"}}
-    assert attempt_config(config, 0) is config
-    second = attempt_config(config, 2)
-    assert second["rank_dir"] == "/r/attempt-2" and second["argv"][-1] == "id.2"
-    assert second["env"] == {"A": "1", "DMLCTL_ATTEMPT": "2", "DMLCTL_RANK_DIR": "/r/attempt-2"}
+    assert attempt_config(config, 0) == {**config, "env": {"A": "1", "DMLCTL_ATTEMPT": "1"}}
+    third = attempt_config(config, 2)
+    assert third["rank_dir"] == "/r/attempt-2" and third["argv"][-1] == "id.2"
+    assert third["env"] == {"A": "1", "DMLCTL_ATTEMPT": "3", "DMLCTL_RANK_DIR": "/r/attempt-2"}
     assert config["env"] == {"A": "1"}
 
 
@@ -159,13 +164,14 @@ def test_a_restart_takes_the_standby_agent_started_during_the_attempt(tmp_path: 
     run: RunDir = RunStore(tmp_path / "home").create(RUN_ID)
     sup = Supervisor(make_plan(tmp_path, [1]), run, {"a": t},
                      RecordingSink(lose_the_agent_once_a_standby_exists), fail_grace=0.1,
-                     stop_timeout=0.5, decide=lambda _s: 0.0 if not t.processes[1].sent else None,
+                     stop_grace=0.0, stop_margin=0.5,
+                     decide=lambda _s: 0.0 if not t.processes[1].sent else None,
                      standby=True, warm_after=0.0)  # fmt: skip
     state = sup.run()
     assert state.phase == Phase.SUCCEEDED and state.restarts == 1, state.failures
     standby = t.processes[1]
     assert standby.argv == tuple(make_plan(tmp_path, [1]).hosts[0].agent_argv)
-    assert json.loads(standby.sent[0])["env"]["DMLCTL_ATTEMPT"] == "1"  # attempt 1 ran there
+    assert json.loads(standby.sent[0])["env"]["DMLCTL_ATTEMPT"] == "2"  # the second attempt
     assert state.failures[0].exc_type == "AgentLost"
     for extra in t.processes[2:]:  # a standby for an attempt that never came
         assert extra.sent == [] and extra.wait(0) is not None

@@ -17,16 +17,17 @@ from dmlctl.errors import RunNotFound, UsageError
 from dmlctl.launch.events import (
     AgentExited,
     Finished,
-    LogLine,
+    LogLines,
     MetricRecord,
     Progress,
     RankExited,
     RankStarted,
+    StackDump,
     Stream,
 )
 from dmlctl.launch.state import Phase, RankStatus, RunState, apply, new_run_state
-from dmlctl.runs.control import stop_run
-from dmlctl.runs.logs import log_path, stream_log
+from dmlctl.runs.control import STOP_SLACK_S, default_stop_timeout, stop_run
+from dmlctl.runs.logs import log_path, print_stacks, stream_log
 from dmlctl.runs.recorder import RunRecorder
 from dmlctl.runs.store import RunDir, RunStore, atomic_write, pid_alive
 
@@ -199,9 +200,9 @@ def test_recorder_writes_rank_merged_agent_and_metrics_files(store: RunStore) ->
     rec = RunRecorder(run)
     rec.record(
         [
-            LogLine("a", 0, Stream.STDOUT, "r0 first", T0),
-            LogLine("a", 1, Stream.STDERR, "r1 warn", T0),
-            LogLine("a", None, Stream.AGENT, "torchrun banner", T0),
+            LogLines("a", 0, Stream.STDOUT, ("r0 first",), T0),
+            LogLines("a", 1, Stream.STDERR, ("r1 warn",), T0),
+            LogLines("a", None, Stream.AGENT, ("torchrun banner",), T0),
             MetricRecord("a", 1, 5, {"loss": 0.5}, T0 + 1),
             Progress("ignored", T0),
         ]
@@ -209,7 +210,7 @@ def test_recorder_writes_rank_merged_agent_and_metrics_files(store: RunStore) ->
     rec.flush()
     # On disk after flush, before close (dmlctl logs -f reads them while the run goes on).
     assert run.rank_log(0).read_text() == "r0 first\n"
-    rec.record([LogLine("a", 0, Stream.STDOUT, "r0 second", T0)])
+    rec.record([LogLines("a", 0, Stream.STDOUT, ("r0 second",), T0)])
     rec.close()
     assert run.rank_log(0).read_text() == "r0 first\nr0 second\n"
     assert run.rank_log(1).read_text() == "r1 warn\n"
@@ -224,13 +225,41 @@ def test_recorder_writes_rank_merged_agent_and_metrics_files(store: RunStore) ->
     assert metric == {"ts": T0 + 1, "host": "a", "rank": 1, "step": 5, "values": {"loss": 0.5}}
 
 
+def test_recorder_writes_a_batch_of_lines_whole_and_keeps_stack_dumps(store: RunStore) -> None:
+    run = store.create("r")
+    rec = RunRecorder(run)
+    rec.record([LogLines("a", 0, Stream.STDOUT, ("one", "two", "three"), T0),
+                StackDump("a", 1, ("Thread 0x1 (most recent call first):",
+                                   '  File "t.py", line 3 in f'), T0, "t.py:3 in f"),
+                LogLines("a", 0, Stream.STDOUT, (), T0)])  # fmt: skip
+    rec.close()
+    assert run.rank_log(0).read_text() == "one\ntwo\nthree\n"
+    assert (run.logs / "merged.log").read_text() == "[rank 0] one\n[rank 0] two\n[rank 0] three\n"
+    dump = (run.stacks / "rank-1.txt").read_text().splitlines()
+    assert dump[0].startswith("=== rank 1 on a, ") and dump[0].endswith(
+        ": main thread at t.py:3 in f ==="
+    )
+    assert dump[1:3] == ["Thread 0x1 (most recent call first):", '  File "t.py", line 3 in f']
+    out = io.BytesIO()
+    print_stacks(run, None, out)
+    assert out.getvalue().decode().splitlines()[1] == "Thread 0x1 (most recent call first):"
+    with pytest.raises(UsageError, match="no stack dump of rank 0 \\(ranks: 1\\)"):
+        print_stacks(run, 0, io.BytesIO())
+
+
+def test_a_run_without_stack_dumps_says_so(store: RunStore) -> None:
+    run = store.create("r")
+    with pytest.raises(UsageError, match=r"has no stack dumps \(they are taken when a hang"):
+        print_stacks(run, None, io.BytesIO())
+
+
 # ---------------------------------------------------------------------------- logs
 
 
 def logged_run(store: RunStore, state: RunState) -> RunDir:
     run = add_run(store, state.run_id, state)
     rec = RunRecorder(run)
-    rec.record([LogLine("a", r % 2, Stream.STDOUT, f"line {r}", T0) for r in range(4)])
+    rec.record([LogLines("a", r % 2, Stream.STDOUT, (f"line {r}",), T0) for r in range(4)])
     rec.close()
     return run
 
@@ -324,3 +353,10 @@ def test_stop_run_of_a_finished_run_changes_nothing(store: RunStore) -> None:
     assert stop_run(run, timeout=1.0) == "run r already ended: succeeded"
     assert run.state_file.read_text() == before
     assert not run.summary.exists()
+
+
+def test_dmlctl_stop_waits_for_the_jobs_stop_grace_by_default(store: RunStore) -> None:
+    run = store.create("r")
+    assert default_stop_timeout(run) == 30.0 + STOP_SLACK_S  # no readable plan: the default
+    run.write_json(run.plan, {"restart": {"stop_grace": 120.0}})
+    assert default_stop_timeout(run) == 120.0 + STOP_SLACK_S

@@ -11,8 +11,9 @@ from dmlctl.launch.events import (
     AgentStarted,
     Event,
     Finished,
-    LogLine,
+    LogLines,
     MetricRecord,
+    Prepared,
     Progress,
     RankExited,
     RankStarted,
@@ -178,6 +179,29 @@ def test_stop_request_ends_stopped_with_130_and_no_root_cause() -> None:
     assert set(statuses(state).values()) == {RankStatus.STOPPED}
 
 
+def test_a_stop_is_a_stop_when_every_rank_saves_and_exits_0() -> None:
+    """The preemption pattern: each rank's SIGTERM handler saves and exits 0."""
+    state = apply(started(two_hosts()), [StopRequested("stopped (dmlctl stop)", T0 + 10)])
+    state = apply(
+        state,
+        [RankExited(h, r, 0, None, T0 + 11) for r, h in ((0, "a"), (1, "a"), (2, "b"), (3, "b"))]
+        + [AgentExited("a", 0, (), T0 + 11), AgentExited("b", 0, (), T0 + 11), Finished(T0 + 12)],
+    )
+    assert (state.phase, state.exit_code) == (Phase.STOPPED, 130)
+    assert set(statuses(state).values()) == {RankStatus.STOPPED}
+
+
+def test_a_successful_run_without_ctx_prepare_shows_strategy_none() -> None:
+    exits: list[Event] = [RankExited(h, r, 0, None, T0 + 9)
+                          for r, h in ((0, "a"), (1, "a"), (2, "b"), (3, "b"))]  # fmt: skip
+    plain = apply(started(two_hosts()), [*exits, Finished(T0 + 10)])
+    assert (plain.phase, plain.strategy, plain.prepared) == (Phase.SUCCEEDED, "none", False)
+    prepared = apply(started(two_hosts()), [Prepared("a", 0, "ssgd", T0 + 3), *exits,
+                                            Finished(T0 + 10)])  # fmt: skip
+    assert (prepared.strategy, prepared.prepared) == ("ssgd", True)
+    assert RunState.from_dict(json.loads(json.dumps(prepared.to_dict()))).prepared is True
+
+
 def test_stop_after_a_rank_failed_is_a_failure() -> None:
     cause = RootCause("a", 0, "ZeroDivisionError", "division by zero")
     state = apply(started(two_hosts()), [RankExited("a", 0, 1, cause, T0 + 10)])
@@ -221,9 +245,9 @@ def test_log_lines_count_per_rank_and_feed_the_tail() -> None:
     state = apply(
         started(two_hosts()),
         [
-            LogLine("a", 0, Stream.STDOUT, "epoch 1", T0),
-            LogLine("a", 0, Stream.STDERR, "warning", T0),
-            LogLine("b", None, Stream.AGENT, "torchrun says hi", T0),
+            LogLines("a", 0, Stream.STDOUT, ("epoch 1",), T0),
+            LogLines("a", 0, Stream.STDERR, ("warning",), T0),
+            LogLines("b", None, Stream.AGENT, ("torchrun says hi",), T0),
         ],
     )
     assert (state.ranks[0].lines, state.ranks[0].last_line) == (2, "warning")
@@ -234,7 +258,7 @@ def test_log_lines_count_per_rank_and_feed_the_tail() -> None:
 def test_tail_is_bounded_and_keeps_the_newest_lines() -> None:
     state = started(two_hosts())
     n = TAIL_LINES * 3 + 7
-    lines = [LogLine("a", 1, Stream.STDOUT, f"line {i}", T0) for i in range(n)]
+    lines = [LogLines("a", 1, Stream.STDOUT, (f"line {i}",), T0) for i in range(n)]
     state = apply(state, lines[: n // 2])
     state = apply(state, lines[n // 2 :])
     assert len(state.tail) == TAIL_LINES
@@ -250,7 +274,7 @@ def test_apply_does_not_mutate_its_input() -> None:
     after = apply(
         before,
         [
-            LogLine("a", 0, Stream.STDOUT, "x", T0),
+            LogLines("a", 0, Stream.STDOUT, ("x",), T0),
             MetricRecord("a", 0, 3, {"loss": 1.0}, T0),
             RankExited("a", 1, 1, RootCause("a", 1, "E", "m"), T0),
             StopRequested("why", T0),
@@ -275,8 +299,8 @@ def test_state_round_trips_through_json() -> None:
     state = apply(
         started(two_hosts()),
         [
-            LogLine("a", 0, Stream.STDERR, "oops", T0),
-            LogLine("b", None, Stream.AGENT, "agent", T0),
+            LogLines("a", 0, Stream.STDERR, ("oops",), T0),
+            LogLines("b", None, Stream.AGENT, ("agent",), T0),
             MetricRecord("a", 0, 3, {"loss": 1.5, "tag": "x", "ok": True, "none": None}, T0),
             RankExited("a", 1, 1, cause, T0),
             StopRequested("stopped (dmlctl stop)", T0),

@@ -21,6 +21,7 @@ from dmlctl.launch.events import (
 )
 from dmlctl.launch.parser import parse_line
 from dmlctl.launch.state import Phase, RankStatus, RunState, phase_exit_code
+from dmlctl.launch.stops import FAIL_STOP_GRACE
 from dmlctl.launch.supervisor import Supervisor
 from dmlctl.plan.build import build_plan
 from dmlctl.plan.model import LaunchPlan
@@ -28,6 +29,7 @@ from dmlctl.runs.store import RunDir, RunStore
 from dmlctl.spec import ClusterSpec, HostSpec, JobSpec
 from dmlctl.transport.fake import (
     STOP,
+    ScriptedProcess,
     ScriptedTransport,
     agent_lines,
     agent_log,
@@ -94,16 +96,21 @@ def supervise(
     sink: RecordingSink | None = None,
     *,
     fail_grace: float = 0.2,
-    stop_timeout: float = 1.0,
+    stop_margin: float = 1.0,
 ) -> tuple[Supervisor, RunState, float]:
     """Run the plan to its end; returns the supervisor, final state and seconds taken."""
     sup = Supervisor(
         plan, run, transports, sink or RecordingSink(),
-        fail_grace=fail_grace, stop_timeout=stop_timeout,
+        fail_grace=fail_grace, stop_grace=0.0, stop_margin=stop_margin,
     )  # fmt: skip
     t0 = time.monotonic()
     state = sup.run()
     return sup, state, time.monotonic() - t0
+
+
+def commands(proc: ScriptedProcess) -> list[str]:
+    """The first word of every line sent to ``proc`` after its configuration."""
+    return [line.split()[0] for line in proc.sent[1:]]
 
 
 def read_lines(path: Path) -> list[str]:
@@ -169,9 +176,9 @@ def test_agent_gets_its_config_on_stdin_not_on_the_command_line(
     assert proc.argv == host.agent_argv
     assert not any(secret in arg for arg in proc.argv)
     config = proc.config  # the first line sent
-    assert config == json.loads(json.dumps(host.agent_config(RUN_ID)))
+    assert config == json.loads(json.dumps(host.agent_config(RUN_ID, stop_grace=0.0)))
     assert config["argv"] == list(host.torchrun_argv)
-    assert config["env"] == dict(host.env)
+    assert config["env"] == {**host.env, "DMLCTL_ATTEMPT": "1"}
     assert config["env"]["API_TOKEN"] == secret
     assert (config["run_id"], config["host"], config["nproc"]) == (RUN_ID, "a", 2)
 
@@ -189,7 +196,7 @@ def test_failing_rank_stops_the_other_host_after_fail_grace(
     sink = RecordingSink()
     _, state, took = supervise(plan, run_dir, {"a": a, "b": b}, sink, fail_grace=0.2)
 
-    assert b.process.sent[1:] == [STOP]
+    assert b.process.sent[1:] == [f"{STOP} {FAIL_STOP_GRACE:g}"]  # a short grace: it failed
     assert not b.process.killed
     assert a.process.sent[1:] == []  # a had already ended
     assert state.phase == Phase.FAILED
@@ -219,13 +226,13 @@ def test_request_stop_while_running(tmp_path: Path, run_dir: RunDir) -> None:
             holder[0].request_stop("interrupted (Ctrl-C)")
 
     sink = RecordingSink(stop_once_running)
-    sup = Supervisor(plan, run_dir, {"a": a}, sink, fail_grace=0.2, stop_timeout=1.0)
+    sup = Supervisor(plan, run_dir, {"a": a}, sink, fail_grace=0.2, stop_grace=0.5, stop_margin=1.0)
     holder.append(sup)
     t0 = time.monotonic()
     state = sup.run()
 
     assert time.monotonic() - t0 < 2.0
-    assert a.process.sent[1:] == [STOP]
+    assert a.process.sent[1:] == [f"{STOP} 0.5"]  # the ranks get the job's stop_grace
     assert not a.process.killed  # the agent answered the stop in time
     assert state.phase == Phase.STOPPED
     assert state.exit_code == 130 == phase_exit_code(state)
@@ -241,13 +248,13 @@ def test_agent_that_ignores_stop_is_killed_after_stop_timeout(
     plan = make_plan(tmp_path, [1])
     a = ScriptedTransport("a", [agent_started(), rank_start(0, host="a")], hang=True,
                           ignore_stop=True)  # fmt: skip
-    sup = Supervisor(plan, run_dir, {"a": a}, RecordingSink(), stop_timeout=0.3)
+    sup = Supervisor(plan, run_dir, {"a": a}, RecordingSink(), stop_grace=0.0, stop_margin=0.3)
     sup.request_stop("stopped (dmlctl stop)")
     t0 = time.monotonic()
     state = sup.run()
     took = time.monotonic() - t0
 
-    assert a.process.sent[1:] == [STOP]
+    assert commands(a.process) == [STOP]
     assert a.process.killed
     assert 0.3 <= took < 2.0
     # Killed while stopping: still a stop, not a failure.
@@ -265,7 +272,7 @@ def test_agent_whose_stdin_is_closed_is_killed_at_once(tmp_path: Path, run_dir: 
             holder[0].request_stop("interrupted (Ctrl-C)")
 
     sup = Supervisor(plan, run_dir, {"a": a}, RecordingSink(lose_stdin_then_stop),
-                     stop_timeout=5.0)  # fmt: skip
+                     stop_grace=0.0, stop_margin=5.0)  # fmt: skip
     holder.append(sup)
     t0 = time.monotonic()
     state = sup.run()
@@ -286,12 +293,14 @@ def test_second_stop_request_kills_without_waiting(tmp_path: Path, run_dir: RunD
             holder[0].request_stop("interrupted (Ctrl-C)")
             holder[0].request_stop("interrupted again")
 
-    sup = Supervisor(plan, run_dir, {"a": a}, RecordingSink(double_stop), stop_timeout=5.0)
+    sup = Supervisor(
+        plan, run_dir, {"a": a}, RecordingSink(double_stop), stop_grace=0.0, stop_margin=5.0
+    )
     holder.append(sup)
     t0 = time.monotonic()
     state = sup.run()
     assert time.monotonic() - t0 < 2.0  # not the 5 s stop timeout
-    assert a.process.sent[1:] == [STOP]
+    assert commands(a.process) == [STOP]
     assert a.process.killed
     assert (state.phase, state.exit_code) == (Phase.STOPPED, 130)
     assert state.stop_reason == "interrupted (Ctrl-C)"  # the first reason is kept
@@ -324,7 +333,7 @@ def test_agent_that_cannot_start_is_the_root_cause(tmp_path: Path, run_dir: RunD
     _, state, took = supervise(plan, run_dir, {"a": a, "b": b}, fail_grace=0.1)
 
     assert a.processes == []
-    assert b.process.sent[1:] == [STOP]
+    assert commands(b.process) == [STOP]
     cause = state.root_cause
     assert cause is not None
     assert (cause.host, cause.rank, cause.exc_type) == ("a", None, "OSError")

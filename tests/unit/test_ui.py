@@ -12,7 +12,7 @@ from dmlctl.launch.events import (
     AgentStarted,
     Event,
     Finished,
-    LogLine,
+    LogLines,
     MetricRecord,
     Progress,
     RankExited,
@@ -72,13 +72,15 @@ def running() -> RunState:
     events += [AgentStarted(h, 100 + i, T0 + 1) for i, h in enumerate(("host-a", "host-b"))]
     events += [RankStarted(h, r, r % 2, "worker", 1000 + r, T0 + 2) for r, h in HOSTS.items()]
     for r, h in HOSTS.items():
-        events.append(LogLine(h, r, Stream.STDOUT, f"epoch 1 rank {r} ready", T0 + 3))
+        events.append(LogLines(h, r, Stream.STDOUT, (f"epoch 1 rank {r} ready",), T0 + 3))
         events.append(
             MetricRecord(
                 h, r, 120 + r, {"loss": 0.123456789 * (r + 1), "samples_per_s": 812.25}, T0 + 4
             )
         )
-    events.append(LogLine("host-b", None, Stream.AGENT, "torchrun: rendezvous complete", T0 + 4))
+    events.append(
+        LogLines("host-b", None, Stream.AGENT, ("torchrun: rendezvous complete",), T0 + 4)
+    )
     return apply(fresh(), events)
 
 
@@ -86,7 +88,7 @@ def failed() -> RunState:
     return apply(
         running(),
         [
-            LogLine("host-a", 1, Stream.STDERR, "ValueError: bad batch shape (3, 7)", T0 + 5),
+            LogLines("host-a", 1, Stream.STDERR, ("ValueError: bad batch shape (3, 7)",), T0 + 5),
             RankExited("host-a", 1, 1, CAUSE, T0 + 5),
             AgentExited("host-a", 1, ("torchrun failed",), T0 + 6),
             AgentExited("host-b", 1, (), T0 + 6),
@@ -133,8 +135,8 @@ def test_long_lines_truncated_and_markup_shown_verbatim() -> None:
     state = apply(
         running(),
         [
-            LogLine("host-a", 0, Stream.STDOUT, long, T0 + 5),
-            LogLine("host-a", 2, Stream.STDOUT, "[red]not markup[/red]\x1b[31m!", T0 + 5),
+            LogLines("host-a", 0, Stream.STDOUT, (long,), T0 + 5),
+            LogLines("host-a", 2, Stream.STDOUT, ("[red]not markup[/red]\x1b[31m!",), T0 + 5),
         ],
     )
     out = render(render_dashboard(state, T0 + 6), width=100)
@@ -144,7 +146,7 @@ def test_long_lines_truncated_and_markup_shown_verbatim() -> None:
 
 
 def test_tail_limited_to_tail_lines() -> None:
-    lines = [LogLine("host-a", 0, Stream.STDOUT, f"line {i:03d}", T0) for i in range(50)]
+    lines = [LogLines("host-a", 0, Stream.STDOUT, (f"line {i:03d}",), T0) for i in range(50)]
     out = render(render_dashboard(apply(running(), lines), T0, tail_lines=5))
     assert "line 049" in out and "line 045" in out and "line 044" not in out
 
@@ -219,8 +221,8 @@ def test_plain_printer_lines_and_periodic_summary() -> None:
         [
             Progress("starting torchrun on local", T0),
             RankStarted("host-a", 1, 1, "worker", 42, T0),
-            LogLine("host-a", 1, Stream.STDOUT, "hello", T0),
-            LogLine("host-a", None, Stream.AGENT, "agent up", T0),
+            LogLines("host-a", 1, Stream.STDOUT, ("hello",), T0),
+            LogLines("host-a", None, Stream.AGENT, ("agent up",), T0),
             MetricRecord("host-a", 1, 5, {"loss": 0.5, "samples_per_s": 100.0}, T0),
         ]
     )
@@ -233,11 +235,11 @@ def test_plain_printer_lines_and_periodic_summary() -> None:
     clock.t = 9.9
     assert "step" not in feed([MetricRecord("host-a", 1, 6, {"loss": 0.25}, T0)])
     clock.t = 10.0
-    text = feed([LogLine("host-a", 1, Stream.STDOUT, "tick", T0)])
+    text = feed([LogLines("host-a", 1, Stream.STDOUT, ("tick",), T0)])
     assert "dmlctl: rank 1 step 6 loss 0.25 samples/s 100.0" in text
     assert "rank 0 step" not in text  # ranks without metrics are not summarised
     clock.t = 25.0
-    assert "step" not in feed([LogLine("host-a", 1, Stream.STDOUT, "tick", T0)])  # unchanged
+    assert "step" not in feed([LogLines("host-a", 1, Stream.STDOUT, ("tick",), T0)])  # unchanged
     text = feed([RankExited("host-a", 1, 1, CAUSE, T0)])
     assert "dmlctl: rank 1 on host-a exited with code 1: ValueError: bad batch" in text
 

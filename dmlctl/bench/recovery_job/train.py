@@ -59,11 +59,10 @@ def parse_args() -> argparse.Namespace:
 
 def attempt() -> int:
     """0 on the first attempt, n on the n-th restart, under either launcher."""
-    for name in ("DMLCTL_ATTEMPT", "TORCHELASTIC_RESTART_COUNT"):
-        value = os.environ.get(name)
-        if value:
-            return int(value)
-    return 0
+    value = os.environ.get("DMLCTL_ATTEMPT")  # 1 on the first attempt
+    if value:
+        return int(value) - 1
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)
 
 
 class Timing:

@@ -5,7 +5,7 @@ import os
 import dmlctl
 
 ctx = dmlctl.init()
-attempt = int(os.environ.get("DMLCTL_ATTEMPT", "0"))
+attempt = int(os.environ.get("DMLCTL_ATTEMPT", "1"))
 for step in range(1, 4):
     ctx.log(step=step, loss=1.0 / step)
 if ctx.rank == 1:

@@ -41,8 +41,8 @@ STEP_DIR = f"step-{FAULT_STEP:09d}"
 
 torch.set_num_threads(1)
 ctx = dmlctl.init(seed=0)
-attempt = int(os.environ.get("DMLCTL_ATTEMPT", "0"))
-armed = FAULT != "none" and attempt == 0 and ctx.rank == FAULT_RANK
+attempt = int(os.environ.get("DMLCTL_ATTEMPT", "1"))
+armed = FAULT != "none" and attempt == 1 and ctx.rank == FAULT_RANK
 step = 0  # read by the wrappers below: the step being checkpointed
 
 

@@ -5,9 +5,9 @@ import os
 import dmlctl
 
 ctx = dmlctl.init()
-attempt = int(os.environ.get("DMLCTL_ATTEMPT", "0"))
+attempt = int(os.environ.get("DMLCTL_ATTEMPT", "1"))
 for step in range(1, 4):
     ctx.log(step=step, loss=1.0 / step)
-if attempt == 0 and ctx.rank == 1:
+if attempt == 1 and ctx.rank == 1:
     raise RuntimeError("transient failure on the first attempt")
 print(f"rank {ctx.rank} finished on attempt {attempt}", flush=True)

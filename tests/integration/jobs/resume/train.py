@@ -19,7 +19,7 @@ data = torch.utils.data.TensorDataset(x, y)
 net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
 model, opt = ctx.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9))
 step = ctx.resume(model, opt)
-attempt = int(os.environ.get("DMLCTL_ATTEMPT", "0"))
+attempt = int(os.environ.get("DMLCTL_ATTEMPT", "1"))
 print(f"rank {ctx.rank} attempt {attempt} starts at step {step}", flush=True)
 for xb, yb in ctx.shard(data, batch_size=16, epochs=2):
     if step == 20:
@@ -32,7 +32,7 @@ for xb, yb in ctx.shard(data, batch_size=16, epochs=2):
     ctx.log(step=step, loss=loss)
     ctx.checkpoint(step, model, opt)
     time.sleep(float(os.environ.get("STEP_SLEEP", "0")))
-    if os.environ.get("FAULT") == "1" and attempt == 0 and ctx.rank == 1 and step == 12:
+    if os.environ.get("FAULT") == "1" and attempt == 1 and ctx.rank == 1 and step == 12:
         os.kill(os.getpid(), signal.SIGKILL)
 if ctx.rank == 0:
     torch.save({k: v.detach().clone() for k, v in net.state_dict().items()}, os.environ["OUT"])

@@ -7,10 +7,10 @@ import time
 import dmlctl
 
 ctx = dmlctl.init()
-attempt = int(os.environ.get("DMLCTL_ATTEMPT", "0"))
+attempt = int(os.environ.get("DMLCTL_ATTEMPT", "1"))
 for step in range(1, 40):
     ctx.log(step=step, loss=1.0 / step)
-    if attempt == 0 and ctx.rank == 1 and step == 5:
+    if attempt == 1 and ctx.rank == 1 and step == 5:
         os.kill(os.getpid(), signal.SIGSTOP)
     time.sleep(0.05)
 print(f"rank {ctx.rank} finished on attempt {attempt}", flush=True)

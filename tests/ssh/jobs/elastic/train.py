@@ -17,7 +17,7 @@ x, y = torch.randn(1024, 8, generator=gen), torch.randint(0, 2, (1024,), generat
 net = torch.nn.Linear(8, 2)
 model, opt = ctx.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1))
 step = ctx.resume(model, opt)
-attempt = os.environ.get("DMLCTL_ATTEMPT", "0")
+attempt = os.environ.get("DMLCTL_ATTEMPT", "1")
 print(f"rank {ctx.rank} of {ctx.world_size} attempt {attempt} starts at step {step}", flush=True)
 loss = torch.zeros(())
 for xb, yb in ctx.shard(torch.utils.data.TensorDataset(x, y), batch_size=8, epochs=50):

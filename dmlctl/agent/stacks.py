@@ -1,0 +1,143 @@
+"""Stack dumps of a host's rank processes, taken when the controller suspects a hang.
+
+Each rank armed ``faulthandler`` on :data:`dmlctl.protocol.STACKS_SIGNAL` at start
+(see :mod:`dmlctl.runtime.entry`): the signal makes it append every thread's Python
+stack to ``rank-<R>.stacks``, from a C signal handler, so even a rank whose
+interpreter lock is never released answers. A stopped process (SIGSTOP) cannot run
+its handler; ``py-spy dump`` reads its stack from outside where py-spy is installed,
+otherwise the dump says that the process is stopped.
+
+:func:`dump_stacks` promises: it never signals a process it was not given, waits at
+most ``wait`` seconds (plus ``PYSPY_TIMEOUT`` per stopped rank with py-spy), and
+returns every rank's new dump lines (an explanation where there is no dump).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Mapping
+
+from dmlctl import protocol
+
+_FRAME = re.compile(r'^\s*File "(.*)", line (\d+) in (.*)$')
+SETTLE_S = 0.2  # a dump file that has not grown for this long is complete
+PYSPY_TIMEOUT = 10.0
+
+
+def process_state(pid: int) -> str | None:
+    """The state letter of ``pid`` (``R``, ``S``, ``T`` stopped, …) or None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def _read_from(path: str, offset: int) -> list[str]:
+    """The lines written since ``offset``, after the file's first line (the rank's
+    own header: pid and main thread id) when there are any."""
+    try:
+        with open(path, "rb") as f:
+            header = f.readline().decode("utf-8", "replace").rstrip("\n")
+            f.seek(max(offset, f.tell()))
+            data = f.read()
+    except OSError:
+        return []
+    lines = data.decode("utf-8", "replace").splitlines()
+    return [header, *lines] if lines and header.startswith("dmlctl:") else lines
+
+
+def _pyspy(pid: int) -> list[str] | None:
+    exe = shutil.which("py-spy")
+    if exe is None:
+        return None
+    try:
+        out = subprocess.run(
+            [exe, "dump", "--pid", str(pid)], capture_output=True, timeout=PYSPY_TIMEOUT,
+            text=True, errors="replace",
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return [f"dmlctl: py-spy dump failed: {e}"]
+    return (out.stdout + out.stderr).splitlines()
+
+
+def dump_stacks(
+    pids: Mapping[int, int], rank_dir: str, wait: float = 2.0
+) -> tuple[dict[int, list[str]], list[int]]:
+    """Ask every rank in ``pids`` (rank → pid) for its stacks; returns (rank → dump
+    lines, ranks whose process is stopped)."""
+    sig = getattr(signal, protocol.STACKS_SIGNAL)
+    paths = {r: protocol.rank_stacks(rank_dir, r) for r in pids}
+    before = {r: _size(p) for r, p in paths.items()}
+    out: dict[int, list[str]] = {}
+    stopped: list[int] = []
+    asked: list[int] = []
+    for rank, pid in sorted(pids.items()):
+        state = process_state(pid)
+        if state is None or state in "ZX":
+            out[rank] = [f"dmlctl: rank {rank} (pid {pid}) has exited: no stack"]
+        elif state in "Tt":
+            stopped.append(rank)
+            found = _pyspy(pid)
+            out[rank] = found or [
+                f"dmlctl: rank {rank} (pid {pid}) is stopped (state {state}, e.g. SIGSTOP): "
+                "it cannot dump its own stack; install py-spy to read it from outside"
+            ]
+        else:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+            asked.append(rank)
+    _settle({r: paths[r] for r in asked}, before, wait)
+    for rank in asked:
+        lines = _read_from(paths[rank], before[rank])
+        out[rank] = lines or [f"dmlctl: rank {rank} wrote no stack within {wait:g} s"]
+    return out, stopped
+
+
+def _settle(paths: Mapping[int, str], before: Mapping[int, int], wait: float) -> None:
+    """Wait until every file grew and then stayed the same for ``SETTLE_S``, or ``wait``."""
+    deadline = time.monotonic() + wait
+    last = {r: before[r] for r in paths}
+    still = {r: time.monotonic() for r in paths}
+    while time.monotonic() < deadline:
+        now = time.monotonic()
+        done = True
+        for rank, path in paths.items():
+            size = _size(path)
+            if size != last[rank]:
+                last[rank], still[rank] = size, now
+            if size == before[rank] or now - still[rank] < SETTLE_S:
+                done = False
+        if done:
+            return
+        time.sleep(0.02)
+
+
+def main_thread_frames(lines: list[str]) -> list[tuple[str, int, str]]:
+    """The main thread's frames in a faulthandler dump, innermost first, as
+    (file, line, function); the dump's first thread's when the main one is not named."""
+    ident = next((ln.rsplit("main thread ", 1)[1].strip() for ln in lines
+                  if "main thread 0x" in ln), None)  # fmt: skip
+    sections: list[tuple[str, list[tuple[str, int, str]]]] = []
+    for ln in lines:
+        if ln.startswith(("Thread 0x", "Current thread 0x")):
+            sections.append((ln, []))
+        elif sections and (m := _FRAME.match(ln)) is not None:
+            sections[-1][1].append((m.group(1), int(m.group(2)), m.group(3).strip()))
+    for header, frames in sections:
+        if ident is not None and ident in header:
+            return frames
+    return sections[0][1] if sections else []

@@ -1,0 +1,197 @@
+"""Deciding that a run hangs, and which rank holds it up. Pure: no clock, no I/O.
+
+The controller turns each running rank's latest heartbeat into a :class:`RankView`
+(ages already measured on its own clock) and asks :func:`find_hang`. The rules, in
+order, with ``T`` the job's ``restart.hang_timeout``:
+
+1. **Frozen.** A rank that sent no heartbeat for ``T`` seconds (stopped with SIGSTOP,
+   or an interpreter whose lock is never released): that rank.
+2. **Phase over its limit.** A rank inside ``ctx.phase(name, limit=…)`` for longer
+   than ``limit``: that rank.
+3. **A collective that never completes.** A rank has waited in a collective for
+   longer than its limit — ``max(T, STEP_FACTOR × its slowest recent step)``. The
+   culprit is decided from the collective counts, not from who timed out first:
+   the member of that process group that never entered it. If that rank waits in
+   another collective itself, the chase goes on there (a cycle is reported as
+   such). The culprit is hung only if it exited, or is *stalled*: training steps
+   are under way for it (armed), it is in no phase, its progress has stood still for
+   its limit and it is idle (under :data:`BUSY_CORES` of CPU over the recent window).
+   A culprit that computes, prepares data, evaluates or is in a phase is slow, not
+   hung: no verdict. If every member entered and all still wait, the collective
+   itself never completes.
+4. **Everyone idle.** Every running worker is stalled or waits in a collective past
+   its limit, and at least one is stalled: the one stalled longest.
+
+Nothing else is a hang: a rank before its first step, after its data, in a phase, or
+busy, is never blamed, however long it takes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from dmlctl.launch.events import Collective
+
+BUSY_CORES = 0.1
+"""CPU use (in cores, averaged over the recent window) above which a rank is working."""
+STEP_FACTOR = 4.0
+"""A rank may take this many times its slowest recent step before it counts as stuck."""
+
+
+@dataclass(frozen=True)
+class RankView:
+    """What the controller knows of one rank now (ages in seconds, on its clock)."""
+
+    rank: int
+    host: str
+    role: str = "worker"
+    beat_age: float = 0.0  # since its last heartbeat arrived
+    stalled_for: float = 0.0  # since its progress last changed
+    armed: bool = False
+    phase: str | None = None
+    phase_s: float | None = None
+    limit: float | None = None
+    step_s: float | None = None
+    cpu_rate: float | None = None  # cores over the recent window; None: not known yet
+    where: str | None = None
+    inner: str | None = None
+    coll: Mapping[str, Collective] = field(default_factory=dict)  # ages as of now
+    exit_code: int | None = None  # set once the rank has exited
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A hang: ``rank`` on ``host`` holds the run up, for ``seconds``.
+
+    ``reason`` is one of ``frozen``, ``phase``, ``stuck``, ``exited``, ``collective``,
+    ``cycle``, ``idle``; ``detail`` says it in words without the frame; ``waiting``
+    are the ranks that wait for the culprit; ``where``/``inner`` its last known frames.
+    """
+
+    rank: int
+    host: str
+    seconds: float
+    reason: str
+    detail: str
+    waiting: tuple[int, ...] = ()
+    where: str | None = None
+    inner: str | None = None
+
+
+def limit(view: RankView, hang_timeout: float) -> float:
+    """How long ``view``'s rank may go without progress: ``max(T, k × slowest step)``."""
+    return max(hang_timeout, STEP_FACTOR * (view.step_s or 0.0))
+
+
+def stalled(view: RankView, hang_timeout: float) -> bool:
+    """Armed, in no phase, no progress for its limit, and idle (see rule 3)."""
+    return (
+        view.exit_code is None
+        and view.armed
+        and view.phase is None
+        and view.stalled_for >= limit(view, hang_timeout)
+        and view.cpu_rate is not None
+        and view.cpu_rate < BUSY_CORES
+    )
+
+
+def waiting_in(view: RankView, hang_timeout: float) -> tuple[str, Collective] | None:
+    """The collective ``view``'s rank has waited in past its limit (the longest one)."""
+    found = [
+        (g, p)
+        for g, p in view.coll.items()
+        if p.age is not None and p.age >= limit(view, hang_timeout)
+    ]
+    return max(found, key=lambda gp: gp[1].age or 0.0) if found else None
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+
+def _verdict(v: RankView, seconds: float, reason: str, detail: str,
+             waiting: Sequence[int] = ()) -> Verdict:  # fmt: skip
+    return Verdict(v.rank, v.host, seconds, reason, detail, tuple(waiting), v.where, v.inner)
+
+
+def find_hang(views: Sequence[RankView], hang_timeout: float) -> Verdict | None:
+    """The hang among ``views`` by the module's rules, or None."""
+    running = [v for v in views if v.exit_code is None]
+    for v in running:
+        if v.beat_age >= hang_timeout:
+            return _verdict(v, v.beat_age, "frozen", f"sent no heartbeat for {v.beat_age:.0f} s")
+    for v in running:
+        if v.limit is not None and v.phase_s is not None and v.phase_s >= v.limit:
+            detail = f"phase {v.phase!r} ran {v.phase_s:.0f} s, over its limit of {v.limit:g} s"
+            return _verdict(v, v.phase_s, "phase", detail)
+    by_rank = {v.rank: v for v in views}
+    waiters = [(v, w) for v in running if (w := waiting_in(v, hang_timeout)) is not None]
+    for v, (group, pending) in sorted(waiters, key=lambda vw: -(vw[1][1].age or 0.0)):
+        verdict = _blame(v, group, pending, by_rank, hang_timeout, [])
+        if verdict is not None:
+            return verdict
+    return _all_idle(running, hang_timeout)
+
+
+def _blame(
+    waiter: RankView,
+    group: str,
+    pending: Collective,
+    by_rank: Mapping[int, RankView],
+    hang_timeout: float,
+    chain: list[tuple[int, str, int]],
+) -> Verdict | None:
+    """Who holds up collective ``completed + 1`` of ``group`` that ``waiter`` waits in."""
+    seq, op = pending.completed + 1, pending.op or "collective"
+    members = [m for m in by_rank.values() if group in m.coll]
+    waiting = sorted(
+        m.rank for m in members if m.coll[group].completed < seq <= m.coll[group].entered
+    )
+    missing = sorted((m for m in members if m.coll[group].entered < seq), key=lambda m: m.rank)
+    age = pending.age or 0.0
+    what = f"{op} #{seq}" + (f" (group {group})" if group != "0" else "")
+    if not missing:
+        stuck_in = [m for m in members if (w := waiting_in(m, hang_timeout)) and w[0] == group]
+        if len(stuck_in) < len(members):
+            return None  # someone may be past it already: nothing certain
+        first = by_rank[waiting[0]] if waiting else waiter
+        detail = f"in {what} for {age:.0f} s; every rank of its group ({len(members)}) waits in it"
+        return _verdict(first, age, "collective", detail, waiting)
+    chain = [*chain, (waiter.rank, group, seq)]
+    for m in missing:  # a rank that left, or sits idle outside any collective, first
+        if m.exit_code is not None:
+            detail = (f"exited (code {m.exit_code}) without entering {what}, which "
+                      f"{_ranks(waiting)} has waited in for {age:.0f} s")  # fmt: skip
+            return _verdict(m, age, "exited", detail, waiting)
+        if waiting_in(m, hang_timeout) is None and stalled(m, hang_timeout):
+            detail = f"never entered {what}, which {_ranks(waiting)} has waited in for {age:.0f} s"
+            return _verdict(m, m.stalled_for, "stuck", detail, waiting)
+    for m in missing:  # then those that wait in another collective themselves
+        inner = waiting_in(m, hang_timeout)
+        if inner is None or m.exit_code is not None:
+            continue
+        if any(rank == m.rank for rank, _, _ in chain):
+            steps = "; ".join(f"rank {r} waits in #{s} of group {g}" for r, g, s in chain)
+            return _verdict(m, age, "cycle", f"ranks wait for each other: {steps}", waiting)
+        found = _blame(m, inner[0], inner[1], by_rank, hang_timeout, chain)
+        if found is not None:
+            return found
+    return None
+
+
+def _all_idle(running: Sequence[RankView], hang_timeout: float) -> Verdict | None:
+    workers = [v for v in running if v.role != "server"]
+    if not workers:
+        return None
+    idle = [v for v in workers if stalled(v, hang_timeout)]
+    if not idle:
+        return None
+    if any(v not in idle and waiting_in(v, hang_timeout) is None for v in workers):
+        return None
+    v = max(idle, key=lambda x: (x.stalled_for, -x.rank))
+    others = [w.rank for w in workers if w is not v]
+    detail = f"no progress for {v.stalled_for:.0f} s and idle"
+    if others:
+        detail += f"; {_ranks(others)} stalled or waiting too"
+    return _verdict(v, v.stalled_for, "idle", detail, others)

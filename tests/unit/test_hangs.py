@@ -1,0 +1,158 @@
+"""The hang rules (dmlctl.launch.hangs) on scripted rank views: who is blamed, and who
+never is — a rank before its first step, after its data, in a phase, or busy."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from dmlctl.launch.events import Collective
+from dmlctl.launch.hangs import BUSY_CORES, STEP_FACTOR, RankView, find_hang
+
+T = 30.0
+IDLE = 0.0
+BUSY = 1.0
+
+
+def view(rank: int, **kw: Any) -> RankView:
+    """A healthy training rank: armed, beating, just stepped, in group 0 with 10
+    collectives done."""
+    values: dict[str, Any] = {
+        "rank": rank, "host": "h", "beat_age": 0.5, "stalled_for": 0.1, "armed": True,
+        "cpu_rate": BUSY, "step_s": 0.05, "where": f"train.py:{80 + rank} in step",
+        "inner": "threading.py:320 in wait", "coll": {"0": Collective(10, 10)},
+    }  # fmt: skip
+    values.update(kw)
+    return RankView(**values)
+
+
+def waits(entered: int, age: float, op: str = "all_reduce") -> dict[str, Collective]:
+    """In group 0: entered collective ``entered`` and has waited ``age`` s in it."""
+    return {"0": Collective(entered, entered - 1, op, age)}
+
+
+def stuck(**kw: Any) -> dict[str, Any]:
+    """Armed, idle and without progress for 40 s."""
+    return {"stalled_for": 40.0, "cpu_rate": IDLE, **kw}
+
+
+def test_a_healthy_run_has_no_hang() -> None:
+    assert find_hang([view(0), view(1)], T) is None
+
+
+def test_a_rank_that_stopped_beating_is_frozen() -> None:
+    verdict = find_hang([view(0, coll=waits(11, 31)), view(1, beat_age=31.0)], T)
+    assert verdict is not None
+    assert (verdict.rank, verdict.reason, verdict.where) == (1, "frozen", "train.py:81 in step")
+    assert verdict.detail == "sent no heartbeat for 31 s"
+
+
+def test_the_rank_that_never_entered_the_collective_is_blamed_not_the_one_that_waits() -> None:
+    views = [view(0, coll=waits(11, 41)), view(1, **stuck()), view(2, coll=waits(11, 35))]
+    verdict = find_hang(views, T)
+    assert verdict is not None
+    assert (verdict.rank, verdict.reason, verdict.waiting) == (1, "stuck", (0, 2))
+    assert verdict.detail == "never entered all_reduce #11, which ranks 0, 2 has waited in for 41 s"
+    assert verdict.where == "train.py:81 in step"
+
+
+def test_a_busy_rank_that_others_wait_for_is_slow_not_hung() -> None:
+    """A long compile or a slow first batch: the others wait, the culprit computes."""
+    views = [view(0, coll=waits(11, 300)), view(1, stalled_for=300.0, cpu_rate=0.9)]
+    assert find_hang(views, T) is None
+
+
+@pytest.mark.parametrize(
+    "state",
+    [
+        {"armed": False},  # before its first step (data preparation), or after its data
+        {"armed": False, "phase": "eval", "phase_s": 300.0},  # a declared phase
+        {"cpu_rate": None},  # its CPU use is not known yet
+    ],
+)
+def test_a_rank_in_a_non_step_stretch_is_never_blamed(state: dict[str, Any]) -> None:
+    views = [view(0, coll=waits(11, 300)), view(1, **stuck(**state))]
+    assert find_hang(views, T) is None
+
+
+def test_slow_steps_stretch_the_limit() -> None:
+    slow = 20.0  # a 20 s step: stuck only after STEP_FACTOR x 20 s
+    views = [
+        view(0, coll=waits(11, 70), step_s=slow),
+        view(1, **stuck(stalled_for=70.0, step_s=slow)),
+    ]
+    assert find_hang(views, T) is None
+    later = STEP_FACTOR * slow + 1
+    views = [view(0, coll=waits(11, later), step_s=slow),
+             view(1, **stuck(stalled_for=later, step_s=slow))]  # fmt: skip
+    verdict = find_hang(views, T)
+    assert verdict is not None and verdict.rank == 1
+
+
+def test_a_phase_over_its_own_limit_is_a_hang_even_when_busy() -> None:
+    views = [view(0), view(1, armed=False, phase="eval", phase_s=121.0, limit=120.0)]
+    verdict = find_hang(views, T)
+    assert verdict is not None
+    assert (verdict.rank, verdict.reason) == (1, "phase")
+    assert verdict.detail == "phase 'eval' ran 121 s, over its limit of 120 s"
+
+
+def test_a_rank_that_exited_without_entering_the_collective_is_blamed() -> None:
+    views = [view(0, coll=waits(11, 31)), view(1, exit_code=0)]
+    verdict = find_hang(views, T)
+    assert verdict is not None and (verdict.rank, verdict.reason) == (1, "exited")
+    assert verdict.detail.startswith("exited (code 0) without entering all_reduce #11")
+
+
+def test_a_collective_everyone_entered_that_never_completes() -> None:
+    views = [view(0, coll=waits(11, 40)), view(1, coll=waits(11, 38))]
+    verdict = find_hang(views, T)
+    assert verdict is not None
+    assert (verdict.rank, verdict.reason, verdict.waiting) == (0, "collective", (0, 1))
+    assert verdict.detail == "in all_reduce #11 for 40 s; every rank of its group (2) waits in it"
+
+
+def test_the_chase_follows_a_culprit_that_waits_elsewhere() -> None:
+    """Rank 0 waits in group 0 for rank 1, which waits in group 1 for rank 2."""
+    views = [
+        view(0, coll={"0": Collective(11, 10, "all_reduce", 50.0), "1": Collective(3, 3)}),
+        view(1, coll={"0": Collective(10, 10), "1": Collective(4, 3, "broadcast", 45.0)}),
+        view(2, coll={"1": Collective(3, 3)}, **stuck()),
+    ]
+    verdict = find_hang(views, T)
+    assert verdict is not None and (verdict.rank, verdict.reason) == (2, "stuck")
+    assert "never entered broadcast #4 (group 1), which rank 1 has" in verdict.detail
+
+
+def test_ranks_waiting_for_each_other_are_a_cycle() -> None:
+    views = [
+        view(0, coll={"0": Collective(11, 10, "all_reduce", 50.0), "1": Collective(3, 3)}),
+        view(1, coll={"0": Collective(10, 10), "1": Collective(4, 3, "broadcast", 45.0)}),
+    ]
+    verdict = find_hang(views, T)
+    assert verdict is not None and verdict.reason == "cycle"
+    assert "rank 0 waits in #11 of group 0; rank 1 waits in #4 of group 1" in verdict.detail
+
+
+def test_a_deadlock_without_collectives_is_found_when_every_rank_is_idle() -> None:
+    views = [view(0, **stuck(stalled_for=45.0)), view(1, **stuck())]
+    verdict = find_hang(views, T)
+    assert verdict is not None
+    assert (verdict.rank, verdict.reason) == (0, "idle")
+    assert verdict.detail == "no progress for 45 s and idle; rank 1 stalled or waiting too"
+
+
+def test_one_idle_rank_while_another_works_is_not_a_hang() -> None:
+    assert find_hang([view(0, **stuck()), view(1, stalled_for=45.0, cpu_rate=0.5)], T) is None
+
+
+def test_parameter_servers_are_never_blamed_for_waiting() -> None:
+    views = [view(0, **stuck()), view(1, role="server", armed=False, stalled_for=900.0,
+                                        cpu_rate=IDLE)]  # fmt: skip
+    verdict = find_hang(views, T)
+    assert verdict is not None and verdict.rank == 0
+
+
+def test_busy_threshold_is_a_fraction_of_a_core() -> None:
+    assert 0 < BUSY_CORES < 0.5

@@ -1,0 +1,170 @@
+"""The rank-side pieces of the hang detector, without torch or processes: the progress
+tracker, the frame namer, the flight-recorder summary, and the controller's view of
+heartbeats."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dmlctl.launch.events import Collective, Heartbeat
+from dmlctl.launch.state import RankState, RankStatus, new_run_state
+from dmlctl.launch.watch import STALE_BEAT_S, HangWatch
+from dmlctl.runtime.collectives import _summarize, recorder_enabled
+from dmlctl.runtime.progress import Tracker
+from dmlctl.runtime.where import FrameNamer, frames_of
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+# --------------------------------------------------------------------------- tracker
+
+
+def test_the_tracker_is_armed_only_while_steps_run() -> None:
+    clock = Clock()
+    t = Tracker(clock)
+    assert t.snapshot() == {"progress": 0, "armed": False}  # preparing: not armed
+    t.step()
+    clock.now += 0.5
+    t.step()
+    snap = t.snapshot()
+    assert (snap["progress"], snap["armed"], snap["step_s"], snap["since"]) == (2, True, 0.5, 0.0)
+    t.data_end()
+    assert t.snapshot()["armed"] is False and "since" not in t.snapshot()
+    t.step()  # a log call of the final evaluation: progress, but no training step
+    assert not t.armed and t.progress == 3
+    t.step(batch=True)  # the next epoch's first batch
+    assert t.armed
+
+
+def test_a_phase_disarms_reports_its_age_and_is_no_part_of_a_step() -> None:
+    clock = Clock()
+    t = Tracker(clock)
+    t.step()
+    with t.phase("eval", limit=60.0):
+        clock.now += 10.0
+        snap = t.snapshot()
+        assert (snap["armed"], snap["phase"], snap["phase_s"], snap["limit"]) == (
+            False, "eval", 10.0, 60.0,
+        )  # fmt: skip
+        with t.phase("load"):
+            assert t.snapshot()["phase"] == "load"  # the innermost phase
+        assert t.snapshot()["phase"] == "eval"
+    clock.now += 0.1
+    t.step()
+    assert t.snapshot()["step_s"] == pytest.approx(0.1)  # not 10.1: the phase is excluded
+    assert t.armed and "phase" not in t.snapshot()
+
+
+def test_a_phase_limit_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="limit must be > 0"), Tracker().phase("x", limit=0):
+        pass
+
+
+def test_a_server_is_never_armed() -> None:
+    t = Tracker()
+    t.serving()
+    t.step()
+    assert t.armed is False
+
+
+# --------------------------------------------------------------------------- frames
+
+
+def test_frames_are_named_relative_to_the_script_and_library_code_by_file(tmp_path: Path) -> None:
+    job = tmp_path / "job"
+    lib = tmp_path / "venv" / "site-packages"
+    namer = FrameNamer(str(job), libraries=[str(lib) + os.sep])
+    stack = [
+        (str(lib / "threading.py"), 320, "wait"),
+        (str(job / "models" / "net.py"), 12, "forward"),
+        (str(job / "train.py"), 88, "<module>"),
+    ]
+    assert namer.summary(stack) == ("models/net.py:12 in forward", "threading.py:320 in wait")
+    assert namer.summary(stack[:1]) == (None, "threading.py:320 in wait")
+
+
+def test_code_outside_the_libraries_counts_when_the_script_dir_has_none(tmp_path: Path) -> None:
+    namer = FrameNamer(str(tmp_path / "job"), libraries=[str(tmp_path / "lib") + os.sep])
+    stack = [(str(tmp_path / "lib" / "x.py"), 1, "f"), (str(tmp_path / "elsewhere.py"), 5, "g")]
+    assert namer.summary(stack)[0] == "elsewhere.py:5 in g"
+
+
+def test_a_script_kept_inside_a_library_directory_is_still_user_code(tmp_path: Path) -> None:
+    package = tmp_path / "pkg"
+    namer = FrameNamer(str(package / "bench" / "job"), libraries=[str(package) + os.sep])
+    stack = [(str(package / "bench" / "job" / "train.py"), 9, "step")]
+    assert namer.summary(stack) == ("train.py:9 in step", "train.py:9 in step")
+
+
+def test_live_frames_are_listed_innermost_first() -> None:
+    import sys
+
+    frames = frames_of(sys._getframe())
+    assert frames[0][2] == "test_live_frames_are_listed_innermost_first"
+
+
+# --------------------------------------------------------------------------- flight recorder
+
+
+def entry(seq: int, retired: bool, group: str = "0", op: str = "gloo:all_reduce",
+          created_ns: int = 0, p2p: bool = False) -> dict[str, Any]:  # fmt: skip
+    return {"collective_seq_id": seq, "retired": retired, "process_group": [group, "x"],
+            "profiling_name": op, "time_created_ns": created_ns, "is_p2p": p2p}  # fmt: skip
+
+
+def test_the_flight_recorder_dump_becomes_counts_and_the_oldest_pending_collective() -> None:
+    now = 50 * 10**9
+    data = {
+        "entries": [
+            entry(8, True), entry(9, False, created_ns=now - 7 * 10**9), entry(10, False),
+            entry(3, True, group="1", op="gloo:broadcast"), entry(1, False, p2p=True),
+        ],
+        "pg_status": {"1": {"last_enqueued_collective": "4", "last_completed_collective": "3"}},
+    }
+    got = _summarize(data, {"0": 2, "1": 2, "2": 2}, now)
+    assert got == {
+        "0": [10, 8, "all_reduce", 7.0], "1": [4, 3, None, None], "2": [0, 0, None, None],
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("env", "on"),
+    [({}, False), ({"TORCH_FR_BUFFER_SIZE": "200"}, True), ({"TORCH_FR_BUFFER_SIZE": "0"}, False),
+     ({"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000"}, True), ({"TORCH_FR_BUFFER_SIZE": "x"}, False)],
+)  # fmt: skip
+def test_the_recorder_is_on_only_with_a_positive_size(env: dict[str, str], on: bool) -> None:
+    assert recorder_enabled(env) is on
+
+
+# --------------------------------------------------------------------------- controller view
+
+
+def test_the_controller_ages_beats_on_its_own_clock_and_forgets_stale_ones() -> None:
+    clock = Clock()
+    watch = HangWatch(30.0, clock=clock)
+    state = new_run_state("r", "j", "ssgd", [(0, "h", "worker")], 0.0)
+    state = dataclasses.replace(state, ranks=(RankState(0, "h", status=RankStatus.RUNNING),))
+    for cpu in (1.0, 1.0, 1.0, 1.0):
+        watch.beat(Heartbeat("h", 0, 5, 0.0, armed=True, since=2.0, cpu=cpu,
+                             coll={"0": Collective(9, 8, "all_reduce", 1.0)}))  # fmt: skip
+        clock.now += 1.0
+    (view,) = watch.views(state)
+    assert view.beat_age == pytest.approx(1.0)
+    assert view.stalled_for == pytest.approx(3.0)  # the rank's own count plus the beat's age
+    assert view.coll["0"].age == pytest.approx(2.0)
+    assert view.cpu_rate == pytest.approx(0.0)  # idle: no CPU over the window
+    clock.now += STALE_BEAT_S
+    (stale,) = watch.views(state)
+    assert stale.coll["0"].age is None and stale.cpu_rate is None
+    assert stale.coll["0"].entered == 9  # the counts stay: membership is still known
