@@ -97,8 +97,8 @@ def _judge(outcome: Outcome, run_dir: Path, state: Any) -> None:
 
 
 def run_hang_bench(
-    *, runs: int = 20, scenarios: Sequence[str] = SCENARIOS, seconds: float = 40.0,
-    skew: float = 35.0, hang_timeout: float | None = None, burn: bool = True,
+    *, runs: int = 20, scenarios: Sequence[str] = SCENARIOS, seconds: float = 35.0,
+    skew: float = 32.0, hang_timeout: float | None = None, burn: bool = True,
     console: Console, home: Path | None = None, cluster: ClusterSpec | None = None,
     launcher: Launcher = launch,
 ) -> dict[str, Any]:  # fmt: skip

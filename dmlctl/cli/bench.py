@@ -234,8 +234,8 @@ def hangs(
         "--scenarios",
         help="Comma-separated: prep, compile, eval, deadlock, sigstop, or all.",
     ),
-    seconds: float = typer.Option(40.0, "--seconds", help="Length of the healthy stretch."),
-    skew: float = typer.Option(35.0, "--skew", help="Rank 1's extra seconds in that stretch."),
+    seconds: float = typer.Option(35.0, "--seconds", help="Length of the healthy stretch."),
+    skew: float = typer.Option(32.0, "--skew", help="Rank 1's extra seconds in that stretch."),
     hang_timeout: Optional[float] = typer.Option(  # noqa: UP045 - typer needs Optional
         None, "--hang-timeout", help="restart.hang_timeout of the runs; default: the job default."
     ),

@@ -12,9 +12,10 @@ from dmlctl.cli.common import stdout_console
 def stop(
     run_id: str = typer.Argument(..., help="A run id (or a unique prefix, or 'last')."),
     timeout: Optional[float] = typer.Option(  # noqa: UP045 - typer needs Optional
-        None, "--timeout",
+        None,
+        "--timeout",
         help="Seconds to wait for a clean stop; default: the job's restart.stop_grace + 10.",
-    ),  # fmt: skip
+    ),
 ) -> int:
     """Stop a run: every process of it, and nothing else. Its ranks get SIGTERM and the
     job's restart.stop_grace to save and exit."""

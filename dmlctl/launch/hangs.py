@@ -13,7 +13,8 @@ order, with ``T`` the job's ``restart.hang_timeout``:
    culprit is decided from the collective counts, not from who timed out first:
    the member of that process group that never entered it. If that rank waits in
    another collective itself, the chase goes on there (a cycle is reported as
-   such). The culprit is hung only if it exited, or is *stalled*: training steps
+   such). The culprit is hung only if it exited (and the waiter still waited in a
+   beat sent after that), or is *stalled*: training steps
    are under way for it (armed), it is in no phase, its progress has stood still for
    its limit and it is idle (under :data:`BUSY_CORES` of CPU over the recent window).
    A culprit that computes, prepares data, evaluates or is in a phase is slow, not
@@ -58,6 +59,7 @@ class RankView:
     inner: str | None = None
     coll: Mapping[str, Collective] = field(default_factory=dict)  # ages as of now
     exit_code: int | None = None  # set once the rank has exited
+    exited_ago: float = 0.0  # since its exit was seen
 
 
 @dataclass(frozen=True)
@@ -161,6 +163,8 @@ def _blame(
     chain = [*chain, (waiter.rank, group, seq)]
     for m in missing:  # a rank that left, or sits idle outside any collective, first
         if m.exit_code is not None:
+            if waiter.beat_age >= m.exited_ago:
+                continue  # the waiter has not said since that it still waits: not certain
             detail = (f"exited (code {m.exit_code}) without entering {what}, which "
                       f"{_ranks(waiting)} has waited in for {age:.0f} s")  # fmt: skip
             return _verdict(m, age, "exited", detail, waiting)

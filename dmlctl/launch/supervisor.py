@@ -38,6 +38,7 @@ from dmlctl.launch.events import (
     Finished,
     Heartbeat,
     Progress,
+    RankExited,
     RankStarted,
     Resized,
     Restarting,
@@ -397,6 +398,8 @@ class Supervisor:
         for ev in batch:
             if isinstance(ev, Heartbeat):
                 self.hangs.beat(ev)
+            elif isinstance(ev, RankExited):
+                self.hangs.exited(ev.rank)
             elif isinstance(ev, (StackDump, StacksDumped)) and self._probe is not None:
                 self._probe.take(ev)
         state = apply(state, batch)

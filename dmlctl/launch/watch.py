@@ -89,11 +89,17 @@ class HangWatch:
         self.hang_timeout = hang_timeout
         self.clock = clock
         self._ranks: dict[int, _Track] = {}
+        self._exits: dict[int, float] = {}  # rank → when its exit arrived
         self._reported = False
 
     def reset(self) -> None:
         self._ranks = {}
+        self._exits = {}
         self._reported = False
+
+    def exited(self, rank: int) -> None:
+        """Rank ``rank``'s exit arrived (now)."""
+        self._exits.setdefault(rank, self.clock())
 
     def beat(self, ev: Heartbeat) -> None:
         now = self.clock()
@@ -131,6 +137,7 @@ class HangWatch:
                 step_s=b.step_s, cpu_rate=track.cpu_rate(now) if fresh else None,
                 where=b.where, inner=b.inner,
                 coll=coll, exit_code=r.exit_code if r.status.terminal else None,
+                exited_ago=now - self._exits.get(r.rank, now),
             ))  # fmt: skip
         return out
 

@@ -99,7 +99,10 @@ def test_a_phase_over_its_own_limit_is_a_hang_even_when_busy() -> None:
 
 
 def test_a_rank_that_exited_without_entering_the_collective_is_blamed() -> None:
-    views = [view(0, coll=waits(11, 31)), view(1, exit_code=0)]
+    """Once the waiter said, after the exit, that it still waits."""
+    views = [view(0, coll=waits(11, 31), beat_age=0.5), view(1, exit_code=0, exited_ago=0.2)]
+    assert find_hang(views, T) is None  # its last beat may be older than the exit
+    views = [view(0, coll=waits(11, 31), beat_age=0.5), view(1, exit_code=0, exited_ago=2.0)]
     verdict = find_hang(views, T)
     assert verdict is not None and (verdict.rank, verdict.reason) == (1, "exited")
     assert verdict.detail.startswith("exited (code 0) without entering all_reduce #11")

@@ -37,8 +37,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument(
         "--scenario", required=True, choices=("prep", "compile", "eval", "deadlock", "sigstop")
     )
-    p.add_argument("--seconds", type=float, default=40.0, help="Length of the long stretch.")
-    p.add_argument("--skew", type=float, default=10.0, help="Extra seconds of the culprit.")
+    p.add_argument("--seconds", type=float, default=35.0, help="Length of the long stretch.")
+    p.add_argument("--skew", type=float, default=32.0, help="Extra seconds of the culprit.")
     p.add_argument("--culprit", type=int, default=1, help="The slow (or hanging) rank.")
     p.add_argument("--at", type=int, default=20, help="Step at which a hang starts.")
     p.add_argument("--steps", type=int, default=60, help="Training steps.")
