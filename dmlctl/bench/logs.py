@@ -7,11 +7,12 @@ machine, two ranks, without a live view:
 * **carried** — each rank prints ``lines`` lines as fast as it can; the rate is every
   line of both ranks over the time from the first rank's first line to the end of the
   run (every line is then in ``logs/rank-N.log``, which is checked line by line);
-* **slowdown** — a loop of ``steps`` iterations, each computing ``work_us``
-  microseconds and printing one line, timed inside the rank; once printing to stdout
-  (through dmlctl) and once to /dev/null, alternating, ``repeats`` times each. The
-  slowdown is ``median(stdout) / median(devnull) - 1``; the baseline runs in the
-  same benchmark, under the same launcher, so only the printing differs.
+* **slowdown** — a loop of ``steps`` iterations, each computing about ``work_us``
+  microseconds (the same arithmetic in every run: calibrated once, here) and printing
+  one line, timed inside the rank; once printing to stdout (through dmlctl) and once
+  to /dev/null, alternating, ``repeats`` times each. The slowdown is
+  ``median(stdout) / median(devnull) - 1``; the baseline runs in the same benchmark,
+  under the same launcher, so only the printing differs.
 
 Goals (see docs/benchmarks.md): at least 200,000 lines/s per host carried, and a
 slowdown of at most 5 %.
@@ -39,6 +40,16 @@ JOB_DIR = Path(__file__).resolve().parent / "logs_job"
 WORKERS = 2
 GOAL_LINES_PER_S = 200_000
 GOAL_SLOWDOWN = 0.05
+
+
+def calibrate(work_us: float) -> int:
+    """Iterations of the job's ``work`` loop that take about ``work_us`` µs here."""
+    n, start = 200_000, time.perf_counter()
+    x = 0.0
+    for i in range(n):
+        x += i * 0.5
+    per_iteration = (time.perf_counter() - start) / n
+    return max(1, int(work_us * 1e-6 / per_iteration))
 
 
 def logs_job(name: str, out: Path, *args: str) -> JobSpec:
@@ -87,17 +98,19 @@ def slowdown(
 ) -> dict[str, Any]:  # fmt: skip
     """The printing loop against the silent one (see the module docstring)."""
     times: dict[str, list[float]] = {"stdout": [], "devnull": []}
+    iters = calibrate(work_us)
     for round_ in range(repeats):
         for sink in times:
             console.print(f"[dim]loop printing to {sink}, {round_ + 1}/{repeats}[/dim]")
             with tempfile.TemporaryDirectory(prefix="dmlctl-bench-logs-") as tmp:
                 job = logs_job(f"bench-logs-{sink}", Path(tmp), "--mode", "loop", "--lines",
-                               str(steps), "--work-us", str(work_us), "--sink", sink)  # fmt: skip
+                               str(steps), "--work-iters", str(iters), "--sink", sink)  # fmt: skip
                 launch_bench(job, cluster, console=console, home=home, launcher=launcher)
                 times[sink].append(max(r["loop_s"] for r in _results(Path(tmp))))
     printing, silent = statistics.median(times["stdout"]), statistics.median(times["devnull"])
-    return {"steps": steps, "work_us": work_us, "repeats": repeats, "stdout_s": times["stdout"],
-            "devnull_s": times["devnull"], "slowdown": printing / silent - 1}  # fmt: skip
+    return {"steps": steps, "work_us": work_us, "work_iters": iters, "repeats": repeats,
+            "stdout_s": times["stdout"], "devnull_s": times["devnull"],
+            "slowdown": printing / silent - 1}  # fmt: skip
 
 
 def run_logs_bench(

@@ -3,9 +3,10 @@
 ``--mode flood`` prints ``--lines`` numbered lines to stdout as fast as it can, after
 recording when it began (``start <epoch seconds>`` in ``--out``/rank-<R>.json).
 
-``--mode loop`` is a training loop's shape: ``--lines`` iterations, each computing for
-about ``--work-us`` microseconds and then printing one line, to stdout or, with
-``--sink devnull``, to /dev/null; it records the loop's wall time.
+``--mode loop`` is a training loop's shape: ``--lines`` iterations, each doing
+``--work-iters`` iterations of arithmetic (the same work in every run) and then
+printing one line, to stdout or, with ``--sink devnull``, to /dev/null; it records the
+loop's wall time.
 """
 
 import argparse
@@ -22,20 +23,11 @@ def work(iterations: int) -> float:
     return x
 
 
-def calibrate(work_us: float) -> int:
-    """Iterations of :func:`work` that take about ``work_us`` microseconds."""
-    n = 10_000
-    start = time.perf_counter()
-    work(n)
-    per_iteration = (time.perf_counter() - start) / n
-    return max(1, int(work_us * 1e-6 / per_iteration))
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--mode", choices=("flood", "loop"), required=True)
     p.add_argument("--lines", type=int, required=True)
-    p.add_argument("--work-us", type=float, default=1000.0)
+    p.add_argument("--work-iters", type=int, default=10_000)
     p.add_argument("--sink", choices=("stdout", "devnull"), default="stdout")
     p.add_argument("--out", required=True)
     args = p.parse_args()
@@ -46,10 +38,9 @@ def main() -> None:
             print(f"rank {rank} line {i} of the flood, some more text as a log line has")
     else:
         sink = open(os.devnull, "w") if args.sink == "devnull" else sys.stdout  # noqa: SIM115
-        n = calibrate(args.work_us)
         start = time.perf_counter()
         for i in range(args.lines):
-            work(n)
+            work(args.work_iters)
             print(f"step {i} loss {1.0 / (i + 1):.6f} rank {rank}", file=sink)
         result["loop_s"] = time.perf_counter() - start
     with open(os.path.join(args.out, f"rank-{rank}.json"), "w") as f:
