@@ -10,7 +10,8 @@
     values), ``heartbeat`` (liveness and progress, see :data:`BEAT_KEYS`),
     ``checkpoint`` (step, dir: from the rank that committed a checkpoint in its
     directory), ``prepared`` (strategy: the script let the strategy wrap its model) and
-    ``exit`` (rank, code, error or null). :class:`RankEventWriter` writes them.
+    ``exit`` (rank, code, error or null, final collective counts). :class:`RankEventWriter`
+    writes them.
   - ``rank-<R>.stacks`` — Python stacks of every thread, written by ``faulthandler``
     when the rank gets :data:`STACKS_SIGNAL` (the host agent sends it on a hang).
 
@@ -96,15 +97,14 @@ KIND_PREPARED = "prepared"  # {strategy: str}: ctx.prepare() applied the job's s
 #   phase_s   float  seconds since that phase began
 #   limit     float  that phase's own time limit in seconds, or absent
 #   step_s    float  the slowest of the rank's recent steps, in seconds
-#   cpu       float  CPU seconds used so far by the process and its children
 #   where     str    innermost frame of the script's own code in the main thread
 #   inner     str    innermost frame of the main thread (what it is blocked in)
-#   coll      {group: [entered, completed, op, age]}  collectives per process group:
-#             the last one entered and completed, and the oldest still pending (its
-#             op name and seconds since it was entered) or nulls
+#   coll      {group: [entered, completed, op, age, size]}  collectives per process
+#             group: the last one entered and completed, the oldest still pending (its
+#             op name and seconds since it was entered) or nulls, the group's size
 BEAT_KEYS = (
-    "progress", "armed", "since", "phase", "phase_s", "limit", "step_s", "cpu", "where",
-    "inner", "coll",
+    "progress", "armed", "since", "phase", "phase_s", "limit", "step_s", "where", "inner",
+    "coll",
 )  # fmt: skip
 
 # faulthandler dumps every thread's stack into rank-<R>.stacks on this signal.
@@ -118,7 +118,9 @@ FR_DEFAULT_SIZE = "200"
 # Kinds of agent messages (agent stdout).
 MSG_LOG = "log"  # {"k": "log", "r": rank|None, "s": "stdout"|"stderr"|"agent", "l": [lines]}
 MSG_RANK = "rank"  # {"k": "rank", "rec": <rank record>}
-MSG_AGENT = "agent"  # {"k": "agent", "state": "started", "pid": int} | {..., "state": "alive"}
+MSG_AGENT = "agent"  # {"k": "agent", "state": "started", "pid": int}
+#   | {..., "state": "alive", "procs": {rank: [state, cpu_s, io_bytes]}}: once a second,
+#     each rank's process tree as /proc shows it (state letter, CPU seconds, I/O bytes)
 #   | {..., "state": "dumped", "stopped": [ranks whose process is stopped]}: stacks are sent
 MSG_STACKS = "stacks"  # {"k": "stacks", "r": rank, "l": [lines]}: a rank's stack dump
 MSG_EXIT = "exit"  # {"k": "exit", "code": int, "tail": [lines]} — the agent's last message
@@ -219,9 +221,16 @@ class RankEventWriter:
         """Record that this rank committed checkpoint ``step`` in ``directory``."""
         self._write({"kind": KIND_CHECKPOINT, "step": step, "dir": directory})
 
-    def exit(self, code: int, error: Mapping[str, Any] | None) -> None:
-        """Record the rank's exit: ``error`` is {type, message, traceback: [lines]} or None."""
-        self._write({"kind": KIND_EXIT, "code": code, "error": dict(error) if error else None})
+    def exit(
+        self, code: int, error: Mapping[str, Any] | None, coll: Mapping[str, Any] | None = None
+    ) -> None:
+        """Record the rank's exit: ``error`` is {type, message, traceback: [lines]} or
+        None; ``coll`` its final collective counts (rows as in a heartbeat), if known."""
+        record: dict[str, Any] = {"kind": KIND_EXIT, "code": code,
+                                  "error": dict(error) if error else None}  # fmt: skip
+        if coll:
+            record["coll"] = dict(coll)
+        self._write(record)
 
     def close(self) -> None:
         with self._lock:

@@ -46,9 +46,10 @@ from typing import Any, TextIO
 
 from dmlctl import protocol
 from dmlctl.agent import warm
-from dmlctl.agent.procs import become_subreaper, kill_tree
+from dmlctl.agent.procs import become_subreaper, descendants, kill_tree
 from dmlctl.agent.stacks import dump_stacks, main_thread_frames
 from dmlctl.agent.tail import RankDirTailer
+from dmlctl.agent.usage import usage
 from dmlctl.runtime.where import FrameNamer
 
 POLL_S = 0.05
@@ -123,11 +124,23 @@ def _watch_stdin(commands: Commands) -> None:
     commands.stop.set()
 
 
+class Held:
+    """Exit records waiting for the rest of their rank's output (rank → records)."""
+
+    def __init__(self) -> None:
+        self.exits: dict[int, list[str]] = {}
+
+
 def _emit_ranks(
-    tailer: RankDirTailer, emit: Emitter, pids: dict[int, int], final: bool = False
+    tailer: RankDirTailer,
+    emit: Emitter,
+    pids: dict[int, int],
+    final: bool = False,
+    held: Held | None = None,
 ) -> bool:
     """Forward new rank output (noting each rank's pid in ``pids``); True if anything
-    was read."""
+    was read. A rank's ``exit`` record waits in ``held`` until its stdout and stderr
+    have been read to their end, so its last lines (its traceback) come first."""
     records: list[str] = []
     any_data = False
     for rank, kind, lines in tailer.poll(final=final):
@@ -136,8 +149,14 @@ def _emit_ranks(
             records += [rec for rec in lines if rec.strip()]
         else:
             emit.send(protocol.MSG_LOG, r=rank, s=kind, l=lines)
-    # Output first, then records: a rank's last lines arrive before its exit.
+    held = held if held is not None else Held()
+    for rank in [r for r in held.exits if r not in tailer.behind]:
+        records += held.exits.pop(rank)
     for rec in records:
+        exiting = _rank_of(rec) if '"kind":"exit"' in rec else None
+        if exiting is not None and exiting in tailer.behind:
+            held.exits.setdefault(exiting, []).append(rec)
+            continue
         if '"kind":"start"' in rec:
             with contextlib.suppress(ValueError, KeyError, TypeError):
                 start = json.loads(rec)
@@ -146,16 +165,35 @@ def _emit_ranks(
     return any_data
 
 
-def _drain(tailer: RankDirTailer, emit: Emitter, pids: dict[int, int]) -> None:
+def _rank_of(record: str) -> int | None:
+    try:
+        return int(json.loads(record)["rank"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _drain(tailer: RankDirTailer, emit: Emitter, pids: dict[int, int], held: Held) -> None:
     """Forward everything the ranks wrote, to the end of every file."""
-    while _emit_ranks(tailer, emit, pids):
+    while _emit_ranks(tailer, emit, pids, held=held) or held.exits:
         pass
-    _emit_ranks(tailer, emit, pids, final=True)
+    _emit_ranks(tailer, emit, pids, final=True, held=held)
+
+
+def _usage(pids: dict[int, int]) -> dict[int, list[Any]]:
+    """Every rank's ``[state, CPU seconds, I/O bytes]`` (of its process tree), now."""
+    out: dict[int, list[Any]] = {}
+    for rank, pid in pids.items():
+        found = usage(pid)
+        if found is not None:
+            out[rank] = [found[0], round(found[1], 3), found[2]]
+    return out
 
 
 def _dump(pids: dict[int, int], rank_dir: str, namer: FrameNamer, emit: Emitter) -> None:
-    """Every rank's stacks, each with where its main thread is, then ``dumped``."""
-    dumps, stopped = dump_stacks(pids, rank_dir)
+    """Every rank's stacks, each with where its main thread is, then ``dumped``. Only
+    processes of this agent's own tree are signalled (a pid may have been reused)."""
+    mine = set(descendants(os.getpid()))
+    dumps, stopped = dump_stacks({r: p for r, p in pids.items() if p in mine}, rank_dir)
     for rank, lines in sorted(dumps.items()):
         where, inner = namer.summary(main_thread_frames(lines))
         emit.send(protocol.MSG_STACKS, r=rank, l=lines, where=where, inner=inner)
@@ -223,11 +261,12 @@ def run(config: dict[str, Any], emit: Emitter, commands: Commands) -> int:
     reader.start()
     tailer = RankDirTailer(rank_dir)
     pids: dict[int, int] = {}
-    stopped = _supervise(proc, config, tailer, emit, commands, pids, rank_dir)
+    held = Held()
+    stopped = _supervise(proc, config, tailer, emit, commands, pids, rank_dir, held)
     reader.join(5.0)
-    _drain(tailer, emit, pids)
-    tailer.close()
     kill_tree(os.getpid(), 1.0)  # anything a rank left behind (daemons, grandchildren)
+    _drain(tailer, emit, pids, held)  # after: nothing writes to the rank files any more
+    tailer.close()
     code = int(proc.returncode) if proc.returncode is not None else 1
     emit.send(protocol.MSG_EXIT, code=code, tail=list(tail), summary=list(summary), stopped=stopped)
     return code
@@ -241,25 +280,28 @@ def _supervise(
     commands: Commands,
     pids: dict[int, int],
     rank_dir: str,
+    held: Held,
 ) -> bool:
     """Stream the ranks until torchrun ends; carry out stops and dumps. True if stopped."""
     parent = os.getppid()
     alive_at = time.monotonic() + ALIVE_S
     kill_at: float | None = None
     while True:
-        busy = _emit_ranks(tailer, emit, pids)
+        busy = _emit_ranks(tailer, emit, pids, held=held)
         if time.monotonic() >= alive_at:  # the controller counts a silent host as lost
-            emit.send(protocol.MSG_AGENT, state="alive")
+            emit.send(protocol.MSG_AGENT, state="alive", procs=_usage(pids))
             alive_at = time.monotonic() + ALIVE_S
         if proc.poll() is not None:
             return kill_at is not None
         if os.getppid() != parent and not commands.stop.is_set():
             commands.reason.append("controller connection lost (parent process gone)")
             commands.stop.set()
-        if commands.dump.is_set():
+        if commands.dump.is_set():  # in a thread: keepalives and output go on meanwhile
             commands.dump.clear()
-            workdir = os.path.expanduser(config["workdir"])
-            _dump(pids, rank_dir, FrameNamer(_script_dir(config, workdir)), emit)
+            namer = FrameNamer(_script_dir(config, os.path.expanduser(config["workdir"])))
+            threading.Thread(
+                target=_dump, args=(dict(pids), rank_dir, namer, emit), daemon=True
+            ).start()
         if commands.stop.is_set() and kill_at is None:
             grace = commands.grace
             grace = float(config.get("stop_grace", STOP_GRACE_S)) if grace is None else grace
@@ -287,10 +329,14 @@ def main() -> int:
 
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(sig, on_signal)
-    warm.preload()  # torchrun runs forked from this process: see dmlctl.agent.warm
+    # torchrun runs forked from this process (see dmlctl.agent.warm): import it while
+    # the configuration is awaited; a standby that is never used exits at once.
+    preload = threading.Thread(target=warm.preload, daemon=True)
+    preload.start()
     first = sys.stdin.readline()
     if not first:
         return 2
+    preload.join()  # never fork while another thread imports
     config = json.loads(first)
     emit = Emitter(sys.stdout, stop)
     become_subreaper()

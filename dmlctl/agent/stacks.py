@@ -24,19 +24,18 @@ import time
 from collections.abc import Mapping
 
 from dmlctl import protocol
+from dmlctl.agent.usage import stat_fields
 
-_FRAME = re.compile(r'^\s*File "(.*)", line (\d+) in (.*)$')
+_FRAME = re.compile(r'^\s*File "(.*)", line (\d+) in (.*)$')  # faulthandler
+_SPY_FRAME = re.compile(r"^\s+(\S.*) \((.+):(\d+)\)$")  # py-spy: "    step (train.py:88)"
 SETTLE_S = 0.2  # a dump file that has not grown for this long is complete
 PYSPY_TIMEOUT = 10.0
 
 
 def process_state(pid: int) -> str | None:
     """The state letter of ``pid`` (``R``, ``S``, ``T`` stopped, …) or None if gone."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return None
+    fields = stat_fields(pid)
+    return fields[0] if fields else None
 
 
 def _size(path: str) -> int:
@@ -66,8 +65,9 @@ def _pyspy(pid: int) -> list[str] | None:
         return None
     try:
         out = subprocess.run(
-            [exe, "dump", "--pid", str(pid)], capture_output=True, timeout=PYSPY_TIMEOUT,
-            text=True, errors="replace",
+            # --nonblocking: the process is stopped already; py-spy cannot suspend it again
+            [exe, "dump", "--nonblocking", "--pid", str(pid)],
+            capture_output=True, timeout=PYSPY_TIMEOUT, text=True, errors="replace",
         )  # fmt: skip
     except (OSError, subprocess.TimeoutExpired) as e:
         return [f"dmlctl: py-spy dump failed: {e}"]
@@ -127,17 +127,20 @@ def _settle(paths: Mapping[int, str], before: Mapping[int, int], wait: float) ->
 
 
 def main_thread_frames(lines: list[str]) -> list[tuple[str, int, str]]:
-    """The main thread's frames in a faulthandler dump, innermost first, as
-    (file, line, function); the dump's first thread's when the main one is not named."""
+    """The main thread's frames in a faulthandler (or ``py-spy dump``) dump, innermost
+    first, as (file, line, function); the dump's first thread's when the main one is
+    not named."""
     ident = next((ln.rsplit("main thread ", 1)[1].strip() for ln in lines
                   if "main thread 0x" in ln), None)  # fmt: skip
     sections: list[tuple[str, list[tuple[str, int, str]]]] = []
     for ln in lines:
-        if ln.startswith(("Thread 0x", "Current thread 0x")):
+        if ln.startswith(("Thread ", "Current thread 0x")):
             sections.append((ln, []))
         elif sections and (m := _FRAME.match(ln)) is not None:
             sections[-1][1].append((m.group(1), int(m.group(2)), m.group(3).strip()))
+        elif sections and (m := _SPY_FRAME.match(ln)) is not None:
+            sections[-1][1].append((m.group(2), int(m.group(3)), m.group(1)))
     for header, frames in sections:
-        if ident is not None and ident in header:
+        if (ident is not None and ident in header) or '"MainThread"' in header:
             return frames
     return sections[0][1] if sections else []

@@ -33,6 +33,8 @@ class RankDirTailer:
     def __init__(self, rank_dir: str) -> None:
         self.rank_dir = rank_dir
         self._files: dict[str, _Follow] = {}
+        #: Ranks whose stdout or stderr the last poll did not read to its end.
+        self.behind: set[int] = set()
 
     def _discover(self) -> None:
         try:
@@ -54,6 +56,7 @@ class RankDirTailer:
     def poll(self, final: bool = False) -> Iterator[tuple[int, str, list[str]]]:
         """Yield ``(rank, kind, lines)`` for every file with new complete lines."""
         self._discover()
+        self.behind = set()
         for f in self._files.values():
             data = b""
             at_end = False
@@ -63,6 +66,8 @@ class RankDirTailer:
                     at_end = True
                     break
                 data += chunk
+            if not at_end and f.kind != "events.jsonl":
+                self.behind.add(f.rank)
             if not data and not (final and f.partial):
                 continue
             data = f.partial + data

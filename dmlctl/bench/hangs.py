@@ -5,9 +5,10 @@ keeps a core busy, with the job's default ``restart`` settings unless told other
 Every run is an ordinary dmlctl job of ``hang_job/train.py`` (two workers, SGD with
 momentum, ssgd) with one scenario (see that script):
 
-* healthy — ``prep``, ``compile``, ``eval``: a stretch of ``seconds`` without steps
-  (``skew`` more on rank 1, while rank 0 waits for it in a collective). A *false
-  verdict* is a run in which any rank was reported hung.
+* healthy — ``prep``, ``gil``, ``compile``, ``eval``: a stretch of ``seconds`` without
+  steps (``skew`` more on rank 1, while rank 0 waits for it in a collective; in
+  ``gil`` rank 1 cannot even beat meanwhile). A *false verdict* is a run in which any
+  rank was reported hung.
 * hangs — ``deadlock`` (rank 1 blocks forever outside the collective rank 0 waits
   in) and ``sigstop`` (rank 1 stops itself). The *delay* is from the moment rank 1
   printed that it hangs to the hang's root cause; *named* counts runs whose root cause
@@ -39,7 +40,7 @@ from dmlctl.spec.models import ClusterSpec, JobSpec
 from dmlctl.spec.restart import RestartSpec
 
 JOB_DIR = Path(__file__).resolve().parent / "hang_job"
-HEALTHY = ("prep", "compile", "eval")
+HEALTHY = ("prep", "gil", "compile", "eval")
 HANGS = ("deadlock", "sigstop")
 SCENARIOS = HEALTHY + HANGS
 _HANG_LINE = re.compile(r"^HANG (\d+\.\d+) (\S+)$", re.M)

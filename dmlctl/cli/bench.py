@@ -232,7 +232,7 @@ def hangs(
     scenarios: str = typer.Option(
         "all",
         "--scenarios",
-        help="Comma-separated: prep, compile, eval, deadlock, sigstop, or all.",
+        help="Comma-separated: prep, gil, compile, eval, deadlock, sigstop, or all.",
     ),
     seconds: float = typer.Option(35.0, "--seconds", help="Length of the healthy stretch."),
     skew: float = typer.Option(32.0, "--skew", help="Rank 1's extra seconds in that stretch."),

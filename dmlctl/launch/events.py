@@ -89,12 +89,28 @@ class RankStarted:
 
 
 @dataclass(frozen=True)
+class Collective:
+    """A rank's collectives in one process group: the sequence numbers of the last one
+    it entered and the last it completed; the oldest pending one's op name and age in
+    seconds (when it was reported), or None; the group's size (0: not known)."""
+
+    entered: int
+    completed: int
+    op: str | None = None
+    age: float | None = None
+    size: int = 0
+
+
+@dataclass(frozen=True)
 class RankExited:
+    """A rank ended; ``coll`` holds its final collective counts when it reported them."""
+
     host: str
     rank: int
     exit_code: int
     cause: RootCause | None
     ts: float
+    coll: Mapping[str, Collective] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -135,18 +151,6 @@ class Restarting:
 
 
 @dataclass(frozen=True)
-class Collective:
-    """A rank's collectives in one process group: the sequence numbers of the last one
-    it entered and the last it completed; the oldest pending one's op name and age in
-    seconds (when the beat was written), or None."""
-
-    entered: int
-    completed: int
-    op: str | None = None
-    age: float | None = None
-
-
-@dataclass(frozen=True)
 class Heartbeat:
     """A rank is alive and says what it does (see :data:`dmlctl.protocol.BEAT_KEYS`):
     ``progress`` grows with its steps; ``armed`` while steps are expected."""
@@ -161,10 +165,28 @@ class Heartbeat:
     phase_s: float | None = None
     limit: float | None = None
     step_s: float | None = None
-    cpu: float | None = None
     where: str | None = None
     inner: str | None = None
     coll: Mapping[str, Collective] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ProcUsage:
+    """A rank's process tree as its host agent saw it in ``/proc``: state letter
+    (``R``, ``S``, ``T`` stopped, …), CPU seconds and I/O bytes used so far."""
+
+    state: str
+    cpu: float
+    io: int
+
+
+@dataclass(frozen=True)
+class ProcSample:
+    """The host agent's once-a-second look at every rank process it runs."""
+
+    host: str
+    procs: Mapping[int, ProcUsage]
+    ts: float
 
 
 @dataclass(frozen=True)
@@ -257,6 +279,7 @@ Event = (
     | Progress
     | Restarting
     | Heartbeat
+    | ProcSample
     | StackDump
     | StacksDumped
     | Prepared

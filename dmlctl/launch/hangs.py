@@ -4,8 +4,10 @@ The controller turns each running rank's latest heartbeat into a :class:`RankVie
 (ages already measured on its own clock) and asks :func:`find_hang`. The rules, in
 order, with ``T`` the job's ``restart.hang_timeout``:
 
-1. **Frozen.** A rank that sent no heartbeat for ``T`` seconds (stopped with SIGSTOP,
-   or an interpreter whose lock is never released): that rank.
+1. **Frozen.** A rank that sent no heartbeat for ``T`` seconds and whose process (as
+   its host agent sees it) is stopped (SIGSTOP) or idle (an interpreter whose lock is
+   never released): that rank. A silent rank that computes or does I/O — a long C call
+   that holds the interpreter's lock, such as unpickling a large dataset — is busy.
 2. **Phase over its limit.** A rank inside ``ctx.phase(name, limit=…)`` for longer
    than ``limit``: that rank.
 3. **A collective that never completes.** A rank has waited in a collective for
@@ -16,10 +18,12 @@ order, with ``T`` the job's ``restart.hang_timeout``:
    such). The culprit is hung only if it exited (and the waiter still waited in a
    beat sent after that), or is *stalled*: training steps
    are under way for it (armed), it is in no phase, its progress has stood still for
-   its limit and it is idle (under :data:`BUSY_CORES` of CPU over the recent window).
-   A culprit that computes, prepares data, evaluates or is in a phase is slow, not
-   hung: no verdict. If every member entered and all still wait, the collective
-   itself never completes.
+   its limit and it is idle (under :data:`BUSY_CORES` of CPU and :data:`BUSY_IO` of
+   I/O over the recent window, as its host agent samples them).
+   A culprit that computes, reads or writes, prepares data, evaluates or is in a
+   phase is slow, not hung: no verdict. If every member of the group (all of them
+   known) entered it and all still wait, idle, the collective itself never completes
+   (a transfer that is merely slow keeps them busy).
 4. **Everyone idle.** Every running worker is stalled or waits in a collective past
    its limit, and at least one is stalled: the one stalled longest.
 
@@ -36,6 +40,9 @@ from dmlctl.launch.events import Collective
 
 BUSY_CORES = 0.1
 """CPU use (in cores, averaged over the recent window) above which a rank is working."""
+BUSY_IO = 256 * 1024
+"""I/O (bytes read and written per second, same window) above which a rank is working:
+far above what an idle rank's own heartbeat writes."""
 STEP_FACTOR = 4.0
 """A rank may take this many times its slowest recent step before it counts as stuck."""
 
@@ -54,7 +61,9 @@ class RankView:
     phase_s: float | None = None
     limit: float | None = None
     step_s: float | None = None
-    cpu_rate: float | None = None  # cores over the recent window; None: not known yet
+    cpu_rate: float | None = None  # cores over the recent window; None: not known
+    io_rate: float | None = None  # bytes read + written per second, same window
+    proc_state: str | None = None  # its process's state letter (T: stopped)
     where: str | None = None
     inner: str | None = None
     coll: Mapping[str, Collective] = field(default_factory=dict)  # ages as of now
@@ -86,6 +95,13 @@ def limit(view: RankView, hang_timeout: float) -> float:
     return max(hang_timeout, STEP_FACTOR * (view.step_s or 0.0))
 
 
+def busy(view: RankView) -> bool | None:
+    """Whether ``view``'s process computes or does I/O (None: not known)."""
+    if view.cpu_rate is None or view.io_rate is None:
+        return None
+    return view.cpu_rate >= BUSY_CORES or view.io_rate >= BUSY_IO
+
+
 def stalled(view: RankView, hang_timeout: float) -> bool:
     """Armed, in no phase, no progress for its limit, and idle (see rule 3)."""
     return (
@@ -93,8 +109,7 @@ def stalled(view: RankView, hang_timeout: float) -> bool:
         and view.armed
         and view.phase is None
         and view.stalled_for >= limit(view, hang_timeout)
-        and view.cpu_rate is not None
-        and view.cpu_rate < BUSY_CORES
+        and busy(view) is False
     )
 
 
@@ -121,8 +136,12 @@ def find_hang(views: Sequence[RankView], hang_timeout: float) -> Verdict | None:
     """The hang among ``views`` by the module's rules, or None."""
     running = [v for v in views if v.exit_code is None]
     for v in running:
-        if v.beat_age >= hang_timeout:
-            return _verdict(v, v.beat_age, "frozen", f"sent no heartbeat for {v.beat_age:.0f} s")
+        if v.proc_state in ("Z", "X"):
+            continue  # it died: torchrun reports how
+        if v.beat_age >= hang_timeout and (v.proc_state in ("T", "t") or not busy(v)):
+            state = {"T": "stopped", "t": "stopped by a tracer"}.get(v.proc_state or "", "idle")
+            detail = f"sent no heartbeat for {v.beat_age:.0f} s; its process is {state}"
+            return _verdict(v, v.beat_age, "frozen", detail)
     for v in running:
         if v.limit is not None and v.phase_s is not None and v.phase_s >= v.limit:
             detail = f"phase {v.phase!r} ran {v.phase_s:.0f} s, over its limit of {v.limit:g} s"
@@ -155,8 +174,9 @@ def _blame(
     what = f"{op} #{seq}" + (f" (group {group})" if group != "0" else "")
     if not missing:
         stuck_in = [m for m in members if (w := waiting_in(m, hang_timeout)) and w[0] == group]
-        if len(stuck_in) < len(members):
-            return None  # someone may be past it already: nothing certain
+        size = max((m.coll[group].size for m in members), default=0)
+        if len(stuck_in) < max(len(members), size) or any(busy(m) is not False for m in members):
+            return None  # someone unknown, past it already, or still moving data
         first = by_rank[waiting[0]] if waiting else waiter
         detail = f"in {what} for {age:.0f} s; every rank of its group ({len(members)}) waits in it"
         return _verdict(first, age, "collective", detail, waiting)

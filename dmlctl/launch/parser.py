@@ -23,6 +23,8 @@ from dmlctl.launch.events import (
     LogLines,
     MetricRecord,
     Prepared,
+    ProcSample,
+    ProcUsage,
     RankExited,
     RankStarted,
     RootCause,
@@ -97,17 +99,25 @@ def _opt_str(value: Any) -> str | None:
     return None if value is None else str(value)
 
 
+def _coll(rows: Mapping[str, Any] | None) -> dict[str, Collective]:
+    """``{group: [entered, completed, op, age, size]}`` rows as typed values."""
+    out: dict[str, Collective] = {}
+    for group, row in (rows or {}).items():
+        size = int(row[4]) if len(row) > 4 else 0
+        out[str(group)] = Collective(
+            int(row[0]), int(row[1]), _opt_str(row[2]), _opt_float(row[3]), size
+        )
+    return out
+
+
 def _heartbeat(host: str, rank: int, rec: Mapping[str, Any], ts: float) -> Heartbeat:
-    coll = {
-        str(group): Collective(int(row[0]), int(row[1]), _opt_str(row[2]), _opt_float(row[3]))
-        for group, row in (rec.get("coll") or {}).items()
-    }
+    coll = _coll(rec.get("coll"))
     return Heartbeat(
         host, rank, int(rec["progress"]), ts, armed=bool(rec.get("armed", False)),
         since=_opt_float(rec.get("since")), phase=_opt_str(rec.get("phase")),
         phase_s=_opt_float(rec.get("phase_s")),
         limit=_opt_float(rec.get("limit")), step_s=_opt_float(rec.get("step_s")),
-        cpu=_opt_float(rec.get("cpu")), where=_opt_str(rec.get("where")),
+        where=_opt_str(rec.get("where")),
         inner=_opt_str(rec.get("inner")), coll=coll,
     )  # fmt: skip
 
@@ -128,7 +138,7 @@ def _rank_record(host: str, rec: Mapping[str, Any]) -> list[Event]:
         return [CheckpointSaved(host, rank, int(rec["step"]), str(rec["dir"]), ts)]
     if kind == protocol.KIND_EXIT:
         cause = _cause(host, rank, rec.get("error"), ts)
-        return [RankExited(host, rank, int(rec["code"]), cause, ts)]
+        return [RankExited(host, rank, int(rec["code"]), cause, ts, _coll(rec.get("coll")))]
     return []
 
 
@@ -149,8 +159,10 @@ def parse_line(host: str, line: str, now: float) -> list[Event]:
             return [StackDump(host, int(msg["r"]), lines, now, where, inner)]
         if kind == protocol.MSG_AGENT:
             state = msg.get("state")
-            if state == "alive":
-                return []  # keepalive: the supervisor notes the line, nothing else
+            if state == "alive":  # the keepalive, with the ranks' processes as /proc shows
+                procs = {int(r): ProcUsage(str(u[0]), float(u[1]), int(u[2]))
+                         for r, u in (msg.get("procs") or {}).items()}  # fmt: skip
+                return [ProcSample(host, procs, now)] if procs else []
             if state == "dumped":
                 return [StacksDumped(host, tuple(int(r) for r in msg.get("stopped", ())), now)]
             return [AgentStarted(host, int(msg["pid"]), now)]

@@ -8,7 +8,9 @@ much grace for the ranks, and when they are killed through their transports.
   ``stop <FAIL_STOP_GRACE>`` after ``fail_grace`` seconds, so no rank waits forever in
   a collective for a peer that is gone.
 * An agent still running ``stop_margin`` seconds past its ranks' grace is killed
-  through its transport; an agent whose stdin is closed is killed at once.
+  through its transport — unless it is still sending what its ranks wrote (a backlog
+  of output is drained, never cut: it is killed once it has been quiet for
+  :data:`STREAMING_S`); an agent whose stdin is closed is killed at once.
 
 Thread-safe where it must be: :meth:`StopRules.request` may come from a signal handler
 or another thread; everything else runs on the supervisor's loop.
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dmlctl.launch.events import Event, RankExited, StopRequested
 from dmlctl.launch.state import RunState
@@ -26,6 +28,7 @@ from dmlctl.transport.base import Process
 
 FAIL_STOP_GRACE = 5.0  # seconds the ranks of a failed attempt get after SIGTERM
 STOP_MARGIN = 5.0  # seconds past the ranks' grace before an agent is killed
+STREAMING_S = 2.0  # an agent that sent output this recently is draining, not stuck
 
 
 @dataclass
@@ -36,7 +39,8 @@ class AttemptStops:
     stop_sent: float | None = None
     fail_stop_at: float | None = None
     kill_at: float | None = None
-
+    data_at: dict[str, float] = field(default_factory=dict)  # host → its last output
+    killed: set[str] = field(default_factory=set)  # hosts whose agent was killed
 
 class StopRules:
     """The rules of the module docstring, with their settings."""
@@ -89,10 +93,16 @@ class StopRules:
             elif now >= stops.fail_stop_at:
                 stops.stop_sent, stops.kill_at = now, now + FAIL_STOP_GRACE + self.stop_margin
                 _send_stop(procs, live, FAIL_STOP_GRACE)
-        if (stops.kill_at is not None and now >= stops.kill_at) or force:
-            for host in live:
+        if force:
+            stops.kill_at = now
+        if stops.kill_at is not None and now >= stops.kill_at:
+            draining = {
+                h for h in live if not force and now - stops.data_at.get(h, -1e9) < STREAMING_S
+            }
+            for host in live - draining - stops.killed:
                 procs[host].kill()
-            stops.kill_at = None
+                stops.killed.add(host)
+            stops.kill_at = now + 0.5 if draining else None
         return out
 
 

@@ -37,6 +37,7 @@ from dmlctl.launch.events import (
     Event,
     Finished,
     Heartbeat,
+    ProcSample,
     Progress,
     RankExited,
     RankStarted,
@@ -54,7 +55,7 @@ from dmlctl.launch.standby import WARM_AFTER, Standbys
 from dmlctl.launch.state import Phase, RunState, apply, new_run_state
 from dmlctl.launch.stderr_tail import StderrTails
 from dmlctl.launch.stops import STOP_MARGIN, AttemptStops, StopRules
-from dmlctl.launch.watch import DUMP_WAIT_S, HangProbe, HangWatch, Liveness
+from dmlctl.launch.watch import CONFIRM_S, DUMP_WAIT_S, HangProbe, HangWatch, Liveness
 from dmlctl.plan.elastic import CannotReplan, place
 from dmlctl.plan.model import HostPlan, LaunchPlan
 from dmlctl.runs.recorder import RunRecorder
@@ -64,6 +65,7 @@ from dmlctl.transport.base import Process, Transport
 BATCH = 8  # agent messages handled per step (each carries up to ~256 KiB of lines)
 QUEUE_MAX = 16  # agent messages read ahead of the supervisor: bounds the controller's memory
 FINAL_COPY_WAIT = 30.0  # seconds the end of a run waits for a checkpoint copy under way
+STALL_S = 2.0  # a turn of the loop longer than this means the controller itself stood still
 
 
 class Supervisor:
@@ -165,10 +167,15 @@ class Supervisor:
             if host.name in running and since is not None:
                 self.standbys.warm_up(host, now - since)
 
-    def _lost(self, host: str, why: str | None = None) -> AgentExited:
+    def _lost(self, host: str, why: str | None = None, killed: bool = False) -> AgentExited:
+        """The exit of ``host``'s agent, whose output ended without an ``exit`` message:
+        a lost host, set aside for the next attempt — unless the stop rules killed it
+        (``killed``): then it is a stop that took too long, not a host failure."""
         proc = self._procs[host]
         code = proc.wait(0.5 if why else 5.0)
         tail = tuple(proc.stderr_tail())
+        if killed:
+            return AgentExited(host, code if code is not None else -1, tail, self.clock())
         msg = why or f"host agent ended without reporting (exit code {code})"
         self._lost_hosts[host] = msg
         cause = RootCause(host, None, "AgentLost", msg, tail)
@@ -308,9 +315,14 @@ class Supervisor:
         state = self._step(state, first, recorder)
         self.liveness.reset(run.live)
         self.hangs.reset()
+        turn = time.monotonic()
         while run.live:
             batch: list[Event] = self._take_inbox() + self._read_events(run)
             now = self.clock()
+            turn, stood = time.monotonic(), time.monotonic() - turn
+            if stood > STALL_S:  # this loop was blocked (a full terminal, a slow disk):
+                self.liveness.shift(stood)  # nothing could arrive meanwhile, so that
+                self.hangs.shift(stood)  # time is nobody's silence
             for host in self.liveness.silent(run.live - run.exited):
                 run.exited.add(host)
                 why = f"no message from the host for {self.host_timeout:.0f} s (unreachable?)"
@@ -343,11 +355,13 @@ class Supervisor:
             if line is None:
                 run.live.discard(host)
                 if host not in run.exited:
-                    batch.append(self._lost(host))
+                    batch.append(self._lost(host, killed=host in run.stops.killed))
                 continue
             self.liveness.heard(host)
             for ev in parse_line(host, line, now):
                 batch.append(ev)
+                if not isinstance(ev, ProcSample):  # more than a keepalive: still streaming
+                    run.stops.data_at[host] = now
                 if isinstance(ev, AgentExited):
                     run.exited.add(ev.host)
                 elif isinstance(ev, CheckpointSaved) and self.replicator is not None:
@@ -361,25 +375,25 @@ class Supervisor:
         return batch
 
     def _watch_hangs(self, state: RunState, run: _Attempt) -> list[Event]:
-        """A hang verdict asks every agent for stack dumps; once they are in (or
-        ``dump_wait`` passed) it becomes the culprit's ``Hang`` exit."""
+        """A hang verdict asks every agent for stack dumps; once they are in and it still
+        holds on newer beats (or ``dump_wait`` passed) it becomes the culprit's ``Hang``
+        exit. A verdict that no longer holds is withdrawn (the stacks stay on disk)."""
         now = time.monotonic()
         if self._probe is None:
             verdict = self.hangs.check(state)
             if verdict is None:
                 return []
             asked = {h for h in run.live - run.exited if self._procs[h].send("dump")}
-            self._probe = HangProbe(verdict, asked, now + self.dump_wait, self.clock())
-            return [
-                Progress(
-                    f"rank {verdict.rank} on {verdict.host} seems hung "
-                    f"({verdict.reason}); taking every rank's stacks",
-                    self.clock(),
-                )
-            ]
+            self._probe = HangProbe(verdict, asked, now + self.dump_wait, self.clock(),
+                                    confirm_at=now + min(CONFIRM_S, self.dump_wait))  # fmt: skip
+            note = f"rank {verdict.rank} on {verdict.host} seems hung ({verdict.reason})"
+            return [Progress(f"{note}; taking every rank's stacks", self.clock())]
         if not self._probe.done(now):
             return []
         probe, self._probe = self._probe, None
+        if not self.hangs.confirm(state, probe.verdict):
+            text = f"rank {probe.verdict.rank} on {probe.verdict.host} is not hung after all"
+            return [Progress(text, self.clock())]
         return [probe.result()]
 
     def _drain(self) -> list[tuple[str, str | None]]:
@@ -399,7 +413,9 @@ class Supervisor:
             if isinstance(ev, Heartbeat):
                 self.hangs.beat(ev)
             elif isinstance(ev, RankExited):
-                self.hangs.exited(ev.rank)
+                self.hangs.exited(ev)
+            elif isinstance(ev, ProcSample):
+                self.hangs.sample(ev)
             elif isinstance(ev, (StackDump, StacksDumped)) and self._probe is not None:
                 self._probe.take(ev)
         state = apply(state, batch)

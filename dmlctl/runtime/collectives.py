@@ -42,21 +42,25 @@ def _groups(c10d: Any) -> dict[str, int]:
 
 
 def _summarize(data: dict[str, Any], groups: dict[str, int], now_ns: int) -> dict[str, list[Any]]:
-    out: dict[str, list[Any]] = {g: [0, 0, None, None] for g in groups}
+    """The rows of :func:`snapshot` for ``groups`` (name → size) from a recorder dump;
+    entries of other groups (destroyed ones) are left out."""
+    out: dict[str, list[Any]] = {g: [0, 0, None, None, size] for g, size in groups.items()}
     oldest: dict[str, dict[str, Any]] = {}
     for entry in data.get("entries", ()):
-        if entry.get("is_p2p"):
-            continue
         group = str((entry.get("process_group") or [""])[0])
+        if entry.get("is_p2p") or group not in out:
+            continue
         seq = int(entry.get("collective_seq_id", 0))
-        row = out.setdefault(group, [0, 0, None, None])
+        row = out[group]
         row[0] = max(row[0], seq)
         if entry.get("retired"):
             row[1] = max(row[1], seq)
         elif group not in oldest or seq < int(oldest[group]["collective_seq_id"]):
             oldest[group] = entry
     for group, status in (data.get("pg_status") or {}).items():
-        row = out.setdefault(str(group), [0, 0, None, None])
+        if str(group) not in out:
+            continue
+        row = out[str(group)]
         row[0] = max(row[0], int(status.get("last_enqueued_collective", 0) or 0))
         row[1] = max(row[1], int(status.get("last_completed_collective", 0) or 0))
     for group, entry in oldest.items():
@@ -69,10 +73,10 @@ def _summarize(data: dict[str, Any], groups: dict[str, int], now_ns: int) -> dic
 
 
 def snapshot() -> dict[str, list[Any]] | None:
-    """``{group: [entered, completed, op, age_s]}`` for every process group of this
-    rank: the sequence numbers of the last collective it entered and completed there,
-    and the oldest one still pending (op name and seconds since it was entered) or
-    nulls; None when unknown (see the module promises)."""
+    """``{group: [entered, completed, op, age_s, size]}`` for every process group of
+    this rank: the sequence numbers of the last collective it entered and completed
+    there, the oldest one still pending (op name and seconds since it was entered) or
+    nulls, and the group's size; None when unknown (see the module promises)."""
     dist = sys.modules.get("torch.distributed")
     if dist is None or not recorder_enabled():
         return None
@@ -80,9 +84,11 @@ def snapshot() -> dict[str, list[Any]] | None:
         if not dist.is_available() or not dist.is_initialized():
             return None
         c10d = sys.modules["torch.distributed.distributed_c10d"]
+        groups = _groups(c10d)
+        if not groups:
+            return None  # torn down
         c = sys.modules["torch._C._distributed_c10d"]
         raw = c._dump_fr_trace_json(includeCollectives=True)
-        data = json.loads(raw)
-        return _summarize(data, _groups(c10d), time.time_ns())
+        return _summarize(json.loads(raw), groups, time.time_ns())
     except Exception:
         return None

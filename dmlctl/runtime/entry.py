@@ -15,10 +15,11 @@ Promises, for every rank process:
   runs the script: it serves (``dmlctl.init()``) until the workers are done;
 * the process ends the way the interpreter ends under torchrun — non-daemon threads
   joined (pending ``ThreadPoolExecutor`` jobs included), ``atexit`` handlers run,
-  output flushed — then an ``exit`` record (code 0, or the exception's type, message
-  and traceback) is written, and, on failure, torchelastic's error file
-  (``$TORCHELASTIC_ERROR_FILE``) so torchrun's own summary names the exception. Only
-  the interpreter's final teardown is skipped (see :func:`finish`).
+  output and every file left open flushed — then an ``exit`` record (code 0, or the
+  exception's type, message and traceback; and the final collective counts) is
+  written, and, on failure, torchelastic's error file (``$TORCHELASTIC_ERROR_FILE``)
+  so torchrun's own summary names the exception. Only the interpreter's final
+  teardown is skipped (see :func:`finish`).
 
 Without ``$DMLCTL_RANK_DIR`` it only runs the script and ends as above.
 """
@@ -29,6 +30,7 @@ import atexit
 import builtins
 import contextlib
 import faulthandler
+import gc
 import io
 import json
 import os
@@ -116,10 +118,13 @@ def _arm_guards(role: str) -> None:
 
     strategy = os.environ.get(protocol.ENV_STRATEGY) or "ssgd"
     try:
-        servers = protocol.ROLE_SERVER in registry.load(strategy).ROLES
-    except KeyError:
-        return  # an unknown strategy: dmlctl.init() names it
-    guards.install(strategy, servers=servers)
+        module = registry.load(strategy)
+        params = module.Params.model_validate_json(
+            os.environ.get(protocol.ENV_STRATEGY_PARAMS) or "{}"
+        )
+    except (KeyError, ValueError):
+        return  # an unknown strategy or bad parameters: dmlctl.init() names them
+    guards.install(strategy, servers=protocol.ROLE_SERVER in module.ROLES, params=params)
 
 
 def run_script(argv: list[str]) -> None:
@@ -217,12 +222,34 @@ def _write_torchelastic_error(error: dict[str, Any]) -> None:
 
 
 def _flush() -> None:
+    """Flush what the interpreter's teardown would: stdout and stderr, and every file
+    the script left open (text layers before the buffers under them)."""
+    # type(o), not isinstance(o, …): an instance check may touch attributes of
+    # arbitrary objects (and wake their deprecation warnings).
+    files = [o for o in gc.get_objects() if issubclass(type(o), io.IOBase)]
+    order = (io.TextIOBase, io.BufferedIOBase, io.RawIOBase)
+    for kind in order:
+        for f in files:
+            if issubclass(type(f), kind):
+                with contextlib.suppress(Exception):
+                    if not f.closed and f.writable():
+                        f.flush()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError, AttributeError):
             stream.flush()
 
 
-def finish(outcome: Outcome, files: RankFiles | None) -> NoReturn:
+def final_collectives(files: RankFiles | None) -> dict[str, Any] | None:
+    """This rank's collective counts now (the script has returned; the process group
+    may be gone already, then its last heartbeat's)."""
+    from dmlctl.runtime import collectives
+
+    return collectives.snapshot() or (files.heartbeat.last_coll if files is not None else None)
+
+
+def finish(
+    outcome: Outcome, files: RankFiles | None, coll: dict[str, Any] | None = None
+) -> NoReturn:
     """End the process as the interpreter would (see the module promises), then
     ``os._exit``: on gloo, a communication thread freed during the interpreter's own
     teardown can abort a rank that has already finished its work
@@ -237,7 +264,7 @@ def finish(outcome: Outcome, files: RankFiles | None) -> NoReturn:
         _write_torchelastic_error(outcome.error)
     if files is not None:
         files.heartbeat.stop()
-        files.writer.exit(outcome.code, outcome.error)
+        files.writer.exit(outcome.code, outcome.error, coll)
         files.writer.close()
     os._exit(outcome.code)
 
@@ -248,4 +275,5 @@ if __name__ == "__main__":
         sys.exit(2)
     _args = sys.argv[1:]
     _files = setup(int(os.environ.get("RANK", "0")), _args[0])
-    finish(main(_args), _files)
+    _outcome = main(_args)
+    finish(_outcome, _files, final_collectives(_files))

@@ -5,7 +5,8 @@ A job that names, say, ``local-sgd`` but runs a script that never calls
 The runtime entry calls :func:`install` before the script runs; then:
 
 * **every strategy that needs the runtime** (see
-  :func:`dmlctl.strategies.registry.needs_runtime`): the first ``optimizer.step()``
+  :func:`dmlctl.strategies.registry.needs_runtime`: all but ``none``, and ``ssgd``
+  with its default parameters): the first ``optimizer.step()``
   of any optimizer raises :class:`StrategyNotApplied` unless ``ctx.prepare`` ran
   first — before a single update is applied (afterwards the check is one dict lookup
   per step).
@@ -20,7 +21,10 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
 
 _state = {"prepared": False, "joining": False}
 
@@ -62,12 +66,12 @@ def _own_init_message(strategy: str) -> str:
     )
 
 
-def install(strategy: str, *, servers: bool) -> None:
-    """Arm the checks of the module docstring for ``strategy`` (imports torch only
-    when there is something to check)."""
+def install(strategy: str, *, servers: bool, params: BaseModel | None = None) -> None:
+    """Arm the checks of the module docstring for ``strategy`` with ``params`` (imports
+    torch only when there is something to check)."""
     from dmlctl.strategies import registry
 
-    if not registry.needs_runtime(strategy):
+    if not registry.needs_runtime(strategy, params):
         return
     import torch.optim.optimizer as optim
 

@@ -5,15 +5,16 @@ when the script has loaded torch.distributed).
 The runtime entry starts it before the training script runs, so every rank process
 beats from its first second to its last, whether or not the script uses the dmlctl
 runtime. Each beat is one ``heartbeat`` record (keys: :data:`dmlctl.protocol.BEAT_KEYS`):
-the progress tracker's view (:mod:`dmlctl.runtime.progress`), the CPU time of the
-process tree, the main thread's position (:mod:`dmlctl.runtime.where`) and the
-collectives per process group (:mod:`dmlctl.runtime.collectives`).
+the progress tracker's view (:mod:`dmlctl.runtime.progress`), the main thread's
+position (:mod:`dmlctl.runtime.where`) and the collectives per process group
+(:mod:`dmlctl.runtime.collectives`). (The rank's CPU and I/O use are sampled from
+outside, by the host agent: they go on being known when the rank stops beating.)
 
 Liveness and progress are separate signals for the controller: a frozen process
 (SIGSTOP, an interpreter whose lock is never released) stops beating; a rank in a
 long phase keeps beating while its progress stands still. Cost: one short line a
-second and well under a millisecond of work (a few ``/proc`` reads, a stack walk of
-the main thread, a flight-recorder dump of at most a few hundred entries).
+second and well under a millisecond of work (a stack walk of the main thread, a
+flight-recorder dump of at most a few hundred entries).
 """
 
 from __future__ import annotations
@@ -21,12 +22,10 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
-from collections.abc import Callable
 from typing import Any
 
 from dmlctl.protocol import RankEventWriter
 from dmlctl.runtime import collectives
-from dmlctl.runtime.cpu import tree_cpu_seconds
 from dmlctl.runtime.progress import TRACKER, Tracker
 from dmlctl.runtime.where import FrameNamer, frames_of
 
@@ -49,13 +48,12 @@ class Heartbeat:
         namer: FrameNamer,
         tracker: Tracker = TRACKER,
         interval: float = INTERVAL_S,
-        cpu: Callable[[], float] = tree_cpu_seconds,
     ) -> None:
         self._writer = writer
         self._namer = namer
         self._tracker = tracker
         self._interval = interval
-        self._cpu = cpu
+        self.last_coll: dict[str, list[Any]] | None = None  # the newest known counts
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, name="dmlctl-heartbeat", daemon=True)
 
@@ -66,7 +64,6 @@ class Heartbeat:
     def beat(self) -> dict[str, Any]:
         """The current beat's fields."""
         out = self._tracker.snapshot()
-        out["cpu"] = round(self._cpu(), 3)
         where, inner = main_thread_position(self._namer)
         if where is not None:
             out["where"] = where
@@ -74,7 +71,7 @@ class Heartbeat:
             out["inner"] = inner
         coll = collectives.snapshot()
         if coll:
-            out["coll"] = coll
+            out["coll"] = self.last_coll = coll
         return out
 
     def _run(self) -> None:

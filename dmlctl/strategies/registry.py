@@ -19,9 +19,10 @@ class StrategyModule(Protocol):
     """What a strategy module provides (module-level names).
 
     A module may also set ``NEEDS_RUNTIME = False`` when a script that never calls
-    ``ctx.prepare`` still runs it faithfully (``none``, and ``ssgd``, whose DDP a plain
-    torchrun script builds itself); every other strategy makes such a script fail
-    before its first optimizer step (see :func:`needs_runtime`).
+    ``ctx.prepare`` still runs it faithfully (``none``, and ``ssgd`` without parameters,
+    whose DDP a plain torchrun script builds itself), or define
+    ``needs_runtime(params) -> bool`` to decide by its parameters; every other strategy
+    makes such a script fail before its first optimizer step (see :func:`needs_runtime`).
     """
 
     Params: type[BaseModel]
@@ -141,10 +142,14 @@ def entry(name: str) -> StrategyEntry:
         raise UnknownStrategy(name) from None
 
 
-def needs_runtime(name: str) -> bool:
-    """Whether strategy ``name`` only works through ``ctx.prepare`` (see
-    :class:`StrategyModule`)."""
-    return bool(getattr(load(name), "NEEDS_RUNTIME", True))
+def needs_runtime(name: str, params: BaseModel | None = None) -> bool:
+    """Whether strategy ``name`` with ``params`` only works through ``ctx.prepare``
+    (see :class:`StrategyModule`)."""
+    module = load(name)
+    decide = getattr(module, "needs_runtime", None)
+    if callable(decide) and params is not None:
+        return bool(decide(params))
+    return bool(getattr(module, "NEEDS_RUNTIME", True))
 
 
 def load(name: str) -> StrategyModule:

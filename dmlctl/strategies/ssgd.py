@@ -121,6 +121,12 @@ class Params(BaseModel):
         return self
 
 
+def needs_runtime(params: BaseModel) -> bool:
+    """A plain DDP script is ssgd with its defaults; any parameter the job sets
+    (compression, bucket size, …) only applies through ``ctx.prepare``."""
+    return bool(params.model_fields_set)
+
+
 def prepare(
     ctx: Context, model: torch.nn.Module, optimizer: torch.optim.Optimizer, params: BaseModel
 ) -> tuple[torch.nn.Module, torch.optim.Optimizer]:

@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 
+from dmlctl.agent.procs import descendants, signal_all
 from dmlctl.transport.base import Result
 
 STDERR_TAIL = 50
@@ -74,7 +75,10 @@ class LocalProcess:
         return code
 
     def kill(self) -> None:
-        """SIGKILL the command's whole process group."""
+        """SIGKILL the command and every process it started, wherever they run: its
+        descendants first (a host agent's ranks run in sessions of their own, and
+        would be left to init once the agent is gone), then its process group."""
+        signal_all(descendants(self._proc.pid), signal.SIGKILL)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self._proc.pid, signal.SIGKILL)
 

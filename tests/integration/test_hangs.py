@@ -52,7 +52,7 @@ def _launch(cli: Cli, tmp_path: Path, scenario: str) -> tuple[str, str, dict[str
     return run_id, proc.stdout + proc.stderr, cli.state(run_id)
 
 
-@pytest.mark.parametrize("scenario", ["prep", "compile", "eval"])
+@pytest.mark.parametrize("scenario", ["prep", "gil", "compile", "eval"])
 def test_long_healthy_stretches_are_not_hangs(
     cli: Cli, tmp_path: Path, burner: None, scenario: str
 ) -> None:

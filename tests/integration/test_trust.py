@@ -45,6 +45,7 @@ def test_a_script_ends_and_sees_exactly_what_torchrun_gives_it(cli: Cli, tmp_pat
     for rank in (0, 1):  # the work still in flight when the script returned was done
         assert (out_dir / f"rank-{rank}.thread").read_text() == "done\n"
         assert (out_dir / f"rank-{rank}.executor").read_text() == "done\n"
+        assert (out_dir / f"rank-{rank}.unclosed").read_text() == "kept\n"
     logs = _logs(cli, run_id)
     assert logs.count("atexit ran") == 2, logs
     assert logs.count("attempt=1") == 2, logs
@@ -129,7 +130,32 @@ def test_a_parameter_server_never_runs_the_script(cli: Cli, tmp_path: Path) -> N
 def test_a_plain_ddp_script_under_the_default_strategy_shows_none(cli: Cli, tmp_path: Path) -> None:
     proc = cli.run("launch", str(_job(tmp_path, "plainddp")), "--ui", "plain")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    state = cli.state(cli.runs()[-1].name)
+    run_id = cli.runs()[-1].name
+    assert "Warning" not in _logs(cli, run_id)  # torch.distributed loaded: still no noise
+    state = cli.state(run_id)
     assert (state["phase"], state["strategy"]) == ("succeeded", "none")
     listing = cli.run("status")
     assert " none " in listing.stdout, listing.stdout
+
+
+def test_a_second_ctrl_c_kills_at_once_and_leaves_no_orphan(cli: Cli, tmp_path: Path) -> None:
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    job = _job(tmp_path, "sigterm", env=f"{{OUT_DIR: {out_dir}, SAVE_S: '60'}}",
+               restart="{stop_grace: 60}")  # fmt: skip
+    proc = cli.popen("launch", str(job), "--ui", "plain")
+    try:
+        assert wait_until(lambda: cli.runs() and all(
+            r["status"] == "running" and r["step"] for r in cli.state(cli.runs()[0].name)["ranks"]
+        ), 60), "ranks never started"
+        run_id = cli.runs()[0].name
+        os.killpg(proc.pid, signal.SIGINT)
+        assert wait_until(lambda: "saving" in _logs(cli, run_id), 10)  # in their 60 s save
+        os.killpg(proc.pid, signal.SIGINT)  # impatient: kill now
+        assert proc.wait(20) == 130
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    # The ranks ran in sessions of their own, saving in their SIGTERM handler: gone too.
+    assert wait_until(lambda: not run_processes(run_id), 5), run_processes(run_id)

@@ -265,3 +265,19 @@ def test_every_rank_dumps_its_stacks_on_request_and_a_stopped_one_is_named(
     frames = main_thread_frames(dumps[0])
     assert [f[2] for f in frames[:2]] == ["blocked_here", "<module>"]
     assert sum(line.startswith(("Thread 0x", "Current thread 0x")) for line in dumps[0]) == 2
+
+
+def test_a_py_spy_dump_is_read_like_a_faulthandler_one() -> None:
+    dump = [
+        "Process 4242: python train.py",
+        "Python v3.11.7 (/usr/bin/python3.11)",
+        "",
+        'Thread 4250 (idle): "dmlctl-heartbeat"',
+        "    wait (threading.py:331)",
+        'Thread 4242 (idle): "MainThread"',
+        "    wait_for_batch (/job/train.py:64)",
+        "    main (/job/train.py:94)",
+    ]
+    assert main_thread_frames(dump) == [
+        ("/job/train.py", 64, "wait_for_batch"), ("/job/train.py", 94, "main"),
+    ]  # fmt: skip

@@ -20,7 +20,8 @@ def view(rank: int, **kw: Any) -> RankView:
     collectives done."""
     values: dict[str, Any] = {
         "rank": rank, "host": "h", "beat_age": 0.5, "stalled_for": 0.1, "armed": True,
-        "cpu_rate": BUSY, "step_s": 0.05, "where": f"train.py:{80 + rank} in step",
+        "cpu_rate": BUSY, "io_rate": 0.0, "proc_state": "R", "step_s": 0.05,
+        "where": f"train.py:{80 + rank} in step",
         "inner": "threading.py:320 in wait", "coll": {"0": Collective(10, 10)},
     }  # fmt: skip
     values.update(kw)
@@ -34,18 +35,28 @@ def waits(entered: int, age: float, op: str = "all_reduce") -> dict[str, Collect
 
 def stuck(**kw: Any) -> dict[str, Any]:
     """Armed, idle and without progress for 40 s."""
-    return {"stalled_for": 40.0, "cpu_rate": IDLE, **kw}
+    return {"stalled_for": 40.0, "cpu_rate": IDLE, "proc_state": "S", **kw}
 
 
 def test_a_healthy_run_has_no_hang() -> None:
     assert find_hang([view(0), view(1)], T) is None
 
 
-def test_a_rank_that_stopped_beating_is_frozen() -> None:
-    verdict = find_hang([view(0, coll=waits(11, 31)), view(1, beat_age=31.0)], T)
+def test_a_rank_that_stopped_beating_is_frozen_when_its_process_is_stopped_or_idle() -> None:
+    stopped = view(1, beat_age=31.0, proc_state="T", cpu_rate=IDLE)
+    verdict = find_hang([view(0, coll=waits(11, 31)), stopped], T)
     assert verdict is not None
     assert (verdict.rank, verdict.reason, verdict.where) == (1, "frozen", "train.py:81 in step")
-    assert verdict.detail == "sent no heartbeat for 31 s"
+    assert verdict.detail == "sent no heartbeat for 31 s; its process is stopped"
+    locked = view(1, beat_age=31.0, proc_state="S", cpu_rate=IDLE)  # a lock never released
+    verdict = find_hang([view(0), locked], T)
+    assert verdict is not None and verdict.detail.endswith("its process is idle")
+
+
+def test_a_silent_rank_that_computes_or_does_io_is_not_frozen() -> None:
+    """A long C call holding the interpreter's lock (unpickling a big dataset)."""
+    assert find_hang([view(0), view(1, beat_age=45.0, cpu_rate=1.0)], T) is None
+    assert find_hang([view(0), view(1, beat_age=45.0, cpu_rate=IDLE, io_rate=5e7)], T) is None
 
 
 def test_the_rank_that_never_entered_the_collective_is_blamed_not_the_one_that_waits() -> None:
@@ -69,6 +80,7 @@ def test_a_busy_rank_that_others_wait_for_is_slow_not_hung() -> None:
         {"armed": False},  # before its first step (data preparation), or after its data
         {"armed": False, "phase": "eval", "phase_s": 300.0},  # a declared phase
         {"cpu_rate": None},  # its CPU use is not known yet
+        {"io_rate": 10e6},  # reading or writing: a checkpoint of its own, a download
     ],
 )
 def test_a_rank_in_a_non_step_stretch_is_never_blamed(state: dict[str, Any]) -> None:
@@ -109,11 +121,19 @@ def test_a_rank_that_exited_without_entering_the_collective_is_blamed() -> None:
 
 
 def test_a_collective_everyone_entered_that_never_completes() -> None:
-    views = [view(0, coll=waits(11, 40)), view(1, coll=waits(11, 38))]
+    views = [view(0, coll=waits(11, 40), cpu_rate=IDLE), view(1, coll=waits(11, 38), cpu_rate=IDLE)]
     verdict = find_hang(views, T)
     assert verdict is not None
     assert (verdict.rank, verdict.reason, verdict.waiting) == (0, "collective", (0, 1))
     assert verdict.detail == "in all_reduce #11 for 40 s; every rank of its group (2) waits in it"
+
+
+def test_a_collective_that_is_slow_or_has_members_unheard_of_is_not_hung() -> None:
+    moving = [view(0, coll=waits(11, 40), io_rate=5e6), view(1, coll=waits(11, 38), io_rate=5e6)]
+    assert find_hang(moving, T) is None  # a big broadcast on a slow network
+    three = {"0": Collective(11, 10, "all_reduce", 40.0, size=3)}
+    unheard = [view(0, coll=three, cpu_rate=IDLE), view(1, coll=three, cpu_rate=IDLE)]
+    assert find_hang(unheard, T) is None  # rank 2 of the group never reported
 
 
 def test_the_chase_follows_a_culprit_that_waits_elsewhere() -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from dmlctl.launch.events import Collective, Heartbeat
+from dmlctl.launch.events import Collective, Heartbeat, ProcSample, ProcUsage, RankExited
 from dmlctl.launch.state import RankState, RankStatus, new_run_state
 from dmlctl.launch.watch import STALE_BEAT_S, HangWatch
 from dmlctl.runtime.collectives import _summarize, recorder_enabled
@@ -129,12 +129,13 @@ def test_the_flight_recorder_dump_becomes_counts_and_the_oldest_pending_collecti
         "entries": [
             entry(8, True), entry(9, False, created_ns=now - 7 * 10**9), entry(10, False),
             entry(3, True, group="1", op="gloo:broadcast"), entry(1, False, p2p=True),
+            entry(5, False, group="gone"),  # a destroyed group: left out
         ],
         "pg_status": {"1": {"last_enqueued_collective": "4", "last_completed_collective": "3"}},
     }
     got = _summarize(data, {"0": 2, "1": 2, "2": 2}, now)
     assert got == {
-        "0": [10, 8, "all_reduce", 7.0], "1": [4, 3, None, None], "2": [0, 0, None, None],
+        "0": [10, 8, "all_reduce", 7.0, 2], "1": [4, 3, None, None, 2], "2": [0, 0, None, None, 2],
     }  # fmt: skip
 
 
@@ -155,16 +156,34 @@ def test_the_controller_ages_beats_on_its_own_clock_and_forgets_stale_ones() -> 
     watch = HangWatch(30.0, clock=clock)
     state = new_run_state("r", "j", "ssgd", [(0, "h", "worker")], 0.0)
     state = dataclasses.replace(state, ranks=(RankState(0, "h", status=RankStatus.RUNNING),))
-    for cpu in (1.0, 1.0, 1.0, 1.0):
-        watch.beat(Heartbeat("h", 0, 5, 0.0, armed=True, since=2.0, cpu=cpu,
-                             coll={"0": Collective(9, 8, "all_reduce", 1.0)}))  # fmt: skip
+    for i in range(4):
+        watch.beat(Heartbeat("h", 0, 5, 0.0, armed=True, since=2.0,
+                             coll={"0": Collective(9, 8, "all_reduce", 1.0, size=2)}))  # fmt: skip
+        watch.sample(ProcSample("h", {0: ProcUsage("S", 1.0 + 0.01 * i, 1000 * i)}, 0.0))
         clock.now += 1.0
     (view,) = watch.views(state)
     assert view.beat_age == pytest.approx(1.0)
     assert view.stalled_for == pytest.approx(3.0)  # the rank's own count plus the beat's age
-    assert view.coll["0"].age == pytest.approx(2.0)
-    assert view.cpu_rate == pytest.approx(0.0)  # idle: no CPU over the window
+    assert view.coll["0"].age == pytest.approx(2.0) and view.coll["0"].size == 2
+    assert view.cpu_rate == pytest.approx(0.01) and view.io_rate == pytest.approx(1000)
+    assert view.proc_state == "S"
     clock.now += STALE_BEAT_S
     (stale,) = watch.views(state)
     assert stale.coll["0"].age is None and stale.cpu_rate is None
     assert stale.coll["0"].entered == 9  # the counts stay: membership is still known
+    watch.shift(10.0)  # the controller stood still: not the rank's silence
+    (shifted,) = watch.views(state)
+    assert shifted.beat_age == pytest.approx(1.0 + STALE_BEAT_S - 10.0)
+
+
+def test_a_ranks_final_counts_from_its_exit_replace_its_last_beats() -> None:
+    clock = Clock()
+    watch = HangWatch(30.0, clock=clock)
+    watch.beat(Heartbeat("h", 0, 5, 0.0, coll={"0": Collective(9, 9)}))
+    watch.exited(RankExited("h", 0, 0, None, 0.0, {"0": Collective(12, 12)}))
+    state = dataclasses.replace(
+        new_run_state("r", "j", "ssgd", [(0, "h", "worker")], 0.0),
+        ranks=(RankState(0, "h", status=RankStatus.SUCCEEDED, exit_code=0),),
+    )
+    (view,) = watch.views(state)
+    assert (view.exit_code, view.coll["0"].entered) == (0, 12)

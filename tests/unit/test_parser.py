@@ -14,6 +14,8 @@ from dmlctl.launch.events import (
     LogLines,
     MetricRecord,
     Prepared,
+    ProcSample,
+    ProcUsage,
     RankExited,
     RankStarted,
     RootCause,
@@ -233,14 +235,14 @@ def test_unknown_rank_record_kind_is_ignored() -> None:
 
 def test_a_heartbeat_carries_what_the_rank_does() -> None:
     rec = {"kind": "heartbeat", "rank": 1, "ts": 5.0, "progress": 42, "armed": True,
-           "since": 0.2, "step_s": 0.05, "cpu": 3.5, "where": "train.py:9 in step",
+           "since": 0.2, "step_s": 0.05, "where": "train.py:9 in step",
            "inner": "threading.py:320 in wait", "phase": "eval", "phase_s": 2.0, "limit": 60,
-           "coll": {"0": [11, 10, "all_reduce", 1.5], "1": [3, 3, None, None]}}  # fmt: skip
+           "coll": {"0": [11, 10, "all_reduce", 1.5, 2], "1": [3, 3, None, None]}}  # fmt: skip
     beat = one("a", json.dumps({"k": "rank", "rec": rec}))
     assert beat == Heartbeat(
         "a", 1, 42, 5.0, armed=True, since=0.2, phase="eval", phase_s=2.0, limit=60.0,
-        step_s=0.05, cpu=3.5, where="train.py:9 in step", inner="threading.py:320 in wait",
-        coll={"0": Collective(11, 10, "all_reduce", 1.5), "1": Collective(3, 3)},
+        step_s=0.05, where="train.py:9 in step", inner="threading.py:320 in wait",
+        coll={"0": Collective(11, 10, "all_reduce", 1.5, 2), "1": Collective(3, 3)},
     )  # fmt: skip
     bare = one("a", json.dumps({"k": "rank", "rec": {"kind": "heartbeat", "rank": 0, "ts": 1.0,
                                                        "progress": 0}}))  # fmt: skip
@@ -255,6 +257,19 @@ def test_stack_dumps_and_the_end_of_a_dump_are_events() -> None:
     )
     assert one("b", json.dumps({"k": "agent", "state": "dumped", "stopped": [1]})) == (
         StacksDumped("b", (1,), NOW)
+    )
+
+
+def test_a_keepalive_carries_the_ranks_processes_and_an_exit_its_final_counts() -> None:
+    alive = {"k": "agent", "state": "alive", "procs": {"0": ["S", 1.5, 4096], "1": ["T", 2, 0]}}
+    assert one("a", json.dumps(alive)) == ProcSample(
+        "a", {0: ProcUsage("S", 1.5, 4096), 1: ProcUsage("T", 2.0, 0)}, NOW
+    )
+    assert parse_line("a", json.dumps({"k": "agent", "state": "alive"}), NOW) == []
+    rec = {"kind": "exit", "rank": 1, "ts": 3.0, "code": 0, "error": None,
+           "coll": {"0": [12, 12, None, None, 2]}}  # fmt: skip
+    assert one("a", json.dumps({"k": "rank", "rec": rec})) == RankExited(
+        "a", 1, 0, None, 3.0, {"0": Collective(12, 12, size=2)}
     )
 
 

@@ -8,6 +8,8 @@ so they wait for it in a collective meanwhile:
 
 * ``prep`` — data preparation after ``dmlctl.init()``: half waiting (as for a
   download), half computing, before the first batch;
+* ``gil`` — the same, but the culprit computes in one long C call that never releases
+  the interpreter's lock (as unpickling a big dataset does), so it cannot beat;
 * ``compile`` — the first training step computes for that long (a compiler's
   warm-up), inside the step loop;
 * ``eval`` — a final evaluation after the last batch, half waiting, half computing,
@@ -35,7 +37,9 @@ import dmlctl
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument(
-        "--scenario", required=True, choices=("prep", "compile", "eval", "deadlock", "sigstop")
+        "--scenario",
+        required=True,
+        choices=("prep", "gil", "compile", "eval", "deadlock", "sigstop"),
     )
     p.add_argument("--seconds", type=float, default=35.0, help="Length of the long stretch.")
     p.add_argument("--skew", type=float, default=32.0, help="Extra seconds of the culprit.")
@@ -51,6 +55,14 @@ def compute(seconds: float) -> None:
     x = torch.randn(128, 128)
     while time.monotonic() < end:
         x = torch.tanh(x @ x)
+
+
+def hold_the_lock(seconds: float) -> None:
+    """Compute for about ``seconds`` in C without releasing the interpreter's lock."""
+    start = time.perf_counter()
+    sum(range(10**7))
+    n = int(10**7 * seconds / max(time.perf_counter() - start, 1e-6))
+    sum(range(n))  # one C call: no other thread of this process runs meanwhile
 
 
 def stretch(seconds: float) -> None:
@@ -77,6 +89,11 @@ def main() -> None:
     extra = args.skew if ctx.rank == args.culprit else 0.0
     if args.scenario == "prep":
         stretch(args.seconds + extra)
+    elif args.scenario == "gil":
+        if ctx.rank == args.culprit:
+            hold_the_lock(args.seconds + extra)
+        else:
+            stretch(args.seconds)
     g = torch.Generator().manual_seed(0)
     x = torch.randn(args.steps * 32 * ctx.world_size, 16, generator=g)
     y = (x.sum(1) > 0).long()

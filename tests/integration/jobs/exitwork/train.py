@@ -1,6 +1,7 @@
 """Ends with work still in flight, as real scripts do: a non-daemon thread and a
-ThreadPoolExecutor job still writing files, and an atexit handler. Prints what it
-was given (sys.argv, __file__, the attempt) and any warning it sees."""
+ThreadPoolExecutor job still writing files, a file it never closes, and an atexit
+handler. Prints what it was given (sys.argv, __file__, the attempt) and any warning
+it sees."""
 
 import atexit
 import os
@@ -26,4 +27,6 @@ def slow_write(path: str) -> None:
 threading.Thread(target=slow_write, args=(out + ".thread",)).start()
 ThreadPoolExecutor(max_workers=1).submit(slow_write, out + ".executor")
 atexit.register(lambda: print("atexit ran", flush=True))
+unclosed = open(out + ".unclosed", "w")  # noqa: SIM115 - never closed, on purpose
+unclosed.write("kept\n")
 print("script returns", flush=True)

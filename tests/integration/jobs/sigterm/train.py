@@ -13,7 +13,7 @@ out = os.path.join(os.environ["OUT_DIR"], f"rank-{ctx.rank}.saved")
 
 def save_and_exit(signum: int, _frame: object) -> None:
     print(f"rank {ctx.rank} got signal {signum}, saving", flush=True)
-    time.sleep(2.0)  # a checkpoint that takes a while
+    time.sleep(float(os.environ.get("SAVE_S", "2")))  # a checkpoint that takes a while
     with open(out, "w") as f:
         f.write("saved\n")
     sys.exit(0)
