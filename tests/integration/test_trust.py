@@ -34,6 +34,18 @@ def _logs(cli: Cli, run_id: str) -> str:
     return "".join(p.read_text() for p in sorted(logs.glob("*.log")) if p.name != "merged.log")
 
 
+def _training(cli: Cli) -> str:
+    """The id of the one run, once every rank of it has logged a step."""
+
+    def stepping() -> bool:
+        runs = cli.runs()
+        ranks = cli.state(runs[0].name)["ranks"] if runs else []
+        return bool(ranks) and all(r["status"] == "running" and r["step"] for r in ranks)
+
+    assert wait_until(stepping, 60), "ranks never started"
+    return cli.runs()[0].name
+
+
 def test_a_script_ends_and_sees_exactly_what_torchrun_gives_it(cli: Cli, tmp_path: Path) -> None:
     out_dir = tmp_path / "out"
     out_dir.mkdir()
@@ -73,17 +85,7 @@ def test_a_stop_is_a_stop_whatever_the_sigterm_handler_returns(cli: Cli, tmp_pat
                restart="{stop_grace: 20}")  # fmt: skip
     proc = cli.popen("launch", str(job), "--ui", "plain")
     try:
-        assert wait_until(
-            lambda: (
-                cli.runs()
-                and all(
-                    r["status"] == "running" and r["step"]
-                    for r in cli.state(cli.runs()[0].name)["ranks"]
-                )
-            ),
-            60,
-        ), "ranks never started"
-        run_id = cli.runs()[0].name
+        run_id = _training(cli)
         os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in a terminal
         assert proc.wait(40) == 130
         output = proc.stdout.read() if proc.stdout else ""
@@ -145,10 +147,7 @@ def test_a_second_ctrl_c_kills_at_once_and_leaves_no_orphan(cli: Cli, tmp_path: 
                restart="{stop_grace: 60}")  # fmt: skip
     proc = cli.popen("launch", str(job), "--ui", "plain")
     try:
-        assert wait_until(lambda: cli.runs() and all(
-            r["status"] == "running" and r["step"] for r in cli.state(cli.runs()[0].name)["ranks"]
-        ), 60), "ranks never started"
-        run_id = cli.runs()[0].name
+        run_id = _training(cli)
         os.killpg(proc.pid, signal.SIGINT)
         assert wait_until(lambda: "saving" in _logs(cli, run_id), 10)  # in their 60 s save
         os.killpg(proc.pid, signal.SIGINT)  # impatient: kill now
