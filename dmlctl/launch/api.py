@@ -21,12 +21,14 @@ import yaml
 from pydantic import BaseModel
 from rich.console import Console
 
+from dmlctl.errors import PlanError
 from dmlctl.launch.sinks import UiMode, make_sink
 from dmlctl.launch.state import RunState, new_run_state
 from dmlctl.plan.build import as_run, build_plan
 from dmlctl.plan.model import LaunchPlan
 from dmlctl.plan.render import render_plan
 from dmlctl.runs.store import RunDir, RunStore, new_run_id
+from dmlctl.spec.locate import locate
 from dmlctl.spec.models import ClusterSpec, JobSpec
 from dmlctl.transport import Transport, close_transports, make_transports, network_address
 
@@ -47,6 +49,9 @@ class LaunchOptions:
     cluster_file: Path | None = None
     connect_timeout: float = 10.0
     accept_new_host_keys: bool = False
+    #: Job keys set by command-line flags (``workers`` for ``--workers``): problems
+    #: with them name the flag, not a line of the job file.
+    flags: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -198,15 +203,19 @@ def launch(
     store = RunStore(options.home)
     err = Console(stderr=True, highlight=False)
     is_remote = any(not h.is_local for h in cluster.resolved_hosts())
+    # Every check of the plan, before any host is touched (file:line for spec keys).
+    try:
+        plan = plan_run(job, cluster, store, port=DRY_RUN_PORT if is_remote else free_port())
+    except PlanError as e:
+        files = (options.job_file, options.cluster_file)
+        job_file, cluster_file = (os.fspath(f) if f is not None else None for f in files)
+        raise locate(e, job_file, cluster_file, options.flags) from None
     if options.dry_run:
-        port = DRY_RUN_PORT if is_remote else free_port()
-        console.print(render_plan(plan_run(job, cluster, store, port=port)),
-                      markup=False, highlight=False)  # fmt: skip
+        console.print(render_plan(plan), markup=False, highlight=False)
         return LaunchResult("", None, None, 0)
     if is_remote:
         plan, transports = _prepare_remote(job, cluster, store, options, console, err)
     else:
-        plan = plan_run(job, cluster, store, port=free_port())
         transports = make_transports(plan.hosts)
     run = create_run(plan, job, cluster, store, options)
     if options.detach:
