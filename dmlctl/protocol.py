@@ -168,6 +168,23 @@ def _jsonable(value: Any) -> float | int | str | bool | None:
     return float(value)
 
 
+PRIVATE_FILE = 0o600
+"""Mode of every file dmlctl writes for a run (rank logs, records, checkpoints)."""
+
+PRIVATE_DIR = 0o700
+"""Mode of every folder dmlctl makes for a run."""
+
+
+def private_opener(path: str, flags: int) -> int:
+    """``opener`` for :func:`open`: a new file gets :data:`PRIVATE_FILE`."""
+    return os.open(path, flags, PRIVATE_FILE)
+
+
+def make_private_dirs(path: str) -> None:
+    """``os.makedirs(path)`` with :data:`PRIVATE_DIR` for what it creates."""
+    os.makedirs(path, mode=PRIVATE_DIR, exist_ok=True)
+
+
 class RankEventWriter:
     """Appends rank records to ``rank-<R>.events.jsonl``; each record is flushed at once.
 
@@ -177,10 +194,11 @@ class RankEventWriter:
 
     def __init__(self, rank_dir: str, rank: int) -> None:
         self.rank = rank
-        os.makedirs(rank_dir, exist_ok=True)
+        make_private_dirs(rank_dir)
         self._file: TextIO = open(  # noqa: SIM115 - lives as long as the rank
-            rank_events(rank_dir, rank), "a", encoding="utf-8", buffering=1
-        )
+            rank_events(rank_dir, rank), "a", encoding="utf-8", buffering=1,
+            opener=private_opener,
+        )  # fmt: skip
         self._lock = threading.Lock()  # the heartbeat thread writes too
 
     def _write(self, record: dict[str, Any]) -> None:

@@ -262,6 +262,15 @@ class StopRequested:
 
 
 @dataclass(frozen=True)
+class ControllerFailed:
+    """The controller cannot carry the run on (its disk is full, its run directory was
+    deleted): ``cause`` (host ``controller``) becomes the root cause and the run stops."""
+
+    cause: RootCause
+    ts: float
+
+
+@dataclass(frozen=True)
 class Finished:
     """Every agent is gone; the controller closes the run."""
 
@@ -287,5 +296,6 @@ Event = (
     | CheckpointCopied
     | Resized
     | StopRequested
+    | ControllerFailed
     | Finished
 )

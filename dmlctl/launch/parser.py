@@ -170,7 +170,13 @@ def parse_line(host: str, line: str, now: float) -> list[Event]:
             code = int(msg["code"])
             tail = tuple(str(x) for x in msg.get("tail", ()))
             summary = [str(x) for x in msg.get("summary", ())]
-            cause = torchrun_failure(host, tail, now, summary) if code != 0 else None
+            error = msg.get("error")
+            cause: RootCause | None
+            if isinstance(error, dict):  # the agent could not start the run at all
+                cause = RootCause(host, None, str(error.get("type", "AgentExit")),
+                                  str(error.get("message", "")), tail, now)  # fmt: skip
+            else:
+                cause = torchrun_failure(host, tail, now, summary) if code != 0 else None
             return [AgentExited(host, code, tail, now, cause)]
     except (ValueError, KeyError, TypeError):
         pass

@@ -54,7 +54,10 @@ from dmlctl.protocol import (
     ENV_CHECKPOINT_EVERY_SECONDS,
     ENV_CHECKPOINT_EVERY_STEPS,
     ENV_CHECKPOINT_KEEP,
+    PRIVATE_FILE,
     checkpoint_step_dir,
+    make_private_dirs,
+    private_opener,
     rank_file,
 )
 from dmlctl.runtime.resume import (
@@ -99,14 +102,14 @@ class CheckpointWarning(UserWarning):
 def _take_lock(path: Path) -> bool:
     """Create ``path`` exclusively: True for the one caller that created it."""
     try:
-        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, PRIVATE_FILE))
     except (FileExistsError, FileNotFoundError):  # taken, or already committed
         return False
     return True
 
 
 def _write_synced(path: Path, data: bytes | dict[str, Any]) -> None:
-    with path.open("wb") as f:
+    with open(path, "wb", opener=private_opener) as f:
         if isinstance(data, bytes):
             f.write(data)
         else:
@@ -182,7 +185,7 @@ class CheckpointManager:
         """Write ``state`` as this rank's part of checkpoint ``step``; returns the
         committed directory. Collective when ``world_size > 1``."""
         tmp = self.root / f".tmp-step-{step}"
-        tmp.mkdir(parents=True, exist_ok=True)
+        make_private_dirs(str(tmp))
         for stale in tmp.glob(".commit-*"):  # a crashed save's lock; this save's come later
             stale.unlink(missing_ok=True)
         path = tmp / rank_file(self.rank)
