@@ -130,6 +130,8 @@ def _checkpoint_env(job: JobSpec, directory: str, run_id: str) -> dict[str, str]
         env[protocol.ENV_CHECKPOINT_EVERY_STEPS] = str(spec.every_steps)
     if spec.every_seconds is not None:
         env[protocol.ENV_CHECKPOINT_EVERY_SECONDS] = repr(spec.every_seconds)
+    if spec.allow_fresh_start:
+        env[protocol.ENV_CHECKPOINT_ALLOW_FRESH] = "1"
     return env
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import atexit
 import builtins
 import contextlib
+import errno
 import faulthandler
 import gc
 import io
@@ -161,8 +162,10 @@ def _user_frames(exc: BaseException, script: str) -> BaseException:
 
 def _error_record(exc: BaseException) -> dict[str, Any]:
     lines = "".join(traceback.format_exception(exc)).rstrip("\n").split("\n")
+    full = isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
     return {
-        "type": type(exc).__qualname__,
+        # A full disk is named as such whatever raised it (the policy never restarts it).
+        "type": "DiskFull" if full else type(exc).__qualname__,
         "message": str(exc),
         "traceback": lines[-TRACEBACK_LINES:],
     }
