@@ -182,8 +182,18 @@ def private_opener(path: str, flags: int) -> int:
 
 
 def make_private_dirs(path: str) -> None:
-    """``os.makedirs(path)`` with :data:`PRIVATE_DIR` for what it creates."""
-    os.makedirs(path, mode=PRIVATE_DIR, exist_ok=True)
+    """``os.makedirs(path, exist_ok=True)``, but *every* folder it creates, parents
+    included, gets :data:`PRIVATE_DIR` (``os.makedirs`` gives the mode to the last one
+    only); folders that exist are left as they are."""
+    path = os.path.normpath(path)
+    parent = os.path.dirname(path)
+    if parent and parent != path and not os.path.isdir(parent):
+        make_private_dirs(parent)
+    try:
+        os.mkdir(path, PRIVATE_DIR)
+    except FileExistsError:
+        if not os.path.isdir(path):
+            raise
 
 
 class RankEventWriter:

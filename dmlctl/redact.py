@@ -23,6 +23,7 @@ _SECRET_NAME = re.compile(
 )
 _URL_PASSWORD = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^\s:/@]*):([^\s@/]+)@")
 _TOKEN = re.compile(r"^[A-Za-z0-9+/=_.~-]{24,}$")
+_STRETCH = re.compile(r"[A-Za-z0-9+/=]{20,}")
 _OWN = "DMLCTL_"  # dmlctl's own variables: run ids, paths, never secrets
 MIN_SECRET = 6
 """Shorter values are never hidden in free text (they would hide ordinary words)."""
@@ -34,15 +35,22 @@ def secret_name(name: str) -> bool:
 
 
 def high_entropy(value: str) -> bool:
-    """Whether ``value`` looks like a generated token: 24+ characters of one
-    token-like run, at least 3.5 bits of entropy per character, letters and digits."""
+    """Whether ``value`` looks like a generated token: 24+ characters of one token-like
+    run, not a path, holding a random-looking stretch of 20+ letters and digits (both,
+    at least 3.5 bits of entropy per character). Names made of words and numbers
+    (``distilbert-base-uncased-finetuned-sst-2-english``, ``run-2026-11-23-exp-42``)
+    have no such stretch; ``ghp_…``, ``sk-…``, base64 and hex keys do."""
     if not _TOKEN.match(value) or value[0] in "/.~" or "//" in value:
         return False  # a path, not a token
-    if not (any(c.isalpha() for c in value) and any(c.isdigit() for c in value)):
+    return any(_random(m.group()) for m in _STRETCH.finditer(value))
+
+
+def _random(stretch: str) -> bool:
+    if not (any(c.isalpha() for c in stretch) and any(c.isdigit() for c in stretch)):
         return False
-    counts = Counter(value)
-    entropy = -sum(n / len(value) * math.log2(n / len(value)) for n in counts.values())
-    return entropy >= 3.5
+    counts = Counter(stretch)
+    n = len(stretch)
+    return -sum(k / n * math.log2(k / n) for k in counts.values()) >= 3.5
 
 
 def url_passwords(text: str) -> list[str]:

@@ -28,7 +28,7 @@ from dmlctl.plan.model import LaunchPlan
 from dmlctl.plan.render import render_plan
 from dmlctl.redact import Redactor
 from dmlctl.runs import secrets as run_secrets
-from dmlctl.runs.files import StoreError, private_opener, private_umask
+from dmlctl.runs.files import DiskFull, StoreError, private_opener, private_umask
 from dmlctl.runs.store import RunDir, RunStore, new_run_id
 from dmlctl.spec.locate import locate
 from dmlctl.spec.models import ClusterSpec, JobSpec
@@ -143,8 +143,13 @@ def create_run(
 def _detach(run: RunDir, *, resume: bool = False) -> int:
     with open(run.controller_log, "ab", opener=private_opener) as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "dmlctl.launch.controller", str(run.path),
-             *(["--resume"] if resume else [])],
+            [
+                sys.executable,
+                "-m",
+                "dmlctl.launch.controller",
+                str(run.path),
+                *(["--resume"] if resume else []),
+            ],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -255,7 +260,8 @@ def launch(
 
 
 def resume(run_id: str, *, options: LaunchOptions, console: Console) -> LaunchResult:
-    """Continue run ``run_id`` whose controller died (``dmlctl status`` says ``lost``):
+    """Continue run ``run_id`` whose controller died (``dmlctl status`` says ``lost``),
+    or that failed with ``DiskFull`` once space was freed:
     the same plan, as its next attempt, in the foreground or detached; the ranks
     resume from their latest checkpoints. Agents the dead controller left running (a
     host cut off keeps its agent until the connection times out) are stopped first.
@@ -266,10 +272,15 @@ def resume(run_id: str, *, options: LaunchOptions, console: Console) -> LaunchRe
 
     run = RunStore(options.home).get(run_id)
     state = run.read_state()
-    if state.phase != Phase.LOST:
+    disk_full = (
+        state.phase == Phase.FAILED
+        and state.root_cause is not None
+        and (state.root_cause.exc_type == DiskFull.kind)
+    )
+    if state.phase != Phase.LOST and not disk_full:
         raise UsageError(
             f"run {run.run_id} is {state.phase.value}; only a run whose controller died"
-            " ('lost' in dmlctl status) can be resumed"
+            " ('lost' in dmlctl status) or that failed for a full disk can be resumed"
         )
     plan = LaunchPlan.from_dict(run.read_plan())
     transports = make_transports(plan.hosts + plan.spares)

@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping
 
 from dmlctl.launch.checkpoints import Replicator
 from dmlctl.launch.events import (
+    CONTROLLER,
     AgentExited,
     AgentStarted,
     CheckpointSaved,
@@ -193,7 +194,8 @@ class Supervisor:
     def run(self, resume_from: RunState | None = None) -> RunState:
         """Run the plan to its end, restarting it as ``decide`` says; returns the final
         state (also persisted). ``resume_from`` is the last state of the same run whose
-        controller died: the run goes on as its next attempt (ranks resume from their
+        controller died (or that failed for a full disk: its root cause becomes one of
+        its failures): the run goes on as its next attempt (ranks resume from their
         checkpoints), keeping its restart count and failures."""
         plan = self.plan
         recorder = self.writer
@@ -205,9 +207,10 @@ class Supervisor:
             )  # fmt: skip
         else:
             attempt = resume_from.restarts + 1
-            lost = RootCause("controller", None, "ControllerLost",
-                             "the controller died; resumed with dmlctl launch --resume",
-                             (), self.clock())  # fmt: skip
+            lost = resume_from.root_cause or RootCause(
+                CONTROLLER, None, "ControllerLost",
+                "the controller died; resumed with dmlctl launch --resume", (), self.clock(),
+            )  # fmt: skip
             state = dataclasses.replace(resume_from, phase=Phase.RUNNING, ended_at=None,
                                         exit_code=None, stop_reason=None)  # fmt: skip
             state = self._step(state, [Restarting(attempt, lost, 0.0, self.clock())], recorder)

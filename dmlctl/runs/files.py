@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Literal, TextIO
 
 from dmlctl.errors import DmlctlError
-from dmlctl.protocol import PRIVATE_DIR, PRIVATE_FILE, private_opener
+from dmlctl.protocol import PRIVATE_DIR, PRIVATE_FILE, make_private_dirs, private_opener
 
 __all__ = [
     "DIR_MODE",
@@ -37,8 +37,9 @@ __all__ = [
 FILE_MODE = PRIVATE_FILE
 DIR_MODE = PRIVATE_DIR
 RESERVE_BYTES = 1 << 20
-"""Space a running run keeps aside (``.reserve``), released on a full disk so the
-final state and summary can still be written."""
+"""Space a running run keeps aside (``.reserve``): on a full disk its final state is
+written into these blocks (nobody else can take them, the ranks' own output on the
+same file system included), see :meth:`Reserve.put`."""
 
 _FULL = (errno.ENOSPC, errno.EDQUOT)
 _GONE = (errno.ENOENT, errno.ESTALE, errno.ENOTDIR)
@@ -81,8 +82,8 @@ def open_private(path: Path, mode: Literal["a", "w"] = "a", buffering: int = -1)
 
 
 def make_private_dir(path: Path) -> None:
-    """Create ``path`` (and missing parents) with mode 0700; fine if it exists."""
-    path.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+    """Create ``path`` and missing parents, each with mode 0700; fine if it exists."""
+    make_private_dirs(str(path))
 
 
 def atomic_write(path: Path, text: str) -> None:
@@ -132,6 +133,24 @@ class Reserve:
                 self.path.unlink()
             raise
         os.close(fd)
+
+    def put(self, path: Path, text: str) -> None:
+        """Write ``text`` into the reserve's own blocks and move the reserve to ``path``
+        (atomic, like :func:`atomic_write`): needs no free space. OSError when there is
+        no reserve or ``text`` is larger than it."""
+        data = text.encode("utf-8")
+        if len(data) > RESERVE_BYTES:
+            raise OSError(errno.EFBIG, "larger than the reserve", str(path))
+        fd = os.open(self.path, os.O_WRONLY)  # no O_TRUNC: the blocks are kept
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.ftruncate(fd, len(data))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(self.path, path)
 
     def release(self) -> None:
         """Give the space back (nothing if there is no reserve)."""

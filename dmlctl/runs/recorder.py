@@ -59,15 +59,14 @@ class RunRecorder:
                     continue
                 name = f"rank-{ev.rank}.log" if ev.rank is not None else f"agent-{ev.host}.log"
                 prefix = f"[rank {ev.rank}] " if ev.rank is not None else f"[{ev.host}] "
-                self._file(name).write("\n".join(ev.lines) + "\n")
-                merged.write(prefix + ("\n" + prefix).join(ev.lines) + "\n")
+                _write(self._file(name), "\n".join(ev.lines) + "\n")
+                _write(merged, prefix + ("\n" + prefix).join(ev.lines) + "\n")
             elif isinstance(ev, StackDump):
                 when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ev.ts))
                 head = f"=== rank {ev.rank} on {ev.host}, {when}"
                 head += f": main thread at {ev.where}" if ev.where else ""
-                self._file(f"stacks/rank-{ev.rank}.txt").write(
-                    head + " ===\n" + "".join(line + "\n" for line in ev.lines) + "\n"
-                )
+                text = head + " ===\n" + "".join(line + "\n" for line in ev.lines) + "\n"
+                _write(self._file(f"stacks/rank-{ev.rank}.txt"), text)
             elif isinstance(ev, MetricRecord):
                 rec = {
                     "ts": ev.ts,
@@ -76,7 +75,7 @@ class RunRecorder:
                     "step": ev.step,
                     "values": dict(ev.values),
                 }
-                self._file("metrics").write(json.dumps(rec, separators=(",", ":")) + "\n")
+                _write(self._file("metrics"), json.dumps(rec, separators=(",", ":")) + "\n")
 
     def flush(self) -> None:
         """Hand every buffered line to the OS (StoreError on failure)."""
@@ -93,3 +92,12 @@ class RunRecorder:
             with contextlib.suppress(OSError):
                 f.close()
         self._files.clear()
+
+
+def _write(f: TextIO, text: str) -> None:
+    """``f.write(text)``; an OSError names ``f``'s path (a buffered write does not)."""
+    try:
+        f.write(text)
+    except OSError as e:
+        e.filename = e.filename or f.name
+        raise

@@ -18,5 +18,8 @@ MAX_PERIOD = 1_000_000
 MAX_STEPS = 1_000_000_000
 """Most steps of a warm-up."""
 
+MAX_LOW_RANK = 1024
+"""Largest rank of a low-rank approximation (PowerSGD's r)."""
+
 MAX_WEIGHT = 1e6
 """Largest weight, penalty or rate (ρ, c, scales, compression rates)."""

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from dmlctl.strategies.params import MAX_STEPS, MAX_WEIGHT, PARAMS_CONFIG
+from dmlctl.strategies.params import MAX_LOW_RANK, MAX_STEPS, MAX_WEIGHT, PARAMS_CONFIG
 from dmlctl.strategies.registry import params_as
 
 if TYPE_CHECKING:
@@ -78,7 +78,9 @@ class Params(BaseModel):
         description="Gradient compression: none (float32 buckets), fp16 / bf16 (buckets "
         "cast to 16 bits: half the bytes) or powersgd (rank-r factors of each matrix).",
     )
-    powersgd_rank: int = Field(default=1, ge=1, description="PowerSGD matrix approximation rank r.")
+    powersgd_rank: int = Field(
+        default=1, ge=1, le=MAX_LOW_RANK, description="PowerSGD matrix approximation rank r."
+    )
     powersgd_warmup_steps: int = Field(
         le=MAX_STEPS,
         default=10,

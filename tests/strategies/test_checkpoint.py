@@ -6,6 +6,7 @@ import json
 import os
 import random
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ import torch
 from dmlctl.checkpoint_files import sha256_file
 from dmlctl.runtime import checkpoint as ckpt
 from dmlctl.runtime.checkpoint import CheckpointManager, CheckpointRefused, CheckpointWarning
+from tests.mounts import tmpfs
 from tests.strategies.harness import run_ranks
 
 pytestmark = pytest.mark.integration
@@ -341,20 +343,10 @@ def test_every_checkpoint_corrupt_fails_unless_a_fresh_start_is_allowed(tmp_path
 
 
 @pytest.fixture
-def small_tmpfs(tmp_path: Path) -> Any:
-    """A real 4 MiB tmpfs (root only; skipped, saying why, where mount is refused)."""
-    import subprocess
-
-    mount = tmp_path / "tmpfs"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)],
-                          capture_output=True, text=True)  # fmt: skip
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip() or done.returncode}")
-    try:
+def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A real 4 MiB tmpfs (skipped, saying why, where it cannot be mounted)."""
+    with tmpfs(tmp_path / "tmpfs", "4m") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def test_a_full_disk_raises_disk_full_and_keeps_the_previous_checkpoint(
