@@ -12,7 +12,7 @@ import os
 import re
 from pathlib import Path
 
-from dmlctl.protocol import CHECKPOINT_LATEST, CHECKPOINT_STEP_PATTERN
+from dmlctl.protocol import CHECKPOINT_LATEST, CHECKPOINT_STEP_PATTERN, private_opener
 
 _STEP_DIR = re.compile(CHECKPOINT_STEP_PATTERN)
 
@@ -56,9 +56,13 @@ def point_latest(root: Path, name: str) -> None:
     """Make ``root/LATEST`` name ``name``, atomically and durably: a synced temporary
     file replaces it, then ``root`` itself is synced. ``LATEST`` is never absent."""
     tmp = root / f".tmp-{CHECKPOINT_LATEST}"
-    with tmp.open("wb") as f:
-        f.write(name.encode())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, root / CHECKPOINT_LATEST)
+    try:
+        with open(tmp, "wb", opener=private_opener) as f:
+            f.write(name.encode())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, root / CHECKPOINT_LATEST)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     fsync_path(root)

@@ -7,6 +7,7 @@ The CLI has exactly one error boundary (``dmlctl.cli.app``): it catches
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
@@ -34,9 +35,27 @@ class UsageError(DmlctlError):
     exit_code = ExitCode.BAD_INPUT
 
 
+MAX_MESSAGE = 200
+"""Longest message of one spec issue (values in it are quoted shortened already)."""
+
+MAX_SHOWN_ISSUES = 20
+"""Most issues a :class:`SpecError` prints; the rest are counted."""
+
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def printable(text: str, limit: int) -> str:
+    """``text`` on one line: control characters and lone surrogates escaped
+    (``\\n``, ``\\x1b``), cut to ``limit`` characters with ``...``."""
+    text = _UNPRINTABLE.sub(lambda m: repr(m.group())[1:-1], text)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 @dataclass(frozen=True)
 class SpecIssue:
-    """One problem in a spec file: where it is and what is wrong."""
+    """One problem in a spec file: where it is and what is wrong.
+
+    ``str()`` is one line, ``file:line key: message``, whatever the parts hold."""
 
     file: str
     line: int | None
@@ -44,18 +63,40 @@ class SpecIssue:
     message: str
 
     def __str__(self) -> str:
-        where = f"{self.file}:{self.line}" if self.line is not None else self.file
-        return f"{where} {self.path}: {self.message}" if self.path else f"{where}: {self.message}"
+        file = printable(self.file, 120)
+        where = f"{file}:{self.line}" if self.line is not None else file
+        message = printable(self.message, MAX_MESSAGE)
+        if self.path:
+            return f"{where} {printable(self.path, 80)}: {message}"
+        return f"{where}: {message}"
 
 
 class SpecError(DmlctlError):
-    """A spec file (cluster, job, hostfile) is invalid; carries every issue found."""
+    """A spec file (cluster, job, hostfile) is invalid; carries every issue found
+    (``str()`` shows the first :data:`MAX_SHOWN_ISSUES`, then how many more)."""
 
     exit_code = ExitCode.BAD_INPUT
 
     def __init__(self, issues: Sequence[SpecIssue]) -> None:
         self.issues = tuple(issues)
-        super().__init__("\n".join(str(i) for i in self.issues))
+        lines = [str(i) for i in self.issues[:MAX_SHOWN_ISSUES]]
+        if len(self.issues) > MAX_SHOWN_ISSUES:
+            more = len(self.issues) - MAX_SHOWN_ISSUES
+            lines.append(f"{printable(self.issues[0].file, 120)}: ... and {more} more issue(s)")
+        super().__init__("\n".join(lines))
+
+
+class PlanError(UsageError):
+    """A job cannot be planned on a cluster (more workers than slots, a strategy's own
+    limits …): raised by the pure planner with the spec key at fault, so that the
+    launcher can name the file and line (``spec`` is ``"job"`` or ``"cluster"``;
+    ``path`` a key path such as ``("strategy", "params")``)."""
+
+    def __init__(self, spec: str, path: tuple[str | int, ...], message: str) -> None:
+        self.spec = spec
+        self.path = path
+        self.message = message
+        super().__init__(message)
 
 
 class RunNotFound(UsageError):

@@ -75,6 +75,7 @@ ENV_CHECKPOINT_DIR = "DMLCTL_CHECKPOINT_DIR"
 ENV_CHECKPOINT_EVERY_STEPS = "DMLCTL_CHECKPOINT_EVERY_STEPS"
 ENV_CHECKPOINT_EVERY_SECONDS = "DMLCTL_CHECKPOINT_EVERY_SECONDS"
 ENV_CHECKPOINT_KEEP = "DMLCTL_CHECKPOINT_KEEP"
+ENV_CHECKPOINT_ALLOW_FRESH = "DMLCTL_CHECKPOINT_ALLOW_FRESH"  # "1": checkpoint.allow_fresh_start
 
 # Layout of a checkpoint directory (see dmlctl.runtime.checkpoint).
 CHECKPOINT_LATEST = "LATEST"  # names the newest committed step directory
@@ -168,6 +169,33 @@ def _jsonable(value: Any) -> float | int | str | bool | None:
     return float(value)
 
 
+PRIVATE_FILE = 0o600
+"""Mode of every file dmlctl writes for a run (rank logs, records, checkpoints)."""
+
+PRIVATE_DIR = 0o700
+"""Mode of every folder dmlctl makes for a run."""
+
+
+def private_opener(path: str, flags: int) -> int:
+    """``opener`` for :func:`open`: a new file gets :data:`PRIVATE_FILE`."""
+    return os.open(path, flags, PRIVATE_FILE)
+
+
+def make_private_dirs(path: str) -> None:
+    """``os.makedirs(path, exist_ok=True)``, but *every* folder it creates, parents
+    included, gets :data:`PRIVATE_DIR` (``os.makedirs`` gives the mode to the last one
+    only); folders that exist are left as they are."""
+    path = os.path.normpath(path)
+    parent = os.path.dirname(path)
+    if parent and parent != path and not os.path.isdir(parent):
+        make_private_dirs(parent)
+    try:
+        os.mkdir(path, PRIVATE_DIR)
+    except FileExistsError:
+        if not os.path.isdir(path):
+            raise
+
+
 class RankEventWriter:
     """Appends rank records to ``rank-<R>.events.jsonl``; each record is flushed at once.
 
@@ -177,10 +205,11 @@ class RankEventWriter:
 
     def __init__(self, rank_dir: str, rank: int) -> None:
         self.rank = rank
-        os.makedirs(rank_dir, exist_ok=True)
+        make_private_dirs(rank_dir)
         self._file: TextIO = open(  # noqa: SIM115 - lives as long as the rank
-            rank_events(rank_dir, rank), "a", encoding="utf-8", buffering=1
-        )
+            rank_events(rank_dir, rank), "a", encoding="utf-8", buffering=1,
+            opener=private_opener,
+        )  # fmt: skip
         self._lock = threading.Lock()  # the heartbeat thread writes too
 
     def _write(self, record: dict[str, Any]) -> None:

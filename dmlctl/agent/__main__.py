@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import errno
 import json
 import math
 import os
@@ -235,21 +236,42 @@ def _start(config: dict[str, Any], workdir: str, env: dict[str, str], emit: Emit
     )  # fmt: skip
 
 
+# Errors that come and go (out of processes or memory for a moment): the host's fault.
+_TRANSIENT = (errno.EAGAIN, errno.ENOMEM, errno.EINTR)
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _cannot_start(emit: Emitter, what: str, exc: OSError | ValueError) -> None:
+    """The ``exit`` message of an agent that could not start its run, with the error:
+    ``DiskFull``, ``AgentExit`` (transient) or ``SpecInvalid`` — the planned command,
+    environment or directory cannot work (a restart would fail the same way)."""
+    code = exc.errno if isinstance(exc, OSError) else None
+    kind = "DiskFull" if code in _FULL else "AgentExit" if code in _TRANSIENT else "SpecInvalid"
+    message = f"{what}: {exc}"
+    emit.send(protocol.MSG_EXIT, code=127, tail=[message], stopped=False,
+              error={"type": kind, "message": message})  # fmt: skip
+
+
 def run(config: dict[str, Any], emit: Emitter, commands: Commands) -> int:
     """Run torchrun under supervision; returns torchrun's exit code (or 127)."""
     rank_dir = os.path.expanduser(config["rank_dir"])
     workdir = os.path.expanduser(config["workdir"])
-    os.makedirs(rank_dir, exist_ok=True)
-    with open(os.path.join(rank_dir, "agent.pid"), "w", encoding="ascii") as f:
-        f.write(f"{os.getpid()}\n")
+    try:
+        protocol.make_private_dirs(rank_dir)
+        path = os.path.join(rank_dir, "agent.pid")
+        with open(path, "w", encoding="ascii", opener=protocol.private_opener) as f:
+            f.write(f"{os.getpid()}\n")
+    except OSError as e:
+        _cannot_start(emit, f"cannot make the rank directory {rank_dir}", e)
+        return 127
     tail: collections.deque[str] = collections.deque(maxlen=TAIL)
     # torchrun's failure summary ("rank : N" / "exitcode : X" per failed rank) can start
     # far above the tail when other ranks' tracebacks follow it: kept on its own.
     summary: collections.deque[str] = collections.deque(maxlen=SUMMARY_LINES)
     try:
         proc = _start(config, workdir, _environment(config, rank_dir), emit)
-    except OSError as e:
-        emit.send(protocol.MSG_EXIT, code=127, tail=[f"cannot start torchrun: {e}"], stopped=False)
+    except (OSError, ValueError) as e:
+        _cannot_start(emit, "cannot start torchrun", e)
         return 127
     emit.send(protocol.MSG_AGENT, state="started", pid=os.getpid(), torchrun_pid=proc.pid)
     assert proc.stdout is not None

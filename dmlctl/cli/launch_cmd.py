@@ -65,6 +65,7 @@ def launch(
         detach=detach, dry_run=dry_run, ui=ui,  # type: ignore[arg-type]
         job_file=job_file, cluster_file=cluster,
         connect_timeout=connect_timeout, accept_new_host_keys=accept_new_host_keys,
+        flags=("workers",) if workers is not None else (),
     )  # fmt: skip
     console = stdout_console()
     result = run_launch(job, spec, options=options, console=console)

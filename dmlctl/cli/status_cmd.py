@@ -17,9 +17,12 @@ def status(
     ),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> int:
-    """Show runs, from the run directories (works after the launching terminal closed)."""
+    """Show runs, from the run directories (works after the launching terminal closed).
+
+    A run whose state cannot be read is listed with the reason (exit 0); asked for
+    by id, it is an error (exit 2)."""
     from dmlctl.runs.store import RunStore
-    from dmlctl.ui.summary import render_run_detail, render_run_list
+    from dmlctl.ui.summary import render_run_detail, render_run_list, render_unreadable
 
     store = RunStore()
     if run_id is not None:
@@ -29,11 +32,19 @@ def status(
         else:
             stdout_console().print(render_run_detail(state, time.time()))
         return 0
-    states = [run.read_state() for run in store.runs()]
+    listing = store.listing()
     if as_json:
-        print(json.dumps([s.to_dict() for s in states], indent=1))
-    else:
-        stdout_console().print(render_run_list(states, time.time()))
+        rows = [r.state.to_dict() if r.state else {"run_id": r.run_id, "error": r.error}
+                for r in listing]  # fmt: skip
+        print(json.dumps(rows, indent=1))
+        return 0
+    console = stdout_console()
+    states = [r.state for r in listing if r.state is not None]
+    if states or not listing:
+        console.print(render_run_list(states, time.time()))
+    for row in listing:
+        if row.error is not None:
+            console.print(render_unreadable(row.run_id, row.error))
     return 0
 
 

@@ -15,18 +15,22 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import yaml
-from pydantic import BaseModel
 from rich.console import Console
 
+from dmlctl.errors import PlanError
 from dmlctl.launch.sinks import UiMode, make_sink
 from dmlctl.launch.state import RunState, new_run_state
 from dmlctl.plan.build import as_run, build_plan
 from dmlctl.plan.model import LaunchPlan
 from dmlctl.plan.render import render_plan
+from dmlctl.redact import Redactor
+from dmlctl.runs import secrets as run_secrets
+from dmlctl.runs.files import DiskFull, StoreError, private_opener, private_umask
 from dmlctl.runs.store import RunDir, RunStore, new_run_id
+from dmlctl.spec.locate import locate
 from dmlctl.spec.models import ClusterSpec, JobSpec
 from dmlctl.transport import Transport, close_transports, make_transports, network_address
 
@@ -47,6 +51,9 @@ class LaunchOptions:
     cluster_file: Path | None = None
     connect_timeout: float = 10.0
     accept_new_host_keys: bool = False
+    #: Job keys set by command-line flags (``workers`` for ``--workers``): problems
+    #: with them name the flag, not a line of the job file.
+    flags: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -66,11 +73,20 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def _record_spec(dest: Path, source: Path | None, model: BaseModel) -> None:
-    if source is not None:
-        shutil.copyfile(source, dest)
-    else:
-        dest.write_text(yaml.safe_dump(model.model_dump(mode="json"), sort_keys=False))
+def _spec_copy(model: JobSpec | ClusterSpec, source: Path | None, redactor: Redactor) -> str:
+    """The YAML kept in ``specs/``: the spec as validated, every env value redacted
+    and any known secret hidden wherever else it stands (``args``, ``setup``)."""
+    data = model.model_dump(mode="json", exclude_defaults=True)
+    for env in _envs_of(data):
+        env.update(run_secrets.redacted_env(env))
+    head = f"# {source} as validated by dmlctl; env values redacted\n" if source else ""
+    return head + redactor.text(yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
+
+
+def _envs_of(data: dict[str, Any]) -> list[dict[str, str]]:
+    """The ``env`` mappings of a dumped job or cluster spec."""
+    holders = [data, data.get("defaults") or {}, *(data.get("hosts") or [])]
+    return [h["env"] for h in holders if isinstance(h.get("env"), dict)]
 
 
 def plan_run(
@@ -100,32 +116,47 @@ def plan_run(
 def create_run(
     plan: LaunchPlan, job: JobSpec, cluster: ClusterSpec, store: RunStore, options: LaunchOptions
 ) -> RunDir:
-    """Make the run directory with specs, plan and an initial state."""
+    """Make the run directory with specs, plan (env values redacted; the values in
+    ``secrets.json``) and an initial state. A failure (a full disk) removes what was
+    made and raises :class:`~dmlctl.runs.files.StoreError`."""
     run = store.create(plan.run_id)
-    _record_spec(run.specs / "job.yaml", options.job_file, job)
-    _record_spec(run.specs / "cluster.yaml", options.cluster_file, cluster)
-    run.write_json(run.plan, plan.to_dict())
-    run.write_state(
-        new_run_state(
-            plan.run_id, plan.job_name, plan.strategy,
-            [(r.rank, r.host, r.role) for r in plan.ranks], time.time(),
+    hosts = cluster.resolved_hosts()
+    redactor = Redactor.for_envs([job.env, *(h.env for h in hosts)])
+    try:
+        run.write_text(run.specs / "job.yaml", _spec_copy(job, options.job_file, redactor))
+        run.write_text(
+            run.specs / "cluster.yaml", _spec_copy(cluster, options.cluster_file, redactor)
         )
-    )
+        run.write_plan(plan.to_dict(), {h.name: {*job.env, *h.env} for h in hosts})
+        run.write_state(
+            new_run_state(
+                plan.run_id, plan.job_name, plan.strategy,
+                [(r.rank, r.host, r.role) for r in plan.ranks], time.time(),
+            )
+        )  # fmt: skip
+    except StoreError:
+        shutil.rmtree(run.path, ignore_errors=True)
+        raise
     return run
 
 
 def _detach(run: RunDir, *, resume: bool = False) -> int:
-    with open(run.controller_log, "ab") as log:
+    with open(run.controller_log, "ab", opener=private_opener) as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "dmlctl.launch.controller", str(run.path),
-             *(["--resume"] if resume else [])],
+            [
+                sys.executable,
+                "-m",
+                "dmlctl.launch.controller",
+                str(run.path),
+                *(["--resume"] if resume else []),
+            ],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
             close_fds=True,
         )
-    run.controller_pid.write_text(str(proc.pid))
+    run.write_pid(proc.pid)
     return proc.pid
 
 
@@ -198,57 +229,71 @@ def launch(
     store = RunStore(options.home)
     err = Console(stderr=True, highlight=False)
     is_remote = any(not h.is_local for h in cluster.resolved_hosts())
+    # Every check of the plan, before any host is touched (file:line for spec keys).
+    try:
+        plan = plan_run(job, cluster, store, port=DRY_RUN_PORT if is_remote else free_port())
+    except PlanError as e:
+        files = (options.job_file, options.cluster_file)
+        job_file, cluster_file = (os.fspath(f) if f is not None else None for f in files)
+        raise locate(e, job_file, cluster_file, options.flags) from None
     if options.dry_run:
-        port = DRY_RUN_PORT if is_remote else free_port()
-        console.print(render_plan(plan_run(job, cluster, store, port=port)),
-                      markup=False, highlight=False)  # fmt: skip
+        console.print(render_plan(plan), markup=False, highlight=False)
         return LaunchResult("", None, None, 0)
     if is_remote:
         plan, transports = _prepare_remote(job, cluster, store, options, console, err)
     else:
-        plan = plan_run(job, cluster, store, port=free_port())
         transports = make_transports(plan.hosts)
-    run = create_run(plan, job, cluster, store, options)
-    if options.detach:
-        close_transports(transports)
-        pid = _detach(run)
-        return LaunchResult(plan.run_id, run.path, None, 0 if pid else 1)
-    run.controller_pid.write_text(str(os.getpid()))
-    sink = make_sink(options.ui, console, str(run.path))
-    state = run_controller(run, plan, sink, transports)
+    with private_umask():  # every file of the run is the user's alone
+        try:
+            run = create_run(plan, job, cluster, store, options)
+        except StoreError:
+            close_transports(transports)
+            raise
+        if options.detach:
+            close_transports(transports)
+            pid = _detach(run)
+            return LaunchResult(plan.run_id, run.path, None, 0 if pid else 1)
+        run.write_pid(os.getpid())
+        sink = make_sink(options.ui, console, str(run.path))
+        state = run_controller(run, plan, sink, transports)
     return LaunchResult(plan.run_id, run.path, state, int(state.exit_code or 0))
 
 
 def resume(run_id: str, *, options: LaunchOptions, console: Console) -> LaunchResult:
-    """Continue run ``run_id`` whose controller died (``dmlctl status`` says ``lost``):
+    """Continue run ``run_id`` whose controller died (``dmlctl status`` says ``lost``),
+    or that failed with ``DiskFull`` once space was freed:
     the same plan, as its next attempt, in the foreground or detached; the ranks
     resume from their latest checkpoints. Agents the dead controller left running (a
     host cut off keeps its agent until the connection times out) are stopped first.
     Refuses a run that is still controlled or already ended."""
-    import json
-
     from dmlctl.errors import UsageError
     from dmlctl.launch.controller import run_controller
     from dmlctl.launch.state import Phase
 
     run = RunStore(options.home).get(run_id)
     state = run.read_state()
-    if state.phase != Phase.LOST:
+    disk_full = (
+        state.phase == Phase.FAILED
+        and state.root_cause is not None
+        and (state.root_cause.exc_type == DiskFull.kind)
+    )
+    if state.phase != Phase.LOST and not disk_full:
         raise UsageError(
             f"run {run.run_id} is {state.phase.value}; only a run whose controller died"
-            " ('lost' in dmlctl status) can be resumed"
+            " ('lost' in dmlctl status) or that failed for a full disk can be resumed"
         )
-    plan = LaunchPlan.from_dict(json.loads(run.plan.read_text(encoding="utf-8")))
+    plan = LaunchPlan.from_dict(run.read_plan())
     transports = make_transports(plan.hosts + plan.spares)
     from dmlctl.launch.remote import stop_stale_agents
 
     for line in stop_stale_agents(plan.run_id, plan.hosts + plan.spares, transports):
         console.print(f"dmlctl: {line}", markup=False, highlight=False)
-    if options.detach:
-        close_transports(transports)
-        pid = _detach(run, resume=True)
-        return LaunchResult(plan.run_id, run.path, None, 0 if pid else 1)
-    run.controller_pid.write_text(str(os.getpid()))
-    sink = make_sink(options.ui, console, str(run.path))
-    final = run_controller(run, plan, sink, transports, resume_from=state)
+    with private_umask():
+        if options.detach:
+            close_transports(transports)
+            pid = _detach(run, resume=True)
+            return LaunchResult(plan.run_id, run.path, None, 0 if pid else 1)
+        run.write_pid(os.getpid())
+        sink = make_sink(options.ui, console, str(run.path))
+        final = run_controller(run, plan, sink, transports, resume_from=state)
     return LaunchResult(plan.run_id, run.path, final, int(final.exit_code or 0))

@@ -59,6 +59,7 @@ def run_controller(
     from dmlctl.launch.events import CheckpointCopied
     from dmlctl.launch.hosts import HostPool
     from dmlctl.launch.policy import RestartDecider, RestartPolicy
+    from dmlctl.launch.redaction import redactor_of
     from dmlctl.launch.remote import collect_rank_files, probe_host, rendezvous_on
     from dmlctl.launch.supervisor import Supervisor
     from dmlctl.transport import close_transports, make_transports
@@ -82,6 +83,7 @@ def run_controller(
         host_timeout=restart.host_timeout, hosts=pool, replicator=replicator,
         standby=restart.standby and restart.max_infra_restarts + restart.max_user_restarts > 0,
         rendezvous=lambda h: rendezvous_on(h, transports[h.name]),
+        redactor=redactor_of(plan),
     )  # fmt: skip
     if replicator is not None:
         replicator.on_copied = lambda step: sup.post(CheckpointCopied(step, time.time()))
@@ -96,8 +98,11 @@ def run_controller(
         sup.request_stop(reason)
     try:
         state = sup.run(resume_from)
+        if sup.unrecorded is not None:
+            print(f"dmlctl: the end of the run was not recorded: {sup.unrecorded}", file=sys.stderr)
         used = dataclasses.replace(plan, hosts=tuple(sup.hosts_used.values()))
-        for problem in collect_rank_files(used, transports, run.path):
+        gone = sup.writer.failure is not None and sup.writer.failure.kind == "RunDirGone"
+        for problem in [] if gone else collect_rank_files(used, transports, run.path):
             print(f"dmlctl: could not collect rank files from {problem}", file=sys.stderr)
         for problem in replicator.problems if replicator is not None else ():
             print(f"dmlctl: could not copy a checkpoint from {problem}", file=sys.stderr)
@@ -111,7 +116,6 @@ def run_controller(
 def main(argv: list[str]) -> int:
     """Entry point of a detached controller."""
     install_early_handlers()
-    import json
     import os
 
     from rich.console import Console
@@ -123,8 +127,8 @@ def main(argv: list[str]) -> int:
 
     run = RunDir(Path(argv[0]))
     resume_from = run.read_state() if "--resume" in argv[1:] else None
-    run.controller_pid.write_text(str(os.getpid()))
-    plan = LaunchPlan.from_dict(json.loads(run.plan.read_text(encoding="utf-8")))
+    run.write_pid(os.getpid())
+    plan = LaunchPlan.from_dict(run.read_plan())
     # The run's lines are already in logs/; controller.log gets only the outcome.
     console = Console(file=sys.stdout, force_terminal=False, width=120)
     state = run_controller(

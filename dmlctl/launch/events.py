@@ -33,6 +33,10 @@ _COLLATERAL = (
 )
 
 
+CONTROLLER = "controller"
+"""The host name of the controller's own failures (a full disk, a lost controller)."""
+
+
 @dataclass(frozen=True)
 class RootCause:
     """Why a rank (or a host) failed: the first thing a user needs to read."""
@@ -52,7 +56,10 @@ class RootCause:
         return any(marker in text for marker in _COLLATERAL)
 
     def headline(self) -> str:
-        """One line: ``rank 1 on host-a: ValueError: bad batch``."""
+        """One line: ``rank 1 on host-a: ValueError: bad batch`` (``controller: …`` for
+        the controller's own failures)."""
+        if self.host == CONTROLLER and self.rank is None:
+            return f"controller: {self.exc_type}: {self.message}"
         who = f"rank {self.rank}" if self.rank is not None else "host agent"
         return f"{who} on {self.host}: {self.exc_type}: {self.message}"
 
@@ -262,6 +269,15 @@ class StopRequested:
 
 
 @dataclass(frozen=True)
+class ControllerFailed:
+    """The controller cannot carry the run on (its disk is full, its run directory was
+    deleted): ``cause`` (host ``controller``) becomes the root cause and the run stops."""
+
+    cause: RootCause
+    ts: float
+
+
+@dataclass(frozen=True)
 class Finished:
     """Every agent is gone; the controller closes the run."""
 
@@ -287,5 +303,6 @@ Event = (
     | CheckpointCopied
     | Resized
     | StopRequested
+    | ControllerFailed
     | Finished
 )

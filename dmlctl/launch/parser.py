@@ -52,9 +52,10 @@ def torchrun_failure(
 ) -> RootCause | None:
     """The failed rank torchrun's failure summary names (``rank : N`` / ``exitcode : X``
     lines), for ranks that died without a Python exception: a rank killed by a signal
-    first (it could not report itself; torchrun's own "Root Cause" only picks the
-    earliest failure, in whole seconds, so a peer that died of the broken connection in
-    the same second may stand there), else the one after "Root Cause", else the first.
+    other than SIGTERM first (it could not report itself; torchrun's own "Root Cause"
+    only picks the earliest failure, in whole seconds, so a peer that died of the broken
+    connection in the same second may stand there), else the one after "Root Cause",
+    else one killed by SIGTERM, else the first.
     ``summary`` — the summary's lines from all of torchrun's output, which other ranks'
     tracebacks can push out of ``tail`` — is read instead of ``tail`` when given."""
     lines = list(summary) if summary else list(tail)
@@ -69,11 +70,13 @@ def torchrun_failure(
             rank = None
     if not failures:
         return None
-    # SIGTERM is how torchrun itself stops the other workers: weaker evidence.
+    # SIGTERM is how torchrun itself stops the other workers once one failed: weaker
+    # evidence than the first observed failure (a rank still writing its own error
+    # when the SIGTERM came would otherwise take the blame).
     killed = [f for f in failures if f[2] < 0 and f[2] != -signal.SIGTERM]
     signalled = [f for f in failures if f[2] < 0]
     rooted = [f for f in failures if f[0]]
-    _, rank, code = (killed or signalled or rooted or failures)[0]
+    _, rank, code = (killed or rooted or signalled or failures)[0]
     kind = "Signal" if code < 0 else "ExitCode"
     return RootCause(host, rank, kind, _describe_exit(code), tuple(tail[-15:]), ts)
 
@@ -170,7 +173,13 @@ def parse_line(host: str, line: str, now: float) -> list[Event]:
             code = int(msg["code"])
             tail = tuple(str(x) for x in msg.get("tail", ()))
             summary = [str(x) for x in msg.get("summary", ())]
-            cause = torchrun_failure(host, tail, now, summary) if code != 0 else None
+            error = msg.get("error")
+            cause: RootCause | None
+            if isinstance(error, dict):  # the agent could not start the run at all
+                cause = RootCause(host, None, str(error.get("type", "AgentExit")),
+                                  str(error.get("message", "")), tail, now)  # fmt: skip
+            else:
+                cause = torchrun_failure(host, tail, now, summary) if code != 0 else None
             return [AgentExited(host, code, tail, now, cause)]
     except (ValueError, KeyError, TypeError):
         pass

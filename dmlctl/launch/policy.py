@@ -35,13 +35,19 @@ from dmlctl.launch.events import RootCause
 from dmlctl.launch.state import RunState
 
 _INFRA_TYPES = frozenset({"Signal", "AgentLost", "AgentExit", "Hang"})
+FATAL_TYPES = frozenset(
+    {"SpecInvalid", "DiskFull", "RunDirGone", "StoreError", "CheckpointCorrupt"}
+)
+"""Root causes a restart cannot cure (see :func:`classify`)."""
 
 
 class FailureKind(str, Enum):
-    """Whose fault a failure most likely is; each kind has its own restart budget."""
+    """Whose fault a failure most likely is; each kind has its own restart budget
+    (FATAL: none — the same run would fail the same way)."""
 
     USER = "user"
     INFRA = "infra"
+    FATAL = "fatal"
 
 
 def classify(cause: RootCause) -> FailureKind:
@@ -64,11 +70,21 @@ def classify(cause: RootCause) -> FailureKind:
     ``ExitCode``                                 USER   a rank exited non-zero itself
     any other type (``ValueError``,              USER   a rank's own Python exception
     ``SystemExit``, ``RuntimeError`` …)
+    ``SpecInvalid``: the agent cannot start      FATAL  the run's own spec (its
+    torchrun with the planned command, env or           argv, env, directory) is
+    directory                                           at fault: never restarted,
+                                                        no budget spent
+    ``DiskFull``, ``RunDirGone``,                FATAL  the run cannot keep its
+    ``StoreError``                                      records (a full disk, its
+                                                        directory deleted)
+    ``CheckpointCorrupt``                        FATAL  no checkpoint can be loaded
     ===========================================  =====  ==========================
 
     Restarting a USER failure usually fails the same way, which is why its budget
     defaults to zero.
     """
+    if cause.exc_type in FATAL_TYPES:
+        return FailureKind.FATAL
     if cause.exc_type == "Signal" and any(sig in cause.message for sig in _CRASH_SIGNALS):
         return FailureKind.USER
     if cause.exc_type in _INFRA_TYPES or cause.collateral or cause.rank is None:
@@ -123,7 +139,9 @@ class RestartPolicy:
                 )
 
     def budget(self, kind: FailureKind) -> int:
-        """The number of restarts allowed for failures of ``kind``."""
+        """The number of restarts allowed for failures of ``kind`` (FATAL: none)."""
+        if kind is FailureKind.FATAL:
+            return 0
         return self.max_user_restarts if kind is FailureKind.USER else self.max_infra_restarts
 
     def backoff(self, attempt: int) -> float:
@@ -249,7 +267,7 @@ def _on_failure(
 ) -> tuple[RestartState, Action]:
     kind = classify(cause)
     used = state.user_restarts_used if kind is FailureKind.USER else state.infra_restarts_used
-    if used >= policy.budget(kind):
+    if kind is FailureKind.FATAL or used >= policy.budget(kind):
         failed = dataclasses.replace(state, phase=RestartPhase.FAILED, last_cause=cause)
         return failed, Action.GIVE_UP
     user, infra = state.user_restarts_used, state.infra_restarts_used

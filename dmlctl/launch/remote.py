@@ -289,8 +289,8 @@ def collect_rank_files(
         if not res.ok:
             return f"{host.name}: {res.stderr.strip()[-300:] or f'exit code {res.exit_code}'}"
         dest = run_dir / "hosts" / host.name
-        dest.mkdir(parents=True, exist_ok=True)
         try:
+            dest.mkdir(mode=0o700, parents=True, exist_ok=True)
             data = base64.b64decode(res.stdout)
             with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
                 tar.extractall(dest, filter="data")

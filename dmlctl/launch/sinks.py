@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Literal, TextIO, cast
 
@@ -35,7 +36,7 @@ class LiveSink:
         self._dash.close(state)
         if state.stop_reason:
             self._console.print(f"stopped: {state.stop_reason}", markup=False)
-        self._console.print(f"logs: {self._run_dir}/logs", markup=False)
+        self._console.print(_where_logs_are(self._run_dir), markup=False)
 
 
 class PlainSink:
@@ -53,7 +54,16 @@ class PlainSink:
         pass
 
     def close(self, state: RunState) -> None:
-        self._console.print(render_summary(state, self._run_dir))
+        present = os.path.isdir(self._run_dir)
+        self._console.print(render_summary(state, self._run_dir if present else None))
+        if not present:
+            self._console.print(_where_logs_are(self._run_dir), markup=False)
+
+
+def _where_logs_are(run_dir: str) -> str:
+    if os.path.isdir(run_dir):
+        return f"logs: {run_dir}/logs"
+    return f"logs: none kept (the run directory {run_dir} was deleted)"
 
 
 def make_sink(mode: UiMode, console: Console, run_dir: str) -> Sink:

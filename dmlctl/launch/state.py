@@ -22,6 +22,7 @@ from dmlctl.launch.events import (
     AgentStarted,
     CheckpointCopied,
     CheckpointSaved,
+    ControllerFailed,
     Event,
     Finished,
     LogLines,
@@ -344,6 +345,11 @@ def apply(state: RunState, events: Iterable[Event]) -> RunState:
             if not get("phase").terminal:
                 s["phase"] = Phase.STOPPING
                 s["stop_reason"] = ev.reason
+        elif isinstance(ev, ControllerFailed):
+            # Whatever else happened, the run's own records are incomplete: it failed.
+            known = get("root_cause")
+            if known is None or known.collateral:
+                s["root_cause"] = ev.cause
         elif isinstance(ev, Finished):
             s["ended_at"] = ev.ts
             for rank in list(ranks):

@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping
 
 from dmlctl.launch.checkpoints import Replicator
 from dmlctl.launch.events import (
+    CONTROLLER,
     AgentExited,
     AgentStarted,
     CheckpointSaved,
@@ -50,15 +51,17 @@ from dmlctl.launch.events import (
 )
 from dmlctl.launch.hosts import HostPool, HostsLost
 from dmlctl.launch.parser import parse_line
+from dmlctl.launch.redaction import redact_events
 from dmlctl.launch.sink import Sink
 from dmlctl.launch.standby import WARM_AFTER, Standbys
 from dmlctl.launch.state import Phase, RunState, apply, new_run_state
 from dmlctl.launch.stderr_tail import StderrTails
 from dmlctl.launch.stops import STOP_MARGIN, AttemptStops, StopRules
 from dmlctl.launch.watch import CONFIRM_S, DUMP_WAIT_S, HangProbe, HangWatch, Liveness
+from dmlctl.launch.writer import RunWriter
 from dmlctl.plan.elastic import CannotReplan, place
 from dmlctl.plan.model import HostPlan, LaunchPlan
-from dmlctl.runs.recorder import RunRecorder
+from dmlctl.redact import Redactor
 from dmlctl.runs.store import RunDir
 from dmlctl.transport.base import Process, Transport
 
@@ -90,6 +93,7 @@ class Supervisor:
         replicator: Replicator | None = None,
         standby: bool = False,
         warm_after: float = WARM_AFTER,
+        redactor: Redactor | None = None,
     ) -> None:
         self.plan = plan  # the current attempt's plan
         self.base_plan = plan
@@ -128,6 +132,12 @@ class Supervisor:
         self._queue: queue.Queue[tuple[str, str | None]] = queue.Queue(QUEUE_MAX)
         self._procs: dict[str, Process] = {}
         self._stderr = StderrTails()
+        #: Hides the run's secrets in everything that comes back (before it is
+        #: recorded, reduced or shown).
+        self.redactor = redactor or Redactor()
+        self.writer = RunWriter(run, clock)
+        #: Why the final state could not be written (the run directory is gone …).
+        self.unrecorded: str | None = None
 
     def request_stop(self, reason: str) -> None:
         """Ask the run to stop (thread- and signal-safe). A second request forces."""
@@ -184,10 +194,11 @@ class Supervisor:
     def run(self, resume_from: RunState | None = None) -> RunState:
         """Run the plan to its end, restarting it as ``decide`` says; returns the final
         state (also persisted). ``resume_from`` is the last state of the same run whose
-        controller died: the run goes on as its next attempt (ranks resume from their
+        controller died (or that failed for a full disk: its root cause becomes one of
+        its failures): the run goes on as its next attempt (ranks resume from their
         checkpoints), keeping its restart count and failures."""
         plan = self.plan
-        recorder = RunRecorder(self.run_dir)
+        recorder = self.writer
         attempt = 0
         if resume_from is None:
             state = new_run_state(
@@ -196,13 +207,15 @@ class Supervisor:
             )  # fmt: skip
         else:
             attempt = resume_from.restarts + 1
-            lost = RootCause("controller", None, "ControllerLost",
-                             "the controller died; resumed with dmlctl launch --resume",
-                             (), self.clock())  # fmt: skip
+            lost = resume_from.root_cause or RootCause(
+                CONTROLLER, None, "ControllerLost",
+                "the controller died; resumed with dmlctl launch --resume", (), self.clock(),
+            )  # fmt: skip
             state = dataclasses.replace(resume_from, phase=Phase.RUNNING, ended_at=None,
                                         exit_code=None, stop_reason=None)  # fmt: skip
             state = self._step(state, [Restarting(attempt, lost, 0.0, self.clock())], recorder)
-        if resume_from is not None:
+        state = self._step(state, self.writer.start(), recorder)  # a full disk stops here
+        if resume_from is not None and state.root_cause is None:
             state = self._between_attempts(state, recorder)
         while state.root_cause is None and state.phase != Phase.STOPPING:
             state = self._run_attempt(state, recorder, attempt)
@@ -214,7 +227,7 @@ class Supervisor:
             attempt += 1
             event = Restarting(attempt, state.root_cause, delay, self.clock())
             state = self._step(state, [event], recorder)
-            self.run_dir.write_state(state)
+            state = self._step(state, self.writer.state(state), recorder)
             if not self._backoff(delay):
                 state = self._step(state, [StopRequested(self.stops.reason or "", self.clock())],
                                    recorder)  # fmt: skip
@@ -226,13 +239,11 @@ class Supervisor:
             self.replicator.drain(FINAL_COPY_WAIT)  # the last checkpoint, if still copying
             self.replicator.close()
         state = self._step(state, [*self._take_inbox(), Finished(self.clock())], recorder)
-        recorder.close()
-        self.run_dir.write_state(state)
-        self.run_dir.write_summary(state)
+        self.unrecorded = self.writer.finish(state)
         self.sink.close(state)
         return state
 
-    def _between_attempts(self, state: RunState, recorder: RunRecorder) -> RunState:
+    def _between_attempts(self, state: RunState, recorder: RunWriter) -> RunState:
         """Place the next attempt on the hosts that answer and hand them the newest
         checkpoint. A run that cannot go on gets its root cause here (``HostsLost``)."""
         lost, self._lost_hosts = self._lost_hosts, {}
@@ -298,7 +309,7 @@ class Supervisor:
             time.sleep(min(0.1, max(0.0, end - time.monotonic())))
         return not self._stopping()
 
-    def _run_attempt(self, state: RunState, recorder: RunRecorder, attempt: int) -> RunState:
+    def _run_attempt(self, state: RunState, recorder: RunWriter, attempt: int) -> RunState:
         """Start every agent and follow them until all have exited."""
         plan = self.plan
         self._procs = {}
@@ -317,7 +328,7 @@ class Supervisor:
         self.hangs.reset()
         turn = time.monotonic()
         while run.live:
-            batch: list[Event] = self._take_inbox() + self._read_events(run)
+            batch: list[Event] = self._take_inbox() + self._read_events(run) + recorder.check()
             now = self.clock()
             turn, stood = time.monotonic(), time.monotonic() - turn
             if stood > STALL_S:  # this loop was blocked (a full terminal, a slow disk):
@@ -342,7 +353,7 @@ class Supervisor:
                     self._warm_up(run.live - run.exited)
             changed = state.phase != before
             if changed or (batch and now - run.last_persist >= self.persist_interval):
-                self.run_dir.write_state(state)
+                state = self._step(state, recorder.state(state), recorder)
                 run.last_persist = now
         return state
 
@@ -407,8 +418,10 @@ class Supervisor:
             pass
         return items
 
-    def _step(self, state: RunState, batch: list[Event], recorder: RunRecorder) -> RunState:
-        batch = self._stderr.attach(batch)
+    def _step(self, state: RunState, batch: list[Event], recorder: RunWriter) -> RunState:
+        if not batch:
+            return state
+        batch = self._stderr.attach(redact_events(self.redactor, batch))
         for ev in batch:
             if isinstance(ev, Heartbeat):
                 self.hangs.beat(ev)
@@ -419,8 +432,10 @@ class Supervisor:
             elif isinstance(ev, (StackDump, StacksDumped)) and self._probe is not None:
                 self._probe.take(ev)
         state = apply(state, batch)
-        recorder.record(batch)
-        recorder.flush()
+        failed = recorder.record(batch)  # a full disk, a deleted run directory
+        if failed:
+            state = apply(state, failed)
+            batch = [*batch, *failed]
         self.sink.on_events(batch, state)
         return state
 

@@ -14,8 +14,9 @@ import shlex
 from collections.abc import Mapping, Sequence
 
 from dmlctl import protocol
-from dmlctl.errors import UsageError
+from dmlctl.errors import PlanError
 from dmlctl.plan.model import HostPlan, LaunchPlan, RankPlan
+from dmlctl.spec.fields import MAX_WORKERS
 from dmlctl.spec.models import ClusterSpec, JobSpec, ResolvedHost
 from dmlctl.strategies import registry
 
@@ -33,11 +34,13 @@ def _assign(hosts: Sequence[ResolvedHost], workers: int) -> list[tuple[ResolvedH
     """Fill hosts in order, each up to its slots; hosts left without a worker are dropped."""
     total = sum(h.slots for h in hosts)
     if workers > total:
-        per_host = ", ".join(f"{h.name}: {h.slots}" for h in hosts)
-        raise UsageError(
-            f"the job asks for {workers} workers but the cluster has {total} slots ({per_host});"
-            " lower 'workers' (or --workers) or raise the hosts' slots"
-        )
+        per_host = ", ".join(f"{h.name}: {h.slots}" for h in hosts[:4])
+        per_host += ", ..." if len(hosts) > 4 else ""
+        raise PlanError(
+            "job", ("workers",),
+            f"the job asks for {workers} workers but the cluster has {total} slots "
+            f"({per_host}); lower 'workers' (or --workers) or raise the hosts' slots",
+        )  # fmt: skip
     out: list[tuple[ResolvedHost, int]] = []
     left = workers
     for host in hosts:
@@ -71,21 +74,26 @@ def _place_servers(
 
 def _check_server_hosts(job: JobSpec, hosts: Sequence[ResolvedHost]) -> None:
     if job.parameter_servers and (job.min_hosts is not None or job.max_hosts is not None):
-        raise UsageError(
+        raise PlanError(
+            "job", ("min_hosts" if job.min_hosts is not None else "max_hosts",),
             "min_hosts/max_hosts (continuing on fewer hosts) is not supported with "
-            "parameter_servers yet; remove them (a lost host then fails the run)"
-        )
+            "parameter_servers yet; remove them (a lost host then fails the run)",
+        )  # fmt: skip
     if job.server_hosts is None:
         return
     names = {h.name for h in hosts}
-    unknown = [n for n in job.server_hosts if n not in names]
+    unknown = [i for i, n in enumerate(job.server_hosts) if n not in names]
     if unknown:
-        raise UsageError(
-            f"server_hosts names {', '.join(map(repr, unknown))}, not in the cluster "
-            f"(hosts: {', '.join(sorted(names))})"
-        )
+        listed = ", ".join(sorted(names)[:8]) + (", ..." if len(names) > 8 else "")
+        raise PlanError(
+            "job", ("server_hosts", unknown[0]),
+            f"{job.server_hosts[unknown[0]]!r} is not a host of the cluster (hosts: {listed})",
+        )  # fmt: skip
     if len(job.server_hosts) >= len(hosts):
-        raise UsageError("server_hosts lists every host of the cluster; leave some for workers")
+        raise PlanError(
+            "job", ("server_hosts",),
+            "lists every host of the cluster; leave some for workers",
+        )  # fmt: skip
 
 
 def _check_strategy_hosts(job: JobSpec, n_hosts: int) -> None:
@@ -96,7 +104,7 @@ def _check_strategy_hosts(job: JobSpec, n_hosts: int) -> None:
         return
     message = check(module.Params.model_validate(dict(job.strategy.params)), n_hosts)
     if message:
-        raise UsageError(f"strategy {job.strategy.name!r}: {message}")
+        raise PlanError("job", ("strategy",), f"strategy {job.strategy.name!r}: {message}")
 
 
 def _flight_recorder(*envs: Mapping[str, str]) -> dict[str, str]:
@@ -122,6 +130,8 @@ def _checkpoint_env(job: JobSpec, directory: str, run_id: str) -> dict[str, str]
         env[protocol.ENV_CHECKPOINT_EVERY_STEPS] = str(spec.every_steps)
     if spec.every_seconds is not None:
         env[protocol.ENV_CHECKPOINT_EVERY_SECONDS] = repr(spec.every_seconds)
+    if spec.allow_fresh_start:
+        env[protocol.ENV_CHECKPOINT_ALLOW_FRESH] = "1"
     return env
 
 
@@ -139,7 +149,7 @@ def world_problem(strategy: str, params: Mapping[str, object], workers: int) -> 
 def _check_strategy_world(job: JobSpec, workers: int) -> None:
     problem = world_problem(job.strategy.name, job.strategy.params, workers)
     if problem:
-        raise UsageError(problem)
+        raise PlanError("job", ("strategy", "params"), problem)
 
 
 def torchrun_argv(
@@ -197,9 +207,11 @@ def build_plan(
     endpoint is the first host at ``rdzv_port``; a remote host runs its agent from
     ``<workdir>/.dmlctl/lib/<lib_id>``, where code sync puts this dmlctl.
     ``rdzv_host`` is the first host's network name when its address is an alias
-    (``~/.ssh/config`` HostName). Raises :class:`UsageError` when the job asks for
-    more workers than the cluster has slots, or when other hosts would have to reach
-    ``localhost`` for the rendezvous.
+    (``~/.ssh/config`` HostName). Raises :class:`PlanError` (naming the spec key at
+    fault) when the job asks for more workers than the cluster has slots (or more
+    than :data:`MAX_WORKERS` processes), when the strategy refuses the world size or
+    the number of hosts, for ``server_hosts`` / ``min_hosts`` that cannot be met, or
+    when other hosts would have to reach ``localhost`` for the rendezvous.
     """
     hosts = tuple(as_run(h, local_python) for h in cluster.resolved_hosts())
     _check_server_hosts(job, hosts)
@@ -207,22 +219,32 @@ def build_plan(
     usable = tuple(h for h in hosts if h.name not in server_only)
     usable = usable[: job.max_hosts] if job.max_hosts is not None else usable
     workers = job.workers if job.workers is not None else sum(h.slots for h in usable)
+    if workers + job.parameter_servers > MAX_WORKERS:
+        raise PlanError(
+            "job" if job.workers is not None else "cluster",
+            ("workers",) if job.workers is not None else ("hosts",),
+            f"{workers} workers and {job.parameter_servers} parameter servers are more than "
+            f"{MAX_WORKERS} processes; set 'workers' lower",
+        )  # fmt: skip
     assignment = _assign(usable, workers)
     _check_strategy_world(job, workers)
     servers = _place_servers(job, hosts, assignment)
     assignment += [(h, 0) for h in hosts if h.name in server_only and servers.get(h.name)]
     _check_strategy_hosts(job, len(assignment))
     if job.min_hosts is not None and job.min_hosts > len(assignment):
-        raise UsageError(
-            f"min_hosts is {job.min_hosts} but the job needs only {len(assignment)} host(s)"
-            f" for {workers} workers; lower min_hosts or raise workers"
-        )
+        raise PlanError(
+            "job", ("min_hosts",),
+            f"is {job.min_hosts} but the job needs only {len(assignment)} host(s)"
+            f" for {workers} workers; lower min_hosts or raise workers",
+        )  # fmt: skip
     first = assignment[0][0]
     if first.is_local and any(not h.is_local for h, _ in assignment):
-        raise UsageError(
+        index = next(i for i, h in enumerate(hosts) if h.name == first.name)
+        raise PlanError(
+            "cluster", ("hosts", index, "address"),
             f"host {first.name!r} is 'localhost', which the other hosts cannot reach for the"
-            " rendezvous; list a remote host first, or give this machine's network address"
-        )
+            " rendezvous; list a remote host first, or give this machine's network address",
+        )  # fmt: skip
     rdzv_endpoint = f"{rdzv_host or first.address}:{rdzv_port}"
     params: Mapping[str, object] = dict(job.strategy.params)
 

@@ -1,20 +1,13 @@
-"""Human-readable form of a launch plan (``dmlctl launch --dry-run``), secrets redacted."""
+"""Human-readable form of a launch plan (``dmlctl launch --dry-run``), secrets redacted
+(see :mod:`dmlctl.redact`: by variable name and by value, wherever they appear)."""
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping
-
 from dmlctl.plan.build import SERVER_ROLE, render_command
 from dmlctl.plan.model import LaunchPlan
+from dmlctl.redact import REDACTED, Redactor, redact_arg, redact_env
 
-_SECRET = re.compile(r"(?i)(secret|token|passw(or)?d|api[_-]?key|credential|private)")
-REDACTED = "<redacted>"
-
-
-def redact_env(env: Mapping[str, str]) -> dict[str, str]:
-    """``env`` with the values of secret-looking keys replaced by ``<redacted>``."""
-    return {k: (REDACTED if _SECRET.search(k) else v) for k, v in env.items()}
+__all__ = ["REDACTED", "redact_env", "render_plan"]
 
 
 def _server_ranks(plan: LaunchPlan, host: str) -> str:
@@ -23,7 +16,8 @@ def _server_ranks(plan: LaunchPlan, host: str) -> str:
 
 
 def render_plan(plan: LaunchPlan) -> str:
-    """Every host's agent command, torchrun command, directory, ranks and environment."""
+    """Every host's agent command, torchrun command, directory, ranks and environment;
+    secret values hidden everywhere (as ``<redacted>``)."""
     servers = (
         f" + {plan.parameter_servers} parameter server(s)" if plan.parameter_servers else ""
     )
@@ -47,8 +41,9 @@ def render_plan(plan: LaunchPlan) -> str:
             f"  rank dir: {host.rank_dir}",
             f"  agent:    {render_command(host.agent_argv)}"
             + (f"  (in {host.agent_cwd})" if host.agent_cwd else ""),
-            f"  torchrun: {render_command(host.torchrun_argv)}",
+            f"  torchrun: {render_command([redact_arg(a) for a in host.torchrun_argv])}",
             "  env:",
         ]
         out += [f"    {k}={v}" for k, v in sorted(redact_env(host.env).items())]
-    return "\n".join(out)
+    # A secret value may also stand in arguments, paths or another variable.
+    return Redactor.for_envs(h.env for h in plan.hosts).text("\n".join(out))

@@ -2,8 +2,11 @@
 
 Layout of one run directory::
 
-    specs/            job.yaml, cluster.yaml as used (copied before anything starts)
-    plan.json         the launch plan
+    specs/            job.yaml, cluster.yaml as used, env values redacted (written
+                      before anything starts)
+    plan.json         the launch plan, env values redacted
+    secrets.json      the real env values of the job and cluster (0600; the
+                      controller reads it; see dmlctl.runs.secrets)
     state.json        the latest RunState (written atomically: tmp file + rename)
     logs/rank-N.log   every line of rank N, in order
     logs/merged.log   every line of every rank, "[rank N] " prefixed, in arrival order
@@ -15,7 +18,9 @@ Layout of one run directory::
     controller.log    a detached controller's own output
     hosts/<host>/     rank files of local hosts (see dmlctl.protocol)
 
-``status``, ``logs`` and ``stop`` read only these files.
+``status``, ``logs`` and ``stop`` read only these files. Every file is 0600 and every
+folder 0700 (:mod:`dmlctl.runs.files`); each run is read on its own, so one broken
+run never hides the others (:meth:`RunStore.listing`).
 """
 
 from __future__ import annotations
@@ -24,13 +29,35 @@ import json
 import os
 import re
 import secrets
+import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from dmlctl.errors import RunNotFound, UsageError
 from dmlctl.launch.state import Phase, RunState
+from dmlctl.runs import secrets as run_secrets
+from dmlctl.runs.files import (
+    DIR_MODE,
+    Reserve,
+    RunDirGone,
+    atomic_write,
+    make_private_dir,
+    store_error,
+)
+
+__all__ = [
+    "RunDir",
+    "RunListing",
+    "RunStore",
+    "RunUnreadable",
+    "atomic_write",
+    "dmlctl_home",
+    "new_run_id",
+    "pid_alive",
+]
 
 
 def dmlctl_home() -> Path:
@@ -53,17 +80,35 @@ def _started_key(path: Path) -> tuple[str, float, str]:
     m = _STAMP.search(path.name)
     if m:
         return (m.group(1), 0.0, path.name)
-    return ("", (path / "state.json").stat().st_mtime, path.name)
+    try:
+        return ("", (path / "state.json").stat().st_mtime, path.name)
+    except OSError:
+        return ("", 0.0, path.name)
 
 
-def atomic_write(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so readers see the old or the new content, never a mix."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+def _mtime(run: RunDir) -> float:
+    try:
+        return run.state_file.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+class RunUnreadable(UsageError):
+    """A run's ``state.json`` cannot be read or makes no sense; ``reason`` says why."""
+
+    def __init__(self, run_id: str, reason: str) -> None:
+        self.run_id = run_id
+        self.reason = reason
+        super().__init__(f"run {run_id}: state unreadable ({reason})")
+
+
+@dataclass(frozen=True)
+class RunListing:
+    """One run of :meth:`RunStore.listing`: its state, or why it cannot be read."""
+
+    run_id: str
+    state: RunState | None
+    error: str | None = None
 
 
 def pid_alive(pid: int) -> bool:
@@ -83,6 +128,7 @@ class RunDir:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.run_id = path.name
+        self._ino: int | None = None  # the directory's inode, once checked
 
     @property
     def specs(self) -> Path:
@@ -121,23 +167,66 @@ class RunDir:
     def controller_log(self) -> Path:
         return self.path / "controller.log"
 
+    @property
+    def secrets(self) -> Path:
+        """``secrets.json``: the real env values (0600), see :mod:`dmlctl.runs.secrets`."""
+        return self.path / "secrets.json"
+
+    @property
+    def reserve(self) -> Reserve:
+        """Space kept aside while the run runs (:class:`dmlctl.runs.files.Reserve`)."""
+        return Reserve(self.path / ".reserve")
+
     def rank_log(self, rank: int) -> Path:
         return self.logs / f"rank-{rank}.log"
 
     def write_state(self, state: RunState) -> None:
-        """Persist ``state`` atomically to ``state.json``."""
-        atomic_write(self.state_file, json.dumps(state.to_dict(), indent=1))
+        """Persist ``state`` atomically to ``state.json`` (StoreError on failure)."""
+        self.write_text(self.state_file, json.dumps(state.to_dict(), indent=1))
 
     def write_summary(self, state: RunState) -> None:
-        atomic_write(self.summary, json.dumps(state.to_dict(), indent=1))
+        self.write_text(self.summary, json.dumps(state.to_dict(), indent=1))
+
+    def write_text(self, path: Path, text: str) -> None:
+        """``text`` into ``path`` of this run, atomically, mode 0600; a failure raises
+        :class:`~dmlctl.runs.files.StoreError` (DiskFull, RunDirGone …)."""
+        try:
+            atomic_write(path, text)
+        except OSError as e:
+            raise store_error(e, path, self.path) from None
+
+    def write_pid(self, pid: int) -> None:
+        """Record the controller's pid."""
+        self.write_text(self.controller_pid, str(pid))
+
+    def check_present(self) -> None:
+        """:class:`~dmlctl.runs.files.RunDirGone` when the run directory is no longer
+        the one created (deleted, or deleted and made again)."""
+        try:
+            ino = self.path.stat().st_ino
+        except OSError:
+            ino = None
+        if self._ino is None:
+            self._ino = ino
+        if ino is None or ino != self._ino:
+            raise RunDirGone(self.path, f"the run directory {self.path} was deleted")
 
     def read_state(self) -> RunState:
         """The last persisted state; ``lost`` when the run is not final and its
-        controller is gone."""
+        controller is gone. :class:`RunUnreadable` (exit 2) when ``state.json``
+        cannot be read or is not a run state."""
         try:
-            state = RunState.from_dict(json.loads(self.state_file.read_text(encoding="utf-8")))
-        except (OSError, ValueError, KeyError) as e:
-            raise UsageError(f"{self.state_file}: unreadable run state ({e})") from None
+            data = json.loads(self.state_file.read_text(encoding="utf-8"))
+            if not isinstance(data, dict):
+                raise TypeError(f"expected a JSON object, got {type(data).__name__}")
+            state = RunState.from_dict(data)
+        except OSError as e:
+            raise RunUnreadable(self.run_id, e.strerror or str(e)) from None
+        except ValueError as e:
+            raise RunUnreadable(self.run_id, f"not valid JSON: {str(e)[:120]}") from None
+        except (KeyError, TypeError, AttributeError) as e:
+            what = f"missing {e}" if isinstance(e, KeyError) else str(e)[:120]
+            raise RunUnreadable(self.run_id, f"not a run state: {what}") from None
         if not state.phase.terminal and not self.controller_alive():
             from dataclasses import replace
 
@@ -156,7 +245,28 @@ class RunDir:
         return pid is not None and pid_alive(pid)
 
     def write_json(self, path: Path, data: Any) -> None:
-        atomic_write(path, json.dumps(data, indent=1, sort_keys=True))
+        self.write_text(path, json.dumps(data, indent=1, sort_keys=True))
+
+    def write_plan(
+        self, plan: Mapping[str, Any], secret_keys: Mapping[str, Collection[str]]
+    ) -> None:
+        """``plan.json`` with the env values named by ``secret_keys`` (host → variable
+        names) redacted, and those values in ``secrets.json`` (:mod:`dmlctl.runs.secrets`)."""
+        data, hidden = run_secrets.split(plan, secret_keys)
+        self.write_json(self.secrets, hidden)
+        self.write_json(self.plan, data)
+
+    def read_plan(self) -> dict[str, Any]:
+        """``plan.json`` with the real env values put back (UsageError when either
+        file cannot be read: a plan without its values must not start)."""
+        try:
+            data = json.loads(self.plan.read_text(encoding="utf-8"))
+            hidden = json.loads(self.secrets.read_text(encoding="utf-8"))
+            if not isinstance(data, dict) or not isinstance(hidden, dict):
+                raise ValueError("not a JSON object")
+        except (OSError, ValueError) as e:
+            raise UsageError(f"run {self.run_id}: cannot read its plan ({e})") from None
+        return run_secrets.merge(data, hidden)
 
 
 class RunStore:
@@ -167,28 +277,50 @@ class RunStore:
         self.root = self.home / "runs"
 
     def create(self, run_id: str) -> RunDir:
-        """Make a new, empty run directory (with specs/ and logs/)."""
+        """Make a new, empty run directory (with specs/ and logs/), all 0700.
+        A failure (a full disk) raises StoreError; nothing half-made is left."""
         run = RunDir(self.root / run_id)
-        self.root.mkdir(parents=True, exist_ok=True)
-        # Private: plan.json holds the job's environment, which may carry secrets.
-        run.path.mkdir(mode=0o700)
-        (run.path / "logs").mkdir()
-        run.specs.mkdir()
+        try:
+            make_private_dir(self.root)
+            run.path.mkdir(mode=DIR_MODE)
+        except FileExistsError:
+            raise
+        except OSError as e:
+            raise store_error(e, run.path) from None
+        try:
+            for sub in (run.logs, run.specs):
+                sub.mkdir(mode=DIR_MODE)
+        except OSError as e:
+            shutil.rmtree(run.path, ignore_errors=True)
+            raise store_error(e, run.path) from None
+        run.check_present()  # remembers the directory it made
         return run
 
     def runs(self) -> Iterator[RunDir]:
         """Every run that has a state file, oldest first (by the time in its id)."""
-        if not self.root.is_dir():
+        try:
+            paths = [p for p in self.root.iterdir() if (p / "state.json").is_file()]
+        except OSError:  # no runs yet (or no runs folder that can be read)
             return
-        paths = [p for p in self.root.iterdir() if (p / "state.json").is_file()]
         yield from (RunDir(p) for p in sorted(paths, key=_started_key))
+
+    def listing(self) -> list[RunListing]:
+        """Every run, oldest first, each read on its own: its state, or why it is
+        unreadable (one bad ``state.json`` never hides the other runs)."""
+        out = []
+        for run in self.runs():
+            try:
+                out.append(RunListing(run.run_id, run.read_state()))
+            except RunUnreadable as e:
+                out.append(RunListing(run.run_id, None, e.reason))
+        return out
 
     def get(self, run_id: str) -> RunDir:
         """The run whose id is ``run_id`` or starts with it (must be unambiguous);
         ``last`` names the newest run."""
         runs = list(self.runs())
         if run_id == "last" and runs:
-            return max(runs, key=lambda r: r.state_file.stat().st_mtime)
+            return max(runs, key=_mtime)
         exact = [r for r in runs if r.run_id == run_id]
         if exact:
             return exact[0]

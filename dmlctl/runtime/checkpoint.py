@@ -16,10 +16,17 @@ Guarantees:
   its own ranks' files; the controller merges the hosts' parts into a complete copy
   (``dmlctl.launch.checkpoints``) and hands it back to the hosts on a restart.
 * **Verified load.** :meth:`CheckpointManager.load_latest` checks the manifest, the
-  rank's file size + sha256 before unpickling; a bad checkpoint is
-  skipped with a :class:`CheckpointWarning` (also on stderr) and the previous one
-  tried. With several ranks all resume from the same step: the MIN over the ranks'
-  newest valid steps (repeated until every rank holds a valid one at that step).
+  rank's file size + sha256 before unpickling; a bad checkpoint is skipped with a
+  :class:`CheckpointWarning` (also on stderr) and the previous one tried — also one
+  whose file matches its manifest but cannot be loaded (every rank then moves below
+  it). An unreadable ``LATEST`` is ignored: the step directories are scanned. With
+  several ranks all resume from the same step: the MIN over the ranks' newest valid
+  steps (repeated until every rank holds a valid one at that step). When checkpoints
+  exist but none can be loaded, every rank raises :class:`CheckpointCorrupt` — unless
+  the job allows a fresh start (``checkpoint.allow_fresh_start``), then it starts
+  from step 0 with a warning.
+* **A full disk.** A save that runs out of space removes its temporary directory and
+  raises :class:`DiskFull` naming the path; the previous checkpoint stays usable.
 * **Safe unpickling.** Always ``torch.load(weights_only=True)``; a file that needs
   anything more raises :class:`CheckpointRefused` on every rank. There is no fallback
   to ``weights_only=False``; the payload is never executed.
@@ -33,6 +40,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pickle
@@ -50,11 +58,15 @@ from dmlctl.checkpoint_files import fsync_path, point_latest, sha256_file, step_
 from dmlctl.protocol import (
     CHECKPOINT_LATEST,
     CHECKPOINT_MANIFEST,
+    ENV_CHECKPOINT_ALLOW_FRESH,
     ENV_CHECKPOINT_DIR,
     ENV_CHECKPOINT_EVERY_SECONDS,
     ENV_CHECKPOINT_EVERY_STEPS,
     ENV_CHECKPOINT_KEEP,
+    PRIVATE_FILE,
     checkpoint_step_dir,
+    make_private_dirs,
+    private_opener,
     rank_file,
 )
 from dmlctl.runtime.resume import (
@@ -65,14 +77,17 @@ from dmlctl.runtime.resume import (
 )
 
 __all__ = [
+    "ENV_CHECKPOINT_ALLOW_FRESH",
     "ENV_CHECKPOINT_DIR",
     "ENV_CHECKPOINT_EVERY_SECONDS",
     "ENV_CHECKPOINT_EVERY_STEPS",
     "ENV_CHECKPOINT_KEEP",
+    "CheckpointCorrupt",
     "CheckpointError",
     "CheckpointManager",
     "CheckpointRefused",
     "CheckpointWarning",
+    "DiskFull",
     "capture_rng",
     "restore_rng",
     "restore_training_state",
@@ -82,6 +97,30 @@ __all__ = [
 _LATEST = CHECKPOINT_LATEST
 _MANIFEST = CHECKPOINT_MANIFEST
 _NONE = -1
+_UNSAFE = "Unsupported global"  # torch's weights-only unpickler met code to run
+
+
+def _disk_full(exc: BaseException) -> OSError | None:
+    """The "no space left" error behind ``exc`` (torch.save wraps it in a RuntimeError)."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return None
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _first_line(exc: BaseException) -> str:
+    """What went wrong, in one line (torch's weights-only error names it after a long
+    advice to load unsafely, which never applies here)."""
+    text = str(exc)
+    marker = "WeightsUnpickler error:"
+    if marker in text:
+        text = text.split(marker, 1)[1]
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[0][:200] if lines else "no detail"
 
 
 class CheckpointError(RuntimeError):
@@ -92,6 +131,18 @@ class CheckpointRefused(CheckpointError):
     """A checkpoint file needs unsafe unpickling (``weights_only=False``); refused."""
 
 
+class CheckpointCorrupt(CheckpointError):
+    """Checkpoints exist but none of them can be loaded (and no fresh start is allowed)."""
+
+
+class DiskFull(CheckpointError):
+    """A checkpoint could not be written: no space (or quota) left on its device."""
+
+
+class _Unloadable(Exception):
+    """A checkpoint file that passed its checksum but cannot be loaded."""
+
+
 class CheckpointWarning(UserWarning):
     """A checkpoint was skipped (corrupt, partial, other world size)."""
 
@@ -99,14 +150,14 @@ class CheckpointWarning(UserWarning):
 def _take_lock(path: Path) -> bool:
     """Create ``path`` exclusively: True for the one caller that created it."""
     try:
-        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, PRIVATE_FILE))
     except (FileExistsError, FileNotFoundError):  # taken, or already committed
         return False
     return True
 
 
 def _write_synced(path: Path, data: bytes | dict[str, Any]) -> None:
-    with path.open("wb") as f:
+    with open(path, "wb", opener=private_opener) as f:
         if isinstance(data, bytes):
             f.write(data)
         else:
@@ -126,6 +177,7 @@ class CheckpointManager:
         self, root: str, rank: int, world_size: int, *, keep: int = 3,
         every_steps: int | None = None, every_seconds: float | None = None,
         local_rank: int | None = None, group: Any = None, src: int = 0,
+        allow_fresh_start: bool = False,
     ) -> None:  # fmt: skip
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
@@ -143,6 +195,9 @@ class CheckpointManager:
         self.group, self.src = group, src
         self._last_save = time.monotonic()
         self._last_step: int | None = None
+        #: Whether to start from step 0 when every checkpoint is corrupt.
+        self.allow_fresh_start = allow_fresh_start
+        self._problems: list[str] = []  # why checkpoints were skipped, in this load
 
     @classmethod
     def from_env(
@@ -159,7 +214,8 @@ class CheckpointManager:
         return cls(root, rank, world_size, keep=int(os.environ.get(ENV_CHECKPOINT_KEEP, "3")),
                    every_steps=int(steps) if steps else None,
                    every_seconds=float(secs) if secs else None,
-                   local_rank=local_rank, group=group, src=src)  # fmt: skip
+                   local_rank=local_rank, group=group, src=src,
+                   allow_fresh_start=os.environ.get(ENV_CHECKPOINT_ALLOW_FRESH) == "1")  # fmt: skip
 
     def _collective(self) -> bool:
         return self.world_size > 1 and dist.is_initialized()
@@ -180,9 +236,24 @@ class CheckpointManager:
 
     def save(self, step: int, state: dict[str, Any]) -> str:
         """Write ``state`` as this rank's part of checkpoint ``step``; returns the
-        committed directory. Collective when ``world_size > 1``."""
+        committed directory. Collective when ``world_size > 1``. On any failure the
+        temporary directory is removed; a full disk raises :class:`DiskFull`."""
         tmp = self.root / f".tmp-step-{step}"
-        tmp.mkdir(parents=True, exist_ok=True)
+        try:
+            return self._save(step, state, tmp)
+        except BaseException as exc:
+            shutil.rmtree(tmp, ignore_errors=True)  # never left behind, whatever stopped us
+            full = _disk_full(exc)
+            if full is not None:
+                where = full.filename or tmp
+                raise DiskFull(
+                    f"no space left on the device writing checkpoint step {step} ({where}); "
+                    f"the previous checkpoint in {self.root} is intact"
+                ) from exc
+            raise
+
+    def _save(self, step: int, state: dict[str, Any], tmp: Path) -> str:
+        make_private_dirs(str(tmp))
         for stale in tmp.glob(".commit-*"):  # a crashed save's lock; this save's come later
             stale.unlink(missing_ok=True)
         path = tmp / rank_file(self.rank)
@@ -232,11 +303,12 @@ class CheckpointManager:
         return step_dirs(self.root)
 
     def _candidates(self) -> list[tuple[int, Path]]:
-        """LATEST's target first, then older ones; everything when LATEST is unusable."""
+        """LATEST's target first, then older ones; everything when LATEST is unusable
+        (missing, unreadable, not text, naming no step directory)."""
         dirs = self._step_dirs()
         try:
-            name = (self.root / _LATEST).read_text().strip()
-        except OSError:
+            name = (self.root / _LATEST).read_bytes().decode("utf-8").strip()
+        except (OSError, ValueError):
             return dirs
         head = step_of(name)
         if head is None or not (self.root / name).is_dir():
@@ -282,9 +354,13 @@ class CheckpointManager:
         try:
             state = torch.load(file, map_location="cpu", weights_only=True)
         except pickle.UnpicklingError as exc:
-            raise CheckpointRefused(f"{file} needs unsafe unpickling (refused): {exc}") from exc
+            if _UNSAFE in str(exc):  # it asks to run code: refused, never a fallback
+                raise CheckpointRefused(f"{file} needs unsafe unpickling (refused): {exc}") from exc
+            raise _Unloadable(f"{type(exc).__name__}: {_first_line(exc)}") from exc
+        except Exception as exc:  # a damaged file whose manifest was written to match
+            raise _Unloadable(f"{type(exc).__name__}: {_first_line(exc)}") from exc
         if not isinstance(state, dict):
-            raise CheckpointError(f"{file} holds a {type(state).__name__}, not a dict")
+            raise _Unloadable(f"it holds a {type(state).__name__}, not a dict")
         return state
 
     def _newest_valid(self, bound: int | None) -> tuple[int, Path | None]:
@@ -294,17 +370,32 @@ class CheckpointManager:
             reason = self._verify(step, path)
             if reason is None:
                 return step, path
-            after = cands[i + 1][1].name if i + 1 < len(cands) else "nothing (fresh start)"
-            msg = f"checkpoint {path.name} is corrupt ({reason}); falling back to {after}"
-            warnings.warn(msg, CheckpointWarning, stacklevel=3)
-            print(f"dmlctl rank {self.rank}: {msg}", file=sys.stderr, flush=True)
+            self._skipped(path, f"is corrupt ({reason})", cands[i + 1 :])
         return _NONE, None
 
+    def _skipped(self, path: Path, why: str, rest: list[tuple[int, Path]]) -> None:
+        after = rest[0][1].name if rest else "nothing"
+        msg = f"checkpoint {path.name} {why}; falling back to {after}"
+        self._problems.append(f"{path.name} {why}")
+        warnings.warn(msg, CheckpointWarning, stacklevel=4)
+        print(f"dmlctl rank {self.rank}: {msg}", file=sys.stderr, flush=True)
+
+    def _any(self, flag: bool) -> bool:
+        """``flag`` of any rank (a collective when there are several)."""
+        box = torch.tensor([int(flag)], dtype=torch.int64)
+        if self._collective():
+            dist.all_reduce(box, op=dist.ReduceOp.MAX, group=self.group)
+        return bool(box.item())
+
     def load_latest(self) -> tuple[int, dict[str, Any]] | None:
-        """``(step, state)`` of the newest valid checkpoint all ranks hold, or None.
+        """``(step, state)`` of the newest valid checkpoint all ranks hold, or None
+        when there is none at all.
 
         Collective when ``world_size > 1``; raises :class:`CheckpointRefused` on every
-        rank when any rank's chosen file needs unsafe unpickling."""
+        rank when any rank's chosen file needs unsafe unpickling, and
+        :class:`CheckpointCorrupt` on every rank when checkpoints exist but none can
+        be loaded (unless ``allow_fresh_start``: then None, with a warning)."""
+        self._problems = []
         bound: int | None = None
         while True:
             step, path = self._newest_valid(bound)
@@ -317,21 +408,51 @@ class CheckpointManager:
                     bound = agreed  # someone is behind: everyone retries at its step
                     continue
             if agreed < 0:
+                self._nothing_usable()
                 return None
             assert path is not None
+            state: dict[str, Any] = {}
+            refused: CheckpointRefused | None = None
             try:
-                state, refused = self._load(path), None
+                state = self._load(path)
             except CheckpointRefused as exc:
-                state, refused = {}, exc
-            # a refusal anywhere stops every rank, none hangs: 1 + the refusing rank
-            flag = torch.tensor([self.rank + 1 if refused else 0], dtype=torch.int64)
+                refused = exc
+            except _Unloadable as exc:
+                self._skipped(path, f"cannot be loaded ({exc})", [
+                    (s, p) for s, p in self._candidates() if s < agreed])  # fmt: skip
+            # a refusal anywhere stops every rank, none hangs: 1 + the refusing rank;
+            # a file that cannot be loaded anywhere moves every rank below this step
+            flag = torch.tensor(
+                [self.rank + 1 if refused else 0, int(not state and refused is None)],
+                dtype=torch.int64,
+            )
             if self._collective():
                 dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
             if refused is not None:
                 raise refused
-            if int(flag.item()) > 0:
-                who = int(flag.item()) - 1
+            if int(flag[0]) > 0:
+                who = int(flag[0]) - 1
                 raise CheckpointRefused(
                     f"another rank refused {path.name}: rank {who}'s file needs unsafe unpickling"
                 )
+            if int(flag[1]) > 0:
+                bound = agreed - 1
+                continue
             return agreed, state
+
+    def _nothing_usable(self) -> None:
+        """No checkpoint every rank can load: fine when there were none at all (or a
+        fresh start is allowed), else :class:`CheckpointCorrupt` on every rank."""
+        existed = self._any(bool(self._step_dirs()) or (self.root / _LATEST).exists())
+        if not existed:
+            return
+        why = "; ".join(self._problems[:3]) or "another rank's checkpoints are unusable"
+        if self.allow_fresh_start:
+            msg = f"no usable checkpoint in {self.root} ({why}); starting from step 0"
+            warnings.warn(msg, CheckpointWarning, stacklevel=3)
+            print(f"dmlctl rank {self.rank}: {msg}", file=sys.stderr, flush=True)
+            return
+        raise CheckpointCorrupt(
+            f"no usable checkpoint in {self.root} ({why}); set checkpoint.allow_fresh_start: "
+            "true to start from step 0 instead"
+        )

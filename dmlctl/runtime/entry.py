@@ -29,6 +29,7 @@ from __future__ import annotations
 import atexit
 import builtins
 import contextlib
+import errno
 import faulthandler
 import gc
 import io
@@ -71,19 +72,21 @@ class RankFiles:
 
 
 def _redirect(rank_dir: str, rank: int) -> None:
-    os.makedirs(rank_dir, exist_ok=True)
+    protocol.make_private_dirs(rank_dir)
     for fd, path in (
         (1, protocol.rank_stdout(rank_dir, rank)),
         (2, protocol.rank_stderr(rank_dir, rank)),
     ):
-        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, protocol.PRIVATE_FILE)
         os.dup2(target, fd)
         os.close(target)
 
 
 def _stack_dumps(rank_dir: str, rank: int) -> None:
     """Dump every thread's stack into ``rank-<R>.stacks`` on the stacks signal."""
-    f: IO[bytes] = open(protocol.rank_stacks(rank_dir, rank), "ab", buffering=0)  # noqa: SIM115
+    f: IO[bytes] = open(  # noqa: SIM115 - kept open for faulthandler
+        protocol.rank_stacks(rank_dir, rank), "ab", buffering=0, opener=protocol.private_opener
+    )
     main = threading.main_thread().ident or 0
     f.write(f"dmlctl: rank {rank} pid {os.getpid()} main thread 0x{main:016x}\n".encode())
     faulthandler.register(getattr(signal, protocol.STACKS_SIGNAL), file=f, all_threads=True)
@@ -159,8 +162,10 @@ def _user_frames(exc: BaseException, script: str) -> BaseException:
 
 def _error_record(exc: BaseException) -> dict[str, Any]:
     lines = "".join(traceback.format_exception(exc)).rstrip("\n").split("\n")
+    full = isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
     return {
-        "type": type(exc).__qualname__,
+        # A full disk is named as such whatever raised it (the policy never restarts it).
+        "type": "DiskFull" if full else type(exc).__qualname__,
         "message": str(exc),
         "traceback": lines[-TRACEBACK_LINES:],
     }

@@ -15,13 +15,17 @@ from pydantic_core import InitErrorDetails, PydanticCustomError, ValidationError
 
 from dmlctl.spec.fields import (
     FROZEN,
-    HOST_NAME_PATTERN,
+    MAX_HOSTS,
+    MAX_NAME,
+    MAX_SLOTS,
     NAME_PATTERN,
     EnvName,
     check_env,
     check_host_text,
     check_one_line,
+    check_python,
     check_user,
+    is_host_text,
 )
 
 LOCAL_ADDRESS = "localhost"
@@ -48,7 +52,10 @@ class HostDefaults(BaseModel):
         ),
     )
     slots: int = Field(
-        default=1, ge=1, description="Worker processes per host (e.g. its GPU count)."
+        default=1,
+        ge=1,
+        le=MAX_SLOTS,
+        description=f"Worker processes per host (e.g. its GPU count); at most {MAX_SLOTS}.",
     )
     workdir: str = Field(
         default="~/.dmlctl/work",
@@ -65,6 +72,7 @@ class HostDefaults(BaseModel):
 
     _env = field_validator("env")(check_env)
     _user = field_validator("user")(check_user)
+    _python = field_validator("python")(check_python)
     _one_line = field_validator("identity_file", "workdir")(check_one_line)
 
 
@@ -75,8 +83,8 @@ class HostSpec(BaseModel):
 
     name: str = Field(
         default="",
-        pattern=HOST_NAME_PATTERN,
-        description="Name shown in logs and the dashboard; unique per cluster; default: address.",
+        description="Name shown in logs and the dashboard; unique per cluster; default: address. "
+        "Letters, digits, '.', '-', '_', ':' (it names files of the run).",
     )
     address: str = Field(
         min_length=1,
@@ -100,7 +108,10 @@ class HostSpec(BaseModel):
         ),
     )
     slots: int | None = Field(
-        default=None, ge=1, description="Worker processes on this host; default: defaults.slots."
+        default=None,
+        ge=1,
+        le=MAX_SLOTS,
+        description="Worker processes on this host; default: defaults.slots.",
     )
     workdir: str | None = Field(
         default=None,
@@ -120,6 +131,7 @@ class HostSpec(BaseModel):
 
     _env = field_validator("env")(check_env)
     _user = field_validator("user")(check_user)
+    _python = field_validator("python")(check_python)
     _one_line = field_validator("identity_file", "workdir")(check_one_line)
 
     @model_validator(mode="before")
@@ -127,11 +139,11 @@ class HostSpec(BaseModel):
     def _default_name(cls, data: Any) -> Any:
         # `name` is typed `str` so that `.name` is always usable; fill it from the
         # address before validation, leaving a missing address for pydantic to report.
+        # An address that is no host name is reported once, at `address`.
         if (
             isinstance(data, dict)
             and data.get("name") is None
-            and isinstance(data.get("address"), str)
-            and data["address"]
+            and is_host_text(data.get("address"))
         ):
             return {**data, "name": data["address"]}
         return data
@@ -140,6 +152,11 @@ class HostSpec(BaseModel):
     @classmethod
     def _address(cls, value: str) -> str:
         return check_host_text(value, "address")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        return check_host_text(value, "host name")
 
     @property
     def is_local(self) -> bool:
@@ -231,11 +248,18 @@ class ClusterSpec(BaseModel):
 
     model_config = FROZEN
 
-    name: str = Field(default="default", pattern=NAME_PATTERN, description="Name of the cluster.")
+    name: str = Field(
+        default="default",
+        pattern=NAME_PATTERN,
+        max_length=MAX_NAME,
+        description="Name of the cluster.",
+    )
     defaults: HostDefaults = Field(
         default_factory=HostDefaults, description="Values for every host that does not set its own."
     )
-    hosts: list[HostSpec] = Field(min_length=1, description="The machines; at least one.")
+    hosts: list[HostSpec] = Field(
+        min_length=1, max_length=MAX_HOSTS, description=f"The machines; 1 to {MAX_HOSTS}."
+    )
 
     @model_validator(mode="after")
     def _unique_hosts(self) -> ClusterSpec:

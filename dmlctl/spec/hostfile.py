@@ -27,6 +27,14 @@ from pydantic import ValidationError
 
 from dmlctl.errors import SpecError, SpecIssue
 from dmlctl.spec.cluster import ClusterSpec, HostSpec
+from dmlctl.spec.fields import (
+    MAX_HOSTS,
+    MAX_SLOTS,
+    check_host_text,
+    check_text,
+    is_host_text,
+    shown,
+)
 from dmlctl.spec.loader import cluster_from_yaml
 from dmlctl.spec.source import read_text
 
@@ -37,10 +45,14 @@ _SLOTS = "slots"
 _IGNORED = ("max_slots", "max-slots")
 _KEYS = (_SLOTS, *_IGNORED)
 
-# A hostname (not YAML syntax, not a YAML key ending in ':') then only key=value tokens.
-_HOSTFILE_LINE = re.compile(r"^[^\s#{}\[\]\"'&*!|>%@`?,-]\S*(?<!:)(\s+[\w-]+=\S*)*\s*(#.*)?$")
+# A hostname (host name characters, or MPICH's host:N; not a YAML key ending in ':')
+# then only key=value tokens, then maybe a comment.
+_HOSTFILE_LINE = re.compile(
+    r"^[A-Za-z0-9_:][A-Za-z0-9_.:%-]*(?<!:)(?:[ \t]+[\w-]+=[^\s#]*)*[ \t]*(?:#.*)?$"
+)
 _MPICH_ENTRY = re.compile(r"^([^:\[\]]+):(\d+)$")
 _COUNT = re.compile(r"^[0-9]+$")
+_FIELDS = re.compile(r"[ \t]+")
 
 _Issue = Callable[[str, str], None]
 
@@ -64,9 +76,12 @@ def is_hostfile(file: str, text: str) -> bool:
     """True when ``file`` is to be read as a hostfile rather than YAML.
 
     That is when its name is ``hostfile`` or ends in ``.hostfile`` / ``.txt``, or when
-    its first line that is neither blank nor a comment reads ``hostname [key=value]...``
-    (and not like YAML: ``key:``, ``- item``, ``{...}``, ``---``). A file with no such
-    line (empty) is YAML.
+    its first line that is neither blank nor a comment parses as a hostfile line:
+    ``hostname [key=value]...`` with a host name of letters, digits, ``.``, ``-``,
+    ``_``, ``:`` (not like YAML: ``key:``, ``- item``, ``{...}``, ``---``). Anything
+    else (binary bytes, control characters, an empty file) is YAML. Either way every
+    line is then parsed strictly: a hostfile line that does not parse is an issue,
+    never a host.
     """
     name = os.path.basename(file)
     if name == "hostfile" or name.endswith(HOSTFILE_SUFFIXES):
@@ -89,28 +104,37 @@ def cluster_from_hostfile(file: str, text: str) -> ClusterSpec:
     issues: list[SpecIssue] = []
     hosts: list[HostSpec] = []
     first_line: dict[str, int] = {}
-    for number, line in enumerate(text.splitlines(), start=1):
-        content = line.split("#", 1)[0].strip()
-        if not content:
-            continue
+    # Only \n ends a line (str.splitlines also splits at control characters, which
+    # would hide them); \r\n endings are accepted.
+    for number, line in enumerate(text.split("\n"), start=1):
 
         def issue(path: str, message: str, number: int = number) -> None:
             issues.append(SpecIssue(file, number, path, message))
 
-        hostname, *tokens = content.split()
+        try:
+            check_text(line.removesuffix("\r"))
+        except ValueError as exc:
+            issue("", f"line {exc}")
+            continue
+        content = line.split("#", 1)[0].strip(" \t\r")
+        if not content:
+            continue
+        hostname, *tokens = _FIELDS.split(content)
         slots = _slots(tokens, issue)
         if not _hostname_ok(hostname, issue):
             continue
         key = hostname.lower()
         if key in first_line:
-            issue("", f"duplicate host {hostname!r} (first at line {first_line[key]})")
+            issue("", f"duplicate host {shown(hostname)} (first at line {first_line[key]})")
             continue
         first_line[key] = number
         if slots is not None:
             try:
                 hosts.append(HostSpec(name=hostname, address=hostname, slots=slots))
             except ValidationError as exc:  # the checks above should leave none
-                issue("", f"bad host name {hostname!r}: {exc.errors()[0]['msg']}")
+                issue("", f"bad host name {shown(hostname)}: {exc.errors()[0]['msg']}")
+    if len(hosts) > MAX_HOSTS:
+        issues.append(SpecIssue(file, None, "", f"{len(hosts)} hosts; at most {MAX_HOSTS}"))
     if not hosts and not issues:
         issues.append(SpecIssue(file, None, "", "no hosts; expected lines like 'gpu1 slots=4'"))
     if issues:
@@ -129,11 +153,12 @@ def _slots(tokens: list[str], issue: _Issue) -> int | None:
             issue("", _unknown_token(token, key if sep else None))
             ok = False
         elif key in seen:
-            issue(key, f"given twice on this line ({token!r})")
+            issue(key, f"given twice on this line ({shown(token)})")
             ok = False
-        elif not _COUNT.match(value) or (key == _SLOTS and int(value) < 1):
+        elif not _COUNT.match(value) or not _in_range(key, value):
             least = 1 if key == _SLOTS else 0
-            issue(key, f"bad {key} value {value!r}; expected an integer >= {least}")
+            issue(key, f"bad {key} value {shown(value)}; expected an integer from {least} "
+                  f"to {MAX_SLOTS}")  # fmt: skip
             ok = False
         else:
             seen.add(key)
@@ -142,27 +167,36 @@ def _slots(tokens: list[str], issue: _Issue) -> int | None:
     return slots if ok else None
 
 
+def _in_range(key: str, value: str) -> bool:
+    return len(value) <= 6 and (1 if key == _SLOTS else 0) <= int(value) <= MAX_SLOTS
+
+
 def _unknown_token(token: str, key: str | None) -> str:
     if key is None:
-        return f"unknown token {token!r}; expected 'hostname [slots=N]' (one host per line)"
-    close = difflib.get_close_matches(key, _KEYS, n=1, cutoff=0.6)
+        return f"unknown token {shown(token)}; expected 'hostname [slots=N]' (one host per line)"
+    close = difflib.get_close_matches(key[:100], _KEYS, n=1, cutoff=0.6)
     if close:
-        return f"unknown token {token!r}; did you mean '{close[0]}='?"
-    return f"unknown token {token!r}; expected slots=N (or MPI's max_slots=N)"
+        return f"unknown token {shown(token)}; did you mean '{close[0]}='?"
+    return f"unknown token {shown(token)}; expected slots=N (or MPI's max_slots=N)"
 
 
 def _hostname_ok(hostname: str, issue: _Issue) -> bool:
     mpich = _MPICH_ENTRY.match(hostname)
-    if mpich:
+    if mpich and is_host_text(mpich.group(1)):
         host, count = mpich.groups()
-        problem = f"{hostname!r} is MPICH syntax; write '{host} slots={count}'"
+        problem = f"{shown(hostname)} is MPICH syntax; write '{host} slots={count}'"
     elif hostname.endswith(":"):
-        problem = f"expected 'hostname [slots=N]', got {hostname!r}; is this a YAML file?"
+        problem = f"expected 'hostname [slots=N]', got {shown(hostname)}; is this a YAML file?"
     elif hostname.startswith("-"):
-        problem = f"bad host name {hostname!r}: must not start with '-'"
+        problem = f"bad host name {shown(hostname)}: must not start with '-'"
     elif "/" in hostname:
-        problem = f"bad host name {hostname!r}: must not contain '/'"
+        problem = f"bad host name {shown(hostname)}: must not contain '/'"
     else:
-        return True
+        try:
+            check_host_text(hostname, "host name")
+        except ValueError as exc:
+            problem = f"bad host name: {exc}"
+        else:
+            return True
     issue("", problem)
     return False

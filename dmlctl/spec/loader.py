@@ -28,9 +28,9 @@ from pydantic import BaseModel, ValidationError
 
 from dmlctl.errors import SpecError, SpecIssue, UsageError
 from dmlctl.spec.cluster import ClusterSpec, HostKey, duplicate_hosts
-from dmlctl.spec.fields import check_one_line
+from dmlctl.spec.fields import check_one_line, shown
 from dmlctl.spec.local import PROC_NVIDIA_GPUS, count_local_gpus, default_cluster
-from dmlctl.spec.messages import format_path, is_key_error, issue_parts
+from dmlctl.spec.messages import describe, format_path, is_key_error, issue_parts
 from dmlctl.spec.models import JobSpec
 from dmlctl.spec.source import MAX_SPEC_BYTES, path_kind, read_text
 from dmlctl.spec.yamlpos import Document, KeyPath, YamlSyntaxError, parse
@@ -147,7 +147,8 @@ def _kind(value: Any) -> str:
         return "null"
     if isinstance(value, list):
         return "a list"
-    return f"a scalar ({value!r})" if not isinstance(value, str) else f"a string ({value!r})"
+    what = "a string" if isinstance(value, str) else "a scalar"
+    return f"{what} ({describe(value)})"
 
 
 def _duplicate_issues(file: str, doc: Document) -> list[SpecIssue]:
@@ -301,7 +302,7 @@ def _strategy_issues(file: str, doc: Document, raw: Any) -> list[SpecIssue]:
         return []
     model = registry.load(name).Params
     try:
-        model.model_validate(params)
+        model.model_validate(params, strict=True)
     except ValidationError as exc:
         return list(_issues_from(file, doc, exc, model, prefix=("strategy", "params")))
     return []
@@ -310,38 +311,51 @@ def _strategy_issues(file: str, doc: Document, raw: Any) -> list[SpecIssue]:
 def _check_paths(
     file: str, doc: Document, job_dir: Path, data: Mapping[str, Any], issues: list[SpecIssue]
 ) -> tuple[Path | None, str | None]:
-    """Absolute workdir and script relative to it; problems appended to ``issues``."""
+    """Absolute workdir and script relative to it; problems appended to ``issues``.
+
+    The script must be a regular file inside the workdir once symbolic links are
+    resolved (a link pointing out of the workdir would ship and run something else).
+    """
     raw_workdir = data.get("workdir", ".")
-    if not isinstance(raw_workdir, str) or not raw_workdir:
-        return None, None  # the model reports the type
+    if not isinstance(raw_workdir, str) or not _is_one_line(raw_workdir):
+        return None, None  # the model reports it
     # os.path, not Path: Path.expanduser/resolve/is_dir raise for '~nobody', symlink
     # loops or over-long names, and any file content must end as an issue.
     workdir = Path(os.path.realpath(job_dir / os.path.expanduser(raw_workdir)))
+    line = doc.line_of(("workdir",))
+    if not _is_one_line(str(workdir)):
+        issues.append(SpecIssue(file, line, "workdir", f"resolves to an unusable path "
+                                f"(control characters in it): {shown(str(workdir), 120)}"))
+        return None, None
     kind = path_kind(workdir)
     if kind != "directory":
         what = "no such directory" if kind == "missing" else "not a directory"
-        issues.append(SpecIssue(file, doc.line_of(("workdir",)), "workdir", f"{what}: {workdir}"))
+        issues.append(SpecIssue(file, line, "workdir", f"{what}: {shown(str(workdir), 120)}"))
         return None, None
     raw_script = data.get("script")
-    if not isinstance(raw_script, str) or not raw_script:
+    if not isinstance(raw_script, str) or not _is_one_line(raw_script):
         return workdir, None
     line = doc.line_of(("script",))
     candidate = Path(os.path.normpath(workdir / os.path.expanduser(raw_script)))
-    try:
-        relative = candidate.relative_to(workdir)
-    except ValueError:
-        issues.append(
-            SpecIssue(
-                file, line, "script", f"must be inside workdir ({workdir}), got {raw_script!r}"
-            )
-        )
+    real = Path(os.path.realpath(candidate))
+    if not _inside(candidate, workdir) or not _inside(real, workdir):
+        where = "" if _inside(candidate, workdir) else f", got {shown(raw_script)}"
+        link = f" (a link to {shown(str(real), 120)})" if real != candidate else ""
+        issues.append(SpecIssue(file, line, "script",
+                                f"must be inside workdir ({workdir}){where}{link}"))  # fmt: skip
         return workdir, None
-    kind = path_kind(candidate)
+    kind = path_kind(real)
     if kind != "file":
-        what = {"missing": "no such file", "directory": "is a directory"}.get(kind, "not a file")
-        issues.append(SpecIssue(file, line, "script", f"{what}: {candidate}"))
+        what = {"missing": "no such file", "directory": "is a directory"}.get(
+            kind, "not a regular file"
+        )
+        issues.append(SpecIssue(file, line, "script", f"{what}: {shown(str(candidate), 120)}"))
         return workdir, None
-    return workdir, relative.as_posix()
+    return workdir, candidate.relative_to(workdir).as_posix()
+
+
+def _inside(path: Path, directory: Path) -> bool:
+    return path == directory or directory in path.parents
 
 
 _NOT_NAME = re.compile(r"[^A-Za-z0-9._-]+")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import difflib
+import re
 import types
 import typing
 from collections.abc import Iterable, Sequence
@@ -19,7 +20,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic_core import ErrorDetails
 
-from dmlctl.spec.models import HOST_NAME_PATTERN, NAME_PATTERN
+from dmlctl.spec.fields import NAME_PATTERN, shown
 from dmlctl.spec.yamlpos import KeyPath
 
 _KEY_MARKER = "[key]"
@@ -40,12 +41,14 @@ _EXPECTED = {
     "model_type": "a mapping",
     "model_attributes_type": "a mapping",
     "dataclass_type": "a mapping",
+    "finite_number": "a finite number",
 }
 
 _PATTERN_RULES = {
     NAME_PATTERN: "may contain only letters, digits, '.', '_' and '-' (first: letter or digit)",
-    HOST_NAME_PATTERN: "must not contain spaces or '/'",
 }
+
+_PLAIN_KEY = re.compile(r"^[A-Za-z0-9_.-]{1,40}$")
 
 _BOUNDS = {
     "greater_than": ">",
@@ -62,8 +65,9 @@ def describe(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
-        shown = value if len(value) <= 40 else value[:37] + "..."
-        return repr(shown)
+        return shown(value)
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**15:
+        return f"a number of about {int(value.bit_length() * 0.30103) + 1} digits"
     if isinstance(value, int | float):
         return repr(value)
     if isinstance(value, dict):
@@ -89,17 +93,19 @@ def format_path(path: KeyPath, *, ends_in_key: bool = False) -> str:
         if isinstance(part, int) and not isinstance(part, bool) and not is_key:
             out += f"[{part}]"
         else:
-            out += f".{part}" if out else str(part)
+            text = str(part) if _PLAIN_KEY.match(str(part)) else shown(str(part))
+            out += f".{text}" if out else text
     return out
 
 
 def did_you_mean(key: object, valid: Sequence[str]) -> str:
     """``unknown key 'wrokers'; did you mean 'workers'?`` (or the list of valid keys)."""
-    shown = repr(key) if isinstance(key, str) else describe(key)
-    close = difflib.get_close_matches(str(key), valid, n=1, cutoff=0.6)
+    quoted = describe(key)
+    text = str(key) if isinstance(key, str) and len(key) <= 100 else ""
+    close = difflib.get_close_matches(text, valid, n=1, cutoff=0.6) if text else []
     if close:
-        return f"unknown key {shown}; did you mean {close[0]!r}?"
-    return f"unknown key {shown}; valid keys: {', '.join(valid)}"
+        return f"unknown key {quoted}; did you mean {close[0]!r}?"
+    return f"unknown key {quoted}; valid keys: {', '.join(valid)}"
 
 
 def is_key_error(error: ErrorDetails) -> bool:
@@ -130,7 +136,7 @@ def issue_parts(error: ErrorDetails, model: type[BaseModel]) -> tuple[KeyPath, s
         return path, f"keys must be strings, got {describe(value)}; quote it"
     if kind == "string_pattern_mismatch" and is_key:
         return path, (
-            f"{value!r} is not a valid environment variable name "
+            f"{describe(value)} is not a valid environment variable name "
             "(letters, digits and _, not starting with a digit)"
         )
     if kind == "string_pattern_mismatch":
@@ -146,6 +152,9 @@ def issue_parts(error: ErrorDetails, model: type[BaseModel]) -> tuple[KeyPath, s
         return path, f"must be {_BOUNDS[kind]} {bound}, got {describe(value)}"
     if kind == "string_too_short":
         return path, "must not be empty"
+    if kind == "string_too_long":
+        size = len(value) if isinstance(value, str) else "?"
+        return path, f"is too long ({size} characters; at most {ctx.get('max_length', '?')})"
     if kind == "too_short" and path == ("hosts",):
         return path, "no hosts; list at least one machine (e.g. '- address: gpu1')"
     if kind == "too_short":

@@ -27,13 +27,21 @@ from dmlctl.spec.cluster import (
 from dmlctl.spec.fields import (
     ENV_NAME_PATTERN,
     FROZEN,
-    HOST_NAME_PATTERN,
+    MAX_HOSTS,
+    MAX_ITEMS,
+    MAX_NAME,
+    MAX_WORKERS,
     NAME_PATTERN,
     RESERVED_ENV,
+    Arg,
     EnvName,
     ExcludePattern,
+    HostName,
+    OneLine,
+    check_args,
     check_command,
     check_env,
+    shown,
 )
 from dmlctl.spec.restart import CheckpointSpec, RestartSpec
 from dmlctl.strategies import registry
@@ -41,7 +49,6 @@ from dmlctl.strategies import registry
 __all__ = [
     "BUILTIN_EXCLUDES",
     "ENV_NAME_PATTERN",
-    "HOST_NAME_PATTERN",
     "LOCAL_ADDRESS",
     "NAME_PATTERN",
     "RESERVED_ENV",
@@ -87,8 +94,9 @@ class StrategySpec(BaseModel):
     def _registered(cls, name: str) -> str:
         try:
             registry.entry(name)
-        except registry.UnknownStrategy as exc:
-            raise ValueError(str(exc)) from None
+        except registry.UnknownStrategy:
+            valid = ", ".join(registry.names())
+            raise ValueError(f"unknown strategy {shown(name)}; valid: {valid}") from None
         return name
 
 
@@ -105,14 +113,25 @@ class JobSpec(BaseModel):
     name: str | None = Field(
         default=None,
         pattern=NAME_PATTERN,
+        max_length=MAX_NAME,
         description="Job name, used in run ids; default: the name of the job file's directory.",
     )
-    script: str = Field(min_length=1, description="Training script, relative to workdir.")
-    args: list[str] = Field(default_factory=list, description="Arguments passed to the script.")
+    script: OneLine = Field(
+        min_length=1,
+        description="Training script, relative to workdir (a regular file inside it, "
+        "symbolic links resolved).",
+    )
+    args: list[Arg] = Field(
+        default_factory=list,
+        max_length=MAX_ITEMS,
+        description="Arguments passed to the script (no NUL or control characters).",
+    )
     workers: int | None = Field(
         default=None,
         ge=1,
-        description="Number of worker processes; default: all slots of the cluster.",
+        le=MAX_WORKERS,
+        description=f"Number of worker processes (at most {MAX_WORKERS}); default: all "
+        "slots of the cluster.",
     )
     strategy: StrategySpec = Field(
         default_factory=StrategySpec, description="Distributed strategy: a name or {name, params}."
@@ -120,22 +139,25 @@ class JobSpec(BaseModel):
     parameter_servers: int = Field(
         default=0,
         ge=0,
+        le=MAX_WORKERS,
         validate_default=True,
         description="Parameter-server processes, for the strategies that use them (asgd, "
         "ssp, adadelay, easgd-async; required there, refused elsewhere). They do not take "
         "worker slots. Default: 0.",
     )
-    server_hosts: list[str] | None = Field(
+    server_hosts: list[HostName] | None = Field(
         default=None,
         min_length=1,
+        max_length=MAX_HOSTS,
         description="Cluster hosts that run only parameter servers (spread over them in "
         "turn); default: the servers run next to the workers, one per worker host in turn.",
     )
     env: dict[EnvName, str] = Field(
         default_factory=dict,
-        description="Environment variables for every rank; values must be strings (quote numbers).",
+        description="Environment variables for every rank; values must be strings (quote "
+        "numbers). Stored redacted with the run; see Secrets.",
     )
-    workdir: str = Field(
+    workdir: OneLine = Field(
         default=".",
         min_length=1,
         description="Directory shipped to the hosts, relative to the job file's directory.",
@@ -150,6 +172,7 @@ class JobSpec(BaseModel):
     )
     exclude: list[ExcludePattern] = Field(
         default_factory=list,
+        max_length=MAX_ITEMS,
         description=(
             "Files not to ship to the hosts: gitignore-style patterns, in addition to "
             ".gitignore and the built-in " + ", ".join(BUILTIN_EXCLUDES) + "."
@@ -168,6 +191,7 @@ class JobSpec(BaseModel):
     min_hosts: int | None = Field(
         default=None,
         ge=1,
+        le=MAX_HOSTS,
         description="Fewest hosts a restarted run may continue on after losing hosts "
         "(it re-forms with fewer workers); with fewer left it waits up to "
         "restart.host_wait for them, then fails. Default: every host of the first attempt.",
@@ -175,6 +199,7 @@ class JobSpec(BaseModel):
     max_hosts: int | None = Field(
         default=None,
         ge=1,
+        le=MAX_HOSTS,
         description="Most hosts the run uses at once; the cluster's other hosts stand by "
         "and replace lost ones on a restart. Default: as many as 'workers' needs.",
     )
@@ -207,4 +232,5 @@ class JobSpec(BaseModel):
         return high
 
     _env = field_validator("env")(check_env)
+    _args = field_validator("args")(check_args)
     _setup = field_validator("setup")(check_command)

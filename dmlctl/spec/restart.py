@@ -9,7 +9,14 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from dmlctl.spec.fields import FROZEN
+from dmlctl.spec.fields import (
+    FROZEN,
+    MAX_KEEP,
+    MAX_RESTARTS,
+    MAX_SECONDS,
+    MAX_STEPS,
+    OneLine,
+)
 
 __all__ = ["CheckpointSpec", "RestartSpec"]
 
@@ -28,12 +35,14 @@ class RestartSpec(BaseModel):
     max_user_restarts: int = Field(
         default=0,
         ge=0,
+        le=MAX_RESTARTS,
         description="Restarts allowed after failures of the training code itself "
         "(an exception or a non-zero exit); 0 = never restart those.",
     )
     max_infra_restarts: int = Field(
         default=3,
         ge=0,
+        le=MAX_RESTARTS,
         description="Restarts allowed after infrastructure failures (a rank killed by a "
         "signal, a lost host, a torchrun failure, a hang).",
     )
@@ -41,11 +50,13 @@ class RestartSpec(BaseModel):
         default=1.0,
         gt=0,
         allow_inf_nan=False,
+        le=MAX_SECONDS,
         description="Seconds to wait before the first restart.",
     )
     backoff_factor: float = Field(
         default=2.0,
         ge=1,
+        le=100,
         allow_inf_nan=False,
         description="Multiplier applied to the wait after each restart (1 = constant wait).",
     )
@@ -53,12 +64,14 @@ class RestartSpec(BaseModel):
         default=30.0,
         gt=0,
         allow_inf_nan=False,
+        le=MAX_SECONDS,
         description="Longest wait before a restart, in seconds.",
     )
     hang_timeout: float = Field(
         default=30.0,
         gt=0,
         allow_inf_nan=False,
+        le=MAX_SECONDS,
         description="Seconds a rank may go without a heartbeat, or with its training "
         "steps stalled and idle while others wait for it in a collective, before it "
         "counts as hung (an infra failure); stretched to 4x its slowest recent step.",
@@ -67,6 +80,7 @@ class RestartSpec(BaseModel):
         default=30.0,
         ge=0,
         allow_inf_nan=False,
+        le=MAX_SECONDS,
         description="On a stop (Ctrl-C, dmlctl stop): seconds the ranks get after "
         "SIGTERM to save and exit before they are killed.",
     )
@@ -74,6 +88,7 @@ class RestartSpec(BaseModel):
         default=10.0,
         gt=0,
         allow_inf_nan=False,
+        le=MAX_SECONDS,
         description="Seconds without any message from a host before it counts as lost "
         "(an infra failure); its agents send one every second.",
     )
@@ -81,6 +96,7 @@ class RestartSpec(BaseModel):
         default=60.0,
         ge=0,
         allow_inf_nan=False,
+        le=MAX_SECONDS,
         description="On a restart with fewer than min_hosts hosts answering: seconds to "
         "wait for lost hosts to answer again before the run fails.",
     )
@@ -94,6 +110,7 @@ class RestartSpec(BaseModel):
         default=30.0,
         ge=0,
         allow_inf_nan=False,
+        le=MAX_SECONDS,
         description="Seconds a lost host is set aside before a restart may use it again "
         "(once it answers).",
     )
@@ -103,7 +120,8 @@ class CheckpointSpec(BaseModel):
     """How often the training script should save a checkpoint, and how many to keep.
 
     Leaving both ``every_steps`` and ``every_seconds`` unset disables periodic
-    checkpoints; when both are set, whichever comes first triggers one.
+    checkpoints; when both are set, whichever comes first triggers one. Every number
+    is bounded: durations by one week, ``keep`` by 1000.
     """
 
     model_config = FROZEN
@@ -111,24 +129,31 @@ class CheckpointSpec(BaseModel):
     every_steps: int | None = Field(
         default=None,
         ge=1,
+        le=MAX_STEPS,
         description="Save a checkpoint every this many training steps.",
     )
     every_seconds: float | None = Field(
         default=None,
         gt=0,
         allow_inf_nan=False,
+        le=MAX_SECONDS,
         description="Save a checkpoint every this many seconds of training.",
     )
     keep: int = Field(
         default=3,
         ge=1,
+        le=MAX_KEEP,
         description="Number of most recent checkpoints kept; older ones are deleted.",
     )
-    dir: str | None = Field(
+    dir: OneLine | None = Field(
         default=None,
-        min_length=1,
         description="Checkpoint directory on every host, e.g. on a shared filesystem "
         "(``{run_id}`` is replaced by the run id). Default: a directory of the run on "
         "each host, copied to the controller's machine after every checkpoint and "
         "handed back to the hosts on a restart.",
+    )
+    allow_fresh_start: bool = Field(
+        default=False,
+        description="When checkpoints exist but none of them can be loaded (all corrupt): "
+        "start from step 0 instead of failing the run with CheckpointCorrupt.",
     )

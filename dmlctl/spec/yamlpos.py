@@ -21,6 +21,8 @@ KeyPath = tuple[str | int, ...]
 """A key path: mapping keys and list indexes from the document root."""
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
+_INT_TAG = "tag:yaml.org,2002:int"
+_MAX_DIGITS = 1000
 
 
 class YamlSyntaxError(Exception):
@@ -72,7 +74,11 @@ def parse(text: str) -> Document:
     for constructs that have no plain-data meaning (unhashable keys, unknown tags).
     Never raises anything else for any input text.
     """
-    loader = yaml.SafeLoader(text)
+    _check_flow_depth(text)
+    try:
+        loader = yaml.SafeLoader(text)  # its reader refuses unprintable characters
+    except yaml.YAMLError as exc:
+        raise YamlSyntaxError(_reader_line(text, exc), _reader_message(exc)) from None
     try:
         root = loader.get_single_node()
         if root is None:
@@ -88,9 +94,58 @@ def parse(text: str) -> Document:
         raise YamlSyntaxError(None, f"invalid YAML: {exc}") from None
     except RecursionError:
         raise YamlSyntaxError(None, "invalid YAML: nested too deeply") from None
+    except (ValueError, OverflowError) as exc:  # a value PyYAML's constructors cannot build
+        raise YamlSyntaxError(None, f"invalid YAML: cannot read a value ({exc})") from None
     finally:
         loader.dispose()
     return Document(data=data, lines=walker.lines, duplicates=tuple(walker.duplicates))
+
+
+MAX_FLOW_DEPTH = 64
+"""Deepest nesting of ``[...]`` / ``{...}`` read (PyYAML's scanner takes time growing
+with the square of the depth: 5000 levels cost seconds before it fails)."""
+
+
+def _check_flow_depth(text: str) -> None:
+    """YamlSyntaxError when ``[``/``{`` outside quotes and comments nest deeper than
+    :data:`MAX_FLOW_DEPTH` (a brace in a plain scalar counts too: no spec has 64)."""
+    depth = 0
+    line = 1
+    quote = ""
+    comment = False
+    previous = "\n"
+    for char in text:
+        if char == "\n":
+            line += 1
+            comment = False
+        elif comment:
+            pass
+        elif quote:
+            if char == quote and not (quote == '"' and previous == "\\"):
+                quote = ""
+        elif char in "\"'" and previous in " \t\n:[{,-":  # a quoted scalar starts
+            quote = char
+        elif char == "#" and previous in " \t\n":
+            comment = True
+        elif char in "[{":
+            depth += 1
+            if depth > MAX_FLOW_DEPTH:
+                raise YamlSyntaxError(line, f"nested more than {MAX_FLOW_DEPTH} levels deep")
+        elif char in "]}":
+            depth = max(0, depth - 1)
+        previous = char if not (previous == "\\" and char == "\\") else ""
+
+
+def _reader_line(text: str, exc: yaml.YAMLError) -> int | None:
+    position = getattr(exc, "position", None)
+    return text.count("\n", 0, position) + 1 if isinstance(position, int) else None
+
+
+def _reader_message(exc: yaml.YAMLError) -> str:
+    character = getattr(exc, "character", None)
+    if isinstance(character, int):
+        return f"invalid YAML: control character {chr(character)!r} is not allowed"
+    return "invalid YAML: unreadable text"
 
 
 def _describe_yaml_error(exc: yaml.MarkedYAMLError) -> str:
@@ -109,6 +164,10 @@ class _Walker:
 
     def walk(self, node: Node, path: KeyPath) -> None:
         self.lines.setdefault(path, node.start_mark.line + 1)
+        if isinstance(node, ScalarNode) and node.tag == _INT_TAG and len(node.value) > _MAX_DIGITS:
+            # Python refuses to read integers this long (and no spec value is one).
+            line = node.start_mark.line + 1
+            raise YamlSyntaxError(line, f"a number of {len(node.value)} characters is too long")
         # An alias is the same node object again: descending twice would record
         # lines of the anchor under a second path and makes "billion laughs"
         # documents exponential.

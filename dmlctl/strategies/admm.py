@@ -44,9 +44,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from dmlctl.strategies.easgd import add_to_grads
+from dmlctl.strategies.params import MAX_PERIOD, MAX_WEIGHT, PARAMS_CONFIG
 from dmlctl.strategies.registry import params_as
 
 if TYPE_CHECKING:
@@ -61,17 +62,19 @@ ROLES: tuple[str, ...] = ("worker",)
 class Params(BaseModel):
     """``strategy.params`` of an ``admm`` job (all optional; unknown keys are errors)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = PARAMS_CONFIG
 
     rho: float = Field(
         default=1.0,
         gt=0,
+        le=MAX_WEIGHT,
         description="ρ, the penalty on disagreement with the consensus z: larger "
         "keeps workers closer (smaller primal residual) but slows each one's progress.",
     )
     local_steps: int = Field(
         default=10,
         ge=1,
+        le=MAX_PERIOD,
         description="k: optimizer steps per round approximating the x-update; one "
         "all-reduce of the parameters' size per round.",
     )

@@ -37,9 +37,10 @@ import functools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, Field, field_validator
 
 from dmlctl.strategies.local_sgd import broadcast_from_rank0, mean_and_consensus, model_tensors
+from dmlctl.strategies.params import MAX_PERIOD, MAX_WEIGHT, PARAMS_CONFIG
 from dmlctl.strategies.registry import params_as
 
 if TYPE_CHECKING:
@@ -54,9 +55,10 @@ ROLES: tuple[str, ...] = ("worker",)
 class Params(BaseModel):
     """``strategy.params`` of a ``bmuf`` job (all optional; unknown keys are errors)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = PARAMS_CONFIG
 
     period: int = Field(
+        le=MAX_PERIOD,
         default=8,
         description="τ: local steps per block; one all-reduce of the model per block.",
     )
@@ -67,6 +69,7 @@ class Params(BaseModel):
         "for N workers. 0 (with block_lr 1) is plain model averaging.",
     )
     block_lr: float = Field(
+        le=MAX_WEIGHT,
         default=1.0,
         allow_inf_nan=False,
         description="ζ > 0: step size applied to each block's averaged update.",

@@ -47,9 +47,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from dmlctl.strategies import topology
+from dmlctl.strategies.params import MAX_PERIOD, PARAMS_CONFIG
 from dmlctl.strategies.registry import params_as
 
 if TYPE_CHECKING:
@@ -66,7 +67,7 @@ Topology = Literal["ring", "exponential", "complete"]
 class Params(BaseModel):
     """``strategy.params`` of a ``dpsgd`` job (all optional; unknown keys are errors)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = PARAMS_CONFIG
 
     topology: Topology = Field(
         default="ring",
@@ -77,12 +78,14 @@ class Params(BaseModel):
     period: int = Field(
         default=1,
         ge=1,
+        le=MAX_PERIOD,
         description="Mix parameters with the neighbours every this many optimizer "
         "steps; the steps in between are local only.",
     )
     consensus_every: int = Field(
         default=10,
         ge=0,
+        le=MAX_PERIOD,
         description="Measure the consensus distance sqrt(mean ||x_i - mean||^2) every "
         "this many steps (one all-reduce, monitoring only, not counted as training "
         "traffic); 0 = never.",

@@ -51,8 +51,9 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
+from dmlctl.strategies.params import MAX_PERIOD, MAX_WEIGHT, PARAMS_CONFIG
 from dmlctl.strategies.registry import params_as
 
 if TYPE_CHECKING:
@@ -67,11 +68,12 @@ ROLES: tuple[str, ...] = ("worker",)
 class Params(BaseModel):
     """``strategy.params`` of an ``easgd`` job (all optional; unknown keys are errors)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = PARAMS_CONFIG
 
     period: int = Field(
         default=4,
         ge=1,
+        le=MAX_PERIOD,
         description="τ: local steps between center updates (one all-reduce of the "
         "parameters' size per period).",
     )
@@ -85,12 +87,14 @@ class Params(BaseModel):
     alpha: float | None = Field(
         default=None,
         gt=0,
+        le=MAX_WEIGHT,
         description="α, the moving rate of the center; default β/p. Must be ≤ 1/p "
         "(checked against the job's worker count).",
     )
     rho: float | None = Field(
         default=None,
         gt=0,
+        le=MAX_WEIGHT,
         description="ρ, the elastic force's strength added to the gradients; default "
         "α/η with η the optimizer's lr at start (so the worker's pull ηρ equals α, "
         "right for plain SGD; set it for Adam and the like, which rescale the term).",

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from dmlctl.strategies import ps_common
+from dmlctl.strategies.params import MAX_PERIOD, PARAMS_CONFIG
 from dmlctl.strategies.registry import params_as
 
 if TYPE_CHECKING:
@@ -30,9 +31,10 @@ serve = ps_common.serve
 class Params(BaseModel):
     """``strategy.params`` of an ``easgd-async`` job (all optional; unknown keys are errors)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = PARAMS_CONFIG
 
     period: int = Field(
+        le=MAX_PERIOD,
         default=4, ge=1, description="τ: local steps between two exchanges with the center."
     )
     beta: float = Field(

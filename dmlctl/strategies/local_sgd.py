@@ -36,8 +36,9 @@ import functools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, Field, field_validator
 
+from dmlctl.strategies.params import MAX_PERIOD, MAX_STEPS, PARAMS_CONFIG
 from dmlctl.strategies.registry import params_as
 
 if TYPE_CHECKING:
@@ -53,14 +54,16 @@ ROLES: tuple[str, ...] = ("worker",)
 class Params(BaseModel):
     """``strategy.params`` of a ``local-sgd`` job (all optional; unknown keys are errors)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = PARAMS_CONFIG
 
     period: int = Field(
+        le=MAX_PERIOD,
         default=8,
         description="H: local steps between two model averages. Communication per step "
         "is 1/H of synchronous SGD's; larger H lets the replicas drift further apart.",
     )
     warmup_steps: int = Field(
+        le=MAX_STEPS,
         default=0,
         description="Synchronous steps (average after every step) before local steps "
         "begin: post-local SGD. Helps when early training is sensitive to drift.",
@@ -71,6 +74,7 @@ class Params(BaseModel):
         "`period` steps and across hosts every `period * hierarchy_factor` steps.",
     )
     hierarchy_factor: int = Field(
+        le=MAX_PERIOD,
         default=4,
         description="With `hierarchical`: host-level rounds per global round.",
     )

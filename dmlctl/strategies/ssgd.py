@@ -23,8 +23,9 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
+from dmlctl.strategies.params import MAX_LOW_RANK, MAX_STEPS, MAX_WEIGHT, PARAMS_CONFIG
 from dmlctl.strategies.registry import params_as
 
 if TYPE_CHECKING:
@@ -47,11 +48,12 @@ _POWERSGD_ONLY = (
 class Params(BaseModel):
     """``strategy.params`` of an ``ssgd`` job (all optional; unknown keys are errors)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = PARAMS_CONFIG
 
     bucket_cap_mb: float = Field(
         default=25.0,
         gt=0,
+        le=65536,
         description="Gradient bucket size in MiB: smaller buckets start all-reduces "
         "earlier during backward, larger ones send fewer messages.",
     )
@@ -76,8 +78,11 @@ class Params(BaseModel):
         description="Gradient compression: none (float32 buckets), fp16 / bf16 (buckets "
         "cast to 16 bits: half the bytes) or powersgd (rank-r factors of each matrix).",
     )
-    powersgd_rank: int = Field(default=1, ge=1, description="PowerSGD matrix approximation rank r.")
+    powersgd_rank: int = Field(
+        default=1, ge=1, le=MAX_LOW_RANK, description="PowerSGD matrix approximation rank r."
+    )
     powersgd_warmup_steps: int = Field(
+        le=MAX_STEPS,
         default=10,
         description="Steps of plain all-reduce before PowerSGD starts (start_powerSGD_iter); "
         "at least 2.",
@@ -89,6 +94,7 @@ class Params(BaseModel):
     powersgd_min_compression_rate: float = Field(
         default=2.0,
         gt=0,
+        le=MAX_WEIGHT,
         description="Compress an n×m matrix only when n·m > (n + m)·r·rate; others are "
         "all-reduced as is.",
     )

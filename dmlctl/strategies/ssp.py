@@ -22,9 +22,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from dmlctl.strategies import ps_common
+from dmlctl.strategies.params import MAX_PERIOD, MAX_WEIGHT, PARAMS_CONFIG
 from dmlctl.strategies.registry import params_as
 
 if TYPE_CHECKING:
@@ -39,17 +40,19 @@ serve = ps_common.serve
 class Params(BaseModel):
     """``strategy.params`` of an ``ssp`` job (all optional; unknown keys are errors)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = PARAMS_CONFIG
 
     staleness: int = Field(
         default=3,
         ge=0,
+        le=MAX_PERIOD,
         description="s: the most clocks a worker may be ahead of the slowest one "
         "(0: synchronous).",
     )
     scale: float | None = Field(
         default=None,
         gt=0,
+        le=MAX_WEIGHT,
         description="Weight the servers give a pushed change; default 1/workers.",
     )
 

@@ -104,6 +104,11 @@ def render_run_list(states: Sequence[RunState], now: float) -> RenderableType:
     return table
 
 
+def render_unreadable(run_id: str, reason: str) -> Text:
+    """The ``dmlctl status`` line of a run whose state cannot be read."""
+    return Text.assemble(("run ", "dim"), run_id, ": ", ("state unreadable", "red"), f" ({reason})")
+
+
 def render_run_detail(state: RunState, now: float) -> RenderableType:
     """``dmlctl status RUN_ID``: the dashboard header, every rank, and the root cause."""
     parts: list[RenderableType] = [

@@ -6,6 +6,7 @@ import json
 import os
 import random
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ import torch
 from dmlctl.checkpoint_files import sha256_file
 from dmlctl.runtime import checkpoint as ckpt
 from dmlctl.runtime.checkpoint import CheckpointManager, CheckpointRefused, CheckpointWarning
+from tests.mounts import tmpfs
 from tests.strategies.harness import run_ranks
 
 pytestmark = pytest.mark.integration
@@ -295,3 +297,66 @@ def _load_in_bigger_world(ctx: Any, root: str) -> tuple[int, float]:
 def test_another_world_size_resumes_from_a_replica_with_a_warning(tmp_path: Path) -> None:
     _mgr(tmp_path).save(5, _state(5))  # saved by 1 rank, resumed by 2
     assert run_ranks(_load_in_bigger_world, 2, args=(str(tmp_path),)) == [(5, 5.0), (5, 5.0)]
+
+
+# ------------------------------------------------------- fallbacks, a full disk (issue 12)
+
+
+def test_unreadable_latest_falls_back_to_the_step_directories(tmp_path: Path) -> None:
+    _save_two(tmp_path)
+    (tmp_path / "LATEST").write_bytes(b"\xff\xfe\x00 not utf-8")
+    found = _mgr(tmp_path).load_latest()
+    assert found is not None and found[0] == 120
+
+
+def _forge(step_dir: Path, data: bytes) -> None:
+    """Replace rank 0's file by ``data`` and its manifest entry by a matching one."""
+    f = step_dir / "rank-0.pt"
+    f.write_bytes(data)
+    manifest = json.loads((step_dir / "manifest.json").read_text())
+    manifest["files"]["rank-0.pt"] = {"sha256": sha256_file(f), "size": f.stat().st_size}
+    (step_dir / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("data", [b"garbage" * 10, b"", b"PK\x03\x04" + b"x" * 50])
+def test_a_file_that_matches_its_manifest_but_cannot_load_falls_back(
+    tmp_path: Path, data: bytes, capsys: pytest.CaptureFixture[str]
+) -> None:
+    newest = _save_two(tmp_path)
+    _forge(newest, data)
+    with pytest.warns(CheckpointWarning, match="step-000000120 cannot be loaded") as seen:
+        found = _mgr(tmp_path).load_latest()
+    assert "weights_only" not in str(seen[0].message)  # no advice to load unsafely
+    assert found is not None and found[0] == 80 and found[1]["step"] == 80
+    assert "falling back to step-000000080" in capsys.readouterr().err
+
+
+def test_every_checkpoint_corrupt_fails_unless_a_fresh_start_is_allowed(tmp_path: Path) -> None:
+    newest = _save_two(tmp_path)
+    _forge(newest, b"garbage")
+    (tmp_path / "step-000000080" / "rank-0.pt").write_bytes(b"truncated")
+    with pytest.warns(CheckpointWarning), pytest.raises(ckpt.CheckpointCorrupt) as info:
+        _mgr(tmp_path).load_latest()
+    assert "allow_fresh_start" in str(info.value) and "step-000000120" in str(info.value)
+    with pytest.warns(CheckpointWarning, match="starting from step 0"):
+        assert _mgr(tmp_path, allow_fresh_start=True).load_latest() is None
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A real 4 MiB tmpfs (skipped, saying why, where it cannot be mounted)."""
+    with tmpfs(tmp_path / "tmpfs", "4m") as mount:
+        yield mount
+
+
+def test_a_full_disk_raises_disk_full_and_keeps_the_previous_checkpoint(
+    small_tmpfs: Path,
+) -> None:
+    root = small_tmpfs / "ckpt"
+    mgr = _mgr(root)
+    mgr.save(5, {"w": torch.zeros(1000)})
+    with pytest.raises(ckpt.DiskFull, match="no space left on the device writing checkpoint"):
+        mgr.save(10, {"w": torch.zeros(2_000_000)})  # 8 MB on a 4 MiB file system
+    assert not list(root.glob(".tmp-*"))
+    found = _mgr(root).load_latest()
+    assert found is not None and found[0] == 5

@@ -72,16 +72,21 @@ def test_windows_line_endings_and_bom(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- errors
 
 
+SLOTS = "expected an integer from 1 to 1024"
+
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("a slots=two\n", [(1, "slots", "bad slots value 'two'; expected an integer >= 1")]),
-        ("a slots=0\n", [(1, "slots", "bad slots value '0'; expected an integer >= 1")]),
-        ("a slots=-1\n", [(1, "slots", "bad slots value '-1'; expected an integer >= 1")]),
-        ("a slots=\n", [(1, "slots", "bad slots value ''; expected an integer >= 1")]),
+        ("a slots=two\n", [(1, "slots", f"bad slots value 'two'; {SLOTS}")]),
+        ("a slots=0\n", [(1, "slots", f"bad slots value '0'; {SLOTS}")]),
+        ("a slots=-1\n", [(1, "slots", f"bad slots value '-1'; {SLOTS}")]),
+        ("a slots=\n", [(1, "slots", f"bad slots value ''; {SLOTS}")]),
+        ("a slots=1025\n", [(1, "slots", f"bad slots value '1025'; {SLOTS}")]),
+        ("a slots=" + "9" * 19 + "\n", [(1, "slots", f"bad slots value '{'9' * 19}'; {SLOTS}")]),
         (
             "a max_slots=x\n",
-            [(1, "max_slots", "bad max_slots value 'x'; expected an integer >= 0")],
+            [(1, "max_slots", "bad max_slots value 'x'; expected an integer from 0 to 1024")],
         ),
         ("a slots=1 slots=2\n", [(1, "slots", "given twice on this line ('slots=2')")]),
         ("a slot=4\n", [(1, "", "unknown token 'slot=4'; did you mean 'slots='?")]),
@@ -131,7 +136,7 @@ def test_every_issue_at_once_with_its_line(tmp_path: Path) -> None:
     with pytest.raises(SpecError) as info:
         load_hostfile(path)
     assert str(info.value.issues[0]) == (
-        f"{path}:3 slots: bad slots value 'x'; expected an integer >= 1"
+        f"{path}:3 slots: bad slots value 'x'; expected an integer from 1 to 1024"
     )
     assert str(info.value.issues[1]) == f"{path}:5: duplicate host 'gpu1' (first at line 2)"
     assert info.value.exit_code == 2

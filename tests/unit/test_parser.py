@@ -179,6 +179,17 @@ def test_torchrun_summary_prefers_the_killed_rank_over_a_same_second_peer() -> N
     assert (cause.rank, cause.message) == (1, "killed by SIGKILL")
 
 
+def test_torchrun_stopping_a_peer_does_not_outrank_the_first_failure() -> None:
+    # Rank 0 failed first; torchrun then sent SIGTERM to rank 1, which died before it
+    # could report its own error. SIGTERM is torchrun's doing: the root cause stays.
+    tail = torchrun_summary((0, 0, 1, 300), (1, 1, -15, 301))
+    cause = torchrun_failure("h", tail)
+    assert cause is not None
+    assert (cause.rank, cause.exc_type) == (0, "ExitCode")
+    alone = torchrun_failure("h", ["  rank      : 1 (local_rank: 1)", "  exitcode  : -15 (pid: 1)"])
+    assert alone is not None and alone.message == "killed by SIGTERM"
+
+
 def test_the_killed_rank_is_found_above_long_tracebacks_through_the_summary() -> None:
     # A parameter server killed by SIGKILL is listed first under "Failures:"; the two
     # workers that died of the broken connection follow with long tracebacks, so the

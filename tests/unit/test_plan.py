@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from dmlctl import protocol
-from dmlctl.errors import DmlctlError, UsageError
+from dmlctl.errors import DmlctlError, PlanError, UsageError
 from dmlctl.plan.build import build_plan
 from dmlctl.plan.model import LaunchPlan
 from dmlctl.plan.render import REDACTED, render_plan
@@ -67,7 +67,10 @@ def outcome(case: str) -> Any:
     try:
         plan = plan_case(case)
     except DmlctlError as e:
-        return portable({"error": type(e).__name__, "message": str(e)}, directory)
+        error: dict[str, Any] = {"error": type(e).__name__, "message": str(e)}
+        if isinstance(e, PlanError):  # the spec key the launcher names with its line
+            error["at"] = [e.spec, *e.path]
+        return portable(error, directory)
     # Through JSON, as plan.json stores it (tuples become lists).
     return portable(json.loads(json.dumps(plan.to_dict())), directory)
 

@@ -185,11 +185,33 @@ def test_read_state_of_a_finished_run_ignores_the_controller(store: RunStore) ->
     assert run.read_state().phase == Phase.SUCCEEDED
 
 
-def test_unreadable_state_is_a_usage_error(store: RunStore) -> None:
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("{not json", "not valid JSON"),
+        ("[]", "not a run state: expected a JSON object, got list"),
+        ("{}", "not a run state: missing 'run_id'"),
+        ('{"run_id": 3, "ranks": 5}', "not a run state"),
+    ],
+)
+def test_unreadable_state_is_a_usage_error(store: RunStore, text: str, reason: str) -> None:
     run = store.create("r")
-    run.state_file.write_text("{not json")
-    with pytest.raises(UsageError, match="unreadable run state"):
+    run.state_file.write_text(text)
+    with pytest.raises(UsageError, match=f"run r: state unreadable \\({reason}"):
         run.read_state()
+
+
+def test_listing_reads_every_run_on_its_own(store: RunStore) -> None:
+    add_run(store, "a-20260101-000000-aaaa", finished_state("a-20260101-000000-aaaa"))
+    broken = store.create("b-20260101-000001-bbbb")
+    broken.state_file.write_text("{")
+    add_run(store, "c-20260101-000002-cccc", finished_state("c-20260101-000002-cccc"))
+    listing = store.listing()
+    assert [(r.run_id, r.state is not None) for r in listing] == [
+        ("a-20260101-000000-aaaa", True), ("b-20260101-000001-bbbb", False),
+        ("c-20260101-000002-cccc", True),
+    ]  # fmt: skip
+    assert listing[1].error is not None and listing[1].error.startswith("not valid JSON")
 
 
 # ------------------------------------------------------------------------ recorder

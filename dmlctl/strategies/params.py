@@ -1,0 +1,25 @@
+"""What every strategy's parameter model shares (torch-free): its config and bounds.
+
+Parameters are validated strictly (a ``true`` is not a number, ``1.0`` is not a step
+count), non-finite floats are refused, and every number has an upper bound, so a
+job file cannot ask for a period of ``1e29`` steps.
+"""
+
+from __future__ import annotations
+
+from pydantic import ConfigDict
+
+PARAMS_CONFIG = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
+"""Model config of every strategy's ``Params``."""
+
+MAX_PERIOD = 1_000_000
+"""Most steps of a period (steps between exchanges, pushes, fetches; staleness)."""
+
+MAX_STEPS = 1_000_000_000
+"""Most steps of a warm-up."""
+
+MAX_LOW_RANK = 1024
+"""Largest rank of a low-rank approximation (PowerSGD's r)."""
+
+MAX_WEIGHT = 1e6
+"""Largest weight, penalty or rate (ρ, c, scales, compression rates)."""

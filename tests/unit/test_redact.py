@@ -1,0 +1,81 @@
+"""Secrets by name and by value (dmlctl.redact): what is hidden, and what is not."""
+
+from __future__ import annotations
+
+import pytest
+
+from dmlctl.redact import (
+    REDACTED,
+    Redactor,
+    high_entropy,
+    redact_arg,
+    redact_env,
+    secret_name,
+    secret_values,
+)
+
+TOKENS = [
+    "ghp_Zq8rT2mVx9LpW4nB7cK3yJ6dA1sE5fG0hJ2k",  # GitHub
+    "hf_Zq8rT2mVx9LpW4nB7cK3yJ6d",  # Hugging Face
+    "sk-proj-abc123XYZ789def456GHI012",  # OpenAI style
+    "0123456789abcdef0123456789abcdef",  # a hex key
+    "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",  # an AWS secret key
+    "eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N",
+]
+NOT_TOKENS = [
+    "distilbert-base-uncased-finetuned-sst-2-english",  # model names, run names, paths
+    "meta-llama/Llama-2-7b-hf",
+    "model_checkpoint_epoch_12",
+    "run-2026-11-23-experiment-42",
+    "bench-hang-compile-20261123-163708-59da",
+    "/data/imagenet/train/0123456789abcdefABCDEF",
+    "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa1",
+    "eth0",
+]
+
+
+@pytest.mark.parametrize("value", TOKENS)
+def test_generated_tokens_are_secret_by_value(value: str) -> None:
+    assert high_entropy(value)
+    assert redact_env({"SOME_VALUE": value}) == {"SOME_VALUE": REDACTED}
+
+
+@pytest.mark.parametrize("value", NOT_TOKENS)
+def test_names_made_of_words_and_numbers_are_not(value: str) -> None:
+    assert not high_entropy(value)
+    assert redact_env({"MODEL_NAME": value}) == {"MODEL_NAME": value}
+
+
+@pytest.mark.parametrize(
+    ("name", "secret"),
+    [("API_TOKEN", True), ("db_password", True), ("AWS_SECRET_ACCESS_KEY", True),
+     ("HF_API_KEY", True), ("PATH", False), ("LR", False), ("NCCL_SOCKET_IFNAME", False)],
+)  # fmt: skip
+def test_secret_by_name(name: str, secret: bool) -> None:
+    assert secret_name(name) is secret
+
+
+def test_only_the_password_of_a_url_is_hidden() -> None:
+    env = {"DB_URL": "postgres://u:s3cret-xyz@h:5432/db", "HOME": "/root"}
+    assert redact_env(env) == {"DB_URL": "postgres://u:<redacted>@h:5432/db", "HOME": "/root"}
+    assert secret_values(env) == ["s3cret-xyz"]
+    assert redact_arg("--db=postgres://u:pw12345@h/db") == "--db=postgres://u:<redacted>@h/db"
+    assert redact_arg("--token=abc") == "--token=<redacted>"
+    assert redact_arg(TOKENS[0]) == REDACTED
+
+
+def test_dmlctl_own_variables_are_never_secret() -> None:
+    env = {"DMLCTL_RUN_ID": "job-20261123-190110-f6ac", "DMLCTL_TOKEN": TOKENS[0]}
+    assert secret_values(env) == [] and redact_env(env) == env
+
+
+def test_the_redactor_hides_known_values_wherever_they_stand() -> None:
+    redactor = Redactor.for_envs([{"API_TOKEN": "tok-abc-123456", "X": TOKENS[1], "Y": "short"}])
+    assert redactor.active
+    line = f"using tok-abc-123456 and {TOKENS[1]}; see https://a:pw123456@h/x; short"
+    assert redactor.needed(line)
+    assert redactor.text(line) == (
+        "using <redacted> and <redacted>; see https://a:<redacted>@h/x; short"
+    )
+    assert not redactor.needed("nothing to hide here")
+    assert not Redactor().active and Redactor().text("plain") == "plain"
