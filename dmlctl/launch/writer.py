@@ -17,9 +17,6 @@ Promises of :class:`RunWriter`:
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
 import time
 from collections.abc import Callable, Sequence
 
@@ -97,22 +94,11 @@ class RunWriter:
                 self.run.write_state(state)
                 self.run.write_summary(state)
             except DiskFull:
-                return self._finish_in_reserve(state)
-            except StoreError as e:
-                return str(e)
-            return None
+                self.run.write_final_in_reserve(state)
+        except StoreError as e:
+            return str(e)
         finally:
             self.run.reserve.release()
-
-    def _finish_in_reserve(self, state: RunState) -> str | None:
-        text = json.dumps(state.to_dict(), indent=1)
-        try:
-            self.run.reserve.put(self.run.state_file, text)
-        except OSError as e:
-            return str(store_error(e, self.run.state_file, self.run.path))
-        with contextlib.suppress(OSError):  # the summary is the same final state
-            self.run.summary.unlink(missing_ok=True)
-            os.link(self.run.state_file, self.run.summary)
         return None
 
     def _failed(self, error: StoreError) -> list[Event]:

@@ -25,6 +25,7 @@ run never hides the others (:meth:`RunStore.listing`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -182,10 +183,22 @@ class RunDir:
 
     def write_state(self, state: RunState) -> None:
         """Persist ``state`` atomically to ``state.json`` (StoreError on failure)."""
-        self.write_text(self.state_file, json.dumps(state.to_dict(), indent=1))
+        self.write_text(self.state_file, _state_json(state))
 
     def write_summary(self, state: RunState) -> None:
-        self.write_text(self.summary, json.dumps(state.to_dict(), indent=1))
+        self.write_text(self.summary, _state_json(state))
+
+    def write_final_in_reserve(self, state: RunState) -> None:
+        """``state`` as ``state.json`` and ``summary.json`` on a full disk: written into
+        the reserve's own blocks, the summary a hard link to it (no free space needed).
+        StoreError when there is no reserve left to write into."""
+        try:
+            self.reserve.put(self.state_file, _state_json(state))
+        except OSError as e:
+            raise store_error(e, self.state_file, self.path) from None
+        with contextlib.suppress(OSError):  # the summary is the same final state
+            self.summary.unlink(missing_ok=True)
+            os.link(self.state_file, self.summary)
 
     def write_text(self, path: Path, text: str) -> None:
         """``text`` into ``path`` of this run, atomically, mode 0600; a failure raises
@@ -331,3 +344,8 @@ class RunStore:
             ids = ", ".join(r.run_id for r in matches[:5])
             raise UsageError(f"run id {run_id!r} is ambiguous: {ids}")
         raise RunNotFound(f"no run {run_id!r} in {self.root} (see 'dmlctl status')")
+
+
+def _state_json(state: RunState) -> str:
+    """The one text of a run state on disk (``state.json``, ``summary.json``)."""
+    return json.dumps(state.to_dict(), indent=1)
