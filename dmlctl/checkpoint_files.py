@@ -1,6 +1,6 @@
 """Files of a checkpoint directory, torch-free: shared by the ranks' checkpoint manager
 (:mod:`dmlctl.runtime.checkpoint`) and the controller's copies of it
-(:mod:`dmlctl.launch.checkpoints`), so both read and commit the same layout.
+(:mod:`dmlctl.provision.replicate`), so both read and commit the same layout.
 
 Layout names are in :mod:`dmlctl.protocol` (``CHECKPOINT_*``).
 """

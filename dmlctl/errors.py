@@ -105,3 +105,8 @@ class RunNotFound(UsageError):
 
 class TransportError(DmlctlError):
     """A command could not be delivered to a host (not: the command failed)."""
+
+
+class ProvisionError(DmlctlError):
+    """A host could not be made ready (preflight, port choice, sync or setup failed);
+    names every host at fault."""

@@ -17,7 +17,7 @@
 
 * **host agent → controller.** The agent prints one JSON object per line on its
   stdout (see :func:`encode_agent_message`); the controller's parser
-  (``dmlctl.launch.parser``) turns them into typed events, adding the host name.
+  (``dmlctl.runs.parser``) turns them into typed events, adding the host name.
 
 Every record carries ``ts`` (seconds since the epoch, float).
 """

@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dmlctl.errors import DmlctlError
-from dmlctl.plan.model import LaunchPlan, attempt_rank_dir
+from dmlctl.errors import DmlctlError, UsageError
+from dmlctl.plan.model import attempt_rank_dir
 from dmlctl.protocol import KIND_START, rank_events
+from dmlctl.runs.store import RunDir
 
 KILL_RANK = 1  # the rank that writes the kill line and kills itself
 
@@ -217,8 +218,8 @@ def dmlctl_times(run_dir: Path, *, rank: int = KILL_RANK, attempt: int = 1) -> d
             out = {**torchrun_times(f), **out}
     try:
         state = json.loads((run_dir / "state.json").read_text(encoding="utf-8"))
-        plan = LaunchPlan.from_dict(json.loads((run_dir / "plan.json").read_text("utf-8")))
-    except (OSError, ValueError, KeyError):
+        plan = RunDir(run_dir).read_plan()
+    except (OSError, ValueError, KeyError, UsageError):
         return out
     cause = next(iter(state.get("failures", ())), None)
     if cause and cause.get("exc_type") in _CONTROLLER_CAUSES:

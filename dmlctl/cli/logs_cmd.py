@@ -35,7 +35,7 @@ def logs(
     if fetch:
         if follow:
             raise UsageError("--fetch and --follow do not go together")
-        from dmlctl.launch.remote import fetch_rank_files
+        from dmlctl.provision.collect import fetch_rank_files
 
         for problem in fetch_rank_files(run):
             print(f"dmlctl: could not fetch from {problem}", file=sys.stderr)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -20,19 +19,20 @@ from typing import TYPE_CHECKING, Any
 import yaml
 from rich.console import Console
 
-from dmlctl.errors import PlanError
-from dmlctl.launch.sinks import UiMode, make_sink
-from dmlctl.launch.state import RunState, new_run_state
+from dmlctl.errors import PlanError, ProvisionError
 from dmlctl.plan.build import as_run, build_plan
 from dmlctl.plan.model import LaunchPlan
 from dmlctl.plan.render import render_plan
+from dmlctl.provision.ports import free_port, pick_port
 from dmlctl.redact import Redactor
 from dmlctl.runs import secrets as run_secrets
 from dmlctl.runs.files import DiskFull, StoreError, private_opener, private_umask
+from dmlctl.runs.state import RunState, new_run_state
 from dmlctl.runs.store import RunDir, RunStore, new_run_id
 from dmlctl.spec.locate import locate
 from dmlctl.spec.models import ClusterSpec, JobSpec
 from dmlctl.transport import Transport, close_transports, make_transports, network_address
+from dmlctl.ui.sinks import UiMode, make_sink
 
 if TYPE_CHECKING:
     from dmlctl.transport.ssh import SshOptions
@@ -64,13 +64,6 @@ class LaunchResult:
     run_dir: Path | None
     state: RunState | None
     exit_code: int
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free on ``host`` a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def _spec_copy(model: JobSpec | ClusterSpec, source: Path | None, redactor: Redactor) -> str:
@@ -179,11 +172,11 @@ def _prepare_remote(
 ) -> tuple[LaunchPlan, dict[str, Transport]]:  # fmt: skip
     """Preflight every host (refusing with one table), then plan on a port free on
     the first host, sync the code and run the setup command."""
-    from dmlctl.launch import remote
+    from dmlctl.provision import ship
     from dmlctl.provision.doctor import render_doctor, run_doctor
 
     transports = make_transports(cluster.resolved_hosts(), _ssh_options(options, err))
-    lib = remote.lib_id(remote.package_files())
+    lib = ship.lib_id(ship.package_files())
     # Plan once with a placeholder port to learn which hosts take part.
     draft = plan_run(job, cluster, store, port=DRY_RUN_PORT, lib=lib)
     first = draft.hosts[0]
@@ -199,19 +192,19 @@ def _prepare_remote(
         first_python = first.python
         port = (
             free_port() if first.is_local
-            else remote.pick_port(transports[first.name], first_python, options.connect_timeout)
+            else pick_port(transports[first.name], first_python, options.connect_timeout)
         )  # fmt: skip
         report = run_doctor(hosts, transports, rdzv_port=port)
     if not report.ok:
         console.print(render_doctor(report))
-        raise remote.ProvisionError(
+        raise ProvisionError(
             f"preflight failed on {len(report.failures())} of {len(hosts)} host(s); nothing started"
         )
     plan = plan_run(
         job, cluster, store, port=port, lib=lib, run_id=draft.run_id, rdzv_host=rdzv_host
     )
-    remote.sync_code(plan, job, transports, err)
-    remote.run_setup(plan, job, transports, err)
+    ship.sync_code(plan, job, transports, err)
+    ship.run_setup(plan, job, transports, err)
     return plan, transports
 
 
@@ -268,7 +261,7 @@ def resume(run_id: str, *, options: LaunchOptions, console: Console) -> LaunchRe
     Refuses a run that is still controlled or already ended."""
     from dmlctl.errors import UsageError
     from dmlctl.launch.controller import run_controller
-    from dmlctl.launch.state import Phase
+    from dmlctl.runs.state import Phase
 
     run = RunStore(options.home).get(run_id)
     state = run.read_state()
@@ -282,9 +275,9 @@ def resume(run_id: str, *, options: LaunchOptions, console: Console) -> LaunchRe
             f"run {run.run_id} is {state.phase.value}; only a run whose controller died"
             " ('lost' in dmlctl status) or that failed for a full disk can be resumed"
         )
-    plan = LaunchPlan.from_dict(run.read_plan())
+    plan = run.read_plan()
     transports = make_transports(plan.hosts + plan.spares)
-    from dmlctl.launch.remote import stop_stale_agents
+    from dmlctl.provision.agents import stop_stale_agents
 
     for line in stop_stale_agents(plan.run_id, plan.hosts + plan.spares, transports):
         console.print(f"dmlctl: {line}", markup=False, highlight=False)

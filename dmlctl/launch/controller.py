@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from dmlctl.launch.sink import Sink
-    from dmlctl.launch.state import RunState
     from dmlctl.plan.model import LaunchPlan
+    from dmlctl.runs.sink import Sink
+    from dmlctl.runs.state import RunState
     from dmlctl.runs.store import RunDir
     from dmlctl.transport import Transport
 
@@ -55,26 +55,27 @@ def run_controller(
 ) -> RunState:
     """Supervise ``plan`` in ``run`` and return the final RunState; afterwards, remote
     hosts' rank files are collected into the run directory."""
-    from dmlctl.launch.checkpoints import Replicator, replicated
-    from dmlctl.launch.events import CheckpointCopied
     from dmlctl.launch.hosts import HostPool
     from dmlctl.launch.policy import RestartDecider, RestartPolicy
-    from dmlctl.launch.redaction import redactor_of
-    from dmlctl.launch.remote import collect_rank_files, probe_host, rendezvous_on
     from dmlctl.launch.supervisor import Supervisor
+    from dmlctl.provision.collect import collect_rank_files
+    from dmlctl.provision.ports import probe_host, rendezvous_on
+    from dmlctl.provision.replicate import Replicator, replicated
+    from dmlctl.runs.events import CheckpointCopied
+    from dmlctl.runs.redaction import redactor_of
     from dmlctl.transport import close_transports, make_transports
 
     if transports is None:
         transports = make_transports(plan.hosts + plan.spares)
-    restart = RestartPolicy(**plan.restart) if plan.restart else RestartPolicy()
+    restart = RestartPolicy(**plan.restart.model_dump())
     pool = HostPool(
         plan, lambda h: probe_host(h, transports[h.name]),
         wait=restart.host_wait, cooldown=restart.host_cooldown,
     )  # fmt: skip
     replicator = (
         Replicator(run.path / "checkpoints", transports, plan.hosts,
-                   keep=int(plan.checkpoint.get("keep", 3)))
-        if replicated(plan) else None
+                   keep=plan.checkpoint.keep)
+        if plan.checkpoint is not None and replicated(plan) else None
     )  # fmt: skip
     sup = Supervisor(
         plan, run, transports, sink,
@@ -120,15 +121,14 @@ def main(argv: list[str]) -> int:
 
     from rich.console import Console
 
-    from dmlctl.launch.sinks import make_sink
-    from dmlctl.plan.model import LaunchPlan
     from dmlctl.runs.store import RunDir
     from dmlctl.ui import render_summary
+    from dmlctl.ui.sinks import make_sink
 
     run = RunDir(Path(argv[0]))
     resume_from = run.read_state() if "--resume" in argv[1:] else None
     run.write_pid(os.getpid())
-    plan = LaunchPlan.from_dict(run.read_plan())
+    plan = run.read_plan()
     # The run's lines are already in logs/; controller.log gets only the outcome.
     console = Console(file=sys.stdout, force_terminal=False, width=120)
     state = run_controller(

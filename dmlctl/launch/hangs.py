@@ -36,7 +36,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from dmlctl.launch.events import Collective
+from dmlctl.runs.events import Collective
 
 BUSY_CORES = 0.1
 """CPU use (in cores, averaged over the recent window) above which a rank is working."""

@@ -31,8 +31,8 @@ import dataclasses
 from dataclasses import dataclass
 from enum import Enum
 
-from dmlctl.launch.events import RootCause
-from dmlctl.launch.state import RunState
+from dmlctl.runs.events import RootCause
+from dmlctl.runs.state import RunState
 
 _INFRA_TYPES = frozenset({"Signal", "AgentLost", "AgentExit", "Hang"})
 FATAL_TYPES = frozenset(

@@ -22,8 +22,8 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from dmlctl.launch.events import Event, RankExited, StopRequested
-from dmlctl.launch.state import RunState
+from dmlctl.runs.events import Event, RankExited, StopRequested
+from dmlctl.runs.state import RunState
 from dmlctl.transport.base import Process
 
 FAIL_STOP_GRACE = 5.0  # seconds the ranks of a failed attempt get after SIGTERM

@@ -16,7 +16,7 @@ Stop rules (all bounded):
 Between attempts (``decide`` said to restart): lost hosts are set aside and the next
 attempt is placed on the hosts that answer (:class:`dmlctl.launch.hosts.HostPool`,
 :func:`dmlctl.plan.elastic.replan`); the controller's copy of the newest checkpoint
-is handed to them (:class:`dmlctl.launch.checkpoints.Replicator`), which also copies
+is handed to them (:class:`dmlctl.provision.replicate.Replicator`), which also copies
 every checkpoint a rank reports while the run goes on.
 """
 
@@ -29,8 +29,15 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
-from dmlctl.launch.checkpoints import Replicator
-from dmlctl.launch.events import (
+from dmlctl.launch.hosts import HostPool, HostsLost
+from dmlctl.launch.standby import WARM_AFTER, Standbys
+from dmlctl.launch.stops import STOP_MARGIN, AttemptStops, StopRules
+from dmlctl.launch.watch import CONFIRM_S, DUMP_WAIT_S, HangProbe, HangWatch, Liveness
+from dmlctl.plan.elastic import CannotReplan, place
+from dmlctl.plan.model import HostPlan, LaunchPlan
+from dmlctl.provision.replicate import Replicator
+from dmlctl.redact import Redactor
+from dmlctl.runs.events import (
     CONTROLLER,
     AgentExited,
     AgentStarted,
@@ -49,20 +56,13 @@ from dmlctl.launch.events import (
     StacksDumped,
     StopRequested,
 )
-from dmlctl.launch.hosts import HostPool, HostsLost
-from dmlctl.launch.parser import parse_line
-from dmlctl.launch.redaction import redact_events
-from dmlctl.launch.sink import Sink
-from dmlctl.launch.standby import WARM_AFTER, Standbys
-from dmlctl.launch.state import Phase, RunState, apply, new_run_state
-from dmlctl.launch.stderr_tail import StderrTails
-from dmlctl.launch.stops import STOP_MARGIN, AttemptStops, StopRules
-from dmlctl.launch.watch import CONFIRM_S, DUMP_WAIT_S, HangProbe, HangWatch, Liveness
-from dmlctl.launch.writer import RunWriter
-from dmlctl.plan.elastic import CannotReplan, place
-from dmlctl.plan.model import HostPlan, LaunchPlan
-from dmlctl.redact import Redactor
+from dmlctl.runs.parser import parse_line
+from dmlctl.runs.redaction import redact_events
+from dmlctl.runs.sink import Sink
+from dmlctl.runs.state import Phase, RunState, apply, new_run_state
+from dmlctl.runs.stderr_tail import StderrTails
 from dmlctl.runs.store import RunDir
+from dmlctl.runs.writer import RunWriter
 from dmlctl.transport.base import Process, Transport
 
 BATCH = 8  # agent messages handled per step (each carries up to ~256 KiB of lines)

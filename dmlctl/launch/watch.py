@@ -15,7 +15,8 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from dmlctl.launch.events import (
+from dmlctl.launch.hangs import RankView, Verdict, find_hang
+from dmlctl.runs.events import (
     Heartbeat,
     ProcSample,
     ProcUsage,
@@ -24,8 +25,7 @@ from dmlctl.launch.events import (
     StackDump,
     StacksDumped,
 )
-from dmlctl.launch.hangs import RankView, Verdict, find_hang
-from dmlctl.launch.state import RankStatus, RunState
+from dmlctl.runs.state import RankStatus, RunState
 
 CPU_WINDOW_S = 5.0
 """A rank's CPU use is averaged over its beats of this many recent seconds."""

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dmlctl.protocol import ENV_ATTEMPT, ENV_RANK_DIR
+from dmlctl.spec.restart import CheckpointSpec, RestartSpec
 
 
 @dataclass(frozen=True)
@@ -107,9 +108,10 @@ class LaunchPlan:
     rdzv_endpoint: str
     hosts: tuple[HostPlan, ...]
     ranks: tuple[RankPlan, ...]
-    restart: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    #: The job's ``checkpoint:`` block ({} without one).
-    checkpoint: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    #: The job's ``restart:`` block, as validated.
+    restart: RestartSpec = dataclasses.field(default_factory=RestartSpec)
+    #: The job's ``checkpoint:`` block, as validated (None without one).
+    checkpoint: CheckpointSpec | None = None
     #: Hosts of the cluster that run nothing now; a restart may use them instead of
     #: lost hosts (see :func:`dmlctl.plan.elastic.replan`).
     spares: tuple[HostPlan, ...] = ()
@@ -124,7 +126,11 @@ class LaunchPlan:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(self)
+        data["restart"] = self.restart.model_dump(mode="json")
+        checkpoint = self.checkpoint
+        data["checkpoint"] = checkpoint.model_dump(mode="json") if checkpoint else None
+        return data
 
     @staticmethod
     def from_dict(data: Mapping[str, Any]) -> LaunchPlan:
@@ -151,8 +157,10 @@ class LaunchPlan:
             rdzv_endpoint=data["rdzv_endpoint"],
             hosts=tuple(host(h) for h in data["hosts"]),
             ranks=tuple(RankPlan(**r) for r in data["ranks"]),
-            restart=dict(data.get("restart", {})),
-            checkpoint=dict(data.get("checkpoint", {})),
+            restart=RestartSpec.model_validate(data.get("restart") or {}),
+            checkpoint=CheckpointSpec.model_validate(data["checkpoint"])
+            if data.get("checkpoint")
+            else None,
             spares=tuple(host(h) for h in data.get("spares", ())),
             min_hosts=int(data.get("min_hosts", 0)),
             max_hosts=int(data.get("max_hosts", 0)),

@@ -1,16 +1,12 @@
-"""Provisioning: the preflight doctor (every host checked at once, every failure kept).
+"""Everything done to hosts around a run, all hosts in parallel, every failure kept.
 
-See :mod:`dmlctl.provision.doctor` (checks, reports, rendering) and
-:mod:`dmlctl.provision.probe` (the scripts run on the hosts).
+* :mod:`dmlctl.provision.doctor` — the preflight checks (scripts in
+  :mod:`dmlctl.provision.probe`, required packages in
+  :mod:`dmlctl.provision.requirements`);
+* :mod:`dmlctl.provision.ship` — code sync (over :mod:`dmlctl.provision.sync`) and
+  the job's setup command;
+* :mod:`dmlctl.provision.ports` — rendezvous ports and host probes;
+* :mod:`dmlctl.provision.agents` — agents an earlier controller left running;
+* :mod:`dmlctl.provision.replicate` — checkpoint copies between hosts during a run;
+* :mod:`dmlctl.provision.collect` — rank files collected after a run.
 """
-
-from dmlctl.provision.doctor import (
-    Check,
-    DoctorReport,
-    HostReport,
-    doctor_json,
-    render_doctor,
-    run_doctor,
-)
-
-__all__ = ["Check", "DoctorReport", "HostReport", "doctor_json", "render_doctor", "run_doctor"]

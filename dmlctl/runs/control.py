@@ -8,8 +8,8 @@ import os
 import signal
 import time
 
-from dmlctl.launch.events import Finished, StopRequested
-from dmlctl.launch.state import Phase, RunState, apply
+from dmlctl.runs.events import Finished, StopRequested
+from dmlctl.runs.state import Phase, RunState, apply
 from dmlctl.runs.store import RunDir, pid_alive
 
 POLL_S = 0.1

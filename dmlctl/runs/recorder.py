@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterable
 from typing import TextIO
 
-from dmlctl.launch.events import Event, LogLines, MetricRecord, StackDump
+from dmlctl.runs.events import Event, LogLines, MetricRecord, StackDump
 from dmlctl.runs.files import StoreError, make_private_dir, open_private, store_error
 from dmlctl.runs.store import RunDir
 

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from dmlctl.errors import RunNotFound, UsageError
-from dmlctl.launch.state import Phase, RunState
+from dmlctl.plan.model import LaunchPlan
 from dmlctl.runs import secrets as run_secrets
 from dmlctl.runs.files import (
     DIR_MODE,
@@ -48,6 +48,7 @@ from dmlctl.runs.files import (
     make_private_dir,
     store_error,
 )
+from dmlctl.runs.state import Phase, RunState
 
 __all__ = [
     "RunDir",
@@ -269,7 +270,7 @@ class RunDir:
         self.write_json(self.secrets, hidden)
         self.write_json(self.plan, data)
 
-    def read_plan(self) -> dict[str, Any]:
+    def read_plan(self) -> LaunchPlan:
         """``plan.json`` with the real env values put back (UsageError when either
         file cannot be read: a plan without its values must not start)."""
         try:
@@ -277,9 +278,9 @@ class RunDir:
             hidden = json.loads(self.secrets.read_text(encoding="utf-8"))
             if not isinstance(data, dict) or not isinstance(hidden, dict):
                 raise ValueError("not a JSON object")
-        except (OSError, ValueError) as e:
+            return LaunchPlan.from_dict(run_secrets.merge(data, hidden))
+        except (OSError, ValueError, KeyError, TypeError) as e:
             raise UsageError(f"run {self.run_id}: cannot read its plan ({e})") from None
-        return run_secrets.merge(data, hidden)
 
 
 class RunStore:

@@ -14,7 +14,7 @@ Guarantees:
   ``LATEST`` never absent after the first commit. Leftover ``.tmp-*`` directories are
   ignored by loading and removed by the next save. A host-local directory holds only
   its own ranks' files; the controller merges the hosts' parts into a complete copy
-  (``dmlctl.launch.checkpoints``) and hands it back to the hosts on a restart.
+  (``dmlctl.provision.replicate``) and hands it back to the hosts on a restart.
 * **Verified load.** :meth:`CheckpointManager.load_latest` checks the manifest, the
   rank's file size + sha256 before unpickling; a bad checkpoint is skipped with a
   :class:`CheckpointWarning` (also on stderr) and the previous one tried — also one

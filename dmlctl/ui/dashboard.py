@@ -16,7 +16,7 @@ from rich.live import Live
 from rich.rule import Rule
 from rich.text import Text
 
-from dmlctl.launch.state import Phase, RunState
+from dmlctl.runs.state import Phase, RunState
 from dmlctl.ui.format import rank_table, root_cause_panel, run_header, tail_text
 
 SPINNER_FRAMES = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"

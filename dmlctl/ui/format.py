@@ -16,8 +16,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from dmlctl.launch.events import RootCause, Stream
-from dmlctl.launch.state import Phase, RankState, RankStatus, RunState, TailLine
+from dmlctl.runs.events import RootCause, Stream
+from dmlctl.runs.state import Phase, RankState, RankStatus, RunState, TailLine
 
 MISSING = "-"
 """Shown where a value is not known yet (no metric reported, no exit code)."""

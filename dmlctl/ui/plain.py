@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TextIO
 
-from dmlctl.launch.events import (
+from dmlctl.runs.events import (
     AgentExited,
     AgentStarted,
     Event,
@@ -20,7 +20,7 @@ from dmlctl.launch.events import (
     RankStarted,
     StopRequested,
 )
-from dmlctl.launch.state import RankState, RunState
+from dmlctl.runs.state import RankState, RunState
 from dmlctl.ui.format import format_loss, format_rate, format_step
 
 _Snapshot = tuple[int | None, float | None, float | None]

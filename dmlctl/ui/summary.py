@@ -14,7 +14,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from dmlctl.launch.state import RankStatus, RunState
+from dmlctl.runs.state import RankStatus, RunState
 from dmlctl.ui.format import (
     format_duration,
     phase_text,

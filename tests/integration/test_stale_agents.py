@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from dmlctl.launch.remote import stop_stale_agents
 from dmlctl.plan.model import HostPlan
+from dmlctl.provision.agents import stop_stale_agents
 from dmlctl.transport.local import LocalTransport
 
 pytestmark = pytest.mark.integration

@@ -157,7 +157,7 @@ def test_dmlctl_times_read_the_run_directory(tmp_path: Path) -> None:
     store = RunStore(tmp_path / "home")
     plan = plan_run(recovery_job(tmp_path, 0.1), bench_cluster(), store, port=29500)
     run = store.create(plan.run_id)
-    run.write_json(run.plan, plan.to_dict())
+    run.write_plan(plan.to_dict(), {})
     failure = {"exc_type": "Signal", "rank": 1, "ts": KILL + 0.5, "message": "killed by SIGKILL"}
     run.write_json(run.state_file, {"failures": [failure]})
     host = plan.hosts[0]

@@ -1,4 +1,4 @@
-"""The controller's checkpoint copies (``dmlctl.launch.checkpoints``) with real files
+"""The controller's checkpoint copies (``dmlctl.provision.replicate``) with real files
 and real commands through the local transport: two "hosts" are two directories."""
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ import sys
 from pathlib import Path
 
 from dmlctl import protocol
-from dmlctl.launch.checkpoints import Replicator, replicated
 from dmlctl.plan.model import HostPlan, LaunchPlan
+from dmlctl.provision.replicate import Replicator, replicated
+from dmlctl.spec.restart import CheckpointSpec
 from dmlctl.transport.local import LocalTransport
 
 
@@ -107,8 +108,8 @@ def test_only_runs_with_remote_hosts_and_own_directories_are_copied(tmp_path: Pa
     remote, local = host("a", tmp_path), host("l", tmp_path, local=True)
 
     def plan(hosts: tuple[HostPlan, ...], checkpoint: dict[str, object]) -> LaunchPlan:
-        return LaunchPlan("r", "j", "ssgd", {}, "t.py", (), 1, "x:1", hosts, (),
-                          checkpoint=checkpoint)  # fmt: skip
+        spec = CheckpointSpec.model_validate(checkpoint) if checkpoint else None
+        return LaunchPlan("r", "j", "ssgd", {}, "t.py", (), 1, "x:1", hosts, (), checkpoint=spec)
 
     assert replicated(plan((remote,), {"keep": 3}))
     assert not replicated(plan((local,), {"keep": 3}))

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from dmlctl.launch.events import Collective
 from dmlctl.launch.hangs import BUSY_CORES, STEP_FACTOR, RankView, find_hang
+from dmlctl.runs.events import Collective
 
 T = 30.0
 IDLE = 0.0

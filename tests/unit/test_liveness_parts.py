@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from dmlctl.launch.events import Collective, Heartbeat, ProcSample, ProcUsage, RankExited
-from dmlctl.launch.state import RankState, RankStatus, new_run_state
 from dmlctl.launch.watch import STALE_BEAT_S, HangWatch
+from dmlctl.runs.events import Collective, Heartbeat, ProcSample, ProcUsage, RankExited
+from dmlctl.runs.state import RankState, RankStatus, new_run_state
 from dmlctl.runtime.collectives import _summarize, recorder_enabled
 from dmlctl.runtime.progress import Tracker
 from dmlctl.runtime.where import FrameNamer, frames_of

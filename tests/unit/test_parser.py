@@ -1,4 +1,4 @@
-"""dmlctl.launch.parser: one agent output line in, typed events out (pure)."""
+"""dmlctl.runs.parser: one agent output line in, typed events out (pure)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from dmlctl.launch.events import (
+from dmlctl.runs.events import (
     AgentExited,
     AgentStarted,
     Collective,
@@ -23,7 +23,7 @@ from dmlctl.launch.events import (
     StacksDumped,
     Stream,
 )
-from dmlctl.launch.parser import parse_line, torchrun_failure
+from dmlctl.runs.parser import parse_line, torchrun_failure
 from dmlctl.transport.fake import (
     agent_exit,
     agent_log,

@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from dmlctl.launch.events import RootCause
 from dmlctl.launch.policy import (
     Action,
     Failed,
@@ -25,6 +24,7 @@ from dmlctl.launch.policy import (
     classify,
     step,
 )
+from dmlctl.runs.events import RootCause
 from dmlctl.spec.restart import CheckpointSpec, RestartSpec
 
 USER = Failed(RootCause("a", 1, "ValueError", "bad batch"))

@@ -8,10 +8,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from dmlctl.launch.events import RankStarted
-from dmlctl.launch.state import Phase, RankStatus, RunState
 from dmlctl.launch.supervisor import Supervisor
 from dmlctl.plan.model import attempt_config
+from dmlctl.runs.events import RankStarted
+from dmlctl.runs.state import Phase, RankStatus, RunState
 from dmlctl.runs.store import RunDir, RunStore
 from dmlctl.transport.fake import (
     ScriptedTransport,

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from dmlctl.errors import RunNotFound, UsageError
-from dmlctl.launch.events import (
+from dmlctl.runs.control import STOP_SLACK_S, default_stop_timeout, stop_run
+from dmlctl.runs.events import (
     AgentExited,
     Finished,
     LogLines,
@@ -25,10 +26,9 @@ from dmlctl.launch.events import (
     StackDump,
     Stream,
 )
-from dmlctl.launch.state import Phase, RankStatus, RunState, apply, new_run_state
-from dmlctl.runs.control import STOP_SLACK_S, default_stop_timeout, stop_run
 from dmlctl.runs.logs import log_path, print_stacks, stream_log
 from dmlctl.runs.recorder import RunRecorder
+from dmlctl.runs.state import Phase, RankStatus, RunState, apply, new_run_state
 from dmlctl.runs.store import RunDir, RunStore, atomic_write, pid_alive
 
 T0 = 1000.0

@@ -1,4 +1,4 @@
-"""dmlctl.launch.state.apply: the pure reducer, driven by hand-built events (no processes)."""
+"""dmlctl.runs.state.apply: the pure reducer, driven by hand-built events (no processes)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import copy
 import json
 
 from dmlctl.errors import ExitCode
-from dmlctl.launch.events import (
+from dmlctl.runs.events import (
     AgentExited,
     AgentStarted,
     Event,
@@ -21,7 +21,7 @@ from dmlctl.launch.events import (
     StopRequested,
     Stream,
 )
-from dmlctl.launch.state import (
+from dmlctl.runs.state import (
     TAIL_LINES,
     Phase,
     RankStatus,

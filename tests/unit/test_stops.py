@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from dmlctl.launch.events import RankExited, RootCause, StopRequested
-from dmlctl.launch.state import new_run_state
 from dmlctl.launch.stops import FAIL_STOP_GRACE, STREAMING_S, AttemptStops, StopRules
+from dmlctl.runs.events import RankExited, RootCause, StopRequested
+from dmlctl.runs.state import new_run_state
 from dmlctl.transport.fake import ScriptedProcess, ScriptedTransport
 
 STATE = new_run_state("r", "j", "ssgd", [(0, "a", "worker"), (1, "b", "worker")], 0.0)

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from dmlctl.launch.events import ControllerFailed, Event, LogLines, RankExited, RootCause
 from dmlctl.launch.policy import FailureKind, RestartDecider, RestartPolicy, classify
-from dmlctl.launch.redaction import redactor_of
-from dmlctl.launch.state import Phase, apply, new_run_state
 from dmlctl.launch.supervisor import Supervisor
+from dmlctl.runs.events import ControllerFailed, Event, LogLines, RankExited, RootCause
 from dmlctl.runs.files import DiskFull
+from dmlctl.runs.redaction import redactor_of
+from dmlctl.runs.state import Phase, apply, new_run_state
 from dmlctl.runs.store import RunDir
 from dmlctl.transport.fake import (
     ScriptedTransport,

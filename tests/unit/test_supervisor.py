@@ -11,7 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from dmlctl.launch.events import (
+from dmlctl.launch.stops import FAIL_STOP_GRACE, STREAMING_S
+from dmlctl.launch.supervisor import Supervisor
+from dmlctl.plan.build import build_plan
+from dmlctl.plan.model import LaunchPlan
+from dmlctl.runs.events import (
     AgentExited,
     AgentStarted,
     Event,
@@ -19,12 +23,8 @@ from dmlctl.launch.events import (
     RankStarted,
     RootCause,
 )
-from dmlctl.launch.parser import parse_line
-from dmlctl.launch.state import Phase, RankStatus, RunState, phase_exit_code
-from dmlctl.launch.stops import FAIL_STOP_GRACE, STREAMING_S
-from dmlctl.launch.supervisor import Supervisor
-from dmlctl.plan.build import build_plan
-from dmlctl.plan.model import LaunchPlan
+from dmlctl.runs.parser import parse_line
+from dmlctl.runs.state import Phase, RankStatus, RunState, phase_exit_code
 from dmlctl.runs.store import RunDir, RunStore
 from dmlctl.spec import ClusterSpec, HostSpec, JobSpec
 from dmlctl.transport.fake import (

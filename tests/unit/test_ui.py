@@ -7,7 +7,7 @@ import time
 
 from rich.console import Console, RenderableType
 
-from dmlctl.launch.events import (
+from dmlctl.runs.events import (
     AgentExited,
     AgentStarted,
     Event,
@@ -20,7 +20,7 @@ from dmlctl.launch.events import (
     RootCause,
     Stream,
 )
-from dmlctl.launch.state import Phase, RunState, apply, new_run_state
+from dmlctl.runs.state import Phase, RunState, apply, new_run_state
 from dmlctl.ui import (
     LiveDashboard,
     PlainPrinter,
@@ -286,8 +286,8 @@ def test_run_list_and_detail() -> None:
 
 
 def test_strategy_metrics_get_their_own_columns() -> None:
-    from dmlctl.launch.events import MetricRecord
-    from dmlctl.launch.state import apply, new_run_state
+    from dmlctl.runs.events import MetricRecord
+    from dmlctl.runs.state import apply, new_run_state
     from dmlctl.ui.format import rank_table
 
     state = new_run_state("r", "job", "bmuf", [(0, "a", "worker"), (1, "a", "worker")], 0.0)
@@ -306,7 +306,7 @@ def test_strategy_metrics_get_their_own_columns() -> None:
 
 
 def test_header_shows_the_newest_checkpoint_and_its_copy() -> None:
-    from dmlctl.launch.events import CheckpointCopied, CheckpointSaved, Resized
+    from dmlctl.runs.events import CheckpointCopied, CheckpointSaved, Resized
 
     state = apply(running(), [CheckpointSaved("host-a", 0, 10, "/c/step-10", T0 + 5)])
     assert "checkpoint step 10" in render(render_dashboard(state, T0 + 6))

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dmlctl import protocol
-from dmlctl.launch.events import (
+from dmlctl.runs.events import (
     AgentExited,
     AgentStarted,
     CheckpointSaved,

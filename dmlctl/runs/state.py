@@ -17,7 +17,7 @@ from enum import Enum
 from typing import Any
 
 from dmlctl.errors import ExitCode
-from dmlctl.launch.events import (
+from dmlctl.runs.events import (
     AgentExited,
     AgentStarted,
     CheckpointCopied,

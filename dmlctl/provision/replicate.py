@@ -302,4 +302,4 @@ def replicated(plan: LaunchPlan) -> bool:
     host is remote, and the directory is dmlctl's per-host one (a ``checkpoint.dir``
     the user names is taken to be shared by the hosts)."""
     spec = plan.checkpoint
-    return bool(spec) and not spec.get("dir") and any(not h.is_local for h in plan.hosts)
+    return spec is not None and spec.dir is None and any(not h.is_local for h in plan.hosts)

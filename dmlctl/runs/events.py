@@ -1,7 +1,7 @@
 """Typed events: everything that comes back from the hosts, and the controller's own steps.
 
 Events are immutable values. The supervisor reduces them into a
-:class:`dmlctl.launch.state.RunState` with :func:`dmlctl.launch.state.apply`.
+:class:`dmlctl.runs.state.RunState` with :func:`dmlctl.runs.state.apply`.
 """
 
 from __future__ import annotations

@@ -6,9 +6,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from dmlctl.launch.events import AgentExited, Event, LogLines, RankExited, RootCause, StackDump
 from dmlctl.plan.model import LaunchPlan
 from dmlctl.redact import Redactor
+from dmlctl.runs.events import AgentExited, Event, LogLines, RankExited, RootCause, StackDump
 
 
 def redactor_of(plan: LaunchPlan) -> Redactor:

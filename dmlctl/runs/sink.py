@@ -1,13 +1,13 @@
 """Where the supervisor's snapshots go: the interface, and a sink that drops them
-(the renderers behind it are in :mod:`dmlctl.launch.sinks`)."""
+(the renderers behind it are in :mod:`dmlctl.ui.sinks`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Protocol
 
-from dmlctl.launch.events import Event
-from dmlctl.launch.state import RunState
+from dmlctl.runs.events import Event
+from dmlctl.runs.state import RunState
 
 __all__ = ["NullSink", "Sink"]
 

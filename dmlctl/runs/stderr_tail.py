@@ -6,7 +6,7 @@ import collections
 import dataclasses
 from collections.abc import Sequence
 
-from dmlctl.launch.events import AgentExited, Event, LogLines, RankExited, RootCause, Stream
+from dmlctl.runs.events import AgentExited, Event, LogLines, RankExited, RootCause, Stream
 
 STDERR_TAIL = 20
 

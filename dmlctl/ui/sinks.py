@@ -8,9 +8,9 @@ from typing import Literal, TextIO, cast
 
 from rich.console import Console
 
-from dmlctl.launch.events import Event
-from dmlctl.launch.sink import NullSink, Sink
-from dmlctl.launch.state import RunState
+from dmlctl.runs.events import Event
+from dmlctl.runs.sink import NullSink, Sink
+from dmlctl.runs.state import RunState
 from dmlctl.ui import LiveDashboard, PlainPrinter, render_summary
 
 UiMode = Literal["auto", "live", "plain", "quiet"]

@@ -20,10 +20,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
-from dmlctl.launch.events import CONTROLLER, ControllerFailed, Event, RootCause
-from dmlctl.launch.state import RunState
+from dmlctl.runs.events import CONTROLLER, ControllerFailed, Event, RootCause
 from dmlctl.runs.files import DiskFull, RunDirGone, StoreError, store_error
 from dmlctl.runs.recorder import RunRecorder
+from dmlctl.runs.state import RunState
 from dmlctl.runs.store import RunDir
 
 CHECK_S = 1.0
