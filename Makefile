@@ -32,6 +32,7 @@ test: install
 
 lint: install
 	$(VPY) -m ruff check dmlctl tests
+	$(VPY) -m ruff format --check dmlctl tests
 	$(VPY) -m mypy
 
 bench: install
