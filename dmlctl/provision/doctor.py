@@ -281,6 +281,19 @@ def run_doctor(
         checks[first.name].update({RDZV_PORT: replaced} if replaced else {})
         for name, check in reached.items():
             checks[name][RDZV_REACHABLE] = check
+    return _report(hosts, checks, facts, skipped)
+
+
+def _report(
+    hosts: Sequence[ResolvedHost],
+    checks: dict[str, dict[str, Check]],
+    facts: dict[str, dict[str, Any]],
+    skipped: dict[str, str],
+) -> DoctorReport:
+    """Every host's checks in :data:`CHECKS` order (the first host has no reachability
+    check, the others no port check); a check that never ran is a skipped failure
+    saying why (the host's own problem, else the first host's missing listener)."""
+    first = hosts[0]
     no_listener = f"{first.name} {skipped.get(first.name, 'has no rendezvous listener')}"
     reports = []
     for h in hosts:
