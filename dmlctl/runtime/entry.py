@@ -127,7 +127,11 @@ def _arm_guards(role: str) -> None:
         )
     except (KeyError, ValueError):
         return  # an unknown strategy or bad parameters: dmlctl.init() names them
-    guards.install(strategy, servers=protocol.ROLE_SERVER in module.ROLES, params=params)
+    guards.install(
+        strategy,
+        servers=protocol.ROLE_SERVER in module.ROLES,
+        needs_runtime=registry.needs_runtime(strategy, params),
+    )
 
 
 def run_script(argv: list[str]) -> None:

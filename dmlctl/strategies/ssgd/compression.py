@@ -10,7 +10,7 @@
   ``start_powerSGD_iter`` steps).
 
 Every hook is wrapped by :func:`metered_hook`, which feeds a
-:class:`~dmlctl.strategies.base.CommMeter`:
+:class:`~dmlctl.runtime.optimizer.CommMeter`:
 
 * **bytes** — what this worker contributes to all-reduces per step (one step = one
   backward that synchronises, counted at the bucket DDP processes last). ``none``:
@@ -25,7 +25,7 @@ Every hook is wrapped by :func:`metered_hook`, which feeds a
   so it includes compressing and decompressing; overlapping buckets count once
   (union of intervals). ``comm_share`` = that time / wall time of the window.
 
-Only imported on the hosts (it imports torch), from :func:`dmlctl.strategies.ssgd.prepare`.
+Only imported on the hosts (it imports torch), from :func:`dmlctl.strategies.ssgd.strategy.prepare`.
 """
 
 import threading
@@ -41,7 +41,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
 from torch.nn.parallel import DistributedDataParallel
 
-from dmlctl.strategies.base import CommMeter
+from dmlctl.runtime.optimizer import CommMeter
 
 Hook = Callable[[Any, GradBucket], torch.futures.Future[torch.Tensor]]
 
