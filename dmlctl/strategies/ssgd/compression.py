@@ -160,15 +160,19 @@ class MeteredDDP(DistributedDataParallel):
         s = hs.inner_state
         _, keys, pos, has_gauss, gauss = cast("tuple[str, Any, int, int, float]", s.rng.get_state())
         return {
-            "compression": "powersgd", "rank": s.matrix_approximation_rank, "iter": s.iter,
+            "compression": "powersgd",
+            "rank": s.matrix_approximation_rank,
+            "iter": s.iter,
             "error": {k: v.detach().clone() for k, v in s.error_dict.items()},
             "p": {k: v.detach().clone() for k, v in s.p_memory_dict.items()},
             "q": {k: v.detach().clone() for k, v in s.q_memory_dict.items()},
             "numel_before": s.total_numel_before_compression,
             "numel_after": s.total_numel_after_compression,
             "rng_keys": torch.from_numpy(keys.astype(np.int64)),
-            "rng_pos": int(pos), "rng_has_gauss": int(has_gauss), "rng_gauss": float(gauss),
-        }  # fmt: skip
+            "rng_pos": int(pos),
+            "rng_has_gauss": int(has_gauss),
+            "rng_gauss": float(gauss),
+        }
 
     def load_strategy_state(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`strategy_state` returned (call after ``ctx.prepare``,
@@ -221,10 +225,13 @@ def install(
     elif compression == "powersgd":
         inner = psgd.powerSGD_hook
         inner_state = psgd.PowerSGDState(
-            process_group=group, matrix_approximation_rank=rank,
-            start_powerSGD_iter=warmup_steps, min_compression_rate=min_compression_rate,
-            use_error_feedback=error_feedback, warm_start=True,
-        )  # fmt: skip
+            process_group=group,
+            matrix_approximation_rank=rank,
+            start_powerSGD_iter=warmup_steps,
+            min_compression_rate=min_compression_rate,
+            use_error_feedback=error_feedback,
+            warm_start=True,
+        )
     else:
         raise ValueError(f"unknown compression {compression!r}")
     state = HookState(compression, inner, inner_state)

@@ -65,10 +65,13 @@ def prepare(
     device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
     wrapped = compression.MeteredDDP(model, device_ids=device_ids, **kwargs)
     compression.install(
-        wrapped, p.compression, rank=p.powersgd_rank, warmup_steps=p.powersgd_warmup_steps,
+        wrapped,
+        p.compression,
+        rank=p.powersgd_rank,
+        warmup_steps=p.powersgd_warmup_steps,
         error_feedback=p.powersgd_error_feedback,
         min_compression_rate=p.powersgd_min_compression_rate,
-    )  # fmt: skip
+    )
     ref = weakref.ref(wrapped)
     ctx.on_close(lambda: _release(ref))
     return wrapped, optimizer
