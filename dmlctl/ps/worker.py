@@ -119,6 +119,7 @@ class PSOptimizer(StrategyOptimizer):
         return loss
 
     def step(self, closure: Callable[[], float] | None = None) -> Any:
+        """One training step and the push/pull due with it: the subclass's."""
         raise NotImplementedError
 
     # ------------------------------------------------------------ end, checkpoints

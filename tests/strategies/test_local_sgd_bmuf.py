@@ -49,11 +49,10 @@ def _step(net: torch.nn.Module, opt: torch.optim.Optimizer, idx: torch.Tensor) -
 
 def _train(ctx: Any, strategy: str, params: dict[str, Any], steps: int, batch: int) -> Any:
     """tests.strategies.problem.train_on_rank's loop with the given strategy."""
-    module = registry.load(strategy)
+    module = registry.load_runtime(strategy)
+    settings = registry.load(strategy).Params(**params)
     net = problem.model(0)
-    net, opt = module.prepare(
-        ctx, net, torch.optim.SGD(net.parameters(), lr=0.05), module.Params(**params)
-    )
+    net, opt = module.prepare(ctx, net, torch.optim.SGD(net.parameters(), lr=0.05), settings)
     gen = torch.Generator().manual_seed(1000 + ctx.rank)
     for _ in range(steps):
         _step(net, opt, torch.randint(len(X), (batch,), generator=gen))

@@ -8,8 +8,8 @@ worker waits for another. ``α`` defaults to ``β / p`` (``β = 0.9``), as in
 :mod:`dmlctl.strategies.easgd`. At the end of the data every worker takes the
 center, so the trained model is ``x̃``.
 
-The parameters are :mod:`dmlctl.strategies.easgd_async.params`'s; this module imports torch
-(hosts only).
+The parameters are :mod:`dmlctl.strategies.easgd_async.params`'s; this module imports
+torch (hosts only).
 """
 
 from __future__ import annotations
