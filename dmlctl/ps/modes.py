@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from dmlctl.ps.bootstrap import Layout
+from dmlctl.ps.channel import WorkerChannel
 from dmlctl.ps.worker import PSOptimizer
 
 if TYPE_CHECKING:
@@ -41,10 +42,11 @@ class DeltaPush(PSOptimizer):
         *,
         ctx: Context,
         layout: Layout,
+        channel: WorkerChannel | None = None,
         n_push: int = 1,
         n_fetch: int = 1,
     ) -> None:
-        super().__init__(inner, params, ctx=ctx, layout=layout)
+        super().__init__(inner, params, ctx=ctx, layout=layout, channel=channel)
         self.n_push, self.n_fetch = n_push, n_fetch
 
     def _delta(self) -> list[torch.Tensor]:
@@ -80,9 +82,10 @@ class GradientPush(PSOptimizer):
         *,
         ctx: Context,
         layout: Layout,
+        channel: WorkerChannel | None = None,
         n_fetch: int = 1,
     ) -> None:
-        super().__init__(inner, params, ctx=ctx, layout=layout)
+        super().__init__(inner, params, ctx=ctx, layout=layout, channel=channel)
         self.n_fetch = n_fetch
 
     def step(self, closure: Callable[[], float] | None = None) -> Any:
@@ -111,10 +114,11 @@ class ElasticExchange(PSOptimizer):
         *,
         ctx: Context,
         layout: Layout,
+        channel: WorkerChannel | None = None,
         period: int,
         alpha: float,
     ) -> None:
-        super().__init__(inner, params, ctx=ctx, layout=layout)
+        super().__init__(inner, params, ctx=ctx, layout=layout, channel=channel)
         self.elastic_period, self.elastic_alpha = period, alpha
 
     def step(self, closure: Callable[[], float] | None = None) -> Any:

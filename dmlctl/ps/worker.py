@@ -45,7 +45,9 @@ class PSOptimizer(StrategyOptimizer):
     """The user's optimizer plus push/pull to the parameter servers (module docstring).
 
     Subclasses (:mod:`dmlctl.ps.modes`) implement :meth:`step` with the helpers
-    below, and :meth:`flush` when they hold changes not pushed yet."""
+    below, and :meth:`flush` when they hold changes not pushed yet. ``channel``
+    defaults to the point-to-point :class:`~dmlctl.ps.channel.WorkerChannel` to the
+    layout's servers (tests pass one of their own)."""
 
     def __init__(
         self,
@@ -54,6 +56,7 @@ class PSOptimizer(StrategyOptimizer):
         *,
         ctx: Context,
         layout: Layout,
+        channel: WorkerChannel | None = None,
     ) -> None:
         super().__init__(inner, params, world_size=ctx.world_size, period=1)
         members = ctx.membership
@@ -62,9 +65,11 @@ class PSOptimizer(StrategyOptimizer):
         self.group = members.group
         self.shapes = [torch.Size(s) for s in layout.shapes]
         self.shard_ids = list(range(len(layout.plan)))
-        self.channel = WorkerChannel(
-            ctx.global_rank, layout.servers, layout.shard_numel(), layout.torch_dtype
-        )
+        if channel is None:
+            channel = WorkerChannel(
+                ctx.global_rank, layout.servers, layout.shard_numel(), layout.torch_dtype
+            )
+        self.channel = channel
         self.reference = [p.detach().clone() for p in self.params]
         self.min_clock = 0
         self.pushed_at = 0  # local step of the latest push
