@@ -6,7 +6,11 @@
   can be replaced.
 * :mod:`dmlctl.ps.server` — :class:`~dmlctl.ps.server.ParameterServer`: the shards'
   parameters, SGD updates as pushes arrive, per-worker clocks, measured staleness,
-  ``state_dict`` for checkpoints.
+  ``state_dict`` for checkpoints; :mod:`dmlctl.ps.serve` — a server rank's life.
+* :mod:`dmlctl.ps.bootstrap` — the layout the workers and servers agree on, and a
+  worker's joining (:func:`~dmlctl.ps.bootstrap.join_as_worker`).
+* :mod:`dmlctl.ps.worker` — :class:`~dmlctl.ps.worker.PSOptimizer`, the worker's side;
+  :mod:`dmlctl.ps.modes` — what a worker pushes and when (one class per behaviour).
 
 Importing this package is cheap (no torch); import the submodules you need.
 """

@@ -6,7 +6,8 @@ server's configuration (update rule, staleness bound) — in a :class:`Layout`, 
 sends it and the initial parameters to every rank with two broadcasts over the
 default group. Workers take part too, so every worker starts from the first
 worker's parameters, like DDP's initial broadcast. Both calls are collective: every
-worker calls them from ``ctx.prepare``, every server before it serves.
+worker calls them from ``ctx.prepare`` (through :func:`join_as_worker`), every server
+before it serves.
 """
 
 from __future__ import annotations
@@ -14,12 +15,16 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
-from dmlctl.ps.server import pack
+from dmlctl.ps.server import pack, unpack
+from dmlctl.ps.shards import plan_shards
+
+if TYPE_CHECKING:
+    from dmlctl.runtime.context import Context
 
 
 @dataclass(frozen=True)
@@ -76,3 +81,63 @@ def share_initial(
         out.append(flat[offset : offset + n])
         offset += n
     return out
+
+
+def join_as_worker(
+    ctx: Context,
+    model: torch.nn.Module,
+    *,
+    rule: dict[str, Any],
+    staleness_bound: int | None = None,
+) -> tuple[list[torch.nn.Parameter], Layout]:
+    """Bootstrap this worker: plan the shards of ``model``'s trainable parameters over
+    the run's servers, with the servers' update ``rule`` (see
+    :func:`dmlctl.ps.serve.make_rule`) and ``staleness_bound``, and take the first
+    worker's layout and parameters (collective with every rank, servers included).
+
+    Returns the parameters (now the first worker's) and the layout in force, for a
+    :class:`~dmlctl.ps.worker.PSOptimizer`. Raises RuntimeError in a run without
+    servers or when the parameters do not share one dtype."""
+    members = ctx.membership
+    if members is None:
+        raise RuntimeError(
+            f"strategy {ctx.strategy!r} needs parameter servers: set 'parameter_servers' "
+            "in the job (and launch it with dmlctl)"
+        )
+    params = [p for p in model.parameters() if p.requires_grad]
+    dtypes = {p.dtype for p in params}
+    if len(dtypes) != 1:
+        found = ", ".join(sorted(map(str, dtypes)))
+        raise RuntimeError(f"parameter servers need one parameter dtype, got {found}")
+    layout = Layout(
+        shapes=[tuple(p.shape) for p in params],
+        dtype=str(params[0].dtype).removeprefix("torch."),
+        plan=plan_shards([p.numel() for p in params], len(members.servers)),
+        workers=list(members.workers),
+        servers=list(members.servers),
+        rule=rule,
+        staleness_bound=staleness_bound,
+    )
+    return params, start_worker(ctx, params, layout)
+
+
+def start_worker(ctx: Context, params: Sequence[torch.nn.Parameter], layout: Layout) -> Layout:
+    """Bootstrap on a worker: the first worker's ``layout`` and parameters go to every
+    rank (collective); this worker's ``params`` are overwritten with the first
+    worker's. Returns the layout in force."""
+    members = ctx.membership
+    assert members is not None
+    src = members.workers[0]
+    first = ctx.global_rank == src
+    layout = share_layout(layout if first else None, src=src)
+    if [tuple(p.shape) for p in params] != [tuple(s) for s in layout.shapes]:
+        raise RuntimeError(
+            f"worker {ctx.rank}: the model's parameter shapes differ from worker 0's "
+            "(every worker must build the same model)"
+        )
+    shards = share_initial(layout, src=src, params=list(params) if first else None)
+    fresh = unpack(shards, layout.plan, [torch.Size(s) for s in layout.shapes])
+    with torch.no_grad():
+        for p, value in zip(params, fresh, strict=True):
+            p.copy_(value)
+    return layout

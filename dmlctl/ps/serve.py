@@ -20,13 +20,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel
 
 from dmlctl.ps.bootstrap import Layout, share_initial, share_layout
 from dmlctl.ps.channel import ServerChannel
 from dmlctl.ps.rules import AdaDelay, ScaledAdd, UpdateRule
 from dmlctl.ps.server import ParameterServer
-from dmlctl.runtime.context import Context
+
+if TYPE_CHECKING:
+    from dmlctl.runtime.context import Context
 
 
 def make_rule(spec: Mapping[str, Any]) -> UpdateRule:
@@ -54,6 +58,13 @@ def server_metrics(server: ParameterServer) -> dict[str, float]:
     if isinstance(server.rule, AdaDelay) and server.rule.last_step:
         out["step_size"] = sum(server.rule.last_step.values()) / len(server.rule.last_step)
     return out
+
+
+def serve(ctx: Context, params: BaseModel) -> None:
+    """A parameter-server strategy's ``serve``: this server rank's whole life (the
+    update rule comes in the workers' layout, so ``params`` are not needed)."""
+    del params
+    run_server(ctx)
 
 
 def run_server(ctx: Context) -> ParameterServer:

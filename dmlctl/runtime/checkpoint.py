@@ -36,14 +36,15 @@ Guarantees:
   optimizer); strategies with per-rank state start from a replica's state.
 * **Collective.** ``save``, ``load_latest`` and ``due`` (with ``every_seconds``) must be
   called by every rank in the same order.
+
+This module runs the collective protocol (:class:`CheckpointManager`); what is done to
+the directory on disk, one rank at a time, is :mod:`dmlctl.runtime.checkpoint_dir`'s,
+and what a rank's state holds is :mod:`dmlctl.runtime.resume`'s.
 """
 
 from __future__ import annotations
 
-import errno
-import json
 import os
-import pickle
 import shutil
 import sys
 import time
@@ -54,20 +55,32 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dmlctl.checkpoint_files import fsync_path, point_latest, sha256_file, step_dirs, step_of
+from dmlctl.checkpoint_files import fsync_path, sha256_file, step_dirs
 from dmlctl.protocol import (
     CHECKPOINT_LATEST,
-    CHECKPOINT_MANIFEST,
     ENV_CHECKPOINT_ALLOW_FRESH,
     ENV_CHECKPOINT_DIR,
     ENV_CHECKPOINT_EVERY_SECONDS,
     ENV_CHECKPOINT_EVERY_STEPS,
     ENV_CHECKPOINT_KEEP,
-    PRIVATE_FILE,
     checkpoint_step_dir,
     make_private_dirs,
-    private_opener,
     rank_file,
+)
+from dmlctl.runtime.checkpoint_dir import (
+    CheckpointCorrupt,
+    CheckpointError,
+    CheckpointRefused,
+    CheckpointWarning,
+    DiskFull,
+    Unloadable,
+    candidates,
+    commit,
+    disk_full,
+    load_rank_file,
+    take_lock,
+    verify,
+    write_synced,
 )
 from dmlctl.runtime.resume import (
     capture_rng,
@@ -94,76 +107,7 @@ __all__ = [
     "training_state",
 ]
 
-_LATEST = CHECKPOINT_LATEST
-_MANIFEST = CHECKPOINT_MANIFEST
 _NONE = -1
-_UNSAFE = "Unsupported global"  # torch's weights-only unpickler met code to run
-
-
-def _disk_full(exc: BaseException) -> OSError | None:
-    """The "no space left" error behind ``exc`` (torch.save wraps it in a RuntimeError)."""
-    seen: BaseException | None = exc
-    for _ in range(8):
-        if seen is None:
-            return None
-        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
-            return seen
-        seen = seen.__cause__ or seen.__context__
-    return None
-
-
-def _first_line(exc: BaseException) -> str:
-    """What went wrong, in one line (torch's weights-only error names it after a long
-    advice to load unsafely, which never applies here)."""
-    text = str(exc)
-    marker = "WeightsUnpickler error:"
-    if marker in text:
-        text = text.split(marker, 1)[1]
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return lines[0][:200] if lines else "no detail"
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint could not be written or used."""
-
-
-class CheckpointRefused(CheckpointError):
-    """A checkpoint file needs unsafe unpickling (``weights_only=False``); refused."""
-
-
-class CheckpointCorrupt(CheckpointError):
-    """Checkpoints exist but none of them can be loaded (and no fresh start is allowed)."""
-
-
-class DiskFull(CheckpointError):
-    """A checkpoint could not be written: no space (or quota) left on its device."""
-
-
-class _Unloadable(Exception):
-    """A checkpoint file that passed its checksum but cannot be loaded."""
-
-
-class CheckpointWarning(UserWarning):
-    """A checkpoint was skipped (corrupt, partial, other world size)."""
-
-
-def _take_lock(path: Path) -> bool:
-    """Create ``path`` exclusively: True for the one caller that created it."""
-    try:
-        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, PRIVATE_FILE))
-    except (FileExistsError, FileNotFoundError):  # taken, or already committed
-        return False
-    return True
-
-
-def _write_synced(path: Path, data: bytes | dict[str, Any]) -> None:
-    with open(path, "wb", opener=private_opener) as f:
-        if isinstance(data, bytes):
-            f.write(data)
-        else:
-            torch.save(data, f)
-        f.flush()
-        os.fsync(f.fileno())
 
 
 class CheckpointManager:
@@ -174,11 +118,19 @@ class CheckpointManager:
     """
 
     def __init__(
-        self, root: str, rank: int, world_size: int, *, keep: int = 3,
-        every_steps: int | None = None, every_seconds: float | None = None,
-        local_rank: int | None = None, group: Any = None, src: int = 0,
+        self,
+        root: str,
+        rank: int,
+        world_size: int,
+        *,
+        keep: int = 3,
+        every_steps: int | None = None,
+        every_seconds: float | None = None,
+        local_rank: int | None = None,
+        group: Any = None,
+        src: int = 0,
         allow_fresh_start: bool = False,
-    ) -> None:  # fmt: skip
+    ) -> None:
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
         self.root = Path(root)
@@ -201,9 +153,14 @@ class CheckpointManager:
 
     @classmethod
     def from_env(
-        cls, rank: int, world_size: int, local_rank: int | None = None, *,
-        group: Any = None, src: int = 0,
-    ) -> CheckpointManager | None:  # fmt: skip
+        cls,
+        rank: int,
+        world_size: int,
+        local_rank: int | None = None,
+        *,
+        group: Any = None,
+        src: int = 0,
+    ) -> CheckpointManager | None:
         """The manager the ``DMLCTL_CHECKPOINT_*`` variables describe (None without a dir)."""
         root = os.environ.get(ENV_CHECKPOINT_DIR)
         if not root:
@@ -211,11 +168,18 @@ class CheckpointManager:
         steps, secs = (
             os.environ.get(k) for k in (ENV_CHECKPOINT_EVERY_STEPS, ENV_CHECKPOINT_EVERY_SECONDS)
         )
-        return cls(root, rank, world_size, keep=int(os.environ.get(ENV_CHECKPOINT_KEEP, "3")),
-                   every_steps=int(steps) if steps else None,
-                   every_seconds=float(secs) if secs else None,
-                   local_rank=local_rank, group=group, src=src,
-                   allow_fresh_start=os.environ.get(ENV_CHECKPOINT_ALLOW_FRESH) == "1")  # fmt: skip
+        return cls(
+            root,
+            rank,
+            world_size,
+            keep=int(os.environ.get(ENV_CHECKPOINT_KEEP, "3")),
+            every_steps=int(steps) if steps else None,
+            every_seconds=float(secs) if secs else None,
+            local_rank=local_rank,
+            group=group,
+            src=src,
+            allow_fresh_start=os.environ.get(ENV_CHECKPOINT_ALLOW_FRESH) == "1",
+        )
 
     def _collective(self) -> bool:
         return self.world_size > 1 and dist.is_initialized()
@@ -243,7 +207,7 @@ class CheckpointManager:
             return self._save(step, state, tmp)
         except BaseException as exc:
             shutil.rmtree(tmp, ignore_errors=True)  # never left behind, whatever stopped us
-            full = _disk_full(exc)
+            full = disk_full(exc)
             if full is not None:
                 where = full.filename or tmp
                 raise DiskFull(
@@ -257,7 +221,7 @@ class CheckpointManager:
         for stale in tmp.glob(".commit-*"):  # a crashed save's lock; this save's come later
             stale.unlink(missing_ok=True)
         path = tmp / rank_file(self.rank)
-        _write_synced(path, state)
+        write_synced(path, state)
         fsync_path(tmp)
         # Rank 0's token names this save's commit lock (a stale lock of a crashed
         # attempt never blocks a commit).
@@ -268,106 +232,21 @@ class CheckpointManager:
             dist.all_gather_object(entries, entry, group=self.group)
         final = self.root / checkpoint_step_dir(step)
         lock = f".commit-{entries[0]['token']}"
-        self.committed_here = self.leader and _take_lock(tmp / lock)
+        self.committed_here = self.leader and take_lock(tmp / lock)
         if self.committed_here:
             files = [{"sha256": e["sha256"], "size": e["size"]} for e in entries]
-            self._commit(step, tmp, final, files)
+            commit(self.root, step, tmp, final, self.world_size, self.keep, files)
             (final / lock).unlink(missing_ok=True)
         if self._collective():
             dist.barrier(group=self.group)
         self._last_save, self._last_step = time.monotonic(), step
         return str(final)
 
-    def _commit(self, step: int, tmp: Path, final: Path, entries: list[Any]) -> None:
-        files = {rank_file(r): e for r, e in enumerate(entries)}
-        manifest = {"format": 1, "step": step, "world_size": self.world_size,
-                    "time": time.time(), "files": files}  # fmt: skip
-        _write_synced(tmp / _MANIFEST, json.dumps(manifest, indent=1).encode())
-        fsync_path(tmp)
-        if final.exists():  # a discarded timeline's checkpoint of the same step
-            old = self.root / f".tmp-replaced-{step}"
-            shutil.rmtree(old, ignore_errors=True)
-            os.rename(final, old)
-        os.rename(tmp, final)
-        fsync_path(self.root)
-        point_latest(self.root, final.name)
-        # Prune: newer steps belong to a timeline abandoned by a resume; then the oldest.
-        older = [p for s, p in self._step_dirs() if s < step]
-        doomed = [p for s, p in self._step_dirs() if s > step] + older[self.keep - 1 :]
-        doomed += [p for p in self.root.glob(".tmp-*") if p.is_dir()]
-        for p in doomed:
-            shutil.rmtree(p, ignore_errors=True)
-
-    def _step_dirs(self) -> list[tuple[int, Path]]:
-        """Committed-looking step directories, newest first."""
-        return step_dirs(self.root)
-
-    def _candidates(self) -> list[tuple[int, Path]]:
-        """LATEST's target first, then older ones; everything when LATEST is unusable
-        (missing, unreadable, not text, naming no step directory)."""
-        dirs = self._step_dirs()
-        try:
-            name = (self.root / _LATEST).read_bytes().decode("utf-8").strip()
-        except (OSError, ValueError):
-            return dirs
-        head = step_of(name)
-        if head is None or not (self.root / name).is_dir():
-            return dirs
-        return [(head, self.root / name)] + [(s, p) for s, p in dirs if s < head]
-
-    def _saved_world(self, path: Path) -> int:
-        """How many ranks saved checkpoint ``path`` (this world's size if unreadable)."""
-        try:
-            return max(1, int(json.loads((path / _MANIFEST).read_text())["world_size"]))
-        except (OSError, ValueError, KeyError, TypeError):
-            return self.world_size
-
-    def _verify(self, step: int, path: Path) -> str | None:
-        """Why checkpoint ``path`` is unusable for this rank, or None when it is usable."""
-        try:
-            manifest = json.loads((path / _MANIFEST).read_text())
-            saved_world = int(manifest["world_size"])
-            fname = rank_file(self.rank % max(saved_world, 1))
-            entry = dict(manifest["files"][fname])
-            if int(manifest["step"]) != step:
-                return "manifest names another step"
-        except FileNotFoundError:
-            return "no manifest"
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            return f"unreadable manifest ({type(exc).__name__}: {exc})"
-        file = path / fname
-        size = file.stat().st_size if file.is_file() else None
-        if size != entry.get("size"):
-            return f"size mismatch on {fname} (truncated/missing: {size} bytes)"
-        if sha256_file(file) != entry.get("sha256"):
-            return f"checksum mismatch on {fname}"
-        return None
-
-    def _load(self, path: Path) -> dict[str, Any]:
-        saved = self._saved_world(path)
-        file = path / rank_file(self.rank % saved)
-        if saved != self.world_size:
-            msg = (f"checkpoint {path.name} was saved by {saved} ranks; rank {self.rank} of "
-                   f"{self.world_size} resumes from {file.name}")  # fmt: skip
-            warnings.warn(msg, CheckpointWarning, stacklevel=3)
-            print(f"dmlctl rank {self.rank}: {msg}", file=sys.stderr, flush=True)
-        try:
-            state = torch.load(file, map_location="cpu", weights_only=True)
-        except pickle.UnpicklingError as exc:
-            if _UNSAFE in str(exc):  # it asks to run code: refused, never a fallback
-                raise CheckpointRefused(f"{file} needs unsafe unpickling (refused): {exc}") from exc
-            raise _Unloadable(f"{type(exc).__name__}: {_first_line(exc)}") from exc
-        except Exception as exc:  # a damaged file whose manifest was written to match
-            raise _Unloadable(f"{type(exc).__name__}: {_first_line(exc)}") from exc
-        if not isinstance(state, dict):
-            raise _Unloadable(f"it holds a {type(state).__name__}, not a dict")
-        return state
-
     def _newest_valid(self, bound: int | None) -> tuple[int, Path | None]:
         """This rank's newest verified checkpoint at or below ``bound``."""
-        cands = [(s, p) for s, p in self._candidates() if bound is None or s <= bound]
+        cands = [(s, p) for s, p in candidates(self.root) if bound is None or s <= bound]
         for i, (step, path) in enumerate(cands):
-            reason = self._verify(step, path)
+            reason = verify(path, step, self.rank)
             if reason is None:
                 return step, path
             self._skipped(path, f"is corrupt ({reason})", cands[i + 1 :])
@@ -414,12 +293,15 @@ class CheckpointManager:
             state: dict[str, Any] = {}
             refused: CheckpointRefused | None = None
             try:
-                state = self._load(path)
+                state = load_rank_file(path, self.rank, self.world_size)
             except CheckpointRefused as exc:
                 refused = exc
-            except _Unloadable as exc:
-                self._skipped(path, f"cannot be loaded ({exc})", [
-                    (s, p) for s, p in self._candidates() if s < agreed])  # fmt: skip
+            except Unloadable as exc:
+                self._skipped(
+                    path,
+                    f"cannot be loaded ({exc})",
+                    [(s, p) for s, p in candidates(self.root) if s < agreed],
+                )
             # a refusal anywhere stops every rank, none hangs: 1 + the refusing rank;
             # a file that cannot be loaded anywhere moves every rank below this step
             flag = torch.tensor(
@@ -443,7 +325,7 @@ class CheckpointManager:
     def _nothing_usable(self) -> None:
         """No checkpoint every rank can load: fine when there were none at all (or a
         fresh start is allowed), else :class:`CheckpointCorrupt` on every rank."""
-        existed = self._any(bool(self._step_dirs()) or (self.root / _LATEST).exists())
+        existed = self._any(bool(step_dirs(self.root)) or (self.root / CHECKPOINT_LATEST).exists())
         if not existed:
             return
         why = "; ".join(self._problems[:3]) or "another rank's checkpoints are unusable"

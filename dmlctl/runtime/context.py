@@ -26,7 +26,7 @@ Contract:
   when due and :meth:`Context.resume` restores exactly (bit for bit at the same world
   size), see :mod:`dmlctl.runtime.checkpoint`.
 * **Parameter servers.** With a strategy that has a ``server`` role (asgd, ssp, …),
-  ``init()`` finds every rank's role (:mod:`dmlctl.ps.roles`). On a server rank it
+  ``init()`` finds every rank's role (:mod:`dmlctl.runtime.membership`). On a server rank it
   never returns: the rank serves until every worker is finished, then exits with
   code 0 — so the same script runs unchanged under ``ssgd`` and ``asgd``. On a worker,
   :attr:`Context.rank` / :attr:`Context.world_size` count *workers* only (data
@@ -47,23 +47,30 @@ import torch.distributed as dist
 from pydantic import BaseModel
 
 from dmlctl.protocol import ROLE_SERVER
-from dmlctl.ps.roles import Membership
 from dmlctl.runtime import checkpoint as ckpt
 from dmlctl.runtime import guards
 from dmlctl.runtime.data import MapDataset, shard_batches
 from dmlctl.runtime.env import RunEnv
+from dmlctl.runtime.membership import Membership
 from dmlctl.runtime.metrics import MetricLogger
 from dmlctl.runtime.progress import TRACKER
-from dmlctl.strategies import registry
 
 _THREAD_GRACE_S = 0.05
+
+Prepare = Callable[
+    ["Context", torch.nn.Module, torch.optim.Optimizer, BaseModel],
+    tuple[torch.nn.Module, torch.optim.Optimizer],
+]
+"""A strategy's ``prepare(ctx, model, optimizer, params)``: the wrapped pair."""
 
 
 class Context:
     """This process's place in the run, and the helpers that depend on it.
 
-    Build it with ``init()``, not directly. Every attribute is read-only except
-    through the methods (``epoch`` follows :meth:`shard`).
+    Build it with ``init()``, not directly: the session resolves the strategy and
+    passes its ``prepare`` (:data:`Prepare`) and, with parameter servers, the
+    ``membership``. Every attribute is read-only except through the methods
+    (``epoch`` follows :meth:`shard`).
     """
 
     def __init__(
@@ -72,9 +79,11 @@ class Context:
         *,
         device: torch.device,
         owns_group: bool,
+        prepare: Prepare,
         membership: Membership | None = None,
     ) -> None:
         self._env = env
+        self._prepare = prepare
         self._device = device
         self._owns_group = owns_group
         self._members = membership
@@ -178,8 +187,7 @@ class Context:
         optimizer still refers to them.
         """
         model = model.to(self._device)
-        module = registry.load(self._env.strategy)
-        model, optimizer = module.prepare(self, model, optimizer, self._env.params)
+        model, optimizer = self._prepare(self, model, optimizer, self._env.params)
         guards.mark_prepared()
         self._metrics.prepared(self._env.strategy)
         for wrapped in (optimizer, model):
@@ -370,7 +378,7 @@ class Context:
                 # Give the group's worker threads the GIL once more: a gloo thread that
                 # frees its last work object needs it, and one still waiting for it
                 # when the interpreter finalizes aborts the process (see
-                # dmlctl.strategies.ssgd._release; pytorch/pytorch#190489).
+                # dmlctl.strategies.ssgd.strategy._release; pytorch/pytorch#190489).
                 time.sleep(_THREAD_GRACE_S)
 
     def __repr__(self) -> str:

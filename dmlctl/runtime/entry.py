@@ -127,7 +127,11 @@ def _arm_guards(role: str) -> None:
         )
     except (KeyError, ValueError):
         return  # an unknown strategy or bad parameters: dmlctl.init() names them
-    guards.install(strategy, servers=protocol.ROLE_SERVER in module.ROLES, params=params)
+    guards.install(
+        strategy,
+        servers=protocol.ROLE_SERVER in module.ROLES,
+        needs_runtime=registry.needs_runtime(strategy, params),
+    )
 
 
 def run_script(argv: list[str]) -> None:
@@ -143,9 +147,12 @@ def run_script(argv: list[str]) -> None:
         code = compile(f.read(), path, "exec", dont_inherit=True)
     module = types.ModuleType("__main__")
     module.__dict__.update(
-        __file__=path, __loader__=SourceFileLoader("__main__", path), __spec__=None,
-        __package__=None, __builtins__=builtins,
-    )  # fmt: skip
+        __file__=path,
+        __loader__=SourceFileLoader("__main__", path),
+        __spec__=None,
+        __package__=None,
+        __builtins__=builtins,
+    )
     _kept.append(sys.modules.get("__main__"))  # this module: its functions still run
     sys.modules["__main__"] = module
     exec(code, module.__dict__)
@@ -197,8 +204,9 @@ def main(argv: list[str]) -> Outcome:
             print(e.code, file=sys.stderr)
         if code == 0:
             return Outcome(0)
-        return Outcome(code, {"type": "SystemExit", "message": f"exit code {code}",
-                              "traceback": []})  # fmt: skip
+        return Outcome(
+            code, {"type": "SystemExit", "message": f"exit code {code}", "traceback": []}
+        )
     except BaseException as e:
         e = _user_frames(e, script)
         traceback.print_exception(e)

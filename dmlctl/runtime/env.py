@@ -5,14 +5,17 @@ dmlctl plan adds ``DMLCTL_ROLE``, ``DMLCTL_STRATEGY``, ``DMLCTL_STRATEGY_PARAMS`
 ``DMLCTL_RANK_DIR`` (see :mod:`dmlctl.protocol`); with parameter servers,
 ``DMLCTL_LOCAL_ROLES`` names each local rank's role. Every variable is optional: a plain
 ``python train.py`` is rank 0 of 1, role ``worker``, strategy ``ssgd`` with defaults.
+
+The strategy's parameter model and roles come from the caller (the session passes
+:func:`dmlctl.strategies.registry.load`): the runtime never imports the strategies.
 """
 
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 from pydantic import BaseModel, ValidationError
 
@@ -23,10 +26,21 @@ from dmlctl.protocol import (
     ROLE_WORKER,
     local_role,
 )
-from dmlctl.strategies import registry
 
 DEFAULT_ROLE = ROLE_WORKER
 DEFAULT_STRATEGY = "ssgd"
+
+
+class StrategyParams(Protocol):
+    """What a rank's environment is checked against: the strategy's parameter model
+    and the roles it has (a strategy's params module)."""
+
+    Params: type[BaseModel]
+    ROLES: tuple[str, ...]
+
+
+Describe = Callable[[str], StrategyParams]
+"""Strategy name → :class:`StrategyParams`; raises for an unknown name."""
 
 
 @dataclass(frozen=True)
@@ -53,20 +67,22 @@ def _int(environ: Mapping[str, str], name: str, default: int) -> int:
         raise ValueError(f"environment variable {name}={raw!r} is not an integer") from None
 
 
-def read_env(environ: Mapping[str, str] = os.environ) -> RunEnv:
-    """Parse and check ``environ``.
+def read_env(environ: Mapping[str, str], describe: Describe) -> RunEnv:
+    """Parse and check ``environ``, with ``describe`` giving the named strategy's
+    parameter model and roles.
 
     Raises ``ValueError`` (naming the variable) for a non-integer rank variable, a
     rank outside the world, invalid strategy parameters or a role the strategy does
-    not have, and :class:`~dmlctl.strategies.registry.UnknownStrategy` (listing the
-    valid names) for an unknown strategy.
+    not have, and whatever ``describe`` raises for an unknown strategy
+    (:class:`~dmlctl.strategies.registry.UnknownStrategy`, listing the valid names,
+    from the registry).
     """
     rank = _int(environ, "RANK", 0)
     world_size = _int(environ, "WORLD_SIZE", 1)
     if not 0 <= rank < world_size:
         raise ValueError(f"RANK={rank} is outside WORLD_SIZE={world_size}")
     strategy = environ.get(ENV_STRATEGY) or DEFAULT_STRATEGY
-    module = registry.load(strategy)
+    module = describe(strategy)
     raw = environ.get(ENV_STRATEGY_PARAMS) or "{}"
     try:
         params = module.Params.model_validate(json.loads(raw))

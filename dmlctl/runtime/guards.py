@@ -4,7 +4,7 @@ A job that names, say, ``local-sgd`` but runs a script that never calls
 ``ctx.prepare`` would otherwise train with plain DDP (or alone) and report local-sgd.
 The runtime entry calls :func:`install` before the script runs; then:
 
-* **every strategy that needs the runtime** (see
+* **every strategy that needs the runtime** (the caller says so, from
   :func:`dmlctl.strategies.registry.needs_runtime`: all but ``none``, and ``ssgd``
   with its default parameters): the first ``optimizer.step()``
   of any optimizer raises :class:`StrategyNotApplied` unless ``ctx.prepare`` ran
@@ -21,10 +21,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from pydantic import BaseModel
+from typing import Any
 
 _state = {"prepared": False, "joining": False}
 
@@ -66,12 +63,12 @@ def _own_init_message(strategy: str) -> str:
     )
 
 
-def install(strategy: str, *, servers: bool, params: BaseModel | None = None) -> None:
-    """Arm the checks of the module docstring for ``strategy`` with ``params`` (imports
-    torch only when there is something to check)."""
-    from dmlctl.strategies import registry
-
-    if not registry.needs_runtime(strategy, params):
+def install(strategy: str, *, servers: bool, needs_runtime: bool) -> None:
+    """Arm the checks of the module docstring for ``strategy`` (named in the messages):
+    none unless it ``needs_runtime``; the check on joining the process group too when
+    the run has parameter ``servers``. Imports torch only when there is something to
+    check."""
+    if not needs_runtime:
         return
     import torch.optim.optimizer as optim
 

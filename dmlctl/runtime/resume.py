@@ -29,8 +29,12 @@ def capture_rng() -> dict[str, Any]:
     except ImportError:  # pragma: no cover - numpy is optional
         return out
     _, keys, pos, has_gauss, gauss = np.random.get_state(legacy=True)
-    out["numpy"] = (torch.from_numpy(np.asarray(keys, np.int64)), int(pos), int(has_gauss),
-                    float(gauss))  # fmt: skip
+    out["numpy"] = (
+        torch.from_numpy(np.asarray(keys, np.int64)),
+        int(pos),
+        int(has_gauss),
+        float(gauss),
+    )
     return out
 
 
@@ -55,18 +59,25 @@ def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def training_state(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, epoch: int, batches: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    *,
+    epoch: int,
+    batches: int,
     extra: dict[str, Any],
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """What ``Context.checkpoint`` saves per rank: model (unwrapped), optimizer (with a
     StrategyOptimizer's strategy state), the model's ``strategy_state()``, RNG states,
     the data position (epoch, batches consumed in it) and ``extra``."""
     strategy = getattr(model, "strategy_state", None)
     return {
-        "model": _unwrap(model).state_dict(), "optimizer": optimizer.state_dict(),
-        "strategy": strategy() if callable(strategy) else {}, "rng": capture_rng(),
-        "data": {"epoch": epoch, "batches": batches}, "extra": dict(extra),
-    }  # fmt: skip
+        "model": _unwrap(model).state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "strategy": strategy() if callable(strategy) else {},
+        "rng": capture_rng(),
+        "data": {"epoch": epoch, "batches": batches},
+        "extra": dict(extra),
+    }
 
 
 def restore_training_state(

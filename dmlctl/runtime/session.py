@@ -4,23 +4,25 @@ of this process, :func:`current` returns it again (see the contract in
 
 :func:`init` reads the environment, joins the default process group when the world is
 larger than 1, seeds every rank alike, finds the ranks' roles for a strategy with
-parameter servers, and on a server rank serves and never returns.
+parameter servers, and on a server rank serves and never returns. It is where the
+runtime meets the strategies: it resolves the job's strategy through the registry
+and hands the context what it needs (the strategy's ``prepare``, the membership).
 """
 
 from __future__ import annotations
 
 import atexit
+import os
 import random
-from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from dmlctl.protocol import ROLE_SERVER
-from dmlctl.ps.roles import discover
 from dmlctl.runtime import guards
 from dmlctl.runtime.context import Context
 from dmlctl.runtime.env import read_env
+from dmlctl.runtime.membership import discover
 from dmlctl.runtime.progress import TRACKER
 from dmlctl.strategies import registry
 
@@ -36,7 +38,7 @@ def init(*, backend: str | None = None, seed: int | None = 0) -> Context:
     global _current
     if _current is not None:
         return _current
-    env = read_env()
+    env = read_env(os.environ, registry.load)
     if torch.cuda.is_available():
         device = torch.device("cuda", env.local_rank)
         torch.cuda.set_device(device)
@@ -51,9 +53,12 @@ def init(*, backend: str | None = None, seed: int | None = 0) -> Context:
     if seed is not None:
         random.seed(seed)
         torch.manual_seed(seed)
-    module = registry.load(env.strategy)
-    membership = discover(env.role) if env.world_size > 1 and ROLE_SERVER in module.ROLES else None
-    ctx = _current = Context(env, device=device, owns_group=owns_group, membership=membership)
+    servers = ROLE_SERVER in registry.load(env.strategy).ROLES
+    membership = discover(env.role) if env.world_size > 1 and servers else None
+    module = registry.load_runtime(env.strategy)
+    ctx = _current = Context(
+        env, device=device, owns_group=owns_group, prepare=module.prepare, membership=membership
+    )
     ctx.on_close(lambda: _forget(ctx))  # runs last: a later init() starts afresh
     atexit.register(ctx.close)
     if env.role == ROLE_SERVER:
@@ -67,7 +72,7 @@ def _forget(ctx: Context) -> None:
         _current = None
 
 
-def _serve(ctx: Context, module: Any) -> None:
+def _serve(ctx: Context, module: registry.RuntimeModule) -> None:
     """Run this server rank until the workers are finished, then end the process
     (``SystemExit(0)``; under dmlctl a server rank never runs the training script,
     see :mod:`dmlctl.runtime.entry`)."""

@@ -1,4 +1,5 @@
-"""What every strategy's parameter model shares (torch-free): its config and bounds.
+"""What every strategy's parameter model shares (torch-free): its config, its bounds
+and the role sets.
 
 Parameters are validated strictly (a ``true`` is not a number, ``1.0`` is not a step
 count), non-finite floats are refused, and every number has an upper bound, so a
@@ -8,6 +9,8 @@ job file cannot ask for a period of ``1e29`` steps.
 from __future__ import annotations
 
 from pydantic import ConfigDict
+
+from dmlctl.protocol import ROLE_SERVER, ROLE_WORKER
 
 PARAMS_CONFIG = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
 """Model config of every strategy's ``Params``."""
@@ -23,3 +26,9 @@ MAX_LOW_RANK = 1024
 
 MAX_WEIGHT = 1e6
 """Largest weight, penalty or rate (ρ, c, scales, compression rates)."""
+
+WORKERS_ONLY: tuple[str, ...] = (ROLE_WORKER,)
+"""``ROLES`` of a strategy whose every rank trains."""
+
+WITH_SERVERS: tuple[str, ...] = (ROLE_WORKER, ROLE_SERVER)
+"""``ROLES`` of a parameter-server strategy: workers and server ranks."""

@@ -1,32 +1,49 @@
 """Strategies registered by name, imported lazily.
 
-The control plane uses this registry to validate a job's ``strategy`` block before
-anything starts (the parameter model lives in the strategy's module, which must not
-import torch at module level). The runtime uses it to find the strategy's
-``prepare`` function on the hosts. Adding a strategy = one module + one entry here.
+Each strategy is a package ``dmlctl/strategies/<name>/`` with two modules:
+
+* ``params`` — torch-free: its ``Params`` model, its ``ROLES`` and the checks the
+  control plane runs before anything starts (see :class:`ParamsModule`);
+  :func:`load` returns it. The control plane imports nothing else of a strategy.
+* ``strategy`` — torch: ``prepare`` (and ``serve`` for parameter-server strategies),
+  see :class:`RuntimeModule`; :func:`load_runtime` returns it, on the hosts only.
+
+This module is torch-free: it is where the control plane and the data plane meet.
+Adding a strategy = one package + one entry here.
 """
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel
 
 
-class StrategyModule(Protocol):
-    """What a strategy module provides (module-level names).
+class ParamsModule(Protocol):
+    """What a strategy's ``params`` module provides (module-level names).
 
     A module may also set ``NEEDS_RUNTIME = False`` when a script that never calls
     ``ctx.prepare`` still runs it faithfully (``none``, and ``ssgd`` without parameters,
     whose DDP a plain torchrun script builds itself), or define
     ``needs_runtime(params) -> bool`` to decide by its parameters; every other strategy
     makes such a script fail before its first optimizer step (see :func:`needs_runtime`).
+    It may define ``check_world(params, world_size) -> str | None`` and
+    ``check_hosts(params, n_hosts) -> str | None``: why the job cannot run on that
+    many workers or hosts, or None.
     """
 
     Params: type[BaseModel]
     ROLES: tuple[str, ...]
+
+
+class RuntimeModule(Protocol):
+    """What a strategy's torch module provides on the hosts (module-level names).
+
+    Parameter-server strategies also define ``serve(ctx, params) -> None``: a server
+    rank's whole life."""
 
     def prepare(self, ctx: Any, model: Any, optimizer: Any, params: BaseModel) -> tuple[Any, Any]:
         """Wrap ``model`` and ``optimizer`` for this strategy; return the wrapped pair."""
@@ -35,9 +52,22 @@ class StrategyModule(Protocol):
 
 @dataclass(frozen=True)
 class StrategyEntry:
+    """One registered strategy: its name in job files, its package, one line about it."""
+
     name: str
-    module: str
+    package: str
     summary: str
+
+    @property
+    def params_module(self) -> str:
+        """The torch-free module the control plane imports (:class:`ParamsModule`)."""
+        return f"{self.package}.params"
+
+    @property
+    def module(self) -> str:
+        """The module the hosts run (:class:`RuntimeModule`); it imports the params
+        module, so its imports are everything a host needs for this strategy."""
+        return f"{self.package}.strategy"
 
 
 _REGISTRY: dict[str, StrategyEntry] = {
@@ -144,15 +174,21 @@ def entry(name: str) -> StrategyEntry:
 
 def needs_runtime(name: str, params: BaseModel | None = None) -> bool:
     """Whether strategy ``name`` with ``params`` only works through ``ctx.prepare``
-    (see :class:`StrategyModule`)."""
+    (see :class:`ParamsModule`)."""
     module = load(name)
-    decide = getattr(module, "needs_runtime", None)
+    decide: Callable[[BaseModel], bool] | None = getattr(module, "needs_runtime", None)
     if callable(decide) and params is not None:
         return bool(decide(params))
     return bool(getattr(module, "NEEDS_RUNTIME", True))
 
 
-def load(name: str) -> StrategyModule:
-    """Import and return the strategy module for ``name`` (cheap: no torch at import)."""
-    module: StrategyModule = importlib.import_module(entry(name).module)
+def load(name: str) -> ParamsModule:
+    """Import and return the params module of strategy ``name`` (cheap: no torch)."""
+    module: ParamsModule = importlib.import_module(entry(name).params_module)
+    return module
+
+
+def load_runtime(name: str) -> RuntimeModule:
+    """Import and return the torch module of strategy ``name`` (hosts only)."""
+    module: RuntimeModule = importlib.import_module(entry(name).module)
     return module

@@ -18,8 +18,9 @@ from pydantic import ValidationError
 
 from dmlctl.protocol import ENV_RANK_DIR, ENV_STRATEGY, ENV_STRATEGY_PARAMS, rank_events
 from dmlctl.runtime.env import read_env
-from dmlctl.strategies import ssgd
+from dmlctl.strategies import registry
 from dmlctl.strategies.registry import UnknownStrategy
+from dmlctl.strategies.ssgd import params as ssgd
 
 REPO = Path(__file__).resolve().parents[2]
 PROBE = Path(__file__).parent / "scripts" / "runtime_probe.py"
@@ -208,7 +209,7 @@ def test_ssgd_params_validate() -> None:
 
 def test_runtime_and_strategy_imports_do_not_import_torch() -> None:
     code = (
-        "import sys, dmlctl, dmlctl.runtime, dmlctl.strategies.ssgd as s\n"
+        "import sys, dmlctl, dmlctl.runtime, dmlctl.strategies.ssgd.params as s\n"
         "from dmlctl.strategies import registry\n"
         "registry.load('ssgd').Params.model_validate({'bucket_cap_mb': 5})\n"
         "dmlctl.runtime.__all__\n"
@@ -230,13 +231,13 @@ def test_runtime_and_strategy_imports_do_not_import_torch() -> None:
 )
 def test_read_env_rejects_bad_values(environ: dict[str, str], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        read_env(environ)
+        read_env(environ, registry.load)
 
 
 def test_read_env_defaults_and_unknown_strategy() -> None:
-    env = read_env({})
+    env = read_env({}, registry.load)
     assert (env.rank, env.world_size, env.local_rank, env.local_world_size) == (0, 1, 0, 1)
     assert (env.role, env.strategy, env.rank_dir) == ("worker", "ssgd", None)
     assert env.params == ssgd.Params()
     with pytest.raises(UnknownStrategy, match=r"valid: .*ssgd"):
-        read_env({ENV_STRATEGY: "nope"})
+        read_env({ENV_STRATEGY: "nope"}, registry.load)

@@ -17,7 +17,9 @@ from typing import Any, get_args
 import pytest
 from pydantic import ValidationError
 
-from dmlctl.strategies import dpsgd, registry, topology
+from dmlctl.strategies import registry, topology
+from dmlctl.strategies.dpsgd import params as dpsgd
+from dmlctl.strategies.dpsgd import strategy as dpsgd_strategy
 
 # --------------------------------------------------------------------------- topology
 
@@ -109,7 +111,7 @@ def test_params_defaults_and_validation() -> None:
 def test_registered_and_importable_without_torch() -> None:
     assert registry.load("dpsgd") is dpsgd
     code = (
-        "import sys, dmlctl.strategies.dpsgd, dmlctl.strategies.topology;"
+        "import sys, dmlctl.strategies.dpsgd.params, dmlctl.strategies.topology;"
         "sys.exit('torch' in sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
@@ -127,7 +129,7 @@ def test_world_of_one_is_plain_local_training() -> None:
     plain = torch.optim.SGD(nets[0].parameters(), lr=0.1)
     ctx = types.SimpleNamespace(rank=0, world_size=1)
     inner = torch.optim.SGD(nets[1].parameters(), lr=0.1)
-    model, wrapped = dpsgd.prepare(ctx, nets[1], inner, dpsgd.Params())  # type: ignore[arg-type]
+    model, wrapped = dpsgd_strategy.prepare(ctx, nets[1], inner, dpsgd.Params())  # type: ignore[arg-type]
     assert model is nets[1]
     for _ in range(12):
         for net, opt in zip(nets, (plain, wrapped), strict=True):
@@ -160,7 +162,7 @@ def _properties_on_rank(ctx: Any) -> dict[str, Any]:
         torch.manual_seed(0)
         net = nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 3))
         inner = torch.optim.SGD(net.parameters(), lr=params.pop("lr", 0.0))
-        return dpsgd.prepare(ctx, net, inner, dpsgd.Params(**params))
+        return dpsgd_strategy.prepare(ctx, net, inner, dpsgd.Params(**params))
 
     def flat(net: nn.Module) -> list[float]:  # plain lists: tensors would travel back
         # through shared-memory file descriptors that die with this process.

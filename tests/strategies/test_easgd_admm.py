@@ -23,8 +23,11 @@ from dmlctl.errors import UsageError
 from dmlctl.plan.build import build_plan
 from dmlctl.spec.cluster import ClusterSpec
 from dmlctl.spec.models import JobSpec
-from dmlctl.strategies import admm, easgd
-from dmlctl.strategies.base import assign_flat, flat_params
+from dmlctl.strategies.admm import params as admm
+from dmlctl.strategies.admm import strategy as admm_strategy
+from dmlctl.strategies.common import assign_flat, flat_params
+from dmlctl.strategies.easgd import params as easgd
+from dmlctl.strategies.easgd import strategy as easgd_strategy
 from tests.conftest import Cli
 from tests.strategies import problem
 from tests.strategies.harness import run_ranks
@@ -71,7 +74,7 @@ def _easgd_exchange(ctx: Any, params: easgd.Params, periods: int) -> list[dict[s
     """Hand-set xᵢ, x̃ and gᵢ, then ``periods`` steps; what each step saw and did."""
     net = nn.Linear(3, 2)
     lr = 0.1
-    _, opt = easgd.prepare(ctx, net, torch.optim.SGD(net.parameters(), lr=lr), params)
+    _, opt = easgd_strategy.prepare(ctx, net, torch.optim.SGD(net.parameters(), lr=lr), params)
     ps = list(net.parameters())
     n = sum(q.numel() for q in ps)
     gen = torch.Generator().manual_seed(7)
@@ -100,7 +103,7 @@ def _easgd_exchange(ctx: Any, params: easgd.Params, periods: int) -> list[dict[s
 def _easgd_round_trip(ctx: Any) -> dict[str, Any]:
     net = problem.model(0)
     params = easgd.Params(period=2)
-    _, opt = easgd.prepare(ctx, net, torch.optim.SGD(net.parameters(), lr=0.05), params)
+    _, opt = easgd_strategy.prepare(ctx, net, torch.optim.SGD(net.parameters(), lr=0.05), params)
     x, y = problem.data(256)
     for _ in range(5):
         F.cross_entropy(net(x), y).backward()
@@ -108,7 +111,8 @@ def _easgd_round_trip(ctx: Any) -> dict[str, Any]:
         opt.zero_grad()
     saved = _reload(opt.state_dict())
     fresh = problem.model(1)
-    _, opt2 = easgd.prepare(ctx, fresh, torch.optim.SGD(fresh.parameters(), lr=0.05), params)
+    sgd = torch.optim.SGD(fresh.parameters(), lr=0.05)
+    _, opt2 = easgd_strategy.prepare(ctx, fresh, sgd, params)
     before = opt2.center.clone()  # type: ignore[attr-defined]
     opt2.load_state_dict(saved)
     return {
@@ -231,7 +235,7 @@ def _admm_least_squares(ctx: Any) -> dict[str, Any]:
     torch.manual_seed(0)
     net = nn.Linear(LSQ_DIM, 1)
     params = admm.Params(rho=1.0, local_steps=100)
-    _, opt = admm.prepare(ctx, net, torch.optim.SGD(net.parameters(), lr=0.05), params)
+    _, opt = admm_strategy.prepare(ctx, net, torch.optim.SGD(net.parameters(), lr=0.05), params)
     history = []
     for _ in range(ROUNDS):
         for _ in range(params.local_steps):
@@ -244,7 +248,8 @@ def _admm_least_squares(ctx: Any) -> dict[str, Any]:
         history.append(dict(opt.meter.extra))  # type: ignore[attr-defined]
     saved = _reload(opt.state_dict())
     fresh = nn.Linear(LSQ_DIM, 1)
-    _, opt2 = admm.prepare(ctx, fresh, torch.optim.SGD(fresh.parameters(), lr=0.05), params)
+    sgd = torch.optim.SGD(fresh.parameters(), lr=0.05)
+    _, opt2 = admm_strategy.prepare(ctx, fresh, sgd, params)
     opt2.load_state_dict(saved)
     return {
         "history": history,
@@ -368,7 +373,7 @@ def test_params_defaults() -> None:
 
 def test_modules_import_without_torch() -> None:
     code = (
-        "import sys; import dmlctl.strategies.easgd, dmlctl.strategies.admm;"
+        "import sys; import dmlctl.strategies.easgd.params, dmlctl.strategies.admm.params;"
         " assert 'torch' not in sys.modules, 'torch imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)

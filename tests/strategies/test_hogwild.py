@@ -22,7 +22,8 @@ from pydantic import ValidationError
 from torch import nn
 
 from dmlctl.runtime.data import shard_batches
-from dmlctl.strategies import hogwild
+from dmlctl.strategies.hogwild import params as hogwild
+from dmlctl.strategies.hogwild import strategy as hogwild_strategy
 from tests.conftest import REPO, Cli
 from tests.strategies import problem
 from tests.strategies.harness import run_ranks
@@ -100,7 +101,7 @@ def single_process_accuracy() -> float:
 
 
 def _scenario(ctx: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {"path": str(hogwild.shm_path())}
+    out: dict[str, Any] = {"path": str(hogwild_strategy.shm_path())}
 
     # Shared memory: ranks start different; rank 0's parameters win; writes are seen.
     torch.manual_seed(ctx.rank)
@@ -121,7 +122,7 @@ def _scenario(ctx: Any) -> dict[str, Any]:
     # Concurrent SGD, unequal step counts: one collective inside step() would hang.
     x, y = problem.data()
     mlp = problem.model(ctx.rank)
-    model, opt = hogwild.prepare(
+    model, opt = hogwild_strategy.prepare(
         ctx, mlp, torch.optim.SGD(mlp.parameters(), lr=0.05), hogwild.Params()
     )
     start_loss = problem.full_loss(mlp, x, y)
@@ -145,7 +146,7 @@ def _scenario(ctx: Any) -> dict[str, Any]:
     # Sparse logistic regression: each rank its shard, SGD on shared sparse weights.
     train_set, test_set = sparse_data()
     sparse = SparseLogistic()
-    model, opt = hogwild.prepare(
+    model, opt = hogwild_strategy.prepare(
         ctx, sparse, torch.optim.SGD(sparse.parameters(), lr=LR), hogwild.Params()
     )
     out["sparse_shared"] = all(p.is_shared() for p in sparse.parameters())
@@ -158,7 +159,7 @@ def _scenario(ctx: Any) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def two_ranks() -> list[dict[str, Any]]:
-    shm = Path(hogwild.shm_path()).parent
+    shm = Path(hogwild_strategy.shm_path()).parent
     before = set(shm.glob("dmlctl-hogwild-*"))
     results = run_ranks(_scenario, 2, strategy="hogwild")
     for r in results:
@@ -234,7 +235,7 @@ def test_world_of_one_returns_both_unchanged() -> None:
     net = nn.Linear(2, 2)
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
     ctx = SimpleNamespace(world_size=1, local_world_size=1, rank=0)
-    assert hogwild.prepare(ctx, net, opt, hogwild.Params()) == (net, opt)  # type: ignore[arg-type]
+    assert hogwild_strategy.prepare(ctx, net, opt, hogwild.Params()) == (net, opt)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -256,28 +257,28 @@ def test_world_of_one_returns_both_unchanged() -> None:
 def test_prepare_refuses_before_any_collective(ctx: Any, net: nn.Module, match: str) -> None:
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
     with pytest.raises(RuntimeError, match=match):
-        hogwild.prepare(ctx, net, opt, hogwild.Params())
+        hogwild_strategy.prepare(ctx, net, opt, hogwild.Params())
 
 
 def test_full_shared_memory_is_refused_not_sigbus(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="MiB free"):
-        hogwild._check_room(tmp_path, 1 << 62)
+        hogwild_strategy._check_room(tmp_path, 1 << 62)
 
 
 def test_shm_path_names_run_and_attempt(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DMLCTL_RUN_ID", "run 1/x")
     monkeypatch.setenv("DMLCTL_ATTEMPT", "2")
-    assert hogwild.shm_path().name == "dmlctl-hogwild-run_1_x-a2"
+    assert hogwild_strategy.shm_path().name == "dmlctl-hogwild-run_1_x-a2"
     monkeypatch.delenv("DMLCTL_RUN_ID")
     monkeypatch.delenv("DMLCTL_ATTEMPT")
     monkeypatch.setenv("MASTER_ADDR", "10.0.0.1")
     monkeypatch.setenv("MASTER_PORT", "29500")
-    assert hogwild.shm_path().name == "dmlctl-hogwild-10.0.0.1-29500"
+    assert hogwild_strategy.shm_path().name == "dmlctl-hogwild-10.0.0.1-29500"
 
 
 def test_import_does_not_load_torch() -> None:
     code = (
-        "import sys, dmlctl.strategies.hogwild\n"
+        "import sys, dmlctl.strategies.hogwild.params\n"
         "assert 'torch' not in sys.modules, 'torch imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
@@ -287,7 +288,7 @@ def test_import_does_not_load_torch() -> None:
 
 
 def test_example_launches(cli: Cli) -> None:
-    shm = Path(hogwild.shm_path()).parent
+    shm = Path(hogwild_strategy.shm_path()).parent
     before = set(shm.glob("dmlctl-hogwild-*"))
     proc = cli.run("launch", str(REPO / "examples" / "hogwild" / "job.yaml"), "--ui", "plain")
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -18,8 +18,11 @@ import torch
 import torch.nn.functional as F
 from pydantic import ValidationError
 
-from dmlctl.strategies import bmuf, local_sgd, registry
-from dmlctl.strategies.base import assign_flat
+from dmlctl.strategies import registry
+from dmlctl.strategies.bmuf import params as bmuf
+from dmlctl.strategies.common import assign_flat
+from dmlctl.strategies.local_sgd import params as local_sgd
+from dmlctl.strategies.local_sgd import strategy as local_sgd_strategy
 from tests.strategies import problem
 from tests.strategies.harness import run_ranks
 
@@ -46,11 +49,10 @@ def _step(net: torch.nn.Module, opt: torch.optim.Optimizer, idx: torch.Tensor) -
 
 def _train(ctx: Any, strategy: str, params: dict[str, Any], steps: int, batch: int) -> Any:
     """tests.strategies.problem.train_on_rank's loop with the given strategy."""
-    module = registry.load(strategy)
+    module = registry.load_runtime(strategy)
+    settings = registry.load(strategy).Params(**params)
     net = problem.model(0)
-    net, opt = module.prepare(
-        ctx, net, torch.optim.SGD(net.parameters(), lr=0.05), module.Params(**params)
-    )
+    net, opt = module.prepare(ctx, net, torch.optim.SGD(net.parameters(), lr=0.05), settings)
     gen = torch.Generator().manual_seed(1000 + ctx.rank)
     for _ in range(steps):
         _step(net, opt, torch.randint(len(X), (batch,), generator=gen))
@@ -92,11 +94,11 @@ def _schedule(ctx: Any) -> dict[str, Any]:
 def _hierarchical(ctx: Any) -> dict[str, Any]:
     """3 ranks posing as hosts of 2 and 1 workers: host rounds every 2 steps (a no-op
     on the 1-worker host), global rounds every 4."""
-    single = local_sgd.host_subgroup(ctx)  # the harness's ranks share one host
+    single = local_sgd_strategy.host_subgroup(ctx)  # the harness's ranks share one host
     fake = SimpleNamespace(rank=ctx.rank, local_rank=(0, 1, 0)[ctx.rank], world_size=3)
-    group, size = local_sgd.host_subgroup(fake)
+    group, size = local_sgd_strategy.host_subgroup(fake)
     net = problem.model(0)
-    opt = local_sgd.LocalSGDOptimizer(
+    opt = local_sgd_strategy.LocalSGDOptimizer(
         torch.optim.SGD(net.parameters(), lr=0.05), list(net.parameters()),
         world_size=3, period=2, host_group=group, host_size=size, global_every=2,
     )  # fmt: skip
@@ -292,7 +294,7 @@ def test_defaults_and_registry() -> None:
 def test_modules_import_without_torch() -> None:
     code = (
         "import sys\n"
-        "import dmlctl.strategies.bmuf, dmlctl.strategies.local_sgd\n"
+        "import dmlctl.strategies.bmuf.params, dmlctl.strategies.local_sgd.params\n"
         "assert 'torch' not in sys.modules, 'torch imported'\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -18,7 +18,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from dmlctl.strategies.ssgd import Params
+from dmlctl.strategies.ssgd.params import Params
 from tests.strategies import problem
 from tests.strategies.harness import run_ranks
 

@@ -156,17 +156,6 @@ def test_no_import_cycle() -> None:
     assert _cycles() == []
 
 
-#: Upward imports in the data plane still to be removed by the strategy layout.
-_UP = ": upward import (runtime is below strategies)"
-KNOWN = [
-    "dmlctl.ps.worker -> dmlctl.strategies.base: upward import (ps is below strategies)",
-    "dmlctl.runtime.context -> dmlctl.ps.roles: upward import (runtime is below ps)",
-    "dmlctl.runtime.context -> dmlctl.strategies.registry" + _UP,
-    "dmlctl.runtime.env -> dmlctl.strategies.registry" + _UP,
-    "dmlctl.runtime.guards -> dmlctl.strategies.registry" + _UP,
-]
-
-
 def test_imports_point_down_the_layers() -> None:
     bad = sorted(
         f"{src} -> {dst}: {why}"
@@ -174,7 +163,7 @@ def test_imports_point_down_the_layers() -> None:
         for dst in targets
         if (why := _problem(src, dst)) is not None
     )
-    assert bad == KNOWN
+    assert bad == []
 
 
 @pytest.mark.parametrize("module", sorted(m for m in MODULES if MEETING.match(m)))

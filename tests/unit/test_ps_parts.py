@@ -21,13 +21,14 @@ def test_local_role_comes_from_the_list_by_local_rank() -> None:
 
 def test_read_env_validates_the_role_against_the_strategy() -> None:
     from dmlctl.runtime.env import read_env
+    from dmlctl.strategies import registry
 
     base = {"RANK": "2", "WORLD_SIZE": "3", "LOCAL_RANK": "2"}
     roles = {protocol.ENV_LOCAL_ROLES: "worker,worker,server"}
-    env = read_env({**base, "DMLCTL_STRATEGY": "asgd", **roles})
+    env = read_env({**base, "DMLCTL_STRATEGY": "asgd", **roles}, registry.load)
     assert env.role == "server"
     with pytest.raises(ValueError, match="role 'server' is not one of strategy 'ssgd'"):
-        read_env({**base, **roles})
+        read_env({**base, **roles}, registry.load)
 
 
 def test_server_stats_window_rates_and_staleness() -> None:

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from dmlctl.strategies import registry
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_none_is_registered_and_takes_no_parameters() -> None:
@@ -31,3 +38,40 @@ def test_which_strategies_only_work_through_ctx_prepare(
 ) -> None:
     model = registry.load(name).Params.model_validate(params)
     assert registry.needs_runtime(name, model) is needed
+
+
+def test_every_strategy_is_a_package_whose_params_module_is_torch_free() -> None:
+    """The control plane imports each strategy's params module only: loading every one,
+    validating its defaults and asking whether it needs the runtime imports no torch."""
+    code = (
+        "import sys\n"
+        "from dmlctl.strategies import registry\n"
+        "for name in registry.names():\n"
+        "    module = registry.load(name)\n"
+        "    assert module.__name__ == registry.entry(name).package + '.params', name\n"
+        "    assert module.ROLES and 'worker' in module.ROLES, name\n"
+        "    registry.needs_runtime(name, module.Params())\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *sys.path])}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
+
+
+def test_every_strategy_has_a_runtime_module_with_prepare_and_servers_serve() -> None:
+    for name in registry.names():
+        module = registry.load_runtime(name)
+        entry = registry.entry(name)
+        assert module.__name__ == entry.module == f"{entry.package}.strategy"
+        assert callable(module.prepare), name
+        serves = "server" in registry.load(name).ROLES
+        assert callable(getattr(module, "serve", None)) is serves, name
+
+
+def test_unknown_names_are_answered_with_the_valid_list() -> None:
+    for lookup in (registry.load, registry.load_runtime, registry.entry):
+        with pytest.raises(registry.UnknownStrategy, match="valid: adadelay, admm"):
+            lookup("nope")

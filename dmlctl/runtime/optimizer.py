@@ -1,4 +1,4 @@
-"""Shared machinery of the strategies that are not plain DDP (runtime side only).
+"""The base of every optimizer a strategy wraps around the user's (runtime side only).
 
 * :class:`CommMeter` — bytes sent and seconds spent communicating, per step; every
   strategy reports ``comm_bytes_per_step`` and ``comm_share`` through it.
@@ -8,22 +8,19 @@
   ``zero_grad`` and ``state`` pass through, so LR schedulers and gradient clipping
   work unchanged; ``state_dict()`` holds the inner optimizer's state *and* the
   strategy's (momentum, center, duals, …), so checkpoints carry both.
-* :func:`flat_params` / :func:`assign_flat` — one contiguous tensor of a model's
-  parameters (one collective instead of one per tensor).
 
-Only imported on the hosts (it imports torch); the control plane never imports it.
+The strategies (:mod:`dmlctl.strategies`) and the parameter-server worker
+(:mod:`dmlctl.ps.worker`) build on it. Only imported on the hosts (it imports torch);
+the control plane never imports it.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-import torch.distributed as dist
-
-MetricsSource = Callable[[], dict[str, float]]
 
 
 class CommMeter:
@@ -61,34 +58,6 @@ class CommMeter:
         }
         self._window_start, self.bytes, self.seconds, self.steps = now, 0, 0.0, 0
         return out
-
-
-def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors)
-
-
-def flat_params(params: Sequence[torch.Tensor]) -> torch.Tensor:
-    """The parameters' data concatenated into one new 1-D tensor."""
-    return torch.cat([p.detach().reshape(-1) for p in params])
-
-
-def assign_flat(params: Sequence[torch.Tensor], flat: torch.Tensor) -> None:
-    """Copy ``flat`` (as made by :func:`flat_params`) back into the parameters."""
-    offset = 0
-    with torch.no_grad():
-        for p in params:
-            n = p.numel()
-            p.copy_(flat[offset : offset + n].view_as(p))
-            offset += n
-
-
-def all_reduce_mean_(tensor: torch.Tensor, meter: CommMeter, world_size: int) -> torch.Tensor:
-    """In-place mean over all ranks, recorded in ``meter``."""
-    start = time.perf_counter()
-    dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-    tensor /= world_size
-    meter.add(tensor_bytes([tensor]), time.perf_counter() - start)
-    return tensor
 
 
 class StrategyOptimizer(torch.optim.Optimizer):
@@ -168,15 +137,3 @@ class StrategyOptimizer(torch.optim.Optimizer):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.inner!r}, period={self.period})"
-
-
-def consensus_distance(
-    params: Sequence[torch.Tensor], mean: torch.Tensor, meter: CommMeter, world_size: int
-) -> float:
-    """sqrt(mean over workers of ||x_i - mean||²): how far apart the replicas are.
-
-    Collective (one scalar all-reduce, not counted as training traffic)."""
-    local = torch.sum((flat_params(params) - mean) ** 2).reshape(1).to(torch.float64)
-    dist.all_reduce(local, op=dist.ReduceOp.SUM)
-    del meter
-    return float(torch.sqrt(local / world_size).item())

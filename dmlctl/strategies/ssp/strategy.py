@@ -16,45 +16,29 @@ training has reached clock ``c − s``. So every read sees every worker's first
 The servers report ``clock_spread`` (fastest − slowest worker) and ``max_lead`` (the
 largest ``c − min_clock`` of any answered read, never above ``s``); each worker
 reports its ``clock`` and the ``min_clock`` its last read saw.
+
+The parameters are :mod:`dmlctl.strategies.ssp.params`'s; this module imports torch
+(hosts only).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, Field
+import torch
+from pydantic import BaseModel
 
-from dmlctl.strategies import ps_common
-from dmlctl.strategies.params import MAX_PERIOD, MAX_WEIGHT, PARAMS_CONFIG
+from dmlctl.ps.bootstrap import join_as_worker
+from dmlctl.ps.modes import DeltaPush
+from dmlctl.ps.serve import serve
+from dmlctl.strategies.common import delta_rule
 from dmlctl.strategies.registry import params_as
+from dmlctl.strategies.ssp.params import Params
 
 if TYPE_CHECKING:
-    import torch
-
     from dmlctl.runtime.context import Context
 
-ROLES = ps_common.ROLES
-serve = ps_common.serve
-
-
-class Params(BaseModel):
-    """``strategy.params`` of an ``ssp`` job (all optional; unknown keys are errors)."""
-
-    model_config = PARAMS_CONFIG
-
-    staleness: int = Field(
-        default=3,
-        ge=0,
-        le=MAX_PERIOD,
-        description="s: the most clocks a worker may be ahead of the slowest one "
-        "(0: synchronous).",
-    )
-    scale: float | None = Field(
-        default=None,
-        gt=0,
-        le=MAX_WEIGHT,
-        description="Weight the servers give a pushed change; default 1/workers.",
-    )
+__all__ = ["prepare", "serve"]
 
 
 def prepare(
@@ -62,8 +46,7 @@ def prepare(
 ) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     """Bootstrap the servers and wrap ``optimizer`` (collective with the servers)."""
     p = params_as(Params, params)
-    rule = ps_common.delta_rule(p.scale, ctx.world_size)
-    return ps_common.prepare_worker(
-        ctx, model, optimizer, rule=rule, mode="delta",
-        staleness_bound=p.staleness, n_push=1, n_fetch=1,
-    )  # fmt: skip
+    rule = delta_rule(p.scale, ctx.world_size)
+    weights, layout = join_as_worker(ctx, model, rule=rule, staleness_bound=p.staleness)
+    opt = DeltaPush(optimizer, weights, ctx=ctx, layout=layout, n_push=1, n_fetch=1)
+    return model, opt

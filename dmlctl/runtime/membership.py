@@ -1,5 +1,8 @@
 """Which ranks are workers and which are parameter servers (runtime side, torch).
 
+Only a run whose strategy has a ``server`` role has a membership; the session
+(:mod:`dmlctl.runtime.session`) finds it and hands it to the context.
+
 The plan gives every host's processes their roles by local rank
 (``DMLCTL_LOCAL_ROLES``); global ranks are only known after torchrun's rendezvous.
 :func:`discover` finds them with one all-gather over the default group, and builds

@@ -10,8 +10,8 @@ with ``torch.optim.SGD``, which updates only the rows a batch touched).
 
 Promises:
 
-* **One host only.** :func:`check_hosts` rejects a plan over more than one host
-  before anything starts; :func:`prepare` raises ``RuntimeError`` when
+* **One host only.** :func:`~dmlctl.strategies.hogwild.params.check_hosts` rejects a
+  plan over more than one host before anything starts; :func:`prepare` raises ``RuntimeError`` when
   ``ctx.local_world_size != ctx.world_size``. At world size 1 the model and the
   optimizer come back unchanged.
 * **Same start, same memory.** Rank 0's parameters are the start; afterwards every
@@ -31,53 +31,43 @@ Promises:
   inside :func:`prepare`; so a crash afterwards leaves nothing behind, and the
   memory is freed when the last worker exits.
 
-Importing this module is cheap (no torch): the control plane imports it for
-:class:`Params` and :func:`check_hosts`.
+:class:`~dmlctl.strategies.hogwild.params.Params` and
+:func:`~dmlctl.strategies.hogwild.params.check_hosts` are in
+:mod:`dmlctl.strategies.hogwild.params` (torch-free); this module imports torch (hosts
+only).
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import re
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ConfigDict
+import torch
+import torch.distributed as dist
+from pydantic import BaseModel
 
+from dmlctl.runtime.optimizer import StrategyOptimizer
+from dmlctl.strategies.hogwild.params import Params
 from dmlctl.strategies.registry import params_as
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
-    import torch
-
     from dmlctl.runtime.context import Context
-    from dmlctl.strategies.base import StrategyOptimizer
-
-ROLES: tuple[str, ...] = ("worker",)
 
 _SHM_DIR = Path("/dev/shm")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 
-class Params(BaseModel):
-    """``strategy.params`` of a ``hogwild`` job: none (unknown keys are errors)."""
+class HogwildOptimizer(StrategyOptimizer):
+    """The user's optimizer, stepping on shared parameters; never communicates."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    def communicate(self) -> None:
+        """Nothing to send: the parameters are shared memory."""
 
-
-def check_hosts(params: BaseModel, n_hosts: int) -> str | None:
-    """Why the job cannot run on ``n_hosts`` hosts (hogwild needs one), or None."""
-    del params
-    if n_hosts > 1:
-        return (
-            "hogwild shares parameters through the memory of one host, but the job "
-            f"would run on {n_hosts} hosts: set max_hosts: 1 or fewer workers "
-            "(at most one host's slots)"
-        )
-    return None
+    def __repr__(self) -> str:
+        return f"HogwildOptimizer({self.inner!r})"
 
 
 def shm_path() -> Path:
@@ -114,15 +104,12 @@ def prepare(
     weights = list(model.parameters())
     if weights:
         share_parameters(ctx, weights)
-    return model, optimizer_class()(optimizer, weights, world_size=ctx.world_size)
+    return model, HogwildOptimizer(optimizer, weights, world_size=ctx.world_size)
 
 
 def share_parameters(ctx: Context, weights: list[torch.nn.Parameter]) -> None:
     """Point every parameter's ``.data`` at its slice of the run's shared tensor,
     filled from rank 0's parameters. Collective; the file is gone when it returns."""
-    import torch
-    import torch.distributed as dist
-
     dtypes = {p.dtype for p in weights}
     devices = {p.device.type for p in weights}
     if len(dtypes) > 1:
@@ -187,23 +174,4 @@ def _check_room(directory: Path, nbytes: int) -> None:
 def _map(path: Path, numel: int, dtype: torch.dtype) -> torch.Tensor:
     """``numel`` elements of ``path`` mapped shared (the file is created or extended
     to that size when shorter, so only rank 0 may call this on a missing file)."""
-    import torch
-
     return torch.from_file(str(path), shared=True, size=numel, dtype=dtype)
-
-
-@functools.cache
-def optimizer_class() -> Callable[..., StrategyOptimizer]:
-    """The Hogwild optimizer class (defined on first use: it needs torch)."""
-    from dmlctl.strategies.base import StrategyOptimizer
-
-    class HogwildOptimizer(StrategyOptimizer):
-        """The user's optimizer, stepping on shared parameters; never communicates."""
-
-        def communicate(self) -> None:
-            """Nothing to send: the parameters are shared memory."""
-
-        def __repr__(self) -> str:
-            return f"HogwildOptimizer({self.inner!r})"
-
-    return HogwildOptimizer

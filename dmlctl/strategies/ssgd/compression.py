@@ -10,7 +10,7 @@
   ``start_powerSGD_iter`` steps).
 
 Every hook is wrapped by :func:`metered_hook`, which feeds a
-:class:`~dmlctl.strategies.base.CommMeter`:
+:class:`~dmlctl.runtime.optimizer.CommMeter`:
 
 * **bytes** — what this worker contributes to all-reduces per step (one step = one
   backward that synchronises, counted at the bucket DDP processes last). ``none``:
@@ -25,7 +25,7 @@ Every hook is wrapped by :func:`metered_hook`, which feeds a
   so it includes compressing and decompressing; overlapping buckets count once
   (union of intervals). ``comm_share`` = that time / wall time of the window.
 
-Only imported on the hosts (it imports torch), from :func:`dmlctl.strategies.ssgd.prepare`.
+Only imported on the hosts (it imports torch), from :func:`dmlctl.strategies.ssgd.strategy.prepare`.
 """
 
 import threading
@@ -41,7 +41,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
 from torch.nn.parallel import DistributedDataParallel
 
-from dmlctl.strategies.base import CommMeter
+from dmlctl.runtime.optimizer import CommMeter
 
 Hook = Callable[[Any, GradBucket], torch.futures.Future[torch.Tensor]]
 
@@ -160,15 +160,19 @@ class MeteredDDP(DistributedDataParallel):
         s = hs.inner_state
         _, keys, pos, has_gauss, gauss = cast("tuple[str, Any, int, int, float]", s.rng.get_state())
         return {
-            "compression": "powersgd", "rank": s.matrix_approximation_rank, "iter": s.iter,
+            "compression": "powersgd",
+            "rank": s.matrix_approximation_rank,
+            "iter": s.iter,
             "error": {k: v.detach().clone() for k, v in s.error_dict.items()},
             "p": {k: v.detach().clone() for k, v in s.p_memory_dict.items()},
             "q": {k: v.detach().clone() for k, v in s.q_memory_dict.items()},
             "numel_before": s.total_numel_before_compression,
             "numel_after": s.total_numel_after_compression,
             "rng_keys": torch.from_numpy(keys.astype(np.int64)),
-            "rng_pos": int(pos), "rng_has_gauss": int(has_gauss), "rng_gauss": float(gauss),
-        }  # fmt: skip
+            "rng_pos": int(pos),
+            "rng_has_gauss": int(has_gauss),
+            "rng_gauss": float(gauss),
+        }
 
     def load_strategy_state(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`strategy_state` returned (call after ``ctx.prepare``,
@@ -221,10 +225,13 @@ def install(
     elif compression == "powersgd":
         inner = psgd.powerSGD_hook
         inner_state = psgd.PowerSGDState(
-            process_group=group, matrix_approximation_rank=rank,
-            start_powerSGD_iter=warmup_steps, min_compression_rate=min_compression_rate,
-            use_error_feedback=error_feedback, warm_start=True,
-        )  # fmt: skip
+            process_group=group,
+            matrix_approximation_rank=rank,
+            start_powerSGD_iter=warmup_steps,
+            min_compression_rate=min_compression_rate,
+            use_error_feedback=error_feedback,
+            warm_start=True,
+        )
     else:
         raise ValueError(f"unknown compression {compression!r}")
     state = HookState(compression, inner, inner_state)

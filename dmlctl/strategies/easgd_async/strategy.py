@@ -7,48 +7,28 @@ computes the elastic difference ``e = α (xᵢ − x̃)``, moves ``xᵢ ← xᵢ
 worker waits for another. ``α`` defaults to ``β / p`` (``β = 0.9``), as in
 :mod:`dmlctl.strategies.easgd`. At the end of the data every worker takes the
 center, so the trained model is ``x̃``.
+
+The parameters are :mod:`dmlctl.strategies.easgd_async.params`'s; this module imports
+torch (hosts only).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, Field
+import torch
+from pydantic import BaseModel
 
-from dmlctl.strategies import ps_common
-from dmlctl.strategies.params import MAX_PERIOD, PARAMS_CONFIG
+from dmlctl.ps.bootstrap import join_as_worker
+from dmlctl.ps.modes import ElasticExchange
+from dmlctl.ps.serve import serve
+from dmlctl.strategies.easgd_async.params import Params
 from dmlctl.strategies.registry import params_as
 
 if TYPE_CHECKING:
-    import torch
-
     from dmlctl.runtime.context import Context
 
-ROLES = ps_common.ROLES
-serve = ps_common.serve
-
-
-class Params(BaseModel):
-    """``strategy.params`` of an ``easgd-async`` job (all optional; unknown keys are errors)."""
-
-    model_config = PARAMS_CONFIG
-
-    period: int = Field(
-        le=MAX_PERIOD,
-        default=4, ge=1, description="τ: local steps between two exchanges with the center."
-    )
-    beta: float = Field(
-        default=0.9,
-        gt=0,
-        le=1,
-        description="β = pα; used when alpha is not given.",
-    )
-    alpha: float | None = Field(
-        default=None,
-        gt=0,
-        lt=1,
-        description="α, the elastic moving rate of one exchange; default β/p.",
-    )
+__all__ = ["prepare", "serve"]
 
 
 def prepare(
@@ -58,7 +38,7 @@ def prepare(
     wrap ``optimizer`` (collective with the servers)."""
     p = params_as(Params, params)
     alpha = p.alpha if p.alpha is not None else p.beta / ctx.world_size
-    return ps_common.prepare_worker(
-        ctx, model, optimizer, rule={"kind": "scaled_add", "alpha": 1.0}, mode="elastic",
-        period=p.period, elastic_alpha=alpha,
-    )  # fmt: skip
+    rule = {"kind": "scaled_add", "alpha": 1.0}  # the workers send α(x − x̃) already
+    weights, layout = join_as_worker(ctx, model, rule=rule)
+    opt = ElasticExchange(optimizer, weights, ctx=ctx, layout=layout, period=p.period, alpha=alpha)
+    return model, opt

@@ -3,21 +3,17 @@
 The script runs exactly as under torchrun (it may build its own DDP, FSDP, or
 anything else); :meth:`Context.prepare` only moves the model to the rank's device.
 This is what ``dmlctl status`` shows for a run whose script never let a strategy wrap
-its model. Importing this module never imports torch.
+its model. This module is torch-free (the control plane imports it);
+:mod:`dmlctl.strategies.none.strategy` is the (empty) strategy.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from pydantic import BaseModel, ConfigDict
 
-if TYPE_CHECKING:
-    import torch
+from dmlctl.strategies.params import WORKERS_ONLY
 
-    from dmlctl.runtime.context import Context
-
-ROLES: tuple[str, ...] = ("worker",)
+ROLES: tuple[str, ...] = WORKERS_ONLY
 NEEDS_RUNTIME = False  # the script may bypass ctx.prepare: nothing is lost
 
 
@@ -25,10 +21,3 @@ class Params(BaseModel):
     """``none`` has no parameters."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-def prepare(
-    ctx: Context, model: torch.nn.Module, optimizer: torch.optim.Optimizer, params: BaseModel
-) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    """Return both objects unchanged (the model is already on ``ctx.device``)."""
-    return model, optimizer

@@ -13,47 +13,31 @@ is measured and reported (median / max on the server's dashboard row).
 
 Parameters are sharded over the job's ``parameter_servers`` (size-balanced); server
 state (parameters, versions, clocks) is part of checkpoints. See
-:mod:`dmlctl.ps.worker` for the worker's step and the end of training.
+:mod:`dmlctl.ps.modes` (``DeltaPush``) for the worker's step and
+:mod:`dmlctl.ps.worker` for the end of training.
+
+The parameters are :mod:`dmlctl.strategies.asgd.params`'s; this module imports torch
+(hosts only).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, Field
+import torch
+from pydantic import BaseModel
 
-from dmlctl.strategies import ps_common
-from dmlctl.strategies.params import MAX_PERIOD, MAX_WEIGHT, PARAMS_CONFIG
+from dmlctl.ps.bootstrap import join_as_worker
+from dmlctl.ps.modes import DeltaPush
+from dmlctl.ps.serve import serve
+from dmlctl.strategies.asgd.params import Params
+from dmlctl.strategies.common import delta_rule
 from dmlctl.strategies.registry import params_as
 
 if TYPE_CHECKING:
-    import torch
-
     from dmlctl.runtime.context import Context
 
-ROLES = ps_common.ROLES
-serve = ps_common.serve
-
-
-class Params(BaseModel):
-    """``strategy.params`` of an ``asgd`` job (all optional; unknown keys are errors)."""
-
-    model_config = PARAMS_CONFIG
-
-    n_push: int = Field(
-        default=1, ge=1, le=MAX_PERIOD, description="Push the local change every n_push steps."
-    )
-    n_fetch: int = Field(
-        le=MAX_PERIOD,
-        default=1, ge=1, description="Pull fresh parameters from the servers every n_fetch steps."
-    )
-    scale: float | None = Field(
-        default=None,
-        gt=0,
-        le=MAX_WEIGHT,
-        description="Weight the servers give a pushed change; default 1/workers (1: "
-        "Downpour's plain sum, p times the step of synchronous SGD).",
-    )
+__all__ = ["prepare", "serve"]
 
 
 def prepare(
@@ -61,8 +45,6 @@ def prepare(
 ) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     """Bootstrap the servers and wrap ``optimizer`` (collective with the servers)."""
     p = params_as(Params, params)
-    rule = ps_common.delta_rule(p.scale, ctx.world_size)
-    return ps_common.prepare_worker(
-        ctx, model, optimizer, rule=rule, mode="delta",
-        n_push=p.n_push, n_fetch=p.n_fetch,
-    )  # fmt: skip
+    weights, layout = join_as_worker(ctx, model, rule=delta_rule(p.scale, ctx.world_size))
+    opt = DeltaPush(optimizer, weights, ctx=ctx, layout=layout, n_push=p.n_push, n_fetch=p.n_fetch)
+    return model, opt

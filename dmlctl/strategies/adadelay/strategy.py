@@ -13,49 +13,28 @@ actually had, not with a worst-case bound, and with the delay-weighted size of t
 coordinate's past gradients. ``L`` defaults to ``1 / lr`` of the user's optimizer, so
 the first, undelayed step is at most the optimizer's own ``lr``. The servers report
 ``step_size`` (mean α of the latest update) and the staleness median / max.
+
+The parameters are :mod:`dmlctl.strategies.adadelay.params`'s; this module imports torch
+(hosts only).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, Field
+import torch
+from pydantic import BaseModel
 
-from dmlctl.strategies import ps_common
-from dmlctl.strategies.params import MAX_PERIOD, MAX_WEIGHT, PARAMS_CONFIG
+from dmlctl.ps.bootstrap import join_as_worker
+from dmlctl.ps.modes import GradientPush
+from dmlctl.ps.serve import serve
+from dmlctl.strategies.adadelay.params import Params
 from dmlctl.strategies.registry import params_as
 
 if TYPE_CHECKING:
-    import torch
-
     from dmlctl.runtime.context import Context
 
-ROLES = ps_common.ROLES
-serve = ps_common.serve
-
-
-class Params(BaseModel):
-    """``strategy.params`` of an ``adadelay`` job (all optional; unknown keys are errors)."""
-
-    model_config = PARAMS_CONFIG
-
-    n_fetch: int = Field(
-        le=MAX_PERIOD,
-        default=1, ge=1, description="Pull fresh parameters from the servers every n_fetch steps."
-    )
-    L: float | None = Field(
-        default=None,
-        gt=0,
-        le=1e12,
-        description="L, the smoothness constant: the largest step is 1/L; default "
-        "1/lr of the optimizer.",
-    )
-    c: float = Field(
-        default=0.1,
-        ge=0,
-        le=MAX_WEIGHT,
-        description="Scale of the adaptive, delay-weighted term c_j (0: constant step 1/L).",
-    )
+__all__ = ["prepare", "serve"]
 
 
 def prepare(
@@ -64,11 +43,17 @@ def prepare(
     """Bootstrap the servers and wrap ``optimizer`` (collective with the servers).
     Raises ValueError when ``L`` is not given and the optimizer's lr is not positive."""
     p = params_as(Params, params)
-    lr = ps_common.first_lr(optimizer)
+    lr = first_lr(optimizer)
     if p.L is None and not lr > 0:
         raise ValueError(f"adadelay: L defaults to 1/lr, but the optimizer's lr is {lr}; set L")
     big_l = p.L if p.L is not None else 1.0 / lr
-    return ps_common.prepare_worker(
-        ctx, model, optimizer, rule={"kind": "adadelay", "L": big_l, "c": p.c}, mode="gradient",
-        n_fetch=p.n_fetch,
-    )  # fmt: skip
+    rule = {"kind": "adadelay", "L": big_l, "c": p.c}
+    weights, layout = join_as_worker(ctx, model, rule=rule)
+    opt = GradientPush(optimizer, weights, ctx=ctx, layout=layout, n_fetch=p.n_fetch)
+    return model, opt
+
+
+def first_lr(optimizer: torch.optim.Optimizer) -> float:
+    """The ``lr`` of the optimizer's first param group (0.0 when it has none)."""
+    lr = optimizer.param_groups[0].get("lr", 0.0) if optimizer.param_groups else 0.0
+    return float(lr)

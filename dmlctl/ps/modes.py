@@ -1,0 +1,152 @@
+"""What a parameter-server worker sends, and when: one :class:`~dmlctl.ps.worker.PSOptimizer`
+per behaviour (runtime side, torch).
+
+* :class:`DeltaPush` (asgd, ssp): the user's optimizer steps locally; every ``n_push``
+  steps the worker pushes its *delta* — its parameters minus the reference copy taken
+  at its last push or pull — and the server adds it with the layout's weight; every
+  ``n_fetch`` steps it pulls and continues from the server's parameters plus the local
+  change not pushed yet. With plain SGD and ``n_push = n_fetch = 1`` the delta is
+  ``-lr·g``: Downpour's gradient push. Optimizer state (momentum, Adam moments) stays
+  on the worker.
+* :class:`GradientPush` (adadelay): the user's optimizer does not step; the worker
+  pushes its gradients every step and the server's rule makes the step; it pulls every
+  ``n_fetch`` steps.
+* :class:`ElasticExchange` (easgd-async): local steps with the user's optimizer; every
+  ``period`` steps the worker pulls the center ``x̃``, moves ``x ← x − α(x − x̃)`` and
+  pushes ``α(x − x̃)``, which the server adds to the center (the paper's asynchronous
+  elastic exchange).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from dmlctl.ps.bootstrap import Layout
+from dmlctl.ps.channel import WorkerChannel
+from dmlctl.ps.worker import PSOptimizer
+
+if TYPE_CHECKING:
+    from dmlctl.runtime.context import Context
+
+
+class DeltaPush(PSOptimizer):
+    """Local steps; push the change every ``n_push`` steps, pull every ``n_fetch``."""
+
+    def __init__(
+        self,
+        inner: torch.optim.Optimizer,
+        params: Sequence[torch.nn.Parameter],
+        *,
+        ctx: Context,
+        layout: Layout,
+        channel: WorkerChannel | None = None,
+        n_push: int = 1,
+        n_fetch: int = 1,
+    ) -> None:
+        super().__init__(inner, params, ctx=ctx, layout=layout, channel=channel)
+        self.n_push, self.n_fetch = n_push, n_fetch
+
+    def _delta(self) -> list[torch.Tensor]:
+        return [p.detach() - r for p, r in zip(self.params, self.reference, strict=True)]
+
+    def step(self, closure: Callable[[], float] | None = None) -> Any:
+        """The local step, then the push and the pull that are due (module docstring)."""
+        loss = self._local_step(closure)
+        fetch = self.local_steps % self.n_fetch == 0
+        fresh = None
+        if self.local_steps % self.n_push == 0:
+            fresh = self._push(self._delta(), pull=fetch)
+            with torch.no_grad():
+                for p, r in zip(self.params, self.reference, strict=True):
+                    r.copy_(p)
+        if fetch:
+            self._adopt(fresh if fresh is not None else self._pull(), keep_local=True)
+        return loss
+
+    def flush(self) -> None:
+        """Push the change since the last push, if any."""
+        if self.pushed_at < self.local_steps:
+            self._push(self._delta())
+
+
+class GradientPush(PSOptimizer):
+    """Push the gradients every step (the servers step); pull every ``n_fetch``."""
+
+    def __init__(
+        self,
+        inner: torch.optim.Optimizer,
+        params: Sequence[torch.nn.Parameter],
+        *,
+        ctx: Context,
+        layout: Layout,
+        channel: WorkerChannel | None = None,
+        n_fetch: int = 1,
+    ) -> None:
+        super().__init__(inner, params, ctx=ctx, layout=layout, channel=channel)
+        self.n_fetch = n_fetch
+
+    def step(self, closure: Callable[[], float] | None = None) -> Any:
+        """Push this step's gradients (the user's optimizer does not step) and pull
+        the servers' parameters when due; returns the closure's loss, if any."""
+        loss: Any = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        grads = [_dense_grad(p) for p in self.params]
+        self.local_steps += 1
+        self.meter.step()
+        fresh = self._push(grads, pull=self.local_steps % self.n_fetch == 0)
+        if fresh is not None:
+            self._adopt(fresh, keep_local=False)
+        return loss
+
+
+class ElasticExchange(PSOptimizer):
+    """Local steps; every ``period`` steps an elastic exchange with the center."""
+
+    def __init__(
+        self,
+        inner: torch.optim.Optimizer,
+        params: Sequence[torch.nn.Parameter],
+        *,
+        ctx: Context,
+        layout: Layout,
+        channel: WorkerChannel | None = None,
+        period: int,
+        alpha: float,
+    ) -> None:
+        super().__init__(inner, params, ctx=ctx, layout=layout, channel=channel)
+        self.elastic_period, self.elastic_alpha = period, alpha
+
+    def step(self, closure: Callable[[], float] | None = None) -> Any:
+        """The local step, then the exchange when due (module docstring)."""
+        loss = self._local_step(closure)
+        if self.local_steps % self.elastic_period == 0:
+            self._exchange()
+        return loss
+
+    def _exchange(self) -> None:
+        center = self._pull()
+        with torch.no_grad():
+            diff = [
+                self.elastic_alpha * (p.detach() - c)
+                for p, c in zip(self.params, center, strict=True)
+            ]
+            for p, d in zip(self.params, diff, strict=True):
+                p.sub_(d)
+        self._push(diff)
+
+
+def _dense_grad(p: torch.nn.Parameter) -> torch.Tensor:
+    """``p``'s gradient as a dense tensor (zeros without one); sparse ones refused."""
+    if p.grad is None:
+        return torch.zeros_like(p)
+    if p.grad.is_sparse:
+        raise RuntimeError(
+            "parameter-server strategies push dense tensors; use hogwild or a dense "
+            "gradient (e.g. nn.Embedding(sparse=False)) for this parameter"
+        )
+    return p.grad.detach()

@@ -1,0 +1,141 @@
+"""Consensus ADMM (Boyd, Parikh, Chu, Peleato & Eckstein 2011, §7.1).
+
+Solves ``min Σᵢ fᵢ(x)`` with worker ``i`` owning ``fᵢ`` (its shard of the data) as
+``min Σᵢ fᵢ(xᵢ)`` subject to ``xᵢ = z``. With ``ρ`` the penalty, ``uᵢ`` the scaled
+dual variable of worker ``i`` and ``p`` workers, one round is:
+
+* x-update, on every worker::
+
+      xᵢ ← argmin_x  fᵢ(x) + ρ/2 ‖x − z + uᵢ‖²
+
+  approximated by ``local_steps`` (``k``) steps of the user's optimizer, warm-started
+  at the current ``xᵢ``: :meth:`before_step` adds the penalty's gradient
+  ``ρ (x − z + uᵢ)`` to the gradients, so it goes through the optimizer (momentum,
+  Adam's normalisation) like the loss's gradient does.
+* z-update (one all-reduce of the parameters' size)::
+
+      z ← mean_i (xᵢ + uᵢ)
+
+* u-update, local::
+
+      uᵢ ← uᵢ + xᵢ − z
+
+Reported in ``meter.extra`` after each round: the primal residual
+``‖r‖ = sqrt(Σᵢ ‖xᵢ − z‖²)`` (one scalar all-reduce, counted in the meter) as
+``primal_res`` and the dual residual ``‖s‖ = ρ sqrt(p) ‖z − z_prev‖`` as ``dual_res``.
+
+Deviations from §7.1, both standard for training: the x-update is inexact (k
+optimizer steps, not the exact minimiser) and stochastic (minibatches of ``fᵢ``).
+Workers train and evaluate ``xᵢ``, not ``z``: the residuals say how far apart they are.
+
+``init: average`` starts ``z`` at the mean of the workers' initial models (they keep
+their own ``xᵢ``); ``init: broadcast`` copies rank 0's model to every worker and starts
+``z`` there. ``uᵢ`` starts at 0. State: ``z`` and ``uᵢ`` (:meth:`strategy_state`);
+``uᵢ`` is this worker's own, so a checkpoint must keep every rank's optimizer state.
+
+The parameters are :mod:`dmlctl.strategies.admm.params`'s; this module imports torch
+(hosts only).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from pydantic import BaseModel
+
+from dmlctl.runtime.optimizer import StrategyOptimizer
+from dmlctl.strategies.admm.params import Params
+from dmlctl.strategies.common import add_to_grads, assign_flat, flat_params
+from dmlctl.strategies.registry import params_as
+
+if TYPE_CHECKING:
+    from dmlctl.runtime.context import Context
+
+
+class ADMMOptimizer(StrategyOptimizer):
+    """The user's optimizer on fᵢ + ρ/2‖x − z + uᵢ‖², plus z and u updates."""
+
+    def __init__(
+        self,
+        inner: torch.optim.Optimizer,
+        params: Sequence[torch.nn.Parameter],
+        *,
+        world_size: int,
+        rho: float,
+        local_steps: int,
+        init: str,
+    ) -> None:
+        super().__init__(inner, params, world_size=world_size, period=local_steps)
+        self.rho = rho
+        x = flat_params(self.params)
+        if init == "broadcast":
+            dist.broadcast(x, src=0)
+            assign_flat(self.params, x)
+            self.z: torch.Tensor = x
+        else:
+            dist.all_reduce(x, op=dist.ReduceOp.SUM)
+            self.z = x / world_size
+        self.u: torch.Tensor = torch.zeros_like(self.z)
+
+    def before_step(self) -> None:
+        """Add the penalty's gradient ρ (x − z + uᵢ) to the gradients."""
+        add_to_grads(self.params, flat_params(self.params) - self.z + self.u, self.rho)
+
+    def communicate(self) -> None:
+        """z ← mean(xᵢ + uᵢ), uᵢ ← uᵢ + xᵢ − z, and the residuals."""
+        x = flat_params(self.params)
+        w = x + self.u
+        began = time.perf_counter()
+        dist.all_reduce(w, op=dist.ReduceOp.SUM)
+        w /= self.world_size
+        z_prev, self.z = self.z, w
+        r = x - self.z
+        self.u += r
+        local = r.double().square().sum().reshape(1)
+        dist.all_reduce(local, op=dist.ReduceOp.SUM)
+        nbytes = w.numel() * w.element_size() + local.numel() * local.element_size()
+        self.meter.add(nbytes, time.perf_counter() - began)
+        dual = torch.linalg.vector_norm((self.z - z_prev).double())
+        self.meter.extra["primal_res"] = math.sqrt(max(float(local.item()), 0.0))
+        self.meter.extra["dual_res"] = self.rho * math.sqrt(self.world_size) * float(dual)
+
+    def strategy_state(self) -> dict[str, Any]:
+        return {"z": self.z.clone(), "u": self.u.clone()}
+
+    def load_strategy_state(self, state: dict[str, Any]) -> None:
+        for name in ("z", "u"):
+            value = state.get(name)
+            if value is not None:
+                mine: torch.Tensor = getattr(self, name)
+                setattr(self, name, value.to(mine.device, mine.dtype).clone())
+
+    def __repr__(self) -> str:
+        return f"ADMMOptimizer({self.inner!r}, rho={self.rho:g}, local_steps={self.period})"
+
+
+def prepare(
+    ctx: Context, model: torch.nn.Module, optimizer: torch.optim.Optimizer, params: BaseModel
+) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """Wrap ``optimizer`` in a consensus-ADMM optimizer; the model comes back unchanged.
+
+    Promises: at world size 1 both objects come back unchanged. Otherwise ``z`` is
+    initialised collectively (every rank must call this) as ``init`` says, ``uᵢ = 0``,
+    and the returned optimizer runs one round every ``local_steps`` steps.
+    """
+    p = params_as(Params, params)
+    if ctx.world_size == 1:
+        return model, optimizer
+    wrapped = ADMMOptimizer(
+        optimizer,
+        [q for q in model.parameters() if q.requires_grad],
+        world_size=ctx.world_size,
+        rho=p.rho,
+        local_steps=p.local_steps,
+        init=p.init,
+    )
+    return model, wrapped

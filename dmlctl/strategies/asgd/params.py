@@ -1,0 +1,33 @@
+"""The parameters of an ``asgd`` job (torch-free: the control plane validates job
+files with it). The strategy is :mod:`dmlctl.strategies.asgd.strategy`."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from dmlctl.strategies.params import MAX_PERIOD, MAX_WEIGHT, PARAMS_CONFIG, WITH_SERVERS
+
+ROLES: tuple[str, ...] = WITH_SERVERS
+
+
+class Params(BaseModel):
+    """``strategy.params`` of an ``asgd`` job (all optional; unknown keys are errors)."""
+
+    model_config = PARAMS_CONFIG
+
+    n_push: int = Field(
+        default=1, ge=1, le=MAX_PERIOD, description="Push the local change every n_push steps."
+    )
+    n_fetch: int = Field(
+        le=MAX_PERIOD,
+        default=1,
+        ge=1,
+        description="Pull fresh parameters from the servers every n_fetch steps.",
+    )
+    scale: float | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_WEIGHT,
+        description="Weight the servers give a pushed change; default 1/workers (1: "
+        "Downpour's plain sum, p times the step of synchronous SGD).",
+    )

@@ -1,0 +1,67 @@
+"""The parameters of a ``bmuf`` job (torch-free: the control plane validates job files
+with it). The update rule is :mod:`dmlctl.strategies.bmuf.strategy`'s."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field, field_validator
+
+from dmlctl.strategies.params import MAX_PERIOD, MAX_WEIGHT, PARAMS_CONFIG, WORKERS_ONLY
+
+ROLES: tuple[str, ...] = WORKERS_ONLY
+
+
+class Params(BaseModel):
+    """``strategy.params`` of a ``bmuf`` job (all optional; unknown keys are errors)."""
+
+    model_config = PARAMS_CONFIG
+
+    period: int = Field(
+        le=MAX_PERIOD,
+        default=8,
+        description="τ: local steps per block; one all-reduce of the model per block.",
+    )
+    block_momentum: float | None = Field(
+        default=None,
+        allow_inf_nan=False,
+        description="η_b in [0, 1): momentum of the block updates. Default: 1 − 1/N "
+        "for N workers. 0 (with block_lr 1) is plain model averaging.",
+    )
+    block_lr: float = Field(
+        le=MAX_WEIGHT,
+        default=1.0,
+        allow_inf_nan=False,
+        description="ζ > 0: step size applied to each block's averaged update.",
+    )
+    nesterov: bool = Field(
+        default=False,
+        description="Workers restart a block from w_g + η_b·Δ (Nesterov block "
+        "momentum) instead of w_g.",
+    )
+
+    @field_validator("period")
+    @classmethod
+    def _period(cls, value: int) -> int:
+        if value < 1:
+            raise ValueError(f"period must be ≥ 1 (local steps per block), got {value}")
+        return value
+
+    @field_validator("block_momentum")
+    @classmethod
+    def _momentum(cls, value: float | None) -> float | None:
+        if value is not None and value >= 1:
+            raise ValueError(f"block momentum must be < 1, got {value}")
+        if value is not None and value < 0:
+            raise ValueError(f"block momentum must be ≥ 0, got {value}")
+        return value
+
+    @field_validator("block_lr")
+    @classmethod
+    def _lr(cls, value: float) -> float:
+        if value <= 0:
+            raise ValueError(f"block_lr must be > 0, got {value}")
+        return value
+
+
+def resolve_block_momentum(value: float | None, world_size: int) -> float:
+    """``value``, or the paper's default ``1 − 1/N`` for ``N = world_size`` workers."""
+    return value if value is not None else 1.0 - 1.0 / max(world_size, 1)

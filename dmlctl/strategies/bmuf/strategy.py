@@ -1,0 +1,151 @@
+"""BMUF: block-wise model update filtering (Chen & Huo, ICASSP 2016).
+
+Update rule. Workers start a block from the same model and run τ = ``period`` local
+steps of the user's optimizer. At the end of each block, with ``w_g`` the global model
+the block started from and ``Δ`` the block momentum buffer (zero at the start)::
+
+    G   = mean_i(w_i) − w_g          (the block's averaged update)
+    Δ   ← η_b · Δ + ζ · G            (η_b = ``block_momentum``, ζ = ``block_lr``)
+    w_g ← w_g + Δ
+    w_i ← w_g                        (classic block momentum, CBM)
+    w_i ← w_g + η_b · Δ              (``nesterov: true``, NBM)
+
+``block_momentum`` defaults to ``1 − 1/N`` for ``N`` workers (the paper's choice).
+
+Promises:
+
+* With ``block_momentum = 0`` and ``block_lr = 1`` the rule reduces to ``w_i ←
+  mean_i(w_i)``: BMUF is then local SGD with the same period (up to rounding).
+* Ranks start identical (rank 0's parameters and floating-point buffers broadcast
+  once in ``prepare``) and hold identical parameters after every block: every rank
+  computes the same update from the same all-reduced mean.
+* One all-reduce of one flat buffer per block (parameters + floating-point buffers;
+  the buffers are plainly averaged, not filtered), counted in
+  ``comm_bytes_per_step`` = ``buffer bytes / τ``. ``consensus`` is
+  ``sqrt(mean_i ||w_i − mean(w)||²)`` just before the latest block's averaging.
+* ``state_dict()`` carries ``w_g`` and ``Δ`` (tensors, float32 or wider) besides the
+  inner optimizer's state, so a restart resumes the filter exactly.
+* At world size 1 model and optimizer come back unchanged.
+
+The parameters are :mod:`dmlctl.strategies.bmuf.params`'s; this module imports torch
+(hosts only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from pydantic import BaseModel
+
+from dmlctl.runtime.optimizer import StrategyOptimizer
+from dmlctl.strategies.bmuf.params import Params, resolve_block_momentum
+from dmlctl.strategies.common import (
+    assign_flat,
+    broadcast_from_rank0,
+    flat_params,
+    mean_and_consensus,
+    model_tensors,
+)
+from dmlctl.strategies.registry import params_as
+
+if TYPE_CHECKING:
+    from dmlctl.runtime.context import Context
+
+
+class BMUFOptimizer(StrategyOptimizer):
+    """The user's optimizer plus a block-momentum filter every ``period`` steps.
+
+    ``params``/``buffers`` are the tensors averaged; ``w_g`` starts at the current
+    ``params``."""
+
+    def __init__(
+        self,
+        inner: torch.optim.Optimizer,
+        params: Sequence[torch.nn.Parameter],
+        *,
+        buffers: Sequence[torch.Tensor] = (),
+        world_size: int,
+        period: int,
+        block_momentum: float,
+        block_lr: float = 1.0,
+        nesterov: bool = False,
+    ) -> None:
+        super().__init__(inner, params, world_size=world_size, period=period)
+        self.tensors: list[torch.Tensor] = [*self.params, *buffers]
+        self.n_params = sum(p.numel() for p in self.params)
+        self.block_momentum = block_momentum
+        self.block_lr = block_lr
+        self.nesterov = nesterov
+        start = flat_params(self.params)
+        # The filter runs in at least float32, whatever the parameters' dtype.
+        dtype = torch.promote_types(start.dtype, torch.float32)
+        self.global_params = start.to(dtype)  # w_g
+        self.delta = torch.zeros_like(self.global_params)  # Δ
+
+    def communicate(self) -> None:
+        mean, spread = mean_and_consensus(
+            self.tensors, self.n_params, self.meter, None, self.world_size
+        )
+        self.meter.extra["consensus"] = spread
+        n = self.n_params
+        update = mean[:n].to(self.global_params.dtype) - self.global_params  # G
+        self.delta.mul_(self.block_momentum).add_(update, alpha=self.block_lr)
+        self.global_params.add_(self.delta)
+        if self.nesterov:
+            restart = self.global_params + self.block_momentum * self.delta
+        else:
+            restart = self.global_params
+        mean[:n].copy_(restart)
+        assign_flat(self.tensors, mean)
+
+    def strategy_state(self) -> dict[str, Any]:
+        return {"global_params": self.global_params.clone(), "delta": self.delta.clone()}
+
+    def load_strategy_state(self, state: dict[str, Any]) -> None:
+        """Restore ``w_g`` and ``Δ``; a state without them (e.g. saved by another
+        strategy) leaves the current ones."""
+        for key, target in (("global_params", self.global_params), ("delta", self.delta)):
+            if key not in state:
+                continue
+            value = state[key]
+            if not isinstance(value, torch.Tensor) or value.shape != target.shape:
+                raise ValueError(
+                    f"BMUF state {key!r} does not match this model "
+                    f"({getattr(value, 'shape', type(value).__name__)} vs "
+                    f"{tuple(target.shape)})"
+                )
+            target.copy_(value)
+
+    def __repr__(self) -> str:
+        return (
+            f"BMUFOptimizer({self.inner!r}, period={self.period}, "
+            f"block_momentum={self.block_momentum}, block_lr={self.block_lr}, "
+            f"nesterov={self.nesterov})"
+        )
+
+
+def prepare(
+    ctx: Context, model: torch.nn.Module, optimizer: torch.optim.Optimizer, params: BaseModel
+) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """Broadcast rank 0's model and wrap ``optimizer`` in a ``BMUFOptimizer``.
+
+    Promises: see the module docstring. ``model`` must already be on ``ctx.device``;
+    the optimizer must be built on its parameters."""
+    p = params_as(Params, params)
+    if ctx.world_size == 1:
+        return model, optimizer
+    weights, buffers = model_tensors(model)
+    broadcast_from_rank0([*weights, *buffers])
+    opt = BMUFOptimizer(
+        optimizer,
+        weights,
+        buffers=buffers,
+        world_size=ctx.world_size,
+        period=p.period,
+        block_momentum=resolve_block_momentum(p.block_momentum, ctx.world_size),
+        block_lr=p.block_lr,
+        nesterov=p.nesterov,
+    )
+    return model, opt

@@ -1,0 +1,120 @@
+"""Tensor helpers several strategies share (runtime side only: imports torch).
+
+* :func:`flat_params` / :func:`assign_flat` — one contiguous tensor of a model's
+  parameters (one collective instead of one per tensor) and back;
+* :func:`model_tensors` — the parameters and floating-point buffers a model average
+  covers; :func:`broadcast_from_rank0` — every rank starts from rank 0's;
+* :func:`mean_and_consensus` — the mean over a group as one flat buffer, and how far
+  apart the replicas were; :func:`consensus_distance` — the same distance to a known
+  mean;
+* :func:`add_to_grads` — a flat term added to the gradients (a penalty's or an
+  elastic force's gradient, which then goes through the user's optimizer);
+* :func:`delta_rule` — the parameter servers' rule for pushed changes (asgd, ssp).
+
+The control plane never imports this module.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from dmlctl.runtime.optimizer import CommMeter
+
+
+def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes the ``tensors`` occupy (what sending them costs)."""
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def flat_params(params: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The parameters' data concatenated into one new 1-D tensor."""
+    return torch.cat([p.detach().reshape(-1) for p in params])
+
+
+def assign_flat(params: Sequence[torch.Tensor], flat: torch.Tensor) -> None:
+    """Copy ``flat`` (as made by :func:`flat_params`) back into the parameters."""
+    offset = 0
+    with torch.no_grad():
+        for p in params:
+            n = p.numel()
+            p.copy_(flat[offset : offset + n].view_as(p))
+            offset += n
+
+
+def model_tensors(
+    model: torch.nn.Module,
+) -> tuple[list[torch.nn.Parameter], list[torch.Tensor]]:
+    """The model's parameters and its floating-point buffers (integer buffers such as
+    BatchNorm's ``num_batches_tracked`` are counters, not averaged)."""
+    return list(model.parameters()), [b for b in model.buffers() if b.is_floating_point()]
+
+
+def broadcast_from_rank0(tensors: Sequence[torch.Tensor]) -> None:
+    """Make every rank's ``tensors`` equal to rank 0's (one broadcast of a flat buffer;
+    setup, so not counted as training traffic)."""
+    if not tensors:
+        return
+    flat = flat_params(tensors)
+    dist.broadcast(flat, src=0)
+    assign_flat(tensors, flat)
+
+
+def mean_and_consensus(
+    tensors: Sequence[torch.Tensor],
+    n_params: int,
+    meter: CommMeter,
+    group: dist.ProcessGroup | None,
+    size: int,
+) -> tuple[torch.Tensor, float]:
+    """Mean of ``tensors`` over ``group`` (``size`` ranks) as one flat buffer, and the
+    consensus distance of the first ``n_params`` elements measured before averaging.
+
+    One all-reduce of the flat buffer (counted in ``meter``) and one of a float64
+    scalar: ``||x_i − x̄||²`` is local once ``x̄`` is known (not counted). Collective
+    over ``group``."""
+    local = flat_params(tensors)
+    mean = local.clone()
+    start = time.perf_counter()
+    dist.all_reduce(mean, op=dist.ReduceOp.SUM, group=group)
+    mean /= size
+    meter.add(tensor_bytes([mean]), time.perf_counter() - start)
+    diff = (local[:n_params] - mean[:n_params]).to(torch.float64)
+    spread = torch.sum(diff * diff).reshape(1)
+    dist.all_reduce(spread, op=dist.ReduceOp.SUM, group=group)
+    return mean, float(torch.sqrt(spread / size).item())
+
+
+def consensus_distance(
+    params: Sequence[torch.Tensor], mean: torch.Tensor, world_size: int
+) -> float:
+    """sqrt(mean over workers of ||x_i - mean||²): how far apart the replicas are.
+
+    Collective (one scalar all-reduce, not counted as training traffic)."""
+    local = torch.sum((flat_params(params) - mean) ** 2).reshape(1).to(torch.float64)
+    dist.all_reduce(local, op=dist.ReduceOp.SUM)
+    return float(torch.sqrt(local / world_size).item())
+
+
+def add_to_grads(params: Sequence[torch.Tensor], flat: torch.Tensor, scale: float) -> None:
+    """``p.grad += scale * slice`` for each parameter's slice of ``flat`` (a gradient is
+    created for a parameter that has none, so the force also acts on it)."""
+    offset = 0
+    for q in params:
+        n = q.numel()
+        term = flat[offset : offset + n].view_as(q) * scale
+        if q.grad is None:
+            q.grad = term
+        else:
+            q.grad.add_(term)
+        offset += n
+
+
+def delta_rule(scale: float | None, workers: int) -> dict[str, Any]:
+    """The server rule of the delta-pushing strategies (asgd, ssp): add each pushed
+    change times ``scale``, by default ``1/workers``."""
+    return {"kind": "scaled_add", "alpha": scale if scale is not None else 1.0 / workers}

@@ -1,0 +1,2 @@
+"""``dpsgd``: decentralized parallel SGD by gossip — :mod:`.params` (torch-free, for the
+control plane) and :mod:`.strategy` (the optimizer, torch)."""

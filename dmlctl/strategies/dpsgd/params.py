@@ -1,0 +1,43 @@
+"""The parameters of a ``dpsgd`` job (torch-free: the control plane validates job
+files with it). The update rule is :mod:`dmlctl.strategies.dpsgd.strategy`'s; the
+topologies are :mod:`dmlctl.strategies.topology`'s."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from dmlctl.strategies.params import MAX_PERIOD, PARAMS_CONFIG, WORKERS_ONLY
+
+ROLES: tuple[str, ...] = WORKERS_ONLY
+
+Topology = Literal["ring", "exponential", "complete"]
+
+
+class Params(BaseModel):
+    """``strategy.params`` of a ``dpsgd`` job (all optional; unknown keys are errors)."""
+
+    model_config = PARAMS_CONFIG
+
+    topology: Topology = Field(
+        default="ring",
+        description="Who mixes with whom: 'ring' (2 neighbours, weight 1/3 each), "
+        "'exponential' (neighbours at distance ±2^k, O(log n) peers) or 'complete' "
+        "(everyone, 1/n: equals global averaging).",
+    )
+    period: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_PERIOD,
+        description="Mix parameters with the neighbours every this many optimizer "
+        "steps; the steps in between are local only.",
+    )
+    consensus_every: int = Field(
+        default=10,
+        ge=0,
+        le=MAX_PERIOD,
+        description="Measure the consensus distance sqrt(mean ||x_i - mean||^2) every "
+        "this many steps (one all-reduce, monitoring only, not counted as training "
+        "traffic); 0 = never.",
+    )

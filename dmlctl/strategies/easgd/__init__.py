@@ -1,0 +1,2 @@
+"""``easgd``: elastic averaging SGD, synchronous — :mod:`.params` (torch-free, for the
+control plane) and :mod:`.strategy` (the optimizer, torch)."""

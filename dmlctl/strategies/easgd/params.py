@@ -1,0 +1,76 @@
+"""The parameters of an ``easgd`` job and the check of α against the worker count
+(torch-free: the control plane imports it). The update rules are
+:mod:`dmlctl.strategies.easgd.strategy`'s."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from dmlctl.strategies.params import MAX_PERIOD, MAX_WEIGHT, PARAMS_CONFIG, WORKERS_ONLY
+
+ROLES: tuple[str, ...] = WORKERS_ONLY
+
+
+class Params(BaseModel):
+    """``strategy.params`` of an ``easgd`` job (all optional; unknown keys are errors)."""
+
+    model_config = PARAMS_CONFIG
+
+    period: int = Field(
+        default=4,
+        ge=1,
+        le=MAX_PERIOD,
+        description="τ: local steps between center updates (one all-reduce of the "
+        "parameters' size per period).",
+    )
+    beta: float = Field(
+        default=0.9,
+        gt=0,
+        le=1,
+        description="β = pα: how far the center moves towards the workers' mean per "
+        "update (β = 1: onto it). Used when alpha is not given.",
+    )
+    alpha: float | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_WEIGHT,
+        description="α, the moving rate of the center; default β/p. Must be ≤ 1/p "
+        "(checked against the job's worker count).",
+    )
+    rho: float | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_WEIGHT,
+        description="ρ, the elastic force's strength added to the gradients; default "
+        "α/η with η the optimizer's lr at start (so the worker's pull ηρ equals α, "
+        "right for plain SGD; set it for Adam and the like, which rescale the term).",
+    )
+
+
+def resolve_alpha(params: Params, world_size: int) -> float:
+    """α in use: ``params.alpha`` or ``β / p``."""
+    return params.alpha if params.alpha is not None else params.beta / world_size
+
+
+def resolve_rho(params: Params, alpha: float, lr: float) -> float:
+    """ρ in use: ``params.rho`` or ``α / η``; raises ValueError when η is not positive."""
+    if params.rho is not None:
+        return params.rho
+    if not lr > 0:
+        raise ValueError(
+            f"easgd: rho defaults to alpha / lr, but the optimizer's lr is {lr}; "
+            "set strategy.params.rho"
+        )
+    return alpha / lr
+
+
+def check_world(params: Params, world_size: int) -> str | None:
+    """Why ``params`` cannot run on ``world_size`` workers, or None (α ≤ 1/p)."""
+    alpha = resolve_alpha(params, world_size)
+    bound = 1.0 / world_size
+    if alpha > bound * (1 + 1e-12):
+        return (
+            f"alpha {alpha:g} > 1/p = {bound:g} for {world_size} workers: "
+            "the center update would overshoot"
+        )
+    return None

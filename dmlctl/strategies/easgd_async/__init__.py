@@ -1,0 +1,2 @@
+"""``easgd-async``: asynchronous elastic averaging — :mod:`.params`
+(torch-free, for the control plane) and :mod:`.strategy` (the worker's side, torch)."""

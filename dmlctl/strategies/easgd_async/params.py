@@ -1,0 +1,35 @@
+"""The parameters of an ``easgd-async`` job (torch-free: the control plane validates job
+files with it). The strategy is :mod:`dmlctl.strategies.easgd_async.strategy`."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from dmlctl.strategies.params import MAX_PERIOD, PARAMS_CONFIG, WITH_SERVERS
+
+ROLES: tuple[str, ...] = WITH_SERVERS
+
+
+class Params(BaseModel):
+    """``strategy.params`` of an ``easgd-async`` job (all optional; unknown keys are errors)."""
+
+    model_config = PARAMS_CONFIG
+
+    period: int = Field(
+        le=MAX_PERIOD,
+        default=4,
+        ge=1,
+        description="τ: local steps between two exchanges with the center.",
+    )
+    beta: float = Field(
+        default=0.9,
+        gt=0,
+        le=1,
+        description="β = pα; used when alpha is not given.",
+    )
+    alpha: float | None = Field(
+        default=None,
+        gt=0,
+        lt=1,
+        description="α, the elastic moving rate of one exchange; default β/p.",
+    )

@@ -1,0 +1,60 @@
+"""The parameters of a ``local-sgd`` job (torch-free: the control plane validates job
+files with it). The update rule is :mod:`dmlctl.strategies.local_sgd.strategy`'s."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field, field_validator
+
+from dmlctl.strategies.params import MAX_PERIOD, MAX_STEPS, PARAMS_CONFIG, WORKERS_ONLY
+
+ROLES: tuple[str, ...] = WORKERS_ONLY
+
+
+class Params(BaseModel):
+    """``strategy.params`` of a ``local-sgd`` job (all optional; unknown keys are errors)."""
+
+    model_config = PARAMS_CONFIG
+
+    period: int = Field(
+        le=MAX_PERIOD,
+        default=8,
+        description="H: local steps between two model averages. Communication per step "
+        "is 1/H of synchronous SGD's; larger H lets the replicas drift further apart.",
+    )
+    warmup_steps: int = Field(
+        le=MAX_STEPS,
+        default=0,
+        description="Synchronous steps (average after every step) before local steps "
+        "begin: post-local SGD. Helps when early training is sensitive to drift.",
+    )
+    hierarchical: bool = Field(
+        default=False,
+        description="With several workers per host: average within each host every "
+        "`period` steps and across hosts every `period * hierarchy_factor` steps.",
+    )
+    hierarchy_factor: int = Field(
+        le=MAX_PERIOD,
+        default=4,
+        description="With `hierarchical`: host-level rounds per global round.",
+    )
+
+    @field_validator("period")
+    @classmethod
+    def _period(cls, value: int) -> int:
+        if value < 1:
+            raise ValueError(f"period must be ≥ 1 (local steps between averages), got {value}")
+        return value
+
+    @field_validator("warmup_steps")
+    @classmethod
+    def _warmup(cls, value: int) -> int:
+        if value < 0:
+            raise ValueError(f"warmup_steps must be ≥ 0, got {value}")
+        return value
+
+    @field_validator("hierarchy_factor")
+    @classmethod
+    def _factor(cls, value: int) -> int:
+        if value < 1:
+            raise ValueError(f"hierarchy_factor must be ≥ 1, got {value}")
+        return value

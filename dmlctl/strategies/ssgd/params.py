@@ -1,0 +1,112 @@
+"""The parameters of an ``ssgd`` job, and when a job needs ``ctx.prepare`` (torch-free:
+the control plane imports it). The strategy is :mod:`dmlctl.strategies.ssgd.strategy`."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field, field_validator, model_validator
+
+from dmlctl.strategies.params import (
+    MAX_LOW_RANK,
+    MAX_STEPS,
+    MAX_WEIGHT,
+    PARAMS_CONFIG,
+    WORKERS_ONLY,
+)
+
+ROLES: tuple[str, ...] = WORKERS_ONLY
+NEEDS_RUNTIME = False  # a plain torchrun script that builds its own DDP is ssgd already
+COMPRESSIONS: tuple[str, ...] = ("none", "fp16", "bf16", "powersgd")
+_POWERSGD_ONLY = (
+    "powersgd_rank",
+    "powersgd_warmup_steps",
+    "powersgd_error_feedback",
+    "powersgd_min_compression_rate",
+)
+
+
+class Params(BaseModel):
+    """``strategy.params`` of an ``ssgd`` job (all optional; unknown keys are errors)."""
+
+    model_config = PARAMS_CONFIG
+
+    bucket_cap_mb: float = Field(
+        default=25.0,
+        gt=0,
+        le=65536,
+        description="Gradient bucket size in MiB: smaller buckets start all-reduces "
+        "earlier during backward, larger ones send fewer messages.",
+    )
+    find_unused_parameters: bool = Field(
+        default=False,
+        description="Set when some parameters get no gradient in a step (conditional "
+        "branches); costs a graph traversal every step.",
+    )
+    gradient_as_bucket_view: bool = Field(
+        default=True,
+        description="Let .grad tensors alias the communication buckets: saves one copy "
+        "and the memory of one gradient set.",
+    )
+    broadcast_buffers: bool = Field(
+        default=True,
+        description="Copy rank 0's buffers (e.g. BatchNorm running stats) to every "
+        "worker at the start of each forward. Buffers are synced once at wrap time "
+        "either way.",
+    )
+    compression: str = Field(
+        default="none",
+        description="Gradient compression: none (float32 buckets), fp16 / bf16 (buckets "
+        "cast to 16 bits: half the bytes) or powersgd (rank-r factors of each matrix).",
+    )
+    powersgd_rank: int = Field(
+        default=1, ge=1, le=MAX_LOW_RANK, description="PowerSGD matrix approximation rank r."
+    )
+    powersgd_warmup_steps: int = Field(
+        le=MAX_STEPS,
+        default=10,
+        description="Steps of plain all-reduce before PowerSGD starts (start_powerSGD_iter); "
+        "at least 2.",
+    )
+    powersgd_error_feedback: bool = Field(
+        default=True,
+        description="Add each step's compression error to the next step's gradient.",
+    )
+    powersgd_min_compression_rate: float = Field(
+        default=2.0,
+        gt=0,
+        le=MAX_WEIGHT,
+        description="Compress an n×m matrix only when n·m > (n + m)·r·rate; others are "
+        "all-reduced as is.",
+    )
+
+    @field_validator("compression")
+    @classmethod
+    def _known_compression(cls, value: str) -> str:
+        if value not in COMPRESSIONS:
+            raise ValueError(f"unknown compression {value!r}; valid: {', '.join(COMPRESSIONS)}")
+        return value
+
+    @field_validator("powersgd_warmup_steps")
+    @classmethod
+    def _warmup_at_least_two(cls, value: int) -> int:
+        if value < 2:
+            raise ValueError(
+                f"powersgd_warmup_steps must be >= 2, got {value}: torch's PowerSGD needs "
+                "2 plain all-reduce steps (DDP rebuilds its buckets after the first step)"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _powersgd_params_need_powersgd(self) -> Params:
+        stray = [k for k in _POWERSGD_ONLY if k in self.model_fields_set]
+        if stray and self.compression != "powersgd":
+            raise ValueError(
+                f"{', '.join(stray)} only apply with compression: powersgd "
+                f"(compression is {self.compression!r})"
+            )
+        return self
+
+
+def needs_runtime(params: BaseModel) -> bool:
+    """A plain DDP script is ssgd with its defaults; any parameter the job sets
+    (compression, bucket size, …) only applies through ``ctx.prepare``."""
+    return bool(params.model_fields_set)

@@ -1,0 +1,93 @@
+"""Synchronous SGD: gradients are averaged over all workers every step (PyTorch DDP).
+
+Every worker holds a full replica; ``loss.backward()`` all-reduces gradients in
+buckets, overlapping communication with the backward pass, so after
+``optimizer.step()`` every replica holds the same parameters. This is exactly
+single-process SGD on the union of the workers' batches.
+
+``compression`` swaps the bucket all-reduce for one of PyTorch's DDP comm hooks
+(fp16/bf16 casts, PowerSGD low-rank factors with error feedback); see
+:mod:`dmlctl.strategies.ssgd.compression`. With compression the returned model also
+reports ``comm_bytes_per_step`` and ``comm_share`` and carries the hook's state
+(``strategy_state()`` / ``load_strategy_state()``), which a checkpoint saves per rank.
+
+The parameters are :mod:`dmlctl.strategies.ssgd.params`'s; this module imports torch
+(hosts only).
+"""
+
+from __future__ import annotations
+
+import gc
+import inspect
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+from pydantic import BaseModel
+from torch.nn.parallel import DistributedDataParallel
+
+from dmlctl.strategies.registry import params_as
+from dmlctl.strategies.ssgd import compression
+from dmlctl.strategies.ssgd.params import Params
+
+if TYPE_CHECKING:
+    from dmlctl.runtime.context import Context
+
+
+def prepare(
+    ctx: Context, model: torch.nn.Module, optimizer: torch.optim.Optimizer, params: BaseModel
+) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """Wrap ``model`` in DistributedDataParallel when the run has more than one worker.
+
+    Promises: at world size 1 both objects come back unchanged. Otherwise the model
+    comes back wrapped (parameters broadcast from rank 0, so every rank starts
+    identical) and the optimizer comes back unchanged: DDP shares the module's
+    parameters, so an optimizer built on ``model.parameters()`` before wrapping keeps
+    working. ``model`` must already be on ``ctx.device``. The wrapper is a
+    :class:`~dmlctl.strategies.ssgd.compression.MeteredDDP` with ``compression``'s hook
+    registered (``none`` included, so bytes and comm share are always reported);
+    compression is moot, and not applied, in a world of 1.
+    """
+    p = params_as(Params, params)
+    if ctx.world_size == 1:
+        return model, optimizer
+    kwargs: dict[str, Any] = {
+        "bucket_cap_mb": p.bucket_cap_mb,
+        "find_unused_parameters": p.find_unused_parameters,
+        "gradient_as_bucket_view": p.gradient_as_bucket_view,
+    }
+    # torch >= 2.13 renamed broadcast_buffers (now deprecated, with a warning).
+    if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters:
+        kwargs["forward_sync_buffers"] = p.broadcast_buffers
+    else:
+        kwargs["broadcast_buffers"] = p.broadcast_buffers
+    device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+    wrapped = compression.MeteredDDP(model, device_ids=device_ids, **kwargs)
+    compression.install(
+        wrapped,
+        p.compression,
+        rank=p.powersgd_rank,
+        warmup_steps=p.powersgd_warmup_steps,
+        error_feedback=p.powersgd_error_feedback,
+        min_compression_rate=p.powersgd_min_compression_rate,
+    )
+    ref = weakref.ref(wrapped)
+    ctx.on_close(lambda: _release(ref))
+    return wrapped, optimizer
+
+
+def _release(ref: Callable[[], DistributedDataParallel | None]) -> None:
+    """Free DDP's reducer, and the gloo work objects it keeps, while Python is alive.
+
+    Freed later, during interpreter shutdown, a work object's destructor may need the
+    GIL on a gloo thread, and the process aborts ("terminate called without an active
+    exception", pytorch/pytorch#190489). Runs from ``Context.close`` (atexit), so the
+    wrapper cannot run forward afterwards; ``.module`` still holds the model.
+    """
+    wrapped = ref()
+    if wrapped is None:
+        return
+    for name in ("reducer", "logger", "process_group"):
+        wrapped.__dict__.pop(name, None)
+    gc.collect()

@@ -1,0 +1,29 @@
+"""The parameters of an ``ssp`` job (torch-free: the control plane validates job
+files with it). The strategy is :mod:`dmlctl.strategies.ssp.strategy`."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from dmlctl.strategies.params import MAX_PERIOD, MAX_WEIGHT, PARAMS_CONFIG, WITH_SERVERS
+
+ROLES: tuple[str, ...] = WITH_SERVERS
+
+
+class Params(BaseModel):
+    """``strategy.params`` of an ``ssp`` job (all optional; unknown keys are errors)."""
+
+    model_config = PARAMS_CONFIG
+
+    staleness: int = Field(
+        default=3,
+        ge=0,
+        le=MAX_PERIOD,
+        description="s: the most clocks a worker may be ahead of the slowest one (0: synchronous).",
+    )
+    scale: float | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_WEIGHT,
+        description="Weight the servers give a pushed change; default 1/workers.",
+    )
