@@ -166,15 +166,12 @@ class Supervisor:
                 policy, _ = self._feed(policy, Started())
                 state = self.attempts.follow(state, attempt)
                 signal = self._outcome(state)
-            policy, _ = self._feed(policy, signal)
-            if policy.phase is not Phase.RESTARTING:
-                break  # given up, stopped, or the attempt succeeded: the run is over
-            state = self._restarting(state, policy)
-            policy, action = self._wait(policy)
-            if action is Action.STOP:
-                stop = StopRequested(self.stops.reason or "", self.clock())
-                state = self.books.fold(state, [stop])
-                break
+            policy, action = self._feed(policy, signal)
+            if policy.phase is Phase.RESTARTING:  # a restart granted: announce, wait for it
+                state = self._restarting(state, policy)
+                state, policy, action = self._wait(state, policy)
+            if action is not Action.RESTART_NOW:
+                break  # GIVE_UP (its root cause stands), STOP, or NONE: the run succeeded
             state = self._between_attempts(state)
             signal = self._blocked(state)
         return self._finish(state)
@@ -237,15 +234,17 @@ class Supervisor:
         event = Restarting(policy.attempt + 1, policy.last_cause, delay, self.clock())
         return self.books.persist(self.books.fold(state, [event]))
 
-    def _wait(self, policy: RestartState) -> tuple[RestartState, Action]:
+    def _wait(self, state: RunState, policy: RestartState) -> tuple[RunState, RestartState, Action]:
         """Tick the policy until its restart is due (``RESTART_NOW``) or a stop was
-        asked for (``STOP``); the dashboard keeps ticking meanwhile."""
+        asked for (``STOP``, folded into the state); the dashboard keeps ticking."""
         while True:
             if self._stopping():
-                return self._feed(policy, StopRequested(self.stops.reason or "", self.clock()))
+                stop = StopRequested(self.stops.reason or "", self.clock())
+                policy, action = self._feed(policy, stop)
+                return self.books.fold(state, [stop]), policy, action
             policy, action = self._feed(policy, Tick())
             if action is Action.RESTART_NOW:
-                return policy, action
+                return state, policy, action
             self.sink.tick()
             left = (policy.next_start_at or 0.0) - time.monotonic()
             time.sleep(min(TICK_S, max(0.0, left)))
