@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from dmlctl.launch.supervisor import Supervisor
     from dmlctl.plan.model import LaunchPlan
     from dmlctl.runs.sink import Sink
     from dmlctl.runs.state import RunState
@@ -55,39 +56,11 @@ def run_controller(
 ) -> RunState:
     """Supervise ``plan`` in ``run`` and return the final RunState; afterwards, remote
     hosts' rank files are collected into the run directory."""
-    from dmlctl.launch.hosts import HostPool
-    from dmlctl.launch.policy import RestartDecider, RestartPolicy
-    from dmlctl.launch.supervisor import Supervisor
-    from dmlctl.provision.collect import collect_rank_files
-    from dmlctl.provision.ports import probe_host, rendezvous_on
-    from dmlctl.provision.replicate import Replicator, replicated
-    from dmlctl.runs.events import CheckpointCopied
-    from dmlctl.runs.redaction import redactor_of
     from dmlctl.transport import close_transports, make_transports
 
     if transports is None:
         transports = make_transports(plan.hosts + plan.spares)
-    restart = RestartPolicy(**plan.restart.model_dump())
-    pool = HostPool(
-        plan, lambda h: probe_host(h, transports[h.name]),
-        wait=restart.host_wait, cooldown=restart.host_cooldown,
-    )  # fmt: skip
-    replicator = (
-        Replicator(run.path / "checkpoints", transports, plan.hosts,
-                   keep=plan.checkpoint.keep)
-        if plan.checkpoint is not None and replicated(plan) else None
-    )  # fmt: skip
-    sup = Supervisor(
-        plan, run, transports, sink,
-        decide=RestartDecider(restart), hang_timeout=restart.hang_timeout,
-        stop_grace=restart.stop_grace,
-        host_timeout=restart.host_timeout, hosts=pool, replicator=replicator,
-        standby=restart.standby and restart.max_infra_restarts + restart.max_user_restarts > 0,
-        rendezvous=lambda h: rendezvous_on(h, transports[h.name]),
-        redactor=redactor_of(plan),
-    )  # fmt: skip
-    if replicator is not None:
-        replicator.on_copied = lambda step: sup.post(CheckpointCopied(step, time.time()))
+    sup = _supervisor(run, plan, sink, transports)
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         sup.request_stop(_REASONS.get(signal.Signals(signum), "signal"))
@@ -99,19 +72,72 @@ def run_controller(
         sup.request_stop(reason)
     try:
         state = sup.run(resume_from)
-        if sup.unrecorded is not None:
-            print(f"dmlctl: the end of the run was not recorded: {sup.unrecorded}", file=sys.stderr)
-        used = dataclasses.replace(plan, hosts=tuple(sup.hosts_used.values()))
-        gone = sup.writer.failure is not None and sup.writer.failure.kind == "RunDirGone"
-        for problem in [] if gone else collect_rank_files(used, transports, run.path):
-            print(f"dmlctl: could not collect rank files from {problem}", file=sys.stderr)
-        for problem in replicator.problems if replicator is not None else ():
-            print(f"dmlctl: could not copy a checkpoint from {problem}", file=sys.stderr)
+        _collect(sup, run, plan, transports)
         return state
     finally:
         close_transports(dict(transports))
         for restored, handler in previous.items():
             signal.signal(restored, handler if handler is not None else signal.SIG_DFL)
+
+
+def _supervisor(
+    run: RunDir, plan: LaunchPlan, sink: Sink, transports: Mapping[str, Transport]
+) -> Supervisor:
+    """The supervisor of ``plan``, with the job's ``restart:`` settings (the policy's
+    budgets and backoff, hangs, lost hosts, standby agents) and checkpoint copies."""
+    from dmlctl.launch.hosts import HostPool
+    from dmlctl.launch.supervisor import Supervisor
+    from dmlctl.provision.ports import probe_host, rendezvous_on
+    from dmlctl.provision.replicate import Replicator, replicated
+    from dmlctl.runs.events import CheckpointCopied
+    from dmlctl.runs.redaction import redactor_of
+
+    restart = plan.restart
+    pool = HostPool(
+        plan,
+        lambda h: probe_host(h, transports[h.name]),
+        wait=restart.host_wait,
+        cooldown=restart.host_cooldown,
+    )
+    replicator = None
+    if plan.checkpoint is not None and replicated(plan):
+        checkpoints = run.path / "checkpoints"
+        replicator = Replicator(checkpoints, transports, plan.hosts, keep=plan.checkpoint.keep)
+    sup = Supervisor(
+        plan,
+        run,
+        transports,
+        sink,
+        restart=restart,
+        hang_timeout=restart.hang_timeout,
+        stop_grace=restart.stop_grace,
+        host_timeout=restart.host_timeout,
+        hosts=pool,
+        replicator=replicator,
+        standby=restart.standby and restart.max_infra_restarts + restart.max_user_restarts > 0,
+        rendezvous=lambda h: rendezvous_on(h, transports[h.name]),
+        redactor=redactor_of(plan),
+    )
+    if replicator is not None:
+        replicator.on_copied = lambda step: sup.post(CheckpointCopied(step, time.time()))
+    return sup
+
+
+def _collect(
+    sup: Supervisor, run: RunDir, plan: LaunchPlan, transports: Mapping[str, Transport]
+) -> None:
+    """After the run: say what was not recorded, collect the remote hosts' rank files
+    (unless the run directory is gone) and report the copies that failed."""
+    from dmlctl.provision.collect import collect_rank_files
+
+    if sup.unrecorded is not None:
+        print(f"dmlctl: the end of the run was not recorded: {sup.unrecorded}", file=sys.stderr)
+    used = dataclasses.replace(plan, hosts=tuple(sup.hosts_used.values()))
+    gone = sup.writer.failure is not None and sup.writer.failure.kind == "RunDirGone"
+    for problem in [] if gone else collect_rank_files(used, transports, run.path):
+        print(f"dmlctl: could not collect rank files from {problem}", file=sys.stderr)
+    for problem in sup.replicator.problems if sup.replicator is not None else ():
+        print(f"dmlctl: could not copy a checkpoint from {problem}", file=sys.stderr)
 
 
 def main(argv: list[str]) -> int:

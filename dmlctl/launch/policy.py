@@ -1,8 +1,12 @@
 """Restart policy: a pure state machine that decides whether a failed run starts again.
 
-Nothing here does I/O or reads a clock: the supervisor passes ``now`` in, feeds the
-signals it observed and carries out the returned :class:`Action`. Tests script the
-signals (no processes), like the torch elastic agent's tests script its monitor.
+Nothing here does I/O or reads a clock: the supervisor passes ``now`` (its monotonic
+clock) in, feeds the signals it observed and carries out the returned :class:`Action`
+(as torch's elastic agent acts on its workers' states): ``RESTART_NOW`` starts the next
+attempt, ``GIVE_UP`` ends the run with ``last_cause``, ``STOP`` ends it stopped. Its
+wait before a restart is RESTARTING plus ``Tick`` signals until ``RESTART_NOW``. Tests
+script the signals (no processes), like the torch elastic agent's tests script its
+monitor.
 
 States and transitions (``*`` = any non-final phase)::
 
@@ -19,26 +23,37 @@ particular a ``Failed`` or ``Succeeded`` that arrives while RESTARTING belongs t
 attempt already given up on, so one attempt spends at most one restart however many
 of its ranks report a failure.
 
+One phase type, one stop event, one restart spec: the phases are the run's own
+:class:`dmlctl.runs.state.Phase` (the machine uses six of its values; PENDING, STOPPING
+and LOST belong to the run's record only), the stop signal is the run's own
+:class:`dmlctl.runs.events.StopRequested` event, and the budgets and backoff are read
+from the job file's typed ``restart:`` block, :class:`dmlctl.spec.restart.RestartSpec`.
+
 Budgets: a failure spends one restart of its :class:`FailureKind` only. USER failures
 (the training code's own fault) default to no restart; INFRA failures (signals, lost
 hosts, hangs) default to three. The wait before a restart grows geometrically with the
-number of restarts so far and is capped.
+attempt number and is capped (:func:`backoff`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
-from dmlctl.runs.events import RootCause
-from dmlctl.runs.state import RunState
+from dmlctl.runs.events import RootCause, StopRequested
+from dmlctl.runs.state import Phase
+from dmlctl.spec.restart import RestartSpec
 
 _INFRA_TYPES = frozenset({"Signal", "AgentLost", "AgentExit", "Hang"})
 FATAL_TYPES = frozenset(
-    {"SpecInvalid", "DiskFull", "RunDirGone", "StoreError", "CheckpointCorrupt"}
+    {"SpecInvalid", "DiskFull", "RunDirGone", "StoreError", "CheckpointCorrupt", "HostsLost"}
 )
 """Root causes a restart cannot cure (see :func:`classify`)."""
+
+CONTROLLER_LOST = "ControllerLost"
+"""The cause the supervisor records when it resumes a run whose controller died."""
 
 
 class FailureKind(str, Enum):
@@ -78,6 +93,9 @@ def classify(cause: RootCause) -> FailureKind:
     ``StoreError``                                      records (a full disk, its
                                                         directory deleted)
     ``CheckpointCorrupt``                        FATAL  no checkpoint can be loaded
+    ``HostsLost``: too few hosts answer before   FATAL  the wait for lost hosts is
+    the next attempt (or it cannot be placed            over; a restart would only
+    on them)                                            wait again
     ===========================================  =====  ==========================
 
     Restarting a USER failure usually fails the same way, which is why its budget
@@ -97,77 +115,21 @@ def classify(cause: RootCause) -> FailureKind:
 _CRASH_SIGNALS = ("SIGSEGV", "SIGABRT", "SIGBUS", "SIGFPE", "SIGILL", "SIGTRAP", "SIGSYS")
 
 
-@dataclass(frozen=True)
-class RestartPolicy:
-    """How many restarts each failure kind may use and how long to wait before each.
-
-    Constructible from a job file's ``restart:`` block: ``RestartPolicy(**mapping)``
-    (see :class:`dmlctl.spec.restart.RestartSpec`, which validates the same keys).
-    ``hang_timeout`` (the hang detector), ``stop_grace`` and the ``host_*`` settings
-    (lost hosts, see :mod:`dmlctl.launch.hosts`) are carried for the supervisor;
-    :func:`step` does not read them. Raises ``ValueError`` for values the spec model would reject.
-    """
-
-    max_user_restarts: int = 0
-    max_infra_restarts: int = 3
-    backoff_initial: float = 1.0
-    backoff_factor: float = 2.0
-    backoff_max: float = 30.0
-    hang_timeout: float = 30.0
-    stop_grace: float = 30.0
-    host_timeout: float = 10.0
-    host_wait: float = 60.0
-    host_cooldown: float = 30.0
-    standby: bool = True
-
-    def __post_init__(self) -> None:
-        for name, ok, rule in (
-            ("max_user_restarts", self.max_user_restarts >= 0, ">= 0"),
-            ("max_infra_restarts", self.max_infra_restarts >= 0, ">= 0"),
-            ("backoff_initial", self.backoff_initial > 0, "> 0"),
-            ("backoff_factor", self.backoff_factor >= 1, ">= 1"),
-            ("backoff_max", self.backoff_max > 0, "> 0"),
-            ("hang_timeout", self.hang_timeout > 0, "> 0"),
-            ("stop_grace", self.stop_grace >= 0, ">= 0"),
-            ("host_timeout", self.host_timeout > 0, "> 0"),
-            ("host_wait", self.host_wait >= 0, ">= 0"),
-            ("host_cooldown", self.host_cooldown >= 0, ">= 0"),
-        ):
-            if not ok:
-                raise ValueError(
-                    f"restart policy: {name} must be {rule}, got {getattr(self, name)!r}"
-                )
-
-    def budget(self, kind: FailureKind) -> int:
-        """The number of restarts allowed for failures of ``kind`` (FATAL: none)."""
-        if kind is FailureKind.FATAL:
-            return 0
-        return self.max_user_restarts if kind is FailureKind.USER else self.max_infra_restarts
-
-    def backoff(self, attempt: int) -> float:
-        """Seconds to wait before restarting after attempt ``attempt`` (0-based) failed:
-        ``backoff_initial * backoff_factor ** attempt``, at most ``backoff_max``."""
-        try:
-            delay = self.backoff_initial * self.backoff_factor ** max(0, attempt)
-        except OverflowError:
-            return self.backoff_max
-        return min(delay, self.backoff_max)
+def budget(spec: RestartSpec, kind: FailureKind) -> int:
+    """The number of restarts ``spec`` allows for failures of ``kind`` (FATAL: none)."""
+    if kind is FailureKind.FATAL:
+        return 0
+    return spec.max_user_restarts if kind is FailureKind.USER else spec.max_infra_restarts
 
 
-class RestartPhase(str, Enum):
-    """Where the run is in its start → run → restart cycle."""
-
-    STARTING = "starting"
-    RUNNING = "running"
-    RESTARTING = "restarting"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    STOPPED = "stopped"
-
-    @property
-    def terminal(self) -> bool:
-        """True for the phases that absorb every further signal."""
-        return self in (RestartPhase.SUCCEEDED, RestartPhase.FAILED, RestartPhase.STOPPED)
+def backoff(spec: RestartSpec, attempt: int) -> float:
+    """Seconds to wait before restarting after attempt ``attempt`` (0-based) failed:
+    ``backoff_initial * backoff_factor ** attempt``, at most ``backoff_max``."""
+    try:
+        delay = spec.backoff_initial * spec.backoff_factor ** max(0, attempt)
+    except OverflowError:
+        return spec.backoff_max
+    return min(delay, spec.backoff_max)
 
 
 class Action(str, Enum):
@@ -183,11 +145,12 @@ class Action(str, Enum):
 class RestartState:
     """The restart machine's state. The default value is the state before attempt 0.
 
-    ``next_start_at`` is set only while RESTARTING; ``last_cause`` is the failure that
-    caused the latest restart or the final FAILED.
+    ``phase`` is one of STARTING, RUNNING, RESTARTING, SUCCEEDED, FAILED, STOPPED (see
+    the module docstring). ``next_start_at`` is set only while RESTARTING;
+    ``last_cause`` is the failure that caused the latest restart or the final FAILED.
     """
 
-    phase: RestartPhase = RestartPhase.STARTING
+    phase: Phase = Phase.STARTING
     attempt: int = 0
     user_restarts_used: int = 0
     infra_restarts_used: int = 0
@@ -202,24 +165,19 @@ class RestartState:
 
 @dataclass(frozen=True)
 class Started:
-    """The attempt's workers are up (rendezvous done / first rank started)."""
+    """The attempt's host agents were started."""
 
 
 @dataclass(frozen=True)
 class Succeeded:
-    """Every rank of the attempt exited 0."""
+    """The attempt ended without a failure (every rank exited 0)."""
 
 
 @dataclass(frozen=True)
 class Failed:
-    """The attempt failed; ``cause`` is its root cause."""
+    """The attempt failed, or could not be started; ``cause`` is its root cause."""
 
     cause: RootCause
-
-
-@dataclass(frozen=True)
-class StopRequested:
-    """The user asked to stop (not the events' ``StopRequested``: no reason needed here)."""
 
 
 @dataclass(frozen=True)
@@ -228,12 +186,15 @@ class Tick:
 
 
 Signal = Started | Succeeded | Failed | StopRequested | Tick
+"""What the supervisor observed. ``StopRequested`` is the run's own event
+(:class:`dmlctl.runs.events.StopRequested`): its reason and time are not read here."""
 
 
 def step(
-    state: RestartState, signal: Signal, now: float, policy: RestartPolicy
+    state: RestartState, signal: Signal, now: float, spec: RestartSpec
 ) -> tuple[RestartState, Action]:
-    """One transition of the machine in the module docstring.
+    """One transition of the machine in the module docstring, under the budgets and
+    backoff of ``spec``.
 
     Pure and total: ``state`` is not changed and every (phase, signal) pair has an
     answer. A failure spends the budget of its :func:`classify` kind only.
@@ -242,64 +203,55 @@ def step(
     if phase.terminal:
         return state, Action.NONE
     if isinstance(signal, StopRequested):
-        stopped = dataclasses.replace(state, phase=RestartPhase.STOPPED, next_start_at=None)
+        stopped = dataclasses.replace(state, phase=Phase.STOPPED, next_start_at=None)
         return stopped, Action.STOP
-    if phase is RestartPhase.RESTARTING:
+    if phase is Phase.RESTARTING:
         due = state.next_start_at is None or now >= state.next_start_at
         if isinstance(signal, Tick) and due:
             restarted = dataclasses.replace(
-                state, phase=RestartPhase.STARTING, attempt=state.attempt + 1, next_start_at=None
+                state, phase=Phase.STARTING, attempt=state.attempt + 1, next_start_at=None
             )
             return restarted, Action.RESTART_NOW
         return state, Action.NONE
     # STARTING or RUNNING
     if isinstance(signal, Started):
-        return dataclasses.replace(state, phase=RestartPhase.RUNNING), Action.NONE
+        return dataclasses.replace(state, phase=Phase.RUNNING), Action.NONE
     if isinstance(signal, Succeeded):
-        return dataclasses.replace(state, phase=RestartPhase.SUCCEEDED), Action.NONE
+        return dataclasses.replace(state, phase=Phase.SUCCEEDED), Action.NONE
     if isinstance(signal, Failed):
-        return _on_failure(state, signal.cause, now, policy)
+        return _on_failure(state, signal.cause, now, spec)
     return state, Action.NONE
 
 
 def _on_failure(
-    state: RestartState, cause: RootCause, now: float, policy: RestartPolicy
+    state: RestartState, cause: RootCause, now: float, spec: RestartSpec
 ) -> tuple[RestartState, Action]:
     kind = classify(cause)
     used = state.user_restarts_used if kind is FailureKind.USER else state.infra_restarts_used
-    if kind is FailureKind.FATAL or used >= policy.budget(kind):
-        failed = dataclasses.replace(state, phase=RestartPhase.FAILED, last_cause=cause)
+    if kind is FailureKind.FATAL or used >= budget(spec, kind):
+        failed = dataclasses.replace(state, phase=Phase.FAILED, last_cause=cause)
         return failed, Action.GIVE_UP
     user, infra = state.user_restarts_used, state.infra_restarts_used
     restarting = dataclasses.replace(
         state,
-        phase=RestartPhase.RESTARTING,
+        phase=Phase.RESTARTING,
         user_restarts_used=user + 1 if kind is FailureKind.USER else user,
         infra_restarts_used=infra + 1 if kind is FailureKind.INFRA else infra,
-        next_start_at=now + policy.backoff(state.attempt),
+        next_start_at=now + backoff(spec, state.attempt),
         last_cause=cause,
     )
     return restarting, Action.NONE
 
 
-class RestartDecider:
-    """The supervisor's ``decide`` callback over this state machine: given the state
-    of an attempt that failed, the seconds to wait before restarting, or None to give
-    up. Keeps the budgets across attempts."""
-
-    def __init__(self, policy: RestartPolicy) -> None:
-        self.policy = policy
-        self.state = RestartState(phase=RestartPhase.RUNNING)
-
-    def __call__(self, run: RunState) -> float | None:
-        cause = run.root_cause
-        if cause is None:
-            return None
-        now = 0.0  # the backoff does not depend on the time the failure happened
-        self.state, action = step(self.state, Failed(cause), now, self.policy)
-        if action == Action.GIVE_UP or self.state.phase != RestartPhase.RESTARTING:
-            return None
-        delay = (self.state.next_start_at or now) - now
-        self.state, _ = step(self.state, Tick(), self.state.next_start_at or now, self.policy)
-        self.state, _ = step(self.state, Started(), now, self.policy)
-        return max(0.0, delay)
+def resumed(failures: Sequence[RootCause], attempt: int) -> RestartState:
+    """The state in which a resumed run (``dmlctl launch --resume``) starts attempt
+    ``attempt``, after the restarts caused by ``failures`` (oldest first): STARTING,
+    with the budget each of those restarts spent still spent. A resume itself spends
+    nothing: its cause is ``ControllerLost`` (:data:`CONTROLLER_LOST`) or FATAL (a full
+    disk), neither of which the policy granted."""
+    kinds = [classify(c) for c in failures if c.exc_type != CONTROLLER_LOST]
+    return RestartState(
+        attempt=attempt,
+        user_restarts_used=kinds.count(FailureKind.USER),
+        infra_restarts_used=kinds.count(FailureKind.INFRA),
+    )

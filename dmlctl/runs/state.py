@@ -11,7 +11,7 @@ controller died before the run reached a final phase.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -206,178 +206,242 @@ def _explains_better(new: RootCause, old: RootCause | None) -> bool:
     return (new.collateral, new.ts) < (old.collateral, old.ts)
 
 
+class _Fold:
+    """The changes :func:`apply` is making to one state: run fields, rank updates and
+    the tail, each read back as if already made (the handlers below write here)."""
+
+    def __init__(self, state: RunState) -> None:
+        self.state = state
+        self.ranks: dict[int, RankState] = {r.rank: r for r in state.ranks}
+        self.updates: dict[int, dict[str, Any]] = {}
+        self.tail = list(state.tail)
+        self.changed: dict[str, Any] = {}
+
+    def upd(self, rank: int, host: str) -> dict[str, Any]:
+        """The pending changes of ``rank`` (a rank not known yet is added on ``host``)."""
+        if rank not in self.ranks:
+            self.ranks[rank] = RankState(rank=rank, host=host)
+        return self.updates.setdefault(rank, {})
+
+    def current(self, rank: int, key: str) -> Any:
+        """Rank field ``key`` with the pending changes."""
+        pending = self.updates.get(rank, {})
+        return pending[key] if key in pending else getattr(self.ranks[rank], key)
+
+    def get(self, key: str) -> Any:
+        """Run field ``key`` with the pending changes."""
+        return self.changed[key] if key in self.changed else getattr(self.state, key)
+
+    def result(self) -> RunState:
+        """The new state."""
+        new_ranks = tuple(
+            dataclasses.replace(self.ranks[r], **self.updates[r])
+            if r in self.updates
+            else self.ranks[r]
+            for r in sorted(self.ranks)
+        )
+        tail = self.tail[-TAIL_LINES:] if len(self.tail) > TAIL_LINES else self.tail
+        return dataclasses.replace(self.state, **self.changed, ranks=new_ranks, tail=tuple(tail))
+
+
+def _log_lines(f: _Fold, ev: LogLines) -> None:
+    if not ev.lines:
+        return
+    f.tail += [TailLine(ev.host, ev.rank, ev.stream, t) for t in ev.lines[-TAIL_LINES:]]
+    if len(f.tail) > 2 * TAIL_LINES:
+        del f.tail[:-TAIL_LINES]
+    if ev.rank is not None:
+        u = f.upd(ev.rank, ev.host)
+        u["last_line"] = ev.lines[-1]
+        u["lines"] = f.current(ev.rank, "lines") + len(ev.lines)
+
+
+def _metric_record(f: _Fold, ev: MetricRecord) -> None:
+    u = f.upd(ev.rank, ev.host)
+    u["step"] = ev.step
+    u["metrics"] = {**f.current(ev.rank, "metrics"), **ev.values}
+    if (loss := _as_float(ev.values.get("loss"))) is not None:
+        u["loss"] = loss
+    if (sps := _as_float(ev.values.get("samples_per_s"))) is not None:
+        u["samples_per_s"] = sps
+
+
+def _rank_started(f: _Fold, ev: RankStarted) -> None:
+    u = f.upd(ev.rank, ev.host)
+    u.update(
+        host=ev.host,
+        local_rank=ev.local_rank,
+        role=ev.role,
+        pid=ev.pid,
+        status=RankStatus.RUNNING,
+    )
+    if f.get("started_at") is None:
+        f.changed["started_at"] = ev.ts
+    if not f.get("phase").terminal and f.get("phase") != Phase.STOPPING:
+        f.changed["phase"] = Phase.RUNNING
+        f.changed["detail"] = ""
+
+
+def _rank_exited(f: _Fold, ev: RankExited) -> None:
+    u = f.upd(ev.rank, ev.host)
+    u["exit_code"] = ev.exit_code
+    if f.get("phase") == Phase.STOPPING and (ev.cause is None or ev.exit_code == 0):
+        u["status"] = RankStatus.STOPPED  # whatever its SIGTERM handler returned
+    elif ev.exit_code == 0:
+        u["status"] = RankStatus.SUCCEEDED
+    else:
+        u["status"] = RankStatus.FAILED
+        cause = ev.cause or RootCause(
+            ev.host, ev.rank, "ExitCode", f"exited with code {ev.exit_code}", (), ev.ts
+        )
+        if f.get("phase") != Phase.STOPPING and _explains_better(cause, f.get("root_cause")):
+            f.changed["root_cause"] = cause
+
+
+def _agent_started(f: _Fold, ev: AgentStarted) -> None:
+    if f.get("phase") == Phase.PENDING:
+        f.changed["phase"] = Phase.STARTING
+
+
+def _agent_exited(f: _Fold, ev: AgentExited) -> None:
+    stopping = f.get("phase") == Phase.STOPPING
+    failed = ev.exit_code != 0 and not stopping
+    if failed:
+        _agent_failed(f, ev)
+    for rank in list(f.ranks):
+        if f.current(rank, "host") != ev.host or RankStatus(f.current(rank, "status")).terminal:
+            continue
+        cause = f.get("root_cause")
+        blamed = (
+            failed and cause is not None and cause.host == ev.host and cause.rank in (rank, None)
+        )
+        f.upd(rank, ev.host)["status"] = (
+            RankStatus.FAILED if blamed and not stopping else RankStatus.STOPPED
+        )
+
+
+def _agent_failed(f: _Fold, ev: AgentExited) -> None:
+    """The root cause an agent's failed exit gives the run, if it explains better."""
+    cause = ev.cause or RootCause(
+        ev.host, None, "AgentExit", f"torchrun exited with code {ev.exit_code}", ev.tail, ev.ts
+    )
+    # A rank killed without a word (SIGKILL) is only named by torchrun's summary, after
+    # its peers' collateral errors have arrived.
+    known = f.get("root_cause")
+    if known is None or (
+        ev.cause is not None
+        and known.collateral
+        and not cause.collateral
+        and (cause.rank != known.rank or cause.host != known.host)
+    ):
+        f.changed["root_cause"] = cause
+
+
+def _progress(f: _Fold, ev: Progress) -> None:
+    f.changed["detail"] = ev.text
+    if f.get("phase") == Phase.PENDING:
+        f.changed["phase"] = Phase.STARTING
+
+
+def _restarting(f: _Fold, ev: Restarting) -> None:
+    f.changed["phase"] = Phase.RESTARTING
+    f.changed["restarts"] = ev.attempt
+    f.changed["failures"] = (*f.get("failures"), ev.cause)
+    f.changed["root_cause"] = None
+    f.changed["detail"] = f"restart {ev.attempt} in {ev.delay:.0f} s after {ev.cause.headline()}"
+    for rank in list(f.ranks):
+        f.upd(rank, f.ranks[rank].host).update(status=RankStatus.PENDING, exit_code=None, pid=None)
+
+
+def _prepared(f: _Fold, ev: Prepared) -> None:
+    f.changed["prepared"] = True
+
+
+def _checkpoint_saved(f: _Fold, ev: CheckpointSaved) -> None:
+    if f.get("checkpoint_step") is None or ev.step > f.get("checkpoint_step"):
+        f.changed["checkpoint_step"] = ev.step
+
+
+def _checkpoint_copied(f: _Fold, ev: CheckpointCopied) -> None:
+    f.changed["checkpoint_copied"] = ev.step
+
+
+def _resized(f: _Fold, ev: Resized) -> None:
+    f.ranks = {r: RankState(rank=r, host=h, role=role) for r, h, role in ev.ranks}
+    f.updates.clear()
+    f.changed["hosts"] = tuple(dict.fromkeys(h for _, h, _ in ev.ranks))
+    f.changed["world_size"] = len(ev.ranks)
+    f.changed["detail"] = ev.note
+
+
+def _stop_requested(f: _Fold, ev: StopRequested) -> None:
+    if not f.get("phase").terminal:
+        f.changed["phase"] = Phase.STOPPING
+        f.changed["stop_reason"] = ev.reason
+
+
+def _controller_failed(f: _Fold, ev: ControllerFailed) -> None:
+    # Whatever else happened, the run's own records are incomplete: it failed.
+    known = f.get("root_cause")
+    if known is None or known.collateral:
+        f.changed["root_cause"] = ev.cause
+
+
+def _finished(f: _Fold, ev: Finished) -> None:
+    f.changed["ended_at"] = ev.ts
+    for rank in list(f.ranks):
+        if not RankStatus(f.current(rank, "status")).terminal:
+            f.upd(rank, f.ranks[rank].host)["status"] = RankStatus.STOPPED
+    statuses = [RankStatus(f.current(r, "status")) for r in f.ranks]
+    if f.get("stop_reason") is not None and f.get("root_cause") is None:
+        # A stop is a stop, whatever the ranks' SIGTERM handlers returned.
+        f.changed["phase"], f.changed["exit_code"] = Phase.STOPPED, int(ExitCode.INTERRUPTED)
+    elif (
+        f.get("root_cause") is None
+        and statuses
+        and all(st == RankStatus.SUCCEEDED for st in statuses)
+    ):
+        f.changed["phase"], f.changed["exit_code"] = Phase.SUCCEEDED, int(ExitCode.OK)
+        if not f.get("prepared"):  # every rank ran without ctx.prepare
+            f.changed["strategy"] = NO_STRATEGY
+    else:
+        f.changed["phase"], f.changed["exit_code"] = Phase.FAILED, int(ExitCode.RUN_FAILED)
+    f.changed["detail"] = ""
+
+
+_HANDLERS: dict[type, Callable[[_Fold, Any], None]] = {
+    LogLines: _log_lines,
+    MetricRecord: _metric_record,
+    RankStarted: _rank_started,
+    RankExited: _rank_exited,
+    AgentStarted: _agent_started,
+    AgentExited: _agent_exited,
+    Progress: _progress,
+    Restarting: _restarting,
+    Prepared: _prepared,
+    CheckpointSaved: _checkpoint_saved,
+    CheckpointCopied: _checkpoint_copied,
+    Resized: _resized,
+    StopRequested: _stop_requested,
+    ControllerFailed: _controller_failed,
+    Finished: _finished,
+}
+"""How each event type changes the state; the other types (heartbeats, samples,
+stack dumps …) leave it as it is."""
+
+
 def apply(state: RunState, events: Iterable[Event]) -> RunState:
     """Fold ``events`` (in order) into ``state`` and return the new state.
 
     Pure: ``state`` is not changed. Cost is linear in the number of events, with one
     copy of each touched rank per call, so callers should pass batches.
     """
-    ranks: dict[int, RankState] = {r.rank: r for r in state.ranks}
-    updates: dict[int, dict[str, Any]] = {}
-    tail = list(state.tail)
-    s: dict[str, Any] = {}
-
-    def upd(rank: int, host: str) -> dict[str, Any]:
-        if rank not in ranks:
-            ranks[rank] = RankState(rank=rank, host=host)
-        return updates.setdefault(rank, {})
-
-    def current(rank: int, key: str) -> Any:
-        pending = updates.get(rank, {})
-        return pending[key] if key in pending else getattr(ranks[rank], key)
-
-    def get(key: str) -> Any:
-        return s[key] if key in s else getattr(state, key)
-
+    fold = _Fold(state)
     for ev in events:
-        if isinstance(ev, LogLines):
-            if not ev.lines:
-                continue
-            tail += [TailLine(ev.host, ev.rank, ev.stream, t) for t in ev.lines[-TAIL_LINES:]]
-            if len(tail) > 2 * TAIL_LINES:
-                del tail[:-TAIL_LINES]
-            if ev.rank is not None:
-                u = upd(ev.rank, ev.host)
-                u["last_line"] = ev.lines[-1]
-                u["lines"] = current(ev.rank, "lines") + len(ev.lines)
-        elif isinstance(ev, MetricRecord):
-            u = upd(ev.rank, ev.host)
-            u["step"] = ev.step
-            u["metrics"] = {**current(ev.rank, "metrics"), **ev.values}
-            if (loss := _as_float(ev.values.get("loss"))) is not None:
-                u["loss"] = loss
-            if (sps := _as_float(ev.values.get("samples_per_s"))) is not None:
-                u["samples_per_s"] = sps
-        elif isinstance(ev, RankStarted):
-            u = upd(ev.rank, ev.host)
-            u.update(
-                host=ev.host,
-                local_rank=ev.local_rank,
-                role=ev.role,
-                pid=ev.pid,
-                status=RankStatus.RUNNING,
-            )
-            if get("started_at") is None:
-                s["started_at"] = ev.ts
-            if not get("phase").terminal and get("phase") != Phase.STOPPING:
-                s["phase"] = Phase.RUNNING
-                s["detail"] = ""
-        elif isinstance(ev, RankExited):
-            u = upd(ev.rank, ev.host)
-            u["exit_code"] = ev.exit_code
-            if get("phase") == Phase.STOPPING and (ev.cause is None or ev.exit_code == 0):
-                u["status"] = RankStatus.STOPPED  # whatever its SIGTERM handler returned
-            elif ev.exit_code == 0:
-                u["status"] = RankStatus.SUCCEEDED
-            else:
-                u["status"] = RankStatus.FAILED
-                cause = ev.cause or RootCause(
-                    ev.host, ev.rank, "ExitCode", f"exited with code {ev.exit_code}", (), ev.ts
-                )
-                if get("phase") != Phase.STOPPING and _explains_better(cause, get("root_cause")):
-                    s["root_cause"] = cause
-        elif isinstance(ev, AgentStarted):
-            if get("phase") == Phase.PENDING:
-                s["phase"] = Phase.STARTING
-        elif isinstance(ev, AgentExited):
-            stopping = get("phase") == Phase.STOPPING
-            failed = ev.exit_code != 0 and not stopping
-            if failed:
-                cause = ev.cause or RootCause(
-                    ev.host,
-                    None,
-                    "AgentExit",
-                    f"torchrun exited with code {ev.exit_code}",
-                    ev.tail,
-                    ev.ts,
-                )
-                # A rank killed without a word (SIGKILL) is only named by torchrun's
-                # summary, after its peers' collateral errors have arrived.
-                known = get("root_cause")
-                if known is None or (
-                    ev.cause is not None
-                    and known.collateral
-                    and not cause.collateral
-                    and (cause.rank != known.rank or cause.host != known.host)
-                ):
-                    s["root_cause"] = cause
-            for rank in list(ranks):
-                if current(rank, "host") != ev.host or RankStatus(current(rank, "status")).terminal:
-                    continue
-                cause = get("root_cause")
-                blamed = (
-                    failed
-                    and cause is not None
-                    and cause.host == ev.host
-                    and cause.rank in (rank, None)
-                )
-                upd(rank, ev.host)["status"] = (
-                    RankStatus.FAILED if blamed and not stopping else RankStatus.STOPPED
-                )
-        elif isinstance(ev, Progress):
-            s["detail"] = ev.text
-            if get("phase") == Phase.PENDING:
-                s["phase"] = Phase.STARTING
-        elif isinstance(ev, Restarting):
-            s["phase"] = Phase.RESTARTING
-            s["restarts"] = ev.attempt
-            s["failures"] = (*get("failures"), ev.cause)
-            s["root_cause"] = None
-            s["detail"] = f"restart {ev.attempt} in {ev.delay:.0f} s after {ev.cause.headline()}"
-            for rank in list(ranks):
-                upd(rank, ranks[rank].host).update(
-                    status=RankStatus.PENDING, exit_code=None, pid=None
-                )
-        elif isinstance(ev, Prepared):
-            s["prepared"] = True
-        elif isinstance(ev, CheckpointSaved):
-            if get("checkpoint_step") is None or ev.step > get("checkpoint_step"):
-                s["checkpoint_step"] = ev.step
-        elif isinstance(ev, CheckpointCopied):
-            s["checkpoint_copied"] = ev.step
-        elif isinstance(ev, Resized):
-            ranks = {r: RankState(rank=r, host=h, role=role) for r, h, role in ev.ranks}
-            updates.clear()
-            s["hosts"] = tuple(dict.fromkeys(h for _, h, _ in ev.ranks))
-            s["world_size"] = len(ev.ranks)
-            s["detail"] = ev.note
-        elif isinstance(ev, StopRequested):
-            if not get("phase").terminal:
-                s["phase"] = Phase.STOPPING
-                s["stop_reason"] = ev.reason
-        elif isinstance(ev, ControllerFailed):
-            # Whatever else happened, the run's own records are incomplete: it failed.
-            known = get("root_cause")
-            if known is None or known.collateral:
-                s["root_cause"] = ev.cause
-        elif isinstance(ev, Finished):
-            s["ended_at"] = ev.ts
-            for rank in list(ranks):
-                if not RankStatus(current(rank, "status")).terminal:
-                    upd(rank, ranks[rank].host)["status"] = RankStatus.STOPPED
-            statuses = [RankStatus(current(r, "status")) for r in ranks]
-            if get("stop_reason") is not None and get("root_cause") is None:
-                # A stop is a stop, whatever the ranks' SIGTERM handlers returned.
-                s["phase"], s["exit_code"] = Phase.STOPPED, int(ExitCode.INTERRUPTED)
-            elif (
-                get("root_cause") is None
-                and statuses
-                and all(st == RankStatus.SUCCEEDED for st in statuses)
-            ):
-                s["phase"], s["exit_code"] = Phase.SUCCEEDED, int(ExitCode.OK)
-                if not get("prepared"):  # every rank ran without ctx.prepare
-                    s["strategy"] = NO_STRATEGY
-            else:
-                s["phase"], s["exit_code"] = Phase.FAILED, int(ExitCode.RUN_FAILED)
-            s["detail"] = ""
-
-    new_ranks = tuple(
-        dataclasses.replace(ranks[r], **updates[r]) if r in updates else ranks[r]
-        for r in sorted(ranks)
-    )
-    if len(tail) > TAIL_LINES:
-        tail = tail[-TAIL_LINES:]
-    return dataclasses.replace(state, **s, ranks=new_ranks, tail=tuple(tail))
+        handler = _HANDLERS.get(type(ev))
+        if handler is not None:
+            handler(fold, ev)
+    return fold.result()
 
 
 def phase_exit_code(state: RunState) -> int:

@@ -1,8 +1,10 @@
 """The ``restart:`` and ``checkpoint:`` blocks of a job file (pure models, no I/O).
 
-``RestartSpec`` holds exactly the keys of
-:class:`dmlctl.launch.policy.RestartPolicy`, so
-``RestartPolicy(**spec.restart.model_dump())`` builds the policy the supervisor runs.
+``RestartSpec`` is the one definition of the restart settings, their defaults and
+bounds: validated once when the job file is read, carried typed in the plan
+(``LaunchPlan.restart``) and read as it is by the restart policy
+(:func:`dmlctl.launch.policy.step`, :func:`~dmlctl.launch.policy.budget`,
+:func:`~dmlctl.launch.policy.backoff`) and the supervisor.
 """
 
 from __future__ import annotations

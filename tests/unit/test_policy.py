@@ -13,18 +13,18 @@ from dmlctl.launch.policy import (
     Action,
     Failed,
     FailureKind,
-    RestartPhase,
-    RestartPolicy,
     RestartState,
     Signal,
     Started,
-    StopRequested,
     Succeeded,
     Tick,
+    backoff,
+    budget,
     classify,
     step,
 )
-from dmlctl.runs.events import RootCause
+from dmlctl.runs.events import RootCause, StopRequested
+from dmlctl.runs.state import Phase
 from dmlctl.spec.restart import CheckpointSpec, RestartSpec
 
 USER = Failed(RootCause("a", 1, "ValueError", "bad batch"))
@@ -33,12 +33,12 @@ FAR = 1e9  # a tick far enough in the future that any backoff is due
 
 
 def run(
-    signals: Sequence[tuple[float, Signal]], policy: RestartPolicy | None = None
+    signals: Sequence[tuple[float, Signal]], policy: RestartSpec | None = None
 ) -> tuple[RestartState, list[Action]]:
     """Feed ``(now, signal)`` pairs from the initial state; the last state and every action."""
     state, actions = RestartState(), []
     for now, signal in signals:
-        state, action = step(state, signal, now, policy or RestartPolicy())
+        state, action = step(state, signal, now, policy or RestartSpec())
         actions.append(action)
     return state, actions
 
@@ -69,69 +69,69 @@ def test_classify(exc_type: str, rank: int | None, kind: FailureKind) -> None:
 
 def test_success_on_first_try() -> None:
     state, actions = run([(0, Started()), (5, Tick()), (9, Succeeded())])
-    assert state.phase is RestartPhase.SUCCEEDED
+    assert state.phase is Phase.SUCCEEDED
     assert (state.attempt, state.restarts) == (0, 0)
     assert actions == [Action.NONE] * 3
 
 
 def test_user_failures_restart_within_budget_then_give_up() -> None:
-    policy = RestartPolicy(max_user_restarts=2)
+    policy = RestartSpec(max_user_restarts=2)
     state, actions = run(attempt(USER) * 3, policy)
     assert actions.count(Action.RESTART_NOW) == 2
     assert actions[-2:] == [Action.GIVE_UP, Action.NONE]
-    assert state.phase is RestartPhase.FAILED
+    assert state.phase is Phase.FAILED
     assert (state.attempt, state.user_restarts_used, state.infra_restarts_used) == (2, 2, 0)
     assert state.last_cause == USER.cause
 
 
 def test_infra_failures_do_not_spend_the_user_budget() -> None:
-    policy = RestartPolicy(max_user_restarts=0, max_infra_restarts=2)
+    policy = RestartSpec(max_user_restarts=0, max_infra_restarts=2)
     state, actions = run(attempt(INFRA) + attempt(INFRA) + attempt(USER), policy)
     assert actions.count(Action.RESTART_NOW) == 2
     assert Action.GIVE_UP in actions
-    assert state.phase is RestartPhase.FAILED
+    assert state.phase is Phase.FAILED
     assert (state.infra_restarts_used, state.user_restarts_used) == (2, 0)
     assert state.last_cause == USER.cause
 
 
 def test_user_failures_do_not_spend_the_infra_budget() -> None:
-    policy = RestartPolicy(max_user_restarts=1, max_infra_restarts=1)
+    policy = RestartSpec(max_user_restarts=1, max_infra_restarts=1)
     state, actions = run(
         attempt(USER) + attempt(INFRA) + [(0, Started()), (1, Succeeded())], policy
     )
     assert actions.count(Action.RESTART_NOW) == 2
-    assert state.phase is RestartPhase.SUCCEEDED
+    assert state.phase is Phase.SUCCEEDED
     assert (state.user_restarts_used, state.infra_restarts_used, state.attempt) == (1, 1, 2)
 
 
 @pytest.mark.parametrize(
     ("policy", "delays"),
     [
-        (RestartPolicy(max_infra_restarts=7), [1, 2, 4, 8, 16, 30, 30]),
+        (RestartSpec(max_infra_restarts=7), [1, 2, 4, 8, 16, 30, 30]),
         (
-            RestartPolicy(max_infra_restarts=3, backoff_initial=0.5, backoff_factor=3),
+            RestartSpec(max_infra_restarts=3, backoff_initial=0.5, backoff_factor=3),
             [0.5, 1.5, 4.5],
         ),
-        (RestartPolicy(max_infra_restarts=3, backoff_factor=1), [1, 1, 1]),
+        (RestartSpec(max_infra_restarts=3, backoff_factor=1), [1, 1, 1]),
     ],
 )
 def test_backoff_grows_is_capped_and_restart_waits_for_it(
-    policy: RestartPolicy, delays: list[float]
+    policy: RestartSpec, delays: list[float]
 ) -> None:
     state, now = RestartState(), 100.0
     for expected in delays:
         state, _ = step(state, Started(), now, policy)
         state, action = step(state, INFRA, now, policy)
-        assert (state.phase, action) == (RestartPhase.RESTARTING, Action.NONE)
+        assert (state.phase, action) == (Phase.RESTARTING, Action.NONE)
         assert state.next_start_at == pytest.approx(now + expected)
         state, action = step(state, Tick(), now + expected * 0.99, policy)
-        assert (state.phase, action) == (RestartPhase.RESTARTING, Action.NONE)
+        assert (state.phase, action) == (Phase.RESTARTING, Action.NONE)
         now += expected
         state, action = step(state, Tick(), now, policy)
-        assert (state.phase, action) == (RestartPhase.STARTING, Action.RESTART_NOW)
+        assert (state.phase, action) == (Phase.STARTING, Action.RESTART_NOW)
         assert state.next_start_at is None
     assert state.attempt == len(delays)
-    assert policy.backoff(10_000) <= policy.backoff_max  # no float overflow
+    assert backoff(policy, 10_000) <= policy.backoff_max  # no float overflow
 
 
 STOP_FROM = {
@@ -143,20 +143,20 @@ STOP_FROM = {
 
 @pytest.mark.parametrize("before", STOP_FROM.values(), ids=STOP_FROM.keys())
 def test_stop_in_any_live_phase_never_restarts(before: list[tuple[float, Signal]]) -> None:
-    policy = RestartPolicy(max_infra_restarts=3)
-    state, actions = run([*before, (1.5, StopRequested()), (FAR, Tick())], policy)
+    policy = RestartSpec(max_infra_restarts=3)
+    state, actions = run([*before, (1.5, StopRequested("user", 0.0)), (FAR, Tick())], policy)
     assert actions[-2:] == [Action.STOP, Action.NONE]
-    assert (state.phase, state.next_start_at, state.attempt) == (RestartPhase.STOPPED, None, 0)
+    assert (state.phase, state.next_start_at, state.attempt) == (Phase.STOPPED, None, 0)
 
 
 def test_later_failures_of_a_failed_attempt_spend_nothing() -> None:
     """Several ranks of one attempt report failures: one restart is spent, not three."""
-    policy = RestartPolicy(max_infra_restarts=1)
+    policy = RestartSpec(max_infra_restarts=1)
     other = Failed(RootCause("b", 3, "AgentLost", "gone"))
     state, actions = run(
         [(0, Started()), (1, INFRA), (1, other), (1, USER), (1, Succeeded())], policy
     )
-    assert state.phase is RestartPhase.RESTARTING
+    assert state.phase is Phase.RESTARTING
     assert (state.infra_restarts_used, state.user_restarts_used) == (1, 0)
     assert state.last_cause == INFRA.cause
     assert actions == [Action.NONE] * 5
@@ -164,24 +164,26 @@ def test_later_failures_of_a_failed_attempt_spend_nothing() -> None:
 
 def test_failure_while_starting_spends_budget() -> None:
     state, _ = run([(0, INFRA)])
-    assert (state.phase, state.infra_restarts_used) == (RestartPhase.RESTARTING, 1)
+    assert (state.phase, state.infra_restarts_used) == (Phase.RESTARTING, 1)
 
 
 TERMINAL = {
     "succeeded": [(0.0, Started()), (1.0, Succeeded())],
     "failed": [(0.0, Started()), (1.0, USER)],
-    "stopped": [(0.0, StopRequested())],
+    "stopped": [(0.0, StopRequested("user", 0.0))],
 }
 
 
 @pytest.mark.parametrize("history", TERMINAL.values(), ids=TERMINAL.keys())
-@pytest.mark.parametrize("signal", [Started(), Succeeded(), USER, INFRA, StopRequested(), Tick()])
+@pytest.mark.parametrize(
+    "signal", [Started(), Succeeded(), USER, INFRA, StopRequested("user", 0.0), Tick()]
+)
 def test_terminal_states_absorb_signals(
     history: list[tuple[float, Signal]], signal: Signal
 ) -> None:
     final, _ = run(history)
     assert final.phase.terminal
-    assert step(final, signal, FAR, RestartPolicy(max_user_restarts=5)) == (final, Action.NONE)
+    assert step(final, signal, FAR, RestartSpec(max_user_restarts=5)) == (final, Action.NONE)
 
 
 RANGE_ERRORS: list[tuple[str, Any]] = [
@@ -197,17 +199,20 @@ RANGE_ERRORS: list[tuple[str, Any]] = [
 @pytest.mark.parametrize(("field", "value"), RANGE_ERRORS)
 def test_policy_rejects_what_the_spec_rejects(field: str, value: Any) -> None:
     with pytest.raises(ValueError, match=field):
-        RestartPolicy(**{field: value})
+        RestartSpec(**{field: value})
 
 
 # --- spec models -----------------------------------------------------------------------
 
 
 def test_restart_spec_defaults_and_values_build_the_policy() -> None:
-    assert RestartPolicy(**RestartSpec().model_dump()) == RestartPolicy()
+    assert (budget(RestartSpec(), FailureKind.USER), budget(RestartSpec(), FailureKind.INFRA)) == (
+        0,
+        3,
+    )
     spec = RestartSpec.model_validate({"max_user_restarts": 2, "backoff_factor": 1})
     assert (spec.max_user_restarts, spec.backoff_factor, spec.hang_timeout) == (2, 1.0, 30.0)
-    assert RestartPolicy(**spec.model_dump()).max_user_restarts == 2
+    assert budget(spec, FailureKind.USER) == 2
     for model in (RestartSpec, CheckpointSpec):
         assert all(f.description for f in model.model_fields.values())
 

@@ -10,9 +10,10 @@ from pathlib import Path
 
 from dmlctl.launch.supervisor import Supervisor
 from dmlctl.plan.model import attempt_config
-from dmlctl.runs.events import RankStarted
+from dmlctl.runs.events import Event, RankStarted, Restarting
 from dmlctl.runs.state import Phase, RankStatus, RunState
 from dmlctl.runs.store import RunDir, RunStore
+from dmlctl.spec.restart import RestartSpec
 from dmlctl.transport.fake import (
     ScriptedTransport,
     agent_lines,
@@ -22,27 +23,35 @@ from dmlctl.transport.fake import (
 )
 from tests.unit.test_supervisor import RUN_ID, RecordingSink, make_plan
 
+QUICK = 0.01  # seconds of backoff before a restart in these tests
 
-def _run(tmp_path: Path, transports: dict[str, ScriptedTransport], **kw: object) -> RunState:
+
+def _run(
+    tmp_path: Path,
+    transports: dict[str, ScriptedTransport],
+    sink: RecordingSink | None = None,
+    **kw: object,
+) -> RunState:
     run: RunDir = RunStore(tmp_path / "home").create(RUN_ID)
     plan = make_plan(tmp_path, [1])
-    sup = Supervisor(plan, run, transports, RecordingSink(), fail_grace=0.1, stop_grace=0.0,
-                     stop_margin=0.5, **kw)  # type: ignore[arg-type]  # fmt: skip
+    sup = Supervisor(plan, run, transports, sink or RecordingSink(), fail_grace=0.1,
+                     stop_grace=0.0, stop_margin=0.5, **kw)  # type: ignore[arg-type]  # fmt: skip
     return sup.run()
+
+
+def _restart_causes(sink: RecordingSink) -> list[str]:
+    """The exception type of every failure the policy restarted, in order."""
+    return [ev.cause.exc_type for ev in sink.events if isinstance(ev, Restarting)]
 
 
 def test_a_failed_attempt_is_restarted_when_the_policy_says_so(tmp_path: Path) -> None:
     failing = agent_lines([0], host="a", errors={0: rank_error("ValueError", "flaky")})
     ok = agent_lines([0], host="a")
     t = ScriptedTransport("a", failing, later=[ok])
-    decisions: list[str] = []
-
-    def decide(state: RunState) -> float | None:
-        decisions.append(state.root_cause.exc_type if state.root_cause else "-")
-        return 0.0 if len(decisions) == 1 else None
-
-    state = _run(tmp_path, {"a": t}, decide=decide)
-    assert decisions == ["ValueError"]
+    sink = RecordingSink()
+    restart = RestartSpec(max_user_restarts=1, backoff_initial=QUICK)
+    state = _run(tmp_path, {"a": t}, sink, restart=restart)
+    assert _restart_causes(sink) == ["ValueError"]
     assert len(t.processes) == 2
     assert state.phase == Phase.SUCCEEDED and state.exit_code == 0
     assert state.restarts == 1
@@ -58,13 +67,8 @@ def test_a_failed_attempt_is_restarted_when_the_policy_says_so(tmp_path: Path) -
 def test_without_a_restart_the_run_fails_with_the_last_cause(tmp_path: Path) -> None:
     failing = agent_lines([0], host="a", errors={0: rank_error("KeyError", "again")})
     t = ScriptedTransport("a", failing)
-    calls = []
-
-    def decide(state: RunState) -> float | None:
-        calls.append(1)
-        return 0.0 if len(calls) <= 2 else None
-
-    state = _run(tmp_path, {"a": t}, decide=decide)
+    restart = RestartSpec(max_user_restarts=2, backoff_initial=QUICK)
+    state = _run(tmp_path, {"a": t}, restart=restart)
     assert len(t.processes) == 3
     assert state.phase == Phase.FAILED and state.restarts == 2
     assert state.root_cause is not None and state.root_cause.message == "again"
@@ -124,11 +128,13 @@ def test_stop_during_backoff_ends_the_run_stopped(tmp_path: Path) -> None:
     t = ScriptedTransport("a", failing)
     run = RunStore(tmp_path / "home").create(RUN_ID)
 
-    def decide(state: RunState) -> float | None:
-        sup.request_stop("user")
-        return 30.0
+    def stop_once_restarting(ev: Event) -> None:
+        if isinstance(ev, Restarting):
+            sup.request_stop("user")
 
-    sup = Supervisor(make_plan(tmp_path, [1]), run, {"a": t}, RecordingSink(), decide=decide)
+    restart = RestartSpec(max_user_restarts=1, backoff_initial=30.0)
+    sup = Supervisor(make_plan(tmp_path, [1]), run, {"a": t},
+                     RecordingSink(stop_once_restarting), restart=restart)  # fmt: skip
     started = time.monotonic()
     state = sup.run()
     assert time.monotonic() - started < 5
@@ -165,7 +171,7 @@ def test_a_restart_takes_the_standby_agent_started_during_the_attempt(tmp_path: 
     sup = Supervisor(make_plan(tmp_path, [1]), run, {"a": t},
                      RecordingSink(lose_the_agent_once_a_standby_exists), fail_grace=0.1,
                      stop_grace=0.0, stop_margin=0.5,
-                     decide=lambda _s: 0.0 if not t.processes[1].sent else None,
+                     restart=RestartSpec(max_infra_restarts=1, backoff_initial=QUICK),
                      standby=True, warm_after=0.0)  # fmt: skip
     state = sup.run()
     assert state.phase == Phase.SUCCEEDED and state.restarts == 1, state.failures

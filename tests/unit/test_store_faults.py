@@ -4,7 +4,6 @@ failure of the spec's own making never restarted."""
 
 from __future__ import annotations
 
-import dataclasses
 import shutil
 import threading
 import time
@@ -12,13 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from dmlctl.launch.policy import FailureKind, RestartDecider, RestartPolicy, classify
+from dmlctl.launch.policy import Action, Failed, FailureKind, RestartState, classify, step
 from dmlctl.launch.supervisor import Supervisor
 from dmlctl.runs.events import ControllerFailed, Event, LogLines, RankExited, RootCause
 from dmlctl.runs.files import DiskFull
 from dmlctl.runs.redaction import redactor_of
 from dmlctl.runs.state import Phase, apply, new_run_state
 from dmlctl.runs.store import RunDir
+from dmlctl.spec.restart import RestartSpec
 from dmlctl.transport.fake import (
     ScriptedTransport,
     agent_lines,
@@ -85,9 +85,9 @@ def test_a_full_disk_is_a_failure_that_is_never_restarted(
 ) -> None:
     plan = make_plan(tmp_path, [1])
     transport = _endless()
-    decide = RestartDecider(RestartPolicy(max_infra_restarts=3, max_user_restarts=3))
+    restart = RestartSpec(max_infra_restarts=3, max_user_restarts=3)
     sup = Supervisor(plan, run_dir, {"a": transport}, RecordingSink(), fail_grace=0.2,
-                     stop_grace=0.0, stop_margin=1.0, decide=decide)  # fmt: skip
+                     stop_grace=0.0, stop_margin=1.0, restart=restart)  # fmt: skip
     sup.writer.recorder = _FullRecorder()  # type: ignore[assignment]
     state = sup.run()
     assert state.phase == Phase.FAILED and state.restarts == 0
@@ -102,10 +102,10 @@ def test_a_full_disk_is_a_failure_that_is_never_restarted(
 def test_fatal_causes_spend_no_budget(kind: str) -> None:
     cause = RootCause("a", None, kind, "x")
     assert classify(cause) is FailureKind.FATAL
-    decide = RestartDecider(RestartPolicy(max_infra_restarts=3, max_user_restarts=3))
-    state = new_run_state("r", "j", "ssgd", [(0, "a", "worker")], 0.0)
-    assert decide(dataclasses.replace(state, root_cause=cause)) is None
-    assert decide.state.infra_restarts_used == decide.state.user_restarts_used == 0
+    restart = RestartSpec(max_infra_restarts=3, max_user_restarts=3)
+    state, action = step(RestartState(phase=Phase.RUNNING), Failed(cause), 0.0, restart)
+    assert action is Action.GIVE_UP and state.phase is Phase.FAILED
+    assert state.infra_restarts_used == state.user_restarts_used == 0
 
 
 def test_an_agent_that_cannot_start_its_run_is_a_spec_failure(
@@ -119,9 +119,9 @@ def test_an_agent_that_cannot_start_its_run_is_a_spec_failure(
         protocol.MSG_EXIT, code=127, tail=["cannot start torchrun: embedded null byte"],
         stopped=False, error={"type": "SpecInvalid", "message": "cannot start torchrun: x"},
     )  # fmt: skip
-    decide = RestartDecider(RestartPolicy(max_infra_restarts=3))
+    restart = RestartSpec(max_infra_restarts=3)
     sup = Supervisor(plan, run_dir, {"a": ScriptedTransport("a", [exit_line], exit_code=1)},
-                     RecordingSink(), decide=decide, fail_grace=0.2, stop_grace=0.0)  # fmt: skip
+                     RecordingSink(), restart=restart, fail_grace=0.2, stop_grace=0.0)  # fmt: skip
     state = sup.run()
     assert state.phase == Phase.FAILED and state.restarts == 0
     assert state.root_cause is not None and state.root_cause.exc_type == "SpecInvalid"

@@ -1,0 +1,321 @@
+"""One attempt of a run: a host agent started per host of the attempt's plan, their
+output turned into events and folded into the run state until every agent has exited.
+
+While it runs (all bounded):
+
+* stops follow :mod:`dmlctl.launch.stops` (a user's stop, a failure's stop, agents
+  killed once past their grace);
+* a hang (:mod:`dmlctl.launch.hangs`) first has every agent dump every rank's stacks
+  (``stacks/`` in the run directory; at most ``dump_wait`` seconds), then becomes the
+  root cause, naming the culprit's frame, and the attempt is stopped as after a failure;
+* an agent whose output ends without an ``exit`` message is reported as lost, and so
+  is an agent silent for ``host_timeout`` seconds (agents send a keepalive every
+  second; a host cut off from the network may keep its connection open for minutes).
+  Lost hosts are kept for the next attempt's placement (:meth:`AttemptRunner.take_lost`).
+
+Whether the run goes on afterwards is not decided here (see
+:mod:`dmlctl.launch.supervisor` and :mod:`dmlctl.launch.policy`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping
+
+from dmlctl.launch.books import RunBooks
+from dmlctl.launch.standby import Standbys
+from dmlctl.launch.stops import AttemptStops, StopRules
+from dmlctl.launch.watch import CONFIRM_S, HangProbe, HangWatch, Liveness
+from dmlctl.plan.model import LaunchPlan
+from dmlctl.provision.replicate import Replicator
+from dmlctl.runs.events import (
+    AgentExited,
+    AgentStarted,
+    CheckpointSaved,
+    Event,
+    Heartbeat,
+    ProcSample,
+    Progress,
+    RankExited,
+    RankStarted,
+    RootCause,
+    StackDump,
+    StacksDumped,
+)
+from dmlctl.runs.parser import parse_line
+from dmlctl.runs.state import RunState
+from dmlctl.runs.stderr_tail import StderrTails
+from dmlctl.transport.base import Process, Transport
+
+BATCH = 8  # agent messages handled per step (each carries up to ~256 KiB of lines)
+QUEUE_MAX = 16  # agent messages read ahead of the supervisor: bounds the controller's memory
+STALL_S = 2.0  # a turn of the loop longer than this means the controller itself stood still
+
+
+class AttemptNotes:
+    """What the current attempt learns from every event before it is reduced: each
+    rank's stderr tail (put into root causes that lack a traceback), and the hang
+    watch's beats, exits and samples, and the stack dumps a hang verdict waits for."""
+
+    def __init__(self, hang_timeout: float | None) -> None:
+        self.hangs = HangWatch(hang_timeout)
+        self.probe: HangProbe | None = None  # a hang verdict waiting for stack dumps
+        self._stderr = StderrTails()
+
+    def reset(self) -> None:
+        """Forget the previous attempt (its stderr tails, beats and hang verdict)."""
+        self._stderr = StderrTails()
+        self.hangs.reset()
+        self.probe = None
+
+    def __call__(self, batch: list[Event]) -> list[Event]:
+        """``batch`` with stderr tails attached to causes; every event noted."""
+        batch = self._stderr.attach(batch)
+        for ev in batch:
+            if isinstance(ev, Heartbeat):
+                self.hangs.beat(ev)
+            elif isinstance(ev, RankExited):
+                self.hangs.exited(ev)
+            elif isinstance(ev, ProcSample):
+                self.hangs.sample(ev)
+            elif isinstance(ev, (StackDump, StacksDumped)) and self.probe is not None:
+                self.probe.take(ev)
+        return batch
+
+
+@dataclasses.dataclass
+class Attempt:
+    """The bookkeeping of one attempt under way (its plan, hosts, stop deadlines)."""
+
+    plan: LaunchPlan
+    number: int  # 0-based
+    live: set[str] = dataclasses.field(default_factory=set)
+    exited: set[str] = dataclasses.field(default_factory=set)
+    stops: AttemptStops = dataclasses.field(default_factory=AttemptStops)
+    last_persist: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class AttemptSettings:
+    """How an attempt is run: the ranks' grace on a stop (sent to the agents), the
+    longest wait for stack dumps, how often the state is persisted, the silence after
+    which a host counts as lost (None: never)."""
+
+    stop_grace: float
+    dump_wait: float
+    persist_interval: float
+    host_timeout: float | None
+
+
+class AttemptRunner:
+    """Runs attempts, one at a time: :meth:`start` then :meth:`follow`."""
+
+    def __init__(
+        self,
+        transports: Mapping[str, Transport],
+        books: RunBooks,
+        notes: AttemptNotes,
+        stops: StopRules,
+        settings: AttemptSettings,
+        *,
+        clock: Callable[[], float] = time.time,
+        standbys: Standbys | None = None,
+        replicator: Replicator | None = None,
+    ) -> None:
+        self.transports = transports
+        self.books = books
+        self.notes = notes
+        self.stops = stops
+        self.settings = settings
+        self.clock = clock
+        self.standbys = standbys  # warm agents (torchrun imported) for a restart
+        self.replicator = replicator
+        self.liveness = Liveness(settings.host_timeout)
+        self._lost_hosts: dict[str, str] = {}  # host → why, in the current attempt
+        self._running_since: dict[str, float] = {}  # host → first rank start (monotonic)
+        # Bounded: a reader blocks when the supervisor is behind, the agent then blocks
+        # on its pipe and the ranks' files hold the rest (nothing is dropped).
+        self._queue: queue.Queue[tuple[str, str | None]] = queue.Queue(QUEUE_MAX)
+        self._procs: dict[str, Process] = {}
+
+    def take_lost(self) -> dict[str, str]:
+        """The hosts lost in the attempt (host → why); forgotten once taken."""
+        lost, self._lost_hosts = self._lost_hosts, {}
+        return lost
+
+    def start(self, state: RunState, plan: LaunchPlan, number: int) -> tuple[RunState, Attempt]:
+        """Start an agent on every host of ``plan`` as attempt ``number`` (0-based);
+        a host whose agent cannot be started is lost at once."""
+        self._procs, self._lost_hosts, self._running_since = {}, {}, {}
+        self.notes.reset()  # the stderr tails of this attempt only
+        hosts = ", ".join(h.name for h in plan.hosts)
+        what = "starting" if number == 0 else f"restarting (attempt {number + 1})"
+        first: list[Event] = [Progress(f"{what} host agents on {hosts}", self.clock())]
+        first += self._start_agents(plan, number)
+        run = Attempt(plan, number, live=set(self._procs))
+        run.exited = {e.host for e in first if isinstance(e, AgentExited)}
+        state = self.books.fold(state, first)
+        self.liveness.reset(run.live)
+        return state, run
+
+    def follow(self, state: RunState, run: Attempt) -> RunState:
+        """Follow the started attempt until every agent has exited; its last state."""
+        turn = time.monotonic()
+        while run.live:
+            batch = self.books.take_posted() + self._read_events(run) + self.books.writer.check()
+            now = self.clock()
+            turn, stood = time.monotonic(), time.monotonic() - turn
+            if stood > STALL_S:  # this loop was blocked (a full terminal, a slow disk):
+                self.liveness.shift(stood)  # nothing could arrive meanwhile, so that
+                self.notes.hangs.shift(stood)  # time is nobody's silence
+            batch += self._silent_hosts(run)
+            batch += self.stops.apply(run.stops, self._procs, run.live, state, batch, now)
+            self.books.sink.tick()
+            before = state.phase
+            state = self.books.fold(state, batch)
+            if run.stops.stop_sent is None:  # judged on the state with every event so far
+                found = self._watch_hangs(state, run)
+                state = self.books.fold(state, found)
+                batch += found
+                if state.root_cause is None:
+                    self._warm_up(run, run.live - run.exited)
+            changed = state.phase != before
+            if changed or (batch and now - run.last_persist >= self.settings.persist_interval):
+                state = self.books.persist(state)
+                run.last_persist = now
+        return state
+
+    def _silent_hosts(self, run: Attempt) -> list[Event]:
+        """The exits of the agents silent for longer than ``host_timeout`` (killed)."""
+        out: list[Event] = []
+        for host in self.liveness.silent(run.live - run.exited):
+            run.exited.add(host)
+            timeout = self.settings.host_timeout or 0.0
+            out.append(
+                self._lost(host, f"no message from the host for {timeout:.0f} s (unreachable?)")
+            )
+            self._procs[host].kill()
+        return out
+
+    def _read(self, host: str, proc: Process) -> None:
+        try:
+            for line in proc.lines():
+                self._queue.put((host, line))
+        finally:
+            self._queue.put((host, None))
+
+    def _start_agents(self, plan: LaunchPlan, number: int) -> list[Event]:
+        events: list[Event] = []
+        for host in plan.hosts:
+            try:
+                warm = self.standbys.take(host.name) if self.standbys is not None else None
+                proc = warm or self.transports[host.name].start(host.agent_argv, cwd=host.agent_cwd)
+            except Exception as e:
+                cause = RootCause(host.name, None, type(e).__name__, f"cannot start agent: {e}")
+                events.append(AgentExited(host.name, 127, (), self.clock(), cause))
+                self._lost_hosts[host.name] = f"cannot start agent: {e}"
+                continue
+            config = host.agent_config(plan.run_id, number, self.settings.stop_grace)
+            proc.send(json.dumps(config))
+            self._procs[host.name] = proc
+            threading.Thread(target=self._read, args=(host.name, proc), daemon=True).start()
+        return events
+
+    def _warm_up(self, run: Attempt, running: set[str]) -> None:
+        """Let every host still running ranks get its standby agent (when it is due)."""
+        if self.standbys is None:
+            return
+        now = time.monotonic()
+        for host in run.plan.hosts:
+            since = self._running_since.get(host.name)
+            if host.name in running and since is not None:
+                self.standbys.warm_up(host, now - since)
+
+    def _lost(self, host: str, why: str | None = None, killed: bool = False) -> AgentExited:
+        """The exit of ``host``'s agent, whose output ended without an ``exit`` message:
+        a lost host, set aside for the next attempt — unless the stop rules killed it
+        (``killed``): then it is a stop that took too long, not a host failure."""
+        proc = self._procs[host]
+        code = proc.wait(0.5 if why else 5.0)
+        tail = tuple(proc.stderr_tail())
+        if killed:
+            return AgentExited(host, code if code is not None else -1, tail, self.clock())
+        msg = why or f"host agent ended without reporting (exit code {code})"
+        self._lost_hosts[host] = msg
+        cause = RootCause(host, None, "AgentLost", msg, tail)
+        return AgentExited(host, code if code is not None else -1, tail, self.clock(), cause)
+
+    def _read_events(self, run: Attempt) -> list[Event]:
+        """The events of the agent messages waiting now (at most 0.1 s for the first)."""
+        batch: list[Event] = []
+        items = self._drain()
+        now = self.clock()
+        for host, line in items:
+            if line is None:
+                run.live.discard(host)
+                if host not in run.exited:
+                    batch.append(self._lost(host, killed=host in run.stops.killed))
+                continue
+            self.liveness.heard(host)
+            for ev in parse_line(host, line, now):
+                batch.append(ev)
+                if not isinstance(ev, ProcSample):  # more than a keepalive: still streaming
+                    run.stops.data_at[host] = now
+                batch += self._on_event(run, ev, now)
+        return batch
+
+    def _on_event(self, run: Attempt, ev: Event, now: float) -> list[Event]:
+        """Note what an agent's event means for the attempt; the events it adds."""
+        if isinstance(ev, AgentExited):
+            run.exited.add(ev.host)
+        elif isinstance(ev, CheckpointSaved) and self.replicator is not None:
+            self.replicator.saved(ev.host, ev.step)
+        elif isinstance(ev, RankStarted):
+            self._running_since.setdefault(ev.host, time.monotonic())
+        elif isinstance(ev, AgentStarted):
+            text = (
+                f"torchrun started on {ev.host}; waiting for rendezvous "
+                f"({run.plan.world_size} workers)"
+            )
+            return [Progress(text, now)]
+        return []
+
+    def _watch_hangs(self, state: RunState, run: Attempt) -> list[Event]:
+        """A hang verdict asks every agent for stack dumps; once they are in and it still
+        holds on newer beats (or ``dump_wait`` passed) it becomes the culprit's ``Hang``
+        exit. A verdict that no longer holds is withdrawn (the stacks stay on disk)."""
+        now = time.monotonic()
+        notes = self.notes
+        if notes.probe is None:
+            verdict = notes.hangs.check(state)
+            if verdict is None:
+                return []
+            asked = {h for h in run.live - run.exited if self._procs[h].send("dump")}
+            wait = self.settings.dump_wait
+            notes.probe = HangProbe(
+                verdict, asked, now + wait, self.clock(), confirm_at=now + min(CONFIRM_S, wait)
+            )
+            note = f"rank {verdict.rank} on {verdict.host} seems hung ({verdict.reason})"
+            return [Progress(f"{note}; taking every rank's stacks", self.clock())]
+        if not notes.probe.done(now):
+            return []
+        probe, notes.probe = notes.probe, None
+        if not notes.hangs.confirm(state, probe.verdict):
+            text = f"rank {probe.verdict.rank} on {probe.verdict.host} is not hung after all"
+            return [Progress(text, self.clock())]
+        return [probe.result()]
+
+    def _drain(self) -> list[tuple[str, str | None]]:
+        """Up to BATCH queued messages, waiting at most 0.1 s for the first."""
+        items: list[tuple[str, str | None]] = []
+        try:
+            items.append(self._queue.get(timeout=0.1))
+            while len(items) < BATCH:
+                items.append(self._queue.get_nowait())
+        except queue.Empty:
+            pass
+        return items
