@@ -23,7 +23,6 @@ every checkpoint a rank reports while the run goes on.
 from __future__ import annotations
 
 import dataclasses
-import json
 import queue
 import threading
 import time
@@ -161,8 +160,7 @@ class Supervisor:
                 events.append(AgentExited(host.name, 127, (), self.clock(), cause))
                 self._lost_hosts[host.name] = f"cannot start agent: {e}"
                 continue
-            config = host.agent_config(self.plan.run_id, attempt, self.stop_grace)
-            proc.send(json.dumps(config))
+            proc.send(self.plan.agent_config(host, attempt, self.stop_grace).to_json())
             self._procs[host.name] = proc
             threading.Thread(target=self._read, args=(host.name, proc), daemon=True).start()
         return events
