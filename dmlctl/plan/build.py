@@ -174,26 +174,22 @@ def _checkpoint_env(job: JobSpec, directory: str, run_id: str) -> dict[str, str]
     return env
 
 
-def _pool_host(
-    host: ResolvedHost,
-    job: JobSpec,
-    *,
-    run_id: str,
-    local_run_dir: str,
-    lib_id: str,
-    endpoint: str,
-) -> HostPlan:
-    """``host`` as a spare of the run: everything of its plan but the placement."""
-    agent_cwd: str | None = None
-    if host.is_local:
-        workdir = job.workdir
-        rank_dir = posixpath.join(local_run_dir, "hosts", host.name)
-    else:
-        workdir = posixpath.join(host.workdir, job_dir_name(job))
-        rank_dir = posixpath.join(host.workdir, ".dmlctl", "runs", run_id, host.name)
-        agent_cwd = lib_dir(host.workdir, lib_id)
+@dataclass(frozen=True)
+class _Where:
+    """Where a run lives: its id, the local run directory, the shipped dmlctl's id and
+    the rendezvous endpoint."""
+
+    run_id: str
+    local_run_dir: str
+    lib_id: str
+    endpoint: str
+
+
+def _host_env(host: ResolvedHost, job: JobSpec, run_id: str, rank_dir: str) -> dict[str, str]:
+    """A host's environment, placement aside: the job's, the host's (over the job's)
+    and dmlctl's own variables."""
     checkpoints = posixpath.join(posixpath.dirname(rank_dir), "checkpoints")
-    env = {
+    return {
         **_flight_recorder(job.env, host.env),
         **job.env,
         **host.env,
@@ -206,12 +202,24 @@ def _pool_host(
         protocol.ENV_SCRIPT: job.script,
         **_checkpoint_env(job, checkpoints, run_id),
     }
+
+
+def _pool_host(host: ResolvedHost, job: JobSpec, where: _Where) -> HostPlan:
+    """``host`` as a spare of the run: everything of its plan but the placement."""
+    agent_cwd: str | None = None
+    if host.is_local:
+        workdir = job.workdir
+        rank_dir = posixpath.join(where.local_run_dir, "hosts", host.name)
+    else:
+        workdir = posixpath.join(host.workdir, job_dir_name(job))
+        rank_dir = posixpath.join(host.workdir, ".dmlctl", "runs", where.run_id, host.name)
+        agent_cwd = lib_dir(host.workdir, where.lib_id)
     torchrun = TorchrunCommand(
-        python=host.python,
+        host.python,
         nnodes=0,
         nproc=0,
-        rdzv_endpoint=endpoint,
-        rdzv_id=run_id,
+        rdzv_endpoint=where.endpoint,
+        rdzv_id=where.run_id,
         script=job.script,
         args=tuple(job.args),
         is_host=False,
@@ -229,10 +237,10 @@ def _pool_host(
         python=host.python,
         workdir=workdir,
         rank_dir=rank_dir,
-        agent_argv=(host.python, "-m", "dmlctl.agent", "--run-id", run_id),
+        agent_argv=(host.python, "-m", "dmlctl.agent", "--run-id", where.run_id),
         agent_cwd=agent_cwd,
         torchrun=torchrun,
-        env=env,
+        env=_host_env(host, job, where.run_id, rank_dir),
         slots=host.slots,
     )
 
@@ -263,17 +271,8 @@ def build_plan(
     """
     placement = placement or place_job(cluster, job)
     endpoint = f"{rdzv_host or placement.first.address}:{rdzv_port}"
-    pool = [
-        _pool_host(
-            as_run(h, local_python),
-            job,
-            run_id=run_id,
-            local_run_dir=local_run_dir,
-            lib_id=lib_id,
-            endpoint=endpoint,
-        )
-        for h in placement.hosts
-    ]
+    where = _Where(run_id, local_run_dir, lib_id, endpoint)
+    pool = [_pool_host(as_run(h, local_python), job, where) for h in placement.hosts]
     servers = job.parameter_servers
     hosts, ranks, spares = lay_out(
         pool, placement.placed, endpoint=endpoint, with_roles=servers > 0
