@@ -61,15 +61,22 @@ def launch(
         connect_timeout=connect_timeout, accept_new_host_keys=accept_new_host_keys,
         flags=("workers",) if workers is not None else (),
     )  # fmt: skip
-    console = stdout_console()
-    result = run_launch(job, spec, options=options, console=console)
+    result = run_launch(job, spec, options=options, console=stdout_console())
     if detach:
-        err = stderr_console()
-        err.print(f"started run [bold]{result.run_id}[/] in the background", highlight=False)
-        err.print(f"  dmlctl status {result.run_id}\n  dmlctl logs {result.run_id} --follow\n"
-                  f"  dmlctl stop {result.run_id}", highlight=False, markup=False)
-        print(result.run_id)
+        _started(result.run_id)
     return result.exit_code
+
+
+def _started(run_id: str) -> None:
+    """Tell where a detached run is followed (stderr) and print its id (stdout)."""
+    err = stderr_console()
+    err.print(f"started run [bold]{run_id}[/] in the background", highlight=False)
+    err.print(
+        f"  dmlctl status {run_id}\n  dmlctl logs {run_id} --follow\n  dmlctl stop {run_id}",
+        highlight=False,
+        markup=False,
+    )
+    print(run_id)
 
 
 def _resume(run_id: str, *, detach: bool, ui: str) -> int:

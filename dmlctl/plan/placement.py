@@ -11,7 +11,7 @@ workers come first (local ranks ``0..w-1``), then its servers.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dmlctl.protocol import ROLE_SERVER, ROLE_WORKER
@@ -107,7 +107,3 @@ def place(hosts: Sequence[HostSlots], demand: Demand) -> tuple[Placed, ...]:
     placed += [Placed(name, 0, n) for name, n in counts.items() if n]
     return tuple(placed)
 
-
-def names(placed: Collection[Placed]) -> list[str]:
-    """The hosts of a placement, in its order."""
-    return [p.host for p in placed]

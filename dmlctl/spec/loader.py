@@ -323,8 +323,15 @@ def _check_paths(
     workdir = Path(os.path.realpath(job_dir / os.path.expanduser(raw_workdir)))
     line = doc.line_of(("workdir",))
     if not _is_one_line(str(workdir)):
-        issues.append(SpecIssue(file, line, "workdir", f"resolves to an unusable path "
-                                f"(control characters in it): {shown(str(workdir), 120)}"))
+        issues.append(
+            SpecIssue(
+                file,
+                line,
+                "workdir",
+                f"resolves to an unusable path "
+                f"(control characters in it): {shown(str(workdir), 120)}",
+            )
+        )
         return None, None
     kind = path_kind(workdir)
     if kind != "directory":

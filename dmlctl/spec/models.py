@@ -15,8 +15,10 @@ from typing import Any
 from pydantic import (
     BaseModel,
     Field,
+    FieldSerializationInfo,
     SerializeAsAny,
     ValidationInfo,
+    field_serializer,
     field_validator,
     model_validator,
 )
@@ -124,6 +126,11 @@ class StrategySpec(BaseModel):
             return _Unchecked()
         model = registry.load(name).Params
         return params if type(params) is model else model.model_validate(params, strict=True)
+
+    @field_serializer("params")
+    def _given_params(self, params: BaseModel, info: FieldSerializationInfo) -> dict[str, Any]:
+        """Dumped as the job wrote them: the keys it set, whatever their values."""
+        return params.model_dump(mode=info.mode, exclude_unset=True)
 
 
 def uses_servers(strategy: str) -> bool:
