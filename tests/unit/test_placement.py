@@ -35,8 +35,12 @@ def test_workers_fill_hosts_in_order_and_servers_go_next_to_them_in_turn() -> No
 def test_server_hosts_run_only_servers_after_the_worker_hosts() -> None:
     hosts = [HostSlots("ps", 2), HostSlots("a", 1), HostSlots("b", 1), HostSlots("c", 1)]
     demand = Demand(workers=2, servers=3, server_hosts=("ps", "c"))
-    assert place(hosts, demand) == (Placed("a", 1), Placed("b", 1), Placed("ps", 0, 2),
-                                    Placed("c", 0, 1))  # fmt: skip
+    assert place(hosts, demand) == (
+        Placed("a", 1),
+        Placed("b", 1),
+        Placed("ps", 0, 2),
+        Placed("c", 0, 1),
+    )
 
 
 def test_max_hosts_bounds_the_worker_hosts_and_fewer_workers_may_result() -> None:
@@ -62,8 +66,14 @@ def asgd_plan(slots: tuple[int, ...], **job: Any) -> LaunchPlan:
     spec = JobSpec.model_validate(
         {"script": "train.py", "strategy": "asgd", "parameter_servers": 1, **job}
     )
-    return build_plan(ClusterSpec.model_validate({"hosts": hosts}), spec, run_id="r",
-                      rdzv_port=29500, local_python="/py", local_run_dir="/runs/r")  # fmt: skip
+    return build_plan(
+        ClusterSpec.model_validate({"hosts": hosts}),
+        spec,
+        run_id="r",
+        rdzv_port=29500,
+        local_python="/py",
+        local_run_dir="/runs/r",
+    )
 
 
 def roles(plan: LaunchPlan) -> list[tuple[str, str]]:
@@ -136,15 +146,21 @@ def plan_of(case: Case) -> LaunchPlan | None:
         for i, (n, s) in enumerate(zip(NAMES, case.slots, strict=False), start=1)
     ]
     try:
-        return build_plan(ClusterSpec.model_validate({"hosts": hosts}),
-                          JobSpec.model_validate(case.job), run_id="r", rdzv_port=29500,
-                          local_python="/py", local_run_dir="/runs/r")  # fmt: skip
+        return build_plan(
+            ClusterSpec.model_validate({"hosts": hosts}),
+            JobSpec.model_validate(case.job),
+            run_id="r",
+            rdzv_port=29500,
+            local_python="/py",
+            local_run_dir="/runs/r",
+        )
     except PlanError:
         return None  # refused at plan time: nothing to re-plan
 
 
-PROPERTY = settings(max_examples=150, deadline=None, database=None,
-                    suppress_health_check=[HealthCheck.too_slow])  # fmt: skip
+PROPERTY = settings(
+    max_examples=150, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow]
+)
 
 
 @PROPERTY
