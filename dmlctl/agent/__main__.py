@@ -4,9 +4,10 @@ The run id on the command line is only a label (``ps`` shows whose agent it is).
 
 Contract:
 
-* Reads its configuration as the first line of stdin (JSON, see
-  ``HostPlan.agent_config``) — never from its command line, so no secret is visible
-  in ``ps``.
+* Reads its configuration as the first line of stdin (a
+  :class:`~dmlctl.protocol.AgentConfig` as JSON) — never from its command line, so
+  no secret is visible in ``ps``. The ranks get the config's environment, attempt,
+  rank directory and strategy parameters (:meth:`AgentConfig.rank_env`).
 * Runs in a session of its own (the transport starts it so), becomes the child
   subreaper of everything it starts, writes ``agent.pid`` into the rank directory,
   and runs torchrun in the job's directory (``~`` expanded) with its own dmlctl
@@ -51,11 +52,10 @@ from dmlctl.agent.procs import become_subreaper, descendants, kill_tree
 from dmlctl.agent.stacks import dump_stacks, main_thread_frames
 from dmlctl.agent.tail import RankDirTailer
 from dmlctl.agent.usage import usage
+from dmlctl.protocol import AgentConfig
 from dmlctl.runtime.where import FrameNamer
 
 POLL_S = 0.05
-STOP_GRACE_S = 30.0  # without a stop_grace in the config
-ENTRY = "dmlctl.runtime.entry"  # the module torchrun runs for each rank
 TAIL = 40
 SUMMARY_LINES = 2000
 ALIVE_S = 1.0  # a message at least this often, so a silent host can be told from a busy one
@@ -201,37 +201,35 @@ def _dump(pids: dict[int, int], rank_dir: str, namer: FrameNamer, emit: Emitter)
     emit.send(protocol.MSG_AGENT, state="dumped", stopped=stopped)
 
 
-def _script_dir(config: dict[str, Any], workdir: str) -> str:
-    """The directory of the training script (the argument after the rank entry)."""
-    argv = list(config["argv"])
-    i = argv.index(ENTRY) + 1 if ENTRY in argv else len(argv)
-    script = argv[i] if i < len(argv) else "."
-    return os.path.dirname(os.path.join(workdir, script))
+def _script_dir(config: AgentConfig, workdir: str) -> str:
+    """The directory of the training script."""
+    return os.path.dirname(os.path.join(workdir, config.torchrun.script))
 
 
-def _environment(config: dict[str, Any], rank_dir: str) -> dict[str, str]:
-    """torchrun's environment: the agent's, the plan's, the rank directory, this
-    dmlctl first on ``PYTHONPATH`` and the stop grace as torchrun's shutdown timeout."""
-    env = {**os.environ, **config["env"], protocol.ENV_RANK_DIR: rank_dir}
+def _environment(config: AgentConfig, rank_dir: str) -> dict[str, str]:
+    """torchrun's environment: the agent's, the config's (:meth:`AgentConfig.rank_env`)
+    with the rank directory expanded, this dmlctl first on ``PYTHONPATH`` and the stop
+    grace as torchrun's shutdown timeout."""
+    env = {**os.environ, **config.rank_env(), protocol.ENV_RANK_DIR: rank_dir}
     for key in (protocol.ENV_CHECKPOINT_DIR,):  # remote paths may start with ~/
         if key in env:
             env[key] = os.path.expanduser(env[key])
     # Ranks import the same dmlctl as this agent (on a remote host: the shipped copy).
     here = os.path.dirname(os.path.dirname(os.path.abspath(protocol.__file__)))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH", "")) if p)
-    grace = float(config.get("stop_grace", STOP_GRACE_S))
-    env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(max(1, math.ceil(grace))))
+    env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(max(1, math.ceil(config.stop_grace))))
     return env
 
 
-def _start(config: dict[str, Any], workdir: str, env: dict[str, str], emit: Emitter) -> Torchrun:
+def _start(config: AgentConfig, workdir: str, env: dict[str, str], emit: Emitter) -> Torchrun:
     """torchrun, forked from this warm process when possible, else a new process."""
-    if warm.can_fork(config["argv"]):
-        forked = warm.ForkedTorchrun(config["argv"], workdir, env)
+    argv = config.torchrun.argv()
+    if warm.can_fork(argv):
+        forked = warm.ForkedTorchrun(argv, workdir, env)
         emit.send(protocol.MSG_LOG, r=None, s="agent", l=["dmlctl agent: warm start"])
         return forked
     return subprocess.Popen(
-        config["argv"], cwd=workdir, env=env, stdin=subprocess.DEVNULL,
+        argv, cwd=workdir, env=env, stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
     )  # fmt: skip
 
@@ -252,10 +250,10 @@ def _cannot_start(emit: Emitter, what: str, exc: OSError | ValueError) -> None:
               error={"type": kind, "message": message})  # fmt: skip
 
 
-def run(config: dict[str, Any], emit: Emitter, commands: Commands) -> int:
-    """Run torchrun under supervision; returns torchrun's exit code (or 127)."""
-    rank_dir = os.path.expanduser(config["rank_dir"])
-    workdir = os.path.expanduser(config["workdir"])
+def _prepare(config: AgentConfig, emit: Emitter) -> str | None:
+    """The rank directory (``~`` expanded, made private) holding ``agent.pid``; None
+    (after the ``exit`` message saying why) when it cannot be made."""
+    rank_dir = os.path.expanduser(config.rank_dir)
     try:
         protocol.make_private_dirs(rank_dir)
         path = os.path.join(rank_dir, "agent.pid")
@@ -263,11 +261,26 @@ def run(config: dict[str, Any], emit: Emitter, commands: Commands) -> int:
             f.write(f"{os.getpid()}\n")
     except OSError as e:
         _cannot_start(emit, f"cannot make the rank directory {rank_dir}", e)
+        return None
+    return rank_dir
+
+
+class Output:
+    """What torchrun printed, kept for the ``exit`` message: its last lines, and its
+    failure summary ("rank : N" / "exitcode : X" per failed rank), which can start far
+    above the tail when other ranks' tracebacks follow it."""
+
+    def __init__(self) -> None:
+        self.tail: collections.deque[str] = collections.deque(maxlen=TAIL)
+        self.summary: collections.deque[str] = collections.deque(maxlen=SUMMARY_LINES)
+
+
+def run(config: AgentConfig, emit: Emitter, commands: Commands) -> int:
+    """Run torchrun under supervision; returns torchrun's exit code (or 127)."""
+    rank_dir = _prepare(config, emit)
+    if rank_dir is None:
         return 127
-    tail: collections.deque[str] = collections.deque(maxlen=TAIL)
-    # torchrun's failure summary ("rank : N" / "exitcode : X" per failed rank) can start
-    # far above the tail when other ranks' tracebacks follow it: kept on its own.
-    summary: collections.deque[str] = collections.deque(maxlen=SUMMARY_LINES)
+    workdir = os.path.expanduser(config.workdir)
     try:
         proc = _start(config, workdir, _environment(config, rank_dir), emit)
     except (OSError, ValueError) as e:
@@ -275,9 +288,10 @@ def run(config: dict[str, Any], emit: Emitter, commands: Commands) -> int:
         return 127
     emit.send(protocol.MSG_AGENT, state="started", pid=os.getpid(), torchrun_pid=proc.pid)
     assert proc.stdout is not None
+    out = Output()
     reader = threading.Thread(
         target=_forward_torchrun,
-        args=(proc.stdout, emit, tail, commands.stop, summary),
+        args=(proc.stdout, emit, out.tail, commands.stop, out.summary),
         daemon=True,
     )
     reader.start()
@@ -290,13 +304,14 @@ def run(config: dict[str, Any], emit: Emitter, commands: Commands) -> int:
     _drain(tailer, emit, pids, held)  # after: nothing writes to the rank files any more
     tailer.close()
     code = int(proc.returncode) if proc.returncode is not None else 1
-    emit.send(protocol.MSG_EXIT, code=code, tail=list(tail), summary=list(summary), stopped=stopped)
+    emit.send(protocol.MSG_EXIT, code=code, tail=list(out.tail), summary=list(out.summary),
+              stopped=stopped)  # fmt: skip
     return code
 
 
 def _supervise(
     proc: Torchrun,
-    config: dict[str, Any],
+    config: AgentConfig,
     tailer: RankDirTailer,
     emit: Emitter,
     commands: Commands,
@@ -320,13 +335,13 @@ def _supervise(
             commands.stop.set()
         if commands.dump.is_set():  # in a thread: keepalives and output go on meanwhile
             commands.dump.clear()
-            namer = FrameNamer(_script_dir(config, os.path.expanduser(config["workdir"])))
+            namer = FrameNamer(_script_dir(config, os.path.expanduser(config.workdir)))
             threading.Thread(
                 target=_dump, args=(dict(pids), rank_dir, namer, emit), daemon=True
             ).start()
         if commands.stop.is_set() and kill_at is None:
             grace = commands.grace
-            grace = float(config.get("stop_grace", STOP_GRACE_S)) if grace is None else grace
+            grace = config.stop_grace if grace is None else grace
             why = commands.reason[0] if commands.reason else "controller connection lost"
             emit.send(protocol.MSG_LOG, r=None, s="agent",
                       l=[f"dmlctl agent: {why}; stopping (ranks get {grace:g} s)"])  # fmt: skip
@@ -359,7 +374,7 @@ def main() -> int:
     if not first:
         return 2
     preload.join()  # never fork while another thread imports
-    config = json.loads(first)
+    config = AgentConfig.from_json(first)
     emit = Emitter(sys.stdout, stop)
     become_subreaper()
     commands = Commands(stop, reason)

@@ -98,7 +98,9 @@ def straggler_job(scenario: Scenario, *, steps: int, step_sleep: float, slowed: 
     return JobSpec(
         name=f"bench-straggler-{scenario.name}", script=WORKER_SCRIPT, args=args,
         workers=scenario.workers, parameter_servers=scenario.servers, workdir=str(JOB_DIR),
-        strategy=StrategySpec(name=scenario.strategy, params=dict(scenario.params)),
+        strategy=StrategySpec.model_validate(
+            {"name": scenario.strategy, "params": dict(scenario.params)}
+        ),
         env={"OMP_NUM_THREADS": "1"},
         restart=RestartSpec(max_user_restarts=0, max_infra_restarts=0),
     )  # fmt: skip

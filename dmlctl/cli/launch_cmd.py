@@ -46,13 +46,7 @@ def launch(
     if resume is not None:
         if job_file is not None:
             raise UsageError("give either a job file or --resume RUN, not both")
-        from dmlctl.launch.api import resume as resume_run
-
-        options = LaunchOptions(detach=detach, ui=ui)  # type: ignore[arg-type]
-        result = resume_run(resume, options=options, console=stdout_console())
-        if detach:
-            print(result.run_id)
-        return result.exit_code
+        return _resume(resume, detach=detach, ui=ui)
     if job_file is None:
         raise UsageError("missing the job file: dmlctl launch JOB.yaml (or --resume RUN)")
     job = load_job(job_file)
@@ -67,13 +61,32 @@ def launch(
         connect_timeout=connect_timeout, accept_new_host_keys=accept_new_host_keys,
         flags=("workers",) if workers is not None else (),
     )  # fmt: skip
-    console = stdout_console()
-    result = run_launch(job, spec, options=options, console=console)
+    result = run_launch(job, spec, options=options, console=stdout_console())
     if detach:
-        err = stderr_console()
-        err.print(f"started run [bold]{result.run_id}[/] in the background", highlight=False)
-        err.print(f"  dmlctl status {result.run_id}\n  dmlctl logs {result.run_id} --follow\n"
-                  f"  dmlctl stop {result.run_id}", highlight=False, markup=False)
+        _started(result.run_id)
+    return result.exit_code
+
+
+def _started(run_id: str) -> None:
+    """Tell where a detached run is followed (stderr) and print its id (stdout)."""
+    err = stderr_console()
+    err.print(f"started run [bold]{run_id}[/] in the background", highlight=False)
+    err.print(
+        f"  dmlctl status {run_id}\n  dmlctl logs {run_id} --follow\n  dmlctl stop {run_id}",
+        highlight=False,
+        markup=False,
+    )
+    print(run_id)
+
+
+def _resume(run_id: str, *, detach: bool, ui: str) -> int:
+    """``--resume RUN``: continue the run; prints its id when detached."""
+    from dmlctl.launch.api import LaunchOptions
+    from dmlctl.launch.api import resume as resume_run
+
+    options = LaunchOptions(detach=detach, ui=ui)  # type: ignore[arg-type]
+    result = resume_run(run_id, options=options, console=stdout_console())
+    if detach:
         print(result.run_id)
     return result.exit_code
 

@@ -1,8 +1,10 @@
 """``launch``: the library call behind ``dmlctl launch`` (and ``dmlctl bench``).
 
-Order of work, so that bad input never leaves anything behind: validate and plan
-(pure) → pick transports (may refuse a host) → only then create the run directory,
-record specs and plan, and start (foreground or detached).
+Order of work, so that bad input never leaves anything behind: validate and place
+(pure, every plan-time refusal) → on a remote cluster pick transports (may refuse a
+host), the rendezvous port on the first placed host and preflight every host →
+plan, once → only then create the run directory, record specs and plan, and start
+(foreground or detached).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import yaml
 from rich.console import Console
 
 from dmlctl.errors import PlanError, ProvisionError
-from dmlctl.plan.build import as_run, build_plan
+from dmlctl.plan.build import JobPlacement, as_run, build_plan, place_job
 from dmlctl.plan.model import LaunchPlan
 from dmlctl.plan.render import render_plan
 from dmlctl.provision.ports import free_port, pick_port
@@ -91,8 +93,10 @@ def plan_run(
     lib: str = "dev",
     run_id: str | None = None,
     rdzv_host: str | None = None,
+    placement: JobPlacement | None = None,
 ) -> LaunchPlan:
-    """The plan for ``run_id`` (default: a new id); pure apart from making the id."""
+    """The plan for ``run_id`` (default: a new id), placed by ``placement`` (default:
+    :func:`~dmlctl.plan.build.place_job`); pure apart from making the id."""
     run_id = run_id or new_run_id(job.name or "job", time.time())
     return build_plan(
         cluster,
@@ -103,6 +107,7 @@ def plan_run(
         local_run_dir=str(store.root / run_id),
         lib_id=lib,
         rdzv_host=rdzv_host,
+        placement=placement,
     )
 
 
@@ -167,75 +172,70 @@ def _ssh_options(options: LaunchOptions, console: Console) -> SshOptions:
 
 
 def _prepare_remote(
-    job: JobSpec, cluster: ClusterSpec, store: RunStore, options: LaunchOptions,
-    console: Console, err: Console,
-) -> tuple[LaunchPlan, dict[str, Transport]]:  # fmt: skip
-    """Preflight every host (refusing with one table), then plan on a port free on
-    the first host, sync the code and run the setup command."""
+    job: JobSpec,
+    cluster: ClusterSpec,
+    store: RunStore,
+    placement: JobPlacement,
+    options: LaunchOptions,
+    consoles: tuple[Console, Console],
+) -> tuple[LaunchPlan, dict[str, Transport]]:
+    """Preflight every host (refusing with one table) with the rendezvous port free
+    on the first placed host, then plan (once), sync the code and run the setup
+    command. ``consoles``: (stdout, stderr)."""
     from dmlctl.provision import ship
     from dmlctl.provision.doctor import render_doctor, run_doctor
 
+    console, err = consoles
     transports = make_transports(cluster.resolved_hosts(), _ssh_options(options, err))
-    lib = ship.lib_id(ship.package_files())
-    # Plan once with a placeholder port to learn which hosts take part.
-    draft = plan_run(job, cluster, store, port=DRY_RUN_PORT, lib=lib)
-    first = draft.hosts[0]
+    first = as_run(placement.first, sys.executable)
     # The rendezvous needs the first host's network name, not an ~/.ssh/config alias.
     rdzv_host = network_address(transports[first.name], first.address)
     # Probe what the run will use: on localhost, the interpreter running dmlctl.
-    hosts = [
-        as_run(h, sys.executable)
-        for h in cluster.resolved_hosts()
-        if h.name in {p.name for p in (*draft.hosts, *draft.spares)}
-    ]
+    hosts = [as_run(h, sys.executable) for h in placement.hosts]
     with err.status(f"checking {len(hosts)} host(s)…"):
-        first_python = first.python
         port = (
-            free_port() if first.is_local
-            else pick_port(transports[first.name], first_python, options.connect_timeout)
-        )  # fmt: skip
+            free_port()
+            if first.is_local
+            else pick_port(transports[first.name], first.python, options.connect_timeout)
+        )
         report = run_doctor(hosts, transports, rdzv_port=port)
     if not report.ok:
         console.print(render_doctor(report))
         raise ProvisionError(
             f"preflight failed on {len(report.failures())} of {len(hosts)} host(s); nothing started"
         )
+    lib = ship.lib_id(ship.package_files())
     plan = plan_run(
-        job, cluster, store, port=port, lib=lib, run_id=draft.run_id, rdzv_host=rdzv_host
+        job, cluster, store, port=port, lib=lib, rdzv_host=rdzv_host, placement=placement
     )
     ship.sync_code(plan, job, transports, err)
     ship.run_setup(plan, job, transports, err)
     return plan, transports
 
 
-def launch(
-    job: JobSpec, cluster: ClusterSpec, *, options: LaunchOptions, console: Console
-) -> LaunchResult:
-    """Run ``job`` on ``cluster``; blocks until the run ends unless detached or dry.
-
-    Exit code: 0 every rank succeeded, 1 the run failed (or a host could not be made
-    ready), 130 stopped; raises DmlctlError (exit 2) for bad input before anything is
-    created or started. A dry run connects to nothing.
-    """
-    from dmlctl.launch.controller import run_controller
-
-    store = RunStore(options.home)
-    err = Console(stderr=True, highlight=False)
-    is_remote = any(not h.is_local for h in cluster.resolved_hosts())
-    # Every check of the plan, before any host is touched (file:line for spec keys).
+def _place(job: JobSpec, cluster: ClusterSpec, options: LaunchOptions) -> JobPlacement:
+    """Every plan-time check, before any host is touched; a refusal names the spec
+    file and line of the key at fault (or the flag that set it)."""
     try:
-        plan = plan_run(job, cluster, store, port=DRY_RUN_PORT if is_remote else free_port())
+        return place_job(cluster, job)
     except PlanError as e:
         files = (options.job_file, options.cluster_file)
         job_file, cluster_file = (os.fspath(f) if f is not None else None for f in files)
         raise locate(e, job_file, cluster_file, options.flags) from None
-    if options.dry_run:
-        console.print(render_plan(plan), markup=False, highlight=False)
-        return LaunchResult("", None, None, 0)
-    if is_remote:
-        plan, transports = _prepare_remote(job, cluster, store, options, console, err)
-    else:
-        transports = make_transports(plan.hosts)
+
+
+def _start(
+    plan: LaunchPlan,
+    transports: dict[str, Transport],
+    job: JobSpec,
+    cluster: ClusterSpec,
+    store: RunStore,
+    options: LaunchOptions,
+    console: Console,
+) -> LaunchResult:
+    """Record the run and run its controller: here (until the run ends) or detached."""
+    from dmlctl.launch.controller import run_controller
+
     with private_umask():  # every file of the run is the user's alone
         try:
             run = create_run(plan, job, cluster, store, options)
@@ -250,6 +250,33 @@ def launch(
         sink = make_sink(options.ui, console, str(run.path))
         state = run_controller(run, plan, sink, transports)
     return LaunchResult(plan.run_id, run.path, state, int(state.exit_code or 0))
+
+
+def launch(
+    job: JobSpec, cluster: ClusterSpec, *, options: LaunchOptions, console: Console
+) -> LaunchResult:
+    """Run ``job`` on ``cluster``; blocks until the run ends unless detached or dry.
+
+    Exit code: 0 every rank succeeded, 1 the run failed (or a host could not be made
+    ready), 130 stopped; raises DmlctlError (exit 2) for bad input before anything is
+    created or started. The job is placed and planned once. A dry run connects to
+    nothing (a remote cluster's rendezvous port is shown as :data:`DRY_RUN_PORT`).
+    """
+    store = RunStore(options.home)
+    is_remote = any(not h.is_local for h in cluster.resolved_hosts())
+    placement = _place(job, cluster, options)
+    if options.dry_run:
+        port = DRY_RUN_PORT if is_remote else free_port()
+        plan = plan_run(job, cluster, store, port=port, placement=placement)
+        console.print(render_plan(plan), markup=False, highlight=False)
+        return LaunchResult("", None, None, 0)
+    if is_remote:
+        err = Console(stderr=True, highlight=False)
+        plan, transports = _prepare_remote(job, cluster, store, placement, options, (console, err))
+    else:
+        plan = plan_run(job, cluster, store, port=free_port(), placement=placement)
+        transports = make_transports(plan.hosts)
+    return _start(plan, transports, job, cluster, store, options, console)
 
 
 def resume(run_id: str, *, options: LaunchOptions, console: Console) -> LaunchResult:

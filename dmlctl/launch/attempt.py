@@ -20,7 +20,6 @@ Whether the run goes on afterwards is not decided here (see
 from __future__ import annotations
 
 import dataclasses
-import json
 import queue
 import threading
 import time
@@ -219,8 +218,7 @@ class AttemptRunner:
                 events.append(AgentExited(host.name, 127, (), self.clock(), cause))
                 self._lost_hosts[host.name] = f"cannot start agent: {e}"
                 continue
-            config = host.agent_config(plan.run_id, number, self.settings.stop_grace)
-            proc.send(json.dumps(config))
+            proc.send(plan.agent_config(host, number, self.settings.stop_grace).to_json())
             self._procs[host.name] = proc
             threading.Thread(target=self._read, args=(host.name, proc), daemon=True).start()
         return events

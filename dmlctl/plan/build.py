@@ -2,23 +2,28 @@
 
 No I/O, no clock, no randomness: the run id, the rendezvous port, the controller's
 interpreter and the local run directory are arguments, so the same inputs always
-give the same plan (tests compare plans against fixtures).
+give the same plan (tests compare plans against fixtures). :func:`place_job` makes
+every plan-time check and places the ranks (:mod:`dmlctl.plan.placement`, the rule
+re-plans use too); :func:`build_plan` turns that placement into the plan.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import posixpath
 import shlex
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from dmlctl import protocol
 from dmlctl.errors import PlanError
-from dmlctl.plan.model import HostPlan, LaunchPlan, RankPlan
+from dmlctl.plan.checks import hosts_problem, world_problem
+from dmlctl.plan.layout import lay_out
+from dmlctl.plan.model import HostPlan, LaunchPlan
+from dmlctl.plan.placement import Demand, HostSlots, Placed, place
+from dmlctl.protocol import TorchrunCommand
 from dmlctl.spec.fields import MAX_WORKERS
 from dmlctl.spec.models import ClusterSpec, JobSpec, ResolvedHost
-from dmlctl.strategies import registry
 
 WORKER_ROLE = protocol.ROLE_WORKER
 SERVER_ROLE = protocol.ROLE_SERVER
@@ -30,55 +35,28 @@ def as_run(host: ResolvedHost, local_python: str) -> ResolvedHost:
     return dataclasses.replace(host, python=local_python) if host.is_local else host
 
 
-def _assign(hosts: Sequence[ResolvedHost], workers: int) -> list[tuple[ResolvedHost, int]]:
-    """Fill hosts in order, each up to its slots; hosts left without a worker are dropped."""
-    total = sum(h.slots for h in hosts)
-    if workers > total:
-        per_host = ", ".join(f"{h.name}: {h.slots}" for h in hosts[:4])
-        per_host += ", ..." if len(hosts) > 4 else ""
-        raise PlanError(
-            "job", ("workers",),
-            f"the job asks for {workers} workers but the cluster has {total} slots "
-            f"({per_host}); lower 'workers' (or --workers) or raise the hosts' slots",
-        )  # fmt: skip
-    out: list[tuple[ResolvedHost, int]] = []
-    left = workers
-    for host in hosts:
-        if left == 0:
-            break
-        n = min(host.slots, left)
-        out.append((host, n))
-        left -= n
-    return out
+@dataclass(frozen=True)
+class JobPlacement:
+    """Where a job's ranks go on a cluster, every plan-time check passed."""
 
+    hosts: tuple[ResolvedHost, ...]  # the cluster's hosts, in cluster order
+    placed: tuple[Placed, ...]  # node order
+    workers: int
 
-def _place_servers(
-    job: JobSpec,
-    hosts: Sequence[ResolvedHost],
-    assignment: list[tuple[ResolvedHost, int]],
-) -> dict[str, int]:
-    """How many parameter servers each host runs (host name → count): spread in turn
-    over ``job.server_hosts`` when given, else over the hosts that got workers."""
-    if job.parameter_servers == 0:
-        return {}
-    if job.server_hosts is not None:
-        targets = [h.name for h in hosts if h.name in job.server_hosts]
-    else:
-        targets = [h.name for h, _ in assignment]
-    counts: dict[str, int] = {}
-    for i in range(job.parameter_servers):
-        name = targets[i % len(targets)]
-        counts[name] = counts.get(name, 0) + 1
-    return counts
+    @property
+    def first(self) -> ResolvedHost:
+        """Node 0: the host that serves the rendezvous."""
+        return next(h for h in self.hosts if h.name == self.placed[0].host)
 
 
 def _check_server_hosts(job: JobSpec, hosts: Sequence[ResolvedHost]) -> None:
     if job.parameter_servers and (job.min_hosts is not None or job.max_hosts is not None):
         raise PlanError(
-            "job", ("min_hosts" if job.min_hosts is not None else "max_hosts",),
+            "job",
+            ("min_hosts" if job.min_hosts is not None else "max_hosts",),
             "min_hosts/max_hosts (continuing on fewer hosts) is not supported with "
             "parameter_servers yet; remove them (a lost host then fails the run)",
-        )  # fmt: skip
+        )
     if job.server_hosts is None:
         return
     names = {h.name for h in hosts}
@@ -86,25 +64,86 @@ def _check_server_hosts(job: JobSpec, hosts: Sequence[ResolvedHost]) -> None:
     if unknown:
         listed = ", ".join(sorted(names)[:8]) + (", ..." if len(names) > 8 else "")
         raise PlanError(
-            "job", ("server_hosts", unknown[0]),
+            "job",
+            ("server_hosts", unknown[0]),
             f"{job.server_hosts[unknown[0]]!r} is not a host of the cluster (hosts: {listed})",
-        )  # fmt: skip
+        )
     if len(job.server_hosts) >= len(hosts):
         raise PlanError(
-            "job", ("server_hosts",),
+            "job",
+            ("server_hosts",),
             "lists every host of the cluster; leave some for workers",
-        )  # fmt: skip
+        )
 
 
-def _check_strategy_hosts(job: JobSpec, n_hosts: int) -> None:
-    """A strategy that runs on one host only (hogwild: ``check_hosts``) refuses more."""
-    module = registry.load(job.strategy.name)
-    check = getattr(module, "check_hosts", None)
-    if check is None:
-        return
-    message = check(module.Params.model_validate(dict(job.strategy.params)), n_hosts)
-    if message:
-        raise PlanError("job", ("strategy",), f"strategy {job.strategy.name!r}: {message}")
+def _demand(job: JobSpec, hosts: Sequence[ResolvedHost]) -> Demand:
+    """What the job asks of ``hosts``; refused when it does not fit. Without
+    ``workers`` the job takes every slot of the hosts that may run workers."""
+    server_only = tuple(job.server_hosts or ())
+    usable = [h for h in hosts if h.name not in server_only][: job.max_hosts]
+    workers = job.workers if job.workers is not None else sum(h.slots for h in usable)
+    if workers + job.parameter_servers > MAX_WORKERS:
+        raise PlanError(
+            "job" if job.workers is not None else "cluster",
+            ("workers",) if job.workers is not None else ("hosts",),
+            f"{workers} workers and {job.parameter_servers} parameter servers are more than "
+            f"{MAX_WORKERS} processes; set 'workers' lower",
+        )
+    total = sum(h.slots for h in usable)
+    if workers > total:
+        per_host = ", ".join(f"{h.name}: {h.slots}" for h in usable[:4])
+        per_host += ", ..." if len(usable) > 4 else ""
+        raise PlanError(
+            "job",
+            ("workers",),
+            f"the job asks for {workers} workers but the cluster has {total} slots "
+            f"({per_host}); lower 'workers' (or --workers) or raise the hosts' slots",
+        )
+    return Demand(workers, job.parameter_servers, server_only, job.max_hosts)
+
+
+def _check_hosts(job: JobSpec, placed: Sequence[Placed], hosts: Sequence[ResolvedHost]) -> None:
+    """The strategy's host count, ``min_hosts``, and a rendezvous others can reach."""
+    problem = hosts_problem(job.strategy.name, job.strategy.params, len(placed))
+    if problem:
+        raise PlanError("job", ("strategy",), problem)
+    if job.min_hosts is not None and job.min_hosts > len(placed):
+        workers = sum(p.workers for p in placed)
+        raise PlanError(
+            "job",
+            ("min_hosts",),
+            f"is {job.min_hosts} but the job needs only {len(placed)} host(s)"
+            f" for {workers} workers; lower min_hosts or raise workers",
+        )
+    by_name = {h.name: (i, h) for i, h in enumerate(hosts)}
+    index, first = by_name[placed[0].host]
+    if first.is_local and any(not by_name[p.host][1].is_local for p in placed):
+        raise PlanError(
+            "cluster",
+            ("hosts", index, "address"),
+            f"host {first.name!r} is 'localhost', which the other hosts cannot reach for the"
+            " rendezvous; list a remote host first, or give this machine's network address",
+        )
+
+
+def place_job(cluster: ClusterSpec, job: JobSpec) -> JobPlacement:
+    """Place ``job`` on ``cluster``: every plan-time check, nothing else.
+
+    Raises :class:`PlanError` (naming the spec key at fault) when the job asks for
+    more workers than the cluster has slots (or more than :data:`MAX_WORKERS`
+    processes), when the strategy refuses the world size or the number of hosts, for
+    ``server_hosts`` / ``min_hosts`` that cannot be met, or when other hosts would
+    have to reach ``localhost`` for the rendezvous.
+    """
+    hosts = tuple(cluster.resolved_hosts())
+    _check_server_hosts(job, hosts)
+    demand = _demand(job, hosts)
+    problem = world_problem(job.strategy.name, job.strategy.params, demand.workers)
+    if problem:
+        raise PlanError("job", ("strategy", "params"), problem)
+    placed = place([HostSlots(h.name, h.slots) for h in hosts], demand)
+    _check_hosts(job, placed, hosts)
+    return JobPlacement(hosts, placed, demand.workers)
 
 
 def _flight_recorder(*envs: Mapping[str, str]) -> dict[str, str]:
@@ -135,57 +174,75 @@ def _checkpoint_env(job: JobSpec, directory: str, run_id: str) -> dict[str, str]
     return env
 
 
-def world_problem(strategy: str, params: Mapping[str, object], workers: int) -> str | None:
-    """Why ``strategy`` with ``params`` cannot run on ``workers`` workers (EASGD's
-    α ≤ 1/p: its module's ``check_world(params, world_size)``), or None."""
-    module = registry.load(strategy)
-    check = getattr(module, "check_world", None)
-    if check is None:
-        return None
-    message = check(module.Params.model_validate(dict(params)), workers)
-    return f"strategy {strategy!r} with {workers} workers: {message}" if message else None
+@dataclass(frozen=True)
+class _Where:
+    """Where a run lives: its id, the local run directory, the shipped dmlctl's id and
+    the rendezvous endpoint."""
+
+    run_id: str
+    local_run_dir: str
+    lib_id: str
+    endpoint: str
 
 
-def _check_strategy_world(job: JobSpec, workers: int) -> None:
-    problem = world_problem(job.strategy.name, job.strategy.params, workers)
-    if problem:
-        raise PlanError("job", ("strategy", "params"), problem)
+def _host_env(host: ResolvedHost, job: JobSpec, run_id: str, rank_dir: str) -> dict[str, str]:
+    """A host's environment, placement aside: the job's, the host's (over the job's)
+    and dmlctl's own variables."""
+    checkpoints = posixpath.join(posixpath.dirname(rank_dir), "checkpoints")
+    return {
+        **_flight_recorder(job.env, host.env),
+        **job.env,
+        **host.env,
+        "PYTHONUNBUFFERED": "1",
+        protocol.ENV_RUN_ID: run_id,
+        protocol.ENV_RANK_DIR: rank_dir,
+        protocol.ENV_HOST: host.name,
+        protocol.ENV_ROLE: WORKER_ROLE,
+        protocol.ENV_STRATEGY: job.strategy.name,
+        protocol.ENV_SCRIPT: job.script,
+        **_checkpoint_env(job, checkpoints, run_id),
+    }
 
 
-def torchrun_argv(
-    python: str,
-    *,
-    nnodes: int,
-    nproc: int,
-    rdzv_endpoint: str,
-    run_id: str,
-    script: str,
-    args: Sequence[str],
-    is_host: bool = True,
-    local_addr: str | None = None,
-) -> tuple[str, ...]:
-    """The exact torchrun command for one host (the real elastic agent, c10d rendezvous).
-
-    Each worker runs ``dmlctl.runtime.entry``, which records the rank's start and
-    exit and then runs ``script`` unchanged, as torchrun would. ``is_host`` tells
-    torchrun whether this host serves the c10d store, instead of letting it guess
-    from host names (which fails on multi-homed machines and loopback test hosts);
-    ``local_addr`` (the first host of a multi-host run) becomes MASTER_ADDR, so ranks
-    meet at the address the preflight checked, not at a guessed host name.
-    """
-    return (
-        python, "-m", "torch.distributed.run",
-        "--nnodes", str(nnodes),
-        "--nproc-per-node", str(nproc),
-        "--rdzv-backend", "c10d",
-        "--rdzv-endpoint", rdzv_endpoint,
-        "--rdzv-id", run_id,
-        "--rdzv-conf", f"is_host={str(is_host).lower()}",
-        "--max-restarts", "0",
-        *(("--local-addr", local_addr) if local_addr else ()),
-        "-m", "dmlctl.runtime.entry",
-        script, *args,
-    )  # fmt: skip
+def _pool_host(host: ResolvedHost, job: JobSpec, where: _Where) -> HostPlan:
+    """``host`` as a spare of the run: everything of its plan but the placement."""
+    agent_cwd: str | None = None
+    if host.is_local:
+        workdir = job.workdir
+        rank_dir = posixpath.join(where.local_run_dir, "hosts", host.name)
+    else:
+        workdir = posixpath.join(host.workdir, job_dir_name(job))
+        rank_dir = posixpath.join(host.workdir, ".dmlctl", "runs", where.run_id, host.name)
+        agent_cwd = lib_dir(host.workdir, where.lib_id)
+    torchrun = TorchrunCommand(
+        host.python,
+        nnodes=0,
+        nproc=0,
+        rdzv_endpoint=where.endpoint,
+        rdzv_id=where.run_id,
+        script=job.script,
+        args=tuple(job.args),
+        is_host=False,
+    )
+    return HostPlan(
+        name=host.name,
+        address=host.address,
+        is_local=host.is_local,
+        port=host.port,
+        user=host.user,
+        identity_file=host.identity_file,
+        node_rank=-1,
+        nproc=0,
+        first_rank=0,
+        python=host.python,
+        workdir=workdir,
+        rank_dir=rank_dir,
+        agent_argv=(host.python, "-m", "dmlctl.agent", "--run-id", where.run_id),
+        agent_cwd=agent_cwd,
+        torchrun=torchrun,
+        env=_host_env(host, job, where.run_id, rank_dir),
+        slots=host.slots,
+    )
 
 
 def build_plan(
@@ -198,151 +255,47 @@ def build_plan(
     local_run_dir: str,
     lib_id: str = "dev",
     rdzv_host: str | None = None,
+    placement: JobPlacement | None = None,
 ) -> LaunchPlan:
-    """Plan ``job`` on ``cluster``.
+    """Plan ``job`` on ``cluster`` (placed by ``placement``, default
+    :func:`place_job`, which raises :class:`PlanError`).
 
-    Promises: ranks are numbered host by host in cluster order (node rank = position
-    among hosts that got workers); every host's environment holds the job env, the
-    host env and the ``DMLCTL_*`` variables of :mod:`dmlctl.protocol`; the rendezvous
+    Promises: ranks are numbered host by host (node rank = position among the placed
+    hosts); every host's environment holds the job env, the host env and the
+    ``DMLCTL_*`` variables of :mod:`dmlctl.protocol` (the strategy parameters travel
+    once, in the plan, and reach the ranks through their agent); the rendezvous
     endpoint is the first host at ``rdzv_port``; a remote host runs its agent from
     ``<workdir>/.dmlctl/lib/<lib_id>``, where code sync puts this dmlctl.
     ``rdzv_host`` is the first host's network name when its address is an alias
-    (``~/.ssh/config`` HostName). Raises :class:`PlanError` (naming the spec key at
-    fault) when the job asks for more workers than the cluster has slots (or more
-    than :data:`MAX_WORKERS` processes), when the strategy refuses the world size or
-    the number of hosts, for ``server_hosts`` / ``min_hosts`` that cannot be met, or
-    when other hosts would have to reach ``localhost`` for the rendezvous.
+    (``~/.ssh/config`` HostName). The cluster's other hosts are the spares.
     """
-    hosts = tuple(as_run(h, local_python) for h in cluster.resolved_hosts())
-    _check_server_hosts(job, hosts)
-    server_only = set(job.server_hosts or ())
-    usable = tuple(h for h in hosts if h.name not in server_only)
-    usable = usable[: job.max_hosts] if job.max_hosts is not None else usable
-    workers = job.workers if job.workers is not None else sum(h.slots for h in usable)
-    if workers + job.parameter_servers > MAX_WORKERS:
-        raise PlanError(
-            "job" if job.workers is not None else "cluster",
-            ("workers",) if job.workers is not None else ("hosts",),
-            f"{workers} workers and {job.parameter_servers} parameter servers are more than "
-            f"{MAX_WORKERS} processes; set 'workers' lower",
-        )  # fmt: skip
-    assignment = _assign(usable, workers)
-    _check_strategy_world(job, workers)
-    servers = _place_servers(job, hosts, assignment)
-    assignment += [(h, 0) for h in hosts if h.name in server_only and servers.get(h.name)]
-    _check_strategy_hosts(job, len(assignment))
-    if job.min_hosts is not None and job.min_hosts > len(assignment):
-        raise PlanError(
-            "job", ("min_hosts",),
-            f"is {job.min_hosts} but the job needs only {len(assignment)} host(s)"
-            f" for {workers} workers; lower min_hosts or raise workers",
-        )  # fmt: skip
-    first = assignment[0][0]
-    if first.is_local and any(not h.is_local for h, _ in assignment):
-        index = next(i for i, h in enumerate(hosts) if h.name == first.name)
-        raise PlanError(
-            "cluster", ("hosts", index, "address"),
-            f"host {first.name!r} is 'localhost', which the other hosts cannot reach for the"
-            " rendezvous; list a remote host first, or give this machine's network address",
-        )  # fmt: skip
-    rdzv_endpoint = f"{rdzv_host or first.address}:{rdzv_port}"
-    params: Mapping[str, object] = dict(job.strategy.params)
-
-    def roles_env(host: ResolvedHost, nproc: int) -> dict[str, str]:
-        if not servers:
-            return {}
-        roles = [WORKER_ROLE] * nproc + [SERVER_ROLE] * servers.get(host.name, 0)
-        return {protocol.ENV_LOCAL_ROLES: ",".join(roles)}
-
-    def host_plan(host: ResolvedHost, node_rank: int, nproc: int, first_rank: int) -> HostPlan:
-        n_servers = servers.get(host.name, 0) if node_rank >= 0 else 0
-        agent_cwd: str | None = None
-        if host.is_local:
-            workdir = job.workdir
-            rank_dir = posixpath.join(local_run_dir, "hosts", host.name)
-        else:
-            workdir = posixpath.join(host.workdir, job_dir_name(job))
-            rank_dir = posixpath.join(host.workdir, ".dmlctl", "runs", run_id, host.name)
-            agent_cwd = lib_dir(host.workdir, lib_id)
-        # torchrun's own default for several workers per host, set here so it does not
-        # print its banner about it; the job or host env may override it.
-        threads = {"OMP_NUM_THREADS": "1"} if nproc + n_servers > 1 else {}
-        env = {
-            **threads,
-            **_flight_recorder(job.env, host.env),
-            **job.env,
-            **host.env,
-            "PYTHONUNBUFFERED": "1",
-            protocol.ENV_RUN_ID: run_id,
-            protocol.ENV_RANK_DIR: rank_dir,
-            protocol.ENV_HOST: host.name,
-            protocol.ENV_ROLE: WORKER_ROLE,
-            protocol.ENV_STRATEGY: job.strategy.name,
-            protocol.ENV_STRATEGY_PARAMS: json.dumps(params, sort_keys=True),
-            protocol.ENV_SCRIPT: job.script,
-            **(roles_env(host, nproc) if node_rank >= 0 else {}),
-            **_checkpoint_env(
-                job, posixpath.join(posixpath.dirname(rank_dir), "checkpoints"), run_id
-            ),
-        }
-        return HostPlan(
-            name=host.name,
-            address=host.address,
-            is_local=host.is_local,
-            port=host.port,
-            user=host.user,
-            identity_file=host.identity_file,
-            node_rank=node_rank,
-            nproc=nproc + n_servers,
-            first_rank=first_rank,
-            python=host.python,
-            workdir=workdir,
-            rank_dir=rank_dir,
-            agent_argv=(host.python, "-m", "dmlctl.agent", "--run-id", run_id),
-            agent_cwd=agent_cwd,
-            torchrun_argv=torchrun_argv(
-                host.python,
-                nnodes=len(assignment),
-                nproc=nproc + n_servers,
-                rdzv_endpoint=rdzv_endpoint,
-                run_id=run_id,
-                script=job.script,
-                args=job.args,
-                is_host=node_rank == 0,
-                local_addr=(rdzv_host or first.address)
-                if node_rank == 0 and len(assignment) > 1
-                else None,
-            ),
-            env=env,
-            slots=host.slots,
-        )
-
-    host_plans: list[HostPlan] = []
-    ranks: list[RankPlan] = []
-    for node_rank, (host, nproc) in enumerate(assignment):
-        host_plans.append(host_plan(host, node_rank, nproc, len(ranks)))
-        roles = [WORKER_ROLE] * nproc + [SERVER_ROLE] * servers.get(host.name, 0)
-        ranks += [RankPlan(len(ranks) + i, host.name, i, role) for i, role in enumerate(roles)]
-    used = {h.name for h in host_plans}
-    spares = tuple(host_plan(h, -1, 0, 0) for h in hosts if h.name not in used)
+    placement = placement or place_job(cluster, job)
+    endpoint = f"{rdzv_host or placement.first.address}:{rdzv_port}"
+    where = _Where(run_id, local_run_dir, lib_id, endpoint)
+    pool = [_pool_host(as_run(h, local_python), job, where) for h in placement.hosts]
+    servers = job.parameter_servers
+    hosts, ranks, spares = lay_out(
+        pool, placement.placed, endpoint=endpoint, with_roles=servers > 0
+    )
     return LaunchPlan(
         run_id=run_id,
         job_name=job.name or "job",
         strategy=job.strategy.name,
-        strategy_params=params,
+        strategy_params=job.strategy.params,
         script=job.script,
         args=tuple(job.args),
         world_size=len(ranks),
         restart=job.restart,
         checkpoint=job.checkpoint,
-        rdzv_endpoint=rdzv_endpoint,
-        hosts=tuple(host_plans),
-        ranks=tuple(ranks),
+        rdzv_endpoint=endpoint,
+        hosts=hosts,
+        ranks=ranks,
         spares=spares,
-        min_hosts=job.min_hosts if job.min_hosts is not None else len(host_plans),
-        max_hosts=job.max_hosts if job.max_hosts is not None else len(host_plans),
-        workers=workers,
-        parameter_servers=job.parameter_servers,
+        min_hosts=job.min_hosts if job.min_hosts is not None else len(hosts),
+        max_hosts=job.max_hosts if job.max_hosts is not None else len(hosts),
+        workers=placement.workers,
+        parameter_servers=servers,
+        server_hosts=tuple(job.server_hosts or ()),
     )
 
 

@@ -1,11 +1,13 @@
 """Re-planning a restarted attempt on the hosts that are available now (pure).
 
 A run's plan lists its hosts and its spares (the cluster's other hosts). When hosts
-are lost, :func:`replan` places the next attempt on the available ones, in cluster
-order, at most ``max_hosts`` of them, each up to its slots and the run's ``workers``
-in all. Ranks are renumbered host by host, torchrun gets the new number of nodes and
-the rendezvous endpoint on the new first host; everything else of a host's plan
-(environment, directories, interpreter) stays as planned.
+are lost, :func:`replan` places the next attempt on the available ones by the rule of
+the first plan (:func:`dmlctl.plan.placement.place`): in cluster order, at most
+``max_hosts`` hosts running workers, each up to its slots and the run's ``workers``
+in all, and every parameter server the job asks for, placed again. Ranks are
+renumbered host by host, torchrun gets the new number of nodes and the rendezvous
+endpoint on the new first host; everything else of a host's plan (directories,
+interpreter, the job's and host's environment) stays as planned.
 """
 
 from __future__ import annotations
@@ -13,43 +15,61 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Collection
 
-from dmlctl.plan.build import WORKER_ROLE, torchrun_argv, world_problem
-from dmlctl.plan.model import HostPlan, LaunchPlan, RankPlan
+from dmlctl.plan.checks import hosts_problem, world_problem
+from dmlctl.plan.layout import lay_out
+from dmlctl.plan.model import HostPlan, LaunchPlan
+from dmlctl.plan.placement import Demand, HostSlots, NoPlacement, Placed
+from dmlctl.plan.placement import place as place_ranks
+from dmlctl.protocol import ROLE_WORKER
 
 
 class CannotReplan(Exception):
-    """The available hosts cannot carry the run (too few, or the strategy refuses the
-    smaller world); the message says which and why."""
+    """The available hosts cannot carry the run (too few, no host for its parameter
+    servers, or the strategy refuses the smaller world); the message says which and
+    why."""
 
 
 def candidates(plan: LaunchPlan) -> list[HostPlan]:
     """Every host the run may use, in cluster order (planned hosts, then spares)."""
-    order = {h.name: i for i, h in enumerate(plan.hosts + plan.spares)}
-    return sorted(plan.hosts + plan.spares, key=lambda h: order[h.name])
-
-
-def _max_hosts(plan: LaunchPlan) -> int:
-    return plan.max_hosts or len(plan.hosts)
+    return [*plan.hosts, *plan.spares]
 
 
 def _min_hosts(plan: LaunchPlan) -> int:
     return plan.min_hosts or len(plan.hosts)
 
 
+def _demand(plan: LaunchPlan) -> Demand:
+    workers = plan.workers or plan.world_size - plan.parameter_servers
+    max_hosts = plan.max_hosts or len(plan.hosts)
+    return Demand(workers, plan.parameter_servers, plan.server_hosts, max_hosts)
+
+
+def _slots(plan: LaunchPlan, host: HostPlan) -> int:
+    """The most workers ``host`` may run: its slots, or as many as it was planned
+    (a plan written before hosts carried their slots)."""
+    planned = sum(1 for r in plan.ranks if r.host == host.name and r.role == ROLE_WORKER)
+    return max(host.slots, planned)
+
+
+def placement(plan: LaunchPlan, available: Collection[str]) -> tuple[Placed, ...]:
+    """Where an attempt on the ``available`` hosts runs what (node order); raises
+    :class:`CannotReplan` when its parameter servers have no host."""
+    hosts = [HostSlots(h.name, _slots(plan, h)) for h in candidates(plan) if h.name in available]
+    try:
+        return place_ranks(hosts, _demand(plan))
+    except NoPlacement as e:
+        raise CannotReplan(str(e)) from None
+
+
 def pick_hosts(plan: LaunchPlan, available: Collection[str]) -> list[HostPlan]:
-    """The hosts an attempt uses given the ``available`` host names: cluster order, at
-    most ``max_hosts``, stopping once they have slots for every worker."""
-    workers = plan.workers or plan.world_size
-    chosen: list[HostPlan] = []
-    slots = 0
-    for host in candidates(plan):
-        if host.name not in available:
-            continue
-        if len(chosen) == _max_hosts(plan) or slots >= workers:
-            break
-        chosen.append(host)
-        slots += max(host.slots, host.nproc)
-    return chosen
+    """The hosts an attempt uses given the ``available`` host names, in node order
+    (none when the job's parameter servers would have no host)."""
+    try:
+        placed = placement(plan, available)
+    except CannotReplan:
+        return []
+    by_name = {h.name: h for h in candidates(plan)}
+    return [by_name[p.host] for p in placed]
 
 
 def enough(plan: LaunchPlan, available: Collection[str]) -> bool:
@@ -57,67 +77,46 @@ def enough(plan: LaunchPlan, available: Collection[str]) -> bool:
     return len(pick_hosts(plan, available)) >= _min_hosts(plan)
 
 
+def _check(plan: LaunchPlan, placed: tuple[Placed, ...]) -> None:
+    """Raise :class:`CannotReplan` when ``placed`` breaks the run's bounds or the
+    strategy refuses it."""
+    need = _min_hosts(plan)
+    if len(placed) < need:
+        names = ", ".join(p.host for p in placed) or "none"
+        raise CannotReplan(
+            f"only {len(placed)} host(s) can run the job ({names}); min_hosts is {need}"
+        )
+    workers = sum(p.workers for p in placed)
+    problem = world_problem(plan.strategy, plan.strategy_params, workers) or hosts_problem(
+        plan.strategy, plan.strategy_params, len(placed)
+    )
+    if problem:
+        raise CannotReplan(problem)
+
+
 def replan(plan: LaunchPlan, available: Collection[str], endpoint: str) -> LaunchPlan:
     """The plan of an attempt on the ``available`` hosts, meeting at ``endpoint``
     (``address:port`` on the first chosen host). Raises :class:`CannotReplan`.
 
     Promises: the result's hosts are :func:`pick_hosts`; node ranks and ranks are
-    dense and in host order; hosts left out become spares; ``world_size`` is the sum
-    of the hosts' workers (at most ``plan.workers``); the run id, script, strategy and
-    bounds are unchanged.
+    dense and in host order; every role the job asks for is there (its parameter
+    servers exactly, ``DMLCTL_LOCAL_ROLES`` on every host then); at most
+    ``plan.workers`` workers; hosts left out become spares; the run id, script,
+    strategy and bounds are unchanged.
     """
-    chosen = pick_hosts(plan, available)
-    need = _min_hosts(plan)
-    if len(chosen) < need:
-        names = ", ".join(h.name for h in chosen) or "none"
-        raise CannotReplan(
-            f"only {len(chosen)} host(s) can run the job ({names}); min_hosts is {need}"
-        )
-    workers = plan.workers or plan.world_size
-    counts: list[int] = []
-    left = workers
-    for host in chosen:
-        n = min(max(host.slots, host.nproc), left)
-        counts.append(n)
-        left -= n
-    world = sum(counts)
-    problem = world_problem(plan.strategy, plan.strategy_params, world)
-    if problem:
-        raise CannotReplan(problem)
-    address = endpoint.rsplit(":", 1)[0]
-    hosts: list[HostPlan] = []
-    ranks: list[RankPlan] = []
-    for node_rank, (host, nproc) in enumerate(zip(chosen, counts, strict=True)):
-        env = dict(host.env)
-        if nproc > 1:
-            env.setdefault("OMP_NUM_THREADS", "1")
-        argv = torchrun_argv(
-            host.python,
-            nnodes=len(chosen),
-            nproc=nproc,
-            rdzv_endpoint=endpoint,
-            run_id=plan.run_id,
-            script=plan.script,
-            args=plan.args,
-            is_host=node_rank == 0,
-            local_addr=address if node_rank == 0 and len(chosen) > 1 else None,
-        )
-        placed = dataclasses.replace(
-            host, node_rank=node_rank, nproc=nproc, first_rank=len(ranks),
-            torchrun_argv=argv, env=env,
-        )  # fmt: skip
-        hosts.append(placed)
-        ranks += [RankPlan(len(ranks) + i, host.name, i, WORKER_ROLE) for i in range(nproc)]
-    used = {h.name for h in hosts}
-    spares = tuple(
-        dataclasses.replace(h, node_rank=-1, nproc=0, first_rank=0)
-        for h in candidates(plan)
-        if h.name not in used
+    placed = placement(plan, available)
+    _check(plan, placed)
+    hosts, ranks, spares = lay_out(
+        candidates(plan), placed, endpoint=endpoint, with_roles=plan.parameter_servers > 0
     )
     return dataclasses.replace(
-        plan, hosts=tuple(hosts), ranks=tuple(ranks), spares=spares,
-        world_size=world, rdzv_endpoint=endpoint,
-    )  # fmt: skip
+        plan,
+        hosts=hosts,
+        ranks=ranks,
+        spares=spares,
+        world_size=len(ranks),
+        rdzv_endpoint=endpoint,
+    )
 
 
 def place(

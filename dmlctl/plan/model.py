@@ -13,8 +13,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dmlctl.protocol import ENV_ATTEMPT, ENV_RANK_DIR
+from pydantic import BaseModel
+
+from dmlctl.protocol import AgentConfig, TorchrunCommand
 from dmlctl.spec.restart import CheckpointSpec, RestartSpec
+from dmlctl.strategies import registry
 
 
 @dataclass(frozen=True)
@@ -31,7 +34,7 @@ class RankPlan:
 @dataclass(frozen=True)
 class HostPlan:
     """What runs on one host: a host agent (started in ``agent_cwd``, where a remote
-    host has the shipped dmlctl package), which runs ``torchrun_argv`` in ``workdir``.
+    host has the shipped dmlctl package), which runs ``torchrun`` in ``workdir``.
     Remote paths may start with ``~/`` (the login's home); the agent expands them."""
 
     name: str
@@ -48,28 +51,14 @@ class HostPlan:
     rank_dir: str
     agent_argv: tuple[str, ...]
     agent_cwd: str | None
-    torchrun_argv: tuple[str, ...]
+    torchrun: TorchrunCommand
     env: Mapping[str, str]
     slots: int = 1  # the most workers the host may run (the cluster spec's slots)
 
-    def agent_config(
-        self, run_id: str, attempt: int = 0, stop_grace: float = 30.0
-    ) -> dict[str, Any]:
-        """The host agent's configuration for attempt ``attempt`` (0 = first), sent
-        on its stdin (never on a command line); see :func:`attempt_config`.
-        ``stop_grace``: seconds the ranks get after SIGTERM when the agent stops them."""
-        config = {
-            "run_id": run_id,
-            "host": self.name,
-            "workdir": self.workdir,
-            "rank_dir": self.rank_dir,
-            "argv": list(self.torchrun_argv),
-            "env": dict(self.env),
-            "nproc": self.nproc,
-            "first_rank": self.first_rank,
-            "stop_grace": stop_grace,
-        }
-        return attempt_config(config, attempt)
+    @property
+    def torchrun_argv(self) -> tuple[str, ...]:
+        """The torchrun command of the first attempt."""
+        return self.torchrun.argv()
 
 
 def attempt_rank_dir(rank_dir: str, attempt: int) -> str:
@@ -77,21 +66,9 @@ def attempt_rank_dir(rank_dir: str, attempt: int) -> str:
     return rank_dir if attempt == 0 else f"{rank_dir}/attempt-{attempt}"
 
 
-def attempt_config(config: dict[str, Any], attempt: int) -> dict[str, Any]:
-    """The agent configuration for attempt ``attempt`` (0 = first): ``DMLCTL_ATTEMPT``
-    is ``attempt + 1`` (the dashboard's count); later attempts also get a rank directory
-    of their own (an agent never replays an earlier attempt's files) and their own
-    rendezvous id."""
-    env = {**config["env"], ENV_ATTEMPT: str(attempt + 1)}
-    if attempt == 0:
-        return {**config, "env": env}
-    rank_dir = attempt_rank_dir(config["rank_dir"], attempt)
-    argv = list(config["argv"])
-    if "--rdzv-id" in argv:
-        i = argv.index("--rdzv-id") + 1
-        argv[i] = f"{argv[i]}.{attempt}"
-    env[ENV_RANK_DIR] = rank_dir
-    return {**config, "rank_dir": rank_dir, "argv": argv, "env": env}
+def attempt_rdzv_id(run_id: str, attempt: int) -> str:
+    """The rendezvous id of attempt ``attempt`` (0 = first): each attempt its own."""
+    return run_id if attempt == 0 else f"{run_id}.{attempt}"
 
 
 @dataclass(frozen=True)
@@ -101,7 +78,9 @@ class LaunchPlan:
     run_id: str
     job_name: str
     strategy: str
-    strategy_params: Mapping[str, Any]
+    #: The job's strategy parameters, validated once by the spec (the strategy's
+    #: ``Params``); the agents hand them to the ranks.
+    strategy_params: BaseModel
     script: str
     args: tuple[str, ...]
     world_size: int
@@ -121,12 +100,40 @@ class LaunchPlan:
     min_hosts: int = 0
     max_hosts: int = 0
     workers: int = 0
-    #: Parameter-server ranks among ``ranks`` (role ``server``).
+    #: Parameter-server ranks among ``ranks`` (role ``server``), and the hosts that
+    #: run only servers (the job's ``server_hosts``; empty: servers go next to workers).
     parameter_servers: int = 0
+    server_hosts: tuple[str, ...] = ()
+
+    def agent_config(
+        self, host: HostPlan, attempt: int = 0, stop_grace: float = 30.0
+    ) -> AgentConfig:
+        """The configuration of ``host``'s agent for attempt ``attempt`` (0 = first):
+        later attempts get a rank directory and a rendezvous id of their own (an agent
+        never replays an earlier attempt's files). ``stop_grace``: seconds the ranks
+        get after SIGTERM when the agent stops them."""
+        return AgentConfig(
+            run_id=self.run_id,
+            host=host.name,
+            attempt=attempt,
+            workdir=host.workdir,
+            rank_dir=attempt_rank_dir(host.rank_dir, attempt),
+            torchrun=dataclasses.replace(
+                host.torchrun, rdzv_id=attempt_rdzv_id(self.run_id, attempt)
+            ),
+            env=dict(host.env),
+            strategy_params=self.params_data(),
+            stop_grace=stop_grace,
+        )
+
+    def params_data(self) -> dict[str, Any]:
+        """The strategy parameters as JSON data: the keys the job set."""
+        return self.strategy_params.model_dump(mode="json", exclude_unset=True)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
         data = dataclasses.asdict(self)
+        data["strategy_params"] = self.params_data()
         data["restart"] = self.restart.model_dump(mode="json")
         checkpoint = self.checkpoint
         data["checkpoint"] = checkpoint.model_dump(mode="json") if checkpoint else None
@@ -141,7 +148,7 @@ class LaunchPlan:
                 **{
                     **h,
                     "agent_argv": tuple(h["agent_argv"]),
-                    "torchrun_argv": tuple(h["torchrun_argv"]),
+                    "torchrun": TorchrunCommand.from_dict(h["torchrun"]),
                     "env": dict(h["env"]),
                 }
             )
@@ -150,7 +157,9 @@ class LaunchPlan:
             run_id=data["run_id"],
             job_name=data["job_name"],
             strategy=data["strategy"],
-            strategy_params=dict(data["strategy_params"]),
+            strategy_params=registry.load(data["strategy"]).Params.model_validate(
+                data["strategy_params"]
+            ),
             script=data["script"],
             args=tuple(data["args"]),
             world_size=int(data["world_size"]),
@@ -166,4 +175,5 @@ class LaunchPlan:
             max_hosts=int(data.get("max_hosts", 0)),
             workers=int(data.get("workers", 0)),
             parameter_servers=int(data.get("parameter_servers", 0)),
+            server_hosts=tuple(data.get("server_hosts", ())),
         )

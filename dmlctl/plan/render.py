@@ -15,20 +15,23 @@ def _server_ranks(plan: LaunchPlan, host: str) -> str:
     return f" (parameter servers: {', '.join(map(str, ranks))})" if ranks else ""
 
 
+def _value(value: object) -> str:
+    """A parameter's value as the job file would spell it (``50`` for ``50.0``)."""
+    return f"{value:g}" if isinstance(value, float) else repr(value)
+
+
 def render_plan(plan: LaunchPlan) -> str:
     """Every host's agent command, torchrun command, directory, ranks and environment;
     secret values hidden everywhere (as ``<redacted>``)."""
-    servers = (
-        f" + {plan.parameter_servers} parameter server(s)" if plan.parameter_servers else ""
-    )
+    servers = f" + {plan.parameter_servers} parameter server(s)" if plan.parameter_servers else ""
     out = [
         f"run {plan.run_id}: job {plan.job_name!r}, strategy {plan.strategy}, "
         f"{plan.world_size - plan.parameter_servers} workers{servers} "
         f"on {len(plan.hosts)} host(s)",
         f"rendezvous: c10d at {plan.rdzv_endpoint}",
     ]
-    if plan.strategy_params:
-        params = ", ".join(f"{k}={v!r}" for k, v in sorted(plan.strategy_params.items()))
+    if given := plan.params_data():
+        params = ", ".join(f"{k}={_value(v)}" for k, v in sorted(given.items()))
         out.append(f"strategy params: {params}")
     for host in plan.hosts:
         last = host.first_rank + host.nproc - 1

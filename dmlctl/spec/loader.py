@@ -55,8 +55,9 @@ _DEFAULT_SSH_PORT = 22
 def load_job(path: str | os.PathLike[str]) -> JobSpec:
     """Load and validate a job file.
 
-    Beyond the model's checks: the strategy name must be registered and its params
-    must satisfy the strategy's ``Params`` model (issues at ``strategy.params.<key>``);
+    Beyond the model's checks (among them: the strategy name must be registered and
+    its params satisfy the strategy's ``Params`` model, issues at
+    ``strategy.params.<key>``; the spec keeps that validated object):
     ``workdir`` must be a directory (relative paths are taken from the job file's
     directory) and ``script`` a file inside it. The returned spec has an absolute
     ``workdir``, ``script`` relative to it, and ``name`` filled in (default: the job
@@ -67,7 +68,6 @@ def load_job(path: str | os.PathLike[str]) -> JobSpec:
     data: Mapping[str, Any] = doc.data
     issues = _duplicate_issues(file, doc)
     job = _validate(file, doc, JobSpec, data, issues)
-    issues += _strategy_issues(file, doc, data.get("strategy", {}))
     job_dir = Path(file).absolute().parent
     workdir, script = _check_paths(file, doc, job_dir, data, issues)
     if issues or job is None or workdir is None or script is None:
@@ -177,8 +177,15 @@ def _validate(
 def _issues_from(
     file: str, doc: Document, exc: ValidationError, model: type[BaseModel], prefix: KeyPath
 ) -> Iterable[SpecIssue]:
+    params = _params_model(doc.data.get("strategy")) if model is JobSpec else None
     for error in exc.errors(include_url=False):
-        rel, message = issue_parts(error, model)
+        loc = tuple(error["loc"])
+        if params is not None and loc[: len(_PARAMS)] == _PARAMS and len(loc) > len(_PARAMS):
+            # Below strategy.params the strategy's own model knows the keys (did-you-mean).
+            rel, message = issue_parts({**error, "loc": loc[len(_PARAMS) :]}, params)
+            rel = (*_PARAMS, *rel)
+        else:
+            rel, message = issue_parts(error, model)
         path: KeyPath = (*prefix, *rel)
         # A missing key has no line of its own: point at the mapping that lacks it.
         line = doc.line_of(path[:-1] if error["type"] == "missing" else path)
@@ -284,28 +291,20 @@ def _is_one_line(value: str) -> bool:
     return True
 
 
-def _strategy_issues(file: str, doc: Document, raw: Any) -> list[SpecIssue]:
-    """Issues of the strategy's params against the strategy's own ``Params`` model.
+_PARAMS: KeyPath = ("strategy", "params")
 
-    Unknown names and wrong shapes are reported by :class:`StrategySpec` itself;
-    this only runs when the name is registered and ``params`` is a mapping.
-    """
-    if not isinstance(raw, dict):
-        return []  # shorthand `strategy: ssgd` has no params; other shapes: model's job
-    name = raw.get("name", "ssgd")
-    params = raw.get("params", {})
-    if not isinstance(name, str) or not isinstance(params, dict):
-        return []
+
+def _params_model(raw: Any) -> type[BaseModel] | None:
+    """The ``Params`` model of the job's strategy (the raw ``strategy`` value), or
+    None when the name is not a registered one."""
+    name = raw.get("name", "ssgd") if isinstance(raw, dict) else raw if raw else "ssgd"
+    if not isinstance(name, str):
+        return None
     try:
         registry.entry(name)
     except registry.UnknownStrategy:
-        return []
-    model = registry.load(name).Params
-    try:
-        model.model_validate(params, strict=True)
-    except ValidationError as exc:
-        return list(_issues_from(file, doc, exc, model, prefix=("strategy", "params")))
-    return []
+        return None
+    return registry.load(name).Params
 
 
 def _check_paths(
@@ -324,8 +323,15 @@ def _check_paths(
     workdir = Path(os.path.realpath(job_dir / os.path.expanduser(raw_workdir)))
     line = doc.line_of(("workdir",))
     if not _is_one_line(str(workdir)):
-        issues.append(SpecIssue(file, line, "workdir", f"resolves to an unusable path "
-                                f"(control characters in it): {shown(str(workdir), 120)}"))
+        issues.append(
+            SpecIssue(
+                file,
+                line,
+                "workdir",
+                f"resolves to an unusable path "
+                f"(control characters in it): {shown(str(workdir), 120)}",
+            )
+        )
         return None, None
     kind = path_kind(workdir)
     if kind != "directory":

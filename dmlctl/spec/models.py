@@ -1,9 +1,10 @@
 """Job specs, and the names of every spec model.
 
-These models do no I/O: reading files, resolving paths and validating strategy
-parameters (which imports the strategy's module) happen in
-:mod:`dmlctl.spec.loader`. Every field carries a user-facing description; the
-README documents the YAML keys from them. The cluster models live in
+These models do no I/O: reading files and resolving paths happen in
+:mod:`dmlctl.spec.loader`. A strategy's parameters are validated here, once, into
+the strategy's own ``Params`` model (its torch-free module is imported for it).
+Every field carries a user-facing description; the README documents the YAML keys
+from them. The cluster models live in
 :mod:`dmlctl.spec.cluster` and are re-exported here.
 """
 
@@ -11,7 +12,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    Field,
+    FieldSerializationInfo,
+    SerializeAsAny,
+    ValidationInfo,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 
 from dmlctl.protocol import ROLE_SERVER
 from dmlctl.spec.cluster import (
@@ -68,11 +78,16 @@ BUILTIN_EXCLUDES = (".git/", "__pycache__/", "*.pyc", ".venv/", ".dmlctl/")
 """Never shipped to the hosts, whatever ``.gitignore`` and ``exclude`` say (gitignore syntax)."""
 
 
+class _Unchecked(BaseModel):
+    """The params of a strategy whose name is invalid (that error is the one reported)."""
+
+
 class StrategySpec(BaseModel):
     """Which distributed training strategy a job uses and its parameters.
 
     In YAML, ``strategy: ssgd`` is shorthand for ``strategy: {name: ssgd}``. ``params``
-    are checked against the strategy's own parameter model by the loader.
+    (a mapping) is validated into the strategy's own ``Params`` model and kept as that
+    object; its errors carry key paths below ``params``.
     """
 
     model_config = FROZEN
@@ -80,8 +95,10 @@ class StrategySpec(BaseModel):
     name: str = Field(
         default="ssgd", description="Registered strategy name (see `dmlctl strategies`)."
     )
-    params: dict[str, Any] = Field(
-        default_factory=dict, description="Strategy parameters; each strategy documents its own."
+    params: SerializeAsAny[BaseModel] = Field(
+        default_factory=dict,
+        validate_default=True,
+        description="Strategy parameters; each strategy documents its own.",
     )
 
     @model_validator(mode="before")
@@ -98,6 +115,22 @@ class StrategySpec(BaseModel):
             valid = ", ".join(registry.names())
             raise ValueError(f"unknown strategy {shown(name)}; valid: {valid}") from None
         return name
+
+    @field_validator("params", mode="before")
+    @classmethod
+    def _typed_params(cls, params: Any, info: ValidationInfo) -> Any:
+        """``params`` as the strategy's ``Params`` (strictly: no strings for numbers);
+        an unknown strategy's params are left for its name's error alone."""
+        name = info.data.get("name")
+        if name is None:
+            return _Unchecked()
+        model = registry.load(name).Params
+        return params if type(params) is model else model.model_validate(params, strict=True)
+
+    @field_serializer("params")
+    def _given_params(self, params: BaseModel, info: FieldSerializationInfo) -> dict[str, Any]:
+        """Dumped as the job wrote them: the keys it set, whatever their values."""
+        return params.model_dump(mode=info.mode, exclude_unset=True)
 
 
 def uses_servers(strategy: str) -> bool:

@@ -9,7 +9,7 @@ it describes::
 
     t = ScriptedTransport("a", agent_lines(ranks=[0, 1], logs={0: ["hello"]}))
     Supervisor(plan, run, {"a": t}, sink).run()
-    assert t.process.config["argv"] == list(plan.hosts[0].torchrun_argv)
+    assert t.process.config["torchrun"]["nproc"] == plan.hosts[0].nproc
 
 Nothing here imports torch or starts a process.
 """

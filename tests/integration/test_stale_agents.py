@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from dmlctl.plan.model import HostPlan
+from dmlctl.protocol import TorchrunCommand
 from dmlctl.provision.agents import stop_stale_agents
 from dmlctl.transport.local import LocalTransport
 
@@ -22,7 +23,7 @@ def host(rank_dir: Path) -> HostPlan:
         name="local", address="localhost", is_local=True, port=22, user=None,
         identity_file=None, node_rank=0, nproc=1, first_rank=0, python=sys.executable,
         workdir=str(rank_dir), rank_dir=str(rank_dir), agent_argv=(), agent_cwd=None,
-        torchrun_argv=(), env={},
+        torchrun=TorchrunCommand(sys.executable, 1, 1, "localhost:1", RUN_ID, "t.py"), env={},
     )  # fmt: skip
 
 

@@ -10,8 +10,10 @@ from pathlib import Path
 
 from dmlctl import protocol
 from dmlctl.plan.model import HostPlan, LaunchPlan
+from dmlctl.protocol import TorchrunCommand
 from dmlctl.provision.replicate import Replicator, replicated
 from dmlctl.spec.restart import CheckpointSpec
+from dmlctl.strategies import registry
 from dmlctl.transport.local import LocalTransport
 
 
@@ -19,7 +21,8 @@ def host(name: str, root: Path, *, local: bool = False) -> HostPlan:
     return HostPlan(
         name=name, address=name, is_local=local, port=22, user=None, identity_file=None,
         node_rank=0, nproc=1, first_rank=0, python=sys.executable, workdir=str(root),
-        rank_dir=str(root / name), agent_argv=(), agent_cwd=None, torchrun_argv=(),
+        rank_dir=str(root / name), agent_argv=(), agent_cwd=None,
+        torchrun=TorchrunCommand(sys.executable, 1, 1, "localhost:1", "run", "t.py"),
         env={protocol.ENV_CHECKPOINT_DIR: str(root / "ckpt")},
     )  # fmt: skip
 
@@ -109,7 +112,9 @@ def test_only_runs_with_remote_hosts_and_own_directories_are_copied(tmp_path: Pa
 
     def plan(hosts: tuple[HostPlan, ...], checkpoint: dict[str, object]) -> LaunchPlan:
         spec = CheckpointSpec.model_validate(checkpoint) if checkpoint else None
-        return LaunchPlan("r", "j", "ssgd", {}, "t.py", (), 1, "x:1", hosts, (), checkpoint=spec)
+        params = registry.load("ssgd").Params()
+        return LaunchPlan("r", "j", "ssgd", params, "t.py", (), 1, "x:1", hosts, (),
+                          checkpoint=spec)  # fmt: skip
 
     assert replicated(plan((remote,), {"keep": 3}))
     assert not replicated(plan((local,), {"keep": 3}))

@@ -147,10 +147,14 @@ def test_several_workers_per_host_get_one_thread_each_by_default() -> None:
 def test_strategy_params_reach_the_plan_and_every_rank_env() -> None:
     plan = plan_case("strategy_params")
     assert plan.strategy == "ssgd"
-    assert dict(plan.strategy_params) == {"bucket_cap_mb": 50, "find_unused_parameters": True}
-    env = plan.hosts[0].env
-    assert env[protocol.ENV_STRATEGY] == "ssgd"
-    assert json.loads(env[protocol.ENV_STRATEGY_PARAMS]) == dict(plan.strategy_params)
+    assert plan.params_data() == {"bucket_cap_mb": 50, "find_unused_parameters": True}
+    assert plan.strategy_params.model_fields_set == {"bucket_cap_mb", "find_unused_parameters"}
+    assert plan.hosts[0].env[protocol.ENV_STRATEGY] == "ssgd"
+    # Carried once, in the plan; every host's agent hands them to its ranks.
+    assert protocol.ENV_STRATEGY_PARAMS not in plan.hosts[0].env
+    for host in plan.hosts:
+        env = plan.agent_config(host).rank_env()
+        assert json.loads(env[protocol.ENV_STRATEGY_PARAMS]) == plan.params_data()
 
 
 def test_multi_host_fills_hosts_in_order() -> None:

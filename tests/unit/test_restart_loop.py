@@ -5,7 +5,6 @@ up or stop exactly as the policy says, with real time for the backoff."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,6 +24,7 @@ from dmlctl.launch.policy import (
     step,
 )
 from dmlctl.launch.supervisor import Supervisor
+from dmlctl.protocol import ENV_ATTEMPT, AgentConfig
 from dmlctl.runs.events import CONTROLLER, Event, Progress, Restarting, RootCause, StopRequested
 from dmlctl.runs.state import Phase, RunState, new_run_state
 from dmlctl.runs.store import RunDir, RunStore
@@ -91,7 +91,7 @@ def _supervise(
 
 def _attempt_of(t: ScriptedTransport, n: int) -> str:
     """The ``DMLCTL_ATTEMPT`` (1-based) the ``n``-th started agent was given."""
-    return str(json.loads(t.processes[n].sent[0])["env"]["DMLCTL_ATTEMPT"])
+    return AgentConfig.from_json(t.processes[n].sent[0]).rank_env()[ENV_ATTEMPT]
 
 
 def test_a_failure_with_budget_left_restarts_after_the_policys_backoff(tmp_path: Path) -> None:

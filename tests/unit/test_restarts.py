@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from dmlctl.launch.supervisor import Supervisor
-from dmlctl.plan.model import attempt_config
+from dmlctl.protocol import ENV_ATTEMPT, ENV_RANK_DIR, AgentConfig, TorchrunCommand
 from dmlctl.runs.events import Event, RankStarted, Restarting
 from dmlctl.runs.state import Phase, RankStatus, RunState
 from dmlctl.runs.store import RunDir, RunStore
@@ -57,11 +57,12 @@ def test_a_failed_attempt_is_restarted_when_the_policy_says_so(tmp_path: Path) -
     assert state.restarts == 1
     assert [c.message for c in state.failures] == ["flaky"]
     assert state.root_cause is None
-    second = json.loads(t.processes[1].sent[0])
-    assert second["rank_dir"].endswith("/attempt-1")
-    assert json.loads(t.processes[0].sent[0])["env"]["DMLCTL_ATTEMPT"] == "1"
-    assert second["env"]["DMLCTL_ATTEMPT"] == "2"  # as the dashboard counts attempts
-    assert second["argv"][second["argv"].index("--rdzv-id") + 1] == f"{RUN_ID}.1"
+    second = AgentConfig.from_json(t.processes[1].sent[0])
+    assert second.rank_dir.endswith("/attempt-1")
+    assert AgentConfig.from_json(t.processes[0].sent[0]).rank_env()[ENV_ATTEMPT] == "1"
+    assert second.rank_env()[ENV_ATTEMPT] == "2"  # as the dashboard counts attempts
+    argv = second.torchrun.argv()
+    assert argv[argv.index("--rdzv-id") + 1] == f"{RUN_ID}.1"
 
 
 def test_without_a_restart_the_run_fails_with_the_last_cause(tmp_path: Path) -> None:
@@ -114,13 +115,30 @@ def test_ranks_without_heartbeats_are_never_called_hung(tmp_path: Path) -> None:
     assert sup_state["s"].root_cause is None
 
 
-def test_attempt_config_numbers_attempts_from_one_and_separates_later_ones() -> None:
-    config = {"rank_dir": "/r", "argv": ["x", "--rdzv-id", "id"], "env": {"A": "1"}}
-    assert attempt_config(config, 0) == {**config, "env": {"A": "1", "DMLCTL_ATTEMPT": "1"}}
-    third = attempt_config(config, 2)
-    assert third["rank_dir"] == "/r/attempt-2" and third["argv"][-1] == "id.2"
-    assert third["env"] == {"A": "1", "DMLCTL_ATTEMPT": "3", "DMLCTL_RANK_DIR": "/r/attempt-2"}
-    assert config["env"] == {"A": "1"}
+def test_attempt_config_numbers_attempts_from_one_and_separates_later_ones(
+    tmp_path: Path,
+) -> None:
+    plan = make_plan(tmp_path, [1], env={"A": "1"})
+    host = plan.hosts[0]
+    first = plan.agent_config(host, 0)
+    assert (first.attempt, first.rank_dir, first.torchrun.rdzv_id) == (0, host.rank_dir, RUN_ID)
+    assert first.rank_env()[ENV_ATTEMPT] == "1" and first.env == host.env
+    third = plan.agent_config(host, 2)
+    assert third.rank_dir == f"{host.rank_dir}/attempt-2"
+    assert third.torchrun.rdzv_id == f"{RUN_ID}.2"
+    argv = third.torchrun.argv()
+    assert argv[argv.index("--rdzv-id") + 1] == f"{RUN_ID}.2"
+    env = third.rank_env()
+    assert (env["A"], env[ENV_ATTEMPT], env[ENV_RANK_DIR]) == ("1", "3", third.rank_dir)
+    assert third.env == host.env  # the plan's environment is left as it was
+
+
+def test_agent_config_round_trips_through_its_wire_form() -> None:
+    torchrun = TorchrunCommand("/py", 2, 3, "h:1", "id.1", "t.py", ("--x", "1"), False, "h")
+    config = AgentConfig("id", "a", 1, "/w", "/r/attempt-1", torchrun, {"A": "1"},
+                         {"lr": 0.5}, 2.0)  # fmt: skip
+    assert AgentConfig.from_json(config.to_json()) == config
+    assert "\n" not in config.to_json()
 
 
 def test_stop_during_backoff_ends_the_run_stopped(tmp_path: Path) -> None:
@@ -177,7 +195,7 @@ def test_a_restart_takes_the_standby_agent_started_during_the_attempt(tmp_path: 
     assert state.phase == Phase.SUCCEEDED and state.restarts == 1, state.failures
     standby = t.processes[1]
     assert standby.argv == tuple(make_plan(tmp_path, [1]).hosts[0].agent_argv)
-    assert json.loads(standby.sent[0])["env"]["DMLCTL_ATTEMPT"] == "2"  # the second attempt
+    assert AgentConfig.from_json(standby.sent[0]).rank_env()[ENV_ATTEMPT] == "2"  # 2nd attempt
     assert state.failures[0].exc_type == "AgentLost"
     for extra in t.processes[2:]:  # a standby for an attempt that never came
         assert extra.sent == [] and extra.wait(0) is not None

@@ -15,6 +15,7 @@ from dmlctl.launch.stops import FAIL_STOP_GRACE, STREAMING_S
 from dmlctl.launch.supervisor import Supervisor
 from dmlctl.plan.build import build_plan
 from dmlctl.plan.model import LaunchPlan
+from dmlctl.protocol import AgentConfig
 from dmlctl.runs.events import (
     AgentExited,
     AgentStarted,
@@ -175,12 +176,14 @@ def test_agent_gets_its_config_on_stdin_not_on_the_command_line(
     proc = a.process
     assert proc.argv == host.agent_argv
     assert not any(secret in arg for arg in proc.argv)
-    config = proc.config  # the first line sent
-    assert config == json.loads(json.dumps(host.agent_config(RUN_ID, stop_grace=0.0)))
-    assert config["argv"] == list(host.torchrun_argv)
-    assert config["env"] == {**host.env, "DMLCTL_ATTEMPT": "1"}
-    assert config["env"]["API_TOKEN"] == secret
-    assert (config["run_id"], config["host"], config["nproc"]) == (RUN_ID, "a", 2)
+    config = AgentConfig.from_json(proc.sent[0])  # the first line sent
+    assert config == plan.agent_config(host, stop_grace=0.0)
+    assert config.torchrun.argv() == host.torchrun_argv
+    assert config.rank_env() == {**host.env, "DMLCTL_ATTEMPT": "1",
+                                 "DMLCTL_RANK_DIR": host.rank_dir,
+                                 "DMLCTL_STRATEGY_PARAMS": "{}"}  # fmt: skip
+    assert config.env["API_TOKEN"] == secret
+    assert (config.run_id, config.host, config.torchrun.nproc) == (RUN_ID, "a", 2)
 
 
 def test_failing_rank_stops_the_other_host_after_fail_grace(

@@ -1,0 +1,146 @@
+"""``launch`` places and plans a job once: every plan-time refusal (file:line) before
+any host is touched, the rendezvous port picked on the first placed host, the doctor
+run on the cluster's hosts with that port, then one plan (no hosts: fakes).
+
+Also the other end of the plan: what a host agent gives torchrun from its typed
+configuration."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from dmlctl import protocol
+from dmlctl.agent.__main__ import _environment
+from dmlctl.errors import SpecError
+from dmlctl.launch import api
+from dmlctl.launch.api import LaunchOptions, LaunchResult
+from dmlctl.plan.model import LaunchPlan
+from dmlctl.provision import doctor, ship
+from dmlctl.spec import load_cluster, load_job
+
+CLUSTER = """\
+hosts:
+  - {name: a, address: 10.0.0.1, slots: 2, python: /py}
+  - {name: b, address: 10.0.0.2, slots: 2, python: /py}
+  - {name: c, address: 10.0.0.3, slots: 2, python: /py}
+"""
+
+
+def specs(tmp_path: Path, job: str) -> tuple[Path, Path]:
+    (tmp_path / "train.py").write_text("")
+    (tmp_path / "job.yaml").write_text(job)
+    (tmp_path / "cluster.yaml").write_text(CLUSTER)
+    return tmp_path / "job.yaml", tmp_path / "cluster.yaml"
+
+
+def counted(calls: list[str], name: str, real: Callable[..., Any]) -> Callable[..., Any]:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        calls.append(name)
+        return real(*args, **kwargs)
+
+    return call
+
+
+@pytest.fixture
+def calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    seen: list[str] = []
+    monkeypatch.setattr(api, "place_job", counted(seen, "place", api.place_job))
+    monkeypatch.setattr(api, "build_plan", counted(seen, "plan", api.build_plan))
+    return seen
+
+
+def launch(job_file: Path, cluster_file: Path, tmp_path: Path, **kw: Any) -> LaunchResult:
+    options = LaunchOptions(
+        home=tmp_path / "home", job_file=job_file, cluster_file=cluster_file, **kw
+    )
+    return api.launch(
+        load_job(job_file),
+        load_cluster(cluster_file),
+        options=options,
+        console=Console(file=io.StringIO()),
+    )
+
+
+def no_host(*_args: Any, **_kw: Any) -> Any:
+    raise AssertionError("a host was touched")
+
+
+def test_a_dry_run_places_and_plans_once_and_touches_no_host(
+    tmp_path: Path, calls: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(api, "make_transports", no_host)
+    job_file, cluster_file = specs(tmp_path, "script: train.py\nworkers: 3\n")
+    assert launch(job_file, cluster_file, tmp_path, dry_run=True).exit_code == 0
+    assert calls == ["place", "plan"]
+
+
+def test_a_plan_time_refusal_names_the_line_before_any_host_is_touched(
+    tmp_path: Path, calls: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(api, "make_transports", no_host)
+    job_file, cluster_file = specs(tmp_path, "script: train.py\nworkers: 9\n")
+    with pytest.raises(SpecError, match=f"{job_file}:2 workers: the job asks for 9 workers"):
+        launch(job_file, cluster_file, tmp_path)
+    assert calls == ["place"]
+
+
+def test_a_remote_launch_plans_once_on_the_port_of_the_first_placed_host(
+    tmp_path: Path, calls: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: dict[str, Any] = {}
+
+    def doctor_run(hosts: list[Any], _transports: object, rdzv_port: int) -> Any:
+        seen["doctor"] = ([h.name for h in hosts], rdzv_port)
+        return SimpleNamespace(ok=True)
+
+    def start(plan: LaunchPlan, *_args: object) -> LaunchResult:
+        seen["plan"] = plan
+        return LaunchResult(plan.run_id, None, None, 0)
+
+    def pick_port(transport: str, _python: str, _timeout: float) -> int:
+        seen["port_on"] = transport
+        return 4242
+
+    monkeypatch.setattr(api, "make_transports", lambda hosts, _o: {h.name: h.name for h in hosts})
+    monkeypatch.setattr(api, "network_address", lambda _t, address: address)
+    monkeypatch.setattr(api, "pick_port", pick_port)
+    monkeypatch.setattr(api, "_start", start)
+    monkeypatch.setattr(doctor, "run_doctor", doctor_run)
+    for name in ("sync_code", "run_setup"):
+        monkeypatch.setattr(ship, name, lambda *_a: None)
+    job_file, cluster_file = specs(tmp_path, "script: train.py\nworkers: 3\n")
+    launch(job_file, cluster_file, tmp_path)
+    assert calls == ["place", "plan"]
+    assert seen["port_on"] == "a" and seen["doctor"] == (["a", "b", "c"], 4242)
+    plan: LaunchPlan = seen["plan"]
+    assert plan.rdzv_endpoint == "10.0.0.1:4242"
+    assert [h.name for h in plan.hosts] == ["a", "b"] and [h.name for h in plan.spares] == ["c"]
+
+
+def test_the_agent_gives_torchrun_the_plans_env_attempt_and_strategy_params(
+    tmp_path: Path,
+) -> None:
+    job = "script: train.py\nworkers: 2\nstrategy: {name: ssgd, params: {bucket_cap_mb: 5}}\n"
+    job_file, cluster_file = specs(tmp_path, job)
+    plan = api.plan_run(
+        load_job(job_file), load_cluster(cluster_file), api.RunStore(tmp_path / "home"), port=1
+    )
+    config = plan.agent_config(plan.hosts[0], attempt=1, stop_grace=2.5)
+    env = _environment(config, "/expanded/rank-dir")
+    assert {k: env[k] for k in plan.hosts[0].env if k != protocol.ENV_RANK_DIR} == {
+        k: v for k, v in plan.hosts[0].env.items() if k != protocol.ENV_RANK_DIR
+    }
+    assert json.loads(env[protocol.ENV_STRATEGY_PARAMS]) == {"bucket_cap_mb": 5}
+    assert (env[protocol.ENV_ATTEMPT], env[protocol.ENV_RANK_DIR]) == ("2", "/expanded/rank-dir")
+    assert env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == "3"
+    here = os.path.dirname(os.path.dirname(os.path.abspath(protocol.__file__)))
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == here
