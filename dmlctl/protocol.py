@@ -109,9 +109,17 @@ KIND_PREPARED = "prepared"  # {strategy: str}: ctx.prepare() applied the job's s
 #             group: the last one entered and completed, the oldest still pending (its
 #             op name and seconds since it was entered) or nulls, the group's size
 BEAT_KEYS = (
-    "progress", "armed", "since", "phase", "phase_s", "limit", "step_s", "where", "inner",
+    "progress",
+    "armed",
+    "since",
+    "phase",
+    "phase_s",
+    "limit",
+    "step_s",
+    "where",
+    "inner",
     "coll",
-)  # fmt: skip
+)
 
 # faulthandler dumps every thread's stack into rank-<R>.stacks on this signal.
 STACKS_SIGNAL = "SIGUSR2"
@@ -212,9 +220,12 @@ class RankEventWriter:
         self.rank = rank
         make_private_dirs(rank_dir)
         self._file: TextIO = open(  # noqa: SIM115 - lives as long as the rank
-            rank_events(rank_dir, rank), "a", encoding="utf-8", buffering=1,
+            rank_events(rank_dir, rank),
+            "a",
+            encoding="utf-8",
+            buffering=1,
             opener=private_opener,
-        )  # fmt: skip
+        )
         self._lock = threading.Lock()  # the heartbeat thread writes too
 
     def _write(self, record: dict[str, Any]) -> None:
@@ -260,8 +271,11 @@ class RankEventWriter:
     ) -> None:
         """Record the rank's exit: ``error`` is {type, message, traceback: [lines]} or
         None; ``coll`` its final collective counts (rows as in a heartbeat), if known."""
-        record: dict[str, Any] = {"kind": KIND_EXIT, "code": code,
-                                  "error": dict(error) if error else None}  # fmt: skip
+        record: dict[str, Any] = {
+            "kind": KIND_EXIT,
+            "code": code,
+            "error": dict(error) if error else None,
+        }
         if coll:
             record["coll"] = dict(coll)
         self._write(record)
@@ -302,18 +316,29 @@ class TorchrunCommand:
     def argv(self) -> tuple[str, ...]:
         """The exact command line."""
         return (
-            self.python, "-m", "torch.distributed.run",
-            "--nnodes", str(self.nnodes),
-            "--nproc-per-node", str(self.nproc),
-            "--rdzv-backend", "c10d",
-            "--rdzv-endpoint", self.rdzv_endpoint,
-            "--rdzv-id", self.rdzv_id,
-            "--rdzv-conf", f"is_host={str(self.is_host).lower()}",
-            "--max-restarts", "0",
+            self.python,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes",
+            str(self.nnodes),
+            "--nproc-per-node",
+            str(self.nproc),
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            self.rdzv_endpoint,
+            "--rdzv-id",
+            self.rdzv_id,
+            "--rdzv-conf",
+            f"is_host={str(self.is_host).lower()}",
+            "--max-restarts",
+            "0",
             *(("--local-addr", self.local_addr) if self.local_addr else ()),
-            "-m", "dmlctl.runtime.entry",
-            self.script, *self.args,
-        )  # fmt: skip
+            "-m",
+            "dmlctl.runtime.entry",
+            self.script,
+            *self.args,
+        )
 
     @staticmethod
     def from_dict(data: Mapping[str, Any]) -> TorchrunCommand:

@@ -20,9 +20,7 @@ def write_project(directory: Path, *, force: bool) -> list[Path]:
     targets = [directory / name for name in TEMPLATES]
     existing = [str(t) for t in targets if t.exists()]
     if existing and not force:
-        raise UsageError(
-            f"{', '.join(existing)} already exist(s); use --force to overwrite"
-        )
+        raise UsageError(f"{', '.join(existing)} already exist(s); use --force to overwrite")
     directory.mkdir(parents=True, exist_ok=True)
     source = resources.files("dmlctl") / "templates"
     for name, target in zip(TEMPLATES, targets, strict=True):

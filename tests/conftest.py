@@ -58,9 +58,7 @@ class Cli:
         return sorted(p for p in root.iterdir() if (p / "state.json").is_file())
 
     def state(self, run_id: str) -> dict[str, Any]:
-        data: dict[str, Any] = json.loads(
-            (self.home / "runs" / run_id / "state.json").read_text()
-        )
+        data: dict[str, Any] = json.loads((self.home / "runs" / run_id / "state.json").read_text())
         return data
 
 

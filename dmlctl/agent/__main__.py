@@ -229,9 +229,15 @@ def _start(config: AgentConfig, workdir: str, env: dict[str, str], emit: Emitter
         emit.send(protocol.MSG_LOG, r=None, s="agent", l=["dmlctl agent: warm start"])
         return forked
     return subprocess.Popen(
-        argv, cwd=workdir, env=env, stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
-    )  # fmt: skip
+        argv,
+        cwd=workdir,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+    )
 
 
 # Errors that come and go (out of processes or memory for a moment): the host's fault.
@@ -246,8 +252,13 @@ def _cannot_start(emit: Emitter, what: str, exc: OSError | ValueError) -> None:
     code = exc.errno if isinstance(exc, OSError) else None
     kind = "DiskFull" if code in _FULL else "AgentExit" if code in _TRANSIENT else "SpecInvalid"
     message = f"{what}: {exc}"
-    emit.send(protocol.MSG_EXIT, code=127, tail=[message], stopped=False,
-              error={"type": kind, "message": message})  # fmt: skip
+    emit.send(
+        protocol.MSG_EXIT,
+        code=127,
+        tail=[message],
+        stopped=False,
+        error={"type": kind, "message": message},
+    )
 
 
 def _prepare(config: AgentConfig, emit: Emitter) -> str | None:
@@ -304,8 +315,13 @@ def run(config: AgentConfig, emit: Emitter, commands: Commands) -> int:
     _drain(tailer, emit, pids, held)  # after: nothing writes to the rank files any more
     tailer.close()
     code = int(proc.returncode) if proc.returncode is not None else 1
-    emit.send(protocol.MSG_EXIT, code=code, tail=list(out.tail), summary=list(out.summary),
-              stopped=stopped)  # fmt: skip
+    emit.send(
+        protocol.MSG_EXIT,
+        code=code,
+        tail=list(out.tail),
+        summary=list(out.summary),
+        stopped=stopped,
+    )
     return code
 
 
@@ -343,8 +359,12 @@ def _supervise(
             grace = commands.grace
             grace = config.stop_grace if grace is None else grace
             why = commands.reason[0] if commands.reason else "controller connection lost"
-            emit.send(protocol.MSG_LOG, r=None, s="agent",
-                      l=[f"dmlctl agent: {why}; stopping (ranks get {grace:g} s)"])  # fmt: skip
+            emit.send(
+                protocol.MSG_LOG,
+                r=None,
+                s="agent",
+                l=[f"dmlctl agent: {why}; stopping (ranks get {grace:g} s)"],
+            )
             with contextlib.suppress(ProcessLookupError):
                 os.kill(proc.pid, signal.SIGTERM)  # torchrun passes it on to every rank
             kill_at = time.monotonic() + grace

@@ -67,8 +67,11 @@ def _pyspy(pid: int) -> list[str] | None:
         out = subprocess.run(
             # --nonblocking: the process is stopped already; py-spy cannot suspend it again
             [exe, "dump", "--nonblocking", "--pid", str(pid)],
-            capture_output=True, timeout=PYSPY_TIMEOUT, text=True, errors="replace",
-        )  # fmt: skip
+            capture_output=True,
+            timeout=PYSPY_TIMEOUT,
+            text=True,
+            errors="replace",
+        )
     except (OSError, subprocess.TimeoutExpired) as e:
         return [f"dmlctl: py-spy dump failed: {e}"]
     return (out.stdout + out.stderr).splitlines()
@@ -130,8 +133,9 @@ def main_thread_frames(lines: list[str]) -> list[tuple[str, int, str]]:
     """The main thread's frames in a faulthandler (or ``py-spy dump``) dump, innermost
     first, as (file, line, function); the dump's first thread's when the main one is
     not named."""
-    ident = next((ln.rsplit("main thread ", 1)[1].strip() for ln in lines
-                  if "main thread 0x" in ln), None)  # fmt: skip
+    ident = next(
+        (ln.rsplit("main thread ", 1)[1].strip() for ln in lines if "main thread 0x" in ln), None
+    )
     sections: list[tuple[str, list[tuple[str, int, str]]]] = []
     for ln in lines:
         if ln.startswith(("Thread ", "Current thread 0x")):

@@ -30,8 +30,14 @@ __all__ = ["BENCH_DIR", "BenchFailed", "comm_job", "run_comm_bench"]
 
 
 def comm_job(
-    *, workers: int | None, ops: Sequence[str], min_bytes: int, max_bytes: int,
-    iters: int, warmup: int, factor: int = DEFAULT_FACTOR,
+    *,
+    workers: int | None,
+    ops: Sequence[str],
+    min_bytes: int,
+    max_bytes: int,
+    iters: int,
+    warmup: int,
+    factor: int = DEFAULT_FACTOR,
 ) -> JobSpec:
     """The job spec of one benchmark run (validates the options; no I/O).
 
@@ -47,8 +53,18 @@ def comm_job(
     if workers is not None and workers < 1:
         raise UsageError(f"--workers must be >= 1, got {workers}")
     args = [
-        "--ops", ",".join(ops), "--min-bytes", str(min_bytes), "--max-bytes", str(max_bytes),
-        "--factor", str(factor), "--iters", str(iters), "--warmup", str(warmup),
+        "--ops",
+        ",".join(ops),
+        "--min-bytes",
+        str(min_bytes),
+        "--max-bytes",
+        str(max_bytes),
+        "--factor",
+        str(factor),
+        "--iters",
+        str(iters),
+        "--warmup",
+        str(warmup),
     ]
     return JobSpec(
         name=JOB_NAME, script=WORKER_SCRIPT, args=args, workers=workers, workdir=str(BENCH_DIR)
@@ -56,16 +72,30 @@ def comm_job(
 
 
 def run_comm_bench(
-    cluster: ClusterSpec, *, workers: int | None, ops: Sequence[str], min_bytes: int,
-    max_bytes: int, iters: int, warmup: int, console: Console, home: Path | None = None,
+    cluster: ClusterSpec,
+    *,
+    workers: int | None,
+    ops: Sequence[str],
+    min_bytes: int,
+    max_bytes: int,
+    iters: int,
+    warmup: int,
+    console: Console,
+    home: Path | None = None,
 ) -> tuple[list[CommResult], LaunchResult]:
     """Run the benchmark on ``cluster`` and return its results (sorted by op, size).
 
     Blocks until the run ends. Raises :class:`BenchFailed` naming the root cause if
     the run did not succeed, or if it succeeded without results for every op.
     """
-    job = comm_job(workers=workers, ops=ops, min_bytes=min_bytes, max_bytes=max_bytes,
-                   iters=iters, warmup=warmup)
+    job = comm_job(
+        workers=workers,
+        ops=ops,
+        min_bytes=min_bytes,
+        max_bytes=max_bytes,
+        iters=iters,
+        warmup=warmup,
+    )
     result = launch_bench(job, cluster, console=console, home=home)
     results = parse_metrics(metric_lines(result))
     missing = [op for op in ops if not any(r.op == op for r in results)]

@@ -36,8 +36,13 @@ from dmlctl.bench.report import OPS, bus_factor, parse_ops, parse_size, size_swe
 from dmlctl.errors import UsageError
 from dmlctl.protocol import ENV_RANK_DIR, RankEventWriter
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-          "float64": torch.float64, "int32": torch.int32}
+DTYPES = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float64": torch.float64,
+    "int32": torch.int32,
+}
 
 Op = Callable[[], Any]
 
@@ -48,6 +53,7 @@ def _arg(parse: Callable[[str], Any]) -> Callable[[str], Any]:
             return parse(text)
         except UsageError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
+
     return convert
 
 
@@ -100,8 +106,9 @@ def _run(call: Op, times: int, device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def measure(op: str, nbytes: int, *, iters: int, warmup: int, dtype: torch.dtype,
-            device: torch.device) -> dict[str, Any]:
+def measure(
+    op: str, nbytes: int, *, iters: int, warmup: int, dtype: torch.dtype, device: torch.device
+) -> dict[str, Any]:
     """Time ``op`` at ``nbytes`` on every rank; return the record values (same on all ranks)."""
     call, count, size = _make_op(op, nbytes, dtype, device)
     _run(call, warmup, device)
@@ -114,8 +121,12 @@ def measure(op: str, nbytes: int, *, iters: int, warmup: int, dtype: torch.dtype
     seconds = float(slowest.item())
     algbw = size / seconds / 1e9 if seconds > 0 else 0.0
     return {
-        "op": op, "bytes": size, "count": count, "dtype": str(dtype).removeprefix("torch."),
-        "time_us": seconds * 1e6, "algbw_gbps": algbw,
+        "op": op,
+        "bytes": size,
+        "count": count,
+        "dtype": str(dtype).removeprefix("torch."),
+        "time_us": seconds * 1e6,
+        "algbw_gbps": algbw,
         "busbw_gbps": algbw * bus_factor(op, dist.get_world_size()),
     }
 
@@ -144,8 +155,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         step = 0
         for op in args.ops:
             for nbytes in args.sizes:
-                values = measure(op, nbytes, iters=args.iters, warmup=args.warmup,
-                                 dtype=DTYPES[args.dtype], device=device)
+                values = measure(
+                    op,
+                    nbytes,
+                    iters=args.iters,
+                    warmup=args.warmup,
+                    dtype=DTYPES[args.dtype],
+                    device=device,
+                )
                 if emit is not None:
                     emit(step, values)
                 step += 1

@@ -58,8 +58,14 @@ class Outcome:
     run_ids: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"scenario": self.scenario, "runs": self.runs, "hung": self.hung,
-                "named": self.named, "delays_s": self.delays, "run_ids": self.run_ids}  # fmt: skip
+        return {
+            "scenario": self.scenario,
+            "runs": self.runs,
+            "hung": self.hung,
+            "named": self.named,
+            "delays_s": self.delays,
+            "run_ids": self.run_ids,
+        }
 
 
 def hang_job(scenario: str, *, seconds: float, skew: float, hang_timeout: float | None) -> JobSpec:
@@ -68,10 +74,13 @@ def hang_job(scenario: str, *, seconds: float, skew: float, hang_timeout: float 
     if hang_timeout is not None:
         restart = restart.model_copy(update={"hang_timeout": hang_timeout})
     return JobSpec(
-        name=f"bench-hang-{scenario}", script="train.py", workdir=str(JOB_DIR), workers=2,
+        name=f"bench-hang-{scenario}",
+        script="train.py",
+        workdir=str(JOB_DIR),
+        workers=2,
         args=["--scenario", scenario, "--seconds", f"{seconds:g}", "--skew", f"{skew:g}"],
         restart=restart,
-    )  # fmt: skip
+    )
 
 
 def _judge(outcome: Outcome, run_dir: Path, state: Any) -> None:
@@ -98,18 +107,26 @@ def _judge(outcome: Outcome, run_dir: Path, state: Any) -> None:
 
 
 def run_hang_bench(
-    *, runs: int = 20, scenarios: Sequence[str] = SCENARIOS, seconds: float = 35.0,
-    skew: float = 32.0, hang_timeout: float | None = None, burn: bool = True,
-    console: Console, home: Path | None = None, cluster: ClusterSpec | None = None,
+    *,
+    runs: int = 20,
+    scenarios: Sequence[str] = SCENARIOS,
+    seconds: float = 35.0,
+    skew: float = 32.0,
+    hang_timeout: float | None = None,
+    burn: bool = True,
+    console: Console,
+    home: Path | None = None,
+    cluster: ClusterSpec | None = None,
     launcher: Launcher = launch,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """Run every scenario ``runs`` times; the report has one :class:`Outcome` dict per
     scenario, the settings and the goal delay. Raises :class:`UsageError` for bad
     settings."""
     unknown = [s for s in scenarios if s not in SCENARIOS]
     if unknown or not scenarios:
-        raise UsageError(f"unknown scenario(s) {', '.join(unknown) or '(none)'}; "
-                         f"valid: {', '.join(SCENARIOS)}")  # fmt: skip
+        raise UsageError(
+            f"unknown scenario(s) {', '.join(unknown) or '(none)'}; valid: {', '.join(SCENARIOS)}"
+        )
     if runs < 1 or seconds <= 0 or skew < 0:
         raise UsageError("need --runs >= 1, --seconds > 0 and --skew >= 0")
     timeout = hang_timeout if hang_timeout is not None else RestartSpec().hang_timeout
@@ -122,19 +139,27 @@ def run_hang_bench(
             for i in range(runs):
                 for outcome in outcomes:
                     console.print(f"[dim]{outcome.scenario} {i + 1}/{runs}[/dim]")
-                    job = hang_job(outcome.scenario, seconds=seconds, skew=skew,
-                                   hang_timeout=hang_timeout)  # fmt: skip
-                    result = launcher(job, cluster, options=LaunchOptions(ui="quiet", home=where),
-                                      console=console)  # fmt: skip
+                    job = hang_job(
+                        outcome.scenario, seconds=seconds, skew=skew, hang_timeout=hang_timeout
+                    )
+                    result = launcher(
+                        job, cluster, options=LaunchOptions(ui="quiet", home=where), console=console
+                    )
                     if result.state is not None and result.run_dir is not None:
                         _judge(outcome, result.run_dir, result.state)
     finally:
         if burner is not None:
             burner.kill()
             burner.wait()
-    return {"runs": runs, "seconds": seconds, "skew": skew, "hang_timeout": timeout,
-            "burn": burn, "goal_delay_s": timeout + 2,
-            "scenarios": [o.to_dict() for o in outcomes]}  # fmt: skip
+    return {
+        "runs": runs,
+        "seconds": seconds,
+        "skew": skew,
+        "hang_timeout": timeout,
+        "burn": burn,
+        "goal_delay_s": timeout + 2,
+        "scenarios": [o.to_dict() for o in outcomes],
+    }
 
 
 def render_hang_table(report: dict[str, Any]) -> Table:
@@ -142,8 +167,10 @@ def render_hang_table(report: dict[str, Any]) -> Table:
     table = Table(
         title=f"hang detector, hang_timeout {report['hang_timeout']:g} s, "
         f"{'one core kept busy' if report['burn'] else 'idle machine'}",
-        title_justify="left", show_edge=False, pad_edge=False,
-    )  # fmt: skip
+        title_justify="left",
+        show_edge=False,
+        pad_edge=False,
+    )
     for name in ("scenario", "runs", "verdicts", "named", "delay median", "delay max", "goal"):
         table.add_column(name, justify="left" if name == "scenario" else "right")
     for s in report["scenarios"]:
@@ -155,8 +182,12 @@ def render_hang_table(report: dict[str, Any]) -> Table:
         worst = max(delays) if delays else float("inf")
         met = s["named"] == s["runs"] and worst <= report["goal_delay_s"]
         table.add_row(
-            s["scenario"], str(s["runs"]), str(s["hung"]), f"{s['named']}/{s['runs']}",
+            s["scenario"],
+            str(s["runs"]),
+            str(s["hung"]),
+            f"{s['named']}/{s['runs']}",
             f"{statistics.median(delays):.1f} s" if delays else "-",
-            f"{worst:.1f} s" if delays else "-", "ok" if met else "MISSED",
-        )  # fmt: skip
+            f"{worst:.1f} s" if delays else "-",
+            "ok" if met else "MISSED",
+        )
     return table

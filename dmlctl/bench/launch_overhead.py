@@ -46,14 +46,30 @@ class LaunchBenchFailed(DmlctlError):
 
 def dmlctl_command(workers: int) -> list[str]:
     """argv of the dmlctl side."""
-    return [sys.executable, "-m", "dmlctl", "launch", str(TRIVIAL_JOB),
-            "--workers", str(workers), "--ui", "quiet"]
+    return [
+        sys.executable,
+        "-m",
+        "dmlctl",
+        "launch",
+        str(TRIVIAL_JOB),
+        "--workers",
+        str(workers),
+        "--ui",
+        "quiet",
+    ]
 
 
 def torchrun_command(workers: int) -> list[str]:
     """argv of the bare torchrun side."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
-            "--nproc-per-node", str(workers), str(TRIVIAL_SCRIPT)]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(workers),
+        str(TRIVIAL_SCRIPT),
+    ]
 
 
 def time_once(argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> float:
@@ -65,12 +81,20 @@ def time_once(argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> float:
 
 def summarize(samples: Sequence[float]) -> dict[str, Any]:
     """``{"median", "min", "max", "samples"}`` of wall times in seconds."""
-    return {"median": statistics.median(samples), "min": min(samples), "max": max(samples),
-            "samples": list(samples)}
+    return {
+        "median": statistics.median(samples),
+        "min": min(samples),
+        "max": max(samples),
+        "samples": list(samples),
+    }
 
 
 def run_launch_bench(
-    repeats: int = MIN_REPEATS, workers: int = 2, *, console: Console, home: Path | None = None,
+    repeats: int = MIN_REPEATS,
+    workers: int = 2,
+    *,
+    console: Console,
+    home: Path | None = None,
     timer: Callable[[Sequence[str], Mapping[str, str], Path], float] = time_once,
 ) -> dict[str, Any]:
     """Time both launchers ``repeats`` times each (alternating) and return the report.
@@ -97,7 +121,10 @@ def run_launch_bench(
                     times[name].append(elapsed)
     dml, bare = summarize(times["dmlctl"]), summarize(times["torchrun"])
     return {
-        "repeats": repeats, "workers": workers, "dmlctl_s": dml, "torchrun_s": bare,
+        "repeats": repeats,
+        "workers": workers,
+        "dmlctl_s": dml,
+        "torchrun_s": bare,
         "ratio": dml["median"] / bare["median"],
         "overhead_s": dml["median"] - bare["median"],
         "commands": {name: " ".join(argv) for name, argv in sides.items()},
@@ -108,17 +135,26 @@ def render_launch_table(report: Mapping[str, Any]) -> Table:
     """Median / min / max seconds per launcher, and a last row with their ratios."""
     table = Table(
         title=f"launch overhead, {report['workers']} workers, {report['repeats']} runs each",
-        title_justify="left", show_edge=False, pad_edge=False,
+        title_justify="left",
+        show_edge=False,
+        pad_edge=False,
     )
     for name in ("launcher", "median (s)", "min (s)", "max (s)"):
         table.add_column(name, justify="left" if name == "launcher" else "right")
     for name in ("dmlctl", "torchrun"):
         s = report[f"{name}_s"]
-        table.add_row(name, f"{s['median']:.3f}", f"{s['min']:.3f}", f"{s['max']:.3f}",
-                      end_section=name == "torchrun")
+        table.add_row(
+            name,
+            f"{s['median']:.3f}",
+            f"{s['min']:.3f}",
+            f"{s['max']:.3f}",
+            end_section=name == "torchrun",
+        )
     dml, bare = report["dmlctl_s"], report["torchrun_s"]
     table.add_row(
-        "[bold]dmlctl/torchrun[/bold]", f"[bold]{report['ratio']:.3f}[/bold]",
-        f"{dml['min'] / bare['min']:.3f}", f"{dml['max'] / bare['max']:.3f}",
+        "[bold]dmlctl/torchrun[/bold]",
+        f"[bold]{report['ratio']:.3f}[/bold]",
+        f"{dml['min'] / bare['min']:.3f}",
+        f"{dml['max'] / bare['max']:.3f}",
     )
     return table

@@ -55,9 +55,13 @@ def calibrate(work_us: float) -> int:
 def logs_job(name: str, out: Path, *args: str) -> JobSpec:
     """The benchmark script as a two-worker job writing its results into ``out``."""
     return JobSpec(
-        name=name, script="train.py", workdir=str(JOB_DIR), workers=WORKERS,
-        args=[*args, "--out", str(out)], strategy=StrategySpec(name="none"),
-    )  # fmt: skip
+        name=name,
+        script="train.py",
+        workdir=str(JOB_DIR),
+        workers=WORKERS,
+        args=[*args, "--out", str(out)],
+        strategy=StrategySpec(name="none"),
+    )
 
 
 def _results(out: Path) -> list[dict[str, float]]:
@@ -88,14 +92,24 @@ def carried(
         first = min(r["start"] for r in _results(Path(tmp)))
     _count_lines(result.run_dir, lines)
     seconds = max(ended - first, 1e-9)
-    return {"lines": WORKERS * lines, "seconds": seconds,
-            "lines_per_s": WORKERS * lines / seconds, "run_id": result.run_id}  # fmt: skip
+    return {
+        "lines": WORKERS * lines,
+        "seconds": seconds,
+        "lines_per_s": WORKERS * lines / seconds,
+        "run_id": result.run_id,
+    }
 
 
 def slowdown(
-    steps: int, work_us: float, repeats: int, cluster: ClusterSpec, *, console: Console,
-    home: Path, launcher: Launcher,
-) -> dict[str, Any]:  # fmt: skip
+    steps: int,
+    work_us: float,
+    repeats: int,
+    cluster: ClusterSpec,
+    *,
+    console: Console,
+    home: Path,
+    launcher: Launcher,
+) -> dict[str, Any]:
     """The printing loop against the silent one (see the module docstring)."""
     times: dict[str, list[float]] = {"stdout": [], "devnull": []}
     iters = calibrate(work_us)
@@ -103,21 +117,43 @@ def slowdown(
         for sink in times:
             console.print(f"[dim]loop printing to {sink}, {round_ + 1}/{repeats}[/dim]")
             with tempfile.TemporaryDirectory(prefix="dmlctl-bench-logs-") as tmp:
-                job = logs_job(f"bench-logs-{sink}", Path(tmp), "--mode", "loop", "--lines",
-                               str(steps), "--work-iters", str(iters), "--sink", sink)  # fmt: skip
+                job = logs_job(
+                    f"bench-logs-{sink}",
+                    Path(tmp),
+                    "--mode",
+                    "loop",
+                    "--lines",
+                    str(steps),
+                    "--work-iters",
+                    str(iters),
+                    "--sink",
+                    sink,
+                )
                 launch_bench(job, cluster, console=console, home=home, launcher=launcher)
                 times[sink].append(max(r["loop_s"] for r in _results(Path(tmp))))
     printing, silent = statistics.median(times["stdout"]), statistics.median(times["devnull"])
-    return {"steps": steps, "work_us": work_us, "work_iters": iters, "repeats": repeats,
-            "stdout_s": times["stdout"], "devnull_s": times["devnull"],
-            "slowdown": printing / silent - 1}  # fmt: skip
+    return {
+        "steps": steps,
+        "work_us": work_us,
+        "work_iters": iters,
+        "repeats": repeats,
+        "stdout_s": times["stdout"],
+        "devnull_s": times["devnull"],
+        "slowdown": printing / silent - 1,
+    }
 
 
 def run_logs_bench(
-    *, lines: int = 1_000_000, steps: int = 20_000, work_us: float = 1000.0, repeats: int = 3,
-    console: Console, home: Path | None = None, cluster: ClusterSpec | None = None,
+    *,
+    lines: int = 1_000_000,
+    steps: int = 20_000,
+    work_us: float = 1000.0,
+    repeats: int = 3,
+    console: Console,
+    home: Path | None = None,
+    cluster: ClusterSpec | None = None,
     launcher: Launcher = launch,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """Both measurements; raises :class:`UsageError` for bad sizes and
     :class:`BenchFailed` when a run fails or a line is missing."""
     if lines < 1000 or steps < 100 or work_us < 0 or repeats < 1:
@@ -127,17 +163,26 @@ def run_logs_bench(
         where = home if home is not None else Path(tmp)
         console.print(f"[dim]carrying {WORKERS} × {lines:,} lines…[/dim]")
         flood = carried(lines, cluster, console=console, home=where, launcher=launcher)
-        loop = slowdown(steps, work_us, repeats, cluster, console=console, home=where,
-                        launcher=launcher)  # fmt: skip
-    return {"carried": flood, "loop": loop, "goal_lines_per_s": GOAL_LINES_PER_S,
-            "goal_slowdown": GOAL_SLOWDOWN}  # fmt: skip
+        loop = slowdown(
+            steps, work_us, repeats, cluster, console=console, home=where, launcher=launcher
+        )
+    return {
+        "carried": flood,
+        "loop": loop,
+        "goal_lines_per_s": GOAL_LINES_PER_S,
+        "goal_slowdown": GOAL_SLOWDOWN,
+    }
 
 
 def render_logs_table(report: dict[str, Any]) -> Table:
     """One row per measurement: the figure, the goal, and whether it is met."""
     flood, loop = report["carried"], report["loop"]
-    table = Table(title="log lines through dmlctl (one host, 2 ranks)", title_justify="left",
-                  show_edge=False, pad_edge=False)  # fmt: skip
+    table = Table(
+        title="log lines through dmlctl (one host, 2 ranks)",
+        title_justify="left",
+        show_edge=False,
+        pad_edge=False,
+    )
     for name in ("measure", "value", "goal", ""):
         table.add_column(name, justify="left" if name == "measure" else "right")
     rate, ok_rate = flood["lines_per_s"], flood["lines_per_s"] >= report["goal_lines_per_s"]

@@ -35,9 +35,15 @@ def run_checked(
     non-zero or runs longer than ``timeout`` seconds."""
     try:
         proc = subprocess.run(
-            argv, env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL,
-            capture_output=True, text=True, timeout=timeout, check=False,
-        )  # fmt: skip
+            argv,
+            env=dict(env),
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
     except subprocess.TimeoutExpired:
         raise error(f"`{' '.join(argv)}` ran longer than {timeout:.0f}s") from None
     if proc.returncode != 0:

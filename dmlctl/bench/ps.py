@@ -29,9 +29,15 @@ __all__ = ["BenchFailed", "local_bench_cluster", "ps_job", "run_ps_bench"]
 
 
 def ps_job(
-    *, workers: int, servers: int, min_bytes: int, max_bytes: int, iters: int, warmup: int,
+    *,
+    workers: int,
+    servers: int,
+    min_bytes: int,
+    max_bytes: int,
+    iters: int,
+    warmup: int,
     factor: int = DEFAULT_FACTOR,
-) -> JobSpec:  # fmt: skip
+) -> JobSpec:
     """The job spec of one benchmark run on ``workers + servers`` ranks (validates the
     options; no I/O). No restarts: a restarted attempt would mix two measurements.
 
@@ -49,14 +55,28 @@ def ps_job(
     if iters < 1 or warmup < 0:
         raise UsageError(f"need --iters >= 1 and --warmup >= 0, got {iters} and {warmup}")
     args = [
-        "--servers", str(servers), "--min-bytes", str(min_bytes), "--max-bytes", str(max_bytes),
-        "--factor", str(factor), "--iters", str(iters), "--warmup", str(warmup),
-    ]  # fmt: skip
+        "--servers",
+        str(servers),
+        "--min-bytes",
+        str(min_bytes),
+        "--max-bytes",
+        str(max_bytes),
+        "--factor",
+        str(factor),
+        "--iters",
+        str(iters),
+        "--warmup",
+        str(warmup),
+    ]
     return JobSpec(
-        name=JOB_NAME, script=WORKER_SCRIPT, args=args, workers=workers + servers,
-        workdir=str(BENCH_DIR), strategy=StrategySpec(name="ssgd"),
+        name=JOB_NAME,
+        script=WORKER_SCRIPT,
+        args=args,
+        workers=workers + servers,
+        workdir=str(BENCH_DIR),
+        strategy=StrategySpec(name="ssgd"),
         restart=RestartSpec(max_user_restarts=0, max_infra_restarts=0),
-    )  # fmt: skip
+    )
 
 
 def local_bench_cluster(cluster: ClusterSpec, ranks: int) -> ClusterSpec:
@@ -70,17 +90,31 @@ def local_bench_cluster(cluster: ClusterSpec, ranks: int) -> ClusterSpec:
 
 
 def run_ps_bench(
-    cluster: ClusterSpec, *, workers: int, servers: int, min_bytes: int, max_bytes: int,
-    iters: int, warmup: int, console: Console, home: Path | None = None,
-) -> tuple[list[PsResult], LaunchResult]:  # fmt: skip
+    cluster: ClusterSpec,
+    *,
+    workers: int,
+    servers: int,
+    min_bytes: int,
+    max_bytes: int,
+    iters: int,
+    warmup: int,
+    console: Console,
+    home: Path | None = None,
+) -> tuple[list[PsResult], LaunchResult]:
     """Run the benchmark on ``cluster`` and return one result per size (sorted).
 
     Blocks until the run ends. Raises :class:`UsageError` for bad options (before
     launching) and :class:`BenchFailed` naming the root cause if the run failed, or
     succeeded without a result for every size of the sweep.
     """
-    job = ps_job(workers=workers, servers=servers, min_bytes=min_bytes, max_bytes=max_bytes,
-                 iters=iters, warmup=warmup)  # fmt: skip
+    job = ps_job(
+        workers=workers,
+        servers=servers,
+        min_bytes=min_bytes,
+        max_bytes=max_bytes,
+        iters=iters,
+        warmup=warmup,
+    )
     result = launch_bench(job, cluster, console=console, home=home)
     results = parse_ps_metrics(metric_lines(result))
     expected = size_sweep(min_bytes, max_bytes, DEFAULT_FACTOR)

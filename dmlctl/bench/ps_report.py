@@ -72,10 +72,16 @@ def ps_result(
             raise ValueError(f"{name} time must be positive and finite, got {value}")
     ps_rate, ar_rate = nbytes / round_s, nbytes / allreduce_s
     return PsResult(
-        bytes=nbytes, count=nbytes // 4, workers=workers, servers=servers,
-        ps_round_us=round_s * 1e6, allreduce_us=allreduce_s * 1e6,
-        ps_bytes_per_s=ps_rate, allreduce_bytes_per_s=ar_rate, ratio=ps_rate / ar_rate,
-    )  # fmt: skip
+        bytes=nbytes,
+        count=nbytes // 4,
+        workers=workers,
+        servers=servers,
+        ps_round_us=round_s * 1e6,
+        allreduce_us=allreduce_s * 1e6,
+        ps_bytes_per_s=ps_rate,
+        allreduce_bytes_per_s=ar_rate,
+        ratio=ps_rate / ar_rate,
+    )
 
 
 def record_values(result: PsResult) -> dict[str, Any]:
@@ -88,13 +94,16 @@ def _result(values: dict[str, Any]) -> PsResult | None:
         return None
     try:
         return PsResult(
-            bytes=int(values["bytes"]), count=int(values["count"]),
-            workers=int(values["workers"]), servers=int(values["servers"]),
-            ps_round_us=float(values["ps_round_us"]), allreduce_us=float(values["allreduce_us"]),
+            bytes=int(values["bytes"]),
+            count=int(values["count"]),
+            workers=int(values["workers"]),
+            servers=int(values["servers"]),
+            ps_round_us=float(values["ps_round_us"]),
+            allreduce_us=float(values["allreduce_us"]),
             ps_bytes_per_s=float(values["ps_bytes_per_s"]),
             allreduce_bytes_per_s=float(values["allreduce_bytes_per_s"]),
             ratio=float(values["ratio"]),
-        )  # fmt: skip
+        )
     except (KeyError, TypeError, ValueError):
         return None
 
@@ -134,16 +143,28 @@ def render_ps_table(results: Sequence[PsResult], workers: int, servers: int) -> 
     """One row per size: bytes, PS push+pull MB/s, allreduce MB/s (1 MB = 10⁶ B), ratio."""
     table = Table(
         title=f"parameter-server benchmark, {workers} workers + {servers} servers",
-        title_justify="left", show_edge=False, pad_edge=False,
-    )  # fmt: skip
-    for name in ("size", "round (us)", "PS push+pull (MB/s)", "allreduce (us)",
-                 "allreduce (MB/s)", "ratio"):  # fmt: skip
+        title_justify="left",
+        show_edge=False,
+        pad_edge=False,
+    )
+    for name in (
+        "size",
+        "round (us)",
+        "PS push+pull (MB/s)",
+        "allreduce (us)",
+        "allreduce (MB/s)",
+        "ratio",
+    ):
         table.add_column(name, justify="right")
     for r in results:
         table.add_row(
-            human_size(r.bytes), f"{r.ps_round_us:.1f}", _mb(r.ps_bytes_per_s),
-            f"{r.allreduce_us:.1f}", _mb(r.allreduce_bytes_per_s), f"{r.ratio:.2f}",
-        )  # fmt: skip
+            human_size(r.bytes),
+            f"{r.ps_round_us:.1f}",
+            _mb(r.ps_bytes_per_s),
+            f"{r.allreduce_us:.1f}",
+            _mb(r.allreduce_bytes_per_s),
+            f"{r.ratio:.2f}",
+        )
     return table
 
 

@@ -165,14 +165,22 @@ def measure(
     slowest = torch.tensor([push_s + pull_s, allreduce_s], dtype=torch.float64)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     own = {
-        "bench": "ps-rank", "bytes": count * 4, "role": "worker" if worker else "server",
-        "local_push_us": push_s * 1e6, "local_pull_us": pull_s * 1e6,
+        "bench": "ps-rank",
+        "bytes": count * 4,
+        "role": "worker" if worker else "server",
+        "local_push_us": push_s * 1e6,
+        "local_pull_us": pull_s * 1e6,
         "local_allreduce_us": allreduce_s * 1e6,
-    }  # fmt: skip
+    }
     if rank != 0:
         return own
-    result = ps_result(count * 4, workers=workers, servers=servers,
-                       round_s=float(slowest[0]), allreduce_s=float(slowest[1]))  # fmt: skip
+    result = ps_result(
+        count * 4,
+        workers=workers,
+        servers=servers,
+        round_s=float(slowest[0]),
+        allreduce_s=float(slowest[1]),
+    )
     return {**own, **record_values(result)}
 
 

@@ -80,6 +80,7 @@ SIDES = ("dmlctl", "torchrun")
 TORCHRUN_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "OMP_NUM_THREADS": "1"}
 """Environment of the bare torchrun side (see the module docstring)."""
 
+
 @dataclass(frozen=True)
 class RecoveryReport:
     """Every measured recovery of both sides, and what they were measured under.
@@ -178,8 +179,18 @@ def recovery_job(work: Path, backoff: float) -> JobSpec:
 def torchrun_command(work: Path) -> list[str]:
     """argv of the bare torchrun side: the launch benchmark's, with one restart."""
     script = str(JOB_DIR / SCRIPT)
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-            str(WORKERS), "--max-restarts", "1", script, *script_args(work)]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(WORKERS),
+        "--max-restarts",
+        "1",
+        script,
+        *script_args(work),
+    ]
 
 
 def bench_cluster() -> ClusterSpec:

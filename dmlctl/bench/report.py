@@ -174,8 +174,10 @@ def _by_op(results: Sequence[CommResult]) -> dict[str, list[CommResult]]:
 def render_comm_table(results: Sequence[CommResult], world_size: int) -> Table:
     """nccl-tests style table: one block per op, one row per size, op name as block title."""
     table = Table(
-        title=f"communication benchmark, {world_size} ranks", title_justify="left",
-        show_edge=False, pad_edge=False,
+        title=f"communication benchmark, {world_size} ranks",
+        title_justify="left",
+        show_edge=False,
+        pad_edge=False,
     )
     for name in ("size", "count", "type", "time (us)", "algbw (GB/s)", "busbw (GB/s)"):
         table.add_column(name, justify="left" if name == "type" else "right")
@@ -184,8 +186,12 @@ def render_comm_table(results: Sequence[CommResult], world_size: int) -> Table:
         table.add_row(f"[bold]{op}[/bold]", end_section=False)
         for i, r in enumerate(rows):
             table.add_row(
-                human_size(r.bytes), str(r.count), r.dtype, f"{r.time_us:.1f}",
-                f"{r.algbw_gbps:.3f}", f"{r.busbw_gbps:.3f}",
+                human_size(r.bytes),
+                str(r.count),
+                r.dtype,
+                f"{r.time_us:.1f}",
+                f"{r.algbw_gbps:.3f}",
+                f"{r.busbw_gbps:.3f}",
                 end_section=i == len(rows) - 1 and index < len(grouped) - 1,
             )
     return table

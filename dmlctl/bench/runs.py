@@ -25,9 +25,13 @@ class BenchFailed(DmlctlError):
 
 
 def launch_bench(
-    job: JobSpec, cluster: ClusterSpec, *, console: Console, home: Path | None = None,
+    job: JobSpec,
+    cluster: ClusterSpec,
+    *,
+    console: Console,
+    home: Path | None = None,
     launcher: Launcher = launch,
-) -> LaunchResult:  # fmt: skip
+) -> LaunchResult:
     """Run ``job`` on ``cluster`` to its end without a live view; raises
     :class:`BenchFailed` naming the run's root cause unless it succeeded."""
     result = launcher(job, cluster, options=LaunchOptions(ui="quiet", home=home), console=console)

@@ -96,14 +96,18 @@ def straggler_job(scenario: Scenario, *, steps: int, step_sleep: float, slowed: 
         if scenario.burst is not None:
             args += ["--burst", f"{scenario.burst[0]}:{scenario.burst[1]}"]
     return JobSpec(
-        name=f"bench-straggler-{scenario.name}", script=WORKER_SCRIPT, args=args,
-        workers=scenario.workers, parameter_servers=scenario.servers, workdir=str(JOB_DIR),
+        name=f"bench-straggler-{scenario.name}",
+        script=WORKER_SCRIPT,
+        args=args,
+        workers=scenario.workers,
+        parameter_servers=scenario.servers,
+        workdir=str(JOB_DIR),
         strategy=StrategySpec.model_validate(
             {"name": scenario.strategy, "params": dict(scenario.params)}
         ),
         env={"OMP_NUM_THREADS": "1"},
         restart=RestartSpec(max_user_restarts=0, max_infra_restarts=0),
-    )  # fmt: skip
+    )
 
 
 def _run_once(
@@ -116,10 +120,16 @@ def _run_once(
 
 
 def run_straggler_bench(
-    scenarios: Sequence[Scenario], *, steps: int, step_sleep: float, repeats: int,
-    console: Console, cluster: ClusterSpec, home: Path | None = None,
+    scenarios: Sequence[Scenario],
+    *,
+    steps: int,
+    step_sleep: float,
+    repeats: int,
+    console: Console,
+    cluster: ClusterSpec,
+    home: Path | None = None,
     launcher: Launcher = launch,
-) -> tuple[list[ScenarioResult], list[str]]:  # fmt: skip
+) -> tuple[list[ScenarioResult], list[str]]:
     """Run every scenario (baseline, then straggler, ``repeats`` times) on ``cluster``
     (the default local one is widened to fit workers + servers); return one result per
     scenario and the run ids, in order.

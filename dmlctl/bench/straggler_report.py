@@ -187,9 +187,12 @@ def compare(
     if straggler not in expected_workers or scenario.workers < 2:
         raise ValueError(f"{scenario.name}: no straggler among two or more workers")
     return ScenarioResult(
-        scenario=scenario, baseline=dict(baseline), slowed=dict(slowed), straggler=straggler,
+        scenario=scenario,
+        baseline=dict(baseline),
+        slowed=dict(slowed),
+        straggler=straggler,
         steps=steps,
-    )  # fmt: skip
+    )
 
 
 def goal_text(result: ScenarioResult) -> str:
@@ -205,36 +208,53 @@ def goal_text(result: ScenarioResult) -> str:
 
 
 def straggler_json(
-    results: Sequence[ScenarioResult], *, steps: int, step_sleep: float, factor: float,
-    repeats: int, run_ids: Sequence[str] = (),
-) -> dict[str, Any]:  # fmt: skip
+    results: Sequence[ScenarioResult],
+    *,
+    steps: int,
+    step_sleep: float,
+    factor: float,
+    repeats: int,
+    run_ids: Sequence[str] = (),
+) -> dict[str, Any]:
     """The report as JSON-able data (rates keyed by worker rank as strings)."""
     return {
-        "steps": steps, "step_sleep": step_sleep, "factor": factor, "repeats": repeats,
-        "goal": GOAL, "run_ids": list(run_ids),
+        "steps": steps,
+        "step_sleep": step_sleep,
+        "factor": factor,
+        "repeats": repeats,
+        "goal": GOAL,
+        "run_ids": list(run_ids),
         "scenarios": [
             {
-                "name": r.scenario.name, "strategy": r.scenario.strategy,
-                "params": dict(r.scenario.params), "workers": r.scenario.workers,
+                "name": r.scenario.name,
+                "strategy": r.scenario.strategy,
+                "params": dict(r.scenario.params),
+                "workers": r.scenario.workers,
                 "servers": r.scenario.servers,
                 "burst": list(r.scenario.burst) if r.scenario.burst else None,
                 "straggler": r.straggler,
                 "baseline_steps_per_s": {str(w): v for w, v in r.baseline.items()},
                 "straggler_steps_per_s": {str(w): v for w, v in r.slowed.items()},
                 "fast_ratios": {str(w): v for w, v in r.fast_ratios.items()},
-                "ratio": r.ratio, "straggler_pace": r.straggler_pace,
-                "goal": GOAL if r.scenario.absorbs else None, "expected": r.expected,
+                "ratio": r.ratio,
+                "straggler_pace": r.straggler_pace,
+                "goal": GOAL if r.scenario.absorbs else None,
+                "expected": r.expected,
                 "passed": r.passed,
             }
             for r in results
         ],
-    }  # fmt: skip
+    }
 
 
 def render_straggler_table(
-    results: Sequence[ScenarioResult], *, steps: int, step_sleep: float, factor: float,
+    results: Sequence[ScenarioResult],
+    *,
+    steps: int,
+    step_sleep: float,
+    factor: float,
     repeats: int,
-) -> Table:  # fmt: skip
+) -> Table:
     """One row per scenario: fast workers' steps/s without and with the straggler,
     ratio, straggler's pace, goal and a pass/fail mark where a goal applies."""
     t = Table(
@@ -250,9 +270,15 @@ def render_straggler_table(
     for r in results:
         mark = {True: "[green]pass[/green]", False: "[red]FAIL[/red]", None: ""}[r.passed]
         t.add_row(
-            r.scenario.name, r.scenario.strategy, r.scenario.ranks_text(),
+            r.scenario.name,
+            r.scenario.strategy,
+            r.scenario.ranks_text(),
             r.scenario.params_text(),
-            f"{r.fast_rate(r.baseline):.2f}", f"{r.fast_rate(r.slowed):.2f}",
-            f"[bold]{r.ratio:.3f}[/bold]", f"{r.straggler_pace:.3f}", goal_text(r), mark,
-        )  # fmt: skip
+            f"{r.fast_rate(r.baseline):.2f}",
+            f"{r.fast_rate(r.slowed):.2f}",
+            f"[bold]{r.ratio:.3f}[/bold]",
+            f"{r.straggler_pace:.3f}",
+            goal_text(r),
+            mark,
+        )
     return t

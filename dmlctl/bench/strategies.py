@@ -160,10 +160,17 @@ def run_strategy_bench(steps: int, repeats: int, *, console: Console) -> dict[st
                 "ratio": got["comm_bytes_per_step"] / ref_bytes,
             }
     dml_s, bare_s = _summary(rates["dmlctl"]), _summary(rates["bare"])
-    return {"workers": WORKERS, "steps": steps, "warmup_steps": WARMUP_STEPS,
-            "repeats": repeats, "dmlctl_samples_per_s": dml_s, "bare_samples_per_s": bare_s,
-            "throughput_ratio": dml_s["median"] / bare_s["median"], "throughput_goal": 0.97,
-            "bytes": rows}  # fmt: skip
+    return {
+        "workers": WORKERS,
+        "steps": steps,
+        "warmup_steps": WARMUP_STEPS,
+        "repeats": repeats,
+        "dmlctl_samples_per_s": dml_s,
+        "bare_samples_per_s": bare_s,
+        "throughput_ratio": dml_s["median"] / bare_s["median"],
+        "throughput_goal": 0.97,
+        "bytes": rows,
+    }
 
 
 def render_strategies_table(report: Mapping[str, Any]) -> list[Table]:

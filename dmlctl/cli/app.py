@@ -49,8 +49,14 @@ def _root(
 
 
 for module in (
-    init_cmd, launch_cmd, status_cmd, logs_cmd, stop_cmd, doctor_cmd, strategies_cmd,
-):  # fmt: skip
+    init_cmd,
+    launch_cmd,
+    status_cmd,
+    logs_cmd,
+    stop_cmd,
+    doctor_cmd,
+    strategies_cmd,
+):
     module.register(app)
 app.add_typer(bench.app, name="bench")
 

@@ -54,9 +54,15 @@ def comm(
     err = stderr_console()
     with err.status("running the communication benchmark…"):
         results, run = run_comm_bench(
-            spec, workers=workers, ops=op_names, min_bytes=low, max_bytes=high,
-            iters=iters, warmup=warmup, console=err,
-        )  # fmt: skip
+            spec,
+            workers=workers,
+            ops=op_names,
+            min_bytes=low,
+            max_bytes=high,
+            iters=iters,
+            warmup=warmup,
+            console=err,
+        )
     world = run.state.world_size if run.state is not None else (workers or spec.total_slots)
     if as_json:
         print(json.dumps({"run_id": run.run_id, **comm_json(results, world)}, indent=2))
@@ -87,9 +93,15 @@ def ps(
     err = stderr_console()
     with err.status(f"running the parameter-server benchmark ({workers} + {servers} ranks)…"):
         results, run = run_ps_bench(
-            spec, workers=workers, servers=servers, min_bytes=low, max_bytes=high,
-            iters=iters, warmup=warmup, console=err,
-        )  # fmt: skip
+            spec,
+            workers=workers,
+            servers=servers,
+            min_bytes=low,
+            max_bytes=high,
+            iters=iters,
+            warmup=warmup,
+            console=err,
+        )
     if as_json:
         print(json.dumps({"run_id": run.run_id, **ps_json(results, workers, servers)}, indent=2))
     else:
@@ -185,17 +197,29 @@ def straggler(
     err = stderr_console()
     with err.status("running the straggler benchmark…"):
         results, run_ids = run_straggler_bench(
-            chosen, steps=steps, step_sleep=step_sleep, repeats=repeats, console=err,
+            chosen,
+            steps=steps,
+            step_sleep=step_sleep,
+            repeats=repeats,
+            console=err,
             cluster=default_cluster(),
-        )  # fmt: skip
+        )
     if as_json:
-        report = straggler_json(results, steps=steps, step_sleep=step_sleep, factor=FACTOR,
-                                repeats=repeats, run_ids=run_ids)  # fmt: skip
+        report = straggler_json(
+            results,
+            steps=steps,
+            step_sleep=step_sleep,
+            factor=FACTOR,
+            repeats=repeats,
+            run_ids=run_ids,
+        )
         print(json.dumps(report, indent=2))
     else:
-        stdout_console().print(render_straggler_table(
-            results, steps=steps, step_sleep=step_sleep, factor=FACTOR, repeats=repeats
-        ))  # fmt: skip
+        stdout_console().print(
+            render_straggler_table(
+                results, steps=steps, step_sleep=step_sleep, factor=FACTOR, repeats=repeats
+            )
+        )
         err.print(f"runs {', '.join(run_ids)}", markup=False)
     return 0
 
@@ -217,8 +241,9 @@ def logs(
 
     err = stderr_console()
     with err.status("running the log benchmark…"):
-        report = run_logs_bench(lines=lines, steps=steps, work_us=work_us, repeats=repeats,
-                                console=err)  # fmt: skip
+        report = run_logs_bench(
+            lines=lines, steps=steps, work_us=work_us, repeats=repeats, console=err
+        )
     if as_json:
         print(json.dumps(report, indent=2))
     else:
@@ -248,8 +273,15 @@ def hangs(
     chosen = SCENARIOS if scenarios == "all" else tuple(s.strip() for s in scenarios.split(","))
     err = stderr_console()
     with err.status("running the hang benchmark…"):
-        report = run_hang_bench(runs=runs, scenarios=chosen, seconds=seconds, skew=skew,
-                                hang_timeout=hang_timeout, burn=burn, console=err)  # fmt: skip
+        report = run_hang_bench(
+            runs=runs,
+            scenarios=chosen,
+            seconds=seconds,
+            skew=skew,
+            hang_timeout=hang_timeout,
+            burn=burn,
+            console=err,
+        )
     if as_json:
         print(json.dumps(report, indent=2))
     else:

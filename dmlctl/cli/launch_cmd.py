@@ -56,11 +56,15 @@ def launch(
     if connect_timeout <= 0:
         raise UsageError(f"--connect-timeout: must be > 0, got {connect_timeout:g}")
     options = LaunchOptions(
-        detach=detach, dry_run=dry_run, ui=ui,  # type: ignore[arg-type]
-        job_file=job_file, cluster_file=cluster,
-        connect_timeout=connect_timeout, accept_new_host_keys=accept_new_host_keys,
+        detach=detach,
+        dry_run=dry_run,
+        ui=ui,  # type: ignore[arg-type]
+        job_file=job_file,
+        cluster_file=cluster,
+        connect_timeout=connect_timeout,
+        accept_new_host_keys=accept_new_host_keys,
         flags=("workers",) if workers is not None else (),
-    )  # fmt: skip
+    )
     result = run_launch(job, spec, options=options, console=stdout_console())
     if detach:
         _started(result.run_id)

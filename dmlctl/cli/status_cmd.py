@@ -34,8 +34,10 @@ def status(
         return 0
     listing = store.listing()
     if as_json:
-        rows = [r.state.to_dict() if r.state else {"run_id": r.run_id, "error": r.error}
-                for r in listing]  # fmt: skip
+        rows = [
+            r.state.to_dict() if r.state else {"run_id": r.run_id, "error": r.error}
+            for r in listing
+        ]
         print(json.dumps(rows, indent=1))
         return 0
     console = stdout_console()

@@ -128,10 +128,13 @@ def create_run(
         run.write_plan(plan.to_dict(), {h.name: {*job.env, *h.env} for h in hosts})
         run.write_state(
             new_run_state(
-                plan.run_id, plan.job_name, plan.strategy,
-                [(r.rank, r.host, r.role) for r in plan.ranks], time.time(),
+                plan.run_id,
+                plan.job_name,
+                plan.strategy,
+                [(r.rank, r.host, r.role) for r in plan.ranks],
+                time.time(),
             )
-        )  # fmt: skip
+        )
     except StoreError:
         shutil.rmtree(run.path, ignore_errors=True)
         raise

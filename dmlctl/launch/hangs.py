@@ -127,8 +127,9 @@ def _ranks(ranks: Sequence[int]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
 
 
-def _verdict(v: RankView, seconds: float, reason: str, detail: str,
-             waiting: Sequence[int] = ()) -> Verdict:  # fmt: skip
+def _verdict(
+    v: RankView, seconds: float, reason: str, detail: str, waiting: Sequence[int] = ()
+) -> Verdict:
     return Verdict(v.rank, v.host, seconds, reason, detail, tuple(waiting), v.where, v.inner)
 
 
@@ -185,8 +186,10 @@ def _blame(
         if m.exit_code is not None:
             if waiter.beat_age >= m.exited_ago:
                 continue  # the waiter has not said since that it still waits: not certain
-            detail = (f"exited (code {m.exit_code}) without entering {what}, which "
-                      f"{_ranks(waiting)} has waited in for {age:.0f} s")  # fmt: skip
+            detail = (
+                f"exited (code {m.exit_code}) without entering {what}, which "
+                f"{_ranks(waiting)} has waited in for {age:.0f} s"
+            )
             return _verdict(m, age, "exited", detail, waiting)
         if waiting_in(m, hang_timeout) is None and stalled(m, hang_timeout):
             detail = f"never entered {what}, which {_ranks(waiting)} has waited in for {age:.0f} s"

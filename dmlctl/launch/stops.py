@@ -42,6 +42,7 @@ class AttemptStops:
     data_at: dict[str, float] = field(default_factory=dict)  # host → its last output
     killed: set[str] = field(default_factory=set)  # hosts whose agent was killed
 
+
 class StopRules:
     """The rules of the module docstring, with their settings."""
 

@@ -83,9 +83,7 @@ class _Usage:
     (time, CPU seconds, I/O bytes) samples."""
 
     state: str = ""
-    samples: collections.deque[tuple[float, float, int]] = field(
-        default_factory=collections.deque
-    )
+    samples: collections.deque[tuple[float, float, int]] = field(default_factory=collections.deque)
 
     def add(self, now: float, usage: ProcUsage) -> None:
         self.state = usage.state
@@ -172,17 +170,28 @@ class HangWatch:
             stalled = b.since + age if b.since is not None else now - track.progress_at
             usage = self._usage.get(r.rank)
             rates = usage.rates(now) if usage is not None else None
-            out.append(RankView(
-                rank=r.rank, host=r.host, role=r.role, beat_age=age,
-                stalled_for=stalled, armed=b.armed, phase=b.phase,
-                phase_s=None if b.phase_s is None else b.phase_s + age, limit=b.limit,
-                step_s=b.step_s, cpu_rate=rates[0] if rates else None,
-                io_rate=rates[1] if rates else None,
-                proc_state=usage.state if usage is not None else None,
-                where=b.where, inner=b.inner,
-                coll=coll, exit_code=r.exit_code if r.status.terminal else None,
-                exited_ago=now - self._exits.get(r.rank, now),
-            ))  # fmt: skip
+            out.append(
+                RankView(
+                    rank=r.rank,
+                    host=r.host,
+                    role=r.role,
+                    beat_age=age,
+                    stalled_for=stalled,
+                    armed=b.armed,
+                    phase=b.phase,
+                    phase_s=None if b.phase_s is None else b.phase_s + age,
+                    limit=b.limit,
+                    step_s=b.step_s,
+                    cpu_rate=rates[0] if rates else None,
+                    io_rate=rates[1] if rates else None,
+                    proc_state=usage.state if usage is not None else None,
+                    where=b.where,
+                    inner=b.inner,
+                    coll=coll,
+                    exit_code=r.exit_code if r.status.terminal else None,
+                    exited_ago=now - self._exits.get(r.rank, now),
+                )
+            )
         return out
 
     def check(self, state: RunState) -> Verdict | None:
@@ -260,8 +269,9 @@ def hang_message(v: Verdict, where: str | None, inner: str | None) -> str:
 def _main_thread(lines: tuple[str, ...]) -> tuple[str, ...]:
     """The main thread's part of a faulthandler (or ``py-spy dump``) dump, without the
     frames of dmlctl's rank entry below the script (all of it if not found)."""
-    ident = next((ln.rsplit("main thread ", 1)[1].strip() for ln in lines
-                  if "main thread 0x" in ln), None)  # fmt: skip
+    ident = next(
+        (ln.rsplit("main thread ", 1)[1].strip() for ln in lines if "main thread 0x" in ln), None
+    )
     out: list[str] = []
     inside = False
     for ln in lines:

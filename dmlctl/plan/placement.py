@@ -106,4 +106,3 @@ def place(hosts: Sequence[HostSlots], demand: Demand) -> tuple[Placed, ...]:
     placed = [Placed(p.host, p.workers, counts.pop(p.host, 0)) for p in workers]
     placed += [Placed(name, 0, n) for name, n in counts.items() if n]
     return tuple(placed)
-

@@ -108,9 +108,14 @@ def _gib(n: float) -> str:
 
 
 def _probe_checks(
-    h: ResolvedHost, a: probe.Answer | str, needed: Sequence[Needed], *, first: bool,
-    min_free: int, max_skew: float,
-) -> tuple[dict[str, Check], dict[str, Any] | None, str | None]:  # fmt: skip
+    h: ResolvedHost,
+    a: probe.Answer | str,
+    needed: Sequence[Needed],
+    *,
+    first: bool,
+    min_free: int,
+    max_skew: float,
+) -> tuple[dict[str, Check], dict[str, Any] | None, str | None]:
     """(checks, probe facts or None, why the other checks are skipped or None)."""
     if isinstance(a, str):
         return {REACHABLE: Check(REACHABLE, False, a)}, None, "unreachable"
@@ -139,18 +144,37 @@ def _host_checks(
     where = "ahead of" if skew > 0 else "behind"
     c = [
         _check(PYTHON, tuple(map(int, py.split(".")[:2])) >= MIN_PYTHON, py, f"{py}, need >= 3.10"),
-        _check(TORCH, f.get("torch") is not None, str(f.get("torch")),
-               f"not importable: {f.get('torch_error')}"),
-        Check(DISK, False, f"work dir {f.get('workdir')}: {f.get('disk_error')}") if free is None
-        else _check(DISK, free >= min_free, f"{_gib(free)} free in {f['workdir']}",
-                    f"{_gib(free)} free in {f['workdir']}, need {_gib(min_free)}"),
-        _check(CLOCK, abs(skew) <= max_skew, f"{skew:+.3f} s (±{f['clock_uncertainty']:.3f})",
-               f"{abs(skew):.1f} s {where} this machine (max {max_skew:g} s)"),
-    ]  # fmt: skip
+        _check(
+            TORCH,
+            f.get("torch") is not None,
+            str(f.get("torch")),
+            f"not importable: {f.get('torch_error')}",
+        ),
+        Check(DISK, False, f"work dir {f.get('workdir')}: {f.get('disk_error')}")
+        if free is None
+        else _check(
+            DISK,
+            free >= min_free,
+            f"{_gib(free)} free in {f['workdir']}",
+            f"{_gib(free)} free in {f['workdir']}, need {_gib(min_free)}",
+        ),
+        _check(
+            CLOCK,
+            abs(skew) <= max_skew,
+            f"{skew:+.3f} s (±{f['clock_uncertainty']:.3f})",
+            f"{abs(skew):.1f} s {where} this machine (max {max_skew:g} s)",
+        ),
+    ]
     if first:
         port = f.get("port")
-        c.append(_check(RDZV_PORT, bool(f.get("port_free")), f"port {port} is free",
-                        f"port {port} is not free: {f.get('port_error')}"))  # fmt: skip
+        c.append(
+            _check(
+                RDZV_PORT,
+                bool(f.get("port_free")),
+                f"port {port} is free",
+                f"port {port} is not free: {f.get('port_error')}",
+            )
+        )
     return {check.name: check for check in c}
 
 
@@ -203,9 +227,13 @@ def _version_checks(facts: Mapping[str, Mapping[str, Any]]) -> dict[str, Check]:
 
 
 def _rendezvous(
-    first: ResolvedHost, others: Sequence[ResolvedHost], transports: Mapping[str, Transport],
-    port: int, timeout: float, clock: Callable[[], float],
-) -> tuple[Check | None, dict[str, Check]]:  # fmt: skip
+    first: ResolvedHost,
+    others: Sequence[ResolvedHost],
+    transports: Mapping[str, Transport],
+    port: int,
+    timeout: float,
+    clock: Callable[[], float],
+) -> tuple[Check | None, dict[str, Check]]:
     """(a failed check replacing the first host's port check, or None; others' checks)."""
     try:
         proc = transports[first.name].start(probe.listener_argv(first, port, timeout + 5))
@@ -227,11 +255,16 @@ def _rendezvous(
         proc.wait(min(timeout, 5.0))  # the port is free again before launch binds it
     reached = f"{address}:{port} reachable"
     return None, {
-        name: Check(RDZV_REACHABLE, False, a) if isinstance(a, str)
-        else _check(RDZV_REACHABLE, a.result.ok and a.result.stdout.strip() == "ok", reached,
-                    _last_line(a.result.stdout, a.result.stderr))
+        name: Check(RDZV_REACHABLE, False, a)
+        if isinstance(a, str)
+        else _check(
+            RDZV_REACHABLE,
+            a.result.ok and a.result.stdout.strip() == "ok",
+            reached,
+            _last_line(a.result.stdout, a.result.stderr),
+        )
         for name, a in answers.items()
-    }  # fmt: skip
+    }
 
 
 def run_doctor(
@@ -267,9 +300,13 @@ def run_doctor(
     skipped: dict[str, str] = {}
     for h in hosts:
         checks[h.name], found, why = _probe_checks(
-            h, answers[h.name], needed, first=h is first, min_free=min_free_bytes,
+            h,
+            answers[h.name],
+            needed,
+            first=h is first,
+            min_free=min_free_bytes,
             max_skew=max_clock_skew,
-        )  # fmt: skip
+        )
         facts.update({h.name: found} if found is not None else {})
         skipped.update({h.name: why} if why is not None else {})
     for name, check in _version_checks(facts).items():
@@ -323,13 +360,21 @@ def render_doctor(report: DoctorReport) -> RenderableType:
         for c in h.failures():
             status.append(("\n" if status.plain else "") + f"✗ {c.name}: {c.detail}")
         table.add_row(
-            Text(h.host, style="bold"), Text(h.address), _fact(f.get("python")),
-            _fact(f.get("torch")), _fact(f.get("gpus")), _fact(f.get("disk_free"), _gib),
-            _fact(f.get("clock_skew"), lambda s: f"{s:+.2f} s"), status,
-        )  # fmt: skip
+            Text(h.host, style="bold"),
+            Text(h.address),
+            _fact(f.get("python")),
+            _fact(f.get("torch")),
+            _fact(f.get("gpus")),
+            _fact(f.get("disk_free"), _gib),
+            _fact(f.get("clock_skew"), lambda s: f"{s:+.2f} s"),
+            status,
+        )
     failed, n = sum(not h.ok for h in report.hosts), len(report.hosts)
-    closing = (Text(f"all {n} hosts ready", style="bold green") if not failed
-               else Text(f"{failed} of {n} hosts failed", style="bold red"))  # fmt: skip
+    closing = (
+        Text(f"all {n} hosts ready", style="bold green")
+        if not failed
+        else Text(f"{failed} of {n} hosts failed", style="bold red")
+    )
     return Group(table, Text(), closing)
 
 
@@ -344,9 +389,16 @@ def doctor_json(report: DoctorReport) -> dict[str, Any]:
         "total": len(report.hosts),
         "failed": sum(not h.ok for h in report.hosts),
         "hosts": [
-            {"host": h.host, "address": h.address, "ok": h.ok, "facts": dict(h.facts),
-             "checks": [{"name": c.name, "ok": c.ok, "skipped": c.skipped, "detail": c.detail}
-                        for c in h.checks]}
+            {
+                "host": h.host,
+                "address": h.address,
+                "ok": h.ok,
+                "facts": dict(h.facts),
+                "checks": [
+                    {"name": c.name, "ok": c.ok, "skipped": c.skipped, "detail": c.detail}
+                    for c in h.checks
+                ],
+            }
             for h in report.hosts
         ],
-    }  # fmt: skip
+    }

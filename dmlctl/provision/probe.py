@@ -32,9 +32,22 @@ if TYPE_CHECKING:
     from dmlctl.spec.models import ResolvedHost
 
 PROBE_KEYS = (
-    "python", "platform", "torch", "torch_error", "cuda", "gpus", "packages", "workdir",
-    "disk_free", "disk_error", "port", "port_free", "port_error", "time", "elapsed",
-)  # fmt: skip
+    "python",
+    "platform",
+    "torch",
+    "torch_error",
+    "cuda",
+    "gpus",
+    "packages",
+    "workdir",
+    "disk_free",
+    "disk_error",
+    "port",
+    "port_free",
+    "port_error",
+    "time",
+    "elapsed",
+)
 """Every key of the probe's JSON object (values are null when not applicable).
 ``packages`` maps each import name asked about to ``{"dist", "version", "error"}``:
 ``error`` is null or one short line (why the import failed), ``version`` the

@@ -260,8 +260,9 @@ class Replicator:
             if root is None:
                 return None
             transport = self.transports[host.name]
-            have = transport.run([host.python, "-c", _HAVE, root, directory.name],
-                                 timeout=self.timeout)  # fmt: skip
+            have = transport.run(
+                [host.python, "-c", _HAVE, root, directory.name], timeout=self.timeout
+            )
             try:
                 present = json.loads(have.stdout) if have.ok else {}
             except ValueError:
@@ -270,8 +271,11 @@ class Replicator:
             if not missing:
                 return None
             missing[protocol.CHECKPOINT_MANIFEST] = files[protocol.CHECKPOINT_MANIFEST]
-            res = transport.run([host.python, "-c", _UNPACK, root, directory.name],
-                                timeout=self.timeout, input=_tar(missing))  # fmt: skip
+            res = transport.run(
+                [host.python, "-c", _UNPACK, root, directory.name],
+                timeout=self.timeout,
+                input=_tar(missing),
+            )
             if not res.ok:
                 why = res.stderr.strip()[-300:] or f"exit code {res.exit_code}"
                 return f"{host.name}: cannot hand checkpoint step {step} over: {why}"

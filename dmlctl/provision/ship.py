@@ -82,8 +82,9 @@ def sync_code(
         console.print(
             f"  {r.host}: {r.files_sent} of {r.files_total} files sent "
             f"({r.bytes_sent / 1024:.1f} KiB, {r.seconds:.1f} s)",
-            markup=False, highlight=False,
-        )  # fmt: skip
+            markup=False,
+            highlight=False,
+        )
     return results
 
 
@@ -118,11 +119,13 @@ def run_setup(
     if job.setup is None or not remote:
         return
     view = SetupView([h.name for h in remote])
-    with Live(view.render(), console=console, refresh_per_second=4) as live, ThreadPoolExecutor(
-        max_workers=min(32, len(remote))
-    ) as pool:
-        futures = {h.name: pool.submit(_setup_one, h, transports[h.name], job.setup, view)
-                   for h in remote}  # fmt: skip
+    with (
+        Live(view.render(), console=console, refresh_per_second=4) as live,
+        ThreadPoolExecutor(max_workers=min(32, len(remote))) as pool,
+    ):
+        futures = {
+            h.name: pool.submit(_setup_one, h, transports[h.name], job.setup, view) for h in remote
+        }
         while not all(f.done() for f in futures.values()):
             time.sleep(0.25)
             live.update(view.render())
@@ -135,5 +138,3 @@ def run_setup(
             tail = "\n".join(f"    {line}" for line in view.tails[name])
             parts.append(f"setup failed on {name} (exit code {codes[name]}):\n{tail}")
         raise ProvisionError("\n".join(parts))
-
-

@@ -24,8 +24,17 @@ import pathspec
 
 from dmlctl.transport.base import Transport
 
-BUILTIN_EXCLUDES = (".git/", "__pycache__/", "*.pyc", ".venv/", ".dmlctl/", ".mypy_cache/",
-                    ".pytest_cache/", ".ruff_cache/", "*.egg-info/")  # fmt: skip
+BUILTIN_EXCLUDES = (
+    ".git/",
+    "__pycache__/",
+    "*.pyc",
+    ".venv/",
+    ".dmlctl/",
+    ".mypy_cache/",
+    ".pytest_cache/",
+    ".ruff_cache/",
+    "*.egg-info/",
+)
 
 # Prints {relative path: [size, mtime_ns]} of every file under argv[1] (missing: {}).
 MANIFEST = r"""

@@ -116,13 +116,20 @@ def _coll(rows: Mapping[str, Any] | None) -> dict[str, Collective]:
 def _heartbeat(host: str, rank: int, rec: Mapping[str, Any], ts: float) -> Heartbeat:
     coll = _coll(rec.get("coll"))
     return Heartbeat(
-        host, rank, int(rec["progress"]), ts, armed=bool(rec.get("armed", False)),
-        since=_opt_float(rec.get("since")), phase=_opt_str(rec.get("phase")),
+        host,
+        rank,
+        int(rec["progress"]),
+        ts,
+        armed=bool(rec.get("armed", False)),
+        since=_opt_float(rec.get("since")),
+        phase=_opt_str(rec.get("phase")),
         phase_s=_opt_float(rec.get("phase_s")),
-        limit=_opt_float(rec.get("limit")), step_s=_opt_float(rec.get("step_s")),
+        limit=_opt_float(rec.get("limit")),
+        step_s=_opt_float(rec.get("step_s")),
         where=_opt_str(rec.get("where")),
-        inner=_opt_str(rec.get("inner")), coll=coll,
-    )  # fmt: skip
+        inner=_opt_str(rec.get("inner")),
+        coll=coll,
+    )
 
 
 def _rank_record(host: str, rec: Mapping[str, Any]) -> list[Event]:
@@ -163,8 +170,10 @@ def parse_line(host: str, line: str, now: float) -> list[Event]:
         if kind == protocol.MSG_AGENT:
             state = msg.get("state")
             if state == "alive":  # the keepalive, with the ranks' processes as /proc shows
-                procs = {int(r): ProcUsage(str(u[0]), float(u[1]), int(u[2]))
-                         for r, u in (msg.get("procs") or {}).items()}  # fmt: skip
+                procs = {
+                    int(r): ProcUsage(str(u[0]), float(u[1]), int(u[2]))
+                    for r, u in (msg.get("procs") or {}).items()
+                }
                 return [ProcSample(host, procs, now)] if procs else []
             if state == "dumped":
                 return [StacksDumped(host, tuple(int(r) for r in msg.get("stopped", ())), now)]
@@ -176,8 +185,14 @@ def parse_line(host: str, line: str, now: float) -> list[Event]:
             error = msg.get("error")
             cause: RootCause | None
             if isinstance(error, dict):  # the agent could not start the run at all
-                cause = RootCause(host, None, str(error.get("type", "AgentExit")),
-                                  str(error.get("message", "")), tail, now)  # fmt: skip
+                cause = RootCause(
+                    host,
+                    None,
+                    str(error.get("type", "AgentExit")),
+                    str(error.get("message", "")),
+                    tail,
+                    now,
+                )
             else:
                 cause = torchrun_failure(host, tail, now, summary) if code != 0 else None
             return [AgentExited(host, code, tail, now, cause)]

@@ -191,8 +191,9 @@ def check_python(value: str | None) -> str | None:
         return None
     one_line(value)
     if any(c.isspace() for c in value) or value.startswith("-"):
-        raise ValueError(f"must be one command or path (no spaces, no leading '-'), got "
-                         f"{shown(value)}")  # fmt: skip
+        raise ValueError(
+            f"must be one command or path (no spaces, no leading '-'), got {shown(value)}"
+        )
     return value
 
 
@@ -260,6 +261,7 @@ OneLine = Annotated[str, AfterValidator(one_line)]
 
 Arg = Annotated[str, AfterValidator(check_arg)]
 """A command-line argument (see :func:`check_arg`)."""
+
 
 def _host_name(value: str) -> str:
     return check_host_text(value, "host name")

@@ -157,8 +157,10 @@ def _slots(tokens: list[str], issue: _Issue) -> int | None:
             ok = False
         elif not _COUNT.match(value) or not _in_range(key, value):
             least = 1 if key == _SLOTS else 0
-            issue(key, f"bad {key} value {shown(value)}; expected an integer from {least} "
-                  f"to {MAX_SLOTS}")  # fmt: skip
+            issue(
+                key,
+                f"bad {key} value {shown(value)}; expected an integer from {least} to {MAX_SLOTS}",
+            )
             ok = False
         else:
             seen.add(key)

@@ -347,8 +347,9 @@ def _check_paths(
     if not _inside(candidate, workdir) or not _inside(real, workdir):
         where = "" if _inside(candidate, workdir) else f", got {shown(raw_script)}"
         link = f" (a link to {shown(str(real), 120)})" if real != candidate else ""
-        issues.append(SpecIssue(file, line, "script",
-                                f"must be inside workdir ({workdir}){where}{link}"))  # fmt: skip
+        issues.append(
+            SpecIssue(file, line, "script", f"must be inside workdir ({workdir}){where}{link}")
+        )
         return workdir, None
     kind = path_kind(real)
     if kind != "file":

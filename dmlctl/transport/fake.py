@@ -212,9 +212,7 @@ class ScriptedTransport:
     ) -> Result:
         """The scripted result for ``argv`` (127 and a 'not scripted' stderr if none)."""
         key = tuple(argv)
-        self.runs.append(
-            {"argv": key, "timeout": timeout, "cwd": cwd, "input": input}
-        )  # fmt: skip
+        self.runs.append({"argv": key, "timeout": timeout, "cwd": cwd, "input": input})
         code, out, err = self.results.get(key, (127, "", f"not scripted: {list(key)}"))
         return Result(self.host, key, code, out, err, 0.0)
 
@@ -226,10 +224,15 @@ class ScriptedTransport:
         later = self.later[min(n, len(self.later)) - 1] if n and self.later else None
         script = self.script if later is None else later
         proc = ScriptedProcess(
-            self.host, script, exit_code=self.exit_code, hang=self.hang,
+            self.host,
+            script,
+            exit_code=self.exit_code,
+            hang=self.hang,
             ignore_stop=self.ignore_stop,
-            stderr=self.stderr, argv=argv, cwd=cwd,
-        )  # fmt: skip
+            stderr=self.stderr,
+            argv=argv,
+            cwd=cwd,
+        )
         self.processes.append(proc)
         return proc
 
@@ -267,15 +270,24 @@ def rank_log(rank: int, *lines: str, stream: str = "stdout") -> str:
 
 
 def rank_start(
-    rank: int, local_rank: int | None = None, *, pid: int | None = None, role: str = "worker",
-    host: str = "host", ts: float = DEFAULT_TS,
-) -> str:  # fmt: skip
+    rank: int,
+    local_rank: int | None = None,
+    *,
+    pid: int | None = None,
+    role: str = "worker",
+    host: str = "host",
+    ts: float = DEFAULT_TS,
+) -> str:
     """Rank ``rank``'s start record (``local_rank`` defaults to ``rank``)."""
     return _rank_line(
-        protocol.KIND_START, rank, ts,
+        protocol.KIND_START,
+        rank,
+        ts,
         local_rank=rank if local_rank is None else local_rank,
-        pid=5000 + rank if pid is None else pid, role=role, host=host,
-    )  # fmt: skip
+        pid=5000 + rank if pid is None else pid,
+        role=role,
+        host=host,
+    )
 
 
 def rank_metric(rank: int, step: int, values: Mapping[str, Any], *, ts: float = DEFAULT_TS) -> str:

@@ -205,11 +205,13 @@ class SSHTransport:
         for r in readers:
             r.join(2.0)
         return Result(
-            self.host, tuple(argv), code,
+            self.host,
+            tuple(argv),
+            code,
             b"".join(out).decode("utf-8", "replace"),
             b"".join(err).decode("utf-8", "replace"),
             time.monotonic() - start,
-        )  # fmt: skip
+        )
 
     def start(self, argv: Sequence[str], *, cwd: str | None = None) -> SSHProcess:
         """Start ``argv``; raises :class:`SshConnectError` if the host is unreachable."""

@@ -28,6 +28,9 @@ class SetupView:
         with self.lock:
             for host, line in self.last.items():
                 style = {"running": "yellow", "ok": "green", "failed": "bold red"}[self.state[host]]
-                table.add_row(Text(host), Text(self.state[host], style=style),
-                              Text(line[-100:], overflow="ellipsis", no_wrap=True))  # fmt: skip
+                table.add_row(
+                    Text(host),
+                    Text(self.state[host], style=style),
+                    Text(line[-100:], overflow="ellipsis", no_wrap=True),
+                )
         return table

@@ -20,13 +20,21 @@ from tests.fuzz import specgen
 
 
 def campaign(kind: str, examples: int, root: Path, seed_value: int) -> collections.Counter[str]:
-    strategy = {"job": specgen.job_cases(), "cluster": specgen.cluster_cases(),
-                "hostfile": specgen.hostfile_cases()}[kind]  # fmt: skip
+    strategy = {
+        "job": specgen.job_cases(),
+        "cluster": specgen.cluster_cases(),
+        "hostfile": specgen.hostfile_cases(),
+    }[kind]
     counts: collections.Counter[str] = collections.Counter()
 
     @seed(seed_value)
-    @settings(max_examples=examples, deadline=None, database=None, phases=[Phase.generate],
-              suppress_health_check=list(HealthCheck))  # fmt: skip
+    @settings(
+        max_examples=examples,
+        deadline=None,
+        database=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
     @given(strategy)
     def run(case: specgen.Case) -> None:
         counts["cases"] += 1
@@ -53,8 +61,11 @@ def main(argv: list[str]) -> int:
         other = bad - sum(counts[k] for k in named)
         found = ", ".join(f"{k} {counts[k]}" for k in named)
         expected = "/".join(str(counts[f"expected {v}"]) for v in ("ok", "bad", "any"))
-        print(f"{kind}: {counts['cases']} files in {time.monotonic() - start:.0f} s; {found}, "
-              f"other violations {other}; expected ok/bad/any {expected}", flush=True)
+        print(
+            f"{kind}: {counts['cases']} files in {time.monotonic() - start:.0f} s; {found}, "
+            f"other violations {other}; expected ok/bad/any {expected}",
+            flush=True,
+        )
     return 1 if total else 0
 
 

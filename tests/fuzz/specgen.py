@@ -65,8 +65,17 @@ def _pick(good: st.SearchStrategy[Any], bad: st.SearchStrategy[Any]) -> st.Searc
 
 _NAME_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789"
 _HOSTILE_CHARS = [
-    "\x00", "\n", "\r", "\x1b", "\x1b[31m", "\x7f", "\x9b", "\ud800", "\udc80", "\x08",
-]  # fmt: skip
+    "\x00",
+    "\n",
+    "\r",
+    "\x1b",
+    "\x1b[31m",
+    "\x7f",
+    "\x9b",
+    "\ud800",
+    "\udc80",
+    "\x08",
+]
 _FINE_TEXT = st.text(
     alphabet=st.characters(
         codec="utf-8", exclude_categories=("Cc", "Cs"), exclude_characters="\u2028\u2029\x85"
@@ -155,9 +164,11 @@ def host_names(index: int = 0) -> st.SearchStrategy[Drawn]:
 
 def env_maps() -> st.SearchStrategy[Drawn]:
     names = st.from_regex(r"\A[A-Z_][A-Z0-9_]{0,15}\Z").filter(
-        lambda n: not n.startswith("DMLCTL_")
-        and n not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
-        and n not in ("MASTER_ADDR", "MASTER_PORT")
+        lambda n: (
+            not n.startswith("DMLCTL_")
+            and n not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
+            and n not in ("MASTER_ADDR", "MASTER_PORT")
+        )
     )
     values = st.one_of(
         _FINE_TEXT,
@@ -251,12 +262,12 @@ _RAW_JOBS = [
     "script: train.py\nargs: " + "[" * 5000 + "]" * 5000 + "\n",
     "[" * 100000,
     "script: train.py\nenv:\n  BIG: '" + "x" * 300_000 + "'\n",
-    "script: train.py\ncheckpoint: {dir: \"/tmp/a\\0b\"}\n",
-    "script: train.py\nenv: {DB: \"a\\0b\"}\n",
-    "script: train.py\nsetup: \"echo \\e[31m\"\n",
-    "script: train.py\nworkdir: \"\\udc80\"\n",
-    "script: train.py\nworkdir: \"a\\0b\"\n",
-    "script: \"train.py\\nrm -rf /\"\n",
+    'script: train.py\ncheckpoint: {dir: "/tmp/a\\0b"}\n',
+    'script: train.py\nenv: {DB: "a\\0b"}\n',
+    'script: train.py\nsetup: "echo \\e[31m"\n',
+    'script: train.py\nworkdir: "\\udc80"\n',
+    'script: train.py\nworkdir: "a\\0b"\n',
+    'script: "train.py\\nrm -rf /"\n',
     "\ufeffscript: train.py\n",
     "script: train.py\n\x1b[2J: 1\n",
     "---\nscript: train.py\n---\nscript: train.py\n",
@@ -310,8 +321,10 @@ def _job_dict(draw: st.DrawFn) -> tuple[dict[str, Any], list[Verdict], list[str]
     for key in sorted(chosen):
         put(key, draw(fields[key]()))
     if draw(st.integers(0, 9)) == 7:
-        put(draw(st.sampled_from(["wrokers", "scirpt", "enviroment", "\x1bkey", "k" * 300])),
-            Drawn(1, "bad"))  # fmt: skip
+        put(
+            draw(st.sampled_from(["wrokers", "scirpt", "enviroment", "\x1bkey", "k" * 300])),
+            Drawn(1, "bad"),
+        )
     return data, verdicts, why
 
 
@@ -355,8 +368,13 @@ def job_cases(draw: st.DrawFn) -> Case:
     if shape == 1:
         index = draw(st.integers(0, len(_RAW_JOBS) - 1))
         files["job.yaml"] = _RAW_JOBS[index]
-        return Case("job", files, ["launch", "job.yaml", "--dry-run"], _RAW_JOB_VERDICTS[index],
-                    [f"raw {index}"])  # fmt: skip
+        return Case(
+            "job",
+            files,
+            ["launch", "job.yaml", "--dry-run"],
+            _RAW_JOB_VERDICTS[index],
+            [f"raw {index}"],
+        )
     if shape == 2:
         files["job.yaml"] = draw(st.binary(max_size=200))
         return Case("job", files, ["launch", "job.yaml", "--dry-run"], "any", ["binary"])
@@ -413,8 +431,12 @@ def _host_entry(
 @st.composite
 def cluster_cases(draw: st.DrawFn) -> Case:
     """A YAML cluster file, used with a valid one-worker job."""
-    files: dict[str, Any] = {"train.py": "print('hi')\n", "job.yaml": "script: train.py\n",
-                             "key": "not a real key\n", "fifo": "fifo"}  # fmt: skip
+    files: dict[str, Any] = {
+        "train.py": "print('hi')\n",
+        "job.yaml": "script: train.py\n",
+        "key": "not a real key\n",
+        "fifo": "fifo",
+    }
     argv = ["launch", "job.yaml", "--cluster", "cluster.yaml", "--dry-run"]
     shape = draw(st.integers(0, 14))
     if shape == 0:
@@ -424,13 +446,22 @@ def cluster_cases(draw: st.DrawFn) -> Case:
         files["cluster.yaml"] = draw(st.binary(min_size=1, max_size=200))
         return Case("cluster", files, argv, "any", ["binary"])
     if shape == 2:
-        raw = draw(st.sampled_from([
-            "hosts: []\n", "hosts:\n - address: a\n   slots: 10000000\n",
-            "hosts:\n - address: a\n   slots: 9223372036854775808\n",
-            "hosts:\n - address: a\n   slots: 1e29\n", "hosts:\n - {address: a, slots: .inf}\n",
-            "hosts:\n - address: a\n - address: A\n", "hosts:\n - address: \"a\\x1b[2Jb\"\n",
-            "\x01\x02\x03 garbage\n", "gpu1 \x00slots=2\n", "héllo slots=2\n",
-        ]))  # fmt: skip
+        raw = draw(
+            st.sampled_from(
+                [
+                    "hosts: []\n",
+                    "hosts:\n - address: a\n   slots: 10000000\n",
+                    "hosts:\n - address: a\n   slots: 9223372036854775808\n",
+                    "hosts:\n - address: a\n   slots: 1e29\n",
+                    "hosts:\n - {address: a, slots: .inf}\n",
+                    "hosts:\n - address: a\n - address: A\n",
+                    'hosts:\n - address: "a\\x1b[2Jb"\n',
+                    "\x01\x02\x03 garbage\n",
+                    "gpu1 \x00slots=2\n",
+                    "héllo slots=2\n",
+                ]
+            )
+        )
         files["cluster.yaml"] = raw
         return Case("cluster", files, argv, "bad", ["raw"])
     data: dict[str, Any] = {}
@@ -478,13 +509,29 @@ def hostfile_cases(draw: st.DrawFn) -> Case:
         elif kind == 7:
             lines.append(draw(st.sampled_from(["# comment", "", "   "])))
         else:
-            bad = draw(st.sampled_from([
-                f"{host} slots=0", f"{host} slots=99999", f"{host} slots=9223372036854775808",
-                f"{host}:4", f"-{host}", f"{host}/x", f"{host} slot=2", f"{host} cpus=1",
-                f"h\u00e9st{index}", f"{host}\x1b[31m", f"{host}\x00", f"{host} slots=1\x0b",
-                f"{host} slots=\ud800", "\x7f\x7f", f"{host} slots=1.5", f"{host} slots=true",
-                f"{host} {host}",
-            ]))  # fmt: skip
+            bad = draw(
+                st.sampled_from(
+                    [
+                        f"{host} slots=0",
+                        f"{host} slots=99999",
+                        f"{host} slots=9223372036854775808",
+                        f"{host}:4",
+                        f"-{host}",
+                        f"{host}/x",
+                        f"{host} slot=2",
+                        f"{host} cpus=1",
+                        f"h\u00e9st{index}",
+                        f"{host}\x1b[31m",
+                        f"{host}\x00",
+                        f"{host} slots=1\x0b",
+                        f"{host} slots=\ud800",
+                        "\x7f\x7f",
+                        f"{host} slots=1.5",
+                        f"{host} slots=true",
+                        f"{host} {host}",
+                    ]
+                )
+            )
             lines.append(bad)
             verdicts.append("bad")
     if seen and draw(st.integers(0, 9)) == 7:

@@ -56,8 +56,12 @@ def test_the_generators_cover_both_answers() -> None:
     seen: set[tuple[str, str]] = set()
 
     @seed(SEED)
-    @settings(max_examples=200, database=None, phases=[Phase.generate],
-              suppress_health_check=list(HealthCheck))  # fmt: skip
+    @settings(
+        max_examples=200,
+        database=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
     @given(st.one_of(*(s for s, _ in KINDS.values())))
     def collect(case: specgen.Case) -> None:
         seen.add((case.kind, case.verdict))
@@ -73,9 +77,14 @@ def test_the_generators_cover_both_answers() -> None:
 def _cli(*args: str, cwd: Path, home: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "DMLCTL_HOME": str(home)}
     return subprocess.run(
-        [sys.executable, "-m", "dmlctl", *args], cwd=cwd, env=env, capture_output=True,
-        text=True, timeout=20, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+        [sys.executable, "-m", "dmlctl", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=20,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 @pytest.mark.parametrize(
@@ -106,7 +115,7 @@ def test_special_files_are_refused_at_once(tmp_path: Path, role: str, special: s
         "hosts:\n  - address: localhost\n    slots: 10000000\n",
         "hosts:\n  - address: localhost\n    slots: 9223372036854775808\n",
         "hosts:\n  - address: localhost\n    slots: 1e29\n",
-        "hosts:\n  - address: \"gpu\\x1b[2J\"\n",
+        'hosts:\n  - address: "gpu\\x1b[2J"\n',
         "\x01\x02 garbage \x03\n",
     ],
 )
@@ -114,8 +123,15 @@ def test_cluster_garbage_is_refused(tmp_path: Path, text: str) -> None:
     (tmp_path / "train.py").write_text("print('hi')\n")
     (tmp_path / "job.yaml").write_text("script: train.py\n")
     (tmp_path / "cluster.yaml").write_text(text)
-    result = _cli("launch", "job.yaml", "-c", "cluster.yaml", "--dry-run", cwd=tmp_path,
-                  home=tmp_path / "home")  # fmt: skip
+    result = _cli(
+        "launch",
+        "job.yaml",
+        "-c",
+        "cluster.yaml",
+        "--dry-run",
+        cwd=tmp_path,
+        home=tmp_path / "home",
+    )
     assert result.returncode == 2, result.stdout + result.stderr
     (line,) = result.stderr.splitlines()
     assert line.startswith("dmlctl: cluster.yaml:") and len(line) <= specgen.MAX_LINE

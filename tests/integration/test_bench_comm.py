@@ -27,11 +27,27 @@ def run_worker(
     env.pop("DMLCTL_RANK_DIR", None)
     if rank_dir:
         env["DMLCTL_RANK_DIR"] = str(tmp_path)
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-            "2", str(BENCH_DIR / WORKER_SCRIPT), "--min-bytes", "1K", "--max-bytes", "16K",
-            "--iters", "3", "--warmup", "1", *args]
-    return subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True,
-                          timeout=120, check=False)
+    argv = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(BENCH_DIR / WORKER_SCRIPT),
+        "--min-bytes",
+        "1K",
+        "--max-bytes",
+        "16K",
+        "--iters",
+        "3",
+        "--warmup",
+        "1",
+        *args,
+    ]
+    return subprocess.run(
+        argv, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False
+    )
 
 
 def test_worker_writes_one_record_per_op_and_size_from_rank_0(tmp_path: Path) -> None:

@@ -13,8 +13,9 @@ pytestmark = pytest.mark.integration
 
 
 def test_bench_ps_reports_finite_throughputs_and_a_ratio_per_size(cli: Cli) -> None:
-    proc = cli.run("bench", "ps", "--max-bytes", "64K", "--iters", "5", "--warmup", "1",
-                   "--json", timeout=60)  # fmt: skip
+    proc = cli.run(
+        "bench", "ps", "--max-bytes", "64K", "--iters", "5", "--warmup", "1", "--json", timeout=60
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     data = json.loads(proc.stdout)
     assert (data["workers"], data["servers"], data["goal"]) == (2, 1, 0.5)

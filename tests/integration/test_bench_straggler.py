@@ -13,8 +13,18 @@ pytestmark = pytest.mark.integration
 
 
 def test_bench_straggler_slows_ssgd_more_than_asgd(cli: Cli) -> None:
-    proc = cli.run("bench", "straggler", "--scenarios", "ssgd,asgd", "--steps", "20",
-                   "--step-sleep", "0.02", "--json", timeout=120)  # fmt: skip
+    proc = cli.run(
+        "bench",
+        "straggler",
+        "--scenarios",
+        "ssgd,asgd",
+        "--steps",
+        "20",
+        "--step-sleep",
+        "0.02",
+        "--json",
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     data = json.loads(proc.stdout)
     assert (data["steps"], data["factor"], len(data["run_ids"])) == (20, 3.0, 4)

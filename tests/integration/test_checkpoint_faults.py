@@ -77,9 +77,15 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, to
 
 
 def _assert_recovered(
-    cli: Cli, tmp_path: Path, name: str, killed: int, run_id: str, out: str,
-    state: dict[str, Any], reference: dict[str, torch.Tensor],
-) -> None:  # fmt: skip
+    cli: Cli,
+    tmp_path: Path,
+    name: str,
+    killed: int,
+    run_id: str,
+    out: str,
+    state: dict[str, Any],
+    reference: dict[str, torch.Tensor],
+) -> None:
     """One infra restart after rank ``killed``'s SIGKILL, resumed by every rank from
     step 5, a clean checkpoint directory at the end and the weights of the fault-free run."""
     assert (state["phase"], state["exit_code"], state["restarts"]) == ("succeeded", 0, 1), out
@@ -103,17 +109,29 @@ def _assert_recovered(
     ("fault", "rank", "struck"),
     [
         ("write", 1, r"ckptfault: rank 1 wrote \d+ of \d+ bytes of rank-1\.pt at step 10"),
-        ("precommit", 0, r"ckptfault: rank 0 before committing \.tmp-step-10 holding "
-                         r"\['manifest\.json', 'rank-0\.pt', 'rank-1\.pt'\]"),
-        ("prelatest", 0, r"ckptfault: rank 0 before replacing LATEST \(committed "
-                         r"step-000000010: True\)"),
+        (
+            "precommit",
+            0,
+            r"ckptfault: rank 0 before committing \.tmp-step-10 holding "
+            r"\['manifest\.json', 'rank-0\.pt', 'rank-1\.pt'\]",
+        ),
+        (
+            "prelatest",
+            0,
+            r"ckptfault: rank 0 before replacing LATEST \(committed "
+            r"step-000000010: True\)",
+        ),
     ],
     ids=["mid-write-rank1", "before-commit-rank0", "before-latest-rank0"],
-)  # fmt: skip
+)
 def test_kill_9_during_a_checkpoint_write_resumes_from_the_previous_one(
-    cli: Cli, tmp_path: Path, reference: dict[str, torch.Tensor], fault: str, rank: int,
+    cli: Cli,
+    tmp_path: Path,
+    reference: dict[str, torch.Tensor],
+    fault: str,
+    rank: int,
     struck: str,
-) -> None:  # fmt: skip
+) -> None:
     run_id, out, state = _launch(cli, _job(tmp_path, fault, fault, rank))
     assert re.search(struck, out), out  # the fault happened where it was meant to
     _assert_recovered(cli, tmp_path, fault, rank, run_id, out, state, reference)
@@ -128,9 +146,13 @@ def test_kill_9_during_a_checkpoint_write_resumes_from_the_previous_one(
     ids=["truncated-rank1", "bit-flipped-rank0"],
 )
 def test_corrupt_newest_checkpoint_falls_back_to_the_previous_one(
-    cli: Cli, tmp_path: Path, reference: dict[str, torch.Tensor], fault: str, rank: int,
+    cli: Cli,
+    tmp_path: Path,
+    reference: dict[str, torch.Tensor],
+    fault: str,
+    rank: int,
     reason: str,
-) -> None:  # fmt: skip
+) -> None:
     run_id, out, state = _launch(cli, _job(tmp_path, fault, fault, rank))
     assert f"ckptfault: rank {rank} {fault} step-000000010/rank-{rank}.pt" in out, out
     assert f"ckptfault: rank {rank} at step 12; SIGKILL" in out, out

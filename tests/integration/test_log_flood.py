@@ -48,8 +48,12 @@ def _flood(cli: Cli, tmp_path: Path, lines: int, ui: str) -> tuple[Path, float]:
     with open(tmp_path / "out.txt", "w") as out:
         proc = subprocess.run(
             [sys.executable, "-c", PEAK, "launch", str(job), "--ui", ui],
-            env=cli.env, stdout=out, stderr=subprocess.PIPE, text=True, timeout=900,
-        )  # fmt: skip
+            env=cli.env,
+            stdout=out,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=900,
+        )
     assert proc.returncode == 0, proc.stderr
     peak = next(line for line in proc.stderr.splitlines() if line.startswith("maxrss_kb"))
     return cli.runs()[-1], int(peak.split()[1]) / 1024

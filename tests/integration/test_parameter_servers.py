@@ -35,9 +35,14 @@ def baseline() -> dict[str, float]:
     """The single-process run: ``python train.py``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("DMLCTL_")}
     out = subprocess.run(
-        [sys.executable, "train.py"], cwd=EXAMPLE, env=env, capture_output=True,
-        text=True, timeout=120, check=True,
-    ).stdout  # fmt: skip
+        [sys.executable, "train.py"],
+        cwd=EXAMPLE,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
     line = next(x for x in out.splitlines() if x.startswith("final test loss"))
     parts = line.split()
     return {"test_loss": float(parts[3]), "test_acc": float(parts[5])}
@@ -100,12 +105,13 @@ def test_each_strategy_reaches_the_single_process_loss(
     servers = 2 if "2s" in case else 1
     assert roles.count("server") == servers, roles
     # Every server reported its traffic and the staleness of what it applied.
-    server_records = [
-        m["values"] for m in _metrics(cli, run_id) if "push_per_s" in m["values"]
-    ]
+    server_records = [m["values"] for m in _metrics(cli, run_id) if "push_per_s" in m["values"]]
     assert server_records, "no server metrics"
-    assert all(v["staleness_max"] >= v["staleness_median"] >= 0 for v in server_records
-               if "staleness_max" in v)  # fmt: skip
+    assert all(
+        v["staleness_max"] >= v["staleness_median"] >= 0
+        for v in server_records
+        if "staleness_max" in v
+    )
     workers = [m["values"] for m in _metrics(cli, run_id) if "clock" in m["values"]]
     assert max(v["clock"] for v in workers) > 0
 
@@ -143,10 +149,11 @@ def _kill_server_mid_run(cli: Cli, job: Path) -> tuple[subprocess.CompletedProce
 
 def test_a_killed_server_fails_the_run_with_it_as_root_cause(cli: Cli, tmp_path: Path) -> None:
     job = _job(
-        tmp_path, "serverkill",
+        tmp_path,
+        "serverkill",
         "args: ['--epochs', '40']\nworkers: 2\nparameter_servers: 1\nstrategy: asgd\n"
         "restart:\n  max_user_restarts: 0\n  max_infra_restarts: 0\n",
-    )  # fmt: skip
+    )
     done, run_id = _kill_server_mid_run(cli, job)
     assert done.returncode == 1, done.stdout
     assert "rank 2" in done.stdout and "SIGKILL" in done.stdout, done.stdout
@@ -157,11 +164,12 @@ def test_a_killed_server_fails_the_run_with_it_as_root_cause(cli: Cli, tmp_path:
 
 def test_a_killed_server_is_restarted_from_the_checkpoint(cli: Cli, tmp_path: Path) -> None:
     job = _job(
-        tmp_path, "serverrestart",
+        tmp_path,
+        "serverrestart",
         "args: ['--epochs', '6']\nworkers: 2\nparameter_servers: 1\nstrategy: ssp\n"
         "restart:\n  max_infra_restarts: 1\n  max_user_restarts: 1\n  backoff_initial: 0.2\n"
         "checkpoint:\n  every_steps: 200\n",
-    )  # fmt: skip
+    )
     latest = None
 
     def checkpointed() -> bool:

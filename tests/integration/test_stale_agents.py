@@ -20,11 +20,23 @@ RUN_ID = "job-20261121-000000-abcd"
 
 def host(rank_dir: Path) -> HostPlan:
     return HostPlan(
-        name="local", address="localhost", is_local=True, port=22, user=None,
-        identity_file=None, node_rank=0, nproc=1, first_rank=0, python=sys.executable,
-        workdir=str(rank_dir), rank_dir=str(rank_dir), agent_argv=(), agent_cwd=None,
-        torchrun=TorchrunCommand(sys.executable, 1, 1, "localhost:1", RUN_ID, "t.py"), env={},
-    )  # fmt: skip
+        name="local",
+        address="localhost",
+        is_local=True,
+        port=22,
+        user=None,
+        identity_file=None,
+        node_rank=0,
+        nproc=1,
+        first_rank=0,
+        python=sys.executable,
+        workdir=str(rank_dir),
+        rank_dir=str(rank_dir),
+        agent_argv=(),
+        agent_cwd=None,
+        torchrun=TorchrunCommand(sys.executable, 1, 1, "localhost:1", RUN_ID, "t.py"),
+        env={},
+    )
 
 
 def sleeper(*label: str) -> subprocess.Popen[bytes]:

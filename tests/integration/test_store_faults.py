@@ -152,8 +152,11 @@ def test_what_would_fail_at_start_is_refused_before_anything_starts(
     assert cli.runs() == [] and not (cli.home / "runs").exists()
 
 
-SECRETS = {"DB_URL": "postgres://u:s3cret-xyz@h/db", "API_TOKEN": "tok-abc-123456",
-           "HF_KEY": "hf_Zq8rT2mVx9LpW4nB7cK3yJ6d"}  # fmt: skip
+SECRETS = {
+    "DB_URL": "postgres://u:s3cret-xyz@h/db",
+    "API_TOKEN": "tok-abc-123456",
+    "HF_KEY": "hf_Zq8rT2mVx9LpW4nB7cK3yJ6d",
+}
 
 
 def test_secrets_stay_out_of_what_is_stored_and_printed(cli: Cli, tmp_path: Path) -> None:

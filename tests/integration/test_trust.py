@@ -49,8 +49,13 @@ def _training(cli: Cli) -> str:
 def test_a_script_ends_and_sees_exactly_what_torchrun_gives_it(cli: Cli, tmp_path: Path) -> None:
     out_dir = tmp_path / "out"
     out_dir.mkdir()
-    job = _job(tmp_path, "exitwork", strategy="none",
-               args='["--out", "results", "-v"]', env=f"{{OUT_DIR: {out_dir}}}")  # fmt: skip
+    job = _job(
+        tmp_path,
+        "exitwork",
+        strategy="none",
+        args='["--out", "results", "-v"]',
+        env=f"{{OUT_DIR: {out_dir}}}",
+    )
     proc = cli.run("launch", str(job), "--ui", "plain")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     run_id = cli.runs()[-1].name
@@ -66,11 +71,23 @@ def test_a_script_ends_and_sees_exactly_what_torchrun_gives_it(cli: Cli, tmp_pat
     assert (state["phase"], state["strategy"]) == ("succeeded", "none")
     # The same script under bare torchrun prints the same argv, __file__ and __name__.
     bare = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1",
-         "train.py", "--out", "results", "-v"],
-        cwd=JOBS / "exitwork", env={**os.environ, "OUT_DIR": str(tmp_path)},
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "1",
+            "train.py",
+            "--out",
+            "results",
+            "-v",
+        ],
+        cwd=JOBS / "exitwork",
+        env={**os.environ, "OUT_DIR": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bare.returncode == 0, bare.stderr
     seen = next(line for line in bare.stdout.splitlines() if line.startswith("argv="))
     script = JOBS / "exitwork" / "train.py"
@@ -81,8 +98,7 @@ def test_a_script_ends_and_sees_exactly_what_torchrun_gives_it(cli: Cli, tmp_pat
 def test_a_stop_is_a_stop_whatever_the_sigterm_handler_returns(cli: Cli, tmp_path: Path) -> None:
     out_dir = tmp_path / "out"
     out_dir.mkdir()
-    job = _job(tmp_path, "sigterm", env=f"{{OUT_DIR: {out_dir}}}",
-               restart="{stop_grace: 20}")  # fmt: skip
+    job = _job(tmp_path, "sigterm", env=f"{{OUT_DIR: {out_dir}}}", restart="{stop_grace: 20}")
     proc = cli.popen("launch", str(job), "--ui", "plain")
     try:
         run_id = _training(cli)
@@ -143,8 +159,9 @@ def test_a_plain_ddp_script_under_the_default_strategy_shows_none(cli: Cli, tmp_
 def test_a_second_ctrl_c_kills_at_once_and_leaves_no_orphan(cli: Cli, tmp_path: Path) -> None:
     out_dir = tmp_path / "out"
     out_dir.mkdir()
-    job = _job(tmp_path, "sigterm", env=f"{{OUT_DIR: {out_dir}, SAVE_S: '60'}}",
-               restart="{stop_grace: 60}")  # fmt: skip
+    job = _job(
+        tmp_path, "sigterm", env=f"{{OUT_DIR: {out_dir}, SAVE_S: '60'}}", restart="{stop_grace: 60}"
+    )
     proc = cli.popen("launch", str(job), "--ui", "plain")
     try:
         run_id = _training(cli)

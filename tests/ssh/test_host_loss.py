@@ -51,8 +51,9 @@ def _run_until_copied(
     off — and wait until the controller has noticed (a restart): returns (run, seconds
     from the fault to that)."""
     cluster = cluster_file(lab, tmp_path, **{h.alias: "slots: 1" for h in lab.hosts})
-    proc = cli.popen("launch", str(_job(tmp_path, extra, timeout)), "--cluster", str(cluster),
-                     "--ui", "plain")  # fmt: skip
+    proc = cli.popen(
+        "launch", str(_job(tmp_path, extra, timeout)), "--cluster", str(cluster), "--ui", "plain"
+    )
     if not wait_until(lambda: len(cli.runs()) == 1 or proc.poll() is not None, 60):
         proc.kill()
     assert len(cli.runs()) == 1, proc.communicate()[0]

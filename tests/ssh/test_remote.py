@@ -60,8 +60,9 @@ def only_run(cli: Cli) -> str:
 
 def test_two_hosts_two_workers_each(lcli: LabCli, ssh_lab: SshLab, tmp_path: Path) -> None:
     cluster = cluster_file(ssh_lab, tmp_path)
-    proc = lcli.run("launch", str(JOBS / "metrics" / "job.yaml"), "--cluster", str(cluster),
-                    "--ui", "plain")  # fmt: skip
+    proc = lcli.run(
+        "launch", str(JOBS / "metrics" / "job.yaml"), "--cluster", str(cluster), "--ui", "plain"
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     run_id = only_run(lcli)
     run = lcli.home / "runs" / run_id
@@ -85,8 +86,10 @@ def test_two_hosts_two_workers_each(lcli: LabCli, ssh_lab: SshLab, tmp_path: Pat
 
 def _wait_running(cli: Cli, timeout: float = 90) -> str:
     assert wait_until(
-        lambda: len(cli.runs()) == 1
-        and all(r["status"] == "running" for r in cli.state(cli.runs()[0].name)["ranks"]),
+        lambda: (
+            len(cli.runs()) == 1
+            and all(r["status"] == "running" for r in cli.state(cli.runs()[0].name)["ranks"])
+        ),
         timeout,
     ), "ranks never started"
     return cli.runs()[0].name
@@ -94,8 +97,16 @@ def _wait_running(cli: Cli, timeout: float = 90) -> str:
 
 def test_ctrl_c_stops_every_host(lcli: LabCli, ssh_lab: SshLab, tmp_path: Path) -> None:
     cluster = cluster_file(ssh_lab, tmp_path)
-    proc = lcli.popen("launch", str(FOREVER / "job.yaml"), "--cluster", str(cluster),
-                      "--workers", "4", "--ui", "plain")  # fmt: skip
+    proc = lcli.popen(
+        "launch",
+        str(FOREVER / "job.yaml"),
+        "--cluster",
+        str(cluster),
+        "--workers",
+        "4",
+        "--ui",
+        "plain",
+    )
     try:
         run_id = _wait_running(lcli)
         assert {r["host"] for r in lcli.state(run_id)["ranks"]} == {"node-a", "node-b"}
@@ -113,8 +124,16 @@ def test_killed_controller_leaves_nothing_on_any_host(
     lcli: LabCli, ssh_lab: SshLab, tmp_path: Path
 ) -> None:
     cluster = cluster_file(ssh_lab, tmp_path)
-    proc = lcli.popen("launch", str(FOREVER / "job.yaml"), "--cluster", str(cluster),
-                      "--workers", "4", "--ui", "quiet")  # fmt: skip
+    proc = lcli.popen(
+        "launch",
+        str(FOREVER / "job.yaml"),
+        "--cluster",
+        str(cluster),
+        "--workers",
+        "4",
+        "--ui",
+        "quiet",
+    )
     run_id = _wait_running(lcli)
     assert len(run_processes(run_id)) >= 8  # agents, torchruns, ranks, their children
     os.kill(proc.pid, signal.SIGKILL)
@@ -126,15 +145,18 @@ def test_stopping_one_run_leaves_the_other_alone(
     lcli: LabCli, ssh_lab: SshLab, tmp_path: Path
 ) -> None:
     cluster = cluster_file(ssh_lab, tmp_path)
-    first = lcli.run("launch", str(FOREVER / "job.yaml"), "--cluster", str(cluster),
-                     "--workers", "4", "--detach")  # fmt: skip
-    second = lcli.run("launch", str(JOBS / "sleepy" / "job.yaml"), "--cluster", str(cluster),
-                      "--detach")  # fmt: skip
+    first = lcli.run(
+        "launch", str(FOREVER / "job.yaml"), "--cluster", str(cluster), "--workers", "4", "--detach"
+    )
+    second = lcli.run(
+        "launch", str(JOBS / "sleepy" / "job.yaml"), "--cluster", str(cluster), "--detach"
+    )
     assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
     a, b = first.stdout.strip(), second.stdout.strip()
-    assert wait_until(lambda: all(
-        r["status"] == "running" for rid in (a, b) for r in lcli.state(rid)["ranks"]
-    ), 90)  # fmt: skip
+    assert wait_until(
+        lambda: all(r["status"] == "running" for rid in (a, b) for r in lcli.state(rid)["ranks"]),
+        90,
+    )
     stop = lcli.run("stop", a)
     assert stop.returncode == 0, stop.stderr
     assert wait_until(lambda: not run_processes(a), 10), run_processes(a)
@@ -147,12 +169,17 @@ def test_unknown_host_key_is_refused_with_its_fingerprint(
     lcli: LabCli, ssh_lab: SshLab, tmp_path: Path
 ) -> None:
     s = ssh_lab.stranger
-    cluster = cluster_file(ssh_lab, tmp_path, extra_hosts=(
-        f"  - name: stranger\n    address: {s.address}\n    port: {s.port}\n"
-        f"    identity_file: {ssh_lab.identity_file}\n    workdir: {s.workdir}\n"
-    ))  # fmt: skip
-    proc = lcli.run("launch", str(JOBS / "metrics" / "job.yaml"), "--cluster", str(cluster),
-                    "--workers", "6")  # fmt: skip
+    cluster = cluster_file(
+        ssh_lab,
+        tmp_path,
+        extra_hosts=(
+            f"  - name: stranger\n    address: {s.address}\n    port: {s.port}\n"
+            f"    identity_file: {ssh_lab.identity_file}\n    workdir: {s.workdir}\n"
+        ),
+    )
+    proc = lcli.run(
+        "launch", str(JOBS / "metrics" / "job.yaml"), "--cluster", str(cluster), "--workers", "6"
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     out = proc.stdout + proc.stderr
     assert "stranger" in out and "is not known" in out and "SHA256:" in out
@@ -174,7 +201,7 @@ def test_accepting_a_new_host_key_records_it(fresh_ssh_lab: SshLab, tmp_path: Pa
     proc = cli.run("doctor", "--cluster", str(cluster), "--accept-new-host-keys")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "SHA256:" in proc.stderr
-    added = lab.known_hosts.read_text()[len(before):]
+    added = lab.known_hosts.read_text()[len(before) :]
     assert added.startswith(f"[{s.address}]:{s.port} ssh-ed25519 ")
     again = cli.run("doctor", "--cluster", str(cluster))  # now known: no flag needed
     assert again.returncode == 0, again.stdout + again.stderr
@@ -199,10 +226,15 @@ def test_unreachable_and_mismatched_hosts_are_reported_together(
         silent.bind(("127.0.0.6", 0))
         silent.listen()
         silent_port = silent.getsockname()[1]
-        cluster = cluster_file(ssh_lab, tmp_path, extra_hosts=(
-            f"  - name: dead\n    address: {dead}\n    port: {port}\n"
-            f"  - name: silent\n    address: 127.0.0.6\n    port: {silent_port}\n"
-        ), **{"node-b": "python: /usr/bin/python3"})  # fmt: skip
+        cluster = cluster_file(
+            ssh_lab,
+            tmp_path,
+            extra_hosts=(
+                f"  - name: dead\n    address: {dead}\n    port: {port}\n"
+                f"  - name: silent\n    address: 127.0.0.6\n    port: {silent_port}\n"
+            ),
+            **{"node-b": "python: /usr/bin/python3"},
+        )
         started = time.monotonic()
         proc = lcli.run("doctor", "--cluster", str(cluster), "--connect-timeout", "3")
         took = time.monotonic() - started
@@ -322,8 +354,15 @@ def test_proxyjump_alias_from_ssh_config(lcli: LabCli, ssh_lab: SshLab, tmp_path
 def test_hostfile_is_a_cluster(lcli: LabCli, ssh_lab: SshLab, tmp_path: Path) -> None:
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("# DeepSpeed style\nnode-a slots=1\nnode-b slots=1\n")
-    proc = lcli.run("launch", str(JOBS / "metrics" / "job.yaml"), "--cluster", str(hostfile),
-                    "--workers", "2", "--dry-run")  # fmt: skip
+    proc = lcli.run(
+        "launch",
+        str(JOBS / "metrics" / "job.yaml"),
+        "--cluster",
+        str(hostfile),
+        "--workers",
+        "2",
+        "--dry-run",
+    )
     assert proc.returncode == 0, proc.stderr
     assert "host node-a — node-a over SSH" in proc.stdout
     assert "host node-b — node-b over SSH" in proc.stdout
@@ -333,8 +372,9 @@ def test_logs_fetch_reads_the_files_kept_on_the_hosts(
     lcli: LabCli, ssh_lab: SshLab, tmp_path: Path
 ) -> None:
     cluster = cluster_file(ssh_lab, tmp_path)
-    proc = lcli.run("launch", str(JOBS / "metrics" / "job.yaml"), "--cluster", str(cluster),
-                    "--ui", "quiet")  # fmt: skip
+    proc = lcli.run(
+        "launch", str(JOBS / "metrics" / "job.yaml"), "--cluster", str(cluster), "--ui", "quiet"
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     run_id = only_run(lcli)
     collected = lcli.home / "runs" / run_id / "hosts"
@@ -353,8 +393,15 @@ def test_a_failing_rank_stops_the_other_hosts_at_once(
 ) -> None:
     cluster = cluster_file(ssh_lab, tmp_path)
     started = time.monotonic()
-    proc = lcli.run("launch", str(JOBS / "failhang" / "job.yaml"), "--cluster", str(cluster),
-                    "--ui", "plain", timeout=120)  # fmt: skip
+    proc = lcli.run(
+        "launch",
+        str(JOBS / "failhang" / "job.yaml"),
+        "--cluster",
+        str(cluster),
+        "--ui",
+        "plain",
+        timeout=120,
+    )
     took = time.monotonic() - started
     assert proc.returncode == 1, proc.stdout + proc.stderr
     run_id = only_run(lcli)

@@ -45,12 +45,19 @@ def _worker(
     roles: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
 ) -> None:
-    os.environ.update({
-        "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
-        "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(port), "DMLCTL_STRATEGY": strategy,
-        "DMLCTL_STRATEGY_PARAMS": json.dumps(dict(params)), "OMP_NUM_THREADS": "1",
-    })  # fmt: skip
+    os.environ.update(
+        {
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(world_size),
+            "LOCAL_WORLD_SIZE": str(world_size),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "DMLCTL_STRATEGY": strategy,
+            "DMLCTL_STRATEGY_PARAMS": json.dumps(dict(params)),
+            "OMP_NUM_THREADS": "1",
+        }
+    )
     os.environ.pop("DMLCTL_RANK_DIR", None)
     if roles:
         os.environ["DMLCTL_LOCAL_ROLES"] = ",".join(roles)
@@ -99,8 +106,16 @@ def run_ranks(
         ctx.Process(
             target=_worker,
             args=(
-                r, world_size, port, strategy, params or {}, fn, tuple(args), results,
-                tuple(roles), dict(env or {}),
+                r,
+                world_size,
+                port,
+                strategy,
+                params or {},
+                fn,
+                tuple(args),
+                results,
+                tuple(roles),
+                dict(env or {}),
             ),
         )
         for r in range(world_size)

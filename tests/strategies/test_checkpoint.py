@@ -146,7 +146,10 @@ def test_keep_two(tmp_path: Path) -> None:
     for step in (1, 2, 3, 4):
         mgr.save(step, _state(step))
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "LATEST", "step-000000003", "step-000000004"]  # fmt: skip
+        "LATEST",
+        "step-000000003",
+        "step-000000004",
+    ]
 
 
 def test_latest_replaced_atomically(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -146,10 +146,21 @@ def test_world_of_one_is_plain_local_training() -> None:
 # --------------------------------------------------------------------------- real ranks
 
 COLLECTIVES = (
-    "all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce",
-    "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
-    "barrier", "gather", "scatter", "all_gather_object", "broadcast_object_list",
-)  # fmt: skip
+    "all_reduce",
+    "broadcast",
+    "all_gather",
+    "all_gather_into_tensor",
+    "reduce",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "all_to_all",
+    "all_to_all_single",
+    "barrier",
+    "gather",
+    "scatter",
+    "all_gather_object",
+    "broadcast_object_list",
+)
 
 
 def _properties_on_rank(ctx: Any) -> dict[str, Any]:

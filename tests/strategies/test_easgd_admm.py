@@ -91,12 +91,19 @@ def _easgd_exchange(ctx: Any, params: easgd.Params, periods: int) -> list[dict[s
             offset += q.numel()
         x, c = flat_params(ps), opt.center.clone()  # type: ignore[attr-defined]
         opt.step()
-        out.append({
-            "x": x, "center": c, "grad": grad, "lr": lr, "rho": opt.rho,  # type: ignore[attr-defined]
-            "alpha": opt.alpha,  # type: ignore[attr-defined]
-            "x_after": flat_params(ps), "center_after": opt.center.clone(),  # type: ignore[attr-defined]
-            "consensus": opt.meter.extra.get("consensus"),  # type: ignore[attr-defined]
-        })  # fmt: skip
+        out.append(
+            {
+                "x": x,
+                "center": c,
+                "grad": grad,
+                "lr": lr,
+                "rho": opt.rho,  # type: ignore[attr-defined]
+                "alpha": opt.alpha,  # type: ignore[attr-defined]
+                "x_after": flat_params(ps),
+                "center_after": opt.center.clone(),  # type: ignore[attr-defined]
+                "consensus": opt.meter.extra.get("consensus"),  # type: ignore[attr-defined]
+            }
+        )
     return out
 
 
@@ -155,9 +162,11 @@ def _check_center_update(steps: list[dict[str, Any]]) -> None:
     torch.testing.assert_close(system @ weights, target, rtol=0, atol=1e-5)
     assert bool((weights >= -1e-6).all()), weights
     torch.testing.assert_close(
-        weights, torch.tensor([1 - p * alpha] + [alpha] * p, dtype=torch.float64), atol=1e-5,
+        weights,
+        torch.tensor([1 - p * alpha] + [alpha] * p, dtype=torch.float64),
+        atol=1e-5,
         rtol=0,
-    )  # fmt: skip
+    )
     lo, hi = torch.stack([c, *xs]).min(0).values, torch.stack([c, *xs]).max(0).values
     assert bool(((new >= lo - 1e-6) & (new <= hi + 1e-6)).all())
     # Consensus: sqrt(mean ||xᵢ − x̃||²), measured on the same differences.
@@ -253,10 +262,11 @@ def _admm_least_squares(ctx: Any) -> dict[str, Any]:
     opt2.load_state_dict(saved)
     return {
         "history": history,
-        "z": opt.z, "u": opt.u,  # type: ignore[attr-defined]
+        "z": opt.z,
+        "u": opt.u,  # type: ignore[attr-defined]
         "loaded": (opt2.z, opt2.u),  # type: ignore[attr-defined]
         "x": flat_params(list(net.parameters())),
-    }  # fmt: skip
+    }
 
 
 def _admm_all(ctx: Any) -> dict[str, Any]:
@@ -282,8 +292,9 @@ def test_admm_residuals_decrease_and_z_reaches_least_squares(
         assert r["history"][-1] == pytest.approx(last)
         torch.testing.assert_close(r["z"], runs[0]["z"])
     # Σᵢ uᵢ = 0 after every z-update (z is the mean of xᵢ + uᵢ).
-    torch.testing.assert_close(sum(r["u"] for r in runs), torch.zeros_like(runs[0]["u"]),
-                               atol=1e-5, rtol=0)  # fmt: skip
+    torch.testing.assert_close(
+        sum(r["u"] for r in runs), torch.zeros_like(runs[0]["u"]), atol=1e-5, rtol=0
+    )
     blocks = [lsq_data(rank) for rank in range(len(runs))]
     a = torch.cat([torch.cat([ai, torch.ones(len(ai), 1)], dim=1) for ai, _ in blocks])
     b = torch.cat([bi for _, bi in blocks])
@@ -331,13 +342,23 @@ def test_plan_rejects_alpha_above_one_over_p() -> None:
     cluster = ClusterSpec.model_validate(
         {"hosts": [{"name": "local", "address": "localhost", "slots": 2}]}
     )
-    job = JobSpec.model_validate({
-        "name": "easgd", "script": "train.py", "workers": 2,
-        "strategy": {"name": "easgd", "params": {"alpha": 0.6}},
-    })  # fmt: skip
+    job = JobSpec.model_validate(
+        {
+            "name": "easgd",
+            "script": "train.py",
+            "workers": 2,
+            "strategy": {"name": "easgd", "params": {"alpha": 0.6}},
+        }
+    )
     with pytest.raises(UsageError) as info:
-        build_plan(cluster, job, run_id="r", rdzv_port=29500, local_python="python",
-                   local_run_dir="/runs/r")  # fmt: skip
+        build_plan(
+            cluster,
+            job,
+            run_id="r",
+            rdzv_port=29500,
+            local_python="python",
+            local_run_dir="/runs/r",
+        )
     assert str(info.value) == (
         "strategy 'easgd' with 2 workers: alpha 0.6 > 1/p = 0.5 for 2 workers:"
         " the center update would overshoot"

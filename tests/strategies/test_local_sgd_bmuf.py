@@ -99,9 +99,14 @@ def _hierarchical(ctx: Any) -> dict[str, Any]:
     group, size = local_sgd_strategy.host_subgroup(fake)
     net = problem.model(0)
     opt = local_sgd_strategy.LocalSGDOptimizer(
-        torch.optim.SGD(net.parameters(), lr=0.05), list(net.parameters()),
-        world_size=3, period=2, host_group=group, host_size=size, global_every=2,
-    )  # fmt: skip
+        torch.optim.SGD(net.parameters(), lr=0.05),
+        list(net.parameters()),
+        world_size=3,
+        period=2,
+        host_group=group,
+        host_size=size,
+        global_every=2,
+    )
     gen = torch.Generator().manual_seed(1000 + ctx.rank)
     after, extra = [], []
     for _ in range(4):
@@ -122,11 +127,15 @@ def _bmuf_rule_and_state(ctx: Any) -> dict[str, Any]:
         before = torch.from_numpy(_flat(net)) + (ctx.rank + 1)
         assign_flat(list(net.parameters()), before)
         opt.communicate()
-        rounds.append({
-            "pre": before.numpy().copy(), "after": _flat(net),
-            "w_g": opt.global_params.numpy().copy(), "delta": opt.delta.numpy().copy(),
-            "consensus": opt.meter.extra["consensus"],
-        })  # fmt: skip
+        rounds.append(
+            {
+                "pre": before.numpy().copy(),
+                "after": _flat(net),
+                "w_g": opt.global_params.numpy().copy(),
+                "delta": opt.delta.numpy().copy(),
+                "consensus": opt.meter.extra["consensus"],
+            }
+        )
     gen = torch.Generator().manual_seed(1000 + ctx.rank)
     batches = [torch.randint(len(X), (16,), generator=gen) for _ in range(8)]
     for idx in batches[:6]:  # crosses the block boundary at local step 4
@@ -149,9 +158,13 @@ def _bmuf_rule_and_state(ctx: Any) -> dict[str, Any]:
         _step(net, opt, idx)
         _step(net2, opt2, idx)
     return {
-        "w0": w0, "rounds": rounds, "restored": restored, "a": _flat(net), "b": _flat(net2),
+        "w0": w0,
+        "rounds": rounds,
+        "restored": restored,
+        "a": _flat(net),
+        "b": _flat(net2),
         "default": _train(ctx, "bmuf", {}, *CONV),
-    }  # fmt: skip
+    }
 
 
 @pytest.fixture(scope="module")
@@ -239,8 +252,11 @@ def test_bmuf_update_rule_and_state_round_trip(bmuf_ranks: list[dict[str, Any]])
             assert r["rounds"][k]["consensus"] == pytest.approx(0.5 * np.sqrt(mean.size))
     for r in ranks:
         assert r["restored"] == {
-            "w_g": True, "delta": True, "delta_nonzero": True, "local_steps": (6, 6),
-        }  # fmt: skip
+            "w_g": True,
+            "delta": True,
+            "delta_nonzero": True,
+            "local_steps": (6, 6),
+        }
         np.testing.assert_array_equal(r["a"], r["b"])  # same training after restore
     np.testing.assert_array_equal(ranks[0]["a"], ranks[1]["a"])
 

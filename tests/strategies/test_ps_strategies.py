@@ -67,9 +67,13 @@ def test_ssp_never_lets_a_worker_run_more_than_s_clocks_ahead(bound: int) -> Non
     """Worker 1 is 4× slower; every read worker 0 got reports the slowest worker's
     clock, and ``clock − min_clock`` never exceeds ``s`` — but reaches it."""
     out = run_ranks(
-        _train, 3, strategy="ssp", params={"staleness": bound}, roles=W2S1,
+        _train,
+        3,
+        strategy="ssp",
+        params={"staleness": bound},
+        roles=W2S1,
         args=({0: 0.002, 1: 0.008},),
-    )  # fmt: skip
+    )
     for worker in out[:2]:
         leads = [clock - low for clock, low in worker["clocks"]]
         assert leads and max(leads) <= bound, leads
@@ -122,9 +126,12 @@ def _checkpoint_round_trip(ctx: Any, directory: str) -> dict[str, Any]:
     model, opt = ctx.prepare(model, opt)
     data = _data()
     manager = CheckpointManager(
-        directory, ctx.rank, ctx.world_size, group=ctx.membership.group,
+        directory,
+        ctx.rank,
+        ctx.world_size,
+        group=ctx.membership.group,
         src=ctx.membership.workers[0],
-    )  # fmt: skip
+    )
     for i, (x, y) in enumerate(ctx.shard(data, batch_size=8, shuffle=False)):
         loss = torch.nn.functional.cross_entropy(model(x), y)
         opt.zero_grad()
@@ -147,9 +154,13 @@ def test_server_state_travels_in_checkpoints(tmp_path: Any) -> None:
     import torch
 
     out = run_ranks(
-        _checkpoint_round_trip, 3, strategy="ssp", params={"staleness": 0}, roles=W2S1,
+        _checkpoint_round_trip,
+        3,
+        strategy="ssp",
+        params={"staleness": 0},
+        roles=W2S1,
         args=(str(tmp_path),),
-    )  # fmt: skip
+    )
     # s = 0 and a pull every step: at step 5 both workers held the servers' parameters,
     # which the first worker's checkpoint captured and the restore put back.
     for worker in out[:2]:
@@ -163,9 +174,7 @@ def test_server_state_travels_in_checkpoints(tmp_path: Any) -> None:
 STEP_S = 0.03  # simulated compute per step (a sleep: exact on a loaded 2-core machine)
 
 
-def _paced(
-    ctx: Any, model: Any, opt: Any, straggler: bool, burst: tuple[int, int] | None
-) -> float:
+def _paced(ctx: Any, model: Any, opt: Any, straggler: bool, burst: tuple[int, int] | None) -> float:
     """Steps per second of this worker over 30 steps; the last worker sleeps 3× as
     long when ``straggler`` (every step, or only for steps in ``burst``)."""
     import torch
@@ -214,10 +223,12 @@ def test_ssp_absorbs_a_straggler_that_stays_within_the_bound() -> None:
     """The straggler is 3× slower for 5 steps, falling 10 clocks behind; with s = 12
     the other workers never wait (≥ 0.8×), while with s = 1 they are held to it."""
     roles = ["worker"] * 3 + ["server"]
-    loose = run_ranks(_both, 4, strategy="ssp", params={"staleness": 12}, roles=roles,
-                      args=((5, 10),))  # fmt: skip
-    tight = run_ranks(_both, 4, strategy="ssp", params={"staleness": 1}, roles=roles,
-                      args=((5, 10),))  # fmt: skip
+    loose = run_ranks(
+        _both, 4, strategy="ssp", params={"staleness": 12}, roles=roles, args=((5, 10),)
+    )
+    tight = run_ranks(
+        _both, 4, strategy="ssp", params={"staleness": 1}, roles=roles, args=((5, 10),)
+    )
     assert min(r[1] / r[0] for r in loose[:2]) >= 0.8, loose
     assert min(r[1] / r[0] for r in tight[:2]) < min(r[1] / r[0] for r in loose[:2]), tight
 

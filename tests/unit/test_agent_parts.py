@@ -281,5 +281,6 @@ def test_a_py_spy_dump_is_read_like_a_faulthandler_one() -> None:
         "    main (/job/train.py:94)",
     ]
     assert main_thread_frames(dump) == [
-        ("/job/train.py", 64, "wait_for_batch"), ("/job/train.py", 94, "main"),
-    ]  # fmt: skip
+        ("/job/train.py", 64, "wait_for_batch"),
+        ("/job/train.py", 94, "main"),
+    ]

@@ -68,8 +68,16 @@ def recovery(seconds: float, *, lost: int = 2, **stages: float) -> Recovery:
 
 
 def test_parse_timing_reads_lines_and_skips_blank_torn_and_junk_lines() -> None:
-    lines = ["step 3 12.5 0", "", "resumed_from 10 13.25 1\n", "step 4 12.", "kill x 1 0",
-             "a b c d e", "step 4 12.75 0.5", "kill 12 14.0 0"]  # fmt: skip
+    lines = [
+        "step 3 12.5 0",
+        "",
+        "resumed_from 10 13.25 1\n",
+        "step 4 12.",
+        "kill x 1 0",
+        "a b c d e",
+        "step 4 12.75 0.5",
+        "kill 12 14.0 0",
+    ]
     assert parse_timing(lines, 1) == [
         TimingRecord(1, "step", 3, 12.5, 0),
         TimingRecord(1, "resumed_from", 10, 13.25, 1),
@@ -84,8 +92,10 @@ def test_read_timing_dir_reads_every_rank_file_and_ignores_others(tmp_path: Path
     (tmp_path / "notes.txt").write_text("step 1 9.0 0\n")
     records = read_timing_dir(tmp_path)
     assert [(r.rank, r.kind, r.time) for r in records] == [
-        (0, "step", 1.0), (1, "step", 1.5), (1, "kill", 1.6),
-    ]  # fmt: skip
+        (0, "step", 1.0),
+        (1, "step", 1.5),
+        (1, "kill", 1.6),
+    ]
     assert read_timing_dir(tmp_path / "missing") == []
 
 
@@ -95,8 +105,15 @@ def test_measure_recovery_from_kill_to_the_killed_ranks_first_step_after_restart
     assert rec.seconds == pytest.approx(3.65)  # step 11 of attempt 1
     assert (rec.steps_done, rec.resumed_from, rec.steps_lost) == (12, 10, 2)
     assert rec.steps_lost <= CHECKPOINT_EVERY
-    assert list(rec.stages) == ["detected", "script_started", "torch_imported", "joined",
-                                "built", "resumed", "first_step"]  # fmt: skip
+    assert list(rec.stages) == [
+        "detected",
+        "script_started",
+        "torch_imported",
+        "joined",
+        "built",
+        "resumed",
+        "first_step",
+    ]
     expected = [0.1, 0.7, 2.0, 2.1, 3.5, 3.6, 3.65]
     assert list(rec.stages.values()) == pytest.approx(expected)
     assert rec.to_dict()["recovery_s"] == pytest.approx(3.65)
@@ -218,8 +235,12 @@ def test_tables_show_seconds_ratio_goals_and_stages() -> None:
     out = console.file.getvalue()  # type: ignore[attr-defined]
     ratio_row = next(line for line in out.splitlines() if "dmlctl/torchrun" in line)
     assert [c.strip() for c in ratio_row.split("│")] == [
-        "dmlctl/torchrun", "1.200", "goal ≤ 1.2", "", f"goal ≤ {CHECKPOINT_EVERY}",
-    ]  # fmt: skip
+        "dmlctl/torchrun",
+        "1.200",
+        "goal ≤ 1.2",
+        "",
+        f"goal ≤ {CHECKPOINT_EVERY}",
+    ]
     dml_row = next(line for line in out.splitlines() if line.startswith("dmlctl "))
     assert [c.strip() for c in dml_row.split("│")] == ["dmlctl", "6.000", "6.000", "6.000", "2"]
     agent_row = next(line for line in out.splitlines() if "new host agent" in line)
@@ -260,8 +281,15 @@ def test_both_sides_run_the_same_shipped_script(tmp_path: Path) -> None:
     assert job.restart.max_user_restarts == 1  # like torchrun's --max-restarts 1
     assert recovery_job(tmp_path, 60.0).restart.backoff_max == 60.0  # never capped below it
     argv = torchrun_command(tmp_path)
-    assert argv[1:8] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-                         "2", "--max-restarts", "1"]  # fmt: skip
+    assert argv[1:8] == [
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        "1",
+    ]
     assert argv[8] == str(JOB_DIR / SCRIPT) and argv[9:] == job.args
     assert job.args[job.args.index("--kill-at") + 1] == str(KILL_AT)
 

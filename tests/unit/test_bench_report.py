@@ -41,10 +41,16 @@ def render(renderable: RenderableType, width: int = 100) -> str:
 
 def record(op: str, nbytes: int, time_us: float = 100.0, n: int = 2, **extra: object) -> str:
     algbw = nbytes / (time_us * 1e-6) / 1e9
-    values = {"op": op, "bytes": nbytes, "count": nbytes // 4, "dtype": "float32",
-              "time_us": time_us, "algbw_gbps": algbw, "busbw_gbps": algbw * bus_factor(op, n)}
-    return json.dumps({"ts": 1.0, "host": "local", "rank": 0, "step": 0, "values": values,
-                       **extra})
+    values = {
+        "op": op,
+        "bytes": nbytes,
+        "count": nbytes // 4,
+        "dtype": "float32",
+        "time_us": time_us,
+        "algbw_gbps": algbw,
+        "busbw_gbps": algbw * bus_factor(op, n),
+    }
+    return json.dumps({"ts": 1.0, "host": "local", "rank": 0, "step": 0, "values": values, **extra})
 
 
 # --- sizes and ops ---------------------------------------------------------------------
@@ -52,8 +58,16 @@ def record(op: str, nbytes: int, time_us: float = 100.0, n: int = 2, **extra: ob
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("1024", 1024), ("1K", 1024), ("4k", 4096), ("16M", 16 << 20), ("1G", 1 << 30),
-     ("16MiB", 16 << 20), ("64KB", 64 << 10), (" 8 M ", 8 << 20)],
+    [
+        ("1024", 1024),
+        ("1K", 1024),
+        ("4k", 4096),
+        ("16M", 16 << 20),
+        ("1G", 1 << 30),
+        ("16MiB", 16 << 20),
+        ("64KB", 64 << 10),
+        (" 8 M ", 8 << 20),
+    ],
 )
 def test_parse_size_accepts_plain_and_binary_units(text: str, expected: int) -> None:
     assert parse_size(text) == expected
@@ -67,7 +81,13 @@ def test_parse_size_rejects_junk_with_usage_error(text: str) -> None:
 
 def test_human_size_uses_binary_units() -> None:
     assert [human_size(n) for n in (512, 1024, 1536, 4 << 10, 16 << 20, 2 << 30)] == [
-        "512 B", "1 KiB", "1.5 KiB", "4 KiB", "16 MiB", "2 GiB"]
+        "512 B",
+        "1 KiB",
+        "1.5 KiB",
+        "4 KiB",
+        "16 MiB",
+        "2 GiB",
+    ]
 
 
 def test_size_sweep_is_geometric_and_inclusive() -> None:
@@ -95,9 +115,17 @@ def test_parse_ops_normalises_order_and_rejects_unknown_names() -> None:
 
 @pytest.mark.parametrize(
     ("op", "n", "factor"),
-    [("allreduce", 1, 0.0), ("allreduce", 2, 1.0), ("allreduce", 4, 1.5), ("allreduce", 8, 1.75),
-     ("allgather", 1, 0.0), ("allgather", 2, 0.5), ("allgather", 4, 0.75),
-     ("broadcast", 1, 1.0), ("broadcast", 8, 1.0)],
+    [
+        ("allreduce", 1, 0.0),
+        ("allreduce", 2, 1.0),
+        ("allreduce", 4, 1.5),
+        ("allreduce", 8, 1.75),
+        ("allgather", 1, 0.0),
+        ("allgather", 2, 0.5),
+        ("allgather", 4, 0.75),
+        ("broadcast", 1, 1.0),
+        ("broadcast", 8, 1.0),
+    ],
 )
 def test_bus_factor_matches_nccl_tests(op: str, n: int, factor: float) -> None:
     assert bus_factor(op, n) == pytest.approx(factor)
@@ -114,23 +142,48 @@ def test_bus_factor_rejects_unknown_op_and_empty_world() -> None:
 
 
 def test_parse_metrics_reads_records_sorted_by_op_then_size() -> None:
-    lines = [record("broadcast", 4096), record("allreduce", 4096), record("allreduce", 1024),
-             record("allgather", 1024)]
+    lines = [
+        record("broadcast", 4096),
+        record("allreduce", 4096),
+        record("allreduce", 1024),
+        record("allgather", 1024),
+    ]
     results = parse_metrics(lines)
     assert [(r.op, r.bytes) for r in results] == [
-        ("allreduce", 1024), ("allreduce", 4096), ("allgather", 1024), ("broadcast", 4096)]
+        ("allreduce", 1024),
+        ("allreduce", 4096),
+        ("allgather", 1024),
+        ("broadcast", 4096),
+    ]
     first = results[0]
-    assert first == CommResult("allreduce", 1024, 256, "float32", 100.0,
-                               first.algbw_gbps, first.busbw_gbps)
+    assert first == CommResult(
+        "allreduce", 1024, 256, "float32", 100.0, first.algbw_gbps, first.busbw_gbps
+    )
     assert first.algbw_gbps == pytest.approx(1024 / 100e-6 / 1e9)
 
 
 def test_parse_metrics_skips_noise_and_torn_lines_and_keeps_the_last_duplicate() -> None:
-    lines = ["", "not json", "[1, 2]", json.dumps({"values": {"loss": 0.5}}),
-             json.dumps({"values": {"op": "alltoall", "bytes": 1, "count": 1, "time_us": 1,
-                                    "algbw_gbps": 1, "busbw_gbps": 1}}),
-             record("allreduce", 1024, time_us=50.0), record("allreduce", 1024, time_us=70.0),
-             record("allreduce", 4096)[:-10]]
+    lines = [
+        "",
+        "not json",
+        "[1, 2]",
+        json.dumps({"values": {"loss": 0.5}}),
+        json.dumps(
+            {
+                "values": {
+                    "op": "alltoall",
+                    "bytes": 1,
+                    "count": 1,
+                    "time_us": 1,
+                    "algbw_gbps": 1,
+                    "busbw_gbps": 1,
+                }
+            }
+        ),
+        record("allreduce", 1024, time_us=50.0),
+        record("allreduce", 1024, time_us=70.0),
+        record("allreduce", 4096)[:-10],
+    ]
     results = parse_metrics(lines)
     assert [(r.op, r.bytes, r.time_us) for r in results] == [("allreduce", 1024, 70.0)]
 
@@ -144,8 +197,14 @@ def test_parse_metrics_accepts_the_workers_bare_printed_lines() -> None:
 
 
 def sample_results() -> list[CommResult]:
-    return parse_metrics([record("allreduce", 1024, 10.0), record("allreduce", 4 << 20, 2000.0),
-                          record("allgather", 4096, 20.0), record("broadcast", 1024, 5.0)])
+    return parse_metrics(
+        [
+            record("allreduce", 1024, 10.0),
+            record("allreduce", 4 << 20, 2000.0),
+            record("allgather", 4096, 20.0),
+            record("broadcast", 1024, 5.0),
+        ]
+    )
 
 
 def test_comm_table_has_one_block_per_op_with_human_sizes() -> None:
@@ -167,10 +226,21 @@ def test_comm_table_renders_empty_results() -> None:
 def test_comm_json_lists_results_and_average_bus_bandwidth() -> None:
     data = comm_json(sample_results(), world_size=2)
     assert data["world_size"] == 2
-    assert [r["op"] for r in data["results"]] == ["allreduce", "allreduce", "allgather",
-                                                   "broadcast"]
-    assert set(data["results"][0]) == {"op", "bytes", "count", "dtype", "time_us", "algbw_gbps",
-                                       "busbw_gbps"}
+    assert [r["op"] for r in data["results"]] == [
+        "allreduce",
+        "allreduce",
+        "allgather",
+        "broadcast",
+    ]
+    assert set(data["results"][0]) == {
+        "op",
+        "bytes",
+        "count",
+        "dtype",
+        "time_us",
+        "algbw_gbps",
+        "busbw_gbps",
+    }
     allreduce = [r["busbw_gbps"] for r in data["results"] if r["op"] == "allreduce"]
     assert data["avg_busbw_gbps"]["allreduce"] == pytest.approx(sum(allreduce) / 2)
     json.dumps(data)
@@ -180,31 +250,60 @@ def test_comm_json_lists_results_and_average_bus_bandwidth() -> None:
 
 
 def test_comm_job_runs_the_worker_from_the_package_with_the_options() -> None:
-    job = comm_job(workers=3, ops=("allreduce", "broadcast"), min_bytes=1024, max_bytes=4096,
-                   iters=7, warmup=2)
+    job = comm_job(
+        workers=3, ops=("allreduce", "broadcast"), min_bytes=1024, max_bytes=4096, iters=7, warmup=2
+    )
     assert job.name == "bench-comm" and job.workers == 3
     assert Path(job.workdir) == BENCH_DIR and (BENCH_DIR / job.script).name == WORKER_SCRIPT
     assert (BENCH_DIR / job.script).is_file()
-    assert job.args == ["--ops", "allreduce,broadcast", "--min-bytes", "1024", "--max-bytes",
-                        "4096", "--factor", "4", "--iters", "7", "--warmup", "2"]
+    assert job.args == [
+        "--ops",
+        "allreduce,broadcast",
+        "--min-bytes",
+        "1024",
+        "--max-bytes",
+        "4096",
+        "--factor",
+        "4",
+        "--iters",
+        "7",
+        "--warmup",
+        "2",
+    ]
 
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"ops": ("alltoall",)}, {"ops": ()}, {"min_bytes": 0}, {"max_bytes": 10},
-     {"iters": 0}, {"warmup": -1}, {"workers": 0}],
+    [
+        {"ops": ("alltoall",)},
+        {"ops": ()},
+        {"min_bytes": 0},
+        {"max_bytes": 10},
+        {"iters": 0},
+        {"warmup": -1},
+        {"workers": 0},
+    ],
 )
 def test_comm_job_rejects_bad_options(kwargs: dict[str, object]) -> None:
-    options: dict[str, object] = {"workers": None, "ops": ("allreduce",), "min_bytes": 1024,
-                                  "max_bytes": 4096, "iters": 1, "warmup": 0, **kwargs}
+    options: dict[str, object] = {
+        "workers": None,
+        "ops": ("allreduce",),
+        "min_bytes": 1024,
+        "max_bytes": 4096,
+        "iters": 1,
+        "warmup": 0,
+        **kwargs,
+    }
     with pytest.raises(UsageError):
         comm_job(**options)  # type: ignore[arg-type]
 
 
 def test_launch_bench_alternates_sides_and_reports_medians_and_ratio(tmp_path: Path) -> None:
     calls: list[str] = []
-    seconds = {"dmlctl": iter([9.0, 1.1, 1.3, 1.2, 5.0, 1.2]),
-               "torchrun": iter([9.0, 1.0, 1.0, 1.2, 0.9, 1.0])}
+    seconds = {
+        "dmlctl": iter([9.0, 1.1, 1.3, 1.2, 5.0, 1.2]),
+        "torchrun": iter([9.0, 1.0, 1.0, 1.2, 0.9, 1.0]),
+    }
 
     def timer(argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> float:
         side = "dmlctl" if "dmlctl" in argv else "torchrun"
@@ -227,10 +326,23 @@ def test_launch_bench_alternates_sides_and_reports_medians_and_ratio(tmp_path: P
 
 
 def test_launch_bench_commands_and_minimum_repeats() -> None:
-    assert dmlctl_command(3)[1:] == ["-m", "dmlctl", "launch", dmlctl_command(3)[4], "--workers",
-                                     "3", "--ui", "quiet"]
+    assert dmlctl_command(3)[1:] == [
+        "-m",
+        "dmlctl",
+        "launch",
+        dmlctl_command(3)[4],
+        "--workers",
+        "3",
+        "--ui",
+        "quiet",
+    ]
     assert dmlctl_command(3)[4].endswith("trivial/job.yaml")
-    assert torchrun_command(3)[1:6] == ["-m", "torch.distributed.run", "--standalone",
-                                        "--nproc-per-node", "3"]
+    assert torchrun_command(3)[1:6] == [
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "3",
+    ]
     with pytest.raises(UsageError, match="at least 5"):
         run_launch_bench(4, 2, console=Console(file=io.StringIO()))

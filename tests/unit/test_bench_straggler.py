@@ -53,15 +53,27 @@ def render(renderable: RenderableType, width: int = 160) -> str:
 
 
 def record(worker: int, rate: float, *, straggler: bool = False, rank: int | None = None) -> str:
-    values = {"comm_share": 0.1, "bench": "straggler", "worker": worker, "workers": 3,
-              "straggler": int(straggler), "steps_per_s": rate}  # fmt: skip
-    return json.dumps({"ts": 1.0, "host": "local", "rank": worker if rank is None else rank,
-                       "step": 60, "values": values})  # fmt: skip
+    values = {
+        "comm_share": 0.1,
+        "bench": "straggler",
+        "worker": worker,
+        "workers": 3,
+        "straggler": int(straggler),
+        "steps_per_s": rate,
+    }
+    return json.dumps(
+        {
+            "ts": 1.0,
+            "host": "local",
+            "rank": worker if rank is None else rank,
+            "step": 60,
+            "values": values,
+        }
+    )
 
 
 def result(scenario: Scenario, base: list[float], slow: list[float]) -> ScenarioResult:
-    return compare(scenario, dict(enumerate(base)), dict(enumerate(slow)), len(base) - 1,
-                   steps=60)  # fmt: skip
+    return compare(scenario, dict(enumerate(base)), dict(enumerate(slow)), len(base) - 1, steps=60)
 
 
 # --- scenarios and options -------------------------------------------------------------
@@ -70,8 +82,11 @@ def result(scenario: Scenario, base: list[float], slow: list[float]) -> Scenario
 def test_default_scenarios_are_the_issues_four_settings() -> None:
     assert list(SCENARIOS) == ["ssgd", "asgd", "ssp-s3", "ssp-s12-burst"]
     assert [(s.strategy, s.workers, s.servers) for s in SCENARIOS.values()] == [
-        ("ssgd", 3, 0), ("asgd", 3, 1), ("ssp", 3, 1), ("ssp", 3, 1)
-    ]  # fmt: skip
+        ("ssgd", 3, 0),
+        ("asgd", 3, 1),
+        ("ssp", 3, 1),
+        ("ssp", 3, 1),
+    ]
     burst = SCENARIOS["ssp-s12-burst"]
     assert burst.params == {"staleness": 12} and burst.burst == (10, 15)
     slow_steps = burst.burst[1] - burst.burst[0]
@@ -90,9 +105,13 @@ def test_parse_scenarios_keeps_order_drops_duplicates_and_names_the_valid_ones()
 
 @pytest.mark.parametrize(
     ("steps", "sleep", "repeats", "message"),
-    [(19, 0.03, 1, "--steps"), (60, 0.0, 1, "--step-sleep"), (60, 1.5, 1, "--step-sleep"),
-     (60, 0.03, 0, "--repeats")],
-)  # fmt: skip
+    [
+        (19, 0.03, 1, "--steps"),
+        (60, 0.0, 1, "--step-sleep"),
+        (60, 1.5, 1, "--step-sleep"),
+        (60, 0.03, 0, "--repeats"),
+    ],
+)
 def test_check_options_rejects_bad_values(
     steps: int, sleep: float, repeats: int, message: str
 ) -> None:
@@ -126,13 +145,19 @@ def test_slowed_job_passes_the_factor_and_the_burst_and_the_strategy_params() ->
 
 def test_parse_rates_reads_worker_records_and_skips_the_rest() -> None:
     lines = [
-        record(0, 10.0), "", "{torn", "[1, 2]",
+        record(0, 10.0),
+        "",
+        "{torn",
+        "[1, 2]",
         json.dumps({"rank": 3, "values": {"push_per_s": 5.0, "version": 3.0}}),  # a server
         json.dumps({"values": {"bench": "ps", "worker": 9, "straggler": 0, "steps_per_s": 1}}),
-        json.dumps({"values": {"bench": "straggler", "worker": "1", "straggler": 0,
-                               "steps_per_s": 2.0}}),
-        record(1, 11.0), record(0, 12.0), record(2, 4.0, straggler=True),
-    ]  # fmt: skip
+        json.dumps(
+            {"values": {"bench": "straggler", "worker": "1", "straggler": 0, "steps_per_s": 2.0}}
+        ),
+        record(1, 11.0),
+        record(0, 12.0),
+        record(2, 4.0, straggler=True),
+    ]
     assert parse_rates(lines) == ({0: 12.0, 1: 11.0, 2: 4.0}, 2)
     bare = json.dumps({"bench": "straggler", "worker": 0, "straggler": 0, "steps_per_s": 3})
     assert parse_rates([bare]) == ({0: 3.0}, None)
@@ -167,12 +192,14 @@ def test_no_goal_for_ssgd_and_persistent_ssp_but_an_expected_ratio_from_the_pace
 
 @pytest.mark.parametrize(
     ("base", "slow", "straggler", "message"),
-    [({0: 1.0, 1: 1.0}, {0: 1.0, 1: 1.0, 2: 1.0}, 2, "baseline run reported workers"),
-     ({0: 1.0, 1: 1.0, 2: 1.0}, {0: 1.0, 2: 1.0}, 2, "straggler run reported workers"),
-     ({0: 1.0, 1: 0.0, 2: 1.0}, {0: 1.0, 1: 1.0, 2: 1.0}, 2, "not positive"),
-     ({0: 1.0, 1: float("nan"), 2: 1.0}, {0: 1.0, 1: 1.0, 2: 1.0}, 2, "not positive"),
-     ({0: 1.0, 1: 1.0, 2: 1.0}, {0: 1.0, 1: 1.0, 2: 1.0}, None, "no straggler")],
-)  # fmt: skip
+    [
+        ({0: 1.0, 1: 1.0}, {0: 1.0, 1: 1.0, 2: 1.0}, 2, "baseline run reported workers"),
+        ({0: 1.0, 1: 1.0, 2: 1.0}, {0: 1.0, 2: 1.0}, 2, "straggler run reported workers"),
+        ({0: 1.0, 1: 0.0, 2: 1.0}, {0: 1.0, 1: 1.0, 2: 1.0}, 2, "not positive"),
+        ({0: 1.0, 1: float("nan"), 2: 1.0}, {0: 1.0, 1: 1.0, 2: 1.0}, 2, "not positive"),
+        ({0: 1.0, 1: 1.0, 2: 1.0}, {0: 1.0, 1: 1.0, 2: 1.0}, None, "no straggler"),
+    ],
+)
 def test_compare_rejects_incomplete_or_bad_runs(
     base: dict[int, float], slow: dict[int, float], straggler: int | None, message: str
 ) -> None:
@@ -193,11 +220,15 @@ def sample_results() -> list[ScenarioResult]:
 
 
 def test_table_has_one_row_per_scenario_with_goals_and_marks_only_where_a_goal_applies() -> None:
-    out = render(render_straggler_table(sample_results(), steps=60, step_sleep=0.03,
-                                        factor=3.0, repeats=1))  # fmt: skip
+    out = render(
+        render_straggler_table(sample_results(), steps=60, step_sleep=0.03, factor=3.0, repeats=1)
+    )
     assert "one worker 3× slower (60 steps, 30 ms sleep per step, 1 run each)" in out
-    rows = {ln.split()[0]: ln for ln in out.splitlines() if ln.split()[:1] and
-            ln.split()[0] in SCENARIOS}  # fmt: skip
+    rows = {
+        ln.split()[0]: ln
+        for ln in out.splitlines()
+        if ln.split()[:1] and ln.split()[0] in SCENARIOS
+    }
     assert list(rows) == list(SCENARIOS)
     assert "≈ straggler pace (0.35)" in rows["ssgd"] and "0.350" in rows["ssgd"]
     assert "pass" not in rows["ssgd"] and "FAIL" not in rows["ssgd"]
@@ -209,8 +240,9 @@ def test_table_has_one_row_per_scenario_with_goals_and_marks_only_where_a_goal_a
 
 
 def test_json_carries_per_worker_rates_ratios_and_goals() -> None:
-    data = straggler_json(sample_results(), steps=60, step_sleep=0.03, factor=3.0, repeats=2,
-                          run_ids=["a", "b"])  # fmt: skip
+    data = straggler_json(
+        sample_results(), steps=60, step_sleep=0.03, factor=3.0, repeats=2, run_ids=["a", "b"]
+    )
     assert json.loads(json.dumps(data)) == data
     assert (data["steps"], data["factor"], data["repeats"], data["goal"]) == (60, 3.0, 2, GOAL)
     by_name = {s["name"]: s for s in data["scenarios"]}
@@ -268,9 +300,14 @@ def test_run_loop_alternates_sides_takes_medians_and_widens_the_local_cluster(
 
     fake = FakeLauncher(tmp_path, rates)
     results, run_ids = run_straggler_bench(
-        [ASGD], steps=20, step_sleep=0.02, repeats=3, console=quiet(),
-        cluster=two_slot_cluster(), launcher=fake,
-    )  # fmt: skip
+        [ASGD],
+        steps=20,
+        step_sleep=0.02,
+        repeats=3,
+        console=quiet(),
+        cluster=two_slot_cluster(),
+        launcher=fake,
+    )
     assert run_ids == [f"run{i}" for i in range(1, 7)]
     assert ["--factor" in job.args for job, _ in fake.calls] == [False, True] * 3
     assert all(cluster.total_slots == 4 for _, cluster in fake.calls)
@@ -284,13 +321,27 @@ def test_run_loop_reports_a_failed_run_and_missing_workers(tmp_path: Path) -> No
     failing = FakeLauncher(tmp_path / "a", lambda job: {0: 1.0, 1: 1.0, 2: 1.0}, exit_code=1)
     (tmp_path / "a").mkdir()
     with pytest.raises(BenchFailed, match="run1 failed: exit code 1"):
-        run_straggler_bench([SSGD], steps=20, step_sleep=0.02, repeats=1, console=quiet(),
-                            cluster=two_slot_cluster(), launcher=failing)  # fmt: skip
+        run_straggler_bench(
+            [SSGD],
+            steps=20,
+            step_sleep=0.02,
+            repeats=1,
+            console=quiet(),
+            cluster=two_slot_cluster(),
+            launcher=failing,
+        )
     short = FakeLauncher(tmp_path / "b", lambda job: {0: 1.0, 1: 1.0})
     (tmp_path / "b").mkdir()
     with pytest.raises(BenchFailed, match="steps/s for 2 of 3 workers"):
-        run_straggler_bench([SSGD], steps=20, step_sleep=0.02, repeats=1, console=quiet(),
-                            cluster=two_slot_cluster(), launcher=short)  # fmt: skip
+        run_straggler_bench(
+            [SSGD],
+            steps=20,
+            step_sleep=0.02,
+            repeats=1,
+            console=quiet(),
+            cluster=two_slot_cluster(),
+            launcher=short,
+        )
 
 
 # --- the command's option checks -------------------------------------------------------
@@ -298,15 +349,20 @@ def test_run_loop_reports_a_failed_run_and_missing_workers(tmp_path: Path) -> No
 
 @pytest.mark.parametrize(
     ("args", "expected"),
-    [(["--steps", "5"], "--steps must be at least 20"),
-     (["--step-sleep", "0"], "--step-sleep must be in"),
-     (["--repeats", "0"], "--repeats must be at least 1"),
-     (["--scenarios", "ssgd,nope"], "unknown scenario(s) 'nope'")],
-)  # fmt: skip
+    [
+        (["--steps", "5"], "--steps must be at least 20"),
+        (["--step-sleep", "0"], "--step-sleep must be in"),
+        (["--repeats", "0"], "--repeats must be at least 1"),
+        (["--scenarios", "ssgd,nope"], "unknown scenario(s) 'nope'"),
+    ],
+)
 def test_cli_rejects_bad_options_before_launching(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
-    args: list[str], expected: str,
-) -> None:  # fmt: skip
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    args: list[str],
+    expected: str,
+) -> None:
     monkeypatch.setenv("DMLCTL_HOME", str(tmp_path))
     assert main(["bench", "straggler", *args]) == 2
     out, err = capsys.readouterr()

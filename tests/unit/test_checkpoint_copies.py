@@ -19,12 +19,23 @@ from dmlctl.transport.local import LocalTransport
 
 def host(name: str, root: Path, *, local: bool = False) -> HostPlan:
     return HostPlan(
-        name=name, address=name, is_local=local, port=22, user=None, identity_file=None,
-        node_rank=0, nproc=1, first_rank=0, python=sys.executable, workdir=str(root),
-        rank_dir=str(root / name), agent_argv=(), agent_cwd=None,
+        name=name,
+        address=name,
+        is_local=local,
+        port=22,
+        user=None,
+        identity_file=None,
+        node_rank=0,
+        nproc=1,
+        first_rank=0,
+        python=sys.executable,
+        workdir=str(root),
+        rank_dir=str(root / name),
+        agent_argv=(),
+        agent_cwd=None,
         torchrun=TorchrunCommand(sys.executable, 1, 1, "localhost:1", "run", "t.py"),
         env={protocol.ENV_CHECKPOINT_DIR: str(root / "ckpt")},
-    )  # fmt: skip
+    )
 
 
 def commit_part(root: Path, step: int, mine: dict[str, bytes], every: dict[str, bytes]) -> None:
@@ -43,8 +54,7 @@ def setup(tmp_path: Path, keep: int = 2) -> tuple[Replicator, list[HostPlan], li
     hosts = [host("a", tmp_path / "a"), host("b", tmp_path / "b")]
     transports = {h.name: LocalTransport(h.name) for h in hosts}
     copied: list[int] = []
-    rep = Replicator(tmp_path / "controller", transports, hosts, keep=keep,
-                     on_copied=copied.append)  # fmt: skip
+    rep = Replicator(tmp_path / "controller", transports, hosts, keep=keep, on_copied=copied.append)
     return rep, hosts, copied
 
 
@@ -113,8 +123,9 @@ def test_only_runs_with_remote_hosts_and_own_directories_are_copied(tmp_path: Pa
     def plan(hosts: tuple[HostPlan, ...], checkpoint: dict[str, object]) -> LaunchPlan:
         spec = CheckpointSpec.model_validate(checkpoint) if checkpoint else None
         params = registry.load("ssgd").Params()
-        return LaunchPlan("r", "j", "ssgd", params, "t.py", (), 1, "x:1", hosts, (),
-                          checkpoint=spec)  # fmt: skip
+        return LaunchPlan(
+            "r", "j", "ssgd", params, "t.py", (), 1, "x:1", hosts, (), checkpoint=spec
+        )
 
     assert replicated(plan((remote,), {"keep": 3}))
     assert not replicated(plan((local,), {"keep": 3}))

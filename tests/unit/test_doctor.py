@@ -61,10 +61,17 @@ def clock() -> float:
 
 def host(name: str, address: str | None = None, python: str = "python3", **kw: Any) -> ResolvedHost:
     values: dict[str, Any] = {
-        "name": name, "address": address or f"10.0.0.{ord(name[-1]) - 96}", "port": 22,
-        "user": None, "identity_file": None, "slots": 1, "workdir": "~/.dmlctl/work",
-        "python": python, "env": {}, "is_local": False,
-    }  # fmt: skip
+        "name": name,
+        "address": address or f"10.0.0.{ord(name[-1]) - 96}",
+        "port": 22,
+        "user": None,
+        "identity_file": None,
+        "slots": 1,
+        "workdir": "~/.dmlctl/work",
+        "python": python,
+        "env": {},
+        "is_local": False,
+    }
     values.update(kw)
     return ResolvedHost(**values)
 
@@ -83,12 +90,22 @@ def packages(**versions: str | None) -> dict[str, Any]:
 def facts(**overrides: Any) -> str:
     """A healthy host's probe answer, as the probe prints it."""
     out: dict[str, Any] = {
-        "python": "3.11.7", "platform": "Linux-6.1-x86_64", "torch": "2.13.0+cpu",
-        "torch_error": None, "cuda": False, "gpus": 0, "packages": packages(),
-        "workdir": "/home/u/.dmlctl/work", "disk_free": 50 * GIB,
-        "disk_error": None, "port": None, "port_free": None, "port_error": None,
-        "time": NOW, "elapsed": 0.01,
-    }  # fmt: skip
+        "python": "3.11.7",
+        "platform": "Linux-6.1-x86_64",
+        "torch": "2.13.0+cpu",
+        "torch_error": None,
+        "cuda": False,
+        "gpus": 0,
+        "packages": packages(),
+        "workdir": "/home/u/.dmlctl/work",
+        "disk_free": 50 * GIB,
+        "disk_error": None,
+        "port": None,
+        "port_free": None,
+        "port_error": None,
+        "time": NOW,
+        "elapsed": 0.01,
+    }
     out.update(overrides)
     return json.dumps(out) + "\n"
 
@@ -272,8 +289,12 @@ def test_host_without_numpy_fails_packages_and_says_so_everywhere() -> None:
     ]
     assert "✗ packages: numpy not importable: No module named 'numpy'" in rendered(report)
     checks = doctor_json(report)["hosts"][2]["checks"]
-    assert {"name": "packages", "ok": False, "skipped": False,
-            "detail": "numpy not importable: No module named 'numpy'"} in checks  # fmt: skip
+    assert {
+        "name": "packages",
+        "ok": False,
+        "skipped": False,
+        "detail": "numpy not importable: No module named 'numpy'",
+    } in checks
 
 
 def test_packages_without_a_known_version_or_bound_pass() -> None:
@@ -362,8 +383,14 @@ class HangingTransport:
         self.host = host
         self.release = threading.Event()
 
-    def run(self, argv: Sequence[str], *, timeout: float, cwd: str | None = None,
-            input: bytes | None = None) -> Result:  # fmt: skip
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float,
+        cwd: str | None = None,
+        input: bytes | None = None,
+    ) -> Result:
         self.release.wait(60)
         return Result(self.host, tuple(argv), 124, "", "released", 60.0)
 
@@ -432,9 +459,12 @@ def test_probe_for_real_with_torch(tmp_path: Path) -> None:
     assert f["packages"] == {
         "torch": {"dist": "torch", "version": md.version("torch"), "error": None},
         "yaml": {"dist": "PyYAML", "version": md.version("PyYAML"), "error": None},
-        "dmlctl_nothing": {"dist": "dmlctl-nothing", "version": None,
-                           "error": "No module named 'dmlctl_nothing'"},
-    }  # fmt: skip
+        "dmlctl_nothing": {
+            "dist": "dmlctl-nothing",
+            "version": None,
+            "error": "No module named 'dmlctl_nothing'",
+        },
+    }
     assert (tmp_path / "new" / "work").is_dir() and f["disk_free"] > 0
     assert f["port"] == port and f["port_free"] is True
     assert abs(f["time"] - time.time()) < 60
@@ -463,9 +493,11 @@ def test_doctor_for_real_on_loopback(tmp_path: Path) -> None:
     port = free_port()
     start = time.monotonic()
     report = run_doctor(
-        [a, b], {"node-a": LocalTransport("node-a"), "node-b": LocalTransport("node-b")},
-        rdzv_port=port, timeout=30,
-    )  # fmt: skip
+        [a, b],
+        {"node-a": LocalTransport("node-a"), "node-b": LocalTransport("node-b")},
+        rdzv_port=port,
+        timeout=30,
+    )
     took = time.monotonic() - start
     assert [c.name for c in report.hosts[0].failures()] == []
     assert {c.name for c in report.hosts[1].failures()} == {"torch", "packages"}

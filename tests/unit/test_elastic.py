@@ -20,8 +20,9 @@ def plan3(**job: object) -> LaunchPlan:
     ]
     cluster = ClusterSpec.model_validate({"hosts": hosts})
     spec = JobSpec.model_validate({"script": "train.py", "workers": 4, **job})
-    return build_plan(cluster, spec, run_id="r", rdzv_port=29500, local_python="/py",
-                      local_run_dir="/runs/r")  # fmt: skip
+    return build_plan(
+        cluster, spec, run_id="r", rdzv_port=29500, local_python="/py", local_run_dir="/runs/r"
+    )
 
 
 def argv_value(host: HostPlan, flag: str) -> str:
@@ -99,8 +100,14 @@ def pool(plan: LaunchPlan, answers: dict[str, bool], clock: Clock, **kw: float) 
     def probe(host: HostPlan) -> str | None:
         return None if answers.get(host.name, True) else "connection refused"
 
-    return HostPool(plan, probe, wait=kw.get("wait", 10.0), cooldown=kw.get("cooldown", 30.0),
-                    clock=clock, sleep=clock.sleep)  # fmt: skip
+    return HostPool(
+        plan,
+        probe,
+        wait=kw.get("wait", 10.0),
+        cooldown=kw.get("cooldown", 30.0),
+        clock=clock,
+        sleep=clock.sleep,
+    )
 
 
 def test_a_lost_host_sits_out_its_cooldown_then_comes_back() -> None:

@@ -19,11 +19,19 @@ def view(rank: int, **kw: Any) -> RankView:
     """A healthy training rank: armed, beating, just stepped, in group 0 with 10
     collectives done."""
     values: dict[str, Any] = {
-        "rank": rank, "host": "h", "beat_age": 0.5, "stalled_for": 0.1, "armed": True,
-        "cpu_rate": BUSY, "io_rate": 0.0, "proc_state": "R", "step_s": 0.05,
+        "rank": rank,
+        "host": "h",
+        "beat_age": 0.5,
+        "stalled_for": 0.1,
+        "armed": True,
+        "cpu_rate": BUSY,
+        "io_rate": 0.0,
+        "proc_state": "R",
+        "step_s": 0.05,
         "where": f"train.py:{80 + rank} in step",
-        "inner": "threading.py:320 in wait", "coll": {"0": Collective(10, 10)},
-    }  # fmt: skip
+        "inner": "threading.py:320 in wait",
+        "coll": {"0": Collective(10, 10)},
+    }
     values.update(kw)
     return RankView(**values)
 
@@ -96,8 +104,10 @@ def test_slow_steps_stretch_the_limit() -> None:
     ]
     assert find_hang(views, T) is None
     later = STEP_FACTOR * slow + 1
-    views = [view(0, coll=waits(11, later), step_s=slow),
-             view(1, **stuck(stalled_for=later, step_s=slow))]  # fmt: skip
+    views = [
+        view(0, coll=waits(11, later), step_s=slow),
+        view(1, **stuck(stalled_for=later, step_s=slow)),
+    ]
     verdict = find_hang(views, T)
     assert verdict is not None and verdict.rank == 1
 
@@ -171,8 +181,10 @@ def test_one_idle_rank_while_another_works_is_not_a_hang() -> None:
 
 
 def test_parameter_servers_are_never_blamed_for_waiting() -> None:
-    views = [view(0, **stuck()), view(1, role="server", armed=False, stalled_for=900.0,
-                                        cpu_rate=IDLE)]  # fmt: skip
+    views = [
+        view(0, **stuck()),
+        view(1, role="server", armed=False, stalled_for=900.0, cpu_rate=IDLE),
+    ]
     verdict = find_hang(views, T)
     assert verdict is not None and verdict.rank == 0
 

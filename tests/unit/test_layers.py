@@ -1,6 +1,7 @@
 """The import layers of ``dmlctl/`` (see the design's "Where things live"): no import
 cycle between modules, imports point down the layers, and the control plane and the
-data plane meet only in torch-free modules.
+data plane meet only in torch-free modules. And every function fits on a screen
+(60 lines, or a ``# long: <reason>`` beside its ``def``).
 
 Every import counts, module-level or inside a function (a lazy import is still a
 dependency); only imports under ``if TYPE_CHECKING:`` are left out.
@@ -179,3 +180,22 @@ def test_meeting_points_do_not_import_torch(module: str) -> None:
 def test_every_package_has_a_layer() -> None:
     areas = {_area(m) for m in MODULES} - {""}
     assert areas <= {*CONTROL, *DATA, TOP, "templates"}
+
+
+MAX_FUNCTION_LINES = 60
+#: Marker for a longer function: ``# long: <one-line reason>`` on its ``def`` line.
+LONG_REASON = re.compile(r"#\s*long:\s*\S")
+
+
+def test_functions_fit_on_a_screen() -> None:
+    too_long = []
+    for name, path in sorted(MODULES.items()):
+        source = path.read_text(encoding="utf-8")
+        lines = source.splitlines()
+        for node in ast.walk(ast.parse(source)):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            length = (node.end_lineno or node.lineno) - node.lineno + 1
+            if length > MAX_FUNCTION_LINES and not LONG_REASON.search(lines[node.lineno - 1]):
+                too_long.append(f"{name}.{node.name} ({length} lines)")
+    assert too_long == []

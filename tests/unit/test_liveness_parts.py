@@ -55,8 +55,11 @@ def test_a_phase_disarms_reports_its_age_and_is_no_part_of_a_step() -> None:
         clock.now += 10.0
         snap = t.snapshot()
         assert (snap["armed"], snap["phase"], snap["phase_s"], snap["limit"]) == (
-            False, "eval", 10.0, 60.0,
-        )  # fmt: skip
+            False,
+            "eval",
+            10.0,
+            60.0,
+        )
         with t.phase("load"):
             assert t.snapshot()["phase"] == "load"  # the innermost phase
         assert t.snapshot()["phase"] == "eval"
@@ -117,33 +120,55 @@ def test_live_frames_are_listed_innermost_first() -> None:
 # --------------------------------------------------------------------------- flight recorder
 
 
-def entry(seq: int, retired: bool, group: str = "0", op: str = "gloo:all_reduce",
-          created_ns: int = 0, p2p: bool = False) -> dict[str, Any]:  # fmt: skip
-    return {"collective_seq_id": seq, "retired": retired, "process_group": [group, "x"],
-            "profiling_name": op, "time_created_ns": created_ns, "is_p2p": p2p}  # fmt: skip
+def entry(
+    seq: int,
+    retired: bool,
+    group: str = "0",
+    op: str = "gloo:all_reduce",
+    created_ns: int = 0,
+    p2p: bool = False,
+) -> dict[str, Any]:
+    return {
+        "collective_seq_id": seq,
+        "retired": retired,
+        "process_group": [group, "x"],
+        "profiling_name": op,
+        "time_created_ns": created_ns,
+        "is_p2p": p2p,
+    }
 
 
 def test_the_flight_recorder_dump_becomes_counts_and_the_oldest_pending_collective() -> None:
     now = 50 * 10**9
     data = {
         "entries": [
-            entry(8, True), entry(9, False, created_ns=now - 7 * 10**9), entry(10, False),
-            entry(3, True, group="1", op="gloo:broadcast"), entry(1, False, p2p=True),
+            entry(8, True),
+            entry(9, False, created_ns=now - 7 * 10**9),
+            entry(10, False),
+            entry(3, True, group="1", op="gloo:broadcast"),
+            entry(1, False, p2p=True),
             entry(5, False, group="gone"),  # a destroyed group: left out
         ],
         "pg_status": {"1": {"last_enqueued_collective": "4", "last_completed_collective": "3"}},
     }
     got = _summarize(data, {"0": 2, "1": 2, "2": 2}, now)
     assert got == {
-        "0": [10, 8, "all_reduce", 7.0, 2], "1": [4, 3, None, None, 2], "2": [0, 0, None, None, 2],
-    }  # fmt: skip
+        "0": [10, 8, "all_reduce", 7.0, 2],
+        "1": [4, 3, None, None, 2],
+        "2": [0, 0, None, None, 2],
+    }
 
 
 @pytest.mark.parametrize(
     ("env", "on"),
-    [({}, False), ({"TORCH_FR_BUFFER_SIZE": "200"}, True), ({"TORCH_FR_BUFFER_SIZE": "0"}, False),
-     ({"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000"}, True), ({"TORCH_FR_BUFFER_SIZE": "x"}, False)],
-)  # fmt: skip
+    [
+        ({}, False),
+        ({"TORCH_FR_BUFFER_SIZE": "200"}, True),
+        ({"TORCH_FR_BUFFER_SIZE": "0"}, False),
+        ({"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000"}, True),
+        ({"TORCH_FR_BUFFER_SIZE": "x"}, False),
+    ],
+)
 def test_the_recorder_is_on_only_with_a_positive_size(env: dict[str, str], on: bool) -> None:
     assert recorder_enabled(env) is on
 
@@ -157,8 +182,17 @@ def test_the_controller_ages_beats_on_its_own_clock_and_forgets_stale_ones() -> 
     state = new_run_state("r", "j", "ssgd", [(0, "h", "worker")], 0.0)
     state = dataclasses.replace(state, ranks=(RankState(0, "h", status=RankStatus.RUNNING),))
     for i in range(4):
-        watch.beat(Heartbeat("h", 0, 5, 0.0, armed=True, since=2.0,
-                             coll={"0": Collective(9, 8, "all_reduce", 1.0, size=2)}))  # fmt: skip
+        watch.beat(
+            Heartbeat(
+                "h",
+                0,
+                5,
+                0.0,
+                armed=True,
+                since=2.0,
+                coll={"0": Collective(9, 8, "all_reduce", 1.0, size=2)},
+            )
+        )
         watch.sample(ProcSample("h", {0: ProcUsage("S", 1.0 + 0.01 * i, 1000 * i)}, 0.0))
         clock.now += 1.0
     (view,) = watch.views(state)

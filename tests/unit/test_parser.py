@@ -210,9 +210,12 @@ def test_the_killed_rank_is_found_above_long_tracebacks_through_the_summary() ->
     assert cause is not None
     assert (cause.rank, cause.message) == (2, "killed by SIGKILL")
     assert cause.traceback == tuple(tail[-15:])  # what the user reads stays the tail
-    ev = one("h", protocol.encode_agent_message(
-        protocol.MSG_EXIT, code=1, tail=tail, summary=summary, stopped=False
-    ))  # fmt: skip
+    ev = one(
+        "h",
+        protocol.encode_agent_message(
+            protocol.MSG_EXIT, code=1, tail=tail, summary=summary, stopped=False
+        ),
+    )
     assert isinstance(ev, AgentExited) and ev.cause is not None and ev.cause.rank == 2
 
 
@@ -245,24 +248,56 @@ def test_unknown_rank_record_kind_is_ignored() -> None:
 
 
 def test_a_heartbeat_carries_what_the_rank_does() -> None:
-    rec = {"kind": "heartbeat", "rank": 1, "ts": 5.0, "progress": 42, "armed": True,
-           "since": 0.2, "step_s": 0.05, "where": "train.py:9 in step",
-           "inner": "threading.py:320 in wait", "phase": "eval", "phase_s": 2.0, "limit": 60,
-           "coll": {"0": [11, 10, "all_reduce", 1.5, 2], "1": [3, 3, None, None]}}  # fmt: skip
+    rec = {
+        "kind": "heartbeat",
+        "rank": 1,
+        "ts": 5.0,
+        "progress": 42,
+        "armed": True,
+        "since": 0.2,
+        "step_s": 0.05,
+        "where": "train.py:9 in step",
+        "inner": "threading.py:320 in wait",
+        "phase": "eval",
+        "phase_s": 2.0,
+        "limit": 60,
+        "coll": {"0": [11, 10, "all_reduce", 1.5, 2], "1": [3, 3, None, None]},
+    }
     beat = one("a", json.dumps({"k": "rank", "rec": rec}))
     assert beat == Heartbeat(
-        "a", 1, 42, 5.0, armed=True, since=0.2, phase="eval", phase_s=2.0, limit=60.0,
-        step_s=0.05, where="train.py:9 in step", inner="threading.py:320 in wait",
+        "a",
+        1,
+        42,
+        5.0,
+        armed=True,
+        since=0.2,
+        phase="eval",
+        phase_s=2.0,
+        limit=60.0,
+        step_s=0.05,
+        where="train.py:9 in step",
+        inner="threading.py:320 in wait",
         coll={"0": Collective(11, 10, "all_reduce", 1.5, 2), "1": Collective(3, 3)},
-    )  # fmt: skip
-    bare = one("a", json.dumps({"k": "rank", "rec": {"kind": "heartbeat", "rank": 0, "ts": 1.0,
-                                                       "progress": 0}}))  # fmt: skip
+    )
+    bare = one(
+        "a",
+        json.dumps(
+            {"k": "rank", "rec": {"kind": "heartbeat", "rank": 0, "ts": 1.0, "progress": 0}}
+        ),
+    )
     assert bare == Heartbeat("a", 0, 0, 1.0)
 
 
 def test_stack_dumps_and_the_end_of_a_dump_are_events() -> None:
-    line = json.dumps({"k": "stacks", "r": 3, "l": ["Thread 0x1:", '  File "t.py", line 2 in f'],
-                       "where": "t.py:2 in f", "inner": None})  # fmt: skip
+    line = json.dumps(
+        {
+            "k": "stacks",
+            "r": 3,
+            "l": ["Thread 0x1:", '  File "t.py", line 2 in f'],
+            "where": "t.py:2 in f",
+            "inner": None,
+        }
+    )
     assert one("b", line) == StackDump(
         "b", 3, ("Thread 0x1:", '  File "t.py", line 2 in f'), NOW, "t.py:2 in f", None
     )
@@ -277,8 +312,14 @@ def test_a_keepalive_carries_the_ranks_processes_and_an_exit_its_final_counts() 
         "a", {0: ProcUsage("S", 1.5, 4096), 1: ProcUsage("T", 2.0, 0)}, NOW
     )
     assert parse_line("a", json.dumps({"k": "agent", "state": "alive"}), NOW) == []
-    rec = {"kind": "exit", "rank": 1, "ts": 3.0, "code": 0, "error": None,
-           "coll": {"0": [12, 12, None, None, 2]}}  # fmt: skip
+    rec = {
+        "kind": "exit",
+        "rank": 1,
+        "ts": 3.0,
+        "code": 0,
+        "error": None,
+        "coll": {"0": [12, 12, None, None, 2]},
+    }
     assert one("a", json.dumps({"k": "rank", "rec": rec})) == RankExited(
         "a", 1, 0, None, 3.0, {"0": Collective(12, 12, size=2)}
     )

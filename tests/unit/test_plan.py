@@ -123,8 +123,13 @@ def test_fewer_workers_than_slots_uses_only_what_is_asked() -> None:
     plan = plan_case("local_partial_slots")
     (host,) = plan.hosts
     assert (plan.world_size, host.nproc) == (2, 2)
-    assert host.torchrun_argv[-5:] == ("dmlctl.runtime.entry", "train.py", "--epochs", "3",
-                                       "--lr=0.1")  # fmt: skip
+    assert host.torchrun_argv[-5:] == (
+        "dmlctl.runtime.entry",
+        "train.py",
+        "--epochs",
+        "3",
+        "--lr=0.1",
+    )
 
 
 def test_env_precedence_host_over_job_over_defaults() -> None:

@@ -47,10 +47,13 @@ def _setup(start: list[float]) -> tuple[torch.nn.Parameter, dict[str, Any]]:
     """A one-tensor model at ``start`` and what a mode's constructor needs besides."""
     param = torch.nn.Parameter(torch.tensor(start))
     ctx = SimpleNamespace(
-        world_size=1, global_rank=0, rank=0,
+        world_size=1,
+        global_rank=0,
+        rank=0,
         membership=Membership(workers=(0,), servers=(1,), group=None),
-        on_data_end=lambda callback: None, on_close=lambda callback: None,
-    )  # fmt: skip
+        on_data_end=lambda callback: None,
+        on_close=lambda callback: None,
+    )
     layout = Layout(shapes=[(len(start),)], dtype="float32", plan=[[0]], workers=[0], servers=[1])
     return param, {"ctx": ctx, "layout": layout}
 

@@ -55,14 +55,23 @@ def test_dashboard_shows_clock_staleness_rates_and_spread() -> None:
 
     ranks = [(0, "a", "worker"), (1, "a", "worker"), (2, "a", "server")]
     state = new_run_state("r", "job", "ssp", ranks, 0.0)
-    server = {"push_per_s": 120.0, "pull_per_s": 118.0, "push_bytes_per_s": 2 * 1024 * 1024,
-              "pull_bytes_per_s": 3 * 1024 * 1024, "staleness_median": 1.0,
-              "staleness_max": 3.0, "clock_spread": 2.0}  # fmt: skip
-    state = apply(state, [
-        MetricRecord("a", 0, 40, {"loss": 0.5, "clock": 40.0}, 1.0),
-        MetricRecord("a", 1, 38, {"loss": 0.6, "clock": 38.0}, 1.0),
-        MetricRecord("a", 2, 78, server, 1.0),
-    ])  # fmt: skip
+    server = {
+        "push_per_s": 120.0,
+        "pull_per_s": 118.0,
+        "push_bytes_per_s": 2 * 1024 * 1024,
+        "pull_bytes_per_s": 3 * 1024 * 1024,
+        "staleness_median": 1.0,
+        "staleness_max": 3.0,
+        "clock_spread": 2.0,
+    }
+    state = apply(
+        state,
+        [
+            MetricRecord("a", 0, 40, {"loss": 0.5, "clock": 40.0}, 1.0),
+            MetricRecord("a", 1, 38, {"loss": 0.6, "clock": 38.0}, 1.0),
+            MetricRecord("a", 2, 78, server, 1.0),
+        ],
+    )
     console = Console(record=True, width=200, color_system=None)
     console.print(rank_table(state.ranks))
     text = console.export_text()

@@ -48,9 +48,16 @@ def test_names_made_of_words_and_numbers_are_not(value: str) -> None:
 
 @pytest.mark.parametrize(
     ("name", "secret"),
-    [("API_TOKEN", True), ("db_password", True), ("AWS_SECRET_ACCESS_KEY", True),
-     ("HF_API_KEY", True), ("PATH", False), ("LR", False), ("NCCL_SOCKET_IFNAME", False)],
-)  # fmt: skip
+    [
+        ("API_TOKEN", True),
+        ("db_password", True),
+        ("AWS_SECRET_ACCESS_KEY", True),
+        ("HF_API_KEY", True),
+        ("PATH", False),
+        ("LR", False),
+        ("NCCL_SOCKET_IFNAME", False),
+    ],
+)
 def test_secret_by_name(name: str, secret: bool) -> None:
     assert secret_name(name) is secret
 

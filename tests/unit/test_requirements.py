@@ -30,18 +30,21 @@ def write(root: Path, files: dict[str, str]) -> Path:
 
 
 def test_closure_follows_lazy_relative_and_parent_imports(tmp_path: Path) -> None:
-    root = write(tmp_path, {
-        "dmlctl/__init__.py": "import json\ndef init():\n    from dmlctl.run import go\n",
-        "dmlctl/run/__init__.py": "from . import helper\n",
-        "dmlctl/run/helper.py": "from ..deep.mod import x\nimport numpy.linalg\n",
-        "dmlctl/deep/__init__.py": "import yaml\n",
-        "dmlctl/deep/mod.py": (
-            "from typing import TYPE_CHECKING\n"
-            "if TYPE_CHECKING:\n    import typer\nelse:\n    import rich\n"
-            "def f():\n    import torch.distributed\n"
-        ),
-        "dmlctl/cli.py": "import fabric\n",  # never imported from the entry: not needed
-    })  # fmt: skip
+    root = write(
+        tmp_path,
+        {
+            "dmlctl/__init__.py": "import json\ndef init():\n    from dmlctl.run import go\n",
+            "dmlctl/run/__init__.py": "from . import helper\n",
+            "dmlctl/run/helper.py": "from ..deep.mod import x\nimport numpy.linalg\n",
+            "dmlctl/deep/__init__.py": "import yaml\n",
+            "dmlctl/deep/mod.py": (
+                "from typing import TYPE_CHECKING\n"
+                "if TYPE_CHECKING:\n    import typer\nelse:\n    import rich\n"
+                "def f():\n    import torch.distributed\n"
+            ),
+            "dmlctl/cli.py": "import fabric\n",  # never imported from the entry: not needed
+        },
+    )
     assert import_closure(["dmlctl"], root) == {"numpy", "yaml", "rich", "torch"}
     # A submodule runs its parent package first.
     assert import_closure(["dmlctl.cli"], root) == {"fabric", "numpy", "yaml", "rich", "torch"}

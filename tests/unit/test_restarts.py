@@ -34,8 +34,16 @@ def _run(
 ) -> RunState:
     run: RunDir = RunStore(tmp_path / "home").create(RUN_ID)
     plan = make_plan(tmp_path, [1])
-    sup = Supervisor(plan, run, transports, sink or RecordingSink(), fail_grace=0.1,
-                     stop_grace=0.0, stop_margin=0.5, **kw)  # type: ignore[arg-type]  # fmt: skip
+    sup = Supervisor(
+        plan,
+        run,
+        transports,
+        sink or RecordingSink(),
+        fail_grace=0.1,
+        stop_grace=0.0,
+        stop_margin=0.5,
+        **kw,
+    )  # type: ignore[arg-type]
     return sup.run()
 
 
@@ -79,8 +87,9 @@ def test_without_a_restart_the_run_fails_with_the_last_cause(tmp_path: Path) -> 
 def test_a_rank_that_stops_beating_is_hung_after_its_stacks_are_asked_for(
     tmp_path: Path,
 ) -> None:
-    beat = json.dumps({"kind": "heartbeat", "progress": 7, "rank": 0, "ts": 1.0,
-                       "where": "train.py:9 in step"})  # fmt: skip
+    beat = json.dumps(
+        {"kind": "heartbeat", "progress": 7, "rank": 0, "ts": 1.0, "where": "train.py:9 in step"}
+    )
     hanging = [agent_started(), rank_start(0, 0, host="a"), '{"k":"rank","rec":' + beat + "}"]
     t = ScriptedTransport("a", hanging, hang=True)
     started = time.monotonic()
@@ -107,8 +116,15 @@ def test_ranks_without_heartbeats_are_never_called_hung(tmp_path: Path) -> None:
                 sup.request_stop("test over")
 
     run = RunStore(tmp_path / "home").create(RUN_ID)
-    sup = Supervisor(make_plan(tmp_path, [1]), run, {"a": t}, StopSoon(), hang_timeout=0.2,
-                     stop_grace=0.0, stop_margin=0.5)  # fmt: skip
+    sup = Supervisor(
+        make_plan(tmp_path, [1]),
+        run,
+        {"a": t},
+        StopSoon(),
+        hang_timeout=0.2,
+        stop_grace=0.0,
+        stop_margin=0.5,
+    )
     t0 = time.monotonic()
     sup_state["s"] = sup.run()
     assert sup_state["s"].phase == Phase.STOPPED
@@ -135,8 +151,7 @@ def test_attempt_config_numbers_attempts_from_one_and_separates_later_ones(
 
 def test_agent_config_round_trips_through_its_wire_form() -> None:
     torchrun = TorchrunCommand("/py", 2, 3, "h:1", "id.1", "t.py", ("--x", "1"), False, "h")
-    config = AgentConfig("id", "a", 1, "/w", "/r/attempt-1", torchrun, {"A": "1"},
-                         {"lr": 0.5}, 2.0)  # fmt: skip
+    config = AgentConfig("id", "a", 1, "/w", "/r/attempt-1", torchrun, {"A": "1"}, {"lr": 0.5}, 2.0)
     assert AgentConfig.from_json(config.to_json()) == config
     assert "\n" not in config.to_json()
 
@@ -151,8 +166,13 @@ def test_stop_during_backoff_ends_the_run_stopped(tmp_path: Path) -> None:
             sup.request_stop("user")
 
     restart = RestartSpec(max_user_restarts=1, backoff_initial=30.0)
-    sup = Supervisor(make_plan(tmp_path, [1]), run, {"a": t},
-                     RecordingSink(stop_once_restarting), restart=restart)  # fmt: skip
+    sup = Supervisor(
+        make_plan(tmp_path, [1]),
+        run,
+        {"a": t},
+        RecordingSink(stop_once_restarting),
+        restart=restart,
+    )
     started = time.monotonic()
     state = sup.run()
     assert time.monotonic() - started < 5
@@ -163,8 +183,12 @@ def test_stop_during_backoff_ends_the_run_stopped(tmp_path: Path) -> None:
 def test_a_restart_takes_the_standby_agent_started_during_the_attempt(tmp_path: Path) -> None:
     """Once ranks run, a standby agent is started on their host; the next attempt is
     handed to it instead of a new agent, and an unused standby is closed at the end."""
-    t = ScriptedTransport("a", [agent_started(), rank_start(0, host="a")], hang=True,
-                          later=[agent_lines([0], host="a")])  # fmt: skip
+    t = ScriptedTransport(
+        "a",
+        [agent_started(), rank_start(0, host="a")],
+        hang=True,
+        later=[agent_lines([0], host="a")],
+    )
 
     def wait_for(cond: Callable[[], bool]) -> None:
         deadline = time.monotonic() + 5
@@ -186,11 +210,18 @@ def test_a_restart_takes_the_standby_agent_started_during_the_attempt(tmp_path: 
             scripted[0].start()
 
     run: RunDir = RunStore(tmp_path / "home").create(RUN_ID)
-    sup = Supervisor(make_plan(tmp_path, [1]), run, {"a": t},
-                     RecordingSink(lose_the_agent_once_a_standby_exists), fail_grace=0.1,
-                     stop_grace=0.0, stop_margin=0.5,
-                     restart=RestartSpec(max_infra_restarts=1, backoff_initial=QUICK),
-                     standby=True, warm_after=0.0)  # fmt: skip
+    sup = Supervisor(
+        make_plan(tmp_path, [1]),
+        run,
+        {"a": t},
+        RecordingSink(lose_the_agent_once_a_standby_exists),
+        fail_grace=0.1,
+        stop_grace=0.0,
+        stop_margin=0.5,
+        restart=RestartSpec(max_infra_restarts=1, backoff_initial=QUICK),
+        standby=True,
+        warm_after=0.0,
+    )
     state = sup.run()
     assert state.phase == Phase.SUCCEEDED and state.restarts == 1, state.failures
     standby = t.processes[1]

@@ -208,9 +208,10 @@ def test_listing_reads_every_run_on_its_own(store: RunStore) -> None:
     add_run(store, "c-20260101-000002-cccc", finished_state("c-20260101-000002-cccc"))
     listing = store.listing()
     assert [(r.run_id, r.state is not None) for r in listing] == [
-        ("a-20260101-000000-aaaa", True), ("b-20260101-000001-bbbb", False),
+        ("a-20260101-000000-aaaa", True),
+        ("b-20260101-000001-bbbb", False),
         ("c-20260101-000002-cccc", True),
-    ]  # fmt: skip
+    ]
     assert listing[1].error is not None and listing[1].error.startswith("not valid JSON")
 
 
@@ -250,10 +251,19 @@ def test_recorder_writes_rank_merged_agent_and_metrics_files(store: RunStore) ->
 def test_recorder_writes_a_batch_of_lines_whole_and_keeps_stack_dumps(store: RunStore) -> None:
     run = store.create("r")
     rec = RunRecorder(run)
-    rec.record([LogLines("a", 0, Stream.STDOUT, ("one", "two", "three"), T0),
-                StackDump("a", 1, ("Thread 0x1 (most recent call first):",
-                                   '  File "t.py", line 3 in f'), T0, "t.py:3 in f"),
-                LogLines("a", 0, Stream.STDOUT, (), T0)])  # fmt: skip
+    rec.record(
+        [
+            LogLines("a", 0, Stream.STDOUT, ("one", "two", "three"), T0),
+            StackDump(
+                "a",
+                1,
+                ("Thread 0x1 (most recent call first):", '  File "t.py", line 3 in f'),
+                T0,
+                "t.py:3 in f",
+            ),
+            LogLines("a", 0, Stream.STDOUT, (), T0),
+        ]
+    )
     rec.close()
     assert run.rank_log(0).read_text() == "one\ntwo\nthree\n"
     assert (run.logs / "merged.log").read_text() == "[rank 0] one\n[rank 0] two\n[rank 0] three\n"

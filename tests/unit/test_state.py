@@ -192,12 +192,14 @@ def test_a_stop_is_a_stop_when_every_rank_saves_and_exits_0() -> None:
 
 
 def test_a_successful_run_without_ctx_prepare_shows_strategy_none() -> None:
-    exits: list[Event] = [RankExited(h, r, 0, None, T0 + 9)
-                          for r, h in ((0, "a"), (1, "a"), (2, "b"), (3, "b"))]  # fmt: skip
+    exits: list[Event] = [
+        RankExited(h, r, 0, None, T0 + 9) for r, h in ((0, "a"), (1, "a"), (2, "b"), (3, "b"))
+    ]
     plain = apply(started(two_hosts()), [*exits, Finished(T0 + 10)])
     assert (plain.phase, plain.strategy, plain.prepared) == (Phase.SUCCEEDED, "none", False)
-    prepared = apply(started(two_hosts()), [Prepared("a", 0, "ssgd", T0 + 3), *exits,
-                                            Finished(T0 + 10)])  # fmt: skip
+    prepared = apply(
+        started(two_hosts()), [Prepared("a", 0, "ssgd", T0 + 3), *exits, Finished(T0 + 10)]
+    )
     assert (prepared.strategy, prepared.prepared) == ("ssgd", True)
     assert RunState.from_dict(json.loads(json.dumps(prepared.to_dict()))).prepared is True
 
@@ -324,17 +326,23 @@ def test_pending_state_round_trips_through_json() -> None:
 
 def test_a_ranks_own_error_beats_a_collateral_one_that_arrived_first() -> None:
     peer_died = RootCause(
-        "a", 0, "RuntimeError",
+        "a",
+        0,
+        "RuntimeError",
         "[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:4996",
-        (), T0 + 10.2,
-    )  # fmt: skip
+        (),
+        T0 + 10.2,
+    )
     real = RootCause("a", 1, "RuntimeError", "loss is NaN at step 3", (), T0 + 10.0)
     later = RootCause("b", 2, "ValueError", "another own error, but later", (), T0 + 12)
     state = apply(
         started(two_hosts()),
-        [RankExited("a", 0, 1, peer_died, T0 + 10.2), RankExited("a", 1, 1, real, T0 + 10.0),
-         RankExited("b", 2, 1, later, T0 + 12)],
-    )  # fmt: skip
+        [
+            RankExited("a", 0, 1, peer_died, T0 + 10.2),
+            RankExited("a", 1, 1, real, T0 + 10.0),
+            RankExited("b", 2, 1, later, T0 + 12),
+        ],
+    )
     assert peer_died.collateral and not real.collateral
     assert state.root_cause == real
 

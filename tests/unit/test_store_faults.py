@@ -54,8 +54,9 @@ def test_a_deleted_run_directory_fails_the_run_within_seconds(
             threading.Thread(target=_delete, args=(run_dir.path,)).start()
 
     sink = RecordingSink(delete_once_running)
-    sup = Supervisor(plan, run_dir, {"a": _endless()}, sink, fail_grace=0.2, stop_grace=0.0,
-                     stop_margin=1.0)  # fmt: skip
+    sup = Supervisor(
+        plan, run_dir, {"a": _endless()}, sink, fail_grace=0.2, stop_grace=0.0, stop_margin=1.0
+    )
     start = time.monotonic()
     state = sup.run()
     assert time.monotonic() - start < 8.0
@@ -86,8 +87,16 @@ def test_a_full_disk_is_a_failure_that_is_never_restarted(
     plan = make_plan(tmp_path, [1])
     transport = _endless()
     restart = RestartSpec(max_infra_restarts=3, max_user_restarts=3)
-    sup = Supervisor(plan, run_dir, {"a": transport}, RecordingSink(), fail_grace=0.2,
-                     stop_grace=0.0, stop_margin=1.0, restart=restart)  # fmt: skip
+    sup = Supervisor(
+        plan,
+        run_dir,
+        {"a": transport},
+        RecordingSink(),
+        fail_grace=0.2,
+        stop_grace=0.0,
+        stop_margin=1.0,
+        restart=restart,
+    )
     sup.writer.recorder = _FullRecorder()  # type: ignore[assignment]
     state = sup.run()
     assert state.phase == Phase.FAILED and state.restarts == 0
@@ -116,12 +125,22 @@ def test_an_agent_that_cannot_start_its_run_is_a_spec_failure(
 
     plan = make_plan(tmp_path, [1])
     exit_line = protocol.encode_agent_message(
-        protocol.MSG_EXIT, code=127, tail=["cannot start torchrun: embedded null byte"],
-        stopped=False, error={"type": "SpecInvalid", "message": "cannot start torchrun: x"},
-    )  # fmt: skip
+        protocol.MSG_EXIT,
+        code=127,
+        tail=["cannot start torchrun: embedded null byte"],
+        stopped=False,
+        error={"type": "SpecInvalid", "message": "cannot start torchrun: x"},
+    )
     restart = RestartSpec(max_infra_restarts=3)
-    sup = Supervisor(plan, run_dir, {"a": ScriptedTransport("a", [exit_line], exit_code=1)},
-                     RecordingSink(), restart=restart, fail_grace=0.2, stop_grace=0.0)  # fmt: skip
+    sup = Supervisor(
+        plan,
+        run_dir,
+        {"a": ScriptedTransport("a", [exit_line], exit_code=1)},
+        RecordingSink(),
+        restart=restart,
+        fail_grace=0.2,
+        stop_grace=0.0,
+    )
     state = sup.run()
     assert state.phase == Phase.FAILED and state.restarts == 0
     assert state.root_cause is not None and state.root_cause.exc_type == "SpecInvalid"
@@ -134,8 +153,9 @@ def test_secrets_are_hidden_in_everything_that_comes_back(
     plan = make_plan(tmp_path, [1], env={"API_TOKEN": "tok-12345678", "DB": "pg://u:pw1234@h/d"})
     lines = agent_lines([0], host="a", logs={0: ["token is tok-12345678", "db pg://u:pw1234@h/d"]})
     sink = RecordingSink()
-    sup = Supervisor(plan, run_dir, {"a": ScriptedTransport("a", lines)}, sink,
-                     redactor=redactor_of(plan))  # fmt: skip
+    sup = Supervisor(
+        plan, run_dir, {"a": ScriptedTransport("a", lines)}, sink, redactor=redactor_of(plan)
+    )
     state = sup.run()
     shown = " ".join(t.text for t in state.tail)
     logged = run_dir.rank_log(0).read_text()

@@ -80,9 +80,13 @@ def make_plan(
     )
     job = JobSpec(name="job", script="train.py", workdir=str(tmp_path), env=env or {})
     return build_plan(
-        cluster, job, run_id=RUN_ID, rdzv_port=29500, local_python="/usr/bin/python3",
+        cluster,
+        job,
+        run_id=RUN_ID,
+        rdzv_port=29500,
+        local_python="/usr/bin/python3",
         local_run_dir=str(tmp_path / "home" / "runs" / RUN_ID),
-    )  # fmt: skip
+    )
 
 
 @pytest.fixture
@@ -101,9 +105,14 @@ def supervise(
 ) -> tuple[Supervisor, RunState, float]:
     """Run the plan to its end; returns the supervisor, final state and seconds taken."""
     sup = Supervisor(
-        plan, run, transports, sink or RecordingSink(),
-        fail_grace=fail_grace, stop_grace=0.0, stop_margin=stop_margin,
-    )  # fmt: skip
+        plan,
+        run,
+        transports,
+        sink or RecordingSink(),
+        fail_grace=fail_grace,
+        stop_grace=0.0,
+        stop_margin=stop_margin,
+    )
     t0 = time.monotonic()
     state = sup.run()
     return sup, state, time.monotonic() - t0
@@ -179,9 +188,12 @@ def test_agent_gets_its_config_on_stdin_not_on_the_command_line(
     config = AgentConfig.from_json(proc.sent[0])  # the first line sent
     assert config == plan.agent_config(host, stop_grace=0.0)
     assert config.torchrun.argv() == host.torchrun_argv
-    assert config.rank_env() == {**host.env, "DMLCTL_ATTEMPT": "1",
-                                 "DMLCTL_RANK_DIR": host.rank_dir,
-                                 "DMLCTL_STRATEGY_PARAMS": "{}"}  # fmt: skip
+    assert config.rank_env() == {
+        **host.env,
+        "DMLCTL_ATTEMPT": "1",
+        "DMLCTL_RANK_DIR": host.rank_dir,
+        "DMLCTL_STRATEGY_PARAMS": "{}",
+    }
     assert config.env["API_TOKEN"] == secret
     assert (config.run_id, config.host, config.torchrun.nproc) == (RUN_ID, "a", 2)
 
@@ -192,9 +204,9 @@ def test_failing_rank_stops_the_other_host_after_fail_grace(
     plan = make_plan(tmp_path, [1, 1])  # rank 0 on a, rank 1 on b
     error = rank_error("ValueError", "bad batch")
     a = ScriptedTransport(
-        "a", agent_lines([0], host="a", logs={0: ["about to fail"]},
-                         errors={0: error}),
-    )  # fmt: skip
+        "a",
+        agent_lines([0], host="a", logs={0: ["about to fail"]}, errors={0: error}),
+    )
     b = ScriptedTransport("b", [agent_started(), rank_start(1, 0, host="b")], hang=True)
     sink = RecordingSink()
     _, state, took = supervise(plan, run_dir, {"a": a, "b": b}, sink, fail_grace=0.2)
@@ -220,8 +232,11 @@ def test_failing_rank_stops_the_other_host_after_fail_grace(
 
 def test_request_stop_while_running(tmp_path: Path, run_dir: RunDir) -> None:
     plan = make_plan(tmp_path, [2])
-    a = ScriptedTransport("a", [agent_started(), rank_start(0, host="a"), rank_start(1, host="a"),
-                                rank_log(0, "step 1")], hang=True)  # fmt: skip
+    a = ScriptedTransport(
+        "a",
+        [agent_started(), rank_start(0, host="a"), rank_start(1, host="a"), rank_log(0, "step 1")],
+        hang=True,
+    )
     holder: list[Supervisor] = []
 
     def stop_once_running(ev: Event) -> None:
@@ -249,8 +264,9 @@ def test_agent_that_ignores_stop_is_killed_after_stop_timeout(
     tmp_path: Path, run_dir: RunDir
 ) -> None:
     plan = make_plan(tmp_path, [1])
-    a = ScriptedTransport("a", [agent_started(), rank_start(0, host="a")], hang=True,
-                          ignore_stop=True)  # fmt: skip
+    a = ScriptedTransport(
+        "a", [agent_started(), rank_start(0, host="a")], hang=True, ignore_stop=True
+    )
     sup = Supervisor(plan, run_dir, {"a": a}, RecordingSink(), stop_grace=0.0, stop_margin=0.3)
     sup.request_stop("stopped (dmlctl stop)")
     t0 = time.monotonic()
@@ -274,8 +290,14 @@ def test_agent_whose_stdin_is_closed_is_killed_at_once(tmp_path: Path, run_dir: 
             a.process.close_stdin()
             holder[0].request_stop("interrupted (Ctrl-C)")
 
-    sup = Supervisor(plan, run_dir, {"a": a}, RecordingSink(lose_stdin_then_stop),
-                     stop_grace=0.0, stop_margin=5.0)  # fmt: skip
+    sup = Supervisor(
+        plan,
+        run_dir,
+        {"a": a},
+        RecordingSink(lose_stdin_then_stop),
+        stop_grace=0.0,
+        stop_margin=5.0,
+    )
     holder.append(sup)
     t0 = time.monotonic()
     state = sup.run()
@@ -287,8 +309,9 @@ def test_agent_whose_stdin_is_closed_is_killed_at_once(tmp_path: Path, run_dir: 
 
 def test_second_stop_request_kills_without_waiting(tmp_path: Path, run_dir: RunDir) -> None:
     plan = make_plan(tmp_path, [1])
-    a = ScriptedTransport("a", [agent_started(), rank_start(0, host="a")], hang=True,
-                          ignore_stop=True)  # fmt: skip
+    a = ScriptedTransport(
+        "a", [agent_started(), rank_start(0, host="a")], hang=True, ignore_stop=True
+    )
     holder: list[Supervisor] = []
 
     def double_stop(ev: Event) -> None:
@@ -348,8 +371,10 @@ def test_agent_that_cannot_start_is_the_root_cause(tmp_path: Path, run_dir: RunD
 def test_stray_agent_output_lands_in_the_agent_log(tmp_path: Path, run_dir: RunDir) -> None:
     plan = make_plan(tmp_path, [1])
     lines = agent_lines([0], host="a")
-    lines[1:1] = ["Warning: Permanently added 'a' to the list of known hosts.",
-                  agent_log("W1120 torchrun: OMP_NUM_THREADS set")]  # fmt: skip
+    lines[1:1] = [
+        "Warning: Permanently added 'a' to the list of known hosts.",
+        agent_log("W1120 torchrun: OMP_NUM_THREADS set"),
+    ]
     a = ScriptedTransport("a", lines)
     _, state, _ = supervise(plan, run_dir, {"a": a})
     assert state.phase == Phase.SUCCEEDED

@@ -102,8 +102,13 @@ def test_every_host_is_reported_even_when_one_fails(tmp_path: Path) -> None:
     files = local_files(root, excludes_for(root, []))
     bad = ScriptedTransport("down")  # every command unscripted: exit 127
     good = LocalTransport("up")
-    results = sync_all(files, [SyncTarget(bad, "python3", "/nowhere"),
-                               SyncTarget(good, sys.executable, str(tmp_path / "up"))])  # fmt: skip
+    results = sync_all(
+        files,
+        [
+            SyncTarget(bad, "python3", "/nowhere"),
+            SyncTarget(good, sys.executable, str(tmp_path / "up")),
+        ],
+    )
     assert [r.host for r in results] == ["down", "up"]
     assert not results[0].ok and "not scripted" in (results[0].error or "")
     assert results[1].ok and results[1].files_sent == len(files)

@@ -291,8 +291,12 @@ def test_strategy_metrics_get_their_own_columns() -> None:
     from dmlctl.ui.format import rank_table
 
     state = new_run_state("r", "job", "bmuf", [(0, "a", "worker"), (1, "a", "worker")], 0.0)
-    values = {"loss": 0.5, "comm_bytes_per_step": 3 * 1024 * 1024, "comm_share": 0.25,
-              "consensus": 0.0123}  # fmt: skip
+    values = {
+        "loss": 0.5,
+        "comm_bytes_per_step": 3 * 1024 * 1024,
+        "comm_share": 0.25,
+        "consensus": 0.0123,
+    }
     state = apply(state, [MetricRecord("a", 0, 10, values, 1.0)])
     console = Console(record=True, width=160, color_system=None)
     console.print(rank_table(state.ranks))
@@ -312,8 +316,14 @@ def test_header_shows_the_newest_checkpoint_and_its_copy() -> None:
     assert "checkpoint step 10" in render(render_dashboard(state, T0 + 6))
     state = apply(state, [CheckpointCopied(10, T0 + 6)])
     assert "checkpoint step 10 (copy: step 10)" in render(render_dashboard(state, T0 + 7))
-    resized = apply(state, [Resized(((0, "host-b", "worker"), (1, "host-b", "worker")),
-                                    "next attempt on host-b", T0 + 8)])  # fmt: skip
+    resized = apply(
+        state,
+        [
+            Resized(
+                ((0, "host-b", "worker"), (1, "host-b", "worker")), "next attempt on host-b", T0 + 8
+            )
+        ],
+    )
     assert (resized.world_size, resized.hosts) == (2, ("host-b",))
     assert [r.host for r in resized.ranks] == ["host-b", "host-b"]
     assert RunState.from_dict(resized.to_dict()) == resized

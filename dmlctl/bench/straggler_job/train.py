@@ -70,5 +70,11 @@ for step, (x, y) in enumerate(batches, start=1):
     opt.step()
     if step == args.steps:  # before the end of ctx.shard, which may synchronise
         elapsed = time.perf_counter() - start
-ctx.log(step=args.steps, bench="straggler", worker=ctx.rank, workers=ctx.world_size,
-        straggler=int(straggler), steps_per_s=args.steps / elapsed)  # fmt: skip
+ctx.log(
+    step=args.steps,
+    bench="straggler",
+    worker=ctx.rank,
+    workers=ctx.world_size,
+    straggler=int(straggler),
+    steps_per_s=args.steps / elapsed,
+)
