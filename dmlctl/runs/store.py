@@ -279,7 +279,12 @@ class RunDir:
             if not isinstance(data, dict) or not isinstance(hidden, dict):
                 raise ValueError("not a JSON object")
             return LaunchPlan.from_dict(run_secrets.merge(data, hidden))
-        except (OSError, ValueError, KeyError, TypeError) as e:
+        except KeyError as e:
+            raise UsageError(
+                f"run {self.run_id}: cannot read its plan (no {e} in plan.json: planned by"
+                " another version of dmlctl, or damaged)"
+            ) from None
+        except (OSError, ValueError, TypeError) as e:
             raise UsageError(f"run {self.run_id}: cannot read its plan ({e})") from None
 
 
