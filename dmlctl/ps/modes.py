@@ -20,7 +20,7 @@ per behaviour (runtime side, torch).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -107,6 +107,8 @@ class GradientPush(PSOptimizer):
 class ElasticExchange(PSOptimizer):
     """Local steps; every ``period`` steps an elastic exchange with the center."""
 
+    coupling: ClassVar[dict[str, str]] = {"alpha": "elastic_alpha"}
+
     def __init__(
         self,
         inner: torch.optim.Optimizer,
@@ -137,6 +139,7 @@ class ElasticExchange(PSOptimizer):
             ]
             for p, d in zip(self.params, diff, strict=True):
                 p.sub_(d)
+        self.check_finite(self.params, where="after the elastic exchange")
         self._push(diff)
 
 

@@ -115,6 +115,7 @@ class PSOptimizer(StrategyOptimizer):
                 else:
                     p.copy_(fresh)
                 r.copy_(fresh)
+        self.check_finite(self.params, where="after the pull from the servers")
 
     def _local_step(self, closure: Callable[[], float] | None) -> Any:
         """The user's optimizer's step, counted (clock and meter); returns its loss."""

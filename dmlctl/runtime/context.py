@@ -22,6 +22,10 @@ Contract:
 * **Metrics.** :meth:`Context.log` goes to ``rank-<R>.events.jsonl`` under
   ``DMLCTL_RANK_DIR`` when set, else to one printed line on rank 0
   (see :mod:`dmlctl.runtime.metrics`).
+* **Divergence guard.** A logged loss (a key ``loss`` or ending in ``loss``) that is
+  NaN or infinite raises :class:`~dmlctl.runtime.divergence.Diverged` from
+  :meth:`Context.log`, after the record is written; strategies check their parameters
+  after each communication round the same way (:mod:`dmlctl.runtime.divergence`).
 * **Checkpoints.** With ``DMLCTL_CHECKPOINT_DIR`` set, :meth:`Context.checkpoint` saves
   when due and :meth:`Context.resume` restores exactly (bit for bit at the same world
   size), see :mod:`dmlctl.runtime.checkpoint`.
@@ -38,7 +42,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -48,11 +52,12 @@ from pydantic import BaseModel
 
 from dmlctl.protocol import ROLE_SERVER
 from dmlctl.runtime import checkpoint as ckpt
-from dmlctl.runtime import guards
+from dmlctl.runtime import divergence, guards
 from dmlctl.runtime.data import MapDataset, shard_batches
 from dmlctl.runtime.env import RunEnv
 from dmlctl.runtime.membership import Membership
-from dmlctl.runtime.metrics import MetricLogger
+from dmlctl.runtime.metrics import MetricLogger, Scalar
+from dmlctl.runtime.optimizer import StrategyOptimizer
 from dmlctl.runtime.progress import TRACKER
 
 _THREAD_GRACE_S = 0.05
@@ -93,7 +98,8 @@ class Context:
         else:
             self._rank, self._world = env.rank, env.world_size
         self._group: Any = membership.group if membership is not None else None
-        self._metrics = MetricLogger(env.rank, env.rank_dir)
+        self._metrics = MetricLogger(env.rank, env.rank_dir, check=self._check_logged)
+        self._optimizer: torch.optim.Optimizer | None = None
         self._sources: list[Callable[[], dict[str, float]]] = []
         self._epoch = 0
         self._closed = False
@@ -187,7 +193,11 @@ class Context:
         optimizer still refers to them.
         """
         model = model.to(self._device)
+        unwrapped = model
         model, optimizer = self._prepare(self, model, optimizer, self._env.params)
+        if isinstance(optimizer, StrategyOptimizer):
+            optimizer.bind_names(self._env.strategy, unwrapped)
+        self._optimizer = optimizer
         guards.mark_prepared()
         self._metrics.prepared(self._env.strategy)
         for wrapped in (optimizer, model):
@@ -323,11 +333,26 @@ class Context:
         yielded samples since the previous call, ``samples_per_s`` (this rank's
         samples / elapsed wall time) is added unless given. Tensors become floats
         (one ``.item()`` each, no other synchronisation). Returns the step used.
+
+        Raises :class:`~dmlctl.runtime.divergence.Diverged` (after writing the
+        record) when a loss key's value is NaN or infinite.
         """
         for source in self._sources:
             metrics = {**source(), **metrics}
         TRACKER.step()
         return self._metrics.log(step, metrics)
+
+    def _check_logged(self, step: int, values: Mapping[str, Scalar]) -> None:
+        """The divergence guard on one converted record (see :meth:`log`)."""
+        divergence.check_logged(
+            values, strategy=self._env.strategy, step=step, advice=self._divergence_advice
+        )
+
+    def _divergence_advice(self) -> str:
+        optimizer = self._optimizer
+        if isinstance(optimizer, StrategyOptimizer):
+            return optimizer.divergence_advice()
+        return divergence.hint(optimizer)
 
     def barrier(self) -> None:
         """Wait until every rank gets here (no-op in a world of 1)."""

@@ -12,7 +12,7 @@ Cost: one ``.item()`` per tensor value (a device sync on GPU), nothing else.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -69,10 +69,18 @@ class MetricLogger:
       iterator, through :meth:`count`) since the previous record: those samples
       divided by the wall time since the previous record, or since :meth:`start_clock`
       for the first one. A caller-supplied ``samples_per_s`` is kept as given.
+    * ``check(step, values)``, when given, sees every record's converted values after
+      the record is written (the divergence guard raises from it).
     """
 
-    def __init__(self, rank: int, rank_dir: str | None) -> None:
+    def __init__(
+        self,
+        rank: int,
+        rank_dir: str | None,
+        check: Callable[[int, Mapping[str, Scalar]], None] | None = None,
+    ) -> None:
         self._rank = rank
+        self._check = check
         self._rank_dir = rank_dir
         self._writer: RankEventWriter | None = None
         self._next_step = 0
@@ -110,6 +118,8 @@ class MetricLogger:
         elif self._rank == 0:
             line = " ".join(f"{k}={format_value(v)}" for k, v in values.items())
             print(f"step {step} {line}".rstrip(), flush=True)
+        if self._check is not None:
+            self._check(step, values)
         return step
 
     def _records(self) -> RankEventWriter | None:

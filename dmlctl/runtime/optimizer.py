@@ -8,6 +8,8 @@
   ``zero_grad`` and ``state`` pass through, so LR schedulers and gradient clipping
   work unchanged; ``state_dict()`` holds the inner optimizer's state *and* the
   strategy's (momentum, center, duals, …), so checkpoints carry both.
+  :meth:`~StrategyOptimizer.check_finite` is the divergence guard's parameter check
+  (:mod:`dmlctl.runtime.divergence`), called by every strategy after its rounds.
 
 The strategies (:mod:`dmlctl.strategies`) and the parameter-server worker
 (:mod:`dmlctl.ps.worker`) build on it. Only imported on the hosts (it imports torch);
@@ -17,10 +19,12 @@ the control plane never imports it.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar
 
 import torch
+
+from dmlctl.runtime import divergence
 
 
 class CommMeter:
@@ -65,7 +69,11 @@ class StrategyOptimizer(torch.optim.Optimizer):
 
     Subclasses implement :meth:`communicate` (called after the local step when
     :meth:`due`), and :meth:`strategy_state` / :meth:`load_strategy_state`.
+    ``coupling`` maps the names of the strategy's coupling weights (shown in the
+    divergence hint) to the attributes holding them.
     """
+
+    coupling: ClassVar[Mapping[str, str]] = {}
 
     def __init__(
         self,
@@ -88,6 +96,8 @@ class StrategyOptimizer(torch.optim.Optimizer):
         self.warmup = warmup
         self.local_steps = 0
         self.meter = CommMeter()
+        self.strategy_name = type(self).__name__
+        self.tensor_names: dict[int, str] = {}
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.inner.zero_grad(set_to_none=set_to_none)
@@ -112,6 +122,37 @@ class StrategyOptimizer(torch.optim.Optimizer):
 
     def communicate(self) -> None:
         raise NotImplementedError
+
+    def bind_names(self, strategy: str, model: torch.nn.Module) -> None:
+        """Name the strategy and ``model``'s parameters and buffers in divergence
+        messages (``Context.prepare`` calls it with the unwrapped model)."""
+        self.strategy_name = strategy
+        named = [*model.named_parameters(), *model.named_buffers()]
+        self.tensor_names = {id(t): name for name, t in named}
+
+    def divergence_advice(self) -> str:
+        """The hint of a divergence message: the lr and the coupling weights."""
+        weights = {name: float(getattr(self, attr)) for name, attr in self.coupling.items()}
+        return divergence.hint(self.inner, weights)
+
+    def check_finite(
+        self,
+        values: torch.Tensor | Sequence[torch.Tensor],
+        layout: Sequence[torch.Tensor] | None = None,
+        where: str = "after the communication round",
+    ) -> None:
+        """Raise :class:`~dmlctl.runtime.divergence.Diverged` when ``values`` (a flat
+        buffer laid out like ``layout``, default the parameters, or a list shaped like
+        it) is not finite; one ``isfinite`` and one sync when it is."""
+        divergence.check_tensors(
+            values,
+            self.params if layout is None else layout,
+            self.tensor_names,
+            strategy=self.strategy_name,
+            step=self.local_steps,
+            where=where,
+            advice=self.divergence_advice,
+        )
 
     def strategy_state(self) -> dict[str, Any]:
         return {}

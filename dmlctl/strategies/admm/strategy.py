@@ -42,7 +42,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -59,6 +59,8 @@ if TYPE_CHECKING:
 
 class ADMMOptimizer(StrategyOptimizer):
     """The user's optimizer on fᵢ + ρ/2‖x − z + uᵢ‖², plus z and u updates."""
+
+    coupling: ClassVar[dict[str, str]] = {"rho": "rho"}
 
     def __init__(
         self,
@@ -94,6 +96,7 @@ class ADMMOptimizer(StrategyOptimizer):
         dist.all_reduce(w, op=dist.ReduceOp.SUM)
         w /= self.world_size
         z_prev, self.z = self.z, w
+        self.check_finite(self.z, where="in z after the consensus round")
         r = x - self.z
         self.u += r
         local = r.double().square().sum().reshape(1)

@@ -34,7 +34,7 @@ The parameters are :mod:`dmlctl.strategies.bmuf.params`'s; this module imports t
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from pydantic import BaseModel
@@ -59,6 +59,11 @@ class BMUFOptimizer(StrategyOptimizer):
 
     ``params``/``buffers`` are the tensors averaged; ``w_g`` starts at the current
     ``params``."""
+
+    coupling: ClassVar[dict[str, str]] = {
+        "block_lr": "block_lr",
+        "block_momentum": "block_momentum",
+    }
 
     def __init__(
         self,
@@ -99,6 +104,7 @@ class BMUFOptimizer(StrategyOptimizer):
             restart = self.global_params
         mean[:n].copy_(restart)
         assign_flat(self.tensors, mean)
+        self.check_finite(mean, self.tensors, "after the block update")
 
     def strategy_state(self) -> dict[str, Any]:
         return {"global_params": self.global_params.clone(), "delta": self.delta.clone()}

@@ -101,6 +101,7 @@ class DPSGDOptimizer(StrategyOptimizer):
         for j, buffer in received.items():
             mixed.add_(buffer, alpha=self.weights[j])
         assign_flat(self.params, mixed)
+        self.check_finite(mixed, where="after gossip mixing")
         nbytes = len(self.peers) * flat.numel() * flat.element_size()
         self.meter.add(nbytes, time.perf_counter() - start)
 

@@ -49,7 +49,7 @@ import math
 import time
 import warnings
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -66,6 +66,8 @@ if TYPE_CHECKING:
 
 class EASGDOptimizer(StrategyOptimizer):
     """The user's optimizer plus the elastic force and the center's update."""
+
+    coupling: ClassVar[dict[str, str]] = {"rho": "rho", "alpha": "alpha"}
 
     def __init__(
         self,
@@ -107,6 +109,7 @@ class EASGDOptimizer(StrategyOptimizer):
         dist.all_reduce(buf, op=dist.ReduceOp.SUM)
         self.meter.add(buf.numel() * buf.element_size(), time.perf_counter() - began)
         self.center.add_(buf[:-1], alpha=self.alpha)
+        self.check_finite(self.center, where="in the center after the elastic update")
         sq = max(float(buf[-1].item()), 0.0)
         self.meter.extra["consensus"] = math.sqrt(sq / self.world_size)
 

@@ -108,14 +108,17 @@ class LocalSGDOptimizer(StrategyOptimizer):
                 self.tensors, self.n_params, self.meter, None, self.world_size
             )
             self.meter.extra["consensus"] = spread
+            where = "after averaging"
         elif self.host_group is not None and self.host_size > 1:
             mean, spread = mean_and_consensus(
                 self.tensors, self.n_params, self.meter, self.host_group, self.host_size
             )
             self.meter.extra["consensus_host"] = spread
+            where = "after host averaging"
         else:
             return  # one worker on this host: a host round is a no-op
         assign_flat(self.tensors, mean)
+        self.check_finite(mean, self.tensors, where)
 
     def __repr__(self) -> str:
         return (
