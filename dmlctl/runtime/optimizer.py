@@ -140,16 +140,18 @@ class StrategyOptimizer(torch.optim.Optimizer):
         values: torch.Tensor | Sequence[torch.Tensor],
         layout: Sequence[torch.Tensor] | None = None,
         where: str = "after the communication round",
+        step: int | None = None,
     ) -> None:
         """Raise :class:`~dmlctl.runtime.divergence.Diverged` when ``values`` (a flat
         buffer laid out like ``layout``, default the parameters, or a list shaped like
-        it) is not finite; one ``isfinite`` and one sync when it is."""
+        it) is not finite; one ``isfinite`` and one sync when it is. ``step`` (default
+        :attr:`local_steps`, the steps taken) is the optimizer step the round belongs to."""
         divergence.check_tensors(
             values,
             self.params if layout is None else layout,
             self.tensor_names,
             strategy=self.strategy_name,
-            step=self.local_steps,
+            step=self.local_steps if step is None else step,
             where=where,
             advice=self.divergence_advice,
         )

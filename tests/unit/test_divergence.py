@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from dmlctl.launch.policy import FailureKind, classify
-from dmlctl.ps.modes import DeltaPush
+from dmlctl.ps.modes import DeltaPush, ElasticExchange, GradientPush
 from dmlctl.runs.events import RootCause
 from dmlctl.runtime import divergence
 from dmlctl.runtime.divergence import Diverged
@@ -181,6 +181,28 @@ def test_a_parameter_server_pull_that_is_not_finite_stops_the_worker() -> None:
     opt = DeltaPush(torch.optim.SGD([param], lr=0.5), [param], channel=server, **kwargs)
     param.grad = torch.zeros(2)
     with pytest.raises(Diverged, match=r"step 1: parameter '#0 \(shape \(2,\)\)' is not finite"):
+        opt.step()
+
+
+def test_every_parameter_server_mode_checks_what_it_pulled() -> None:
+    param, kwargs = _setup([1.0, 2.0])
+    center = OneServer(torch.tensor([math.inf, 0.0]))
+    inner = torch.optim.SGD([param], lr=0.5)
+    opt: StrategyOptimizer = ElasticExchange(
+        inner, [param], channel=center, period=1, alpha=0.25, **kwargs
+    )
+    opt.bind_names("easgd-async", torch.nn.ParameterDict({"w": param}))
+    param.grad = torch.zeros(2)
+    with pytest.raises(Diverged) as caught:
+        opt.step()
+    assert str(caught.value) == (
+        "strategy easgd-async, step 1: parameter 'w' is not finite after the elastic"
+        " exchange; lower the learning rate (lr=0.5) or the coupling weights (alpha=0.25)"
+    )
+    server = OneServer(torch.tensor([0.0, 0.0]))
+    opt = GradientPush(inner, [param], channel=server, **kwargs)
+    param.grad = torch.tensor([math.nan, 0.0])  # the server's step makes it NaN
+    with pytest.raises(Diverged, match=r"step 1: parameter .* after the pull from the servers"):
         opt.step()
 
 

@@ -101,7 +101,7 @@ class DPSGDOptimizer(StrategyOptimizer):
         for j, buffer in received.items():
             mixed.add_(buffer, alpha=self.weights[j])
         assign_flat(self.params, mixed)
-        self.check_finite(mixed, where="after gossip mixing")
+        self.check_finite(mixed, where="after gossip mixing", step=self.local_steps + 1)
         nbytes = len(self.peers) * flat.numel() * flat.element_size()
         self.meter.add(nbytes, time.perf_counter() - start)
 
