@@ -121,6 +121,12 @@ BEAT_KEYS = (
     "coll",
 )
 
+# Cumulative communication totals a strategy's meter adds to a metric record's values,
+# all counted since the meter started in this rank process: bytes sent, seconds spent
+# communicating, optimizer steps, wall seconds. The controller divides them for the
+# run's averages; a record without them (an older dmlctl) has only the window values.
+COMM_TOTALS = ("comm_bytes_total", "comm_seconds_total", "comm_steps_total", "comm_wall_total")
+
 # faulthandler dumps every thread's stack into rank-<R>.stacks on this signal.
 STACKS_SIGNAL = "SIGUSR2"
 

@@ -78,6 +78,10 @@ class LogLines:
 
 @dataclass(frozen=True)
 class MetricRecord:
+    """One ``ctx.log`` call of a rank. ``values`` may carry a strategy's cumulative
+    :data:`dmlctl.protocol.COMM_TOTALS` besides its window values (absent in records
+    of an older dmlctl); the reducer keeps those in ``RankState.comm``."""
+
     host: str
     rank: int
     step: int

@@ -17,6 +17,8 @@ from enum import Enum
 from typing import Any
 
 from dmlctl.errors import ExitCode
+from dmlctl.protocol import COMM_TOTALS
+from dmlctl.runs.comm import CommTotals, added
 from dmlctl.runs.events import (
     AgentExited,
     AgentStarted,
@@ -87,6 +89,13 @@ class RankState:
     last_line: str = ""
     lines: int = 0
     exit_code: int | None = None
+    comm: CommTotals | None = None  # the newest totals of the rank's current process
+    comm_before: CommTotals | None = None  # its earlier processes in this run, added
+
+    def comm_run(self) -> CommTotals | None:
+        """This rank's communication totals over the whole run (every process it ran
+        as, each up to its newest record), or None when no record carried totals."""
+        return added(self.comm_before, self.comm)
 
 
 @dataclass(frozen=True)
@@ -155,9 +164,7 @@ class RunState:
             started_at=data.get("started_at"),
             ended_at=data.get("ended_at"),
             restarts=int(data.get("restarts", 0)),
-            ranks=tuple(
-                RankState(**{**r, "status": RankStatus(r["status"])}) for r in data["ranks"]
-            ),
+            ranks=tuple(_rank_from(r) for r in data["ranks"]),
             root_cause=_cause_from(cause) if cause else None,
             failures=tuple(_cause_from(c) for c in data.get("failures", ())),
             tail=tuple(TailLine(**{**t, "stream": Stream(t["stream"])}) for t in data["tail"]),
@@ -167,6 +174,18 @@ class RunState:
             checkpoint_copied=data.get("checkpoint_copied"),
             prepared=bool(data.get("prepared", False)),
         )
+
+
+def _rank_from(data: Mapping[str, Any]) -> RankState:
+    """A rank of :meth:`RunState.to_dict` (an older ``state.json`` has no totals)."""
+    return RankState(
+        **{
+            **data,
+            "status": RankStatus(data["status"]),
+            "comm": CommTotals.from_dict(data.get("comm")),
+            "comm_before": CommTotals.from_dict(data.get("comm_before")),
+        }
+    )
 
 
 def _cause_from(data: Mapping[str, Any]) -> RootCause:
@@ -259,7 +278,10 @@ def _log_lines(f: _Fold, ev: LogLines) -> None:
 def _metric_record(f: _Fold, ev: MetricRecord) -> None:
     u = f.upd(ev.rank, ev.host)
     u["step"] = ev.step
-    u["metrics"] = {**f.current(ev.rank, "metrics"), **ev.values}
+    values = {k: v for k, v in ev.values.items() if k not in COMM_TOTALS}
+    u["metrics"] = {**f.current(ev.rank, "metrics"), **values}
+    if (totals := CommTotals.from_values(ev.values)) is not None:
+        u["comm"] = totals
     if (loss := _as_float(ev.values.get("loss"))) is not None:
         u["loss"] = loss
     if (sps := _as_float(ev.values.get("samples_per_s"))) is not None:
@@ -268,6 +290,9 @@ def _metric_record(f: _Fold, ev: MetricRecord) -> None:
 
 def _rank_started(f: _Fold, ev: RankStarted) -> None:
     u = f.upd(ev.rank, ev.host)
+    if (comm := f.current(ev.rank, "comm")) is not None:
+        # A new process, whose meter counts from zero: keep the earlier ones' totals.
+        u.update(comm=None, comm_before=added(f.current(ev.rank, "comm_before"), comm))
     u.update(
         host=ev.host,
         local_rank=ev.local_rank,

@@ -4,7 +4,8 @@ Under dmlctl (``DMLCTL_RANK_DIR`` set) every call appends one ``metric`` record 
 ``rank-<R>.events.jsonl`` through :class:`dmlctl.protocol.RankEventWriter`; the host
 agent tails that file, so logging never blocks on a pipe. Without it (plain
 ``python train.py`` or bare torchrun) rank 0 prints one line ``step 10 loss=0.1234 …``
-and the other ranks stay silent.
+(without the cumulative :data:`~dmlctl.protocol.COMM_TOTALS`, which only the
+controller reads) and the other ranks stay silent.
 
 Cost: one ``.item()`` per tensor value (a device sync on GPU), nothing else.
 """
@@ -17,7 +18,7 @@ from typing import Any
 
 import torch
 
-from dmlctl.protocol import RankEventWriter
+from dmlctl.protocol import COMM_TOTALS, RankEventWriter
 
 Scalar = float | int | str
 
@@ -115,8 +116,9 @@ class MetricLogger:
         writer = self._records()
         if writer is not None:
             writer.metric(step, values)
-        elif self._rank == 0:
-            line = " ".join(f"{k}={format_value(v)}" for k, v in values.items())
+        elif self._rank == 0:  # the run totals are for the controller, not this line
+            shown = {k: v for k, v in values.items() if k not in COMM_TOTALS}
+            line = " ".join(f"{k}={format_value(v)}" for k, v in shown.items())
             print(f"step {step} {line}".rstrip(), flush=True)
         if self._check is not None:
             self._check(step, values)

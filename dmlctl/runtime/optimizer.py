@@ -1,7 +1,8 @@
 """The base of every optimizer a strategy wraps around the user's (runtime side only).
 
 * :class:`CommMeter` — bytes sent and seconds spent communicating, per step; every
-  strategy reports ``comm_bytes_per_step`` and ``comm_share`` through it.
+  strategy reports ``comm_bytes_per_step`` and ``comm_share`` (the window since the
+  previous record) and the run's totals so far through it.
 * :class:`StrategyOptimizer` — wraps the user's optimizer: ``step()`` runs the local
   step, then the strategy's :meth:`~StrategyOptimizer.communicate` hook when due
   (every ``period`` steps after ``warmup`` synchronous steps). ``param_groups``,
@@ -24,19 +25,28 @@ from typing import Any, ClassVar
 
 import torch
 
+from dmlctl.protocol import COMM_TOTALS
 from dmlctl.runtime import divergence
 
 
 class CommMeter:
     """Accumulates communication volume and time; :meth:`metrics` reports the window
-    since its previous call and starts a new one."""
+    since its previous call and starts a new one, plus the totals since construction.
+
+    The totals (:data:`dmlctl.protocol.COMM_TOTALS`) let the controller compute the
+    run's exact averages however many records it missed: bytes / steps and
+    seconds / wall time, all counted from this meter's construction to the record.
+    """
 
     def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
         self._clock = clock
-        self._window_start = clock()
+        self._started = self._window_start = clock()
         self.bytes = 0
         self.seconds = 0.0
         self.steps = 0
+        self._total_bytes = 0
+        self._total_seconds = 0.0
+        self._total_steps = 0
         self.extra: dict[str, float] = {}
 
     def add(self, nbytes: int, seconds: float) -> None:
@@ -48,16 +58,22 @@ class CommMeter:
         self.steps += 1
 
     def metrics(self) -> dict[str, float]:
-        """``comm_bytes_per_step``, ``comm_share`` (of wall time) and any extra values
-        (e.g. ``consensus``) since the previous call; only the extra values when no
-        step was taken since then (an evaluation record, say)."""
+        """``comm_bytes_per_step``, ``comm_share`` (of wall time), the totals so far
+        (:data:`~dmlctl.protocol.COMM_TOTALS`) and any extra values (e.g.
+        ``consensus``) since the previous call; only the extra values when no step was
+        taken since then (an evaluation record, say)."""
         if self.steps == 0:  # no training step since the last report: nothing to say
             return dict(self.extra)
         now = self._clock()
         wall = max(now - self._window_start, 1e-9)
-        out = {
+        self._total_bytes += self.bytes
+        self._total_seconds += self.seconds
+        self._total_steps += self.steps
+        totals = (self._total_bytes, self._total_seconds, self._total_steps, now - self._started)
+        out: dict[str, float] = {
             "comm_bytes_per_step": self.bytes / max(self.steps, 1),
             "comm_share": min(1.0, self.seconds / wall),
+            **dict(zip(COMM_TOTALS, totals, strict=True)),
             **self.extra,
         }
         self._window_start, self.bytes, self.seconds, self.steps = now, 0, 0.0, 0

@@ -9,7 +9,7 @@ clock reads. User-controlled text (log lines, tracebacks, job names) always goes
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 
 from rich.console import Group, RenderableType
 from rich.panel import Panel
@@ -18,6 +18,7 @@ from rich.text import Text
 
 from dmlctl.runs.events import RootCause, Stream
 from dmlctl.runs.state import Phase, RankState, RankStatus, RunState, TailLine
+from dmlctl.ui.metric_columns import STRATEGY_COLUMNS, strategy_columns
 
 MISSING = "-"
 """Shown where a value is not known yet (no metric reported, no exit code)."""
@@ -201,63 +202,6 @@ def select_ranks(ranks: Sequence[RankState], limit: int | None) -> tuple[RankSta
     return tuple(r for r in ranks if r.rank in chosen)
 
 
-def _bytes(value: object) -> str:
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        return "-"
-    size = float(value)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return "-"  # unreachable
-
-
-def _share(value: object) -> str:
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        return "-"
-    return f"{100 * float(value):.0f}%"
-
-
-def _number(value: object) -> str:
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        return "-"
-    return f"{float(value):.3g}"
-
-
-def _pair(first: str, second: str, fmt: Callable[[object], str]) -> MetricCell:
-    """A cell ``a/b`` of two metrics (``-`` for a missing one)."""
-    return lambda m: f"{fmt(m.get(first))}/{fmt(m.get(second))}"
-
-
-def _one(key: str, fmt: Callable[[object], str]) -> MetricCell:
-    return lambda m: fmt(m.get(key))
-
-
-MetricCell = Callable[[Mapping[str, object]], str]
-
-#: Metric key → (column header, cell): what strategies report through ctx.log. A
-#: column appears when any rank reported its key.
-STRATEGY_COLUMNS: dict[str, tuple[str, MetricCell]] = {
-    "comm_bytes_per_step": ("comm/step", _one("comm_bytes_per_step", _bytes)),
-    "comm_share": ("comm %", _one("comm_share", _share)),
-    "consensus": ("consensus", _one("consensus", _number)),
-    "primal_res": ("primal res", _one("primal_res", _number)),
-    "dual_res": ("dual res", _one("dual_res", _number)),
-    # parameter servers: workers report their clock, servers the rest
-    "clock": ("clock", _one("clock", _number)),
-    "staleness_max": ("stale med/max", _pair("staleness_median", "staleness_max", _number)),
-    "push_per_s": ("push/pull per s", _pair("push_per_s", "pull_per_s", _number)),
-    "push_bytes_per_s": ("in/out per s", _pair("push_bytes_per_s", "pull_bytes_per_s", _bytes)),
-    "clock_spread": ("spread", _one("clock_spread", _number)),
-}
-
-
-def strategy_columns(ranks: Sequence[RankState]) -> list[str]:
-    """The strategy metrics any rank reported, in column order (none: no columns)."""
-    seen = {key for r in ranks for key in r.metrics}
-    return [key for key in STRATEGY_COLUMNS if key in seen]
-
-
 def rank_table(
     ranks: Sequence[RankState], *, last_line: bool = True, max_rows: int | None = None
 ) -> Table:
@@ -290,7 +234,7 @@ def rank_table(
             format_loss(r.loss),
             format_rate(r.samples_per_s),
         ]
-        cells += [Text(STRATEGY_COLUMNS[key][1](r.metrics)) for key in extras]
+        cells += [STRATEGY_COLUMNS[key][1](r) for key in extras]
         if last_line:
             cells.append(Text(truncate(clean_line(r.last_line), LAST_LINE_CHARS)))
         table.add_row(*cells)

@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from pydantic import ValidationError
 
+from dmlctl.runs.events import MetricRecord
+from dmlctl.runs.state import apply, new_run_state
 from dmlctl.strategies import registry
 from dmlctl.strategies.bmuf import params as bmuf
 from dmlctl.strategies.common import assign_flat
@@ -61,6 +63,23 @@ def _train(ctx: Any, strategy: str, params: dict[str, Any], steps: int, batch: i
     return {"loss": problem.full_loss(inner, X, Y), "params": _flat(inner), "metrics": metrics}
 
 
+def _records(ctx: Any, strategy: str, params: dict[str, Any]) -> list[dict[str, float]]:
+    """16 steps of ``strategy``, one metric record every 2 steps: what ``ctx.log``
+    merges in from the wrapped model's and optimizer's ``metrics()``."""
+    module = registry.load_runtime(strategy)
+    settings = registry.load(strategy).Params(**params)
+    net = problem.model(0)
+    net, opt = module.prepare(ctx, net, torch.optim.SGD(net.parameters(), lr=0.05), settings)
+    sources = [w.metrics for w in (opt, net) if callable(getattr(w, "metrics", None))]
+    gen = torch.Generator().manual_seed(1000 + ctx.rank)
+    records = []
+    for step in range(1, 17):
+        _step(net, opt, torch.randint(len(X), (16,), generator=gen))
+        if step % 2 == 0:
+            records.append({k: v for source in sources for k, v in source().items()})
+    return records
+
+
 def _schedule(ctx: Any) -> dict[str, Any]:
     """Through ctx.prepare (local-sgd, period 8, warm-up 3): 11 steps, spying on every
     communicate(); then the other 2-rank training runs."""
@@ -87,6 +106,10 @@ def _schedule(ctx: Any) -> dict[str, Any]:
         "lsgd1": _train(ctx, "local-sgd", {"period": 1}, *SHORT),
         "lsgd8": _train(ctx, "local-sgd", {"period": 8}, *CONV),
         "bmuf0": _train(ctx, "bmuf", {"period": 8, "block_momentum": 0.0}, *CONV),
+        "records": {
+            "ssgd": _records(ctx, "ssgd", {}),
+            "lsgd4": _records(ctx, "local-sgd", {"period": 4, "warmup_steps": 0}),
+        },
     }
     return {"start": start, "pre": pre, "after": after, "windows": windows, **runs}
 
@@ -212,6 +235,26 @@ def test_averaging_makes_ranks_identical_and_reports_consensus(
         assert r["windows"][11]["consensus"] > 0
         # steps 4..11: one average of the parameters in 8 steps
         assert r["windows"][11]["comm_bytes_per_step"] <= ssgd_bytes / 8
+
+
+def test_local_sgd_period_4_averages_a_quarter_of_ssgd_bytes(
+    two_ranks: list[dict[str, Any]],
+) -> None:
+    """The dashboard's run average (the reducer over the ranks' records), not the last
+    window: that one holds an averaging step in 2 steps, twice the run's share."""
+    for r in two_ranks:
+        average = {}
+        for name, records in r["records"].items():
+            events = [MetricRecord("h", 0, 2 * i, v, float(i)) for i, v in enumerate(records)]
+            state = apply(new_run_state("r", "j", name, [(0, "h", "worker")], 0.0), events)
+            totals = state.ranks[0].comm_run()
+            assert totals is not None and totals.steps == 16
+            average[name] = totals.bytes_per_step()
+        assert average["ssgd"] == r["start"].size * 4  # every step: the gradients
+        assert average["lsgd4"] == pytest.approx(average["ssgd"] / 4, rel=0.02)
+        assert r["records"]["lsgd4"][-1]["comm_bytes_per_step"] == pytest.approx(
+            average["ssgd"] / 2, rel=0.02
+        )
 
 
 def test_warmup_averages_every_step_then_every_period(two_ranks: list[dict[str, Any]]) -> None:
