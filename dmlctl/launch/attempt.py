@@ -37,6 +37,7 @@ from dmlctl.runs.events import (
     CheckpointSaved,
     Event,
     Heartbeat,
+    MetricRecord,
     ProcSample,
     Progress,
     RankExited,
@@ -81,6 +82,8 @@ class AttemptNotes:
                 self.hangs.exited(ev)
             elif isinstance(ev, ProcSample):
                 self.hangs.sample(ev)
+            elif isinstance(ev, MetricRecord):
+                self.hangs.recorded(ev)
             elif isinstance(ev, (StackDump, StacksDumped)) and self.probe is not None:
                 self.probe.take(ev)
         return batch

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from dmlctl.launch.hangs import RankView, Verdict, find_hang
 from dmlctl.runs.events import (
     Heartbeat,
+    MetricRecord,
     ProcSample,
     ProcUsage,
     RankExited,
@@ -136,6 +137,18 @@ class HangWatch:
         elif ev.progress != track.last.progress:
             track.progress_at = now
         track.last, track.beat_at = ev, now
+
+    def recorded(self, ev: MetricRecord) -> None:
+        """A rank's metric record (a ``ctx.log`` call) newer than its latest heartbeat:
+        the rank moved on since that beat (it beats once a second), so the beat's
+        seconds-since-step and pending collectives are stale: until its next beat the
+        rank counts as having progressed now. (Without this, a rank's last beat from a
+        long wait, read after a peer exited, looked like a rank idle without steps.)"""
+        track = self._ranks.get(ev.rank)
+        if track is None or ev.ts <= track.last.ts:
+            return
+        track.progress_at = self.clock()
+        track.last = dataclasses.replace(track.last, since=None, coll={})
 
     def sample(self, ev: ProcSample) -> None:
         """The agent's look at its ranks' processes (state, CPU, I/O)."""

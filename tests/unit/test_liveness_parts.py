@@ -12,7 +12,14 @@ from typing import Any
 import pytest
 
 from dmlctl.launch.watch import STALE_BEAT_S, HangWatch
-from dmlctl.runs.events import Collective, Heartbeat, ProcSample, ProcUsage, RankExited
+from dmlctl.runs.events import (
+    Collective,
+    Heartbeat,
+    MetricRecord,
+    ProcSample,
+    ProcUsage,
+    RankExited,
+)
 from dmlctl.runs.state import RankState, RankStatus, new_run_state
 from dmlctl.runtime.collectives import _summarize, recorder_enabled
 from dmlctl.runtime.progress import Tracker
@@ -221,3 +228,32 @@ def test_a_ranks_final_counts_from_its_exit_replace_its_last_beats() -> None:
     )
     (view,) = watch.views(state)
     assert (view.exit_code, view.coll["0"].entered) == (0, 12)
+
+
+def test_a_metric_record_newer_than_the_last_beat_voids_its_stale_wait() -> None:
+    """The end of a run: rank 0's last beat is from a long wait in an all-reduce; its
+    40 steps' records arrive, rank 1 exits, and rank 0 exits a moment later. Between
+    those, the stale beat must not make rank 0 look idle without steps."""
+    clock = Clock()
+    watch = HangWatch(4.0, clock=clock)
+    wait = {"0": Collective(2, 1, "all_reduce", 6.0, size=2)}
+    watch.beat(Heartbeat("h", 0, 1, 100.0, armed=True, since=13.7, coll=wait))
+    watch.sample(ProcSample("h", {0: ProcUsage("S", 1.0, 0)}, 100.0))
+    clock.now += 3.0
+    watch.sample(ProcSample("h", {0: ProcUsage("S", 1.0, 0)}, 103.0))
+    ranks = (
+        RankState(0, "h", status=RankStatus.RUNNING),
+        RankState(1, "h", status=RankStatus.SUCCEEDED, exit_code=0),
+    )
+    state = dataclasses.replace(
+        new_run_state("r", "j", "ssgd", [(0, "h", "worker"), (1, "h", "worker")], 0.0),
+        ranks=ranks,
+    )
+    (before,) = watch.views(state)[:1]
+    assert before.stalled_for > 4.0 and before.coll["0"].age is not None
+    watch.recorded(MetricRecord("h", 0, 39, {"loss": 0.1}, 100.5))
+    (after,) = watch.views(state)[:1]
+    assert after.stalled_for < 1.0 and after.coll == {}
+    assert watch.check(state) is None
+    watch.recorded(MetricRecord("h", 0, 0, {"loss": 0.1}, 99.0))  # older than the beat
+    assert watch.views(state)[0].coll == {}  # nothing undone, nothing new either
