@@ -118,3 +118,10 @@ def delta_rule(scale: float | None, workers: int) -> dict[str, Any]:
     """The server rule of the delta-pushing strategies (asgd, ssp): add each pushed
     change times ``scale``, by default ``1/workers``."""
     return {"kind": "scaled_add", "alpha": scale if scale is not None else 1.0 / workers}
+
+
+def first_lr(optimizer: torch.optim.Optimizer) -> float:
+    """The ``lr`` of the optimizer's first param group (0.0 when it has none): what
+    strategies derive their defaults from (EASGD's ρ, AdaDelay's L)."""
+    lr = optimizer.param_groups[0].get("lr", 0.0) if optimizer.param_groups else 0.0
+    return float(lr)

@@ -29,6 +29,7 @@ from dmlctl.ps.bootstrap import join_as_worker
 from dmlctl.ps.modes import GradientPush
 from dmlctl.ps.serve import serve
 from dmlctl.strategies.adadelay.params import Params
+from dmlctl.strategies.common import first_lr
 from dmlctl.strategies.registry import params_as
 
 if TYPE_CHECKING:
@@ -51,9 +52,3 @@ def prepare(
     weights, layout = join_as_worker(ctx, model, rule=rule)
     opt = GradientPush(optimizer, weights, ctx=ctx, layout=layout, n_fetch=p.n_fetch)
     return model, opt
-
-
-def first_lr(optimizer: torch.optim.Optimizer) -> float:
-    """The ``lr`` of the optimizer's first param group (0.0 when it has none)."""
-    lr = optimizer.param_groups[0].get("lr", 0.0) if optimizer.param_groups else 0.0
-    return float(lr)

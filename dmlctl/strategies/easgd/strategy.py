@@ -56,7 +56,7 @@ import torch.distributed as dist
 from pydantic import BaseModel
 
 from dmlctl.runtime.optimizer import StrategyOptimizer
-from dmlctl.strategies.common import add_to_grads, assign_flat, flat_params
+from dmlctl.strategies.common import add_to_grads, assign_flat, first_lr, flat_params
 from dmlctl.strategies.easgd.params import Params, check_world, resolve_alpha, resolve_rho
 from dmlctl.strategies.registry import params_as
 
@@ -146,7 +146,7 @@ def prepare(
     if message:
         raise ValueError(f"easgd: {message}")
     alpha = resolve_alpha(p, ctx.world_size)
-    rho = resolve_rho(p, alpha, float(optimizer.param_groups[0]["lr"]))
+    rho = resolve_rho(p, alpha, first_lr(optimizer))
     if p.rho is None and type(optimizer).__name__ != "SGD":
         warnings.warn(
             f"easgd: rho defaults to alpha / lr = {rho:g}, the paper's value for plain SGD;"
