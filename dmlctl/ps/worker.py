@@ -75,7 +75,6 @@ class PSOptimizer(StrategyOptimizer):
         self.pushed_at = 0  # local step of the latest push
         self._bytes_seen = 0
         self._closed = False
-        ctx.on_data_end(self.finish)
         ctx.on_close(self.close)
 
     # ------------------------------------------------------------ communication
@@ -134,12 +133,19 @@ class PSOptimizer(StrategyOptimizer):
         """Push what this worker changed and has not pushed yet (nothing by default)."""
 
     def finish(self) -> None:
-        """End of the data: push what is left (:meth:`flush`), say DONE, wait for the
-        other workers, pull the final parameters (module docstring)."""
+        """End of the data (``Context`` calls it): push what is left (:meth:`flush`),
+        say DONE, wait for the other workers, pull the final parameters (module
+        docstring; ``final: local`` keeps the worker's own). Again without a step in
+        between: nothing."""
+        if self._finished_at == self.local_steps:
+            return
+        self._finished_at = self.local_steps
         self.flush()
         self.channel.done(clock=self.local_steps)
         dist.barrier(group=self.group)
-        self._adopt(self._pull(), keep_local=False)
+        pulled = self._pull()
+        if not self.keep_local:
+            self._adopt(pulled, keep_local=False)
 
     def close(self) -> None:
         """Tell the servers this worker is gone (once)."""

@@ -26,6 +26,9 @@ Contract:
   NaN or infinite raises :class:`~dmlctl.runtime.divergence.Diverged` from
   :meth:`Context.log`, after the record is written; strategies check their parameters
   after each communication round the same way (:mod:`dmlctl.runtime.divergence`).
+* **One final model.** When :meth:`Context.shard`'s data ends, or the script calls
+  :meth:`Context.finish`, every worker takes the model the strategy's algorithm
+  defines (``final: local`` in its params opts out): rank 0's save is the result.
 * **Checkpoints.** With ``DMLCTL_CHECKPOINT_DIR`` set, :meth:`Context.checkpoint` saves
   when due and :meth:`Context.resume` restores exactly (bit for bit at the same world
   size), see :mod:`dmlctl.runtime.checkpoint`.
@@ -119,6 +122,7 @@ class Context:
         self._batches = self._skip = 0  # batches yielded in this epoch / left to skip
         self.resumed_extra: dict[str, Any] = {}  # ``extra`` of the checkpoint resumed
         self._on_data_end: list[Callable[[], None]] = []
+        self._notices: set[str] = set()
 
     @property
     def rank(self) -> int:
@@ -197,6 +201,8 @@ class Context:
         model, optimizer = self._prepare(self, model, optimizer, self._env.params)
         if isinstance(optimizer, StrategyOptimizer):
             optimizer.bind_names(self._env.strategy, unwrapped)
+            optimizer.keep_local = getattr(self._env.params, "final", None) == "local"
+            self.on_data_end(optimizer.finish)
         self._optimizer = optimizer
         guards.mark_prepared()
         self._metrics.prepared(self._env.strategy)
@@ -258,13 +264,33 @@ class Context:
             yield from batches
         finally:  # exhausted, or the loop broke out: no more steps for now
             TRACKER.data_end()
+        self.finish()  # exhausted (a loop that broke out never gets here)
+
+    def finish(self) -> None:
+        """Training is over: every worker takes the model the strategy's algorithm
+        defines (the average for local-sgd and dpsgd, the center for easgd, z for
+        admm, the servers' model with parameter servers, …), so every rank holds the
+        same parameters and rank 0's save is the algorithm's result (``final: local``
+        in the strategy's params keeps each replica).
+
+        The end of :meth:`shard`'s data does this by itself; call it after a loop of
+        your own (a ``DataLoader``) or one that breaks out early. Collective over the
+        workers; again without a training step in between: nothing."""
+        TRACKER.data_end()
         for callback in list(self._on_data_end):
             callback()
 
     def on_data_end(self, callback: Callable[[], None]) -> None:
-        """Run ``callback`` when an iteration over :meth:`shard` ends (for strategies:
-        e.g. parameter-server workers push what is left and pull the final model)."""
+        """Run ``callback`` in :meth:`finish` (at the end of :meth:`shard`'s data or
+        when the script calls it). :meth:`prepare` registers the strategy's own."""
         self._on_data_end.append(callback)
+
+    def notice(self, message: str) -> None:
+        """Print ``message`` once per run, from the first worker only (a strategy
+        saying what it does with the user's objects, e.g. replacing the optimizer)."""
+        if self.is_main and message not in self._notices:
+            self._notices.add(message)
+            print(f"dmlctl: {message}", flush=True)
 
     def mark_progress(self) -> None:
         """Count one training step for the hang detector (the data iterator and

@@ -11,6 +11,9 @@
   strategy's (momentum, center, duals, …), so checkpoints carry both.
   :meth:`~StrategyOptimizer.check_finite` is the divergence guard's parameter check
   (:mod:`dmlctl.runtime.divergence`), called by every strategy after its rounds.
+  :meth:`~StrategyOptimizer.finish` ends training: every worker is brought to the
+  model the algorithm defines (the average, the center, z, …; ``final: local``
+  keeps the replicas as they are).
 
 The strategies (:mod:`dmlctl.strategies`) and the parameter-server worker
 (:mod:`dmlctl.ps.worker`) build on it. Only imported on the hosts (it imports torch);
@@ -114,6 +117,9 @@ class StrategyOptimizer(torch.optim.Optimizer):
         self.meter = CommMeter()
         self.strategy_name = type(self).__name__
         self.tensor_names: dict[int, str] = {}
+        self.model_buffers: list[torch.Tensor] = []  # floating-point, set by bind_names
+        self.keep_local = False  # ``final: local``: finish() leaves the replicas alone
+        self._finished_at = -1  # local_steps when finish() last ran
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.inner.zero_grad(set_to_none=set_to_none)
@@ -141,10 +147,28 @@ class StrategyOptimizer(torch.optim.Optimizer):
 
     def bind_names(self, strategy: str, model: torch.nn.Module) -> None:
         """Name the strategy and ``model``'s parameters and buffers in divergence
-        messages (``Context.prepare`` calls it with the unwrapped model)."""
+        messages, and keep its floating-point buffers for :meth:`finish`
+        (``Context.prepare`` calls it with the unwrapped model)."""
         self.strategy_name = strategy
         named = [*model.named_parameters(), *model.named_buffers()]
         self.tensor_names = {id(t): name for name, t in named}
+        self.model_buffers = [b for b in model.buffers() if b.is_floating_point()]
+
+    def finish(self) -> None:
+        """End of training (the data of ``ctx.shard`` ran out, or ``ctx.finish()``):
+        every worker ends with the model the algorithm defines (:meth:`final_model`),
+        identical on all of them — unless ``final: local``. Collective over the workers
+        (every worker calls it after the same number of steps); a second call without
+        a step in between does nothing."""
+        if self.world_size == 1 or self._finished_at == self.local_steps:
+            return
+        self._finished_at = self.local_steps
+        if not self.keep_local:
+            self.final_model()
+
+    def final_model(self) -> None:
+        """Bring every worker to the algorithm's model. Default: nothing (strategies
+        whose replicas never drift: ssgd, hogwild)."""
 
     def divergence_advice(self) -> str:
         """The hint of a divergence message: the lr and the coupling weights."""

@@ -9,7 +9,9 @@
   mean;
 * :func:`add_to_grads` — a flat term added to the gradients (a penalty's or an
   elastic force's gradient, which then goes through the user's optimizer);
-* :func:`delta_rule` — the parameter servers' rule for pushed changes (asgd, ssp).
+* :func:`delta_rule` — the parameter servers' rule for pushed changes (asgd, ssp);
+* :func:`average_in_place` — every worker's tensors become their mean (the final
+  model of the averaging strategies).
 
 The control plane never imports this module.
 """
@@ -120,8 +122,18 @@ def delta_rule(scale: float | None, workers: int) -> dict[str, Any]:
     return {"kind": "scaled_add", "alpha": scale if scale is not None else 1.0 / workers}
 
 
-def first_lr(optimizer: torch.optim.Optimizer) -> float:
-    """The ``lr`` of the optimizer's first param group (0.0 when it has none): what
-    strategies derive their defaults from (EASGD's ρ, AdaDelay's L)."""
-    lr = optimizer.param_groups[0].get("lr", 0.0) if optimizer.param_groups else 0.0
-    return float(lr)
+def average_in_place(
+    tensors: Sequence[torch.Tensor], meter: CommMeter, world_size: int
+) -> torch.Tensor | None:
+    """Every worker's ``tensors`` ← their mean over all workers: one all-reduce of a
+    flat buffer, counted in ``meter``. Returns the mean (None for no tensors).
+    Collective over the default group."""
+    if not tensors:
+        return None
+    mean = flat_params(tensors)
+    start = time.perf_counter()
+    dist.all_reduce(mean, op=dist.ReduceOp.SUM)
+    mean /= world_size
+    meter.add(tensor_bytes([mean]), time.perf_counter() - start)
+    assign_flat(tensors, mean)
+    return mean

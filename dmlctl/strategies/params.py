@@ -8,7 +8,9 @@ job file cannot ask for a period of ``1e29`` steps.
 
 from __future__ import annotations
 
-from pydantic import ConfigDict
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from dmlctl.protocol import ROLE_SERVER, ROLE_WORKER
 
@@ -32,3 +34,17 @@ WORKERS_ONLY: tuple[str, ...] = (ROLE_WORKER,)
 
 WITH_SERVERS: tuple[str, ...] = (ROLE_WORKER, ROLE_SERVER)
 """``ROLES`` of a parameter-server strategy: workers and server ranks."""
+
+
+class FinalModel(BaseModel):
+    """The ``final`` parameter of the strategies whose replicas drift apart during
+    training (local-sgd, dpsgd, bmuf, easgd, admm, easgd-async)."""
+
+    model_config = PARAMS_CONFIG
+
+    final: Literal["consensus", "local"] = Field(
+        default="consensus",
+        description="At the end of training every worker takes the model the algorithm "
+        "defines (the average, the block-updated global model, the center, z), so every "
+        "rank saves the same result; 'local' keeps each worker's own replica.",
+    )

@@ -388,8 +388,30 @@ def test_params_reject_invalid_values(module: Any, params: dict[str, Any]) -> No
 
 
 def test_params_defaults() -> None:
-    assert easgd.Params().model_dump() == {"period": 4, "beta": 0.9, "alpha": None, "rho": None}
-    assert admm.Params().model_dump() == {"rho": 1.0, "local_steps": 10, "init": "average"}
+    assert easgd.Params().model_dump() == {
+        "period": 4,
+        "beta": 0.9,
+        "alpha": None,
+        "rho": None,
+        "final": "consensus",
+    }
+    assert admm.Params().model_dump() == {
+        "rho": None,
+        "local_steps": 10,
+        "init": "average",
+        "final": "consensus",
+    }
+
+
+def test_admm_rho_default_follows_the_optimizer() -> None:
+    p = admm.Params()
+    assert admm.resolve_rho(p, "adaptive", None) == 1.0
+    assert admm.resolve_rho(p, "sgd", 0.1) == 1.0  # η ρ = 0.1 ≤ 0.5
+    assert admm.resolve_rho(p, "momentum", 0.5) == pytest.approx(1.0)  # 0.05 / (1 − 0.9)
+    assert admm.resolve_rho(p, "momentum", 2.0) == pytest.approx(0.25)  # η ρ capped at 0.5
+    assert admm.resolve_rho(admm.Params(rho=3.0), "momentum", 2.0) == 3.0
+    with pytest.raises(ValueError, match=r"set strategy\.params\.rho"):
+        admm.resolve_rho(p, None, None)
 
 
 def test_modules_import_without_torch() -> None:

@@ -25,12 +25,36 @@ class Params(BaseModel):
         default=None,
         gt=0,
         le=1e12,
-        description="L, the smoothness constant: the largest step is 1/L; default "
-        "1/lr of the optimizer.",
+        description="L, the smoothness constant: the largest step is 1/L. Default from "
+        "your optimizer, which AdaDelay replaces: 1/lr for SGD, (1 − momentum)/lr with "
+        "momentum (the same steady-state step), 1/(100·lr) for Adam and the like "
+        "(an SGD step 100× their lr: 0.1 for 1e-3).",
     )
     c: float = Field(
         default=0.1,
         ge=0,
         le=MAX_WEIGHT,
         description="Scale of the adaptive, delay-weighted term c_j (0: constant step 1/L).",
+    )
+
+
+ADAPTIVE_TO_SGD = 100.0
+"""An SGD learning rate that does what an adaptive optimizer's (Adam's) ``lr`` does,
+as a multiple of it: the usual pairing of 0.1 with 1e-3."""
+
+
+def resolve_l(params: Params, family: str | None, lr: float, effective: float | None) -> float:
+    """L in use: ``params.L``, else derived from the optimizer AdaDelay replaces
+    (``family``, its ``lr`` and ``effective`` step: see
+    :mod:`dmlctl.strategies.optimizers`). Raises ValueError naming ``L`` when the
+    optimizer gives nothing to derive it from."""
+    if params.L is not None:
+        return params.L
+    if family == "adaptive" and lr > 0:
+        return 1.0 / (ADAPTIVE_TO_SGD * lr)
+    if family in ("sgd", "momentum") and effective is not None and effective > 0:
+        return 1.0 / effective
+    raise ValueError(
+        f"adadelay: L defaults from the optimizer's lr, but its lr is {lr:g} and its kind"
+        f" is {family or 'unknown'}; set strategy.params.L (1/L is the largest SGD step)"
     )

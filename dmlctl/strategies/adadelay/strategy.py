@@ -10,8 +10,11 @@ arrives as its shard's ``t``-th update with measured delay ``τ`` as
 
 (see :class:`dmlctl.ps.rules.AdaDelay`): the step shrinks with the delay the update
 actually had, not with a worst-case bound, and with the delay-weighted size of the
-coordinate's past gradients. ``L`` defaults to ``1 / lr`` of the user's optimizer, so
-the first, undelayed step is at most the optimizer's own ``lr``. The servers report
+coordinate's past gradients. The user's optimizer is replaced (a notice says so at
+start); ``L`` defaults from it (:func:`~dmlctl.strategies.adadelay.params.resolve_l`):
+``1/lr`` for plain SGD, ``(1 − μ)/lr`` with momentum μ (the largest step equals the
+optimizer's steady-state step), ``1/(100·lr)`` for Adam and the adaptive family. The
+servers report
 ``step_size`` (mean α of the latest update) and the staleness median / max.
 
 The parameters are :mod:`dmlctl.strategies.adadelay.params`'s; this module imports torch
@@ -28,8 +31,8 @@ from pydantic import BaseModel
 from dmlctl.ps.bootstrap import join_as_worker
 from dmlctl.ps.modes import GradientPush
 from dmlctl.ps.serve import serve
-from dmlctl.strategies.adadelay.params import Params
-from dmlctl.strategies.common import first_lr
+from dmlctl.strategies import optimizers
+from dmlctl.strategies.adadelay.params import Params, resolve_l
 from dmlctl.strategies.registry import params_as
 
 if TYPE_CHECKING:
@@ -41,13 +44,21 @@ __all__ = ["prepare", "serve"]
 def prepare(
     ctx: Context, model: torch.nn.Module, optimizer: torch.optim.Optimizer, params: BaseModel
 ) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    """Bootstrap the servers and wrap ``optimizer`` (collective with the servers).
-    Raises ValueError when ``L`` is not given and the optimizer's lr is not positive."""
+    """Bootstrap the servers and wrap ``optimizer`` (collective with the servers);
+    says once that the optimizer is replaced. Raises ValueError when ``L`` is not
+    given and cannot be derived from the optimizer."""
     p = params_as(Params, params)
-    lr = first_lr(optimizer)
-    if p.L is None and not lr > 0:
-        raise ValueError(f"adadelay: L defaults to 1/lr, but the optimizer's lr is {lr}; set L")
-    big_l = p.L if p.L is not None else 1.0 / lr
+    big_l = resolve_l(
+        p,
+        optimizers.family(optimizer),
+        optimizers.first_lr(optimizer),
+        optimizers.effective_lr(optimizer),
+    )
+    ctx.notice(
+        f"adadelay replaces {optimizers.describe(optimizer)} with its own SGD step "
+        f"1/(L + c·…) on the parameter servers, L = {big_l:g}"
+        + ("" if p.L is not None else " (derived from it; set strategy.params.L to choose)")
+    )
     rule = {"kind": "adadelay", "L": big_l, "c": p.c}
     weights, layout = join_as_worker(ctx, model, rule=rule)
     opt = GradientPush(optimizer, weights, ctx=ctx, layout=layout, n_fetch=p.n_fetch)

@@ -5,24 +5,27 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
-from dmlctl.strategies.params import MAX_PERIOD, MAX_WEIGHT, PARAMS_CONFIG, WORKERS_ONLY
+from dmlctl.strategies.params import MAX_PERIOD, MAX_WEIGHT, PARAMS_CONFIG, WORKERS_ONLY, FinalModel
 
 ROLES: tuple[str, ...] = WORKERS_ONLY
 
 
-class Params(BaseModel):
+class Params(FinalModel):
     """``strategy.params`` of an ``admm`` job (all optional; unknown keys are errors)."""
 
     model_config = PARAMS_CONFIG
 
-    rho: float = Field(
-        default=1.0,
+    rho: float | None = Field(
+        default=None,
         gt=0,
         le=MAX_WEIGHT,
         description="ρ, the penalty on disagreement with the consensus z: larger "
-        "keeps workers closer (smaller primal residual) but slows each one's progress.",
+        "keeps workers closer (smaller primal residual) but slows each one's progress. "
+        "Default from your optimizer: 1 for Adam and the like; for SGD min(1, 0.5/η) "
+        "with η its steady-state step lr/(1 − momentum), so one step never removes "
+        "more than half the disagreement.",
     )
     local_steps: int = Field(
         default=10,
@@ -35,4 +38,29 @@ class Params(BaseModel):
         default="average",
         description="'average': z starts at the mean of the initial models; "
         "'broadcast': rank 0's model is copied to every worker and z starts there.",
+    )
+
+
+ADAPTIVE_RHO = 1.0
+"""ρ for the adaptive family (the penalty's gradient is normalised like the loss's)."""
+
+MAX_PULL = 0.5
+"""For the SGD families, the default ρ keeps ``η ρ`` (the share of the disagreement
+one step removes, η the steady-state step) at most this."""
+
+
+def resolve_rho(params: Params, family: str | None, effective: float | None) -> float:
+    """ρ in use: ``params.rho``, else derived from the optimizer (``family`` and its
+    ``effective`` step, see :mod:`dmlctl.strategies.optimizers`): ``1`` for the
+    adaptive family, ``min(1, 0.5/η)`` for SGD with or without momentum. Raises
+    ValueError naming ``rho`` for an optimizer it cannot derive it from."""
+    if params.rho is not None:
+        return params.rho
+    if family == "adaptive":
+        return ADAPTIVE_RHO
+    if family in ("sgd", "momentum") and effective is not None and effective > 0:
+        return min(ADAPTIVE_RHO, MAX_PULL / effective)
+    raise ValueError(
+        f"admm: rho defaults from the optimizer, which is of an unknown kind "
+        f"(step {effective}); set strategy.params.rho"
     )

@@ -26,7 +26,14 @@ Reported in ``meter.extra`` after each round: the primal residual
 
 Deviations from §7.1, both standard for training: the x-update is inexact (k
 optimizer steps, not the exact minimiser) and stochastic (minibatches of ``fᵢ``).
-Workers train and evaluate ``xᵢ``, not ``z``: the residuals say how far apart they are.
+Workers train ``xᵢ``, not ``z``, until the end of training: the residuals say how far
+apart they are.
+
+``ρ`` defaults from the optimizer
+(:func:`~dmlctl.strategies.admm.params.resolve_rho`); ``local_steps`` is 10 for every
+optimizer (it sets how often the workers agree, not a step size). At the end of
+training (:meth:`finish`) a last round folds in the steps since the previous one and
+every worker takes ``z`` (``final: local`` keeps each ``xᵢ``).
 
 ``init: average`` starts ``z`` at the mean of the workers' initial models (they keep
 their own ``xᵢ``); ``init: broadcast`` copies rank 0's model to every worker and starts
@@ -49,8 +56,9 @@ import torch.distributed as dist
 from pydantic import BaseModel
 
 from dmlctl.runtime.optimizer import StrategyOptimizer
-from dmlctl.strategies.admm.params import Params
-from dmlctl.strategies.common import add_to_grads, assign_flat, flat_params
+from dmlctl.strategies import optimizers
+from dmlctl.strategies.admm.params import Params, resolve_rho
+from dmlctl.strategies.common import add_to_grads, assign_flat, average_in_place, flat_params
 from dmlctl.strategies.registry import params_as
 
 if TYPE_CHECKING:
@@ -83,6 +91,7 @@ class ADMMOptimizer(StrategyOptimizer):
             dist.all_reduce(x, op=dist.ReduceOp.SUM)
             self.z = x / world_size
         self.u: torch.Tensor = torch.zeros_like(self.z)
+        self._round_at = 0  # local_steps at the latest round
 
     def before_step(self) -> None:
         """Add the penalty's gradient ρ (x − z + uᵢ) to the gradients."""
@@ -106,6 +115,15 @@ class ADMMOptimizer(StrategyOptimizer):
         dual = torch.linalg.vector_norm((self.z - z_prev).double())
         self.meter.extra["primal_res"] = math.sqrt(max(float(local.item()), 0.0))
         self.meter.extra["dual_res"] = self.rho * math.sqrt(self.world_size) * float(dual)
+        self._round_at = self.local_steps
+
+    def final_model(self) -> None:
+        """A last round (z and u updates) when steps were taken since the previous
+        one; then every worker ← z, buffers ← their mean. Collective."""
+        if self._round_at != self.local_steps:
+            self.communicate()
+        assign_flat(self.params, self.z)
+        average_in_place(self.model_buffers, self.meter, self.world_size)
 
     def strategy_state(self) -> dict[str, Any]:
         return {"z": self.z.clone(), "u": self.u.clone()}
@@ -137,7 +155,7 @@ def prepare(
         optimizer,
         [q for q in model.parameters() if q.requires_grad],
         world_size=ctx.world_size,
-        rho=p.rho,
+        rho=resolve_rho(p, optimizers.family(optimizer), optimizers.effective_lr(optimizer)),
         local_steps=p.local_steps,
         init=p.init,
     )

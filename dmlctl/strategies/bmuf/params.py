@@ -3,14 +3,14 @@ with it). The update rule is :mod:`dmlctl.strategies.bmuf.strategy`'s."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import Field, field_validator
 
-from dmlctl.strategies.params import MAX_PERIOD, MAX_WEIGHT, PARAMS_CONFIG, WORKERS_ONLY
+from dmlctl.strategies.params import MAX_PERIOD, MAX_WEIGHT, PARAMS_CONFIG, WORKERS_ONLY, FinalModel
 
 ROLES: tuple[str, ...] = WORKERS_ONLY
 
 
-class Params(BaseModel):
+class Params(FinalModel):
     """``strategy.params`` of a ``bmuf`` job (all optional; unknown keys are errors)."""
 
     model_config = PARAMS_CONFIG
@@ -24,7 +24,8 @@ class Params(BaseModel):
         default=None,
         allow_inf_nan=False,
         description="η_b in [0, 1): momentum of the block updates. Default: 1 − 1/N "
-        "for N workers. 0 (with block_lr 1) is plain model averaging.",
+        "for N workers (the paper's), 0 when your optimizer is SGD with momentum (the "
+        "two momenta compound). 0 (with block_lr 1) is plain model averaging.",
     )
     block_lr: float = Field(
         le=MAX_WEIGHT,
@@ -62,6 +63,14 @@ class Params(BaseModel):
         return value
 
 
-def resolve_block_momentum(value: float | None, world_size: int) -> float:
-    """``value``, or the paper's default ``1 − 1/N`` for ``N = world_size`` workers."""
-    return value if value is not None else 1.0 - 1.0 / max(world_size, 1)
+def resolve_block_momentum(value: float | None, world_size: int, family: str | None) -> float:
+    """``value``, or the default for the inner optimizer's ``family`` (see
+    :mod:`dmlctl.strategies.optimizers`): ``0`` for SGD with momentum or Nesterov
+    (momentum already carries each update over later steps, and block momentum on top
+    compounds with it: the step grows by ``1/((1 − μ)(1 − η_b))``), else the paper's
+    ``1 − 1/N`` for ``N = world_size`` workers."""
+    if value is not None:
+        return value
+    if family == "momentum":
+        return 0.0
+    return 1.0 - 1.0 / max(world_size, 1)

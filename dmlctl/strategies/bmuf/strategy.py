@@ -10,7 +10,12 @@ the block started from and ``Δ`` the block momentum buffer (zero at the start):
     w_i ← w_g                        (classic block momentum, CBM)
     w_i ← w_g + η_b · Δ              (``nesterov: true``, NBM)
 
-``block_momentum`` defaults to ``1 − 1/N`` for ``N`` workers (the paper's choice).
+``block_momentum`` defaults to ``1 − 1/N`` for ``N`` workers (the paper's choice), and
+to ``0`` when the user's optimizer is SGD with momentum or Nesterov: the two momenta
+compound (the step grows by ``1/((1 − μ)(1 − η_b))``), and on scikit-learn's digits
+(2 workers, 15 epochs, SGD lr 0.05 momentum 0.9) ``1 − 1/N`` lost 3.6 points of test accuracy
+where ``0`` lost 0.8. At the end of training (:meth:`finish`) a last block update
+folds in the steps since the previous one and every worker takes ``w_g``.
 
 Promises:
 
@@ -40,6 +45,7 @@ import torch
 from pydantic import BaseModel
 
 from dmlctl.runtime.optimizer import StrategyOptimizer
+from dmlctl.strategies import optimizers
 from dmlctl.strategies.bmuf.params import Params, resolve_block_momentum
 from dmlctl.strategies.common import (
     assign_flat,
@@ -88,6 +94,7 @@ class BMUFOptimizer(StrategyOptimizer):
         dtype = torch.promote_types(start.dtype, torch.float32)
         self.global_params = start.to(dtype)  # w_g
         self.delta = torch.zeros_like(self.global_params)  # Δ
+        self._blocked_at = 0  # local_steps at the latest block update
 
     def communicate(self) -> None:
         mean, spread = mean_and_consensus(
@@ -105,6 +112,14 @@ class BMUFOptimizer(StrategyOptimizer):
         mean[:n].copy_(restart)
         assign_flat(self.tensors, mean)
         self.check_finite(mean, self.tensors, "after the block update")
+        self._blocked_at = self.local_steps
+
+    def final_model(self) -> None:
+        """A last block update when steps were taken since the previous one; then
+        every worker ← ``w_g`` (without the Nesterov look-ahead). Collective."""
+        if self._blocked_at != self.local_steps:
+            self.communicate()
+        assign_flat(self.params, self.global_params)
 
     def strategy_state(self) -> dict[str, Any]:
         return {"global_params": self.global_params.clone(), "delta": self.delta.clone()}
@@ -150,7 +165,9 @@ def prepare(
         buffers=buffers,
         world_size=ctx.world_size,
         period=p.period,
-        block_momentum=resolve_block_momentum(p.block_momentum, ctx.world_size),
+        block_momentum=resolve_block_momentum(
+            p.block_momentum, ctx.world_size, optimizers.family(optimizer)
+        ),
         block_lr=p.block_lr,
         nesterov=p.nesterov,
     )

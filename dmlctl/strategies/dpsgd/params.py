@@ -6,16 +6,16 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
-from dmlctl.strategies.params import MAX_PERIOD, PARAMS_CONFIG, WORKERS_ONLY
+from dmlctl.strategies.params import MAX_PERIOD, PARAMS_CONFIG, WORKERS_ONLY, FinalModel
 
 ROLES: tuple[str, ...] = WORKERS_ONLY
 
 Topology = Literal["ring", "exponential", "complete"]
 
 
-class Params(BaseModel):
+class Params(FinalModel):
     """``strategy.params`` of a ``dpsgd`` job (all optional; unknown keys are errors)."""
 
     model_config = PARAMS_CONFIG

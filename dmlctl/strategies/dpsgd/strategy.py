@@ -52,7 +52,12 @@ from pydantic import BaseModel
 
 from dmlctl.runtime.optimizer import StrategyOptimizer
 from dmlctl.strategies import topology
-from dmlctl.strategies.common import assign_flat, consensus_distance, flat_params
+from dmlctl.strategies.common import (
+    assign_flat,
+    average_in_place,
+    consensus_distance,
+    flat_params,
+)
 from dmlctl.strategies.dpsgd.params import Params
 from dmlctl.strategies.registry import params_as
 
@@ -111,6 +116,14 @@ class DPSGDOptimizer(StrategyOptimizer):
         if every and self.local_steps % every == 0:
             self.meter.extra["consensus"] = self.consensus()
         return loss
+
+    def final_model(self) -> None:
+        """Every worker ← the mean of all workers' parameters and floating-point
+        buffers (one all-reduce): the average D-PSGD's analysis is about."""
+        tensors = [*self.params, *self.model_buffers]
+        mean = average_in_place(tensors, self.meter, self.world_size)
+        if mean is not None:
+            self.check_finite(mean, tensors, "in the final average")
 
     def consensus(self) -> float:
         """sqrt(meanᵢ ‖xᵢ − x̄‖²) over all workers (collective; monitoring only)."""

@@ -4,14 +4,14 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
-from dmlctl.strategies.params import MAX_PERIOD, MAX_WEIGHT, PARAMS_CONFIG, WORKERS_ONLY
+from dmlctl.strategies.params import MAX_PERIOD, MAX_WEIGHT, PARAMS_CONFIG, WORKERS_ONLY, FinalModel
 
 ROLES: tuple[str, ...] = WORKERS_ONLY
 
 
-class Params(BaseModel):
+class Params(FinalModel):
     """``strategy.params`` of an ``easgd`` job (all optional; unknown keys are errors)."""
 
     model_config = PARAMS_CONFIG
@@ -41,9 +41,10 @@ class Params(BaseModel):
         default=None,
         gt=0,
         le=MAX_WEIGHT,
-        description="ρ, the elastic force's strength added to the gradients; default "
-        "α/η with η the optimizer's lr at start (so the worker's pull ηρ equals α, "
-        "right for plain SGD; set it for Adam and the like, which rescale the term).",
+        description="ρ, the elastic force's strength: on each exchange a worker moves "
+        "ηρ of the way to the center (η: the lr), applied directly, not through the "
+        "optimizer; default α/η with η the lr at start, so the pull equals α for every "
+        "optimizer.",
     )
 
 

@@ -18,20 +18,25 @@ With ``α ≤ 1/p`` the center update is a convex combination of ``x̃`` and the
 replicas; :func:`~dmlctl.strategies.easgd.params.check_world` rejects ``α > 1/p``
 before anything starts.
 
-The elastic force ``ρ (xᵢ − x̃)`` is added to the gradients (in
-:meth:`~dmlctl.runtime.optimizer.StrategyOptimizer.before_step`) and so goes **through
-the user's optimizer**: with plain SGD the pull is exactly ``ηρ (xᵢ − x̃)``; with
-momentum or Adam it is filtered like any gradient (momentum carries it into later
-steps, Adam normalises it and counts it in its second moment), so its strength is no
-longer ``ηρ`` and the default ``ρ`` below is too strong — set ``rho`` explicitly
-(a warning says so).
+The elastic pull ``ηρ (xᵢ − x̃)`` is applied to the parameters directly, before the
+user's optimizer takes its step, never through it: the paper's own form for a local
+optimizer with momentum (EAMSGD, its Algorithm 2). With plain SGD this is exactly the
+rule above; with momentum, Nesterov, Adam or AdamW the pull keeps its strength ``ηρ``
+(through the optimizer, momentum would carry it on for ``1/(1 − μ)`` steps and Adam
+would normalise it and count it in its second moment, and a ``ρ`` right for SGD
+would be far too strong or drown the gradients).
 
 Defaults: ``α = β / p`` (the paper's ``β = pα`` parametrisation, ``β = 0.9``) and
 ``ρ = α / η`` with ``η`` the optimizer's first param group's ``lr`` at
-:func:`prepare` time (the paper's ``α = ηρ``). Both are fixed from then on: an LR
-scheduler that lowers ``lr`` weakens the workers' pull (``ηρ``) but not the center's
-(``α``). Setting ``alpha`` and ``rho`` independently is allowed; the exchange is then
-asymmetric.
+:func:`prepare` time (the paper's ``α = ηρ``): the pull equals the center's rate,
+whatever the optimizer's family. ``η`` in the pull is the ``lr`` of the step, so an
+LR scheduler that lowers ``lr`` weakens the workers' pull (``ηρ``) but not the
+center's (``α``). Setting ``alpha`` and ``rho`` independently is allowed; the
+exchange is then asymmetric.
+
+At the end of training (:meth:`finish`) a last exchange folds in the steps since
+the previous one and every worker takes the center — the algorithm's result — and
+the mean of the floating-point buffers; ``final: local`` keeps each replica.
 
 At start, rank 0's parameters are broadcast to every worker and the center starts
 there (the paper's common ``x⁰``); buffers (e.g. BatchNorm statistics) stay local.
@@ -47,7 +52,6 @@ from __future__ import annotations
 
 import math
 import time
-import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -56,8 +60,9 @@ import torch.distributed as dist
 from pydantic import BaseModel
 
 from dmlctl.runtime.optimizer import StrategyOptimizer
-from dmlctl.strategies.common import add_to_grads, assign_flat, first_lr, flat_params
+from dmlctl.strategies.common import assign_flat, average_in_place, flat_params
 from dmlctl.strategies.easgd.params import Params, check_world, resolve_alpha, resolve_rho
+from dmlctl.strategies.optimizers import first_lr
 from dmlctl.strategies.registry import params_as
 
 if TYPE_CHECKING:
@@ -87,15 +92,17 @@ class EASGDOptimizer(StrategyOptimizer):
         assign_flat(self.params, start)
         self.center: torch.Tensor = start
         self._diff: torch.Tensor | None = None
+        self._exchanged_at = 0  # local_steps at the latest center update
 
     def before_step(self) -> None:
-        """On a step that ends a period: add ρ (xᵢ − x̃) to the gradients and keep
-        xᵢ − x̃ for the center update. Other steps are the user's optimizer alone."""
+        """On a step that ends a period: xᵢ ← xᵢ − ηρ (xᵢ − x̃), and keep xᵢ − x̃ for
+        the center update. Other steps are the user's optimizer alone."""
         n = self.local_steps + 1  # the step about to be taken, as due() counts
         if n > self.warmup and (n - self.warmup) % self.period:
             return
-        diff = flat_params(self.params) - self.center
-        add_to_grads(self.params, diff, self.rho)
+        flat = flat_params(self.params)
+        diff = flat - self.center
+        assign_flat(self.params, flat.sub_(diff, alpha=first_lr(self.inner) * self.rho))
         self._diff = diff
 
     def communicate(self) -> None:
@@ -112,6 +119,16 @@ class EASGDOptimizer(StrategyOptimizer):
         self.check_finite(self.center, where="in the center after the elastic update")
         sq = max(float(buf[-1].item()), 0.0)
         self.meter.extra["consensus"] = math.sqrt(sq / self.world_size)
+        self._exchanged_at = self.local_steps
+
+    def final_model(self) -> None:
+        """A last center update when steps were taken since the previous one; then
+        every worker ← the center, buffers ← their mean (collective)."""
+        if self._exchanged_at != self.local_steps:
+            self._diff = flat_params(self.params) - self.center
+            self.communicate()
+        assign_flat(self.params, self.center)
+        average_in_place(self.model_buffers, self.meter, self.world_size)
 
     def strategy_state(self) -> dict[str, Any]:
         return {"center": self.center.clone()}
@@ -138,6 +155,7 @@ def prepare(
     parameters are broadcast to every rank (collective), the center starts there,
     and the returned optimizer applies the update rules of this module's docstring.
     Raises ValueError when α > 1/p, or when ρ is unset and the lr is not positive.
+    The defaults hold for every optimizer (the pull bypasses it: module docstring).
     """
     p = params_as(Params, params)
     if ctx.world_size == 1:
@@ -147,14 +165,6 @@ def prepare(
         raise ValueError(f"easgd: {message}")
     alpha = resolve_alpha(p, ctx.world_size)
     rho = resolve_rho(p, alpha, first_lr(optimizer))
-    if p.rho is None and type(optimizer).__name__ != "SGD":
-        warnings.warn(
-            f"easgd: rho defaults to alpha / lr = {rho:g}, the paper's value for plain SGD;"
-            f" {type(optimizer).__name__} rescales the elastic term like a gradient, so"
-            " set strategy.params.rho for it (e.g. so rho * |x - center| is comparable"
-            " to the gradients)",
-            stacklevel=2,
-        )
     wrapped = EASGDOptimizer(
         optimizer,
         [q for q in model.parameters() if q.requires_grad],

@@ -3,14 +3,14 @@ files with it). The strategy is :mod:`dmlctl.strategies.easgd_async.strategy`.""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
-from dmlctl.strategies.params import MAX_PERIOD, PARAMS_CONFIG, WITH_SERVERS
+from dmlctl.strategies.params import MAX_PERIOD, PARAMS_CONFIG, WITH_SERVERS, FinalModel
 
 ROLES: tuple[str, ...] = WITH_SERVERS
 
 
-class Params(BaseModel):
+class Params(FinalModel):
     """``strategy.params`` of an ``easgd-async`` job (all optional; unknown keys are errors)."""
 
     model_config = PARAMS_CONFIG

@@ -66,6 +66,11 @@ class HogwildOptimizer(StrategyOptimizer):
     def communicate(self) -> None:
         """Nothing to send: the parameters are shared memory."""
 
+    def final_model(self) -> None:
+        """Wait until every worker stopped writing (a barrier): from then on every
+        worker reads the same final parameters."""
+        dist.barrier()
+
     def __repr__(self) -> str:
         return f"HogwildOptimizer({self.inner!r})"
 

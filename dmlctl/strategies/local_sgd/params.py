@@ -3,14 +3,14 @@ files with it). The update rule is :mod:`dmlctl.strategies.local_sgd.strategy`'s
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import Field, field_validator
 
-from dmlctl.strategies.params import MAX_PERIOD, MAX_STEPS, PARAMS_CONFIG, WORKERS_ONLY
+from dmlctl.strategies.params import MAX_PERIOD, MAX_STEPS, PARAMS_CONFIG, WORKERS_ONLY, FinalModel
 
 ROLES: tuple[str, ...] = WORKERS_ONLY
 
 
-class Params(BaseModel):
+class Params(FinalModel):
     """``strategy.params`` of a ``local-sgd`` job (all optional; unknown keys are errors)."""
 
     model_config = PARAMS_CONFIG

@@ -40,6 +40,7 @@ from pydantic import BaseModel
 from dmlctl.runtime.optimizer import StrategyOptimizer
 from dmlctl.strategies.common import (
     assign_flat,
+    average_in_place,
     broadcast_from_rank0,
     mean_and_consensus,
     model_tensors,
@@ -119,6 +120,13 @@ class LocalSGDOptimizer(StrategyOptimizer):
             return  # one worker on this host: a host round is a no-op
         assign_flat(self.tensors, mean)
         self.check_finite(mean, self.tensors, where)
+
+    def final_model(self) -> None:
+        """Every worker ← the mean of all workers' parameters and buffers (one
+        all-reduce over all workers, hosts included)."""
+        mean = average_in_place(self.tensors, self.meter, self.world_size)
+        if mean is not None:
+            self.check_finite(mean, self.tensors, "in the final average")
 
     def __repr__(self) -> str:
         return (
