@@ -73,7 +73,9 @@ class DeltaPush(PSOptimizer):
 
 
 class GradientPush(PSOptimizer):
-    """Push the gradients every step (the servers step); pull every ``n_fetch``."""
+    """Push the gradients every step (the servers step); pull every ``n_fetch``.
+    ``advice`` is the divergence hint (the servers' step size, not the unused
+    optimizer's ``lr``, is what to change)."""
 
     def __init__(
         self,
@@ -84,9 +86,14 @@ class GradientPush(PSOptimizer):
         layout: Layout,
         channel: WorkerChannel | None = None,
         n_fetch: int = 1,
+        advice: str | None = None,
     ) -> None:
         super().__init__(inner, params, ctx=ctx, layout=layout, channel=channel)
         self.n_fetch = n_fetch
+        self.advice = advice
+
+    def divergence_advice(self) -> str:
+        return self.advice if self.advice is not None else super().divergence_advice()
 
     def step(self, closure: Callable[[], float] | None = None) -> Any:
         """Push this step's gradients (the user's optimizer does not step) and pull

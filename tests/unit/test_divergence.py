@@ -200,10 +200,12 @@ def test_every_parameter_server_mode_checks_what_it_pulled() -> None:
         " exchange; lower the learning rate (lr=0.5) or the coupling weights (alpha=0.25)"
     )
     server = OneServer(torch.tensor([0.0, 0.0]))
-    opt = GradientPush(inner, [param], channel=server, **kwargs)
+    advice = "raise L (L=10: the servers' largest step is 1/L; the optimizer's lr is not used)"
+    opt = GradientPush(inner, [param], channel=server, advice=advice, **kwargs)
     param.grad = torch.tensor([math.nan, 0.0])  # the server's step makes it NaN
     with pytest.raises(Diverged, match=r"step 1: parameter .* after the pull from the servers"):
         opt.step()
+    assert opt.divergence_advice() == advice  # adadelay: L, not the unused lr
 
 
 def test_the_metric_logger_writes_the_record_then_lets_the_check_raise(

@@ -61,5 +61,8 @@ def prepare(
     )
     rule = {"kind": "adadelay", "L": big_l, "c": p.c}
     weights, layout = join_as_worker(ctx, model, rule=rule)
-    opt = GradientPush(optimizer, weights, ctx=ctx, layout=layout, n_fetch=p.n_fetch)
+    advice = (
+        f"raise L (L={big_l:g}: the servers' largest step is 1/L; the optimizer's lr is not used)"
+    )
+    opt = GradientPush(optimizer, weights, ctx=ctx, layout=layout, n_fetch=p.n_fetch, advice=advice)
     return model, opt
