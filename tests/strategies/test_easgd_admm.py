@@ -405,7 +405,7 @@ def test_params_defaults() -> None:
 
 def test_admm_rho_default_follows_the_optimizer() -> None:
     p = admm.Params()
-    assert admm.resolve_rho(p, "adaptive", None) == 1.0
+    assert admm.resolve_rho(p, "adaptive", None) == 0.1
     assert admm.resolve_rho(p, "sgd", 0.1) == 1.0  # η ρ = 0.1 ≤ 0.5
     assert admm.resolve_rho(p, "momentum", 0.5) == pytest.approx(1.0)  # 0.05 / (1 − 0.9)
     assert admm.resolve_rho(p, "momentum", 2.0) == pytest.approx(0.25)  # η ρ capped at 0.5

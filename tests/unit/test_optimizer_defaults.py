@@ -56,7 +56,7 @@ def test_describe_names_what_the_defaults_come_from() -> None:
 def test_adadelay_l_follows_the_optimizer_it_replaces() -> None:
     p = AdaDelayParams()
     assert resolve_l(p, "sgd", 0.1, 0.1) == pytest.approx(10.0)  # largest step = lr
-    assert resolve_l(p, "momentum", 0.05, 0.5) == pytest.approx(2.0)  # = lr / (1 − μ)
+    assert resolve_l(p, "momentum", 0.05, 0.5) == pytest.approx(1 / 0.025**0.5)  # √(lr·η)
     assert resolve_l(p, "adaptive", 1e-3, None) == pytest.approx(10.0)  # step 100 × lr
     assert resolve_l(AdaDelayParams(L=4.0), "adaptive", 1e-3, None) == 4.0
     with pytest.raises(ValueError, match=r"set strategy\.params\.L"):

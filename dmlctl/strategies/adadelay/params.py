@@ -3,6 +3,8 @@ files with it). The strategy is :mod:`dmlctl.strategies.adadelay.strategy`."""
 
 from __future__ import annotations
 
+import math
+
 from pydantic import BaseModel, Field
 
 from dmlctl.strategies.params import MAX_PERIOD, MAX_WEIGHT, PARAMS_CONFIG, WITH_SERVERS
@@ -26,9 +28,9 @@ class Params(BaseModel):
         gt=0,
         le=1e12,
         description="L, the smoothness constant: the largest step is 1/L. Default from "
-        "your optimizer, which AdaDelay replaces: 1/lr for SGD, (1 − momentum)/lr with "
-        "momentum (the same steady-state step), 1/(100·lr) for Adam and the like "
-        "(an SGD step 100× their lr: 0.1 for 1e-3).",
+        "your optimizer, which AdaDelay replaces: 1/lr for SGD; with momentum μ, 1/L is "
+        "lr/√(1 − μ), the geometric mean of lr and the steady-state step lr/(1 − μ); "
+        "1/(100·lr) for Adam and the like (an SGD step 100× their lr: 0.1 for 1e-3).",
     )
     c: float = Field(
         default=0.1,
@@ -46,14 +48,17 @@ as a multiple of it: the usual pairing of 0.1 with 1e-3."""
 def resolve_l(params: Params, family: str | None, lr: float, effective: float | None) -> float:
     """L in use: ``params.L``, else derived from the optimizer AdaDelay replaces
     (``family``, its ``lr`` and ``effective`` step: see
-    :mod:`dmlctl.strategies.optimizers`). Raises ValueError naming ``L`` when the
-    optimizer gives nothing to derive it from."""
+    :mod:`dmlctl.strategies.optimizers`): the largest step 1/L is ``√(lr · effective)``
+    for the SGD families (``lr`` for plain SGD; with momentum, between ``lr`` and the
+    steady-state step, which as one plain asynchronous step trained to chance on
+    digits) and ``100 · lr`` for the adaptive family. Raises ValueError naming ``L``
+    when the optimizer gives nothing to derive it from."""
     if params.L is not None:
         return params.L
     if family == "adaptive" and lr > 0:
         return 1.0 / (ADAPTIVE_TO_SGD * lr)
-    if family in ("sgd", "momentum") and effective is not None and effective > 0:
-        return 1.0 / effective
+    if family in ("sgd", "momentum") and effective is not None and effective > 0 and lr > 0:
+        return 1.0 / math.sqrt(lr * effective)
     raise ValueError(
         f"adadelay: L defaults from the optimizer's lr, but its lr is {lr:g} and its kind"
         f" is {family or 'unknown'}; set strategy.params.L (1/L is the largest SGD step)"

@@ -12,8 +12,9 @@ arrives as its shard's ``t``-th update with measured delay ``τ`` as
 actually had, not with a worst-case bound, and with the delay-weighted size of the
 coordinate's past gradients. The user's optimizer is replaced (a notice says so at
 start); ``L`` defaults from it (:func:`~dmlctl.strategies.adadelay.params.resolve_l`):
-``1/lr`` for plain SGD, ``(1 − μ)/lr`` with momentum μ (the largest step equals the
-optimizer's steady-state step), ``1/(100·lr)`` for Adam and the adaptive family. The
+``1/lr`` for plain SGD, ``√(1 − μ)/lr`` with momentum μ (the largest step between
+the optimizer's ``lr`` and its steady-state step ``lr/(1 − μ)``), ``1/(100·lr)`` for
+Adam and the adaptive family. The
 servers report
 ``step_size`` (mean α of the latest update) and the staleness median / max.
 

@@ -23,7 +23,7 @@ class Params(FinalModel):
         le=MAX_WEIGHT,
         description="ρ, the penalty on disagreement with the consensus z: larger "
         "keeps workers closer (smaller primal residual) but slows each one's progress. "
-        "Default from your optimizer: 1 for Adam and the like; for SGD min(1, 0.5/η) "
+        "Default from your optimizer: 0.1 for Adam and the like; for SGD min(1, 0.5/η) "
         "with η its steady-state step lr/(1 − momentum), so one step never removes "
         "more than half the disagreement.",
     )
@@ -41,8 +41,13 @@ class Params(FinalModel):
     )
 
 
-ADAPTIVE_RHO = 1.0
-"""ρ for the adaptive family (the penalty's gradient is normalised like the loss's)."""
+ADAPTIVE_RHO = 0.1
+"""ρ for the adaptive family. Adam normalises the sum of the loss's gradient and the
+penalty's, so what counts is ρ‖x − z + u‖ against the gradient's size: with ρ = 1 the
+penalty drowned the loss on digits (0.956 test accuracy against 0.981 with 0.1)."""
+
+SGD_RHO = 1.0
+"""Most ρ for the SGD families."""
 
 MAX_PULL = 0.5
 """For the SGD families, the default ρ keeps ``η ρ`` (the share of the disagreement
@@ -51,7 +56,7 @@ one step removes, η the steady-state step) at most this."""
 
 def resolve_rho(params: Params, family: str | None, effective: float | None) -> float:
     """ρ in use: ``params.rho``, else derived from the optimizer (``family`` and its
-    ``effective`` step, see :mod:`dmlctl.strategies.optimizers`): ``1`` for the
+    ``effective`` step, see :mod:`dmlctl.strategies.optimizers`): ``0.1`` for the
     adaptive family, ``min(1, 0.5/η)`` for SGD with or without momentum. Raises
     ValueError naming ``rho`` for an optimizer it cannot derive it from."""
     if params.rho is not None:
@@ -59,7 +64,7 @@ def resolve_rho(params: Params, family: str | None, effective: float | None) -> 
     if family == "adaptive":
         return ADAPTIVE_RHO
     if family in ("sgd", "momentum") and effective is not None and effective > 0:
-        return min(ADAPTIVE_RHO, MAX_PULL / effective)
+        return min(SGD_RHO, MAX_PULL / effective)
     raise ValueError(
         f"admm: rho defaults from the optimizer, which is of an unknown kind "
         f"(step {effective}); set strategy.params.rho"
