@@ -1,5 +1,5 @@
-"""``dmlctl bench comm``, ``ps``, ``launch``, ``strategies``, ``recovery``, ``straggler``, ``logs``
-and ``hangs``.
+"""``dmlctl bench comm``, ``ps``, ``launch``, ``strategies``, ``accuracy``, ``recovery``,
+``straggler``, ``logs`` and ``hangs``.
 
 Parse → call :mod:`dmlctl.bench` → render. stdout carries only the result (a table,
 or JSON with ``--json``); progress goes to stderr. Library imports happen inside the
@@ -19,7 +19,8 @@ from dmlctl.cli.common import stderr_console, stdout_console
 app = typer.Typer(
     help="Benchmarks: collective bandwidth (comm), parameter-server push+pull against "
     "all-reduce (ps), launcher overhead (launch), "
-    "strategy overhead and traffic (strategies), recovery after a killed worker (recovery), "
+    "strategy overhead and traffic (strategies), test accuracy of every strategy on real "
+    "data (accuracy), recovery after a killed worker (recovery), "
     "throughput next to a slowed worker under ssgd/asgd/ssp (straggler), log lines carried "
     "(logs), hang verdicts on healthy and hung runs (hangs).",
     no_args_is_help=True,
@@ -148,6 +149,41 @@ def strategies(
     else:
         for table in render_strategies_table(report):
             stdout_console().print(table)
+    return 0
+
+
+@app.command()
+def accuracy(
+    strategies: Optional[str] = typer.Option(  # noqa: UP045 - typer needs both
+        None, "--strategies", help="Comma-separated rows (default: all), e.g. 'ssgd,bmuf'."
+    ),
+    optimizers: Optional[str] = typer.Option(  # noqa: UP045
+        None, "--optimizers", help="Comma-separated: momentum, adam (default: both)."
+    ),
+    epochs: int = typer.Option(20, "--epochs", help="Training epochs per run."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> int:
+    """Test accuracy of every strategy (defaults) on scikit-learn's digits vs one process."""
+    from dmlctl.bench.accuracy import (
+        CANDIDATES,
+        OPTIMIZERS,
+        pick,
+        render_accuracy_table,
+        run_accuracy_bench,
+    )
+
+    by_name = {c.name: c for c in CANDIDATES}
+    chosen = [by_name[n] for n in pick(strategies, list(by_name), "strategy")]
+    opts = pick(optimizers, OPTIMIZERS, "optimizer")
+    err = stderr_console()
+    with err.status("training on digits…") as status:
+        report = run_accuracy_bench(
+            chosen, opts, epochs, lambda what: status.update(f"training on digits: {what}…")
+        )
+    if as_json:
+        print(json.dumps(report, indent=2))
+    else:
+        stdout_console().print(render_accuracy_table(report))
     return 0
 
 

@@ -1,0 +1,102 @@
+"""The accuracy table on real data: every strategy and every ssgd compression, with
+its defaults, trains scikit-learn's digits CNN (``dmlctl/bench/accuracy_job/digits.py``)
+on 2 workers to within 1.5 points of the single-process test accuracy, once with SGD +
+momentum and once with Adam, and every worker ends with the same model.
+
+One strategy's runs share one set of ranks (both optimizers in turn; the parameter
+servers serve one model, so those run once per optimizer). The single-process baseline
+is measured once per session, in the same way. ``dmlctl bench accuracy`` prints the
+same table through real ``dmlctl launch`` runs.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from tests.strategies.harness import run_ranks
+
+pytestmark = pytest.mark.integration
+
+DIGITS = Path(__file__).resolve().parents[2] / "dmlctl" / "bench" / "accuracy_job" / "digits.py"
+TOLERANCE = 0.015  # 1.5 points
+OPTIMIZERS = ("momentum", "adam")
+W2S1 = ["worker", "worker", "server"]
+
+COLLECTIVE: list[tuple[str, str, dict[str, Any]]] = [
+    ("ssgd", "ssgd", {}),
+    ("ssgd-fp16", "ssgd", {"compression": "fp16"}),
+    ("ssgd-bf16", "ssgd", {"compression": "bf16"}),
+    ("ssgd-powersgd", "ssgd", {"compression": "powersgd"}),
+    ("local-sgd", "local-sgd", {}),
+    ("bmuf", "bmuf", {}),
+    ("easgd", "easgd", {}),
+    ("admm", "admm", {}),
+    ("dpsgd", "dpsgd", {}),
+    ("hogwild", "hogwild", {}),
+]
+SERVERS = ["asgd", "ssp", "adadelay", "easgd-async"]
+
+
+def _digits() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("dmlctl_bench_digits", DIGITS)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _train(ctx: Any, optimizers: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    """On every rank: one training per optimizer, each from a fresh model."""
+    import torch
+
+    torch.set_num_threads(1)
+    digits = _digits()
+    return {name: digits.train(ctx, name) for name in optimizers}
+
+
+@pytest.fixture(scope="session")
+def baseline() -> dict[str, float]:
+    """Single-process test accuracy per optimizer."""
+    (result,) = run_ranks(_train, 1, strategy="none", args=(OPTIMIZERS,), timeout=300)
+    return {name: r["test_acc"] for name, r in result.items()}
+
+
+def _check(
+    name: str, ranks: list[dict[str, dict[str, Any]] | None], base: dict[str, float]
+) -> None:
+    workers = [r for r in ranks if r is not None]
+    assert len(workers) == 2
+    for opt, results in workers[0].items():
+        accs = [w[opt]["test_acc"] for w in workers]
+        floor = base[opt] - TOLERANCE
+        assert min(accs) >= floor, (
+            f"{name} with {opt}: test accuracy {accs} < single-process {base[opt]:.4f}"
+            f" - {TOLERANCE}"
+        )
+        digests = {w[opt]["digest"] for w in workers}
+        assert len(digests) == 1, f"{name} with {opt}: the workers end with different models"
+        assert results["test_acc"] == accs[0]
+
+
+@pytest.mark.parametrize(("name", "strategy", "params"), COLLECTIVE, ids=[c[0] for c in COLLECTIVE])
+def test_collective_strategies_reach_single_process_accuracy(
+    name: str, strategy: str, params: dict[str, Any], baseline: dict[str, float]
+) -> None:
+    ranks = run_ranks(_train, 2, strategy=strategy, params=params, args=(OPTIMIZERS,), timeout=300)
+    _check(name, ranks, baseline)
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+@pytest.mark.parametrize("strategy", SERVERS)
+def test_parameter_server_strategies_reach_single_process_accuracy(
+    strategy: str, optimizer: str, baseline: dict[str, float]
+) -> None:
+    ranks = run_ranks(_train, 3, strategy=strategy, args=((optimizer,),), roles=W2S1, timeout=300)
+    _check(strategy, ranks, baseline)
