@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 
+from dmlctl.text import plural
+
 
 class ExitCode(IntEnum):
     """Process exit codes of every ``dmlctl`` command."""
@@ -82,7 +84,9 @@ class SpecError(DmlctlError):
         lines = [str(i) for i in self.issues[:MAX_SHOWN_ISSUES]]
         if len(self.issues) > MAX_SHOWN_ISSUES:
             more = len(self.issues) - MAX_SHOWN_ISSUES
-            lines.append(f"{printable(self.issues[0].file, 120)}: ... and {more} more issue(s)")
+            lines.append(
+                f"{printable(self.issues[0].file, 120)}: ... and {plural(more, 'more issue')}"
+            )
         super().__init__("\n".join(lines))
 
 

@@ -20,7 +20,8 @@ def write_project(directory: Path, *, force: bool) -> list[Path]:
     targets = [directory / name for name in TEMPLATES]
     existing = [str(t) for t in targets if t.exists()]
     if existing and not force:
-        raise UsageError(f"{', '.join(existing)} already exist(s); use --force to overwrite")
+        verb = "exists" if len(existing) == 1 else "exist"
+        raise UsageError(f"{', '.join(existing)} already {verb}; use --force to overwrite")
     directory.mkdir(parents=True, exist_ok=True)
     source = resources.files("dmlctl") / "templates"
     for name, target in zip(TEMPLATES, targets, strict=True):

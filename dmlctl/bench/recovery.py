@@ -64,6 +64,7 @@ from dmlctl.launch.api import LaunchOptions, launch
 from dmlctl.spec import ClusterSpec, HostSpec, JobSpec
 from dmlctl.spec.cluster import LOCAL_ADDRESS
 from dmlctl.spec.restart import RestartSpec
+from dmlctl.text import plural
 
 JOB_DIR = Path(__file__).resolve().parent / "recovery_job"
 SCRIPT = "train.py"
@@ -214,7 +215,7 @@ def run_dmlctl(work: Path, *, backoff: float, home: Path, console: Console) -> R
         why = root.headline() if root is not None else f"exit code {result.exit_code}"
         restarts = state.restarts if state is not None else 0
         raise RecoveryBenchFailed(
-            f"dmlctl run {result.run_id} did not recover: {why}, {restarts} restart(s)"
+            f"dmlctl run {result.run_id} did not recover: {why}, {plural(restarts, 'restart')}"
         )
     cause = state.failures[0]
     if (cause.rank, cause.exc_type) != (KILL_RANK, "Signal"):
@@ -284,7 +285,7 @@ def render_recovery_tables(report: RecoveryReport) -> list[Table]:
     the ratio row; then the median end of every stage, in seconds after the kill."""
     runs = report.runs
     t = Table(
-        title=f"recovery from a SIGKILL, {len(runs['dmlctl'])} run(s) each, "
+        title=f"recovery from a SIGKILL, {plural(len(runs['dmlctl']), 'run')} each, "
         f"dmlctl backoff {report.backoff_s:g} s",
         title_justify="left",
         show_edge=False,

@@ -23,6 +23,24 @@ from dmlctl.cli import (
 )
 from dmlctl.errors import DmlctlError, ExitCode
 
+
+def _hide_flag_types() -> None:
+    """No ``<bool>`` beside the flags in ``--help`` (typer ≥ 0.29 shows every option's
+    type; a flag takes no value, so its type only misleads). Options that take a value
+    keep theirs."""
+    option = getattr(typer.core, "TyperOption", None)
+    shown = getattr(option, "display_type_rich", None)
+    if option is None or shown is None:
+        return
+
+    def display_type_rich(self: typer.core.TyperOption, ctx: object) -> str | None:
+        return None if self.is_flag else shown(self, ctx)
+
+    option.display_type_rich = display_type_rich
+
+
+_hide_flag_types()
+
 app = typer.Typer(
     name="dmlctl",
     help="Run distributed PyTorch training on this machine or on hosts reachable over SSH.",

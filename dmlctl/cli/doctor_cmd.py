@@ -10,6 +10,7 @@ from typing import Optional
 import typer
 
 from dmlctl.cli.common import stderr_console, stdout_console
+from dmlctl.text import plural
 
 DEFAULT_PORT = 29500
 """torchrun's default rendezvous port: checked when --port is not given."""
@@ -54,7 +55,7 @@ def doctor(
         options = SshOptions(connect_timeout, accept_new_host_keys, on_new_key=shown)
     transports = make_transports(hosts, options)
     try:
-        with err.status(f"checking {len(hosts)} host(s)…"):
+        with err.status(f"checking {plural(len(hosts), 'host')}…"):
             report = run_doctor(hosts, transports, rdzv_port=port)
     finally:
         close_transports(transports)

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
 from dmlctl.cli.common import stderr_console, stdout_console
+
+if TYPE_CHECKING:
+    from dmlctl.spec import ClusterSpec
 
 UI_MODES = ("auto", "live", "plain", "quiet")
 
@@ -39,7 +42,7 @@ def launch(
     from dmlctl.errors import UsageError
     from dmlctl.launch.api import LaunchOptions
     from dmlctl.launch.api import launch as run_launch
-    from dmlctl.spec import default_cluster, load_cluster_file, load_job, with_workers
+    from dmlctl.spec import load_job, with_workers
 
     if ui not in UI_MODES:
         raise UsageError(f"--ui: expected one of {', '.join(UI_MODES)}, got {ui!r}")
@@ -50,9 +53,9 @@ def launch(
     if job_file is None:
         raise UsageError("missing the job file: dmlctl launch JOB.yaml (or --resume RUN)")
     job = load_job(job_file)
-    spec = load_cluster_file(cluster) if cluster is not None else default_cluster()
     if workers is not None:
         job = with_workers(job, workers)
+    spec = _cluster_spec(cluster, job.workers)
     if connect_timeout <= 0:
         raise UsageError(f"--connect-timeout: must be > 0, got {connect_timeout:g}")
     options = LaunchOptions(
@@ -69,6 +72,20 @@ def launch(
     if detach:
         _started(result.run_id)
     return result.exit_code
+
+
+def _cluster_spec(cluster: Path | None, workers: int | None) -> ClusterSpec:
+    """The cluster file's spec, or this machine's: there, more workers than slots run
+    oversubscribed (as under torchrun), with a warning on stderr."""
+    from dmlctl.spec import load_cluster_file
+    from dmlctl.spec.local import local_cluster_for
+
+    if cluster is not None:
+        return load_cluster_file(cluster)
+    spec, note = local_cluster_for(workers)
+    if note is not None:
+        stderr_console().print(f"dmlctl: warning: {note}", markup=False, highlight=False)
+    return spec
 
 
 def _started(run_id: str) -> None:

@@ -41,7 +41,10 @@ def logs(
             print(f"dmlctl: could not fetch from {problem}", file=sys.stderr)
         print_host_files(run, rank)
         return 0
-    stream_log(run, rank, follow=follow)
+    copied = stream_log(run, rank, follow=follow)
+    if not copied:
+        who = f"rank {rank}" if rank is not None else "no rank"
+        print(f"dmlctl: {who} of run {run.run_id} wrote nothing", file=sys.stderr)
     return 0
 
 

@@ -20,6 +20,7 @@ def strategies(
     from dmlctl.errors import UsageError
     from dmlctl.spec.models import uses_servers
     from dmlctl.strategies import registry
+    from dmlctl.strategies.params import default_text, range_text, type_name
 
     console = stdout_console()
     if name is None:
@@ -39,11 +40,17 @@ def strategies(
     if uses_servers(name):
         console.print("needs 'parameter_servers: N' (N >= 1) in the job", markup=False)
     params = Table(box=None, header_style="bold", pad_edge=False)
-    for column in ("param", "default", "meaning"):
+    for column in ("param", "type", "default", "range", "meaning"):
         params.add_column(column)
-    for key, field in registry.load(name).Params.model_fields.items():
-        default = "-" if field.is_required() else repr(field.default)
-        params.add_row(key, default, field.description or "")
+    fields = registry.load(name).Params.model_fields.items()
+    for key, field in sorted(fields, key=lambda item: item[0] == "final"):  # final: last
+        params.add_row(
+            key,
+            type_name(field.annotation),
+            default_text(field),
+            range_text(field),
+            field.description or "",
+        )
     console.print(params)
     return 0
 

@@ -33,6 +33,7 @@ from dmlctl.runs.state import RunState, new_run_state
 from dmlctl.runs.store import RunDir, RunStore, new_run_id
 from dmlctl.spec.locate import locate
 from dmlctl.spec.models import ClusterSpec, JobSpec
+from dmlctl.text import plural
 from dmlctl.transport import Transport, close_transports, make_transports, network_address
 from dmlctl.ui.sinks import UiMode, make_sink
 
@@ -195,7 +196,7 @@ def _prepare_remote(
     rdzv_host = network_address(transports[first.name], first.address)
     # Probe what the run will use: on localhost, the interpreter running dmlctl.
     hosts = [as_run(h, sys.executable) for h in placement.hosts]
-    with err.status(f"checking {len(hosts)} host(s)…"):
+    with err.status(f"checking {plural(len(hosts), 'host')}…"):
         port = (
             free_port()
             if first.is_local
@@ -205,7 +206,8 @@ def _prepare_remote(
     if not report.ok:
         console.print(render_doctor(report))
         raise ProvisionError(
-            f"preflight failed on {len(report.failures())} of {len(hosts)} host(s); nothing started"
+            f"preflight failed on {len(report.failures())} of {plural(len(hosts), 'host')}; "
+            "nothing started"
         )
     lib = ship.lib_id(ship.package_files())
     plan = plan_run(

@@ -147,9 +147,9 @@ def main(argv: list[str]) -> int:
 
     from rich.console import Console
 
+    from dmlctl.runs.sink import NullSink
     from dmlctl.runs.store import RunDir
     from dmlctl.ui import render_summary
-    from dmlctl.ui.sinks import make_sink
 
     run = RunDir(Path(argv[0]))
     resume_from = run.read_state() if "--resume" in argv[1:] else None
@@ -157,9 +157,7 @@ def main(argv: list[str]) -> int:
     plan = run.read_plan()
     # The run's lines are already in logs/; controller.log gets only the outcome.
     console = Console(file=sys.stdout, force_terminal=False, width=120)
-    state = run_controller(
-        run, plan, make_sink("quiet", console, str(run.path)), resume_from=resume_from
-    )
+    state = run_controller(run, plan, NullSink(), resume_from=resume_from)
     console.print(render_summary(state, str(run.path)))
     return int(state.exit_code or 0)
 

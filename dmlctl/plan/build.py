@@ -24,6 +24,7 @@ from dmlctl.plan.placement import Demand, HostSlots, Placed, place
 from dmlctl.protocol import TorchrunCommand
 from dmlctl.spec.fields import MAX_WORKERS
 from dmlctl.spec.models import ClusterSpec, JobSpec, ResolvedHost
+from dmlctl.text import plural
 
 WORKER_ROLE = protocol.ROLE_WORKER
 SERVER_ROLE = protocol.ROLE_SERVER
@@ -96,7 +97,8 @@ def _demand(job: JobSpec, hosts: Sequence[ResolvedHost]) -> Demand:
         raise PlanError(
             "job",
             ("workers",),
-            f"the job asks for {workers} workers but the cluster has {total} slots "
+            f"the job asks for {plural(workers, 'worker')} but the cluster has "
+            f"{plural(total, 'slot')} "
             f"({per_host}); lower 'workers' (or --workers) or raise the hosts' slots",
         )
     return Demand(workers, job.parameter_servers, server_only, job.max_hosts)
@@ -112,8 +114,8 @@ def _check_hosts(job: JobSpec, placed: Sequence[Placed], hosts: Sequence[Resolve
         raise PlanError(
             "job",
             ("min_hosts",),
-            f"is {job.min_hosts} but the job needs only {len(placed)} host(s)"
-            f" for {workers} workers; lower min_hosts or raise workers",
+            f"is {job.min_hosts} but the job needs only {plural(len(placed), 'host')}"
+            f" for {plural(workers, 'worker')}; lower min_hosts or raise workers",
         )
     by_name = {h.name: (i, h) for i, h in enumerate(hosts)}
     index, first = by_name[placed[0].host]

@@ -21,6 +21,7 @@ from dmlctl.plan.model import HostPlan, LaunchPlan
 from dmlctl.plan.placement import Demand, HostSlots, NoPlacement, Placed
 from dmlctl.plan.placement import place as place_ranks
 from dmlctl.protocol import ROLE_WORKER
+from dmlctl.text import plural
 
 
 class CannotReplan(Exception):
@@ -84,7 +85,7 @@ def _check(plan: LaunchPlan, placed: tuple[Placed, ...]) -> None:
     if len(placed) < need:
         names = ", ".join(p.host for p in placed) or "none"
         raise CannotReplan(
-            f"only {len(placed)} host(s) can run the job ({names}); min_hosts is {need}"
+            f"only {plural(len(placed), 'host')} can run the job ({names}); min_hosts is {need}"
         )
     workers = sum(p.workers for p in placed)
     problem = world_problem(plan.strategy, plan.strategy_params, workers) or hosts_problem(

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dmlctl.protocol import ROLE_SERVER, ROLE_WORKER
+from dmlctl.text import plural
 
 
 class NoPlacement(Exception):
@@ -91,7 +92,7 @@ def place(hosts: Sequence[HostSlots], demand: Demand) -> tuple[Placed, ...]:
             listed = ", ".join(demand.server_hosts)
             raise NoPlacement(
                 f"none of the server_hosts ({listed}) is available for the "
-                f"{demand.servers} parameter server(s)"
+                f"{plural(demand.servers, 'parameter server')}"
             )
     else:
         targets = [p.host for p in workers]

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dmlctl.plan.build import SERVER_ROLE, render_command
 from dmlctl.plan.model import LaunchPlan
 from dmlctl.redact import REDACTED, Redactor, redact_arg, redact_env
+from dmlctl.text import plural
 
 __all__ = ["REDACTED", "redact_env", "render_plan"]
 
@@ -23,11 +24,13 @@ def _value(value: object) -> str:
 def render_plan(plan: LaunchPlan) -> str:
     """Every host's agent command, torchrun command, directory, ranks and environment;
     secret values hidden everywhere (as ``<redacted>``)."""
-    servers = f" + {plan.parameter_servers} parameter server(s)" if plan.parameter_servers else ""
+    servers = (
+        f" + {plural(plan.parameter_servers, 'parameter server')}" if plan.parameter_servers else ""
+    )
     out = [
         f"run {plan.run_id}: job {plan.job_name!r}, strategy {plan.strategy}, "
-        f"{plan.world_size - plan.parameter_servers} workers{servers} "
-        f"on {len(plan.hosts)} host(s)",
+        f"{plural(plan.world_size - plan.parameter_servers, 'worker')}{servers} "
+        f"on {plural(len(plan.hosts), 'host')}",
         f"rendezvous: c10d at {plan.rdzv_endpoint}",
     ]
     if given := plan.params_data():

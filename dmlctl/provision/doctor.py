@@ -371,9 +371,11 @@ def render_doctor(report: DoctorReport) -> RenderableType:
         )
     failed, n = sum(not h.ok for h in report.hosts), len(report.hosts)
     closing = (
-        Text(f"all {n} hosts ready", style="bold green")
+        Text("the host is ready" if n == 1 else f"all {n} hosts ready", style="bold green")
         if not failed
-        else Text(f"{failed} of {n} hosts failed", style="bold red")
+        else Text(
+            "the host failed" if n == 1 else f"{failed} of {n} hosts failed", style="bold red"
+        )
     )
     return Group(table, Text(), closing)
 

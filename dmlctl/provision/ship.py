@@ -31,6 +31,7 @@ from dmlctl.provision.sync import (
     sync_all,
 )
 from dmlctl.spec.models import JobSpec
+from dmlctl.text import plural
 from dmlctl.transport.base import Transport
 from dmlctl.ui.setup_view import SetupView
 
@@ -67,7 +68,7 @@ def sync_code(
     root = Path(job.workdir)
     code = local_files(root, excludes_for(root, job.exclude))
     pkg = package_files()
-    with console.status(f"syncing {len(code)} files to {len(remote)} host(s)…"):
+    with console.status(f"syncing {plural(len(code), 'file')} to {plural(len(remote), 'host')}…"):
         results = sync_all(
             code, [SyncTarget(transports[h.name], h.python, h.workdir) for h in remote]
         )

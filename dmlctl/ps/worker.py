@@ -36,6 +36,7 @@ from dmlctl.ps.bootstrap import Layout
 from dmlctl.ps.channel import Pulled, WorkerChannel
 from dmlctl.ps.server import pack, unpack
 from dmlctl.runtime.optimizer import StrategyOptimizer
+from dmlctl.text import plural
 
 if TYPE_CHECKING:
     from dmlctl.runtime.context import Context
@@ -171,8 +172,8 @@ class PSOptimizer(StrategyOptimizer):
         if self.ctx.rank == 0 and servers is not None:
             if len(servers) != len(self.layout.servers):
                 raise RuntimeError(
-                    f"the checkpoint holds {len(servers)} server state(s); this run has "
-                    f"{len(self.layout.servers)} parameter server(s)"
+                    f"the checkpoint holds {plural(len(servers), 'server state')}; this run "
+                    f"has {plural(len(self.layout.servers), 'parameter server')}"
                 )
             for server, blob in zip(self.layout.servers, servers, strict=True):
                 self.channel.restore(server, blob.numpy().tobytes())

@@ -25,9 +25,10 @@ def log_path(run: RunDir, rank: int | None) -> Path:
     return run.rank_log(rank)
 
 
-def stream_log(run: RunDir, rank: int | None, *, follow: bool, out: BinaryIO | None = None) -> None:
+def stream_log(run: RunDir, rank: int | None, *, follow: bool, out: BinaryIO | None = None) -> int:
     """Copy the log to ``out`` (default stdout); with ``follow``, keep copying new
-    lines until the run has ended and everything was printed."""
+    lines until the run has ended and everything was printed. Returns the bytes
+    copied."""
     sink = out if out is not None else sys.stdout.buffer
     path = log_path(run, rank)
     pos = 0
@@ -44,11 +45,11 @@ def stream_log(run: RunDir, rank: int | None, *, follow: bool, out: BinaryIO | N
             sink.flush()
             pos += len(data)
         if ended:
-            return
+            return pos
         try:
             time.sleep(POLL_S)
         except KeyboardInterrupt:
-            return
+            return pos
 
 
 def print_host_files(run: RunDir, rank: int | None, out: BinaryIO | None = None) -> None:

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from dmlctl.protocol import ROLE_SERVER
+from dmlctl.text import plural
 
 
 @dataclass(frozen=True)
@@ -47,8 +48,9 @@ def discover(role: str) -> Membership:
     workers = tuple(r for r in range(world) if r not in servers)
     if not workers or not servers:
         raise RuntimeError(
-            f"a parameter-server run needs workers and servers; got {len(workers)} worker(s) "
-            f"and {len(servers)} server(s) among {world} ranks"
+            f"a parameter-server run needs workers and servers; got "
+            f"{plural(len(workers), 'worker')} and {plural(len(servers), 'server')} among "
+            f"{plural(world, 'rank')}"
         )
     group = dist.new_group(list(workers))
     return Membership(workers, servers, group)

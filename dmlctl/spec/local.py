@@ -24,6 +24,23 @@ def default_cluster() -> ClusterSpec:
     return ClusterSpec(hosts=[HostSpec(name="local", address=LOCAL_ADDRESS, slots=slots)])
 
 
+def local_cluster_for(workers: int | None) -> tuple[ClusterSpec, str | None]:
+    """:func:`default_cluster` for a job asking for ``workers``: when that is more
+    than this machine's slots, the one host gets ``workers`` slots (oversubscribed, as
+    torchrun allows) and the second value says so, for a warning; else None."""
+    cluster = default_cluster()
+    slots = cluster.hosts[0].slots or 1
+    if workers is None or workers <= slots:
+        return cluster, None
+    unit = "GPU" if count_local_gpus() else "core"
+    host = cluster.hosts[0].model_copy(update={"slots": workers})
+    note = (
+        f"{workers} workers on this machine's {slots} {unit}{'s' * (slots != 1)}: "
+        f"oversubscribed, the workers share them"
+    )
+    return cluster.model_copy(update={"hosts": [host]}), note
+
+
 def count_local_gpus(
     environ: Mapping[str, str] | None = None, proc_gpus: str | os.PathLike[str] = PROC_NVIDIA_GPUS
 ) -> int:

@@ -113,7 +113,8 @@ class StrategySpec(BaseModel):
             registry.entry(name)
         except registry.UnknownStrategy:
             valid = ", ".join(registry.names())
-            raise ValueError(f"unknown strategy {shown(name)}; valid: {valid}") from None
+            hint = registry.did_you_mean(name)
+            raise ValueError(f"unknown strategy {shown(name)}{hint}; valid: {valid}") from None
         return name
 
     @field_validator("params", mode="before")
@@ -163,8 +164,8 @@ class JobSpec(BaseModel):
         default=None,
         ge=1,
         le=MAX_WORKERS,
-        description=f"Number of worker processes (at most {MAX_WORKERS}); default: all "
-        "slots of the cluster.",
+        description=f"Number of worker processes (at most {MAX_WORKERS}), or 'auto' (the "
+        "default): every slot of the cluster (on this machine: one per GPU, else per core).",
     )
     strategy: StrategySpec = Field(
         default_factory=StrategySpec, description="Distributed strategy: a name or {name, params}."
@@ -236,6 +237,12 @@ class JobSpec(BaseModel):
         description="Most hosts the run uses at once; the cluster's other hosts stand by "
         "and replace lost ones on a restart. Default: as many as 'workers' needs.",
     )
+
+    @field_validator("workers", mode="before")
+    @classmethod
+    def _auto_workers(cls, value: Any) -> Any:
+        """``auto`` is the default: every slot of the cluster."""
+        return None if value == "auto" else value
 
     @field_validator("parameter_servers")
     @classmethod

@@ -8,9 +8,12 @@ job file cannot ask for a period of ``1e29`` steps.
 
 from __future__ import annotations
 
-from typing import Literal
+import types
+from typing import Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.config import JsonDict
+from pydantic.fields import FieldInfo
 
 from dmlctl.protocol import ROLE_SERVER, ROLE_WORKER
 
@@ -36,6 +39,12 @@ WITH_SERVERS: tuple[str, ...] = (ROLE_WORKER, ROLE_SERVER)
 """``ROLES`` of a parameter-server strategy: workers and server ranks."""
 
 
+def derived(rule: str) -> JsonDict:
+    """``json_schema_extra`` of a parameter whose default (None) is derived at start:
+    ``rule`` says how (``dmlctl strategies NAME`` shows it as the default)."""
+    return {"derived": rule}
+
+
 class FinalModel(BaseModel):
     """The ``final`` parameter of the strategies whose replicas drift apart during
     training (local-sgd, dpsgd, bmuf, easgd, admm, easgd-async)."""
@@ -48,3 +57,38 @@ class FinalModel(BaseModel):
         "defines (the average, the block-updated global model, the center, z), so every "
         "rank saves the same result; 'local' keeps each worker's own replica.",
     )
+
+
+def type_name(annotation: Any) -> str:
+    """A parameter's type as a user reads it: ``int``, ``float``, ``bool``, or the
+    choices of a ``Literal`` (``consensus | local``); ``None`` of an optional left out."""
+    origin = get_origin(annotation)
+    if origin is Literal:
+        return " | ".join(str(v) for v in get_args(annotation))
+    if origin in (Union, types.UnionType):
+        return " | ".join(type_name(a) for a in get_args(annotation) if a is not type(None))
+    return str(getattr(annotation, "__name__", annotation))
+
+
+def default_text(field: FieldInfo) -> str:
+    """The default as ``dmlctl strategies NAME`` shows it: the value, or the rule of
+    a default derived at start (:func:`derived`)."""
+    extra = field.json_schema_extra
+    if isinstance(extra, dict) and "derived" in extra:
+        return str(extra["derived"])
+    if field.is_required():
+        return "-"
+    return str(field.default).lower() if isinstance(field.default, bool) else str(field.default)
+
+
+def range_text(field: FieldInfo) -> str:
+    """The bounds the field declares (``> 0, ≤ 1e+06``), or ``""``."""
+    marks = (("gt", ">"), ("ge", "≥"), ("lt", "<"), ("le", "≤"))  # annotated-types' names
+    parts = []
+    for item in field.metadata:
+        for attr, sign in marks:
+            bound = getattr(item, attr, None)
+            if isinstance(bound, int | float) and not isinstance(bound, bool):
+                shown = f"{int(bound):,}" if float(bound).is_integer() else f"{bound:g}"
+                parts.append(f"{sign} {shown}")
+    return ", ".join(parts)

@@ -14,6 +14,7 @@ Adding a strategy = one package + one entry here.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -147,7 +148,18 @@ class UnknownStrategy(KeyError):
         super().__init__(name)
 
     def __str__(self) -> str:
-        return f"unknown strategy {self.name!r}; valid: {', '.join(names())}"
+        return (
+            f"unknown strategy {self.name!r}{did_you_mean(self.name)}; valid: {', '.join(names())}"
+        )
+
+
+def did_you_mean(name: str) -> str:
+    """`` (did you mean 'local-sgd'?)`` for a name close to a registered one (case,
+    ``_`` for ``-``, a typo), else ``""``."""
+    normal = name.strip().lower().replace("_", "-")
+    known = names()
+    close = [normal] if normal in known else difflib.get_close_matches(normal, known, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 _P = TypeVar("_P", bound=BaseModel)

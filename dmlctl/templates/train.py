@@ -96,6 +96,7 @@ for xb, yb in ctx.shard(dataset, batch_size=args.batch_size, epochs=args.epochs)
 final = ctx.all_reduce_mean(loss)  # every rank calls it: it is a collective
 if ctx.is_main:
     print(
-        f"done: {step} steps on {ctx.world_size} worker(s) in {time.time() - start:.1f}s, "
+        f"done: {step} steps on {ctx.world_size} worker{'s' * (ctx.world_size != 1)} "
+        f"in {time.time() - start:.1f}s, "
         f"final loss {final:.4f}"
     )

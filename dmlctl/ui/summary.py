@@ -37,14 +37,15 @@ def _log_hint(run_dir: str | None) -> Text | None:
     return Text.assemble(("logs: ", "dim"), f"{run_dir.rstrip('/')}/logs")
 
 
-def render_summary(state: RunState, run_dir: str | None) -> RenderableType:
+def render_summary(state: RunState, run_dir: str | None, *, ranks: bool = True) -> RenderableType:
     """What is printed when a run ends (after the dashboard is released).
 
     One line with the run id, final phase, elapsed time and exit code; the stop
     reason if the user stopped it; every rank's final step, loss and status; the
     root cause with its traceback tail; and ``logs: <run_dir>/logs`` when
-    ``run_dir`` is given. Elapsed time is ``ended_at - created_at`` (the run is
-    expected to have ended; if not, it counts up to ``started_at`` or zero).
+    ``run_dir`` is given (``ranks=False`` leaves out the per-rank table). Elapsed
+    time is ``ended_at - created_at`` (the run is expected to have ended; if not, it
+    counts up to ``started_at`` or zero).
     """
     end = state.ended_at if state.ended_at is not None else (state.started_at or state.created_at)
     line = Text.assemble(
@@ -61,7 +62,7 @@ def render_summary(state: RunState, run_dir: str | None) -> RenderableType:
     parts: list[RenderableType] = [line]
     if state.stop_reason:
         parts.append(Text.assemble(("stopped: ", "yellow"), state.stop_reason))
-    if state.ranks:
+    if ranks and state.ranks:
         parts.append(rank_table(state.ranks, last_line=False))
     if state.root_cause is not None:
         parts.append(root_cause_panel(state.root_cause))

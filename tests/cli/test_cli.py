@@ -38,7 +38,6 @@ def project(tmp_path: Path, job: str = JOB) -> Path:
         ("script: train.py\nworkers: 0\n", [], "job.yaml:2 workers"),
         ("script: train.py\nstrategy: nope\n", [], "unknown strategy 'nope'"),
         (JOB, ["--workers", "0"], "workers"),
-        (JOB, ["--workers", "64"], "the job asks for 64 workers but the cluster has"),
         (JOB, ["--ui", "fancy"], "--ui: expected one of"),
         (JOB, ["--cluster", "missing.yaml"], "missing.yaml: no such file"),
     ],
@@ -80,6 +79,35 @@ def test_dry_run_prints_the_plan(
     assert "--nproc-per-node 1" in out
     assert "API_TOKEN=<redacted>" in out and "s3cret" not in out
     assert not (home / "runs").exists()
+
+
+def test_a_cluster_files_slots_are_never_exceeded(
+    tmp_path: Path, home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = project(tmp_path, JOB)
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text("hosts:\n  - name: one\n    address: localhost\n    slots: 1\n")
+    assert main(["launch", str(path), "--cluster", str(cluster), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "the job asks for 2 workers but the cluster has 1 slot (one: 1)" in err
+
+
+def test_more_workers_than_local_slots_run_oversubscribed_with_a_warning(
+    tmp_path: Path, home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dmlctl.spec.local import default_cluster
+
+    slots = default_cluster().hosts[0].slots or 1
+    path = project(tmp_path, JOB.replace("workers:", "# workers:") + "workers: auto\n")
+    assert main(["launch", str(path), "--dry-run"]) == 0
+    captured = capsys.readouterr()
+    assert f"--nproc-per-node {slots}" in captured.out and "oversubscribed" not in captured.err
+    more = slots + 1
+    assert main(["launch", str(path), "--dry-run", "--workers", str(more)]) == 0
+    captured = capsys.readouterr()
+    assert f"--nproc-per-node {more}" in captured.out
+    assert f"warning: {more} workers on this machine's {slots} " in captured.err
+    assert "oversubscribed" in captured.err
 
 
 def test_status_with_no_runs(capsys: pytest.CaptureFixture[str]) -> None:
@@ -130,6 +158,15 @@ def test_version_and_help(capsys: pytest.CaptureFixture[str]) -> None:
         assert command in out
 
 
+@pytest.mark.parametrize("command", [["launch"], ["logs"], ["status"], ["bench", "accuracy"]])
+def test_help_shows_no_type_beside_a_flag(
+    command: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([*command, "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "--help" in out and "<bool>" not in out
+
+
 def test_cli_never_imports_torch() -> None:
     code = (
         "import glob, sys\n"
@@ -175,6 +212,24 @@ def test_strategies_lists_every_strategy_and_one_strategys_params(
     assert "staleness" in out and "parameter_servers" in out
     assert main(["strategies", "nope"]) == 2
     assert "unknown strategy 'nope'" in capsys.readouterr().err
+    assert main(["strategies", "local_sgd"]) == 2
+    assert "(did you mean 'local-sgd'?)" in capsys.readouterr().err
+
+
+def test_one_strategys_params_show_type_derived_default_and_range() -> None:
+    from dmlctl.strategies.easgd.params import Params
+    from dmlctl.strategies.params import default_text, range_text, type_name
+
+    fields = Params.model_fields
+
+    assert type_name(fields["rho"].annotation) == "float"
+    assert default_text(fields["rho"]) == "alpha/lr"  # derived at start: the rule
+    assert range_text(fields["rho"]) == "> 0, ≤ 1,000,000"
+    assert (type_name(fields["final"].annotation), default_text(fields["final"])) == (
+        "consensus | local",
+        "consensus",
+    )
+    assert range_text(fields["beta"]) == "> 0, ≤ 1"
 
 
 @pytest.mark.parametrize("args", [["nosuch"], ["launch", "--bogus"]])

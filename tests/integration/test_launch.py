@@ -159,6 +159,13 @@ def test_status_lists_runs_as_json(cli: Cli) -> None:
     assert proc.returncode == 0
     listing = json.loads(cli.run("status", "--json").stdout)
     assert [s["phase"] for s in listing] == ["succeeded"]
+    # --ui quiet: the run id first, the outcome last, no rank lines or table.
+    run_id = listing[0]["run_id"]
+    out = proc.stdout.splitlines()
+    assert out[0] == f"run {run_id}", proc.stdout
+    assert f"run {run_id} succeeded in" in proc.stdout and "exit code 0" in proc.stdout
+    assert "[rank " not in proc.stdout and "samples/s" not in proc.stdout
+    assert out[-1].startswith("logs: "), proc.stdout
     text = cli.run("status").stdout
     assert listing[0]["run_id"] in text
 
@@ -173,6 +180,10 @@ def test_logs_command_prints_rank_lines(cli: Cli) -> None:
     assert "[rank 0] plain rank=0" in merged.stdout and "[rank 1] plain rank=1" in merged.stdout
     bad = cli.run("logs", run_id, "--rank", "7")
     assert bad.returncode == 2 and "no rank 7" in bad.stderr
+    (cli.home / "runs" / run_id / "logs" / "rank-1.log").write_bytes(b"")  # a silent rank
+    silent = cli.run("logs", run_id, "--rank", "1")
+    assert silent.returncode == 0 and silent.stdout == ""
+    assert f"rank 1 of run {run_id} wrote nothing" in silent.stderr
 
 
 def test_init_project_launches_as_is(cli: Cli, tmp_path: Path) -> None:

@@ -35,6 +35,7 @@ BASE = {
     "dmlctl.protocol",
     "dmlctl.redact",
     "dmlctl.checkpoint_files",
+    "dmlctl.text",
     "dmlctl.scaffold",
     "dmlctl.__main__",
     "dmlctl.templates.train",

@@ -243,7 +243,7 @@ def test_render_shows_every_hosts_torchrun_command() -> None:
     assert "host node-a — 10.0.0.11 over SSH, node rank 0, ranks 0-1" in text
     assert "host node-b — 10.0.0.12 over SSH, node rank 1, ranks 2-2" in text
     assert "rendezvous: c10d at 10.0.0.11:29500" in text
-    assert "3 workers on 2 host(s)" in text
+    assert "3 workers on 2 hosts" in text
 
 
 def test_render_shows_strategy_params() -> None:

@@ -91,6 +91,6 @@ def test_plan_rendering_names_the_server_ranks() -> None:
     fixture = Path(__file__).parent / "fixtures" / "plans" / "ps_dedicated_hosts" / "expected.json"
     plan = LaunchPlan.from_dict(json.loads(fixture.read_text()))
     text = render_plan(plan)
-    assert "4 workers + 2 parameter server(s) on 3 host(s)" in text
+    assert "4 workers + 2 parameter servers on 3 hosts" in text
     assert "host ps-1" in text and "(parameter servers: 4, 5)" in text
     assert LaunchPlan.from_dict(plan.to_dict()) == plan

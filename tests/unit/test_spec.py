@@ -201,8 +201,8 @@ JOB_CASES = [
         "script: train.py\nstrategy: nope\n",
         2,
         "strategy.name",
-        "unknown strategy 'nope'; valid: adadelay, admm, asgd, bmuf, dpsgd, easgd, "
-        "easgd-async, hogwild, local-sgd, none, ssgd, ssp",
+        "unknown strategy 'nope' (did you mean 'none'?); valid: adadelay, admm, asgd, bmuf, "
+        "dpsgd, easgd, easgd-async, hogwild, local-sgd, none, ssgd, ssp",
     ),
     (
         "script: train.py\nstrategy: asgd\n",
@@ -234,7 +234,7 @@ JOB_CASES = [
         "script: train.py\nstrategy:\n  name: nope\n",
         3,
         "strategy.name",
-        "unknown strategy 'nope'; valid:",
+        "unknown strategy 'nope' (did you mean 'none'?); valid:",
     ),
     ("script: train.py\nstrategy: [ssgd]\n", 2, "strategy", "expected a mapping, got a list"),
     ("script: train.py\nstrategy:\n  nmae: ssgd\n", 3, "strategy.nmae", "did you mean 'name'?"),
@@ -409,6 +409,12 @@ def test_with_workers(project: Path) -> None:
     job = load_job(write(project, "script: train.py\nworkers: 2\n"))
     assert with_workers(job, 8).workers == 8
     assert job.workers == 2
+
+
+def test_workers_auto_is_every_slot(project: Path) -> None:
+    assert load_job(write(project, "script: train.py\nworkers: auto\n")).workers is None
+    issue = only_issue(load_job, write(project, "script: train.py\nworkers: many\n"))
+    assert issue.line == 2 and issue.path == "workers"
 
 
 @pytest.mark.parametrize("n", [0, -1, True])
@@ -594,6 +600,14 @@ def test_models_without_files() -> None:
         ClusterSpec(hosts=[HostSpec(address="a"), HostSpec(address="a")])
     with pytest.raises(ValueError, match="unknown strategy"):
         StrategySpec(name="nope")
+    with pytest.raises(
+        ValueError, match=r"unknown strategy 'local_sgd' \(did you mean 'local-sgd'\?\)"
+    ):
+        StrategySpec(name="local_sgd")
+    with pytest.raises(ValueError, match=r"\(did you mean 'easgd-async'\?\)"):
+        StrategySpec(name="EASGD_async")
+    with pytest.raises(ValueError, match=r"\(did you mean 'bmuf'\?\)"):
+        StrategySpec(name="bmfu")
     assert StrategySpec.model_validate("ssgd") == StrategySpec()
 
 

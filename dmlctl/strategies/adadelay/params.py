@@ -7,7 +7,7 @@ import math
 
 from pydantic import BaseModel, Field
 
-from dmlctl.strategies.params import MAX_PERIOD, MAX_WEIGHT, PARAMS_CONFIG, WITH_SERVERS
+from dmlctl.strategies.params import MAX_PERIOD, MAX_WEIGHT, PARAMS_CONFIG, WITH_SERVERS, derived
 
 ROLES: tuple[str, ...] = WITH_SERVERS
 
@@ -25,6 +25,7 @@ class Params(BaseModel):
     )
     L: float | None = Field(
         default=None,
+        json_schema_extra=derived("1/lr (SGD); √(1−μ)/lr (momentum); 1/(100·lr) (Adam …)"),
         gt=0,
         le=1e12,
         description="L, the smoothness constant: the largest step is 1/L. Default from "

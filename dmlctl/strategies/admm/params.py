@@ -7,7 +7,14 @@ from typing import Literal
 
 from pydantic import Field
 
-from dmlctl.strategies.params import MAX_PERIOD, MAX_WEIGHT, PARAMS_CONFIG, WORKERS_ONLY, FinalModel
+from dmlctl.strategies.params import (
+    MAX_PERIOD,
+    MAX_WEIGHT,
+    PARAMS_CONFIG,
+    WORKERS_ONLY,
+    FinalModel,
+    derived,
+)
 
 ROLES: tuple[str, ...] = WORKERS_ONLY
 
@@ -19,6 +26,7 @@ class Params(FinalModel):
 
     rho: float | None = Field(
         default=None,
+        json_schema_extra=derived("min(1, 0.5/η) (SGD, η = lr/(1−μ)); 0.1 (Adam …)"),
         gt=0,
         le=MAX_WEIGHT,
         description="ρ, the penalty on disagreement with the consensus z: larger "

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from dmlctl.strategies.params import MAX_PERIOD, MAX_WEIGHT, PARAMS_CONFIG, WITH_SERVERS
+from dmlctl.strategies.params import MAX_PERIOD, MAX_WEIGHT, PARAMS_CONFIG, WITH_SERVERS, derived
 
 ROLES: tuple[str, ...] = WITH_SERVERS
 
@@ -26,6 +26,7 @@ class Params(BaseModel):
     )
     scale: float | None = Field(
         default=None,
+        json_schema_extra=derived("1/workers"),
         gt=0,
         le=MAX_WEIGHT,
         description="Weight the servers give a pushed change; default 1/workers (1: "

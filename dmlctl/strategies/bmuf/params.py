@@ -5,7 +5,14 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator
 
-from dmlctl.strategies.params import MAX_PERIOD, MAX_WEIGHT, PARAMS_CONFIG, WORKERS_ONLY, FinalModel
+from dmlctl.strategies.params import (
+    MAX_PERIOD,
+    MAX_WEIGHT,
+    PARAMS_CONFIG,
+    WORKERS_ONLY,
+    FinalModel,
+    derived,
+)
 
 ROLES: tuple[str, ...] = WORKERS_ONLY
 
@@ -22,6 +29,7 @@ class Params(FinalModel):
     )
     block_momentum: float | None = Field(
         default=None,
+        json_schema_extra=derived("1 − 1/workers; 0 with SGD + momentum"),
         allow_inf_nan=False,
         description="η_b in [0, 1): momentum of the block updates. Default: 1 − 1/N "
         "for N workers (the paper's), 0 when your optimizer is SGD with momentum (the "

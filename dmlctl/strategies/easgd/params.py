@@ -6,7 +6,14 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from dmlctl.strategies.params import MAX_PERIOD, MAX_WEIGHT, PARAMS_CONFIG, WORKERS_ONLY, FinalModel
+from dmlctl.strategies.params import (
+    MAX_PERIOD,
+    MAX_WEIGHT,
+    PARAMS_CONFIG,
+    WORKERS_ONLY,
+    FinalModel,
+    derived,
+)
 
 ROLES: tuple[str, ...] = WORKERS_ONLY
 
@@ -32,6 +39,7 @@ class Params(FinalModel):
     )
     alpha: float | None = Field(
         default=None,
+        json_schema_extra=derived("beta/workers"),
         gt=0,
         le=MAX_WEIGHT,
         description="α, the moving rate of the center; default β/p. Must be ≤ 1/p "
@@ -39,6 +47,7 @@ class Params(FinalModel):
     )
     rho: float | None = Field(
         default=None,
+        json_schema_extra=derived("alpha/lr"),
         gt=0,
         le=MAX_WEIGHT,
         description="ρ, the elastic force's strength: on each exchange a worker moves "

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from dmlctl.strategies.params import MAX_PERIOD, PARAMS_CONFIG, WITH_SERVERS, FinalModel
+from dmlctl.strategies.params import MAX_PERIOD, PARAMS_CONFIG, WITH_SERVERS, FinalModel, derived
 
 ROLES: tuple[str, ...] = WITH_SERVERS
 
@@ -29,6 +29,7 @@ class Params(FinalModel):
     )
     alpha: float | None = Field(
         default=None,
+        json_schema_extra=derived("beta/workers"),
         gt=0,
         lt=1,
         description="α, the elastic moving rate of one exchange; default β/p.",
