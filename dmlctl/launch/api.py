@@ -34,7 +34,13 @@ from dmlctl.runs.store import RunDir, RunStore, new_run_id
 from dmlctl.spec.locate import locate
 from dmlctl.spec.models import ClusterSpec, JobSpec
 from dmlctl.text import plural
-from dmlctl.transport import Transport, close_transports, make_transports, network_address
+from dmlctl.transport import (
+    Transport,
+    close_transports,
+    make_transports,
+    network_address,
+    ssh_route,
+)
 from dmlctl.ui.sinks import UiMode, make_sink
 
 if TYPE_CHECKING:
@@ -257,6 +263,34 @@ def _start(
     return LaunchResult(plan.run_id, run.path, state, int(state.exit_code or 0))
 
 
+def _dry_run(
+    job: JobSpec,
+    cluster: ClusterSpec,
+    store: RunStore,
+    placement: JobPlacement,
+    console: Console,
+    is_remote: bool,
+) -> LaunchResult:
+    """Print the plan; connect to nothing. Remote hosts show how ~/.ssh/config
+    resolves them, the rendezvous the first host's network name and
+    :data:`DRY_RUN_PORT` (the real port is chosen at launch)."""
+    if not is_remote:
+        plan = plan_run(job, cluster, store, port=free_port(), placement=placement)
+        console.print(render_plan(plan), markup=False, highlight=False)
+        return LaunchResult("", None, None, 0)
+    transports = make_transports(cluster.resolved_hosts())  # opens no connection
+    first = placement.first
+    rdzv_host = network_address(transports[first.name], first.address)
+    plan = plan_run(
+        job, cluster, store, port=DRY_RUN_PORT, placement=placement, rdzv_host=rdzv_host
+    )
+    routes = {name: r for name, t in transports.items() if (r := ssh_route(t)) is not None}
+    note = f"port {DRY_RUN_PORT} shown; the real one is the first free port, chosen at launch"
+    console.print(render_plan(plan, routes, note), markup=False, highlight=False)
+    close_transports(transports)
+    return LaunchResult("", None, None, 0)
+
+
 def launch(
     job: JobSpec, cluster: ClusterSpec, *, options: LaunchOptions, console: Console
 ) -> LaunchResult:
@@ -271,10 +305,7 @@ def launch(
     is_remote = any(not h.is_local for h in cluster.resolved_hosts())
     placement = _place(job, cluster, options)
     if options.dry_run:
-        port = DRY_RUN_PORT if is_remote else free_port()
-        plan = plan_run(job, cluster, store, port=port, placement=placement)
-        console.print(render_plan(plan), markup=False, highlight=False)
-        return LaunchResult("", None, None, 0)
+        return _dry_run(job, cluster, store, placement, console, is_remote)
     if is_remote:
         err = Console(stderr=True, highlight=False)
         plan, transports = _prepare_remote(job, cluster, store, placement, options, (console, err))

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from dmlctl.plan.build import SERVER_ROLE, render_command
 from dmlctl.plan.model import LaunchPlan
 from dmlctl.redact import REDACTED, Redactor, redact_arg, redact_env
@@ -21,9 +23,12 @@ def _value(value: object) -> str:
     return f"{value:g}" if isinstance(value, float) else repr(value)
 
 
-def render_plan(plan: LaunchPlan) -> str:
+def render_plan(
+    plan: LaunchPlan, routes: Mapping[str, str] | None = None, rdzv_note: str | None = None
+) -> str:
     """Every host's agent command, torchrun command, directory, ranks and environment;
-    secret values hidden everywhere (as ``<redacted>``)."""
+    secret values hidden everywhere (as ``<redacted>``). ``routes``: how each SSH host
+    is reached (``user@hostname:port via JUMP``); ``rdzv_note`` follows the rendezvous."""
     servers = (
         f" + {plural(plan.parameter_servers, 'parameter server')}" if plan.parameter_servers else ""
     )
@@ -31,14 +36,16 @@ def render_plan(plan: LaunchPlan) -> str:
         f"run {plan.run_id}: job {plan.job_name!r}, strategy {plan.strategy}, "
         f"{plural(plan.world_size - plan.parameter_servers, 'worker')}{servers} "
         f"on {plural(len(plan.hosts), 'host')}",
-        f"rendezvous: c10d at {plan.rdzv_endpoint}",
+        f"rendezvous: c10d at {plan.rdzv_endpoint}" + (f" ({rdzv_note})" if rdzv_note else ""),
     ]
     if given := plan.params_data():
         params = ", ".join(f"{k}={_value(v)}" for k, v in sorted(given.items()))
         out.append(f"strategy params: {params}")
     for host in plan.hosts:
         last = host.first_rank + host.nproc - 1
+        route = (routes or {}).get(host.name)
         where = "this machine (no SSH)" if host.is_local else f"{host.address} over SSH"
+        where += f" as {route}" if route and not host.is_local else ""
         out += [
             "",
             f"host {host.name} — {where}, node rank {host.node_rank}, "

@@ -62,6 +62,13 @@ def network_address(transport: Transport, address: str) -> str:
     return resolved if isinstance(resolved, str) and resolved else address
 
 
+def ssh_route(transport: Transport) -> str | None:
+    """``user@hostname:port [via JUMP]`` of an SSH transport, as ~/.ssh/config
+    resolves it (nothing is connected); None for a local one."""
+    route = getattr(transport, "route", None)
+    return route if isinstance(route, str) else None
+
+
 def close_transports(transports: dict[str, Transport]) -> None:
     """Close what holds a connection (SSH); harmless for the others."""
     for t in transports.values():
@@ -79,4 +86,5 @@ __all__ = [
     "close_transports",
     "make_transports",
     "network_address",
+    "ssh_route",
 ]

@@ -124,6 +124,10 @@ class SSHTransport:
         #: The host's network name (``HostName`` from ~/.ssh/config for an alias).
         self.hostname: str = self._conn.host
         self.where = f"{self._conn.user}@{self._conn.host}:{self._conn.port}"
+        jump = self._conn.ssh_config.get("proxyjump")
+        #: How the connection goes, as ~/.ssh/config resolves it (no connection made):
+        #: ``user@hostname:port``, and ``via JUMP`` with a ProxyJump.
+        self.route = self.where + (f" via {jump}" if jump else "")
         self._lock = threading.Lock()
         self._secure(self._conn)
 

@@ -110,6 +110,29 @@ def test_more_workers_than_local_slots_run_oversubscribed_with_a_warning(
     assert "oversubscribed" in captured.err
 
 
+def test_dry_run_shows_how_ssh_config_resolves_each_host(
+    tmp_path: Path, home: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    user_home = tmp_path / "user"
+    (user_home / ".ssh").mkdir(parents=True)
+    (user_home / ".ssh" / "config").write_text(
+        "Host gpu-node-1\n  HostName 10.9.8.7\n  User alice\n  Port 2222\n"
+        "  ProxyJump bastion.example\n"
+    )
+    monkeypatch.setenv("HOME", str(user_home))
+    path = project(tmp_path, "script: train.py\nworkers: 1\n")
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(
+        "hosts:\n  - name: node1\n    address: gpu-node-1\n    slots: 1\n"
+        "    workdir: /srv/train\n    python: /usr/bin/python3\n"
+    )
+    assert main(["launch", str(path), "--cluster", str(cluster), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "gpu-node-1 over SSH as alice@10.9.8.7:2222 via bastion.example" in out
+    assert "rendezvous: c10d at 10.9.8.7:29500 (port 29500 shown; the real one is" in out
+    assert not (home / "runs").exists()
+
+
 def test_status_with_no_runs(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["status"]) == 0
     assert "no runs" in capsys.readouterr().out
