@@ -17,6 +17,7 @@ from dmlctl.cli import (
     init_cmd,
     launch_cmd,
     logs_cmd,
+    rm_cmd,
     status_cmd,
     stop_cmd,
     strategies_cmd,
@@ -72,6 +73,7 @@ for module in (
     status_cmd,
     logs_cmd,
     stop_cmd,
+    rm_cmd,
     doctor_cmd,
     strategies_cmd,
 ):

@@ -16,11 +16,22 @@ def status(
         None, help="A run id (or a unique prefix, or 'last'); default: all runs."
     ),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    show_all: bool = typer.Option(False, "--all", "-a", help="Every run, not only the newest."),
+    limit: int = typer.Option(20, "--limit", "-n", help="Show the newest N runs."),
+    running: bool = typer.Option(False, "--running", help="Only runs still going."),
+    failed: bool = typer.Option(False, "--failed", help="Only failed runs."),
+    name: Optional[str] = typer.Option(  # noqa: UP045
+        None, "--name", help="Only runs of the job with this name."
+    ),
 ) -> int:
-    """Show runs, from the run directories (works after the launching terminal closed).
+    """Show runs, newest first, from the run directories (works after the launching
+    terminal closed).
 
     A run whose state cannot be read is listed with the reason (exit 0); asked for
     by id, it is an error (exit 2)."""
+    from dmlctl.errors import UsageError
+    from dmlctl.runs.housekeeping import Filters, select
+    from dmlctl.runs.state import Phase
     from dmlctl.runs.store import RunStore
     from dmlctl.ui.summary import render_run_detail, render_run_list, render_unreadable
 
@@ -32,7 +43,12 @@ def status(
         else:
             stdout_console().print(render_run_detail(state, time.time()))
         return 0
-    listing = store.listing()
+    if limit < 1:
+        raise UsageError(f"--limit must be at least 1, got {limit}")
+    phases = tuple(p for p in Phase if not p.terminal) if running else ()
+    phases += (Phase.FAILED,) if failed else ()
+    selection = select(store, Filters(phases, name), None if show_all else limit)
+    listing = selection.rows
     if as_json:
         rows = [
             r.state.to_dict() if r.state else {"run_id": r.run_id, "error": r.error}
@@ -47,6 +63,12 @@ def status(
     for row in listing:
         if row.error is not None:
             console.print(render_unreadable(row.run_id, row.error))
+    if selection.more:
+        console.print(
+            f"[dim]the newest {len(listing)} shown of {selection.total} runs; --all for "
+            "every one ('dmlctl prune --older-than 7d' removes old ones)[/dim]",
+            highlight=False,
+        )
     return 0
 
 
