@@ -125,6 +125,10 @@ BEAT_KEYS = (
 # all counted since the meter started in this rank process: bytes sent, seconds spent
 # communicating, optimizer steps, wall seconds. The controller divides them for the
 # run's averages; a record without them (an older dmlctl) has only the window values.
+PROGRESS = "progress"
+"""Metric key the runtime adds to a record: the share of the training done, 0 to 1
+(from ``ctx.shard``'s epochs, or ``ctx.total_steps``); ``epoch`` is added with it."""
+
 COMM_TOTALS = ("comm_bytes_total", "comm_seconds_total", "comm_steps_total", "comm_wall_total")
 
 # faulthandler dumps every thread's stack into rank-<R>.stacks on this signal.

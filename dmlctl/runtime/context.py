@@ -53,10 +53,10 @@ import torch
 import torch.distributed as dist
 from pydantic import BaseModel
 
-from dmlctl.protocol import ROLE_SERVER
+from dmlctl.protocol import PROGRESS, ROLE_SERVER
 from dmlctl.runtime import checkpoint as ckpt
 from dmlctl.runtime import divergence, guards
-from dmlctl.runtime.data import MapDataset, shard_batches
+from dmlctl.runtime.data import MapDataset, batches_per_epoch, shard_batches
 from dmlctl.runtime.env import RunEnv
 from dmlctl.runtime.membership import Membership
 from dmlctl.runtime.metrics import MetricLogger, Scalar
@@ -123,6 +123,10 @@ class Context:
         self.resumed_extra: dict[str, Any] = {}  # ``extra`` of the checkpoint resumed
         self._on_data_end: list[Callable[[], None]] = []
         self._notices: set[str] = set()
+        self._plan: tuple[int, int] | None = None  # (batches per epoch, epochs) of shard()
+        self.total_steps: int | None = None
+        """Set by a script with a loop of its own: progress is then the logged step
+        (plus one) over ``total_steps``; ``ctx.shard`` knows it from its epochs."""
 
     @property
     def rank(self) -> int:
@@ -240,6 +244,9 @@ class Context:
         """
         self._metrics.start_clock()
         self._skip = 0
+        if len(dataset) > 0 and epochs > 0 and batch_size >= 1:
+            per_epoch = batches_per_epoch(len(dataset), self._world, batch_size, drop_last)
+            self._plan = (per_epoch, epochs) if per_epoch > 0 else None
         if self._resume_at is not None and self._resume_at[0] >= start_epoch:
             start_epoch, self._skip = self._resume_at
         self._resume_at = None
@@ -365,8 +372,22 @@ class Context:
         """
         for source in self._sources:
             metrics = {**source(), **metrics}
+        metrics = {**self._progress(step), **metrics}
         TRACKER.step()
         return self._metrics.log(step, metrics)
+
+    def _progress(self, step: int | None) -> dict[str, Any]:
+        """``epoch`` and ``progress`` (0 to 1) for a record at ``step``: from
+        ``total_steps`` when the script set it, else from :meth:`shard`'s epochs;
+        nothing when neither is known."""
+        if self.total_steps is not None and self.total_steps > 0:
+            at = step if step is not None else self._metrics.next_step
+            return {PROGRESS: min(1.0, max(0.0, (at + 1) / self.total_steps))}
+        if self._plan is None:
+            return {}
+        per_epoch, epochs = self._plan
+        done = self._epoch * per_epoch + self._batches
+        return {"epoch": self._epoch, PROGRESS: min(1.0, done / (per_epoch * epochs))}
 
     def _check_logged(self, step: int, values: Mapping[str, Scalar]) -> None:
         """The divergence guard on one converted record (see :meth:`log`)."""

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol, cast
 
@@ -54,6 +55,16 @@ def _fetch(dataset: MapDataset, indices: list[int]) -> Any:
         idx = torch.as_tensor(indices)
         return tuple(t[idx] for t in dataset.tensors)
     return default_collate([dataset[i] for i in indices])
+
+
+def batches_per_epoch(length: int, world_size: int, batch_size: int, drop_last: bool) -> int:
+    """How many batches :func:`shard_batches` yields per epoch on every rank (the
+    sampler pads, or with ``drop_last`` trims, to equal shares)."""
+    if drop_last and length % world_size:
+        share = math.ceil((length - world_size) / world_size)
+    else:
+        share = math.ceil(length / world_size)
+    return share // batch_size if drop_last else math.ceil(share / batch_size)
 
 
 def shard_batches(

@@ -89,6 +89,11 @@ class MetricLogger:
         self._clock_started = False
         self._since = time.perf_counter()
 
+    @property
+    def next_step(self) -> int:
+        """The step a record without an explicit step gets."""
+        return self._next_step
+
     def start_clock(self) -> None:
         """Start measuring throughput now, unless it is already measured."""
         if not self._clock_started:

@@ -19,6 +19,7 @@ from rich.text import Text
 from dmlctl.runs.events import RootCause, Stream
 from dmlctl.runs.state import Phase, RankState, RankStatus, RunState, TailLine
 from dmlctl.ui.metric_columns import STRATEGY_COLUMNS, strategy_columns
+from dmlctl.ui.progress import progress_line
 
 MISSING = "-"
 """Shown where a value is not known yet (no metric reported, no exit code)."""
@@ -177,6 +178,8 @@ def run_header(state: RunState, now: float, *, marker: str | None = None) -> Ren
         status.append("  exit code ", style="dim")
         status.append(str(state.exit_code), style="red" if state.exit_code else "green")
     lines: list[RenderableType] = [ident, status]
+    if (progress := progress_line(state, now, format_duration)) is not None:
+        lines.append(progress)
     detail = state.detail
     if state.phase is Phase.STOPPING and state.stop_reason:
         detail = f"stopping: {state.stop_reason}"

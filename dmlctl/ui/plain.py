@@ -21,7 +21,8 @@ from dmlctl.runs.events import (
     StopRequested,
 )
 from dmlctl.runs.state import RankState, RunState
-from dmlctl.ui.format import format_loss, format_rate, format_step
+from dmlctl.ui.format import format_duration, format_loss, format_rate, format_step
+from dmlctl.ui.progress import progress_line, run_progress
 
 _Snapshot = tuple[int | None, float | None, float | None]
 
@@ -54,6 +55,7 @@ class PlainPrinter:
         self._interval = summary_interval
         self._clock = clock
         self._last_summary_at = clock()
+        self._progress_pct = -1  # the last progress printed, in whole percent
         self._reported: dict[int, _Snapshot] = {}
 
     def on_events(self, events: Sequence[Event], state: RunState) -> None:
@@ -86,6 +88,7 @@ class PlainPrinter:
         if finished or now - self._last_summary_at >= self._interval:
             self._last_summary_at = now
             buf.extend(self._summary_lines(state.ranks))
+            buf.extend(self._progress_line(state))
         if finished:
             code = "" if state.exit_code is None else f" (exit code {state.exit_code})"
             emit(f"dmlctl: run {state.run_id} {state.phase.value}{code}")
@@ -93,6 +96,16 @@ class PlainPrinter:
             buf.append("")
             self._out.write("\n".join(buf))
             self._out.flush()
+
+    def _progress_line(self, state: RunState) -> list[str]:
+        """``dmlctl: progress 45%  epoch 3  ETA 0:01:23`` when the run's progress
+        moved by a percent since the last one printed."""
+        line = progress_line(state, time.time(), format_duration, with_bar=False)
+        done = run_progress(state)
+        if line is None or done is None or int(done * 100) == self._progress_pct:
+            return []
+        self._progress_pct = int(done * 100)
+        return [f"dmlctl: {line.plain}"]
 
     def _summary_lines(self, ranks: Sequence[RankState]) -> list[str]:
         lines = []

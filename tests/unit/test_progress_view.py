@@ -1,0 +1,49 @@
+"""The run's progress, epoch and ETA in the dashboard header and the plain mode."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+
+from rich.console import Console
+
+from dmlctl.runs.state import Phase, RunState
+from dmlctl.ui.format import run_header
+from dmlctl.ui.plain import PlainPrinter
+from dmlctl.ui.progress import bar, eta_seconds, run_progress
+from tests.unit.test_runs import running_state
+
+
+def _with_progress(values: dict[int, dict[str, float | int]]) -> RunState:
+    state = running_state("r")
+    ranks = tuple(
+        dataclasses.replace(r, metrics={**r.metrics, **values.get(r.rank, {})}) for r in state.ranks
+    )
+    return dataclasses.replace(state, ranks=ranks, started_at=1000.0)
+
+
+def test_run_progress_is_the_workers_mean_and_eta_follows_the_rate() -> None:
+    state = _with_progress({0: {"progress": 0.2, "epoch": 1}, 1: {"progress": 0.3, "epoch": 1}})
+    assert run_progress(state) == 0.25
+    assert eta_seconds(state, now=1100.0) == 300.0  # 100 s for 25 %: 300 s to go
+    assert eta_seconds(dataclasses.replace(state, phase=Phase.SUCCEEDED), 1100.0) is None
+    assert run_progress(_with_progress({})) is None
+
+
+def test_bar_fills_in_eighths() -> None:
+    assert bar(0.0, 4) == "    " and bar(1.0, 4) == "████"
+    assert bar(0.5, 4) == "██  " and bar(0.5625, 4) == "██▎ "
+
+
+def test_header_and_plain_mode_show_progress_epoch_and_eta() -> None:
+    state = _with_progress({0: {"progress": 0.5, "epoch": 2}, 1: {"progress": 0.5, "epoch": 3}})
+    console = Console(width=100, record=True, color_system=None)
+    console.print(run_header(state, 1060.0))
+    text = console.export_text()
+    assert "progress ▕██████████          ▏ 50%  epoch 2  ETA 0:01:00" in text
+    out = io.StringIO()
+    printer = PlainPrinter(out, summary_interval=0.0)
+    printer.on_events([], state)
+    printer.on_events([], state)  # unchanged: printed once
+    lines = [line for line in out.getvalue().splitlines() if "progress" in line]
+    assert len(lines) == 1 and lines[0].startswith("dmlctl: progress 50%  epoch 2  ETA ")
