@@ -70,7 +70,7 @@ def progress_line(
         text.append("  epoch ", style="dim")
         text.append(str(min(numbers)))
     eta = eta_seconds(state, now)
-    if eta is not None:
+    if eta is not None and done < 1:
         text.append("  ETA ", style="dim")
         text.append(duration(eta))
     return text
