@@ -17,6 +17,7 @@ from dmlctl.cli import (
     init_cmd,
     launch_cmd,
     logs_cmd,
+    plot_cmd,
     rm_cmd,
     status_cmd,
     stop_cmd,
@@ -74,6 +75,7 @@ for module in (
     logs_cmd,
     stop_cmd,
     rm_cmd,
+    plot_cmd,
     doctor_cmd,
     strategies_cmd,
 ):

@@ -40,8 +40,9 @@ def third_party_imports() -> dict[str, set[str]]:
     return found
 
 
-OPTIONAL_EXTRAS = ("bench",)
-"""Extras of optional features (``dmlctl bench accuracy`` needs scikit-learn)."""
+OPTIONAL_EXTRAS = ("bench", "plot")
+"""Extras of optional features (``dmlctl bench accuracy`` needs scikit-learn,
+``dmlctl plot`` matplotlib)."""
 
 
 def declared(extra: str | None = None) -> set[str]:

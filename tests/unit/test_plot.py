@@ -1,0 +1,72 @@
+"""``dmlctl plot RUN``: a PNG of loss, samples/s and comm share per rank over time."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from dmlctl.cli.app import main
+from dmlctl.runs.store import RunStore
+from dmlctl.ui.plot import series
+from tests.unit.test_runs import add_run
+
+RUN = "train-20260101-000000-abcd"
+
+
+@pytest.fixture
+def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> RunStore:
+    monkeypatch.setenv("DMLCTL_HOME", str(tmp_path / "home"))
+    return RunStore(tmp_path / "home")
+
+
+def _metrics(store: RunStore, n: int = 50) -> Path:
+    run = add_run(store, RUN)
+    records = [
+        {
+            "ts": 100.0 + i,
+            "host": "local",
+            "rank": rank,
+            "step": i,
+            "values": {"loss": 2.0 / (i + 1) + rank, "samples_per_s": 1000 + i, "comm_share": 0.3},
+        }
+        for i in range(n)
+        for rank in (0, 1)
+    ]
+    lines = [json.dumps(r) for r in records] + ["not json"]
+    run.metrics.write_text("\n".join(lines) + "\n")
+    return run.path
+
+
+def test_series_per_key_and_rank_from_the_first_record(store: RunStore) -> None:
+    path = _metrics(store, 3)
+    data = series(path / "metrics.jsonl")
+    assert data["loss"][1] == [(0.0, 3.0), (1.0, 2.0), (2.0, 2.0 / 3 + 1)]
+    assert set(data["samples_per_s"]) == {0, 1}
+
+
+def test_plot_writes_a_png(
+    store: RunStore, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _metrics(store)
+    out = tmp_path / "run.png"
+    assert main(["plot", RUN[:12], "-o", str(out)]) == 0
+    data = out.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000  # three panels drawn
+    assert capsys.readouterr().out.strip() == str(out)
+
+
+def test_a_run_without_metrics_or_matplotlib_is_one_line_and_exit_2(
+    store: RunStore, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    add_run(store, RUN)
+    assert main(["plot", RUN]) == 2
+    assert "logged no loss, samples/s or comm share to plot" in capsys.readouterr().err
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name: None if name == "matplotlib" else real(name)
+    )
+    assert main(["plot", RUN]) == 2
+    assert "dmlctl plot needs matplotlib: pip install 'dmlctl[plot]'" in capsys.readouterr().err
