@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
@@ -43,12 +43,19 @@ def comm(
     iters: int = typer.Option(20, "--iters", help="Timed calls per size."),
     warmup: int = typer.Option(5, "--warmup", help="Untimed calls per size before timing."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    plot: Optional[Path] = typer.Option(  # noqa: UP045
+        None, "--plot", help="Also write a PNG of bus bandwidth against message size."
+    ),
 ) -> int:
     """Measure allreduce / allgather / broadcast time and bus bandwidth (nccl-tests style)."""
     from dmlctl.bench.comm import run_comm_bench
     from dmlctl.bench.report import comm_json, parse_ops, parse_size, render_comm_table
     from dmlctl.spec import default_cluster, load_cluster_file
 
+    if plot is not None:
+        from dmlctl.ui.plot import require_matplotlib
+
+        require_matplotlib("--plot")
     op_names = parse_ops(ops)
     low, high = parse_size(min_bytes), parse_size(max_bytes)
     spec = load_cluster_file(cluster) if cluster is not None else default_cluster()
@@ -70,6 +77,15 @@ def comm(
     else:
         stdout_console().print(render_comm_table(results, world))
         err.print(f"run {run.run_id}", markup=False)
+    if plot is not None:
+        from dmlctl.ui.plot import plot_lines
+
+        lines: dict[str, list[tuple[float, float]]] = {}
+        for r in results:
+            lines.setdefault(r.op, []).append((float(r.bytes), r.busbw_gbps))
+        axes = ("message bytes", "bus bandwidth (GB/s)")
+        plot_lines(plot, f"collectives, {world} ranks", axes, lines, log_x=True)
+        err.print(f"plot: {plot}", markup=False)
     return 0
 
 
@@ -162,6 +178,9 @@ def accuracy(
     ),
     epochs: int = typer.Option(20, "--epochs", help="Training epochs per run."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    plot: Optional[Path] = typer.Option(  # noqa: UP045
+        None, "--plot", help="Also write a PNG: bars per strategy, the single process dashed."
+    ),
 ) -> int:
     """Test accuracy of every strategy (defaults) on scikit-learn's digits vs one process."""
     from dmlctl.bench.accuracy import (
@@ -172,6 +191,10 @@ def accuracy(
         run_accuracy_bench,
     )
 
+    if plot is not None:
+        from dmlctl.ui.plot import require_matplotlib
+
+        require_matplotlib("--plot")
     by_name = {c.name: c for c in CANDIDATES}
     chosen = [by_name[n] for n in pick(strategies, list(by_name), "strategy")]
     opts = pick(optimizers, OPTIMIZERS, "optimizer")
@@ -184,7 +207,21 @@ def accuracy(
         print(json.dumps(report, indent=2))
     else:
         stdout_console().print(render_accuracy_table(report))
+    if plot is not None:
+        _plot_accuracy(report, plot)
+        err.print(f"plot: {plot}", markup=False)
     return 0
+
+
+def _plot_accuracy(report: dict[str, Any], out: Path) -> None:
+    """Grouped bars of the accuracy report, the single-process values dashed."""
+    from dmlctl.ui.plot import plot_bars
+
+    names = [row["name"] for row in report["rows"]]
+    bars = {o: [row["accuracy"][o] for row in report["rows"]] for o in report["optimizers"]}
+    refs = {f"single process, {o}": v for o, v in report["baseline"].items()}
+    title = f"test accuracy on {report['data']}, {report['epochs']} epochs"
+    plot_bars(out, title, "test accuracy", names, bars, refs)
 
 
 @app.command()

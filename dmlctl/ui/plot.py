@@ -83,3 +83,72 @@ def _panel(ax: Any, per_rank: dict[int, list[tuple[float, float]]], label: str) 
         ax.legend(loc="best", fontsize="small")
     else:
         ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes)
+
+
+def _pyplot() -> Any:
+    require_matplotlib("--plot")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_lines(
+    out: Path,
+    title: str,
+    axes: tuple[str, str],
+    lines: dict[str, list[tuple[float, float]]],
+    *,
+    log_x: bool = False,
+) -> None:
+    """One line per name of ``lines`` (``(x, y)`` points); ``axes`` are the x and y
+    labels. For the benches' ``--plot FILE``."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(9, 5))
+    for name, points in lines.items():
+        xs, ys = zip(*sorted(points), strict=True) if points else ((), ())
+        ax.plot(xs, ys, marker="o", markersize=3, label=name)
+    if log_x:
+        ax.set_xscale("log", base=2)
+    ax.set_xlabel(axes[0])
+    ax.set_ylabel(axes[1])
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="best", fontsize="small")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+
+
+def plot_bars(
+    out: Path,
+    title: str,
+    ylabel: str,
+    groups: list[str],
+    bars: dict[str, list[float]],
+    references: dict[str, float] | None = None,
+) -> None:
+    """Grouped bars: one group per name in ``groups``, one bar per series of
+    ``bars`` (a value per group); ``references`` are drawn as dashed lines."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(max(6, len(groups) * 0.8), 5))
+    width = 0.8 / max(len(bars), 1)
+    for i, (name, values) in enumerate(bars.items()):
+        xs = [g + (i - (len(bars) - 1) / 2) * width for g in range(len(groups))]
+        ax.bar(xs, values, width=width, label=name)
+    for name, value in (references or {}).items():
+        ax.axhline(value, linestyle="--", linewidth=1, color="gray", label=name)
+    values = [v for series in bars.values() for v in series] + list((references or {}).values())
+    low, high = min(values, default=0.0), max(values, default=1.0)
+    pad = max((high - low) * 0.5, 0.01)
+    ax.set_ylim(max(0.0, low - pad), high + pad)
+    ax.set_xticks(range(len(groups)), groups, rotation=30, ha="right")
+    ax.set_ylabel(ylabel)
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(loc="upper left", fontsize="small", ncol=2)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
