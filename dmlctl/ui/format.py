@@ -13,13 +13,13 @@ from collections.abc import Sequence
 
 from rich.console import Group, RenderableType
 from rich.panel import Panel
-from rich.table import Table
 from rich.text import Text
 
 from dmlctl.runs.events import RootCause, Stream
 from dmlctl.runs.state import Phase, RankState, RankStatus, RunState, TailLine
 from dmlctl.ui.metric_columns import STRATEGY_COLUMNS, strategy_columns
 from dmlctl.ui.progress import progress_line
+from dmlctl.ui.rank_table import Column, RankTable, compact_rate, epoch_cell
 
 MISSING = "-"
 """Shown where a value is not known yet (no metric reported, no exit code)."""
@@ -207,43 +207,37 @@ def select_ranks(ranks: Sequence[RankState], limit: int | None) -> tuple[RankSta
 
 def rank_table(
     ranks: Sequence[RankState], *, last_line: bool = True, max_rows: int | None = None
-) -> Table:
-    """One row per rank: host, rank, role, state, step, loss, samples/s (, last line).
+) -> RenderableType:
+    """One row per rank, its columns chosen for the width it is drawn at
+    (:class:`~dmlctl.ui.rank_table.RankTable`): rank, state, step, loss, samples/s,
+    then epoch and the strategy's columns, then host and role, then the last line.
 
     With ``max_rows`` and more ranks than that, failed ranks are kept first and the
     caption says how many rows were left out. The last-line column never wraps.
     """
     shown = select_ranks(ranks, max_rows)
-    extras = strategy_columns(ranks)
-    table = Table(expand=False, pad_edge=False, box=None, header_style="bold")
-    table.add_column("host", no_wrap=True)
-    table.add_column("rank", justify="right")
-    table.add_column("role")
-    table.add_column("state", no_wrap=True)
-    table.add_column("step", justify="right")
-    table.add_column("loss", justify="right")
-    table.add_column("samples/s", justify="right")
-    for key in extras:
-        table.add_column(STRATEGY_COLUMNS[key][0], justify="right", no_wrap=True)
-    if last_line:
-        table.add_column("last line", no_wrap=True, overflow="ellipsis", ratio=1)
-    for r in shown:
-        cells: list[RenderableType] = [
-            Text(r.host),
-            Text(str(r.rank), style=rank_style(r.rank)),
-            Text(r.role),
-            status_text(r),
-            format_step(r.step),
-            format_loss(r.loss),
-            format_rate(r.samples_per_s),
-        ]
-        cells += [STRATEGY_COLUMNS[key][1](r) for key in extras]
-        if last_line:
-            cells.append(Text(truncate(clean_line(r.last_line), LAST_LINE_CHARS)))
-        table.add_row(*cells)
-    if len(shown) < len(ranks):
-        table.caption = f"… {len(ranks) - len(shown)} more ranks not shown"
-    return table
+    columns = [
+        Column("host", lambda r: Text(r.host), 2, "left"),
+        Column("rank", lambda r: Text(str(r.rank), style=rank_style(r.rank)), 0),
+        Column("role", lambda r: Text(r.role), 2, "left"),
+        Column("state", status_text, 0, "left"),
+        Column("step", lambda r: Text(format_step(r.step)), 0),
+        Column("loss", lambda r: Text(format_loss(r.loss)), 0),
+        Column("samples/s", lambda r: Text(compact_rate(r.samples_per_s)), 0),
+    ]
+    if any("epoch" in r.metrics for r in ranks):
+        columns.append(Column("epoch", epoch_cell, 1))
+    columns += [
+        Column(STRATEGY_COLUMNS[key][0], STRATEGY_COLUMNS[key][1], 1)
+        for key in strategy_columns(ranks)
+    ]
+    more = len(ranks) - len(shown)
+    return RankTable(
+        shown,
+        columns,
+        (lambda r: Text(truncate(clean_line(r.last_line), LAST_LINE_CHARS))) if last_line else None,
+        f"… {more} more ranks not shown" if more else None,
+    )
 
 
 def root_cause_panel(cause: RootCause, *, max_lines: int = 15) -> Panel:

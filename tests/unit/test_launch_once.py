@@ -77,7 +77,14 @@ def no_host(*_args: Any, **_kw: Any) -> Any:
 def test_a_dry_run_places_and_plans_once_and_touches_no_host(
     tmp_path: Path, calls: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(api, "make_transports", no_host)
+    def resolve_only(hosts: Any, *_args: Any) -> dict[str, Any]:
+        """Transports as ~/.ssh/config resolves them; any use of one fails."""
+        return {
+            h.name: SimpleNamespace(hostname=h.address, route=f"u@{h.address}:22", run=no_host)
+            for h in hosts
+        }
+
+    monkeypatch.setattr(api, "make_transports", resolve_only)
     job_file, cluster_file = specs(tmp_path, "script: train.py\nworkers: 3\n")
     assert launch(job_file, cluster_file, tmp_path, dry_run=True).exit_code == 0
     assert calls == ["place", "plan"]
