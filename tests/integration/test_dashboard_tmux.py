@@ -50,7 +50,8 @@ def test_the_final_screen_at_80_columns_keeps_the_important_columns(
     header = next(line for line in lines if line.split()[:1] == ["host"] or "rank" in line.split())
     for column in ("rank", "state", "step", "loss", "samples/s"):
         assert column in header.split(), screen
-    rows = [line for line in lines if "succeeded" in line.split()]
+    rows = [line for line in lines if line.split()[:1] == ["local"]]
     cut = header.find("last line") if "last line" in header else len(header)
     assert len(rows) == 2 and not any("…" in row[:cut] for row in rows), screen
+    assert all("succeeded" in row.split() for row in rows), screen
     assert all(len(line) <= 80 for line in lines)
