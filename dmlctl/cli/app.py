@@ -12,6 +12,7 @@ import typer
 
 from dmlctl import __version__
 from dmlctl.cli import (
+    attach_cmd,
     bench,
     doctor_cmd,
     init_cmd,
@@ -72,6 +73,7 @@ for module in (
     init_cmd,
     launch_cmd,
     status_cmd,
+    attach_cmd,
     logs_cmd,
     stop_cmd,
     rm_cmd,

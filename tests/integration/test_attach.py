@@ -1,0 +1,47 @@
+"""``dmlctl attach RUN`` on a detached run: it follows the run, Ctrl-C only detaches
+(the run goes on), and once the run ended it prints the summary and exits with the
+run's code."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Cli
+
+pytestmark = pytest.mark.integration
+
+JOBS = Path(__file__).parent / "jobs"
+
+
+def _phase(cli: Cli, run_id: str) -> str:
+    return str(json.loads(cli.run("status", run_id, "--json").stdout)["phase"])
+
+
+def test_attach_detaches_on_ctrl_c_and_reports_the_end(cli: Cli) -> None:
+    started = cli.run("launch", str(JOBS / "forever" / "job.yaml"), "--detach")
+    assert started.returncode == 0, started.stderr
+    run_id = started.stdout.strip()
+    deadline = time.monotonic() + 60
+    while _phase(cli, run_id) != "running" and time.monotonic() < deadline:
+        time.sleep(0.5)
+    try:
+        watcher = cli.popen("attach", run_id[:14])
+        time.sleep(3)
+        watcher.send_signal(signal.SIGINT)
+        out, _ = watcher.communicate(timeout=30)
+        assert watcher.returncode == 0, out
+        assert f"detached; run {run_id} goes on" in out and "rank" in out
+        assert _phase(cli, run_id) == "running"  # Ctrl-C in attach never stops the run
+    finally:
+        assert cli.run("stop", run_id).returncode == 0
+    deadline = time.monotonic() + 60
+    while _phase(cli, run_id) not in ("stopped", "failed") and time.monotonic() < deadline:
+        time.sleep(0.5)
+    ended = cli.run("attach", "last")
+    assert ended.returncode == 130, ended.stdout + ended.stderr  # the run's own code
+    assert f"run {run_id} stopped" in ended.stdout
