@@ -35,10 +35,9 @@ import time
 from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dmlctl.errors import RunNotFound, UsageError
-from dmlctl.plan.model import LaunchPlan
 from dmlctl.runs import secrets as run_secrets
 from dmlctl.runs.files import (
     DIR_MODE,
@@ -49,6 +48,9 @@ from dmlctl.runs.files import (
     store_error,
 )
 from dmlctl.runs.state import Phase, RunState
+
+if TYPE_CHECKING:
+    from dmlctl.plan.model import LaunchPlan
 
 __all__ = [
     "RunDir",
@@ -273,6 +275,8 @@ class RunDir:
     def read_plan(self) -> LaunchPlan:
         """``plan.json`` with the real env values put back (UsageError when either
         file cannot be read: a plan without its values must not start)."""
+        from dmlctl.plan.model import LaunchPlan  # not at import: `status` never needs it
+
         try:
             data = json.loads(self.plan.read_text(encoding="utf-8"))
             hidden = json.loads(self.secrets.read_text(encoding="utf-8"))
