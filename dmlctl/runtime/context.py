@@ -372,7 +372,11 @@ class Context:
         """
         for source in self._sources:
             metrics = {**source(), **metrics}
-        metrics = {**self._progress(step), **metrics}
+        if self._env.rank_dir is not None:  # for the controller; a plain run's line stays as it was
+            metrics = {
+                **metrics,
+                **{k: v for k, v in self._progress(step).items() if k not in metrics},
+            }
         TRACKER.step()
         return self._metrics.log(step, metrics)
 
