@@ -18,8 +18,9 @@ from rich.text import Text
 from dmlctl.runs.events import RootCause, Stream
 from dmlctl.runs.state import Phase, RankState, RankStatus, RunState, TailLine
 from dmlctl.ui.metric_columns import STRATEGY_COLUMNS, strategy_columns
+from dmlctl.ui.numbers import compact_rate
 from dmlctl.ui.progress import progress_line
-from dmlctl.ui.rank_table import Column, RankTable, compact_rate, epoch_cell
+from dmlctl.ui.rank_table import Column, RankTable, epoch_cell
 
 MISSING = "-"
 """Shown where a value is not known yet (no metric reported, no exit code)."""
@@ -75,11 +76,6 @@ def format_duration(seconds: float) -> str:
 def format_loss(value: float | None) -> str:
     """Four significant digits (``0.4321``, ``1.235e-05``), or ``-`` when unknown."""
     return MISSING if value is None else f"{value:.4g}"
-
-
-def format_rate(value: float | None) -> str:
-    """Samples per second with one decimal and thousands separators, or ``-``."""
-    return MISSING if value is None else f"{value:,.1f}"
 
 
 def format_step(value: int | None) -> str:

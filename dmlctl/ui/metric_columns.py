@@ -21,23 +21,13 @@ from rich.text import Text
 
 from dmlctl.runs.comm import CommTotals
 from dmlctl.runs.state import RankState
+from dmlctl.ui.numbers import compact_bytes, compact_rate
 
 MISSING = "-"  # as dmlctl.ui.format.MISSING: a value not known
 
 MetricCell = Callable[[RankState], RenderableType]
 
 _VALUE = re.compile(r"^([-+0-9.,e]+)\s*(.*)$")
-
-
-def _bytes(value: object) -> str:
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        return MISSING
-    size = float(value)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return MISSING  # unreachable
 
 
 def _share(value: object) -> str:
@@ -105,6 +95,18 @@ def _pair(first: str, second: str, fmt: Callable[[object], str]) -> MetricCell:
     return lambda r: Text(f"{fmt(r.metrics.get(first))}/{fmt(r.metrics.get(second))}")
 
 
+def _rate(value: object) -> str:
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return MISSING
+    return compact_rate(float(value))
+
+
+def _count(value: object) -> str:
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return MISSING
+    return str(round(value))
+
+
 def _one(key: str, fmt: Callable[[object], str]) -> MetricCell:
     return lambda r: Text(fmt(r.metrics.get(key)))
 
@@ -113,17 +115,20 @@ def _one(key: str, fmt: Callable[[object], str]) -> MetricCell:
 STRATEGY_COLUMNS: dict[str, tuple[str, MetricCell]] = {
     "comm_bytes_per_step": (
         "comm/step",
-        _run_average("comm_bytes_per_step", CommTotals.bytes_per_step, _bytes),
+        _run_average("comm_bytes_per_step", CommTotals.bytes_per_step, compact_bytes),
     ),
     "comm_share": ("comm %", _run_average("comm_share", CommTotals.share, _share)),
     "consensus": ("consensus", _one("consensus", _number)),
     "primal_res": ("primal res", _one("primal_res", _number)),
     "dual_res": ("dual res", _one("dual_res", _number)),
     # parameter servers: workers report their clock, servers the rest
-    "clock": ("clock", _one("clock", _number)),
+    "clock": ("clock", _one("clock", _count)),
     "staleness_max": ("stale med/max", _pair("staleness_median", "staleness_max", _number)),
-    "push_per_s": ("push/pull per s", _pair("push_per_s", "pull_per_s", _number)),
-    "push_bytes_per_s": ("in/out per s", _pair("push_bytes_per_s", "pull_bytes_per_s", _bytes)),
+    "push_per_s": ("push/pull per s", _pair("push_per_s", "pull_per_s", _rate)),
+    "push_bytes_per_s": (
+        "in/out per s",
+        _pair("push_bytes_per_s", "pull_bytes_per_s", compact_bytes),
+    ),
     "clock_spread": ("spread", _one("clock_spread", _number)),
 }
 

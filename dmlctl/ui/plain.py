@@ -21,7 +21,8 @@ from dmlctl.runs.events import (
     StopRequested,
 )
 from dmlctl.runs.state import RankState, RunState
-from dmlctl.ui.format import format_duration, format_loss, format_rate, format_step
+from dmlctl.ui.format import format_duration, format_loss, format_step
+from dmlctl.ui.numbers import compact_rate
 from dmlctl.ui.progress import progress_line, run_progress
 
 _Snapshot = tuple[int | None, float | None, float | None]
@@ -116,6 +117,6 @@ class PlainPrinter:
             self._reported[r.rank] = snap
             lines.append(
                 f"dmlctl: rank {r.rank} step {format_step(r.step)} loss {format_loss(r.loss)}"
-                f" samples/s {format_rate(r.samples_per_s)}"
+                f" samples/s {compact_rate(r.samples_per_s)}"
             )
         return lines

@@ -8,7 +8,7 @@ takes what is left (elided at its end, never wrapped), or goes when under
 :data:`MIN_LAST_LINE` cells remain. The shown columns keep their reading order
 (host, rank, role, state, step, loss, samples/s, epoch, strategy, last line).
 
-Numbers are compact: ``12.3k`` samples/s.
+Numbers are compact (:mod:`dmlctl.ui.numbers`): ``12.3k`` samples/s, ``3.4 MiB``.
 """
 
 from __future__ import annotations
@@ -38,21 +38,42 @@ class Column:
     justify: str = "right"
 
 
-def compact_rate(value: float | None) -> str:
-    """``950.3``, ``12.3k``, ``4.1M`` samples/s, or ``-``."""
-    if value is None:
-        return "-"
-    for limit, unit in ((1e6, "M"), (1e3, "k")):
-        if abs(value) >= limit:
-            return f"{value / limit:.1f}{unit}"
-    return f"{value:.1f}"
-
-
 def epoch_cell(rank: RankState) -> Text:
     """The epoch a rank reported (the runtime adds it to records), or ``-``."""
     value = rank.metrics.get("epoch")
     ok = isinstance(value, int) and not isinstance(value, bool)
     return Text(str(value) if ok else "-")
+
+
+def pick_columns(
+    widths: Sequence[int], priorities: Sequence[int], width: int, *, last_line: bool
+) -> tuple[list[int], int]:
+    """The columns to show in ``width`` cells, and the cells left for the last line.
+
+    ``widths[i]`` is column ``i``'s full width (header and every cell, unsqueezed),
+    ``priorities[i]`` its priority (0 first). Priority-0 columns are always shown, at
+    full width, even past ``width``. Other columns are taken by priority, then by
+    position, at full width, while they fit with :data:`GAP` cells between columns;
+    once a column does not fit, no column of a *lower* priority is taken (a narrower
+    one of the same priority still may), so a lower priority never shows in place
+    of a higher one. Returns the chosen indices in position order and the width left
+    for the last line: 0 when ``last_line`` is false or under :data:`MIN_LAST_LINE`.
+    """
+    order = sorted(range(len(widths)), key=lambda i: (priorities[i], i))
+    chosen: list[int] = []
+    used = 0
+    stop_after: int | None = None
+    for i in order:
+        need = widths[i] + (GAP if chosen else 0)
+        if priorities[i] == 0 or (
+            (stop_after is None or priorities[i] <= stop_after) and used + need <= width
+        ):
+            chosen.append(i)
+            used += need
+        elif stop_after is None:
+            stop_after = priorities[i]
+    room = width - used - GAP
+    return sorted(chosen), room if last_line and room >= MIN_LAST_LINE else 0
 
 
 class RankTable:
@@ -81,19 +102,13 @@ class RankTable:
         return widths
 
     def pick(self, console: Console, options: ConsoleOptions) -> tuple[list[int], int]:
-        """Indices of the columns that fit ``options.max_width``, and the cells left
-        for the last line (0: not shown)."""
-        widths = self._widths(console, options)
-        order = sorted(range(len(self.columns)), key=lambda i: (self.columns[i].priority, i))
-        chosen: list[int] = []
-        used = 0
-        for i in order:
-            need = widths[i] + (GAP if chosen else 0)
-            if self.columns[i].priority == 0 or used + need <= options.max_width:
-                chosen.append(i)
-                used += need
-        room = options.max_width - used - GAP
-        return sorted(chosen), room if self.last is not None and room >= MIN_LAST_LINE else 0
+        """:func:`pick_columns` for these ranks at ``options.max_width``."""
+        return pick_columns(
+            self._widths(console, options),
+            [col.priority for col in self.columns],
+            options.max_width,
+            last_line=self.last is not None,
+        )
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         chosen, room = self.pick(console, options)

@@ -77,7 +77,7 @@ def test_dashboard_shows_clock_staleness_rates_and_spread() -> None:
     text = console.export_text()
     for header in ("clock", "stale med/max", "push/pull per s", "in/out per s", "spread"):
         assert header in text
-    assert "1/3" in text and "120/118" in text and "2.0 MiB/3.0 MiB" in text
+    assert "1/3" in text and "120.0/118.0" in text and "2.0 MiB/3.0 MiB" in text
     assert "server" in text
 
 

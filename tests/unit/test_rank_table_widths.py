@@ -1,83 +1,158 @@
-"""The rank table at 80, 120, 160 and 240 columns: high-priority columns (rank, state,
-step, loss, samples/s) are never cut, lower ones drop out whole, the last line is
-elided at its end. Expected renderings are kept under ``fixtures/dashboard/``
-(``UPDATE_GOLDEN=1`` rewrites them)."""
+"""The dashboard and the end-of-run summary at 80, 120, 160 and 240 columns: the
+high-priority columns (rank, state, step, loss, samples/s) are never cut, lower ones
+drop out whole, the last line is elided at its end. Expected renderings are kept under
+``fixtures/dashboard/`` (``UPDATE_GOLDEN=1`` rewrites them; read them after)."""
 
 from __future__ import annotations
 
+import io
 import os
 from pathlib import Path
 
 import pytest
-from rich.console import Console
+from rich.console import Console, RenderableType
 
 from dmlctl.protocol import COMM_TOTALS
-from dmlctl.runs.events import LogLines, MetricRecord, RankStarted, Stream
+from dmlctl.runs.events import (
+    Event,
+    Finished,
+    LogLines,
+    MetricRecord,
+    RankExited,
+    RankStarted,
+    RootCause,
+    Stream,
+)
 from dmlctl.runs.state import RunState, apply, new_run_state
-from dmlctl.ui.format import rank_table
-from dmlctl.ui.rank_table import compact_rate
+from dmlctl.ui import render_dashboard, render_run_detail, render_summary
+from dmlctl.ui.numbers import compact_bytes, compact_rate
+from dmlctl.ui.rank_table import pick_columns
 
 GOLDEN = Path(__file__).parent / "fixtures" / "dashboard"
+WIDTHS = [80, 120, 160, 240]
+T0 = 1_700_000_000.0
 GLOO = (
     "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by"
     " peer [127.0.0.1]:29500 while waiting for the all-reduce of bucket 3 of 7"
 )
-
-
-def _state(strategy: str, roles: list[str], last: str) -> RunState:
-    ranks = [(i, f"node-{i // 2}", role) for i, role in enumerate(roles)]
-    state = new_run_state("r", "job", strategy, ranks, 0.0)
-    totals = dict(zip(COMM_TOTALS, (5 * 1024.0 * 400, 3.0, 400, 20.0), strict=True))
-    events: list[object] = []
-    for rank, host, role in ranks:
-        events.append(RankStarted(host, rank, rank, role, 100 + rank, 1.0))
-        if role == "worker":
-            values = {
-                "loss": 0.123456 + rank,
-                "samples_per_s": 12345.6,
-                "epoch": 3,
-                "comm_bytes_per_step": 20.0 * 1024,
-                "comm_share": 0.6,
-                "clock": 400.0,
-                **totals,
-            }
-            events.append(MetricRecord(host, rank, 400, values, 2.0))
-        stream = Stream.STDERR if last == GLOO else Stream.STDOUT
-        events.append(LogLines(host, rank, stream, (last,), 3.0))
-    return apply(state, events)  # type: ignore[arg-type]
-
-
-CASES = {
-    "ssgd": _state("ssgd", ["worker", "worker"], "step 400 epoch 3 loss 0.1235"),
-    "ps": _state("asgd", ["worker", "worker", "server"], "serving 2 workers"),
-    "failed": _state("ssgd", ["worker", "worker"], GLOO),
+WORKER = {"loss": 0.123456, "samples_per_s": 12345.6, "epoch": 3}
+COMM = {
+    "comm_bytes_per_step": 3.4 * 1024 * 1024,
+    **dict(zip(COMM_TOTALS, (3.4 * 1024 * 1024 * 400, 3.0, 400, 20.0), strict=True)),
+    "comm_share": 0.6,
+}
+SERVER = {
+    "staleness_median": 1.0,
+    "staleness_max": 3.0,
+    "push_per_s": 1520.0,
+    "pull_per_s": 1498.0,
+    "push_bytes_per_s": 28.9 * 1024 * 1024,
+    "pull_bytes_per_s": 30.1 * 1024 * 1024,
+    "clock_spread": 2.0,
 }
 
 
-@pytest.mark.parametrize("width", [80, 120, 160, 240])
+def _state(strategy: str, roles: list[str], extra: dict[str, float], last: str) -> RunState:
+    """Ranks two to a host, each with one metric record at step 400 and one log line."""
+    ranks = [(i, f"node-{i // 2}", role) for i, role in enumerate(roles)]
+    events: list[Event] = []
+    for rank, host, role in ranks:
+        events.append(RankStarted(host, rank, rank % 2, role, 100 + rank, T0 + 1))
+        values = {**WORKER, **extra} if role == "worker" else SERVER
+        values = {**values, "loss": 0.123456 + rank} if role == "worker" else values
+        events.append(MetricRecord(host, rank, 400, values, T0 + 2))
+        events.append(LogLines(host, rank, Stream.STDOUT, (last,), T0 + 3))
+    return apply(new_run_state("r-20240101-abcd", "job", strategy, ranks, T0), events)
+
+
+def _failed() -> RunState:
+    """Rank 0 is killed; rank 1 fails on its next all-reduce with gloo's long error."""
+    state = _state("ssgd", ["worker", "worker"], COMM, "step 400 epoch 3 loss 0.1235")
+    cause = RootCause("node-0", 1, "RuntimeError", GLOO[len("RuntimeError: ") :], (GLOO,), T0 + 5)
+    return apply(
+        state,
+        [
+            RankExited("node-0", 0, -9, None, T0 + 4),  # killed without a word
+            LogLines("node-0", 1, Stream.STDERR, (GLOO,), T0 + 5),
+            RankExited("node-0", 1, 1, cause, T0 + 5),
+            Finished(T0 + 65),
+        ],
+    )
+
+
+CASES = {
+    "ssgd": _state("ssgd", ["worker", "worker"], COMM, "step 400 epoch 3 loss 0.1235"),
+    "ps": _state("asgd", ["worker", "worker", "server"], {"clock": 400}, "serving 2 workers"),
+    "failed": _failed(),
+}
+VIEWS = {
+    "dashboard": lambda s: render_dashboard(s, T0 + 30),
+    "summary": lambda s: render_summary(s, "/runs/r"),
+    "detail": lambda s: render_run_detail(s, T0 + 30),
+}
+
+
+def _render(renderable: RenderableType, width: int) -> str:
+    console = Console(record=True, width=width, color_system=None, file=io.StringIO())
+    console.print(renderable)
+    return console.export_text()
+
+
+def _table(text: str, state: RunState) -> tuple[str, list[str]]:
+    """The rank table's header line and its rows (one per rank) in a rendering."""
+    lines = text.splitlines()
+    at = next(i for i, line in enumerate(lines) if {"rank", "state"} <= set(line.split()))
+    return lines[at], lines[at + 1 : at + 1 + len(state.ranks)]
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("view", sorted(VIEWS))
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_high_priority_columns_are_never_cut(case: str, width: int) -> None:
-    console = Console(record=True, width=width, color_system=None)
-    console.print(rank_table(CASES[case].ranks))
-    text = console.export_text()
-    lines = [line.rstrip() for line in text.splitlines()]
-    assert all(len(line) <= width for line in lines)
-    header = lines[0].split()
+def test_views_at_every_width_keep_the_important_columns_whole(
+    case: str, view: str, width: int
+) -> None:
+    state = CASES[case]
+    text = _render(VIEWS[view](state), width)
+    assert all(len(line.rstrip()) <= width for line in text.splitlines())
+    header, rows = _table(text, state)
     for column in ("rank", "state", "step", "loss", "samples/s"):
-        assert column in header, (column, text)
-    rows = lines[1:]
-    assert "0.1235" in rows[0] and "12.3k" in rows[0] and "400" in rows[0]
-    assert len(rows) == len(CASES[case].ranks)  # one line per rank: nothing wraps
-    path = GOLDEN / f"{case}-{width}.txt"
+        assert column in header.split(), (column, text)
+    cut = header.find("last line") if "last line" in header else len(header)
+    assert not any("…" in row[:cut] for row in rows), text  # only the last line is elided
+    assert "0.1235" in rows[0] and "12.3k" in rows[0] and " 400 " in rows[0], text
+    assert [row.split()[0] for row in rows if "rank" in header.split()[:1]] in (
+        [str(r.rank) for r in state.ranks],
+        [],
+    )
+    path = GOLDEN / f"{case}-{view}-{width}.txt"
     if os.environ.get("UPDATE_GOLDEN"):
         path.write_text(text)
     assert text == path.read_text()
 
 
-def test_compact_rates() -> None:
+def test_pick_columns_drops_lower_priorities_whole() -> None:
+    # rank(4, p0) state(9, p0) comm(14, p1) epoch(5, p1) host(6, p2)
+    widths, prio = [4, 9, 14, 5, 6], [0, 0, 1, 1, 2]
+    assert pick_columns(widths, prio, 200, last_line=True) == ([0, 1, 2, 3, 4], 152)
+    assert pick_columns(widths, prio, 40, last_line=True) == ([0, 1, 2, 3], 0)
+    # comm does not fit: the narrower epoch of the same priority still does; host
+    # would fit but is of a lower priority than the dropped comm
+    assert pick_columns(widths, prio, 30, last_line=False) == ([0, 1, 3], 0)
+    # priority 0 is kept even past the width
+    assert pick_columns(widths, prio, 5, last_line=True) == ([0, 1], 0)
+
+
+def test_compact_numbers() -> None:
     assert [compact_rate(v) for v in (None, 950.25, 12345.6, 4.1e6)] == [
         "-",
         "950.2",
         "12.3k",
         "4.1M",
+    ]
+    assert [compact_bytes(v) for v in (None, True, 512, 3.4 * 2**20, 5 * 2**40)] == [
+        "-",
+        "-",
+        "512 B",
+        "3.4 MiB",
+        "5120.0 GiB",
     ]
