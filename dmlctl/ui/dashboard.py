@@ -21,6 +21,9 @@ from dmlctl.ui.format import rank_table, root_cause_panel, run_header, tail_text
 
 SPINNER_FRAMES = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 SPINNER_FPS = 8.0
+FINAL_LINES_AFTER = 3
+"""Terminal lines kept free under the final frame: the ``logs:`` line, a possible
+``stopped:`` line, and the shell's prompt."""
 MAX_RANK_ROWS = 32
 """Rank rows drawn by the dashboard; failed ranks are kept first beyond this."""
 
@@ -59,6 +62,19 @@ def render_dashboard(
         parts.append(Rule("log", align="left", style="dim"))
         parts.extend(tail_text(line) for line in state.tail[-tail_lines:])
     return Group(*parts)
+
+
+def fitting_tail(state: RunState, now: float, console: Console, height: int) -> int:
+    """How many log-tail lines :func:`render_dashboard` can show with the whole view
+    in ``height`` lines at ``console``'s width (0 when even the rest does not fit).
+
+    Tail lines never wrap, so this is ``height`` less the view without a tail, less
+    the ``log`` rule above the tail.
+    """
+    bare = render_dashboard(state, now, tail_lines=0)
+    used = len(console.render_lines(bare, console.options, pad=False))
+    room = height - used - 1
+    return room if room > 0 else 0
 
 
 class LiveDashboard:
@@ -138,16 +154,27 @@ class LiveDashboard:
         self._draw()
 
     def close(self, final: RunState) -> None:
-        """Draw ``final`` once, whatever the rate limit, and release the terminal."""
+        """Draw ``final`` once, whatever the rate limit, and release the terminal.
+
+        The final frame stays on screen in full, so its log tail is shortened (to
+        none if need be) to leave the header, the rank table and the root cause in
+        view on the terminal, with :data:`FINAL_LINES_AFTER` lines left below it.
+        """
         if self._closed:
             return
         self._state = final
-        self._draw()
+        self._draw(final=True)
         self._closed = True
         self._live.stop()
 
-    def _draw(self) -> None:
+    def _draw(self, *, final: bool = False) -> None:
         assert self._state is not None  # callers check; not user input
-        view = render_dashboard(self._state, self._wall_clock(), tail_lines=self._tail_lines)
+        now = self._wall_clock()
+        tail = self._tail_lines
+        if final:
+            console = self._live.console
+            tail = fitting_tail(self._state, now, console, console.height - FINAL_LINES_AFTER)
+            tail = min(tail, self._tail_lines)
+        view = render_dashboard(self._state, now, tail_lines=tail)
         self._live.update(view, refresh=True)
         self._frames += 1

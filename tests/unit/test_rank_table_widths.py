@@ -25,6 +25,7 @@ from dmlctl.runs.events import (
 )
 from dmlctl.runs.state import RunState, apply, new_run_state
 from dmlctl.ui import render_dashboard, render_run_detail, render_summary
+from dmlctl.ui.dashboard import fitting_tail
 from dmlctl.ui.numbers import compact_bytes, compact_rate
 from dmlctl.ui.rank_table import pick_columns
 
@@ -156,3 +157,14 @@ def test_compact_numbers() -> None:
         "3.4 MiB",
         "5120.0 GiB",
     ]
+
+
+def test_the_final_frame_fits_a_short_terminal_by_cutting_the_log_tail() -> None:
+    console = Console(width=80, height=24, color_system=None, file=io.StringIO())
+    state = CASES["failed"]
+    bare = len(_render(render_dashboard(state, T0, tail_lines=0), 80).splitlines())
+    assert fitting_tail(state, T0, console, bare + 3) == 2  # the rule takes one line
+    assert fitting_tail(state, T0, console, bare) == 0
+    assert fitting_tail(state, T0, console, bare - 5) == 0
+    shown = render_dashboard(state, T0, tail_lines=fitting_tail(state, T0, console, bare + 3))
+    assert len(_render(shown, 80).splitlines()) == bare + 3
