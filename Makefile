@@ -31,8 +31,8 @@ test: install
 	$(VPY) -m pytest -q
 
 lint: install
-	$(VPY) -m ruff check dmlctl tests
-	$(VPY) -m ruff format --check dmlctl tests
+	$(VPY) -m ruff check dmlctl tests examples
+	$(VPY) -m ruff format --check dmlctl tests examples
 	$(VPY) -m mypy
 
 bench: install

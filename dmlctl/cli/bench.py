@@ -27,6 +27,33 @@ app = typer.Typer(
 )
 
 
+def _plot_option(what: str) -> Any:
+    """The ``--plot FILE`` option of a bench: ``what`` the PNG shows."""
+    return typer.Option(
+        None, "--plot", metavar="FILE", help=f"Also write a PNG: {what} (needs 'dmlctl[plot]')."
+    )
+
+
+def _check_plot(plot: Path | None) -> None:
+    """Before a bench runs: UsageError (exit 2) when ``--plot`` is given without
+    matplotlib, so a long run does not end without its picture."""
+    if plot is not None:
+        from dmlctl.ui.plot import require_matplotlib
+
+        require_matplotlib("--plot")
+
+
+def _write_plot(bench: str, report: dict[str, Any], plot: Path | None) -> None:
+    """Draw ``bench``'s chart of ``report`` (its ``--json`` shape) to ``plot``, if given,
+    and say where on stderr."""
+    if plot is None:
+        return
+    from dmlctl.bench.charts import write
+
+    write(bench, report, plot)
+    stderr_console().print(f"plot: {plot}", markup=False)
+
+
 @app.command()
 def comm(
     cluster: Optional[Path] = typer.Option(  # noqa: UP045 - typer needs both
@@ -43,19 +70,14 @@ def comm(
     iters: int = typer.Option(20, "--iters", help="Timed calls per size."),
     warmup: int = typer.Option(5, "--warmup", help="Untimed calls per size before timing."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
-    plot: Optional[Path] = typer.Option(  # noqa: UP045
-        None, "--plot", help="Also write a PNG of bus bandwidth against message size."
-    ),
+    plot: Optional[Path] = _plot_option("bus bandwidth against message size"),  # noqa: UP045
 ) -> int:
     """Measure allreduce / allgather / broadcast time and bus bandwidth (nccl-tests style)."""
     from dmlctl.bench.comm import run_comm_bench
     from dmlctl.bench.report import comm_json, parse_ops, parse_size, render_comm_table
     from dmlctl.spec import default_cluster, load_cluster_file
 
-    if plot is not None:
-        from dmlctl.ui.plot import require_matplotlib
-
-        require_matplotlib("--plot")
+    _check_plot(plot)
     op_names = parse_ops(ops)
     low, high = parse_size(min_bytes), parse_size(max_bytes)
     spec = load_cluster_file(cluster) if cluster is not None else default_cluster()
@@ -72,20 +94,13 @@ def comm(
             console=err,
         )
     world = run.state.world_size if run.state is not None else (workers or spec.total_slots)
+    report = {"run_id": run.run_id, **comm_json(results, world)}
     if as_json:
-        print(json.dumps({"run_id": run.run_id, **comm_json(results, world)}, indent=2))
+        print(json.dumps(report, indent=2))
     else:
         stdout_console().print(render_comm_table(results, world))
         err.print(f"run {run.run_id}", markup=False)
-    if plot is not None:
-        from dmlctl.ui.plot import plot_lines
-
-        lines: dict[str, list[tuple[float, float]]] = {}
-        for r in results:
-            lines.setdefault(r.op, []).append((float(r.bytes), r.busbw_gbps))
-        axes = ("message bytes", "bus bandwidth (GB/s)")
-        plot_lines(plot, f"collectives, {world} ranks", axes, lines, log_x=True)
-        err.print(f"plot: {plot}", markup=False)
+    _write_plot("comm", report, plot)
     return 0
 
 
@@ -98,6 +113,7 @@ def ps(
     iters: int = typer.Option(20, "--iters", help="Timed rounds / all-reduces per size."),
     warmup: int = typer.Option(3, "--warmup", help="Untimed rounds / all-reduces per size."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    plot: Optional[Path] = _plot_option("bytes/s and their ratio by gradient size"),  # noqa: UP045
 ) -> int:
     """PS push+pull throughput against an all-reduce of the same bytes on this machine."""
     from dmlctl.bench.ps import local_bench_cluster, run_ps_bench
@@ -105,6 +121,7 @@ def ps(
     from dmlctl.bench.report import parse_size
     from dmlctl.spec import default_cluster
 
+    _check_plot(plot)
     low, high = parse_size(min_bytes), parse_size(max_bytes)
     spec = local_bench_cluster(default_cluster(), workers + servers)
     err = stderr_console()
@@ -119,13 +136,15 @@ def ps(
             warmup=warmup,
             console=err,
         )
+    report = {"run_id": run.run_id, **ps_json(results, workers, servers)}
     if as_json:
-        print(json.dumps({"run_id": run.run_id, **ps_json(results, workers, servers)}, indent=2))
+        print(json.dumps(report, indent=2))
     else:
         out = stdout_console()
         out.print(render_ps_table(results, workers, servers))
         out.print(ps_summary(results), markup=False)
         err.print(f"run {run.run_id}", markup=False)
+    _write_plot("ps", report, plot)
     return 0
 
 
@@ -134,10 +153,12 @@ def launch(
     repeats: int = typer.Option(5, "--repeats", help="Timed runs per launcher (at least 5)."),
     workers: int = typer.Option(2, "--workers", "-n", help="Local workers per run."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    plot: Optional[Path] = _plot_option("seconds per launch, every repeat"),  # noqa: UP045
 ) -> int:
     """Compare `dmlctl launch` with bare torchrun on a trivial job; print the ratio."""
     from dmlctl.bench.launch_overhead import render_launch_table, run_launch_bench
 
+    _check_plot(plot)
     err = stderr_console()
     with err.status("timing dmlctl launch against bare torchrun…"):
         report = run_launch_bench(repeats, workers, console=err)
@@ -145,6 +166,7 @@ def launch(
         print(json.dumps(report, indent=2))
     else:
         stdout_console().print(render_launch_table(report))
+    _write_plot("launch", report, plot)
     return 0
 
 
@@ -153,10 +175,12 @@ def strategies(
     steps: int = typer.Option(400, "--steps", help="Steps per run: 48 warm-up + a multiple of 8."),
     repeats: int = typer.Option(3, "--repeats", help="Throughput runs per side (at least 3)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+    plot: Optional[Path] = _plot_option("samples/s of every run, bytes/step by strategy"),  # noqa: UP045
 ) -> int:
     """ssgd via dmlctl vs hand-written DDP (throughput); bytes/step of local-sgd, PowerSGD."""
     from dmlctl.bench.strategies import render_strategies_table, run_strategy_bench
 
+    _check_plot(plot)
     err = stderr_console()
     with err.status("running the strategy benchmark…"):
         report = run_strategy_bench(steps, repeats, console=err)
@@ -165,6 +189,7 @@ def strategies(
     else:
         for table in render_strategies_table(report):
             stdout_console().print(table)
+    _write_plot("strategies", report, plot)
     return 0
 
 
@@ -178,9 +203,7 @@ def accuracy(
     ),
     epochs: int = typer.Option(20, "--epochs", help="Training epochs per run."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
-    plot: Optional[Path] = typer.Option(  # noqa: UP045
-        None, "--plot", help="Also write a PNG: bars per strategy, the single process dashed."
-    ),
+    plot: Optional[Path] = _plot_option("bars per strategy, the single process dashed"),  # noqa: UP045
 ) -> int:
     """Test accuracy of every strategy (defaults) on scikit-learn's digits vs one process."""
     from dmlctl.bench.accuracy import (
@@ -191,10 +214,7 @@ def accuracy(
         run_accuracy_bench,
     )
 
-    if plot is not None:
-        from dmlctl.ui.plot import require_matplotlib
-
-        require_matplotlib("--plot")
+    _check_plot(plot)
     by_name = {c.name: c for c in CANDIDATES}
     chosen = [by_name[n] for n in pick(strategies, list(by_name), "strategy")]
     opts = pick(optimizers, OPTIMIZERS, "optimizer")
@@ -207,21 +227,8 @@ def accuracy(
         print(json.dumps(report, indent=2))
     else:
         stdout_console().print(render_accuracy_table(report))
-    if plot is not None:
-        _plot_accuracy(report, plot)
-        err.print(f"plot: {plot}", markup=False)
+    _write_plot("accuracy", report, plot)
     return 0
-
-
-def _plot_accuracy(report: dict[str, Any], out: Path) -> None:
-    """Grouped bars of the accuracy report, the single-process values dashed."""
-    from dmlctl.ui.plot import plot_bars
-
-    names = [row["name"] for row in report["rows"]]
-    bars = {o: [row["accuracy"][o] for row in report["rows"]] for o in report["optimizers"]}
-    refs = {f"single process, {o}": v for o, v in report["baseline"].items()}
-    title = f"test accuracy on {report['data']}, {report['epochs']} epochs"
-    plot_bars(out, title, "test accuracy", names, bars, refs)
 
 
 @app.command()
@@ -231,10 +238,12 @@ def recovery(
         0.1, "--backoff", help="dmlctl's restart backoff_initial in seconds (its default: 1.0)."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+    plot: Optional[Path] = _plot_option("recovery seconds of every repeat, stage times"),  # noqa: UP045
 ) -> int:
     """Seconds from a worker's SIGKILL to its first step after restart: dmlctl vs torchrun."""
     from dmlctl.bench.recovery import render_recovery_tables, run_recovery_bench
 
+    _check_plot(plot)
     err = stderr_console()
     with err.status("timing recovery under dmlctl and bare torchrun…"):
         report = run_recovery_bench(repeats, backoff=backoff, console=err)
@@ -243,6 +252,7 @@ def recovery(
     else:
         for table in render_recovery_tables(report):
             stdout_console().print(table)
+    _write_plot("recovery", report.to_dict(), plot)
     return 0
 
 
@@ -259,6 +269,7 @@ def straggler(
         "all", "--scenarios", help="Comma-separated: ssgd, asgd, ssp-s3, ssp-s12-burst, or all."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    plot: Optional[Path] = _plot_option("relative steps/s per scenario, the goal dashed"),  # noqa: UP045
 ) -> int:
     """Fast workers' steps/s next to a 3× slower worker, relative to no straggler."""
     from dmlctl.bench.straggler import FACTOR, check_options, parse_scenarios, run_straggler_bench
@@ -267,6 +278,7 @@ def straggler(
 
     chosen = parse_scenarios(scenarios)
     check_options(steps, step_sleep, repeats)
+    _check_plot(plot)
     err = stderr_console()
     with err.status("running the straggler benchmark…"):
         results, run_ids = run_straggler_bench(
@@ -277,15 +289,10 @@ def straggler(
             console=err,
             cluster=default_cluster(),
         )
+    report = straggler_json(
+        results, steps=steps, step_sleep=step_sleep, factor=FACTOR, repeats=repeats, run_ids=run_ids
+    )
     if as_json:
-        report = straggler_json(
-            results,
-            steps=steps,
-            step_sleep=step_sleep,
-            factor=FACTOR,
-            repeats=repeats,
-            run_ids=run_ids,
-        )
         print(json.dumps(report, indent=2))
     else:
         stdout_console().print(
@@ -294,6 +301,7 @@ def straggler(
             )
         )
         err.print(f"runs {', '.join(run_ids)}", markup=False)
+    _write_plot("straggler", report, plot)
     return 0
 
 
@@ -308,10 +316,12 @@ def logs(
     ),
     repeats: int = typer.Option(3, "--repeats", help="Loop runs per side (median counts)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    plot: Optional[Path] = _plot_option("loop seconds of every repeat, lines/s carried"),  # noqa: UP045
 ) -> int:
     """Log lines/s carried to the run directory, and a printing loop's slowdown."""
     from dmlctl.bench.logs import render_logs_table, run_logs_bench
 
+    _check_plot(plot)
     err = stderr_console()
     with err.status("running the log benchmark…"):
         report = run_logs_bench(
@@ -321,6 +331,7 @@ def logs(
         print(json.dumps(report, indent=2))
     else:
         stdout_console().print(render_logs_table(report))
+    _write_plot("logs", report, plot)
     return 0
 
 
@@ -339,10 +350,12 @@ def hangs(
     ),
     burn: bool = typer.Option(True, "--burn/--no-burn", help="Keep one core busy meanwhile."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    plot: Optional[Path] = _plot_option("verdicts per scenario, delays to the verdict"),  # noqa: UP045
 ) -> int:
     """False hang verdicts on healthy runs; delay and culprit of real hangs."""
     from dmlctl.bench.hangs import SCENARIOS, render_hang_table, run_hang_bench
 
+    _check_plot(plot)
     chosen = SCENARIOS if scenarios == "all" else tuple(s.strip() for s in scenarios.split(","))
     err = stderr_console()
     with err.status("running the hang benchmark…"):
@@ -359,4 +372,5 @@ def hangs(
         print(json.dumps(report, indent=2))
     else:
         stdout_console().print(render_hang_table(report))
+    _write_plot("hangs", report, plot)
     return 0

@@ -64,17 +64,29 @@ def render_dashboard(
     return Group(*parts)
 
 
-def fitting_tail(state: RunState, now: float, console: Console, height: int) -> int:
-    """How many log-tail lines :func:`render_dashboard` can show with the whole view
-    in ``height`` lines at ``console``'s width (0 when even the rest does not fit).
+def fitting_view(
+    state: RunState, now: float, console: Console, height: int, tail_lines: int
+) -> RenderableType:
+    """:func:`render_dashboard` at most ``height`` lines tall at ``console``'s width:
+    the log tail is shortened first (to none, with its rule), then rank rows (failed
+    ranks first, the caption counting the rest; at least one row). Taller only when
+    one rank row and the header alone do not fit.
 
-    Tail lines never wrap, so this is ``height`` less the view without a tail, less
-    the ``log`` rule above the tail.
+    A frame taller than the terminal is cropped by rich, and its top line scrolls out
+    of reach, so the next frame is drawn under a stale copy of it: the duplicated
+    header after Ctrl-C in a short terminal.
     """
-    bare = render_dashboard(state, now, tail_lines=0)
-    used = len(console.render_lines(bare, console.options, pad=False))
-    room = height - used - 1
-    return room if room > 0 else 0
+    rows = MAX_RANK_ROWS
+    while True:
+        bare = render_dashboard(state, now, tail_lines=0, max_rank_rows=rows)
+        used = len(console.render_lines(bare, console.options, pad=False))
+        if used <= height or rows <= 1:
+            break
+        rows = max(1, min(rows, len(state.ranks)) - (used - height))
+    room = min(tail_lines, height - used - 1)  # the ``log`` rule takes a line
+    if room <= 0 or not state.tail:
+        return bare
+    return render_dashboard(state, now, tail_lines=room, max_rank_rows=rows)
 
 
 class LiveDashboard:
@@ -89,6 +101,7 @@ class LiveDashboard:
       that is due (:meth:`update` or :meth:`tick`) and always by :meth:`close`.
     * :meth:`close` draws the final state exactly once and releases the terminal;
       the last frame stays on screen (``transient=False``).
+    * No frame is taller than the terminal (:func:`fitting_view`).
 
     Not thread-safe: feed it from one thread (the supervisor loop). There is no
     background refresh thread, so a caller waiting for events should call
@@ -156,9 +169,8 @@ class LiveDashboard:
     def close(self, final: RunState) -> None:
         """Draw ``final`` once, whatever the rate limit, and release the terminal.
 
-        The final frame stays on screen in full, so its log tail is shortened (to
-        none if need be) to leave the header, the rank table and the root cause in
-        view on the terminal, with :data:`FINAL_LINES_AFTER` lines left below it.
+        The final frame stays on screen in full, with :data:`FINAL_LINES_AFTER` lines
+        left below it (:func:`fitting_view`).
         """
         if self._closed:
             return
@@ -168,13 +180,12 @@ class LiveDashboard:
         self._live.stop()
 
     def _draw(self, *, final: bool = False) -> None:
+        """One frame that fits the terminal (:func:`fitting_view`): one line short of
+        it while live (a full-height frame would scroll), :data:`FINAL_LINES_AFTER`
+        short for the final one."""
         assert self._state is not None  # callers check; not user input
-        now = self._wall_clock()
-        tail = self._tail_lines
-        if final:
-            console = self._live.console
-            tail = fitting_tail(self._state, now, console, console.height - FINAL_LINES_AFTER)
-            tail = min(tail, self._tail_lines)
-        view = render_dashboard(self._state, now, tail_lines=tail)
+        console = self._live.console
+        height = console.height - (FINAL_LINES_AFTER if final else 1)
+        view = fitting_view(self._state, self._wall_clock(), console, height, self._tail_lines)
         self._live.update(view, refresh=True)
         self._frames += 1

@@ -1,5 +1,6 @@
 """``dmlctl plot RUN``: a PNG of a run's loss, samples/s and communication share over
-time, one line per rank, from its ``metrics.jsonl``.
+time, one line per rank, from its ``metrics.jsonl``; and :func:`draw`, the panels
+(:class:`Lines`, :class:`Bars`, :class:`Samples`) of the benches' ``--plot FILE``.
 
 matplotlib is an optional extra (``pip install 'dmlctl[plot]'``); without it
 :func:`plot_run` raises a one-line UsageError (exit 2) saying so. It draws with the
@@ -10,7 +11,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import statistics
 from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -95,60 +99,110 @@ def _pyplot() -> Any:
     return plt
 
 
-def plot_lines(
-    out: Path,
-    title: str,
-    axes: tuple[str, str],
-    lines: dict[str, list[tuple[float, float]]],
-    *,
-    log_x: bool = False,
-) -> None:
-    """One line per name of ``lines`` (``(x, y)`` points); ``axes`` are the x and y
-    labels. For the benches' ``--plot FILE``."""
+REF_STYLES = (("--", "dimgray"), (":", "black"), ("-.", "firebrick"))
+"""Line style and colour of the first, second, third reference line of a panel."""
+
+
+@dataclass(frozen=True)
+class Lines:
+    """One line per name (``(x, y)`` points, drawn in x order); ``refs`` are dashed
+    horizontal lines (a goal, a baseline)."""
+
+    xlabel: str
+    ylabel: str
+    lines: Mapping[str, Sequence[tuple[float, float]]]
+    log_x: bool = False
+    refs: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Bars:
+    """Grouped bars: one group per name in ``groups``, one bar per series of ``bars``
+    (a value per group); ``refs`` are dashed horizontal lines. ``zoom`` fits the
+    y axis to the values (for values close together, such as accuracies)."""
+
+    ylabel: str
+    groups: Sequence[str]
+    bars: Mapping[str, Sequence[float]]
+    refs: Mapping[str, float] = field(default_factory=dict)
+    zoom: bool = False
+
+
+@dataclass(frozen=True)
+class Samples:
+    """Every repeat of a measurement (a positive quantity: the axis starts at 0), one
+    column of points per group, with a bar at the median; ``refs`` are dashed
+    horizontal lines."""
+
+    ylabel: str
+    groups: Mapping[str, Sequence[float]]
+    refs: Mapping[str, float] = field(default_factory=dict)
+
+
+Panel = Lines | Bars | Samples
+
+
+def draw(out: Path, title: str, panels: Sequence[Panel]) -> None:
+    """Write a PNG to ``out``: ``panels`` stacked, under ``title``. For the benches'
+    ``--plot FILE``; UsageError (exit 2) when matplotlib is missing."""
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(9, 5))
-    for name, points in lines.items():
+    widest = max((len(p.groups) for p in panels if not isinstance(p, Lines)), default=0)
+    fig, axes = plt.subplots(
+        len(panels), 1, figsize=(max(9, widest * 0.9), 4.5 * len(panels)), squeeze=False
+    )
+    for ax, panel in zip(axes[:, 0], panels, strict=True):
+        if isinstance(panel, Lines):
+            _lines(ax, panel)
+        elif isinstance(panel, Bars):
+            _bars(ax, panel)
+        else:
+            _samples(ax, panel)
+        for (name, value), style in zip(panel.refs.items(), REF_STYLES * 4, strict=False):
+            ax.axhline(value, linestyle=style[0], linewidth=1.2, color=style[1], label=name)
+        ax.grid(True, alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(loc="best", fontsize="small")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+
+
+def _lines(ax: Any, panel: Lines) -> None:
+    for name, points in panel.lines.items():
         xs, ys = zip(*sorted(points), strict=True) if points else ((), ())
         ax.plot(xs, ys, marker="o", markersize=3, label=name)
-    if log_x:
+    if panel.log_x:
         ax.set_xscale("log", base=2)
-    ax.set_xlabel(axes[0])
-    ax.set_ylabel(axes[1])
-    ax.grid(True, alpha=0.3)
-    ax.legend(loc="best", fontsize="small")
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+    ax.set_xlabel(panel.xlabel)
+    ax.set_ylabel(panel.ylabel)
 
 
-def plot_bars(
-    out: Path,
-    title: str,
-    ylabel: str,
-    groups: list[str],
-    bars: dict[str, list[float]],
-    references: dict[str, float] | None = None,
-) -> None:
-    """Grouped bars: one group per name in ``groups``, one bar per series of
-    ``bars`` (a value per group); ``references`` are drawn as dashed lines."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(max(6, len(groups) * 0.8), 5))
-    width = 0.8 / max(len(bars), 1)
-    for i, (name, values) in enumerate(bars.items()):
-        xs = [g + (i - (len(bars) - 1) / 2) * width for g in range(len(groups))]
+def _bars(ax: Any, panel: Bars) -> None:
+    n = len(panel.bars)
+    width = 0.8 / max(n, 1)
+    for i, (name, values) in enumerate(panel.bars.items()):
+        xs = [g + (i - (n - 1) / 2) * width for g in range(len(panel.groups))]
         ax.bar(xs, values, width=width, label=name)
-    for name, value in (references or {}).items():
-        ax.axhline(value, linestyle="--", linewidth=1, color="gray", label=name)
-    values = [v for series in bars.values() for v in series] + list((references or {}).values())
-    low, high = min(values, default=0.0), max(values, default=1.0)
-    pad = max((high - low) * 0.5, 0.01)
-    ax.set_ylim(max(0.0, low - pad), high + pad)
-    ax.set_xticks(range(len(groups)), groups, rotation=30, ha="right")
-    ax.set_ylabel(ylabel)
-    ax.grid(True, axis="y", alpha=0.3)
-    ax.legend(loc="upper left", fontsize="small", ncol=2)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+    if panel.zoom:
+        values = [v for vs in panel.bars.values() for v in vs] + list(panel.refs.values())
+        low, high = min(values, default=0.0), max(values, default=1.0)
+        pad = max((high - low) * 0.5, 0.01)
+        ax.set_ylim(max(0.0, low - pad), high + pad)
+    ax.set_xticks(range(len(panel.groups)), panel.groups, rotation=30, ha="right")
+    ax.set_ylabel(panel.ylabel)
+
+
+def _samples(ax: Any, panel: Samples) -> None:
+    for g, values in enumerate(panel.groups.values()):
+        if not values:
+            continue
+        ax.scatter([g] * len(values), values, s=18, alpha=0.7, color="C0")
+        ax.hlines(statistics.median(values), g - 0.25, g + 0.25, color="C1", linewidth=2)
+    ax.set_xticks(range(len(panel.groups)), list(panel.groups), rotation=30, ha="right")
+    ax.set_xlim(-0.6, len(panel.groups) - 0.4)
+    top = max(
+        [v for vs in panel.groups.values() for v in vs] + list(panel.refs.values()), default=1
+    )
+    ax.set_ylim(0, top * 1.08 if top > 0 else 1)
+    ax.set_ylabel(panel.ylabel + " (bar: median)")

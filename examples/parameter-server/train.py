@@ -27,11 +27,15 @@ parser.add_argument("--lr", type=float, default=0.05)
 parser.add_argument("--momentum", type=float, default=0.9)
 parser.add_argument("--batch-size", type=int, default=32, help="per worker")
 parser.add_argument(
-    "--step-sleep", type=float, default=0.0, help="seconds every worker sleeps per step "
-    "(simulated compute, for the straggler benchmark)"
+    "--step-sleep",
+    type=float,
+    default=0.0,
+    help="seconds every worker sleeps per step (simulated compute, for the straggler benchmark)",
 )
 parser.add_argument(
-    "--straggler-factor", type=float, default=1.0,
+    "--straggler-factor",
+    type=float,
+    default=1.0,
     help="the last worker sleeps this many times --step-sleep (3: a 3x straggler)",
 )
 args = parser.parse_args()

@@ -70,27 +70,3 @@ def test_a_run_without_metrics_or_matplotlib_is_one_line_and_exit_2(
     )
     assert main(["plot", RUN]) == 2
     assert "dmlctl plot needs matplotlib: pip install 'dmlctl[plot]'" in capsys.readouterr().err
-
-
-def test_bench_plots_are_pngs(tmp_path: Path) -> None:
-    from dmlctl.cli.bench import _plot_accuracy
-    from dmlctl.ui.plot import plot_lines
-
-    report = {
-        "data": "digits",
-        "epochs": 20,
-        "optimizers": ["momentum", "adam"],
-        "baseline": {"momentum": 0.975, "adam": 0.98},
-        "rows": [
-            {"name": "ssgd", "accuracy": {"momentum": 0.972, "adam": 0.98}},
-            {"name": "bmuf", "accuracy": {"momentum": 0.975, "adam": 0.977}},
-        ],
-    }
-    bars = tmp_path / "acc.png"
-    _plot_accuracy(report, bars)
-    lines = tmp_path / "comm.png"
-    points = {"allreduce": [(1024.0, 0.1), (4096.0, 0.3)], "broadcast": [(1024.0, 0.2)]}
-    plot_lines(lines, "collectives", ("bytes", "GB/s"), points, log_x=True)
-    for png in (bars, lines):
-        data = png.read_bytes()
-        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000

@@ -25,7 +25,7 @@ from dmlctl.runs.events import (
 )
 from dmlctl.runs.state import RunState, apply, new_run_state
 from dmlctl.ui import render_dashboard, render_run_detail, render_summary
-from dmlctl.ui.dashboard import fitting_tail
+from dmlctl.ui.dashboard import fitting_view
 from dmlctl.ui.numbers import compact_bytes, compact_rate
 from dmlctl.ui.rank_table import pick_columns
 
@@ -159,12 +159,22 @@ def test_compact_numbers() -> None:
     ]
 
 
-def test_the_final_frame_fits_a_short_terminal_by_cutting_the_log_tail() -> None:
+def test_a_frame_fits_a_short_terminal_by_cutting_the_log_tail_then_rank_rows() -> None:
     console = Console(width=80, height=24, color_system=None, file=io.StringIO())
     state = CASES["failed"]
     bare = len(_render(render_dashboard(state, T0, tail_lines=0), 80).splitlines())
-    assert fitting_tail(state, T0, console, bare + 3) == 2  # the rule takes one line
-    assert fitting_tail(state, T0, console, bare) == 0
-    assert fitting_tail(state, T0, console, bare - 5) == 0
-    shown = render_dashboard(state, T0, tail_lines=fitting_tail(state, T0, console, bare + 3))
-    assert len(_render(shown, 80).splitlines()) == bare + 3
+
+    def height(limit: int, tail: int = 12) -> int:
+        return len(_render(fitting_view(state, T0, console, limit, tail), 80).splitlines())
+
+    assert height(bare + 3) == bare + 3  # the rule and two tail lines
+    assert height(bare + 30) == bare + 1 + len(state.tail[-12:])  # no more than asked
+    assert height(bare + 3, tail=0) == bare
+    assert height(bare) == bare
+    many = _state("ssgd", ["worker"] * 40, COMM, "step 400 epoch 3 loss 0.1235")
+    for limit in (14, 24):
+        text = _render(fitting_view(many, T0, console, limit, 12), 80)
+        assert len(text.splitlines()) <= limit, text
+        assert "more" in text, text  # the caption counts the ranks left out
+    one_row = _render(fitting_view(many, T0, console, 3, 12), 80)
+    assert sum(line.split()[:1] == ["node-0"] for line in one_row.splitlines()) == 1
