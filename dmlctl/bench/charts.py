@@ -142,7 +142,29 @@ def hangs(report: Report) -> Chart:
     return f"hang detector, hang_timeout {report['hang_timeout']:g} s", panels
 
 
+def advise(report: Report) -> Chart:
+    """The target metric against seconds since launch and against bytes sent, one
+    line per candidate, the target dashed."""
+    metric, target = report["metric"], {"target": _target_value(report)}
+    drawn = [c for c in report["candidates"] if c["curve"]]
+    by_time = {c["label"]: [(p[0], p[2]) for p in c["curve"]] for c in drawn}
+    by_bytes = {c["label"]: [(p[1] / 1e6, p[2]) for p in c["curve"]] for c in drawn}
+    return (
+        f"time and traffic to {report['target']}",
+        [
+            Lines("seconds since launch", metric, by_time, refs=target),
+            Lines("MB sent by all ranks", metric, by_bytes, refs=target),
+        ],
+    )
+
+
+def _target_value(report: Report) -> float:
+    text = str(report["target"])
+    return float(text[len(report["metric"]) :].lstrip("<>="))
+
+
 CHARTS: dict[str, Callable[[Report], Chart]] = {
+    "advise": advise,
     "comm": comm,
     "ps": ps,
     "launch": launch,

@@ -22,7 +22,8 @@ app = typer.Typer(
     "strategy overhead and traffic (strategies), test accuracy of every strategy on real "
     "data (accuracy), recovery after a killed worker (recovery), "
     "throughput next to a slowed worker under ssgd/asgd/ssp (straggler), log lines carried "
-    "(logs), hang verdicts on healthy and hung runs (hangs).",
+    "(logs), hang verdicts on healthy and hung runs (hangs), which strategy reaches your "
+    "job's target soonest (advise).",
     no_args_is_help=True,
 )
 
@@ -374,3 +375,73 @@ def hangs(
         stdout_console().print(render_hang_table(report))
     _write_plot("hangs", report, plot)
     return 0
+
+
+@app.command()
+def advise(
+    job_file: Path = typer.Argument(..., help="Your job file (job.yaml)."),
+    target: str = typer.Option(
+        ..., "--target", help="When a candidate is done, e.g. 'test_acc>=0.97' or 'loss<=0.1'."
+    ),
+    cluster: Optional[Path] = typer.Option(  # noqa: UP045 - typer needs both
+        None, "--cluster", "-c", help="Cluster spec; default: this machine, one worker per core."
+    ),
+    strategies: Optional[str] = typer.Option(  # noqa: UP045
+        None,
+        "--strategies",
+        help="Comma-separated candidates, NAME or NAME:KEY=V;KEY=V with V1|V2 for a grid "
+        "(default: ssgd, ssgd powersgd, local-sgd, bmuf, dpsgd).",
+    ),
+    budget: str = typer.Option("10m", "--budget", help="Longest run per candidate (90s, 10m)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    plot: Optional[Path] = _plot_option("the metric against time and bytes sent"),  # noqa: UP045
+) -> int:
+    """Run your job with each candidate strategy; rank them by time to your target."""
+    from dmlctl.bench.advise import AdviseRequest, report_json, run_candidates
+    from dmlctl.bench.advise_spec import (
+        DEFAULT_CANDIDATES,
+        parse_budget,
+        parse_candidates,
+        parse_target,
+    )
+    from dmlctl.spec import load_cluster_file
+    from dmlctl.spec.loader import load_job
+
+    _check_plot(plot)
+    job = load_job(job_file)
+    if cluster is not None:
+        load_cluster_file(cluster)  # one-line errors before any run
+    request = AdviseRequest(
+        job_file=job_file.resolve(),
+        job=job,
+        candidates=parse_candidates(strategies or DEFAULT_CANDIDATES, job.parameter_servers),
+        target=parse_target(target),
+        budget_s=parse_budget(budget),
+        cluster_file=None if cluster is None else cluster.resolve(),
+    )
+    err = stderr_console()
+    with err.status("advising…") as status:
+        outcomes = run_candidates(request, lambda what: status.update(f"running {what}…"))
+    report = report_json(request, outcomes)
+    if as_json:
+        print(json.dumps(report, indent=2))
+    else:
+        _print_advice(report)
+    _write_plot("advise", report, plot)
+    return 0
+
+
+def _print_advice(report: dict[str, Any]) -> None:
+    """The ranked table, then the recommendation and the job-file lines for it."""
+    from dmlctl.bench.advise_report import advice_notes, render_advice_table
+
+    out = stdout_console()
+    out.print(render_advice_table(report))
+    for line in advice_notes(report):
+        out.print(line, markup=False)
+    best = report["recommendation"]
+    if best is None:
+        out.print(f"\nno candidate reached {report['target']} within the budget", markup=False)
+        return
+    out.print(f"\nrecommendation: {best['label']}: {best['why']}. In your job file:", markup=False)
+    out.print(best["snippet"], markup=False)

@@ -55,7 +55,17 @@ def _reports(tmp_path: Path) -> dict[str, dict[str, Any]]:
         },
         backoff_s=0.1,
     )
+    curve = [[4.0 + i, 1000.0 * i, 0.5 + 0.1 * i] for i in range(5)]
     return {
+        "advise": {
+            "target": "test_acc>=0.9",
+            "metric": "test_acc",
+            "candidates": [
+                {"label": "ssgd", "curve": curve},
+                {"label": "local-sgd period=8", "curve": [[t - 1, b / 8, v] for t, b, v in curve]},
+                {"label": "bmuf", "curve": []},  # failed: nothing to draw
+            ],
+        },
         "comm": comm_json(comm, 2),
         "ps": ps_json(ps, 2, 1),
         "launch": _launch_report(tmp_path),
@@ -135,6 +145,9 @@ def test_charts_read_the_json_reports(tmp_path: Path) -> None:
     _, (rates, ratio) = charts.CHARTS["ps"](reports["ps"])
     assert isinstance(rates, Lines) and len(rates.lines["all-reduce"]) == 5
     assert isinstance(ratio, Lines) and ratio.refs == {"goal": 0.5}
+    _, (by_time, by_bytes) = charts.CHARTS["advise"](reports["advise"])
+    assert isinstance(by_time, Lines) and list(by_time.lines) == ["ssgd", "local-sgd period=8"]
+    assert isinstance(by_bytes, Lines) and by_bytes.refs == {"target": 0.9}
     _, (launch,) = charts.CHARTS["launch"](reports["launch"])
     assert isinstance(launch, Samples) and len(launch.groups["torchrun"]) == 5
 

@@ -1,0 +1,84 @@
+"""``dmlctl bench advise`` end to end: the real CLI runs the job of
+``jobs/advise`` (2 workers, an MLP on blobs, rank 0 logs ``test_acc``) once per
+candidate, each as an ordinary run; the report ranks them, a candidate the script
+refuses (bmuf) is reported failed while the others still run, and the budget stops a
+run that would go on for minutes."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Cli
+
+pytestmark = pytest.mark.integration
+
+JOB = Path(__file__).parent / "jobs" / "advise"
+
+
+def test_advise_ranks_candidates_reports_a_failed_one_and_writes_json_and_png(
+    cli: Cli, tmp_path: Path
+) -> None:
+    png = tmp_path / "advice.png"
+    proc = cli.run(
+        "bench",
+        "advise",
+        str(JOB / "job.yaml"),
+        "--target",
+        "test_acc>=0.9",
+        "--strategies",
+        "ssgd,bmuf,local-sgd:period=8",
+        "--budget",
+        "90s",
+        "--json",
+        "--plot",
+        str(png),
+        timeout=400,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    rows = report["candidates"]
+    assert [r["label"] for r in rows][-1] == "bmuf"
+    assert {r["label"] for r in rows[:2]} == {"ssgd", "local-sgd period=8"}
+    assert all(r["status"] == "reached" for r in rows[:2]), rows
+    first, second = rows[0]["time_to_target_s"], rows[1]["time_to_target_s"]
+    assert 0 < first <= second
+    by_label = {r["label"]: r for r in rows}
+    # period 8 sends an eighth of ssgd's bytes per step, so far less by the target
+    assert by_label["local-sgd period=8"]["bytes_total"] < by_label["ssgd"]["bytes_total"] / 4
+    assert rows[-1]["status"] == "failed" and "SystemExit" in rows[-1]["detail"]
+    assert report["recommendation"]["label"] == rows[0]["label"]
+    assert report["recommendation"]["snippet"].startswith("strategy:\n  name: ")
+    # Every candidate is an ordinary run, visible in status under the job's name.
+    listed = cli.run("status", "--all").stdout
+    for row in rows:
+        assert row["run_id"] in listed
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
+
+
+def test_the_budget_stops_a_long_run_and_the_table_says_so(cli: Cli) -> None:
+    started = time.monotonic()
+    proc = cli.run(
+        "bench",
+        "advise",
+        str(JOB / "long.yaml"),
+        "--target",
+        "test_acc>=2",  # never met: the run would train 500 epochs
+        "--strategies",
+        "ssgd",
+        "--budget",
+        "15s",
+        timeout=200,
+    )
+    took = time.monotonic() - started
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    row = next(line for line in proc.stdout.splitlines() if line.strip().startswith("1 "))
+    assert "budget" in row and "ssgd" in row
+    assert f"1. ssgd: run {cli.runs()[0].name}" in proc.stdout
+    assert "no candidate reached test_acc>=2 within the budget" in proc.stdout
+    assert took < 15 + 45, took  # the budget, then the stop's teardown
+    state = cli.state(cli.runs()[0].name)
+    assert state["phase"] == "stopped", state["phase"]

@@ -1,0 +1,184 @@
+"""``dmlctl bench advise``: parsing of candidates, target and budget; reading a run's
+records into time and bytes to target; ranking, the table and the recommendation."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from dmlctl.bench.advise_report import (
+    BUDGET,
+    FAILED,
+    NOT_REACHED,
+    REACHED,
+    Outcome,
+    advice_notes,
+    analyse,
+    rank,
+    recommendation,
+    render_advice_table,
+    snippet,
+)
+from dmlctl.bench.advise_spec import (
+    Candidate,
+    Target,
+    parse_budget,
+    parse_candidates,
+    parse_target,
+)
+from dmlctl.errors import UsageError
+from dmlctl.runs.state import RunState
+
+T0 = 1_700_000_000.0
+TARGET = Target("test_acc", ">=", 0.9)
+
+
+def test_target_parses_both_directions_and_names_the_option_when_wrong() -> None:
+    assert parse_target("test_acc>=0.97") == Target("test_acc", ">=", 0.97)
+    low = parse_target(" loss <= 1e-2 ")
+    assert low == Target("loss", "<=", 0.01) and not low.higher_is_better
+    assert low.reached(0.01) and not low.reached(0.02)
+    assert str(low) == "loss<=0.01"
+    for bad in ("test_acc=0.9", "0.9<=acc", "acc>=high", "acc>=nan"):
+        with pytest.raises(UsageError, match="--target"):
+            parse_target(bad)
+
+
+def test_budget_takes_seconds_minutes_hours() -> None:
+    assert [parse_budget(b) for b in ("90", "90s", "10m", "1.5h")] == [90, 90, 600, 5400]
+    for bad in ("0", "-3m", "10 minutes", ""):
+        with pytest.raises(UsageError, match="--budget"):
+            parse_budget(bad)
+
+
+def test_candidates_expand_grids_type_values_and_give_servers_where_needed() -> None:
+    got = parse_candidates("ssgd, local-sgd:period=4|16, asgd, ssgd:compression=fp16", 0)
+    assert [c.label for c in got] == [
+        "ssgd",
+        "local-sgd period=4",
+        "local-sgd period=16",
+        "asgd",
+        "ssgd compression=fp16",
+    ]
+    assert got[1].params == {"period": 4}  # an int, as the strategy's model wants
+    assert [c.servers for c in got] == [0, 0, 0, 1, 0]
+    assert parse_candidates("asgd", 2)[0].servers == 2  # the job's own count is kept
+    assert len(parse_candidates("ssgd,ssgd", 0)) == 1
+    grid = parse_candidates("local-sgd:period=2|4;final=local|consensus", 0)
+    assert len(grid) == 4
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("local_sgd", "did you mean 'local-sgd'"),
+        ("local-sgd:period=zero", "--strategies 'local-sgd:period=zero': period"),
+        ("local-sgd:perod=4", "perod"),
+        ("ssgd:compression", "is not KEY=VALUE"),
+        (" , ", "no candidate given"),
+    ],
+)
+def test_a_bad_candidate_is_one_line_naming_it(text: str, message: str) -> None:
+    with pytest.raises(UsageError) as info:
+        parse_candidates(text, 0)
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def _run(
+    tmp_path: Path, records: list[tuple[float, int, dict[str, float]]], code: int, name: str = "r1"
+) -> Path:
+    run = tmp_path / name
+    run.mkdir()
+    state = RunState(name, "job", "ssgd", 2, ("local",), T0, exit_code=code, ended_at=T0 + 30)
+    (run / "state.json").write_text(json.dumps(state.to_dict()))
+    lines = [
+        json.dumps({"ts": T0 + t, "host": "local", "rank": r, "step": 1, "values": v})
+        for t, r, v in records
+    ]
+    (run / "metrics.jsonl").write_text("\n".join([*lines, "torn {"]) + "\n")
+    return run
+
+
+def test_time_and_bytes_to_target_from_the_first_record_that_meets_it(tmp_path: Path) -> None:
+    sent = "comm_bytes_total"
+    records = [
+        (5.0, 0, {sent: 100, "samples_per_s": 1000, "comm_seconds_total": 1, "comm_wall_total": 4}),
+        (5.5, 1, {sent: 100, "samples_per_s": 900, "comm_seconds_total": 1, "comm_wall_total": 2}),
+        (6.0, 0, {"test_acc": 0.5}),
+        (6.0, 1, {"test_acc": 0.5}),  # all-reduced, logged twice: counted once
+        (8.0, 0, {sent: 300, "samples_per_s": 1200}),
+        (8.5, 1, {sent: 250}),
+        (9.0, 0, {"test_acc": 0.93}),
+        (9.5, 1, {sent: 400}),
+        (12.0, 0, {"test_acc": 0.95}),
+    ]
+    got = analyse(Candidate("ssgd"), TARGET, _run(tmp_path, records, 0), over_budget=False)
+    assert got.status == REACHED and got.run_id == "r1"
+    assert got.time_to_target_s == pytest.approx(9.0)
+    assert got.bytes_to_target == 550  # 300 from rank 0 + 250 from rank 1 by then
+    assert got.final == 0.95 and got.bytes_total == 700 and got.wall_s == 30
+    assert got.samples_per_s == pytest.approx(1100 + 900)  # medians, added
+    assert got.comm_share == pytest.approx((0.25 + 0.5) / 2)
+    assert [p[2] for p in got.curve] == [0.5, 0.93, 0.95]
+
+
+def test_not_reached_budget_and_failed(tmp_path: Path) -> None:
+    records = [(6.0, 0, {"test_acc": 0.5})]
+    run = _run(tmp_path, records, 0)
+    assert analyse(Candidate("ssgd"), TARGET, run, over_budget=False).status == NOT_REACHED
+    stopped = analyse(Candidate("ssgd"), TARGET, run, over_budget=True)
+    assert stopped.status == BUDGET and stopped.final == 0.5
+    failed_run = _run(tmp_path, records, 1, name="r2")
+    failed = analyse(Candidate("ssgd"), TARGET, failed_run, over_budget=False)
+    assert failed.status == FAILED and failed.detail == "exit code 1"
+
+
+def _outcome(label: str, status: str, time: float | None, final: float | None) -> Outcome:
+    strategy, _, period = label.partition(" ")
+    params = {"period": int(period)} if period else {}
+    return Outcome(
+        Candidate(strategy, params),
+        status,
+        run_id=f"run-{label}",
+        time_to_target_s=time,
+        bytes_to_target=None if time is None else 1000.0 / (int(period or 1)),
+        final=final,
+        curve=((time or 1.0, 0.0, final or 0.0),),
+    )
+
+
+def test_ranking_recommendation_snippet_and_table() -> None:
+    outcomes = [
+        _outcome("ssgd", REACHED, 20.0, 0.95),
+        _outcome("bmuf", FAILED, None, None),
+        _outcome("dpsgd", BUDGET, None, 0.85),
+        _outcome("local-sgd 8", REACHED, 8.0, 0.94),
+        _outcome("easgd", NOT_REACHED, None, 0.88),
+    ]
+    ranked = rank(outcomes, TARGET)
+    assert [o.candidate.strategy for o in ranked] == ["local-sgd", "ssgd", "easgd", "dpsgd", "bmuf"]
+    best = recommendation(ranked, TARGET)
+    assert best is not None and best["label"] == "local-sgd period=8"
+    assert best["why"] == (
+        "reached test_acc>=0.9 in 8.0 s, 2.5× sooner than ssgd with 8.0× fewer bytes sent"
+    )
+    assert best["snippet"] == "strategy:\n  name: local-sgd\n  params:\n    period: 8"
+    assert snippet(Candidate("asgd", servers=1)) == "strategy:\n  name: asgd\nparameter_servers: 1"
+    assert recommendation([o for o in ranked if o.status != REACHED], TARGET) is None
+    report = {
+        "target": "test_acc>=0.9",
+        "budget_s": 600.0,
+        "candidates": [json.loads(json.dumps(o.to_dict())) for o in ranked],
+    }
+    out = io.StringIO()
+    Console(file=out, width=200, color_system=None).print(render_advice_table(report))
+    rows = [line for line in out.getvalue().splitlines() if line[:1].isdigit()]
+    assert [row.split()[2] for row in rows] == ["local-sgd", "ssgd", "easgd", "dpsgd", "bmuf"]
+    assert "8.0" in rows[0] and "1000 B" in rows[1] and "budget" in rows[3]
+    notes = advice_notes(report)
+    assert notes[0] == "1. local-sgd period=8: run run-local-sgd 8"
+    assert notes[-1] == "5. bmuf: run run-bmuf failed: "
