@@ -75,6 +75,7 @@ def local_role(environ: Mapping[str, str], local_rank: int, default: str = ROLE_
 ENV_STRATEGY = "DMLCTL_STRATEGY"
 ENV_STRATEGY_PARAMS = "DMLCTL_STRATEGY_PARAMS"
 ENV_SCRIPT = "DMLCTL_SCRIPT"
+ENV_STRAGGLER = "DMLCTL_STRAGGLER"  # benchmarks: the last worker runs this many times slower
 ENV_ATTEMPT = "DMLCTL_ATTEMPT"  # 1-based attempt: 1 on the first, as the dashboard counts
 ENV_CHECKPOINT_DIR = "DMLCTL_CHECKPOINT_DIR"
 ENV_CHECKPOINT_EVERY_STEPS = "DMLCTL_CHECKPOINT_EVERY_STEPS"

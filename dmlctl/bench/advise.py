@@ -5,13 +5,15 @@ Each candidate is an ordinary ``dmlctl launch --ui quiet`` of a copy of the job 
 whose ``strategy`` (and ``parameter_servers``, for the strategies that have them)
 is the candidate's — same script, arguments, seed and data — in the user's
 ``DMLCTL_HOME``, so every run shows in ``dmlctl status``. A run still going when the
-budget is spent is stopped as Ctrl-C would (its ranks get their grace period). A
+budget is spent, or once it logged a value meeting the target (unless
+``run_to_end``), is stopped as Ctrl-C would (its ranks get their grace period). A
 candidate whose run fails is reported as failed and the next one runs. Never imports
 torch.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -19,22 +21,26 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from dmlctl.bench.advise_report import Outcome, analyse
-from dmlctl.bench.advise_spec import Candidate, Target
+from dmlctl.bench.advise_report import Outcome, analyse, rank, recommendation, target_reached
+from dmlctl.bench.advise_spec import Candidate, Scenario, Target
 from dmlctl.bench.proc import bench_env
+from dmlctl.protocol import ENV_STRAGGLER
 from dmlctl.runs.store import RunStore, dmlctl_home
 from dmlctl.spec.loader import load_job
 from dmlctl.spec.models import JobSpec
 
 STOP_GRACE_S = 60.0
 """Seconds a stopped candidate's launch gets to tear its run down before it is killed."""
+
+POLL_S = 1.0
+"""How often a running candidate's metrics are read for the target."""
 
 Progress = Callable[[str], None]
 
@@ -48,13 +54,17 @@ class AdviseRequest:
     candidates: Sequence[Candidate]
     target: Target
     budget_s: float
-    cluster_file: Path | None = None
+    scenarios: Sequence[Scenario]
+    run_to_end: bool = False
+    """Keep a candidate running after it reached the target (default: stop it there)."""
 
 
-def candidate_job(request: AdviseRequest, candidate: Candidate) -> dict[str, Any]:
+def candidate_job(
+    request: AdviseRequest, candidate: Candidate, scenario: Scenario
+) -> dict[str, Any]:
     """The user's job file as a mapping, with the candidate's strategy, servers and a
     name saying which strategy it runs (``<job>-<strategy>``); ``workdir`` absolute
-    (the copy lives elsewhere)."""
+    (the copy lives elsewhere); the scenario's straggler in ``env``."""
     raw = yaml.safe_load(request.job_file.read_text(encoding="utf-8")) or {}
     raw["name"] = f"{request.job.name}-{candidate.strategy}"
     raw["strategy"] = candidate.strategy_block()
@@ -63,28 +73,57 @@ def candidate_job(request: AdviseRequest, candidate: Candidate) -> dict[str, Any
         raw.pop("server_hosts", None)
     raw["workdir"] = request.job.workdir
     raw["script"] = request.job.script
+    if scenario.straggler > 1:
+        raw["env"] = {**(raw.get("env") or {}), ENV_STRAGGLER: f"{scenario.straggler:g}"}
     return dict(raw)
 
 
-def run_candidates(request: AdviseRequest, progress: Progress) -> list[Outcome]:
-    """Every candidate in turn, each to its end or the budget; their outcomes in
-    the candidates' order."""
+def run_scenario(request: AdviseRequest, scenario: Scenario, progress: Progress) -> list[Outcome]:
+    """Every candidate in turn on ``scenario``'s cluster (a lab made for it and
+    removed after), each to its end or the budget; outcomes in the candidates' order."""
+    with _cluster(request, scenario, progress) as cluster_file:
+        return _run_candidates(request, scenario, cluster_file, progress)
+
+
+@contextlib.contextmanager
+def _cluster(
+    request: AdviseRequest, scenario: Scenario, progress: Progress
+) -> Iterator[Path | None]:
+    if scenario.lab_bandwidth is None:
+        yield scenario.cluster_file
+        return
+    from dmlctl.lab import lab_network
+
+    hosts = (request.job.workers or os.cpu_count() or 2) + max(
+        (c.servers for c in request.candidates), default=0
+    )
+    progress(f"{scenario.name}: making a lab of {hosts} hosts")
+    with lab_network(hosts, scenario.lab_bandwidth, progress) as cluster_file:
+        yield cluster_file
+
+
+def _run_candidates(
+    request: AdviseRequest, scenario: Scenario, cluster_file: Path | None, progress: Progress
+) -> list[Outcome]:
     outcomes: list[Outcome] = []
     with tempfile.TemporaryDirectory(prefix="dmlctl-advise-") as tmp:
         for i, candidate in enumerate(request.candidates, 1):
-            progress(f"{i}/{len(request.candidates)} {candidate.label}")
+            progress(f"{scenario.name}: {i}/{len(request.candidates)} {candidate.label}")
             job_file = Path(tmp) / f"candidate-{i}.yaml"
-            job_file.write_text(yaml.safe_dump(candidate_job(request, candidate)))
+            job_file.write_text(yaml.safe_dump(candidate_job(request, candidate, scenario)))
             load_job(job_file)  # the copy is valid when the user's file is
-            outcomes.append(_run_one(request, candidate, job_file, Path(tmp) / f"launch-{i}.out"))
+            out = Path(tmp) / f"launch-{i}.out"
+            outcomes.append(_run_one(request, candidate, job_file, cluster_file, out))
     return outcomes
 
 
-def _run_one(request: AdviseRequest, candidate: Candidate, job_file: Path, out: Path) -> Outcome:
+def _run_one(
+    request: AdviseRequest, candidate: Candidate, job_file: Path, cluster: Path | None, out: Path
+) -> Outcome:
     """Launch ``job_file`` (its output to ``out``), wait up to the budget, analyse."""
     argv = [sys.executable, "-m", "dmlctl", "launch", str(job_file), "--ui", "quiet"]
-    if request.cluster_file is not None:
-        argv += ["--cluster", str(request.cluster_file)]
+    if cluster is not None:
+        argv += ["--cluster", str(cluster)]
     home = dmlctl_home()
     started = time.time()
     with open(out, "w+", encoding="utf-8") as sink:
@@ -97,7 +136,8 @@ def _run_one(request: AdviseRequest, candidate: Candidate, job_file: Path, out: 
             text=True,
             start_new_session=True,
         )
-        over_budget = _wait(proc, request.budget_s)
+        reached = None if request.run_to_end else _target_check(out, home, request.target)
+        over_budget = _wait(proc, request.budget_s, reached)
     output = out.read_text(encoding="utf-8", errors="replace")
     run_id = _run_id(output)
     wall = time.time() - started
@@ -107,15 +147,38 @@ def _run_one(request: AdviseRequest, candidate: Candidate, job_file: Path, out: 
     return analyse(candidate, request.target, run.path, over_budget=over_budget)
 
 
-def _wait(proc: subprocess.Popen[str], budget_s: float) -> bool:
-    """Wait for ``proc`` up to ``budget_s``; past it, stop it as Ctrl-C would and
-    return True. Ctrl-C here stops the candidate too, then propagates."""
+def _target_check(out: Path, home: Path, target: Target) -> Callable[[], bool]:
+    """Whether the run that the launch writing ``out`` started has logged a record
+    meeting ``target`` yet (False before it printed its run id)."""
+
+    def reached() -> bool:
+        run_id = _run_id(out.read_text(encoding="utf-8", errors="replace"))
+        if run_id is None:
+            return False
+        metrics = home / "runs" / run_id / "metrics.jsonl"
+        return target_reached(metrics, target)
+
+    return reached
+
+
+def _wait(proc: subprocess.Popen[str], budget_s: float, reached: Callable[[], bool] | None) -> bool:
+    """Wait for ``proc`` up to ``budget_s``, checking ``reached`` every
+    :data:`POLL_S`; once it holds, or past the budget, stop ``proc`` as Ctrl-C
+    would. True when the budget stopped it. Ctrl-C here stops the candidate too,
+    then propagates."""
+    deadline = time.monotonic() + budget_s
     try:
-        proc.wait(timeout=budget_s)
+        while proc.poll() is None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                _stop(proc)
+                return True
+            if reached is not None and reached():
+                _stop(proc)
+                return False
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=min(POLL_S, left))
         return False
-    except subprocess.TimeoutExpired:
-        _stop(proc)
-        return True
     except KeyboardInterrupt:
         _stop(proc)
         raise
@@ -145,17 +208,35 @@ def _last_line(output: str) -> str:
     return lines[-1] if lines else "the launch printed nothing"
 
 
-def report_json(request: AdviseRequest, outcomes: Sequence[Outcome]) -> dict[str, Any]:
-    """Everything ``--json`` prints (see :mod:`dmlctl.bench.advise_report`)."""
-    from dmlctl.bench.advise_report import rank, recommendation
-
+def scenario_json(
+    request: AdviseRequest, scenario: Scenario, outcomes: Sequence[Outcome]
+) -> dict[str, Any]:
+    """One scenario of the ``--json`` report: its candidates best first and the
+    recommendation (see :mod:`dmlctl.bench.advise_report`)."""
     ranked = rank(outcomes, request.target)
+    cluster = scenario.cluster_file
     return {
-        "job": str(request.job_file),
-        "cluster": None if request.cluster_file is None else str(request.cluster_file),
+        "name": scenario.name,
+        "cluster": None if cluster is None else str(cluster),
+        "lab_bandwidth": scenario.lab_bandwidth,
+        "straggler": scenario.straggler,
         "target": str(request.target),
         "metric": request.target.metric,
         "budget_s": request.budget_s,
         "candidates": [json.loads(json.dumps(o.to_dict())) for o in ranked],
         "recommendation": recommendation(ranked, request.target),
+    }
+
+
+def run_advice(request: AdviseRequest, progress: Progress) -> dict[str, Any]:
+    """Every scenario in turn; everything ``--json`` prints."""
+    scenarios = [
+        scenario_json(request, s, run_scenario(request, s, progress)) for s in request.scenarios
+    ]
+    return {
+        "job": str(request.job_file),
+        "target": str(request.target),
+        "metric": request.target.metric,
+        "budget_s": request.budget_s,
+        "scenarios": scenarios,
     }

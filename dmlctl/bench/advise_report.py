@@ -118,6 +118,15 @@ def _walk(metrics: Path, metric: str, origin: float) -> _Walk:
     return walk
 
 
+def target_reached(metrics: Path, target: Target) -> bool:
+    """Whether any record of ``metrics`` has the target metric meeting ``target``."""
+    for _, _, values in _records(metrics):
+        value = _number(values.get(target.metric))
+        if value is not None and target.reached(value):
+            return True
+    return False
+
+
 def analyse(candidate: Candidate, target: Target, run_dir: Path, *, over_budget: bool) -> Outcome:
     """The outcome of the run in ``run_dir`` (see the module docstring)."""
     state = RunState.from_dict(json.loads((run_dir / "state.json").read_text(encoding="utf-8")))
@@ -202,7 +211,8 @@ def render_advice_table(report: dict[str, Any]) -> Table:
     """One row per candidate, best first (the ``--json`` report's ``candidates``);
     why a run failed and which run each row is come below it (:func:`advice_notes`)."""
     table = Table(
-        title=f"time to {report['target']} (budget {report['budget_s']:g} s per candidate)",
+        title=f"{report['name']}: time to {report['target']} "
+        f"(budget {report['budget_s']:g} s per candidate)",
         title_justify="left",
         show_edge=False,
         pad_edge=False,
@@ -233,3 +243,29 @@ def advice_notes(report: dict[str, Any]) -> list[str]:
         why = f" failed: {row['detail']}" if row["status"] == FAILED else ""
         lines.append(f"{i}. {row['label']}: run {row['run_id'] or '(none started)'}{why}")
     return lines
+
+
+def moves_table(report: dict[str, Any]) -> Table:
+    """Rows: candidates; columns: scenarios; cells: the place and the time to target
+    there (``-`` where it did not get there) — how the ranking moves."""
+    scenarios = report["scenarios"]
+    table = Table(
+        title=f"place and seconds to {report['target']} by scenario",
+        title_justify="left",
+        show_edge=False,
+        pad_edge=False,
+    )
+    table.add_column("strategy")
+    for scenario in scenarios:
+        table.add_column(scenario["name"], justify="right")
+    labels = list(dict.fromkeys(r["label"] for s in scenarios for r in s["candidates"]))
+    for label in labels:
+        cells = []
+        for scenario in scenarios:
+            rows = scenario["candidates"]
+            at = next((i for i, r in enumerate(rows, 1) if r["label"] == label), None)
+            row = rows[at - 1] if at is not None else None
+            seconds = None if row is None else row["time_to_target_s"]
+            cells.append("-" if at is None else f"#{at}  {_seconds(seconds)}")
+        table.add_row(label, *cells)
+    return table

@@ -7,6 +7,9 @@ parsed and validated once (torch-free).
   string) and checked by the strategy's own parameter model.
 * A target is ``METRIC>=VALUE`` or ``METRIC<=VALUE`` (also ``>`` and ``<``).
 * A budget is seconds (``90``) or a duration (``90s``, ``10m``, ``1h``).
+* Scenarios: the cluster as given, then one per ``--lab BANDWIDTH`` (the same
+  candidates on a ``dmlctl lab`` network of that bandwidth) and one for
+  ``--straggler 3x`` (the cluster as given, its last worker 3× slower).
 """
 
 from __future__ import annotations
@@ -15,14 +18,16 @@ import itertools
 import math
 import operator
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import ValidationError
 
 from dmlctl.errors import UsageError
+from dmlctl.lab.rates import parse_bandwidth, show_rate
 from dmlctl.protocol import ROLE_SERVER
 from dmlctl.spec.models import StrategySpec
 from dmlctl.strategies import registry
@@ -85,6 +90,43 @@ class Candidate:
 def _scalar(value: Any) -> str:
     text = yaml.safe_dump(value, default_flow_style=True).strip()
     return text.removesuffix("\n...").strip()
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """Where the candidates run: the given cluster (``cluster_file``, None for this
+    machine), or a lab network of ``lab_bandwidth``; ``straggler`` > 1 slows the last
+    worker that many times."""
+
+    name: str
+    cluster_file: Path | None = None
+    lab_bandwidth: int | None = None
+    """Bits per second of every lab host's link; None: not on a lab."""
+    straggler: float = 1.0
+
+
+def parse_scenarios(
+    cluster_file: Path | None, labs: Sequence[str], straggler: str | None
+) -> list[Scenario]:
+    """The scenarios of one ``bench advise``: the cluster as given first."""
+    base = "this machine" if cluster_file is None else f"cluster {cluster_file.name}"
+    out = [Scenario(base, cluster_file)]
+    rates = dict.fromkeys(parse_bandwidth(bw, "--lab") for bw in labs)
+    out += [Scenario(f"lab {show_rate(bits)}", lab_bandwidth=bits) for bits in rates]
+    if straggler is not None:
+        factor = _factor(straggler)
+        out.append(Scenario(f"{base}, straggler {factor:g}x", cluster_file, straggler=factor))
+    return out
+
+
+def _factor(text: str) -> float:
+    try:
+        factor = float(text.strip().removesuffix("x").removesuffix("×"))
+    except ValueError:
+        factor = 0.0
+    if not 1.0 < factor <= 100.0:
+        raise UsageError(f"--straggler {text!r}: expected a slowdown such as 3x (above 1)")
+    return factor
 
 
 def parse_target(text: str) -> Target:

@@ -143,19 +143,18 @@ def hangs(report: Report) -> Chart:
 
 
 def advise(report: Report) -> Chart:
-    """The target metric against seconds since launch and against bytes sent, one
-    line per candidate, the target dashed."""
+    """Per scenario, the target metric against seconds since launch and against bytes
+    sent, one line per candidate, the target dashed."""
     metric, target = report["metric"], {"target": _target_value(report)}
-    drawn = [c for c in report["candidates"] if c["curve"]]
-    by_time = {c["label"]: [(p[0], p[2]) for p in c["curve"]] for c in drawn}
-    by_bytes = {c["label"]: [(p[1] / 1e6, p[2]) for p in c["curve"]] for c in drawn}
-    return (
-        f"time and traffic to {report['target']}",
-        [
-            Lines("seconds since launch", metric, by_time, refs=target),
-            Lines("MB sent by all ranks", metric, by_bytes, refs=target),
-        ],
-    )
+    panels: list[Panel] = []
+    for scenario in report["scenarios"]:
+        drawn = [c for c in scenario["candidates"] if c["curve"]]
+        by_time = {c["label"]: [(p[0], p[2]) for p in c["curve"]] for c in drawn}
+        by_bytes = {c["label"]: [(p[1] / 1e6, p[2]) for p in c["curve"]] for c in drawn}
+        name = scenario["name"]
+        panels.append(Lines(f"seconds since launch ({name})", metric, by_time, refs=target))
+        panels.append(Lines(f"MB sent by all ranks ({name})", metric, by_bytes, refs=target))
+    return f"time and traffic to {report['target']}", panels
 
 
 def _target_value(report: Report) -> float:

@@ -16,6 +16,7 @@ from dmlctl.cli import (
     bench,
     doctor_cmd,
     init_cmd,
+    lab_cmd,
     launch_cmd,
     logs_cmd,
     plot_cmd,
@@ -83,6 +84,7 @@ for module in (
 ):
     module.register(app)
 app.add_typer(bench.app, name="bench")
+app.add_typer(lab_cmd.app, name="lab")
 
 
 def _error(message: str) -> None:

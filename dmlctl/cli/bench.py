@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
 from dmlctl.cli.common import stderr_console, stdout_console
+
+if TYPE_CHECKING:
+    from dmlctl.bench.advise import AdviseRequest
 
 app = typer.Typer(
     help="Benchmarks: collective bandwidth (comm), parameter-server push+pull against "
@@ -393,36 +396,28 @@ def advise(
         "(default: ssgd, ssgd powersgd, local-sgd, bmuf, dpsgd).",
     ),
     budget: str = typer.Option("10m", "--budget", help="Longest run per candidate (90s, 10m)."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    lab: Optional[list[str]] = typer.Option(  # noqa: UP045
+        None, "--lab", help="Also on a dmlctl lab network of this bandwidth (repeatable; root)."
+    ),
+    straggler: Optional[str] = typer.Option(  # noqa: UP045
+        None, "--straggler", help="Also with the last worker this many times slower, e.g. 3x."
+    ),
+    run_to_end: bool = typer.Option(
+        False, "--run-to-end", help="Keep each candidate running after it reached the target."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
     plot: Optional[Path] = _plot_option("the metric against time and bytes sent"),  # noqa: UP045
 ) -> int:
     """Run your job with each candidate strategy; rank them by time to your target."""
-    from dmlctl.bench.advise import AdviseRequest, report_json, run_candidates
-    from dmlctl.bench.advise_spec import (
-        DEFAULT_CANDIDATES,
-        parse_budget,
-        parse_candidates,
-        parse_target,
-    )
-    from dmlctl.spec import load_cluster_file
-    from dmlctl.spec.loader import load_job
+    from dmlctl.bench.advise import run_advice
 
     _check_plot(plot)
-    job = load_job(job_file)
-    if cluster is not None:
-        load_cluster_file(cluster)  # one-line errors before any run
-    request = AdviseRequest(
-        job_file=job_file.resolve(),
-        job=job,
-        candidates=parse_candidates(strategies or DEFAULT_CANDIDATES, job.parameter_servers),
-        target=parse_target(target),
-        budget_s=parse_budget(budget),
-        cluster_file=None if cluster is None else cluster.resolve(),
+    request = _advise_request(
+        job_file, target, cluster, strategies, budget, lab or [], straggler, run_to_end
     )
     err = stderr_console()
     with err.status("advising…") as status:
-        outcomes = run_candidates(request, lambda what: status.update(f"running {what}…"))
-    report = report_json(request, outcomes)
+        report = run_advice(request, lambda what: status.update(f"running {what}…"))
     if as_json:
         print(json.dumps(report, indent=2))
     else:
@@ -431,17 +426,60 @@ def advise(
     return 0
 
 
+def _advise_request(
+    job_file: Path,
+    target: str,
+    cluster: Path | None,
+    strategies: str | None,
+    budget: str,
+    labs: list[str],
+    straggler: str | None,
+    run_to_end: bool,
+) -> AdviseRequest:
+    """The validated :class:`~dmlctl.bench.advise.AdviseRequest` of the options;
+    one-line errors (exit 2) before anything runs."""
+    from dmlctl.bench.advise import AdviseRequest
+    from dmlctl.bench.advise_spec import (
+        DEFAULT_CANDIDATES,
+        parse_budget,
+        parse_candidates,
+        parse_scenarios,
+        parse_target,
+    )
+    from dmlctl.spec import load_cluster_file
+    from dmlctl.spec.loader import load_job
+
+    job = load_job(job_file)
+    if cluster is not None:
+        load_cluster_file(cluster)
+    return AdviseRequest(
+        job_file=job_file.resolve(),
+        job=job,
+        candidates=parse_candidates(strategies or DEFAULT_CANDIDATES, job.parameter_servers),
+        target=parse_target(target),
+        budget_s=parse_budget(budget),
+        scenarios=parse_scenarios(None if cluster is None else cluster.resolve(), labs, straggler),
+        run_to_end=run_to_end,
+    )
+
+
 def _print_advice(report: dict[str, Any]) -> None:
-    """The ranked table, then the recommendation and the job-file lines for it."""
-    from dmlctl.bench.advise_report import advice_notes, render_advice_table
+    """Per scenario: the ranked table, each row's run, the recommendation and the
+    job-file lines for it; with several scenarios, how the ranking moves."""
+    from dmlctl.bench.advise_report import advice_notes, moves_table, render_advice_table
 
     out = stdout_console()
-    out.print(render_advice_table(report))
-    for line in advice_notes(report):
-        out.print(line, markup=False)
-    best = report["recommendation"]
-    if best is None:
-        out.print(f"\nno candidate reached {report['target']} within the budget", markup=False)
-        return
-    out.print(f"\nrecommendation: {best['label']}: {best['why']}. In your job file:", markup=False)
-    out.print(best["snippet"], markup=False)
+    for scenario in report["scenarios"]:
+        out.print(render_advice_table(scenario))
+        for line in advice_notes(scenario):
+            out.print(line, markup=False)
+        best = scenario["recommendation"]
+        if best is None:
+            out.print(f"no candidate reached {report['target']} within the budget\n", markup=False)
+            continue
+        out.print(
+            f"recommendation: {best['label']}: {best['why']}. In your job file:", markup=False
+        )
+        out.print(best["snippet"] + "\n", markup=False)
+    if len(report["scenarios"]) > 1:
+        out.print(moves_table(report))

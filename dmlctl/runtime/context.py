@@ -62,6 +62,7 @@ from dmlctl.runtime.membership import Membership
 from dmlctl.runtime.metrics import MetricLogger, Scalar
 from dmlctl.runtime.optimizer import StrategyOptimizer
 from dmlctl.runtime.progress import TRACKER
+from dmlctl.runtime.straggler import paced, straggler_factor
 
 _THREAD_GRACE_S = 0.05
 
@@ -264,7 +265,8 @@ class Context:
             on_epoch=self._set_epoch,
             on_batch=self._count,
         )
-        return self._ending(itertools.islice(batches, self._skip, None))
+        slow = straggler_factor(self._rank, self._world)  # workers only: servers never shard
+        return self._ending(paced(itertools.islice(batches, self._skip, None), slow))
 
     def _ending(self, batches: Iterator[Any]) -> Iterator[Any]:
         try:

@@ -19,6 +19,8 @@ from typing import Annotated
 from pydantic import AfterValidator, ConfigDict, StringConstraints
 from pydantic_core import InitErrorDetails, PydanticCustomError, ValidationError
 
+from dmlctl.protocol import ENV_STRAGGLER
+
 MAX_SLOTS = 1024
 """Most worker processes on one host."""
 
@@ -72,6 +74,10 @@ RESERVED_ENV = frozenset(
     {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
 )
 """Variables dmlctl sets for every rank; a spec may not override them (nor ``DMLCTL_*``)."""
+
+SETTABLE_DMLCTL_ENV = frozenset({ENV_STRAGGLER})
+"""``DMLCTL_*`` variables a job's ``env`` may set: settings of the rank's runtime that
+dmlctl does not set itself (``DMLCTL_STRAGGLER``: a benchmark's slowed last worker)."""
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 """Job and cluster names: they become parts of run ids and directory names."""
@@ -206,7 +212,7 @@ def check_env(env: dict[str, str]) -> dict[str, str]:
     total = 0
     for key, value in env.items():
         problem: str | None = None
-        if key in RESERVED_ENV or key.startswith("DMLCTL_"):
+        if key in RESERVED_ENV or (key.startswith("DMLCTL_") and key not in SETTABLE_DMLCTL_ENV):
             problem = f"{key} is set by dmlctl for every rank; remove it"
         else:
             size = len(key) + 1 + len(value.encode("utf-8", "surrogatepass"))

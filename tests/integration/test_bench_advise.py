@@ -40,7 +40,9 @@ def test_advise_ranks_candidates_reports_a_failed_one_and_writes_json_and_png(
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(proc.stdout)
-    rows = report["candidates"]
+    (scenario,) = report["scenarios"]
+    assert scenario["name"] == "this machine"
+    rows = scenario["candidates"]
     assert [r["label"] for r in rows][-1] == "bmuf"
     assert {r["label"] for r in rows[:2]} == {"ssgd", "local-sgd period=8"}
     assert all(r["status"] == "reached" for r in rows[:2]), rows
@@ -48,10 +50,13 @@ def test_advise_ranks_candidates_reports_a_failed_one_and_writes_json_and_png(
     assert 0 < first <= second
     by_label = {r["label"]: r for r in rows}
     # period 8 sends an eighth of ssgd's bytes per step, so far less by the target
-    assert by_label["local-sgd period=8"]["bytes_total"] < by_label["ssgd"]["bytes_total"] / 4
+    local, ssgd = by_label["local-sgd period=8"], by_label["ssgd"]
+    assert local["bytes_to_target"] < ssgd["bytes_to_target"] / 4
+    # each run was stopped once it got there (the job would go on for two epochs)
+    assert all(cli.state(r["run_id"])["phase"] == "stopped" for r in (local, ssgd))
     assert rows[-1]["status"] == "failed" and "SystemExit" in rows[-1]["detail"]
-    assert report["recommendation"]["label"] == rows[0]["label"]
-    assert report["recommendation"]["snippet"].startswith("strategy:\n  name: ")
+    assert scenario["recommendation"]["label"] == rows[0]["label"]
+    assert scenario["recommendation"]["snippet"].startswith("strategy:\n  name: ")
     # Every candidate is an ordinary run, visible in status under the job's name.
     listed = cli.run("status", "--all").stdout
     for row in rows:
@@ -59,7 +64,8 @@ def test_advise_ranks_candidates_reports_a_failed_one_and_writes_json_and_png(
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
 
 
-def test_the_budget_stops_a_long_run_and_the_table_says_so(cli: Cli) -> None:
+def test_the_budget_stops_long_runs_in_each_scenario_and_the_tables_say_so(cli: Cli) -> None:
+    """Two scenarios (this machine, and with a 3× straggler), one candidate each."""
     started = time.monotonic()
     proc = cli.run(
         "bench",
@@ -71,14 +77,20 @@ def test_the_budget_stops_a_long_run_and_the_table_says_so(cli: Cli) -> None:
         "ssgd",
         "--budget",
         "15s",
-        timeout=200,
+        "--straggler",
+        "3x",
+        timeout=300,
     )
     took = time.monotonic() - started
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    row = next(line for line in proc.stdout.splitlines() if line.strip().startswith("1 "))
-    assert "budget" in row and "ssgd" in row
-    assert f"1. ssgd: run {cli.runs()[0].name}" in proc.stdout
-    assert "no candidate reached test_acc>=2 within the budget" in proc.stdout
-    assert took < 15 + 45, took  # the budget, then the stop's teardown
-    state = cli.state(cli.runs()[0].name)
-    assert state["phase"] == "stopped", state["phase"]
+    rows = [line for line in proc.stdout.splitlines() if line.strip().startswith("1 ")]
+    assert len(rows) == 2 and all("budget" in row and "ssgd" in row for row in rows)
+    assert proc.stdout.count("no candidate reached test_acc>=2 within the budget") == 2
+    assert "place and seconds to test_acc>=2 by scenario" in proc.stdout
+    assert took < 2 * (15 + 45), took  # the budget, then the stop's teardown, twice
+    runs = sorted(cli.runs(), key=lambda r: r.stat().st_mtime)
+    for run in runs:
+        assert f"1. ssgd: run {run.name}" in proc.stdout
+        assert cli.state(run.name)["phase"] == "stopped"
+    plan = json.loads((runs[1] / "plan.json").read_text())
+    assert "DMLCTL_STRAGGLER" in plan["hosts"][0]["env"]  # the value is redacted there

@@ -18,16 +18,20 @@ from dmlctl.bench.advise_report import (
     Outcome,
     advice_notes,
     analyse,
+    moves_table,
     rank,
     recommendation,
     render_advice_table,
     snippet,
+    target_reached,
 )
 from dmlctl.bench.advise_spec import (
     Candidate,
+    Scenario,
     Target,
     parse_budget,
     parse_candidates,
+    parse_scenarios,
     parse_target,
 )
 from dmlctl.errors import UsageError
@@ -116,7 +120,10 @@ def test_time_and_bytes_to_target_from_the_first_record_that_meets_it(tmp_path: 
         (9.5, 1, {sent: 400}),
         (12.0, 0, {"test_acc": 0.95}),
     ]
-    got = analyse(Candidate("ssgd"), TARGET, _run(tmp_path, records, 0), over_budget=False)
+    run = _run(tmp_path, records, 0)
+    assert target_reached(run / "metrics.jsonl", TARGET)
+    assert not target_reached(run / "metrics.jsonl", Target("test_acc", ">=", 0.99))
+    got = analyse(Candidate("ssgd"), TARGET, run, over_budget=False)
     assert got.status == REACHED and got.run_id == "r1"
     assert got.time_to_target_s == pytest.approx(9.0)
     assert got.bytes_to_target == 550  # 300 from rank 0 + 250 from rank 1 by then
@@ -170,6 +177,7 @@ def test_ranking_recommendation_snippet_and_table() -> None:
     assert snippet(Candidate("asgd", servers=1)) == "strategy:\n  name: asgd\nparameter_servers: 1"
     assert recommendation([o for o in ranked if o.status != REACHED], TARGET) is None
     report = {
+        "name": "this machine",
         "target": "test_acc>=0.9",
         "budget_s": 600.0,
         "candidates": [json.loads(json.dumps(o.to_dict())) for o in ranked],
@@ -182,3 +190,56 @@ def test_ranking_recommendation_snippet_and_table() -> None:
     notes = advice_notes(report)
     assert notes[0] == "1. local-sgd period=8: run run-local-sgd 8"
     assert notes[-1] == "5. bmuf: run run-bmuf failed: "
+
+
+def test_scenarios_the_cluster_first_then_labs_then_a_straggler(tmp_path: Path) -> None:
+    assert parse_scenarios(None, [], None) == [Scenario("this machine")]
+    cluster = tmp_path / "c.yaml"
+    got = parse_scenarios(cluster, ["100mbit", "10mbit", "100mbit"], "3x")
+    assert [s.name for s in got] == [
+        "cluster c.yaml",
+        "lab 100mbit",
+        "lab 10mbit",
+        "cluster c.yaml, straggler 3x",
+    ]
+    assert got[1].lab_bandwidth == 100_000_000 and got[1].cluster_file is None
+    assert got[3].straggler == 3.0 and got[3].cluster_file == cluster
+    for bad in ("1x", "fast", "0.5"):
+        with pytest.raises(UsageError, match="--straggler"):
+            parse_scenarios(None, [], bad)
+    with pytest.raises(UsageError, match="--lab '100mbps'"):
+        parse_scenarios(None, ["100mbps"], None)
+
+
+def test_the_moves_table_shows_each_candidates_place_per_scenario() -> None:
+    fast, slow = _outcome("local-sgd 8", REACHED, 8.0, 0.94), _outcome("ssgd", REACHED, 20.0, 0.95)
+    report = {
+        "target": "test_acc>=0.9",
+        "scenarios": [
+            {"name": "this machine", "candidates": [slow.to_dict(), fast.to_dict()]},
+            {"name": "lab 10mbit", "candidates": [fast.to_dict(), slow.to_dict()]},
+        ],
+    }
+    out = io.StringIO()
+    Console(file=out, width=120, color_system=None).print(moves_table(report))
+    text = out.getvalue()
+    ssgd = next(line for line in text.splitlines() if line.startswith("ssgd"))
+    assert ssgd.replace("│", " ").split()[1:] == ["#1", "20.0", "#2", "20.0"], text
+
+
+def test_a_straggler_sleeps_its_factor_less_one_times_each_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from dmlctl.runtime import straggler
+
+    clock = iter([0.0, 0.5, 1.0, 1.2])
+    slept: list[float] = []
+    monkeypatch.setattr(straggler.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(straggler.time, "sleep", slept.append)
+    assert list(straggler.paced(iter("ab"), 3.0)) == ["a", "b"]
+    assert slept == [pytest.approx(1.0), pytest.approx(0.4)]  # 2 x 0.5 s, 2 x 0.2 s
+    monkeypatch.setenv("DMLCTL_STRAGGLER", "3")
+    assert straggler.straggler_factor(1, 2) == 3.0 and straggler.straggler_factor(0, 2) == 1.0
+    monkeypatch.setenv("DMLCTL_STRAGGLER", "slow")
+    with pytest.raises(ValueError, match="DMLCTL_STRAGGLER='slow'"):
+        straggler.straggler_factor(1, 2)

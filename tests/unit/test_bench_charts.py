@@ -60,10 +60,18 @@ def _reports(tmp_path: Path) -> dict[str, dict[str, Any]]:
         "advise": {
             "target": "test_acc>=0.9",
             "metric": "test_acc",
-            "candidates": [
-                {"label": "ssgd", "curve": curve},
-                {"label": "local-sgd period=8", "curve": [[t - 1, b / 8, v] for t, b, v in curve]},
-                {"label": "bmuf", "curve": []},  # failed: nothing to draw
+            "scenarios": [
+                {
+                    "name": "this machine",
+                    "candidates": [
+                        {"label": "ssgd", "curve": curve},
+                        {
+                            "label": "local-sgd period=8",
+                            "curve": [[t - 1, b / 8, v] for t, b, v in curve],
+                        },
+                        {"label": "bmuf", "curve": []},  # failed: nothing to draw
+                    ],
+                }
             ],
         },
         "comm": comm_json(comm, 2),
