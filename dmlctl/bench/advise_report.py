@@ -142,7 +142,7 @@ def analyse(candidate: Candidate, target: Target, run_dir: Path, *, over_budget:
     else:
         status = NOT_REACHED
     detail = ""
-    if state.exit_code not in (0, None) and not over_budget:
+    if status == FAILED:
         cause = state.root_cause
         detail = cause.headline() if cause is not None else f"exit code {state.exit_code}"
     rates = [statistics.median(r) for r in walk.rates.values() if r]

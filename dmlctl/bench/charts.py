@@ -146,14 +146,17 @@ def advise(report: Report) -> Chart:
     """Per scenario, the target metric against seconds since launch and against bytes
     sent, one line per candidate, the target dashed."""
     metric, target = report["metric"], {"target": _target_value(report)}
+    labels = dict.fromkeys(c["label"] for s in report["scenarios"] for c in s["candidates"])
+    colors = {label: f"C{i % 10}" for i, label in enumerate(labels)}
     panels: list[Panel] = []
     for scenario in report["scenarios"]:
         drawn = [c for c in scenario["candidates"] if c["curve"]]
         by_time = {c["label"]: [(p[0], p[2]) for p in c["curve"]] for c in drawn}
         by_bytes = {c["label"]: [(p[1] / 1e6, p[2]) for p in c["curve"]] for c in drawn}
         name = scenario["name"]
-        panels.append(Lines(f"seconds since launch ({name})", metric, by_time, refs=target))
-        panels.append(Lines(f"MB sent by all ranks ({name})", metric, by_bytes, refs=target))
+        axes = (f"seconds since launch ({name})", f"MB sent by all ranks ({name})")
+        panels.append(Lines(axes[0], metric, by_time, refs=target, colors=colors))
+        panels.append(Lines(axes[1], metric, by_bytes, refs=target, colors=colors))
     return f"time and traffic to {report['target']}", panels
 
 

@@ -27,6 +27,9 @@ def up(
         None, "--latency", help="Added delay each way, e.g. 5ms (needs the kernel's netem)."
     ),
     slots: int = typer.Option(1, "--slots", help="Worker slots per host in the cluster file."),
+    force: bool = typer.Option(
+        False, "--force", help="Replace a lab made from another DMLCTL_HOME (its runs are cut off)."
+    ),
 ) -> int:
     """Make the lab (removing a previous one first) and write its cluster file."""
     from dmlctl.lab import up as lab_up
@@ -38,7 +41,9 @@ def up(
         raise typer.BadParameter("must be at least 1", param_hint="--slots")
     err = stderr_console()
     with err.status("making the lab…") as status:
-        cluster = lab_up(hosts, bits, delay, slots=slots, progress=lambda m: status.update(m))
+        cluster = lab_up(
+            hosts, bits, delay, slots=slots, force=force, progress=lambda m: status.update(m)
+        )
     what = f"{hosts} hosts at {bandwidth} each way" + (f", {latency} delay" if latency else "")
     out = stdout_console()
     out.print(f"lab up: {what}; cluster file {cluster}", markup=False)

@@ -38,15 +38,24 @@ def up(
     *,
     slots: int = 1,
     lab_dir: Path | None = None,
+    force: bool = False,
     progress: Progress = lambda _: None,
 ) -> Path:
-    """Make the lab (after removing any previous one) and return its cluster file.
-    On any failure what was made is removed and LabError says why (UsageError for
-    a host count out of range, or a delay without netem)."""
-    lab_dir = lab_dir or default_dir()
+    """Make the lab (after removing the previous one of ``lab_dir``) and return its
+    cluster file. A lab of another directory is up: UsageError unless ``force`` (there
+    is one network layout per machine, and its runs would be cut off). On any failure
+    what was made is removed and LabError says why (UsageError for a host count out of
+    range, or a delay without netem)."""
+    lab_dir = (lab_dir or default_dir()).absolute()
     if not 1 <= n_hosts <= net.MAX_HOSTS:
         raise UsageError(f"--hosts {n_hosts}: a lab has 1 to {net.MAX_HOSTS} hosts")
     sshd.require_tools()
+    theirs = net.owner()
+    if theirs not in (None, str(lab_dir)) and not force:
+        whose = f"made for {theirs}" if theirs else "of unknown origin"
+        raise UsageError(
+            f"a lab {whose} is up; `dmlctl lab down` removes it (or `lab up --force` replaces it)"
+        )
     down(lab_dir)
     net.check_subnet_free()
     if latency_ms is not None and not net.has_netem():
@@ -64,7 +73,7 @@ def _make(
     lab_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     sshd.keygen(lab_dir / sshd.USER_KEY, "dmlctl-lab")
     progress(f"network: bridge {net.BRIDGE}, {n} namespaces")
-    net.make_bridge()
+    net.make_bridge(str(lab_dir))
     hosts = []
     for i in range(n):
         net.make_host(i)
@@ -117,7 +126,7 @@ def lab_network(
 ) -> Iterator[Path]:
     """A lab for the duration of the block (its cluster file), removed after. LabError
     when a lab is up already: it is the user's, and there is one network layout."""
-    if net.lab_namespaces() or read_record(default_dir()) is not None:
+    if net.lab_namespaces() or net.owner() is not None:
         raise LabError("a dmlctl lab is up already; `dmlctl lab down` first (it would be replaced)")
     cluster = up(n_hosts, bandwidth_bits, None, progress=progress)
     try:

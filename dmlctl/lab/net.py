@@ -71,9 +71,11 @@ def check_subnet_free() -> None:
             raise LabError(f"the lab's subnet {SUBNET} is already in use on this machine: {line}")
 
 
-def make_bridge() -> None:
-    """The bridge, up, with :func:`gateway`'s address."""
+def make_bridge(owner: str) -> None:
+    """The bridge, up, with :func:`gateway`'s address and ``owner`` (the lab
+    directory) as its alias, so another ``up`` can tell whose lab it would remove."""
     run("ip", "link", "add", BRIDGE, "type", "bridge")
+    run("ip", "link", "set", "dev", BRIDGE, "alias", owner)
     run("ip", "addr", "add", f"{gateway()}/{SUBNET.prefixlen}", "dev", BRIDGE)
     run("ip", "link", "set", BRIDGE, "up")
 
@@ -91,6 +93,16 @@ def make_host(i: int) -> None:
     run("ip", "-n", ns, "link", "set", "lo", "up")
     run("ip", "link", "set", veth, "master", BRIDGE)
     run("ip", "link", "set", veth, "up")
+
+
+def owner() -> str | None:
+    """The lab directory of the lab up now (its bridge's alias); None without a
+    bridge, ``""`` for a bridge without one."""
+    out = run("ip", "-o", "link", "show", BRIDGE, check=False)
+    if not out.strip():
+        return None
+    _, found, alias = out.partition(" alias ")
+    return alias.strip() if found else ""
 
 
 def has_netem() -> bool:

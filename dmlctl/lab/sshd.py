@@ -50,17 +50,33 @@ def write_config(lab_dir: Path, i: int) -> Path:
     (d / "work").mkdir(parents=True, exist_ok=True)
     keygen(d / "ssh_host_ed25519_key", f"dmlctl-lab-{i}")
     config = d / "sshd_config"
+    config.write_text(
+        sshd_config(
+            f"{address(i)}:22",
+            d / "ssh_host_ed25519_key",
+            d / "sshd.pid",
+            lab_dir / (USER_KEY + ".pub"),
+        )
+    )
+    return config
+
+
+def sshd_config(listen: str, host_key: Path, pid_file: Path, authorized_keys: Path) -> str:
+    """An ``sshd_config`` for a throw-away host: listening on ``listen`` only, keys only
+    (``authorized_keys``, root allowed), no PAM, SFTP built in (fabric's put/get speak
+    it), room for many sessions; errors only in its log. The SSH test lab uses it too."""
     lines = [
-        f"ListenAddress {address(i)}:22",
-        f"HostKey {d / 'ssh_host_ed25519_key'}",
-        f"PidFile {d / 'sshd.pid'}",
-        f"AuthorizedKeysFile {lab_dir / (USER_KEY + '.pub')}",
+        f"ListenAddress {listen}",
+        f"HostKey {host_key}",
+        f"PidFile {pid_file}",
+        f"AuthorizedKeysFile {authorized_keys}",
         "PermitRootLogin prohibit-password",
         "PasswordAuthentication no",
         "KbdInteractiveAuthentication no",
         "PubkeyAuthentication yes",
         "StrictModes no",
         "UsePAM no",
+        "AllowAgentForwarding no",
         "X11Forwarding no",
         "PrintMotd no",
         "MaxSessions 50",
@@ -68,8 +84,7 @@ def write_config(lab_dir: Path, i: int) -> Path:
         "LogLevel ERROR",
         "Subsystem sftp internal-sftp",
     ]
-    config.write_text("\n".join(lines) + "\n")
-    return config
+    return "\n".join(lines) + "\n"
 
 
 def start(lab_dir: Path, i: int) -> int:

@@ -106,13 +106,15 @@ REF_STYLES = (("--", "dimgray"), (":", "black"), ("-.", "firebrick"))
 @dataclass(frozen=True)
 class Lines:
     """One line per name (``(x, y)`` points, drawn in x order); ``refs`` are dashed
-    horizontal lines (a goal, a baseline)."""
+    horizontal lines (a goal, a baseline); ``colors`` fixes a name's colour (so one
+    name reads the same in every panel)."""
 
     xlabel: str
     ylabel: str
     lines: Mapping[str, Sequence[tuple[float, float]]]
     log_x: bool = False
     refs: Mapping[str, float] = field(default_factory=dict)
+    colors: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -149,7 +151,7 @@ def draw(out: Path, title: str, panels: Sequence[Panel]) -> None:
     widest = max((len(p.groups) for p in panels if not isinstance(p, Lines)), default=0)
     fig, axes = plt.subplots(
         len(panels), 1, figsize=(max(9, widest * 0.9), 4.5 * len(panels)), squeeze=False
-    )
+    )  # 4.5 inches a panel
     for ax, panel in zip(axes[:, 0], panels, strict=True):
         if isinstance(panel, Lines):
             _lines(ax, panel)
@@ -163,7 +165,8 @@ def draw(out: Path, title: str, panels: Sequence[Panel]) -> None:
         if ax.get_legend_handles_labels()[0]:
             ax.legend(loc="best", fontsize="small")
     fig.suptitle(title)
-    fig.tight_layout()
+    height = 4.5 * len(panels)
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / height))  # room for the title
     fig.savefig(out, dpi=100)
     plt.close(fig)
 
@@ -171,7 +174,7 @@ def draw(out: Path, title: str, panels: Sequence[Panel]) -> None:
 def _lines(ax: Any, panel: Lines) -> None:
     for name, points in panel.lines.items():
         xs, ys = zip(*sorted(points), strict=True) if points else ((), ())
-        ax.plot(xs, ys, marker="o", markersize=3, label=name)
+        ax.plot(xs, ys, marker="o", markersize=3, label=name, color=panel.colors.get(name))
     if panel.log_x:
         ax.set_xscale("log", base=2)
     ax.set_xlabel(panel.xlabel)

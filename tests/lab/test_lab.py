@@ -43,6 +43,10 @@ def test_up_twice_then_down_leaves_nothing(tmp_path: Path) -> None:
     assert len(_leftovers()) >= 4  # 2 namespaces, the bridge, 2 veths, 2 sshd
     status = cli.run("lab", "status")
     assert status.returncode == 0 and status.stdout.count("sshd answers") == 2, status.stdout
+    other = lab_cli(tmp_path / "other")  # another DMLCTL_HOME: its up would cut this lab off
+    refused = other.run("lab", "up", "--hosts", "1")
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert f"a lab made for {cli.lab_dir} is up; `dmlctl lab down` removes it" in refused.stderr
     trusted = cli.known_hosts.read_text()
     assert "10.231.0.2 ssh-ed25519" in trusted and "other.example" in trusted
     down = cli.run("lab", "down")

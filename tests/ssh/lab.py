@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
+from dmlctl.lab.sshd import sshd_config
 from tests.integration.procs import cmdline
 
 SSHD = Path("/usr/sbin/sshd")
@@ -285,28 +286,11 @@ def _new_server(root: Path, alias: str, address: str) -> _Server:
 def _write_sshd_config(server: _Server, root: Path) -> None:
     h = server.host
     server.config.write_text(
-        "\n".join(
-            [
-                f"ListenAddress {h.address}:{h.port}",
-                f"HostKey {server.host_key}",
-                f"PidFile {server.dir / 'sshd.pid'}",
-                f"AuthorizedKeysFile {root / 'authorized_keys'}",
-                "PermitRootLogin prohibit-password",
-                "PasswordAuthentication no",
-                "KbdInteractiveAuthentication no",
-                "PubkeyAuthentication yes",
-                "StrictModes no",
-                "UsePAM no",
-                "AllowAgentForwarding no",
-                "X11Forwarding no",
-                "PrintMotd no",
-                "MaxSessions 50",
-                "MaxStartups 50:30:100",
-                "LogLevel ERROR",
-                # fabric's put/get speak SFTP; internal-sftp needs no extra binary.
-                "Subsystem sftp internal-sftp",
-                "",
-            ]
+        sshd_config(
+            f"{h.address}:{h.port}",
+            server.host_key,
+            server.dir / "sshd.pid",
+            root / "authorized_keys",
         )
     )
 
