@@ -240,3 +240,27 @@ def run_advice(request: AdviseRequest, progress: Progress) -> dict[str, Any]:
         "budget_s": request.budget_s,
         "scenarios": scenarios,
     }
+
+
+def save_advice(report: dict[str, Any], path: Path) -> str | None:
+    """Write the first scenario's recommendation to ``path`` as an advice file for
+    ``strategy: {name: auto, advice: FILE}`` (:mod:`dmlctl.spec.advice`); what was
+    saved, or None (nothing written) when no candidate reached the target there."""
+    scenario = report["scenarios"][0]
+    best = scenario["recommendation"]
+    if best is None:
+        return None
+    row = next(r for r in scenario["candidates"] if r["label"] == best["label"])
+    candidate = row["candidate"]
+    doc = {
+        "target": report["target"],
+        "scenario": scenario["name"],
+        "why": best["why"],
+        "strategy": {"name": candidate["strategy"], "params": candidate["params"]},
+        "parameter_servers": candidate["servers"],
+        "run_id": row["run_id"],
+    }
+    head = "# Written by `dmlctl bench advise --save`; a job uses it with\n"
+    head += f"#   strategy: {{name: auto, advice: {path.name}}}\n"
+    path.write_text(head + yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+    return str(best["label"])

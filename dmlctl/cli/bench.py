@@ -405,6 +405,12 @@ def advise(
     run_to_end: bool = typer.Option(
         False, "--run-to-end", help="Keep each candidate running after it reached the target."
     ),
+    save: Optional[Path] = typer.Option(  # noqa: UP045
+        None,
+        "--save",
+        metavar="FILE",
+        help="Write the recommendation for `strategy: {name: auto, advice: FILE}`.",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
     plot: Optional[Path] = _plot_option("the metric against time and bytes sent"),  # noqa: UP045
 ) -> int:
@@ -423,6 +429,12 @@ def advise(
     else:
         _print_advice(report)
     _write_plot("advise", report, plot)
+    if save is not None:
+        from dmlctl.bench.advise import save_advice
+
+        saved = save_advice(report, save)
+        what = f"advice: {saved} in {save}" if saved else "no advice saved: no candidate reached"
+        err.print(what, markup=False)
     return 0
 
 

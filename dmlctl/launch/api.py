@@ -304,6 +304,8 @@ def launch(
     store = RunStore(options.home)
     is_remote = any(not h.is_local for h in cluster.resolved_hosts())
     placement = _place(job, cluster, options)
+    if job.advice is not None:
+        console.print(f"dmlctl: {job.advice}", markup=False, highlight=False)
     if options.dry_run:
         return _dry_run(job, cluster, store, placement, console, is_remote)
     if is_remote:

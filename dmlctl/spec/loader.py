@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from dmlctl.errors import SpecError, SpecIssue, UsageError
+from dmlctl.spec.advice import AdviceProblem, apply_advice, wants_advice
 from dmlctl.spec.cluster import ClusterSpec, HostKey, duplicate_hosts
 from dmlctl.spec.fields import check_one_line, shown
 from dmlctl.spec.local import PROC_NVIDIA_GPUS, count_local_gpus, default_cluster
@@ -67,13 +68,33 @@ def load_job(path: str | os.PathLike[str]) -> JobSpec:
     doc = _parse_mapping(file, read_text(file, "a YAML file"), JobSpec)
     data: Mapping[str, Any] = doc.data
     issues = _duplicate_issues(file, doc)
-    job = _validate(file, doc, JobSpec, data, issues)
     job_dir = Path(file).absolute().parent
+    data, advice = _advised(file, doc, data, job_dir, issues)
+    job = _validate(file, doc, JobSpec, data, issues)
     workdir, script = _check_paths(file, doc, job_dir, data, issues)
     if issues or job is None or workdir is None or script is None:
         raise SpecError(_sorted(issues))
     name = job.name if job.name is not None else _name_from_dir(job_dir.name)
-    return job.model_copy(update={"name": name, "workdir": str(workdir), "script": script})
+    update = {"name": name, "workdir": str(workdir), "script": script, "advice": advice}
+    return job.model_copy(update=update)
+
+
+def _advised(
+    file: str, doc: Document, data: Mapping[str, Any], job_dir: Path, issues: list[SpecIssue]
+) -> tuple[Mapping[str, Any], str | None]:
+    """``data`` with the strategy of its advice file when the strategy is ``auto``
+    (:mod:`dmlctl.spec.advice`), and the note saying so; problems go to ``issues``."""
+    if "advice" in data:
+        line = doc.line_of(("advice",))
+        message = "is set by dmlctl; use strategy: {name: auto, advice: FILE}"
+        issues.append(SpecIssue(file, line, "advice", message))
+    if not wants_advice(data):
+        return data, None
+    try:
+        return apply_advice(data, job_dir)
+    except AdviceProblem as exc:
+        issues.append(SpecIssue(file, doc.line_of(exc.path), ".".join(exc.path), str(exc)))
+        return {k: v for k, v in data.items() if k != "strategy"}, None
 
 
 def load_cluster(path: str | os.PathLike[str]) -> ClusterSpec:

@@ -238,6 +238,12 @@ class JobSpec(BaseModel):
         "and replace lost ones on a restart. Default: as many as 'workers' needs.",
     )
 
+    advice: str | None = Field(
+        default=None,
+        description="Set by dmlctl, never in a job file: where `strategy: {name: auto, "
+        "advice: FILE}` took the strategy from, in one line.",
+    )
+
     @field_validator("workers", mode="before")
     @classmethod
     def _auto_workers(cls, value: Any) -> Any:

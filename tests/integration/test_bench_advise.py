@@ -22,11 +22,11 @@ JOB = Path(__file__).parent / "jobs" / "advise"
 def test_advise_ranks_candidates_reports_a_failed_one_and_writes_json_and_png(
     cli: Cli, tmp_path: Path
 ) -> None:
-    png = tmp_path / "advice.png"
+    png, saved = tmp_path / "advice.png", tmp_path / "advice.yaml"
     proc = cli.run(
         "bench",
         "advise",
-        str(JOB / "job.yaml"),
+        str(JOB / "long.yaml"),  # 500 epochs: each run goes on until it is stopped
         "--target",
         "test_acc>=0.9",
         "--strategies",
@@ -36,6 +36,8 @@ def test_advise_ranks_candidates_reports_a_failed_one_and_writes_json_and_png(
         "--json",
         "--plot",
         str(png),
+        "--save",
+        str(saved),
         timeout=400,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -52,7 +54,7 @@ def test_advise_ranks_candidates_reports_a_failed_one_and_writes_json_and_png(
     # period 8 sends an eighth of ssgd's bytes per step, so far less by the target
     local, ssgd = by_label["local-sgd period=8"], by_label["ssgd"]
     assert local["bytes_to_target"] < ssgd["bytes_to_target"] / 4
-    # each run was stopped once it got there (the job would go on for two epochs)
+    # each run was stopped once it got there (the job would go on for 500 epochs)
     assert all(cli.state(r["run_id"])["phase"] == "stopped" for r in (local, ssgd))
     assert rows[-1]["status"] == "failed" and "SystemExit" in rows[-1]["detail"]
     assert scenario["recommendation"]["label"] == rows[0]["label"]
@@ -62,6 +64,15 @@ def test_advise_ranks_candidates_reports_a_failed_one_and_writes_json_and_png(
     for row in rows:
         assert row["run_id"] in listed
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
+    # A job that says `strategy: auto` runs what the advisor recommended, and says so.
+    (tmp_path / "train.py").write_text((JOB / "train.py").read_text())
+    job = tmp_path / "job.yaml"
+    job.write_text("script: train.py\nworkers: 2\nstrategy: {name: auto, advice: advice.yaml}\n")
+    dry = cli.run("launch", str(job), "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    best = rows[0]["candidate"]["strategy"]
+    assert f"dmlctl: strategy {rows[0]['label']} from advice.yaml: reached" in dry.stdout
+    assert f"strategy {best}, 2 workers" in dry.stdout
 
 
 def test_the_budget_stops_long_runs_in_each_scenario_and_the_tables_say_so(cli: Cli) -> None:
