@@ -211,16 +211,21 @@ def render_advice_table(report: dict[str, Any]) -> Table:
     """One row per candidate, best first (the ``--json`` report's ``candidates``);
     why a run failed and which run each row is come below it (:func:`advice_notes`)."""
     table = Table(
-        title=f"{report['name']}: time to {report['target']} "
+        title=f"{report['name']}: seconds and bytes sent to {report['target']} "
         f"(budget {report['budget_s']:g} s per candidate)",
         title_justify="left",
         show_edge=False,
         pad_edge=False,
     )
-    for name in ("#", "strategy", "outcome", "to target (s)", "sent to target", "final"):
-        table.add_column(name, justify="left" if name in ("strategy", "outcome") else "right")
-    table.add_column("samples/s", justify="right")
-    table.add_column("comm %", justify="right")
+    table.add_column("#", justify="right", no_wrap=True, min_width=1)
+    table.add_column("strategy", min_width=12, overflow="fold")  # wraps; the numbers never do
+    for name in ("outcome", "seconds", "sent", "final", "samples/s", "comm %"):
+        table.add_column(
+            name,
+            justify="left" if name == "outcome" else "right",
+            no_wrap=True,
+            min_width=len(name),
+        )
     for i, row in enumerate(report["candidates"], 1):
         share = row["comm_share"]
         table.add_row(
