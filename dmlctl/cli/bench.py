@@ -34,7 +34,7 @@ app = typer.Typer(
 def _plot_option(what: str) -> Any:
     """The ``--plot FILE`` option of a bench: ``what`` the PNG shows."""
     return typer.Option(
-        None, "--plot", metavar="FILE", help=f"Also write a PNG: {what} (needs 'dmlctl[plot]')."
+        None, "--plot", metavar="FILE", help=f"Also write a PNG: {what} (needs matplotlib)."
     )
 
 
@@ -397,7 +397,10 @@ def advise(
     ),
     budget: str = typer.Option("10m", "--budget", help="Longest run per candidate (90s, 10m)."),
     lab: Optional[list[str]] = typer.Option(  # noqa: UP045
-        None, "--lab", help="Also on a dmlctl lab network of this bandwidth (repeatable; root)."
+        None,
+        "--lab",
+        metavar="BANDWIDTH",
+        help="Also on a dmlctl lab network of this bandwidth, e.g. 100mbit (repeatable; root).",
     ),
     straggler: Optional[str] = typer.Option(  # noqa: UP045
         None, "--straggler", help="Also with the last worker this many times slower, e.g. 3x."

@@ -15,7 +15,7 @@ def plot(
     ),
 ) -> int:
     """Plot a run's loss, samples/s and communication share over time (per rank) to a
-    PNG. Needs matplotlib: pip install 'dmlctl[plot]'."""
+    PNG. Needs matplotlib: pip install 'dmlctl\\[plot]'."""
     from dmlctl.runs.store import RunStore
     from dmlctl.ui.plot import plot_run, require_matplotlib
 
