@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from dmlctl.bench.advise_spec import parse_target
 from dmlctl.ui.plot import Bars, Lines, Panel, Samples, draw
 
 Chart = tuple[str, list[Panel]]
@@ -145,7 +146,7 @@ def hangs(report: Report) -> Chart:
 def advise(report: Report) -> Chart:
     """Per scenario, the target metric against seconds since launch and against bytes
     sent, one line per candidate, the target dashed."""
-    metric, target = report["metric"], {"target": _target_value(report)}
+    metric, target = report["metric"], {"target": parse_target(report["target"]).value}
     labels = dict.fromkeys(c["label"] for s in report["scenarios"] for c in s["candidates"])
     colors = {label: f"C{i % 10}" for i, label in enumerate(labels)}
     panels: list[Panel] = []
@@ -158,11 +159,6 @@ def advise(report: Report) -> Chart:
         panels.append(Lines(axes[0], metric, by_time, refs=target, colors=colors))
         panels.append(Lines(axes[1], metric, by_bytes, refs=target, colors=colors))
     return f"time and traffic to {report['target']}", panels
-
-
-def _target_value(report: Report) -> float:
-    text = str(report["target"])
-    return float(text[len(report["metric"]) :].lstrip("<>="))
 
 
 CHARTS: dict[str, Callable[[Report], Chart]] = {

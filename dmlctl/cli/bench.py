@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Optional
 
 import typer
 
+from dmlctl.cli import bench_advise
+from dmlctl.cli.bench_plot import check_plot, plot_option, write_plot
 from dmlctl.cli.common import stderr_console, stdout_console
-
-if TYPE_CHECKING:
-    from dmlctl.bench.advise import AdviseRequest
 
 app = typer.Typer(
     help="Benchmarks: collective bandwidth (comm), parameter-server push+pull against "
@@ -29,33 +28,6 @@ app = typer.Typer(
     "job's target soonest (advise).",
     no_args_is_help=True,
 )
-
-
-def _plot_option(what: str) -> Any:
-    """The ``--plot FILE`` option of a bench: ``what`` the PNG shows."""
-    return typer.Option(
-        None, "--plot", metavar="FILE", help=f"Also write a PNG: {what} (needs matplotlib)."
-    )
-
-
-def _check_plot(plot: Path | None) -> None:
-    """Before a bench runs: UsageError (exit 2) when ``--plot`` is given without
-    matplotlib, so a long run does not end without its picture."""
-    if plot is not None:
-        from dmlctl.ui.plot import require_matplotlib
-
-        require_matplotlib("--plot")
-
-
-def _write_plot(bench: str, report: dict[str, Any], plot: Path | None) -> None:
-    """Draw ``bench``'s chart of ``report`` (its ``--json`` shape) to ``plot``, if given,
-    and say where on stderr."""
-    if plot is None:
-        return
-    from dmlctl.bench.charts import write
-
-    write(bench, report, plot)
-    stderr_console().print(f"plot: {plot}", markup=False)
 
 
 @app.command()
@@ -74,14 +46,14 @@ def comm(
     iters: int = typer.Option(20, "--iters", help="Timed calls per size."),
     warmup: int = typer.Option(5, "--warmup", help="Untimed calls per size before timing."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
-    plot: Optional[Path] = _plot_option("bus bandwidth against message size"),  # noqa: UP045
+    plot: Optional[Path] = plot_option("bus bandwidth against message size"),  # noqa: UP045
 ) -> int:
     """Measure allreduce / allgather / broadcast time and bus bandwidth (nccl-tests style)."""
     from dmlctl.bench.comm import run_comm_bench
     from dmlctl.bench.report import comm_json, parse_ops, parse_size, render_comm_table
     from dmlctl.spec import default_cluster, load_cluster_file
 
-    _check_plot(plot)
+    check_plot(plot)
     op_names = parse_ops(ops)
     low, high = parse_size(min_bytes), parse_size(max_bytes)
     spec = load_cluster_file(cluster) if cluster is not None else default_cluster()
@@ -104,7 +76,7 @@ def comm(
     else:
         stdout_console().print(render_comm_table(results, world))
         err.print(f"run {run.run_id}", markup=False)
-    _write_plot("comm", report, plot)
+    write_plot("comm", report, plot)
     return 0
 
 
@@ -117,7 +89,7 @@ def ps(
     iters: int = typer.Option(20, "--iters", help="Timed rounds / all-reduces per size."),
     warmup: int = typer.Option(3, "--warmup", help="Untimed rounds / all-reduces per size."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
-    plot: Optional[Path] = _plot_option("bytes/s and their ratio by gradient size"),  # noqa: UP045
+    plot: Optional[Path] = plot_option("bytes/s and their ratio by gradient size"),  # noqa: UP045
 ) -> int:
     """PS push+pull throughput against an all-reduce of the same bytes on this machine."""
     from dmlctl.bench.ps import local_bench_cluster, run_ps_bench
@@ -125,7 +97,7 @@ def ps(
     from dmlctl.bench.report import parse_size
     from dmlctl.spec import default_cluster
 
-    _check_plot(plot)
+    check_plot(plot)
     low, high = parse_size(min_bytes), parse_size(max_bytes)
     spec = local_bench_cluster(default_cluster(), workers + servers)
     err = stderr_console()
@@ -148,7 +120,7 @@ def ps(
         out.print(render_ps_table(results, workers, servers))
         out.print(ps_summary(results), markup=False)
         err.print(f"run {run.run_id}", markup=False)
-    _write_plot("ps", report, plot)
+    write_plot("ps", report, plot)
     return 0
 
 
@@ -157,12 +129,12 @@ def launch(
     repeats: int = typer.Option(5, "--repeats", help="Timed runs per launcher (at least 5)."),
     workers: int = typer.Option(2, "--workers", "-n", help="Local workers per run."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
-    plot: Optional[Path] = _plot_option("seconds per launch, every repeat"),  # noqa: UP045
+    plot: Optional[Path] = plot_option("seconds per launch, every repeat"),  # noqa: UP045
 ) -> int:
     """Compare `dmlctl launch` with bare torchrun on a trivial job; print the ratio."""
     from dmlctl.bench.launch_overhead import render_launch_table, run_launch_bench
 
-    _check_plot(plot)
+    check_plot(plot)
     err = stderr_console()
     with err.status("timing dmlctl launch against bare torchrun…"):
         report = run_launch_bench(repeats, workers, console=err)
@@ -170,7 +142,7 @@ def launch(
         print(json.dumps(report, indent=2))
     else:
         stdout_console().print(render_launch_table(report))
-    _write_plot("launch", report, plot)
+    write_plot("launch", report, plot)
     return 0
 
 
@@ -179,12 +151,12 @@ def strategies(
     steps: int = typer.Option(400, "--steps", help="Steps per run: 48 warm-up + a multiple of 8."),
     repeats: int = typer.Option(3, "--repeats", help="Throughput runs per side (at least 3)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
-    plot: Optional[Path] = _plot_option("samples/s of every run, bytes/step by strategy"),  # noqa: UP045
+    plot: Optional[Path] = plot_option("samples/s of every run, bytes/step by strategy"),  # noqa: UP045
 ) -> int:
     """ssgd via dmlctl vs hand-written DDP (throughput); bytes/step of local-sgd, PowerSGD."""
     from dmlctl.bench.strategies import render_strategies_table, run_strategy_bench
 
-    _check_plot(plot)
+    check_plot(plot)
     err = stderr_console()
     with err.status("running the strategy benchmark…"):
         report = run_strategy_bench(steps, repeats, console=err)
@@ -193,7 +165,7 @@ def strategies(
     else:
         for table in render_strategies_table(report):
             stdout_console().print(table)
-    _write_plot("strategies", report, plot)
+    write_plot("strategies", report, plot)
     return 0
 
 
@@ -207,7 +179,7 @@ def accuracy(
     ),
     epochs: int = typer.Option(20, "--epochs", help="Training epochs per run."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
-    plot: Optional[Path] = _plot_option("bars per strategy, the single process dashed"),  # noqa: UP045
+    plot: Optional[Path] = plot_option("bars per strategy, the single process dashed"),  # noqa: UP045
 ) -> int:
     """Test accuracy of every strategy (defaults) on scikit-learn's digits vs one process."""
     from dmlctl.bench.accuracy import (
@@ -218,7 +190,7 @@ def accuracy(
         run_accuracy_bench,
     )
 
-    _check_plot(plot)
+    check_plot(plot)
     by_name = {c.name: c for c in CANDIDATES}
     chosen = [by_name[n] for n in pick(strategies, list(by_name), "strategy")]
     opts = pick(optimizers, OPTIMIZERS, "optimizer")
@@ -231,7 +203,7 @@ def accuracy(
         print(json.dumps(report, indent=2))
     else:
         stdout_console().print(render_accuracy_table(report))
-    _write_plot("accuracy", report, plot)
+    write_plot("accuracy", report, plot)
     return 0
 
 
@@ -242,12 +214,12 @@ def recovery(
         0.1, "--backoff", help="dmlctl's restart backoff_initial in seconds (its default: 1.0)."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
-    plot: Optional[Path] = _plot_option("recovery seconds of every repeat, stage times"),  # noqa: UP045
+    plot: Optional[Path] = plot_option("recovery seconds of every repeat, stage times"),  # noqa: UP045
 ) -> int:
     """Seconds from a worker's SIGKILL to its first step after restart: dmlctl vs torchrun."""
     from dmlctl.bench.recovery import render_recovery_tables, run_recovery_bench
 
-    _check_plot(plot)
+    check_plot(plot)
     err = stderr_console()
     with err.status("timing recovery under dmlctl and bare torchrun…"):
         report = run_recovery_bench(repeats, backoff=backoff, console=err)
@@ -256,7 +228,7 @@ def recovery(
     else:
         for table in render_recovery_tables(report):
             stdout_console().print(table)
-    _write_plot("recovery", report.to_dict(), plot)
+    write_plot("recovery", report.to_dict(), plot)
     return 0
 
 
@@ -273,7 +245,7 @@ def straggler(
         "all", "--scenarios", help="Comma-separated: ssgd, asgd, ssp-s3, ssp-s12-burst, or all."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
-    plot: Optional[Path] = _plot_option("relative steps/s per scenario, the goal dashed"),  # noqa: UP045
+    plot: Optional[Path] = plot_option("relative steps/s per scenario, the goal dashed"),  # noqa: UP045
 ) -> int:
     """Fast workers' steps/s next to a 3× slower worker, relative to no straggler."""
     from dmlctl.bench.straggler import FACTOR, check_options, parse_scenarios, run_straggler_bench
@@ -282,7 +254,7 @@ def straggler(
 
     chosen = parse_scenarios(scenarios)
     check_options(steps, step_sleep, repeats)
-    _check_plot(plot)
+    check_plot(plot)
     err = stderr_console()
     with err.status("running the straggler benchmark…"):
         results, run_ids = run_straggler_bench(
@@ -305,7 +277,7 @@ def straggler(
             )
         )
         err.print(f"runs {', '.join(run_ids)}", markup=False)
-    _write_plot("straggler", report, plot)
+    write_plot("straggler", report, plot)
     return 0
 
 
@@ -320,12 +292,12 @@ def logs(
     ),
     repeats: int = typer.Option(3, "--repeats", help="Loop runs per side (median counts)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
-    plot: Optional[Path] = _plot_option("loop seconds of every repeat, lines/s carried"),  # noqa: UP045
+    plot: Optional[Path] = plot_option("loop seconds of every repeat, lines/s carried"),  # noqa: UP045
 ) -> int:
     """Log lines/s carried to the run directory, and a printing loop's slowdown."""
     from dmlctl.bench.logs import render_logs_table, run_logs_bench
 
-    _check_plot(plot)
+    check_plot(plot)
     err = stderr_console()
     with err.status("running the log benchmark…"):
         report = run_logs_bench(
@@ -335,7 +307,7 @@ def logs(
         print(json.dumps(report, indent=2))
     else:
         stdout_console().print(render_logs_table(report))
-    _write_plot("logs", report, plot)
+    write_plot("logs", report, plot)
     return 0
 
 
@@ -354,12 +326,12 @@ def hangs(
     ),
     burn: bool = typer.Option(True, "--burn/--no-burn", help="Keep one core busy meanwhile."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
-    plot: Optional[Path] = _plot_option("verdicts per scenario, delays to the verdict"),  # noqa: UP045
+    plot: Optional[Path] = plot_option("verdicts per scenario, delays to the verdict"),  # noqa: UP045
 ) -> int:
     """False hang verdicts on healthy runs; delay and culprit of real hangs."""
     from dmlctl.bench.hangs import SCENARIOS, render_hang_table, run_hang_bench
 
-    _check_plot(plot)
+    check_plot(plot)
     chosen = SCENARIOS if scenarios == "all" else tuple(s.strip() for s in scenarios.split(","))
     err = stderr_console()
     with err.status("running the hang benchmark…"):
@@ -376,125 +348,8 @@ def hangs(
         print(json.dumps(report, indent=2))
     else:
         stdout_console().print(render_hang_table(report))
-    _write_plot("hangs", report, plot)
+    write_plot("hangs", report, plot)
     return 0
 
 
-@app.command()
-def advise(
-    job_file: Path = typer.Argument(..., help="Your job file (job.yaml)."),
-    target: str = typer.Option(
-        ..., "--target", help="When a candidate is done, e.g. 'test_acc>=0.97' or 'loss<=0.1'."
-    ),
-    cluster: Optional[Path] = typer.Option(  # noqa: UP045 - typer needs both
-        None, "--cluster", "-c", help="Cluster spec; default: this machine, one worker per core."
-    ),
-    strategies: Optional[str] = typer.Option(  # noqa: UP045
-        None,
-        "--strategies",
-        help="Comma-separated candidates, NAME or NAME:KEY=V;KEY=V with V1|V2 for a grid "
-        "(default: ssgd, ssgd powersgd, local-sgd, bmuf, dpsgd).",
-    ),
-    budget: str = typer.Option("10m", "--budget", help="Longest run per candidate (90s, 10m)."),
-    lab: Optional[list[str]] = typer.Option(  # noqa: UP045
-        None,
-        "--lab",
-        metavar="BANDWIDTH",
-        help="Also on a dmlctl lab network of this bandwidth, e.g. 100mbit (repeatable; root).",
-    ),
-    straggler: Optional[str] = typer.Option(  # noqa: UP045
-        None, "--straggler", help="Also with the last worker this many times slower, e.g. 3x."
-    ),
-    run_to_end: bool = typer.Option(
-        False, "--run-to-end", help="Keep each candidate running after it reached the target."
-    ),
-    save: Optional[Path] = typer.Option(  # noqa: UP045
-        None,
-        "--save",
-        metavar="FILE",
-        help="Write the recommendation for `strategy: {name: auto, advice: FILE}`.",
-    ),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
-    plot: Optional[Path] = _plot_option("the metric against time and bytes sent"),  # noqa: UP045
-) -> int:
-    """Run your job with each candidate strategy; rank them by time to your target."""
-    from dmlctl.bench.advise import run_advice
-
-    _check_plot(plot)
-    request = _advise_request(
-        job_file, target, cluster, strategies, budget, lab or [], straggler, run_to_end
-    )
-    err = stderr_console()
-    with err.status("advising…") as status:
-        report = run_advice(request, lambda what: status.update(f"running {what}…"))
-    if as_json:
-        print(json.dumps(report, indent=2))
-    else:
-        _print_advice(report)
-    _write_plot("advise", report, plot)
-    if save is not None:
-        from dmlctl.bench.advise import save_advice
-
-        saved = save_advice(report, save)
-        what = f"advice: {saved} in {save}" if saved else "no advice saved: no candidate reached"
-        err.print(what, markup=False)
-    return 0
-
-
-def _advise_request(
-    job_file: Path,
-    target: str,
-    cluster: Path | None,
-    strategies: str | None,
-    budget: str,
-    labs: list[str],
-    straggler: str | None,
-    run_to_end: bool,
-) -> AdviseRequest:
-    """The validated :class:`~dmlctl.bench.advise.AdviseRequest` of the options;
-    one-line errors (exit 2) before anything runs."""
-    from dmlctl.bench.advise import AdviseRequest
-    from dmlctl.bench.advise_spec import (
-        DEFAULT_CANDIDATES,
-        parse_budget,
-        parse_candidates,
-        parse_scenarios,
-        parse_target,
-    )
-    from dmlctl.spec import load_cluster_file
-    from dmlctl.spec.loader import load_job
-
-    job = load_job(job_file)
-    if cluster is not None:
-        load_cluster_file(cluster)
-    return AdviseRequest(
-        job_file=job_file.resolve(),
-        job=job,
-        candidates=parse_candidates(strategies or DEFAULT_CANDIDATES, job.parameter_servers),
-        target=parse_target(target),
-        budget_s=parse_budget(budget),
-        scenarios=parse_scenarios(None if cluster is None else cluster.resolve(), labs, straggler),
-        run_to_end=run_to_end,
-    )
-
-
-def _print_advice(report: dict[str, Any]) -> None:
-    """Per scenario: the ranked table, each row's run, the recommendation and the
-    job-file lines for it; with several scenarios, how the ranking moves."""
-    from dmlctl.bench.advise_report import advice_notes, moves_table, render_advice_table
-
-    out = stdout_console()
-    for scenario in report["scenarios"]:
-        out.print(render_advice_table(scenario))
-        for line in advice_notes(scenario):
-            out.print(line, markup=False)
-        best = scenario["recommendation"]
-        if best is None:
-            out.print(f"no candidate reached {report['target']} within the budget\n", markup=False)
-            continue
-        out.print(
-            f"recommendation: {best['label']}: {best['why']}. In your job file:", markup=False
-        )
-        out.print(best["snippet"] + "\n", markup=False)
-    if len(report["scenarios"]) > 1:
-        out.print(moves_table(report))
+bench_advise.register(app)
