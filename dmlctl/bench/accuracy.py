@@ -62,6 +62,8 @@ CANDIDATES: tuple[Candidate, ...] = (
     Candidate("ssp", "ssp", servers=1),
     Candidate("adadelay", "adadelay", servers=1),
     Candidate("easgd-async", "easgd-async", servers=1),
+    Candidate("sync-ps", "sync-ps", servers=1),
+    Candidate("aadmm", "aadmm", servers=1),
 )
 BASELINE = Candidate("single process", "none")
 

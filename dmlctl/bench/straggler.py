@@ -3,9 +3,10 @@
 For each scenario (:data:`SCENARIOS`) two ordinary dmlctl runs (run directory, logs,
 ``dmlctl status``) of ``straggler_job/train.py`` on this machine, restarts off: a
 baseline where every worker sleeps ``step_sleep`` per step, and one where the last
-worker sleeps :data:`FACTOR` times as long. The claim measured: under ``asgd``, and
-under ``ssp`` while the straggler stays within ``s`` steps, the fast workers keep
-≥ 0.8× of their baseline steps/s; under ``ssgd`` they drop to the straggler's pace.
+worker sleeps :data:`FACTOR` times as long. The claim measured: under ``asgd``, under
+``ssp`` while the straggler stays within ``s`` steps, and under ``sync-ps`` with one
+backup worker, the fast workers keep ≥ 0.8× of their baseline steps/s; under ``ssgd``
+they drop to the straggler's pace.
 Definitions are in :mod:`dmlctl.bench.straggler_report`. This module never imports
 torch.
 """
@@ -51,6 +52,8 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario(
             "ssp-s12-burst", "ssp", {"staleness": 12}, servers=1, burst=(10, 15), absorbs=True
         ),
+        # Synchronous SGD whose rounds close on K − 1 = 2 gradients: the late one drops.
+        Scenario("sync-ps-b1", "sync-ps", {"backup_workers": 1}, servers=1, absorbs=True),
     )
 }
 """The scenarios by name, in report order."""

@@ -23,7 +23,7 @@ app = typer.Typer(
     "all-reduce (ps), launcher overhead (launch), "
     "strategy overhead and traffic (strategies), test accuracy of every strategy on real "
     "data (accuracy), recovery after a killed worker (recovery), "
-    "throughput next to a slowed worker under ssgd/asgd/ssp (straggler), log lines carried "
+    "throughput next to a slowed worker under ssgd/asgd/ssp/sync-ps (straggler), log lines carried "
     "(logs), hang verdicts on healthy and hung runs (hangs), which strategy reaches your "
     "job's target soonest (advise).",
     no_args_is_help=True,
@@ -242,7 +242,9 @@ def straggler(
         1, "--repeats", help="Runs per side; each worker's median steps/s counts."
     ),
     scenarios: str = typer.Option(
-        "all", "--scenarios", help="Comma-separated: ssgd, asgd, ssp-s3, ssp-s12-burst, or all."
+        "all",
+        "--scenarios",
+        help="Comma-separated: ssgd, asgd, ssp-s3, ssp-s12-burst, sync-ps-b1, or all.",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     plot: Optional[Path] = plot_option("relative steps/s per scenario, the goal dashed"),  # noqa: UP045

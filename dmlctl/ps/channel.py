@@ -152,11 +152,16 @@ class WorkerChannel:
         return sorted(set(self.shard_servers))
 
     def push(
-        self, grads: Mapping[int, torch.Tensor], clock: int, *, pull: bool = False
+        self,
+        grads: Mapping[int, torch.Tensor],
+        clock: int | Mapping[int, int],
+        *,
+        pull: bool = False,
     ) -> dict[int, Pulled]:
         """Send the flat update ``grads[s]`` for each shard ``s`` to its server, all
         concurrently; returns once every send completed. Each update must have the
-        shard's ``numel`` elements (it is flattened and cast to ``dtype``).
+        shard's ``numel`` elements (it is flattened and cast to ``dtype``). Every
+        header carries ``clock`` (or ``clock[s]``, one per shard).
 
         With ``pull``, each PUSH also asks for the shard back (header ``extra = 1``):
         the server queues that read the moment it applies the update, exactly as a
@@ -172,7 +177,8 @@ class WorkerChannel:
                     f"expected {self.shard_numel[shard_id]}"
                 )
             dst = self.shard_servers[shard_id]
-            header = _header(Op.PUSH, self.rank, clock, shard_id, int(pull))
+            tick = clock if isinstance(clock, int) else clock[shard_id]
+            header = _header(Op.PUSH, self.rank, tick, shard_id, int(pull))
             keep += [header, flat]
             works.append(dist.isend(header, dst, tag=HEADER_TAG))
             if flat.numel():

@@ -95,6 +95,10 @@ class GradientPush(PSOptimizer):
     def divergence_advice(self) -> str:
         return self.advice if self.advice is not None else super().divergence_advice()
 
+    def tags(self) -> dict[int, int] | None:
+        """The clock each shard's push carries (None: the local steps taken)."""
+        return None
+
     def step(self, closure: Callable[[], float] | None = None) -> Any:
         """Push this step's gradients (the user's optimizer does not step) and pull
         the servers' parameters when due; returns the closure's loss, if any."""
@@ -102,10 +106,10 @@ class GradientPush(PSOptimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        grads = [_dense_grad(p) for p in self.params]
+        grads = [dense_grad(p) for p in self.params]
         self.local_steps += 1
         self.meter.step()
-        fresh = self._push(grads, pull=self.local_steps % self.n_fetch == 0)
+        fresh = self._push(grads, pull=self.local_steps % self.n_fetch == 0, clock=self.tags())
         if fresh is not None:
             self._adopt(fresh, keep_local=False)
         return loss
@@ -150,7 +154,7 @@ class ElasticExchange(PSOptimizer):
         self._push(diff)
 
 
-def _dense_grad(p: torch.nn.Parameter) -> torch.Tensor:
+def dense_grad(p: torch.nn.Parameter) -> torch.Tensor:
     """``p``'s gradient as a dense tensor (zeros without one); sparse ones refused."""
     if p.grad is None:
         return torch.zeros_like(p)

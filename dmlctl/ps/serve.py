@@ -13,7 +13,10 @@ rule, and handle messages until every worker closed. Every ``log_every_s`` secon
   ``max_lead`` (the largest ``clock − min_clock`` of any answered read so far: never
   above the bound ``s`` under ``ssp``);
 * ``version``: updates applied to the shard; for AdaDelay also ``step_size`` (the
-  mean α of the latest update).
+  mean α of the latest update);
+* for the servers that apply updates in rounds (:mod:`dmlctl.ps.rounds`): ``rounds``,
+  and ``dropped`` (late gradients, ``sync-ps``) or ``delay_max`` / ``delay_now``
+  (updates of z a worker missed, ``aadmm``).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from pydantic import BaseModel
 
 from dmlctl.ps.bootstrap import Layout, share_initial, share_layout
 from dmlctl.ps.channel import ServerChannel
+from dmlctl.ps.rounds import BackupRounds, ConsensusRounds, RoundRule, RoundServer
 from dmlctl.ps.rules import AdaDelay, ScaledAdd, UpdateRule
 from dmlctl.ps.server import ParameterServer
 
@@ -44,6 +48,24 @@ def make_rule(spec: Mapping[str, Any]) -> UpdateRule:
     raise ValueError(f"unknown server update rule {kind!r}")
 
 
+ROUND_RULES = ("backup", "consensus")
+"""Rule kinds a :class:`~dmlctl.ps.rounds.RoundServer` applies."""
+
+
+def make_round_rule(spec: Mapping[str, Any], workers: list[int]) -> RoundRule:
+    """The round rule ``spec`` names: ``{"kind": "backup", "backup": b, "optimizer":
+    name, "settings": {...}}`` or ``{"kind": "consensus", "min_workers": K₀,
+    "max_delay": τ}``, for the global ranks ``workers``; ValueError otherwise."""
+    kind = spec.get("kind")
+    if kind == "backup":
+        return BackupRounds(
+            len(workers), int(spec["backup"]), str(spec["optimizer"]), dict(spec["settings"])
+        )
+    if kind == "consensus":
+        return ConsensusRounds(workers, int(spec["min_workers"]), int(spec["max_delay"]))
+    raise ValueError(f"unknown server round rule {kind!r}")
+
+
 def server_metrics(server: ParameterServer) -> dict[str, float]:
     """The metrics of the module docstring for the window since the last call."""
     clocks = list(server.clocks.values())
@@ -57,6 +79,8 @@ def server_metrics(server: ParameterServer) -> dict[str, float]:
     )
     if isinstance(server.rule, AdaDelay) and server.rule.last_step:
         out["step_size"] = sum(server.rule.last_step.values()) / len(server.rule.last_step)
+    if isinstance(server, RoundServer):
+        out.update(server.rounds_rule.metrics())
     return out
 
 
@@ -77,13 +101,18 @@ def run_server(ctx: Context) -> ParameterServer:
     shards = share_initial(layout, src=members.workers[0])
     k = layout.servers.index(ctx.global_rank)
     channel = ServerChannel(ctx.global_rank, {k: shards[k].numel()}, layout.torch_dtype)
-    server = ParameterServer(
-        {k: shards[k]},
-        layout.workers,
-        channel,
-        rule=make_rule(layout.rule),
-        staleness_bound=layout.staleness_bound,
-    )
+    server: ParameterServer
+    if layout.rule.get("kind") in ROUND_RULES:
+        rule = make_round_rule(layout.rule, layout.workers)
+        server = RoundServer({k: shards[k]}, layout.workers, channel, rule=rule)
+    else:
+        server = ParameterServer(
+            {k: shards[k]},
+            layout.workers,
+            channel,
+            rule=make_rule(layout.rule),
+            staleness_bound=layout.staleness_bound,
+        )
     last = time.monotonic()
 
     def report() -> None:

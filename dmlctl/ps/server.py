@@ -161,12 +161,17 @@ class ParameterServer:
                 waiting.append(msg)
                 continue
             self.max_lead = max(self.max_lead, msg.clock - low)
-            version = self.versions[msg.shard_id]
-            self.pulled[(msg.worker, msg.shard_id)] = version
-            flat = self.params[msg.shard_id]
-            self.channel.reply(msg.worker, msg.shard_id, version, flat, low)
-            self.stats.pulled(flat.numel() * flat.element_size())
+            self._reply(msg, low)
         self.pending = waiting
+
+    def _reply(self, msg: Message, low: int) -> None:
+        """Send the shard ``msg`` reads at its current version (remembered as the
+        version that worker now has), with ``low`` as the reply's ``min_clock``."""
+        version = self.versions[msg.shard_id]
+        self.pulled[(msg.worker, msg.shard_id)] = version
+        flat = self.params[msg.shard_id]
+        self.channel.reply(msg.worker, msg.shard_id, version, flat, low)
+        self.stats.pulled(flat.numel() * flat.element_size())
 
     def apply(self, worker: int, shard_id: int, update: torch.Tensor) -> int:
         """Apply ``update`` to the shard with the rule; returns the measured staleness

@@ -73,6 +73,7 @@ class PSOptimizer(StrategyOptimizer):
         self.channel = channel
         self.reference = [p.detach().clone() for p in self.params]
         self.min_clock = 0
+        self.versions: dict[int, int] = dict.fromkeys(self.shard_ids, 0)  # latest read, per shard
         self.pushed_at = 0  # local step of the latest push
         self._bytes_seen = 0
         self._closed = False
@@ -89,12 +90,18 @@ class PSOptimizer(StrategyOptimizer):
         return result
 
     def _push(
-        self, tensors: Sequence[torch.Tensor], *, pull: bool = False
+        self,
+        tensors: Sequence[torch.Tensor],
+        *,
+        pull: bool = False,
+        clock: Mapping[int, int] | None = None,
     ) -> list[torch.Tensor] | None:
         """Push ``tensors``; with ``pull`` read the parameters back in the same
-        messages (the read follows this very update: see ``WorkerChannel.push``)."""
+        messages (the read follows this very update: see ``WorkerChannel.push``).
+        Each push carries ``clock[shard]`` (default: the local steps taken)."""
         grads = {s: pack(tensors, self.layout.plan[s]) for s in self.shard_ids}
-        pulled = self._timed(lambda: self.channel.push(grads, self.local_steps, pull=pull))
+        clocks = clock if clock is not None else self.local_steps
+        pulled = self._timed(lambda: self.channel.push(grads, clocks, pull=pull))
         self.pushed_at = self.local_steps
         return self._unpacked(pulled) if pull else None
 
@@ -104,6 +111,7 @@ class PSOptimizer(StrategyOptimizer):
 
     def _unpacked(self, pulled: Mapping[int, Pulled]) -> list[torch.Tensor]:
         self.min_clock = min(p.min_clock for p in pulled.values())
+        self.versions.update({s: p.version for s, p in pulled.items()})
         return unpack([pulled[s].flat for s in self.shard_ids], self.layout.plan, self.shapes)
 
     def _adopt(self, pulled: Sequence[torch.Tensor], keep_local: bool) -> None:

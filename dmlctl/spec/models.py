@@ -176,8 +176,8 @@ class JobSpec(BaseModel):
         le=MAX_WORKERS,
         validate_default=True,
         description="Parameter-server processes, for the strategies that use them (asgd, "
-        "ssp, adadelay, easgd-async; required there, refused elsewhere). They do not take "
-        "worker slots. Default: 0.",
+        "ssp, adadelay, easgd-async, sync-ps, aadmm; required there, refused elsewhere). "
+        "They do not take worker slots. Default: 0.",
     )
     server_hosts: list[HostName] | None = Field(
         default=None,

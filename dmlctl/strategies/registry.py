@@ -132,6 +132,17 @@ _REGISTRY: dict[str, StrategyEntry] = {
             "asynchronous elastic averaging: workers exchange with a center on the servers",
         ),
         StrategyEntry(
+            "sync-ps",
+            "dmlctl.strategies.sync_ps",
+            "synchronous SGD on parameter servers; backup workers: a step needs K − b "
+            "gradients, late ones are dropped",
+        ),
+        StrategyEntry(
+            "aadmm",
+            "dmlctl.strategies.aadmm",
+            "asynchronous consensus ADMM: z on the servers, partial barrier K₀, bounded delay τ",
+        ),
+        StrategyEntry(
             "hogwild",
             "dmlctl.strategies.hogwild",
             "lock-free updates of parameters in shared memory by the workers of one host",

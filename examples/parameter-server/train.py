@@ -1,6 +1,6 @@
 """The quickstart's problem (an MLP on overlapping Gaussian blobs) for the
-parameter-server strategies: the same script runs under ssgd, asgd, ssp, adadelay and
-easgd-async — only the job file differs.
+parameter-server strategies: the same script runs under ssgd, asgd, ssp, adadelay,
+easgd-async, sync-ps and aadmm — only the job file differs.
 
     python train.py                               # one process: the baseline
     dmlctl launch asgd.yaml                       # 2 workers + 1 parameter server

@@ -83,6 +83,8 @@ CASES = {
     "ssp-2w-1s": ("ssp.yaml", None),
     "adadelay-2w-1s": ("adadelay.yaml", None),
     "easgd-async-2w-2s": ("easgd-async.yaml", None),
+    "sync-ps-3w-1s": ("sync-ps.yaml", None),
+    "aadmm-2w-1s": ("aadmm.yaml", None),
     "asgd-3w-2s": (
         None,
         "workers: 3\nparameter_servers: 2\nstrategy:\n  name: asgd\n  params: {n_fetch: 2}\n",

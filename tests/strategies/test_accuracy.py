@@ -40,7 +40,7 @@ COLLECTIVE: list[tuple[str, str, dict[str, Any]]] = [
     ("dpsgd", "dpsgd", {}),
     ("hogwild", "hogwild", {}),
 ]
-SERVERS = ["asgd", "ssp", "adadelay", "easgd-async"]
+SERVERS = ["asgd", "ssp", "adadelay", "easgd-async", "sync-ps", "aadmm"]
 
 
 def _digits() -> ModuleType:

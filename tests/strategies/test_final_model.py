@@ -42,8 +42,15 @@ def _train(ctx: Any) -> dict[str, Any]:
     ctx.finish()
     ctx.finish()
     after = torch.cat([p.detach().reshape(-1) for p in net.parameters()])
-    held = {k: getattr(opt, k).clone() for k in ("center", "z", "global_params") if hasattr(opt, k)}
+    held = {k: _flat(getattr(opt, k)) for k in ("center", "z", "global_params") if hasattr(opt, k)}
     return {"before": before, "after": after, "held": held}
+
+
+def _flat(value: Any) -> Any:
+    """A strategy's variable as one flat tensor (aadmm keeps z as a list)."""
+    if isinstance(value, list):
+        return torch.cat([t.reshape(-1) for t in value])
+    return value.clone()
 
 
 CASES = [
@@ -58,6 +65,8 @@ CASES = [
     ("ssp", {}, W2S1),
     ("adadelay", {}, W2S1),
     ("easgd-async", {"period": 4}, W2S1),
+    ("sync-ps", {"backup_workers": 1}, W2S1),
+    ("aadmm", {"local_steps": 4, "min_workers": 1}, W2S1),
 ]
 
 
@@ -77,10 +86,10 @@ def test_every_worker_ends_with_the_same_model(
             torch.testing.assert_close(workers[0]["after"], workers[0]["held"][key].float())
 
 
-@pytest.mark.parametrize("strategy", ["local-sgd", "easgd", "admm", "easgd-async"])
+@pytest.mark.parametrize("strategy", ["local-sgd", "easgd", "admm", "easgd-async", "aadmm"])
 def test_final_local_keeps_each_replica(strategy: str) -> None:
-    roles = W2S1 if strategy == "easgd-async" else []
-    params = {"final": "local", **({"local_steps": 4} if strategy == "admm" else {})}
+    roles = W2S1 if strategy in ("easgd-async", "aadmm") else []
+    params = {"final": "local", **({"local_steps": 4} if "admm" in strategy else {})}
     ranks = run_ranks(_train, len(roles) or 2, strategy=strategy, params=params, roles=roles)
     workers = [r for r in ranks if r is not None]
     for w in workers:

@@ -143,6 +143,7 @@ def test_charts_read_the_json_reports(tmp_path: Path) -> None:
         "asgd",
         "ssp-s3",
         "ssp-s12-burst",
+        "sync-ps-b1",
     ]
     assert bars.refs["no straggler"] == 1.0
     _, (runs, stages) = charts.CHARTS["recovery"](reports["recovery"])

@@ -79,19 +79,21 @@ def result(scenario: Scenario, base: list[float], slow: list[float]) -> Scenario
 # --- scenarios and options -------------------------------------------------------------
 
 
-def test_default_scenarios_are_the_issues_four_settings() -> None:
-    assert list(SCENARIOS) == ["ssgd", "asgd", "ssp-s3", "ssp-s12-burst"]
+def test_default_scenarios_are_the_issues_settings() -> None:
+    assert list(SCENARIOS) == ["ssgd", "asgd", "ssp-s3", "ssp-s12-burst", "sync-ps-b1"]
     assert [(s.strategy, s.workers, s.servers) for s in SCENARIOS.values()] == [
         ("ssgd", 3, 0),
         ("asgd", 3, 1),
         ("ssp", 3, 1),
         ("ssp", 3, 1),
+        ("sync-ps", 3, 1),
     ]
     burst = SCENARIOS["ssp-s12-burst"]
     assert burst.params == {"staleness": 12} and burst.burst == (10, 15)
     slow_steps = burst.burst[1] - burst.burst[0]
     assert slow_steps * (FACTOR - 1) <= 12  # the burst stays within s
-    assert [s.absorbs for s in SCENARIOS.values()] == [False, True, False, True]
+    assert [s.absorbs for s in SCENARIOS.values()] == [False, True, False, True, True]
+    assert SCENARIOS["sync-ps-b1"].params == {"backup_workers": 1}
 
 
 def test_parse_scenarios_keeps_order_drops_duplicates_and_names_the_valid_ones() -> None:
@@ -216,6 +218,7 @@ def sample_results() -> list[ScenarioResult]:
         result(ASGD, base=[31.0, 31.0, 31.0], slow=[30.5, 30.0, 10.4]),
         result(SCENARIOS["ssp-s3"], base=[31.0, 31.0, 31.0], slow=[11.0, 11.0, 10.4]),
         result(SCENARIOS["ssp-s12-burst"], base=[31.0, 31.0, 31.0], slow=[20.0, 31.0, 27.0]),
+        result(SCENARIOS["sync-ps-b1"], base=[31.0, 31.0, 31.0], slow=[30.0, 30.5, 10.4]),
     ]
 
 
@@ -237,6 +240,7 @@ def test_table_has_one_row_per_scenario_with_goals_and_marks_only_where_a_goal_a
     assert "staleness=3" in rows["ssp-s3"]
     assert "pass" not in rows["ssp-s3"] and "FAIL" not in rows["ssp-s3"]
     assert "burst 10:15" in rows["ssp-s12-burst"] and "FAIL" in rows["ssp-s12-burst"]
+    assert "backup_workers=1" in rows["sync-ps-b1"] and "pass" in rows["sync-ps-b1"]
 
 
 def test_json_carries_per_worker_rates_ratios_and_goals() -> None:

@@ -73,5 +73,5 @@ def test_every_strategy_has_a_runtime_module_with_prepare_and_servers_serve() ->
 
 def test_unknown_names_are_answered_with_the_valid_list() -> None:
     for lookup in (registry.load, registry.load_runtime, registry.entry):
-        with pytest.raises(registry.UnknownStrategy, match="valid: adadelay, admm"):
+        with pytest.raises(registry.UnknownStrategy, match="valid: aadmm, adadelay, admm"):
             lookup("nope")

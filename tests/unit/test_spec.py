@@ -201,8 +201,8 @@ JOB_CASES = [
         "script: train.py\nstrategy: nope\n",
         2,
         "strategy.name",
-        "unknown strategy 'nope' (did you mean 'none'?); valid: adadelay, admm, asgd, bmuf, "
-        "dpsgd, easgd, easgd-async, hogwild, local-sgd, none, ssgd, ssp",
+        "unknown strategy 'nope' (did you mean 'none'?); valid: aadmm, adadelay, admm, asgd, "
+        "bmuf, dpsgd, easgd, easgd-async, hogwild, local-sgd, none, ssgd, ssp, sync-ps",
     ),
     (
         "script: train.py\nstrategy: asgd\n",
@@ -215,7 +215,7 @@ JOB_CASES = [
         2,
         "parameter_servers",
         "strategy 'ssgd' has no parameter servers; remove parameter_servers or use one of: "
-        "adadelay, asgd, easgd-async, ssp",
+        "aadmm, adadelay, asgd, easgd-async, ssp, sync-ps",
     ),
     (
         "script: train.py\nstrategy: ssp\nparameter_servers: -1\n",

@@ -62,18 +62,28 @@ MAX_PULL = 0.5
 one step removes, η the steady-state step) at most this."""
 
 
-def resolve_rho(params: Params, family: str | None, effective: float | None) -> float:
+def resolve_rho(
+    params: Params, family: str | None, effective: float | None, strategy: str = "admm"
+) -> float:
     """ρ in use: ``params.rho``, else derived from the optimizer (``family`` and its
     ``effective`` step, see :mod:`dmlctl.strategies.optimizers`): ``0.1`` for the
     adaptive family, ``min(1, 0.5/η)`` for SGD with or without momentum. Raises
-    ValueError naming ``rho`` for an optimizer it cannot derive it from."""
-    if params.rho is not None:
-        return params.rho
+    ValueError naming ``strategy`` and ``rho`` for an optimizer it cannot derive it
+    from. (``aadmm`` derives its ρ the same way.)"""
+    return derive_rho(params.rho, family, effective, strategy)
+
+
+def derive_rho(
+    rho: float | None, family: str | None, effective: float | None, strategy: str
+) -> float:
+    """:func:`resolve_rho` for a ρ given as a number (None: derive it)."""
+    if rho is not None:
+        return rho
     if family == "adaptive":
         return ADAPTIVE_RHO
     if family in ("sgd", "momentum") and effective is not None and effective > 0:
         return min(SGD_RHO, MAX_PULL / effective)
     raise ValueError(
-        f"admm: rho defaults from the optimizer, which is of an unknown kind "
+        f"{strategy}: rho defaults from the optimizer, which is of an unknown kind "
         f"(step {effective}); set strategy.params.rho"
     )

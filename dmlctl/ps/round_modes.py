@@ -1,0 +1,135 @@
+"""What a worker sends to servers that apply updates in rounds (runtime side, torch;
+the servers are :mod:`dmlctl.ps.rounds`'s).
+
+* :class:`SyncGradientPush` (``sync-ps``): the user's optimizer does not step here
+  (the servers run it); every step the worker pushes its gradients tagged with the
+  version of the parameters it computed them on, waits until that round is over, and
+  continues from the servers' parameters. ``missed`` counts the rounds that closed
+  without this worker's gradient (it arrived late and was dropped).
+* :class:`ConsensusExchange` (``aadmm``): ``local_steps`` steps of the user's
+  optimizer on ``fₖ(w) + λₖᵀ(w − z) + ρ/2‖w − z‖²`` (the penalty's gradient
+  ``ρ(w − z + u)``, ``u = λ/ρ``, is added to the gradients before each step), then a
+  push of ``v = w + u``, a wait for the z-update that includes it, and the dual
+  update ``u ← u + w − z`` (``λ ← λ + ρ(w − z)``). Reported: ``primal_res``, this
+  worker's ``‖w − z‖`` at its latest round.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+
+from dmlctl.ps.bootstrap import Layout
+from dmlctl.ps.channel import WorkerChannel
+from dmlctl.ps.modes import GradientPush
+from dmlctl.ps.worker import PSOptimizer
+
+if TYPE_CHECKING:
+    from dmlctl.runtime.context import Context
+
+
+class SyncGradientPush(GradientPush):
+    """:class:`~dmlctl.ps.modes.GradientPush` with a pull every step and each push
+    tagged with the version its gradients were computed on (module docstring)."""
+
+    def __init__(
+        self,
+        inner: torch.optim.Optimizer,
+        params: Sequence[torch.nn.Parameter],
+        *,
+        ctx: Context,
+        layout: Layout,
+        advice: str | None = None,
+    ) -> None:
+        super().__init__(inner, params, ctx=ctx, layout=layout, n_fetch=1, advice=advice)
+        self.missed = 0
+
+    def tags(self) -> dict[int, int]:
+        return dict(self.versions)
+
+    def step(self, closure: Callable[[], float] | None = None) -> Any:
+        """Push the gradients (the servers step) and take the round's parameters,
+        counting the rounds that closed without them; returns the closure's loss."""
+        tags = self.tags()
+        loss = super().step(closure)
+        self.missed += max(self.versions[s] - tags[s] - 1 for s in self.shard_ids)
+        return loss
+
+    def metrics(self) -> dict[str, float]:
+        out = super().metrics()
+        out["missed"] = float(self.missed)
+        return out
+
+
+class ConsensusExchange(PSOptimizer):
+    """Asynchronous consensus ADMM's worker (module docstring)."""
+
+    coupling: ClassVar[dict[str, str]] = {"rho": "rho"}
+
+    def __init__(
+        self,
+        inner: torch.optim.Optimizer,
+        params: Sequence[torch.nn.Parameter],
+        *,
+        ctx: Context,
+        layout: Layout,
+        channel: WorkerChannel | None = None,
+        rho: float,
+        local_steps: int,
+    ) -> None:
+        super().__init__(inner, params, ctx=ctx, layout=layout, channel=channel)
+        self.rho, self.round_steps = rho, local_steps
+        self.z = [p.detach().clone() for p in self.params]
+        self.u = [torch.zeros_like(p) for p in self.params]
+
+    def step(self, closure: Callable[[], float] | None = None) -> Any:
+        """A proximal step of the user's optimizer; a round every ``local_steps``."""
+        with torch.no_grad():
+            for p, z, u in zip(self.params, self.z, self.u, strict=True):
+                if p.grad is not None:
+                    p.grad.add_(p.detach() - z + u, alpha=self.rho)
+        loss = self._local_step(closure)
+        if self.local_steps % self.round_steps == 0:
+            self._round()
+        return loss
+
+    def _round(self) -> None:
+        """Push ``w + u``, take the new z, update the dual."""
+        with torch.no_grad():
+            v = [p.detach() + u for p, u in zip(self.params, self.u, strict=True)]
+        z = self._push(v, pull=True, clock=dict(self.versions))
+        assert z is not None
+        self.check_finite(z, where="in z after the consensus round")
+        gap = 0.0
+        with torch.no_grad():
+            for p, u, fresh in zip(self.params, self.u, z, strict=True):
+                r = p.detach() - fresh
+                u.add_(r)
+                gap += float(r.double().square().sum())
+        self.z = z
+        self.meter.extra["primal_res"] = math.sqrt(gap)
+
+    def flush(self) -> None:
+        """A last round when steps were taken since the previous one."""
+        if self.pushed_at < self.local_steps:
+            self._round()
+
+    def strategy_state(self) -> dict[str, Any]:
+        state = super().strategy_state()
+        state.update(z=[t.clone() for t in self.z], u=[t.clone() for t in self.u])
+        return state
+
+    def load_strategy_state(self, state: dict[str, Any]) -> None:
+        for name in ("z", "u"):
+            saved = state.get(name)
+            if saved is not None:
+                setattr(self, name, [t.clone() for t in saved])
+        super().load_strategy_state(state)
+
+    def __repr__(self) -> str:
+        return (
+            f"ConsensusExchange({self.inner!r}, rho={self.rho:g}, local_steps={self.round_steps})"
+        )

@@ -1,0 +1,1 @@
+"""``aadmm``: asynchronous consensus ADMM on parameter servers."""

@@ -1,0 +1,1 @@
+"""``sync-ps``: synchronous SGD on parameter servers with backup workers."""

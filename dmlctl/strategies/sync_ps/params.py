@@ -1,0 +1,37 @@
+"""The parameters of a ``sync-ps`` job and its world check (torch-free: the control
+plane validates job files with it). The strategy is
+:mod:`dmlctl.strategies.sync_ps.strategy`."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from dmlctl.strategies.params import MAX_PERIOD, PARAMS_CONFIG, WITH_SERVERS
+
+ROLES: tuple[str, ...] = WITH_SERVERS
+
+
+class Params(BaseModel):
+    """``strategy.params`` of a ``sync-ps`` job (all optional; unknown keys are errors)."""
+
+    model_config = PARAMS_CONFIG
+
+    backup_workers: int = Field(
+        default=0,
+        ge=0,
+        le=MAX_PERIOD,
+        description="b: the servers step once K − b of the K workers' gradients for "
+        "a step are in and drop the late ones (0: wait for every worker, which is "
+        "synchronous SGD). Fewer than the workers.",
+    )
+
+
+def check_world(params: BaseModel, world_size: int) -> str | None:
+    """Why the job cannot run on ``world_size`` workers (every worker a backup), or None."""
+    b = Params.model_validate(params.model_dump()).backup_workers
+    if b >= world_size:
+        return (
+            f"backup_workers is {b}, but there are {world_size} workers: at least one "
+            f"gradient must count (set backup_workers below {world_size})"
+        )
+    return None
