@@ -11,7 +11,7 @@ the server or the worker-side strategy:
 This module's implementation is ``torch.distributed`` point-to-point (gloo; no RPC).
 Wire protocol (all messages of one (sender, receiver) pair arrive in order per tag):
 
-* **Header**: int64 tensor ``[op, worker_rank, clock, shard_id, extra]``, tag
+* **Header**: int64 tensor ``[op, worker_rank, clock, shard_id, extra, lr]``, tag
   :data:`HEADER_TAG`, worker → server. The server receives headers with
   ``dist.recv(header, tag=HEADER_TAG)`` and no ``src``: gloo receives from any
   source and returns the sender's rank (checked against gloo in torch 2.13).
@@ -43,6 +43,7 @@ is posted with ``isend``/``irecv`` first, then all are waited on.
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -51,7 +52,9 @@ import torch
 import torch.distributed as dist
 
 HEADER_TAG = 0
-HEADER_LEN = 5
+HEADER_LEN = 6
+NO_LR = float("nan")
+"""The ``lr`` slot of a header that carries none."""
 BLOB_HEADER_TAG = 1_000_001
 BLOB_TAG = 1_000_002
 
@@ -93,8 +96,18 @@ def _wait_all(works: Sequence[dist.Work | None]) -> None:
         work.wait()
 
 
-def _header(op: Op, rank: int, clock: int, shard_id: int, extra: int = 0) -> torch.Tensor:
-    return torch.tensor([int(op), rank, clock, shard_id, extra], dtype=torch.int64)
+def _header(
+    op: Op, rank: int, clock: int, shard_id: int, extra: int = 0, lr: float = NO_LR
+) -> torch.Tensor:
+    """A header; ``lr`` travels as the bits of a float64 in the last slot."""
+    bits = int(torch.tensor([lr], dtype=torch.float64).view(torch.int64).item())
+    return torch.tensor([int(op), rank, clock, shard_id, extra, bits], dtype=torch.int64)
+
+
+def _header_lr(header: torch.Tensor) -> float | None:
+    """The learning rate a header carries (None: none)."""
+    lr = float(header[-1:].view(torch.float64).item())
+    return None if math.isnan(lr) else lr
 
 
 @dataclass(frozen=True)
@@ -109,6 +122,7 @@ class Message:
     shard_id: int
     payload: torch.Tensor | None = None
     then_pull: bool = False  # a PUSH that asks for the shard back once applied
+    lr: float | None = None  # the pushing worker's learning rate, when it sends one
 
 
 @dataclass(frozen=True)
@@ -157,11 +171,13 @@ class WorkerChannel:
         clock: int | Mapping[int, int],
         *,
         pull: bool = False,
+        lr: float | None = None,
     ) -> dict[int, Pulled]:
         """Send the flat update ``grads[s]`` for each shard ``s`` to its server, all
         concurrently; returns once every send completed. Each update must have the
         shard's ``numel`` elements (it is flattened and cast to ``dtype``). Every
-        header carries ``clock`` (or ``clock[s]``, one per shard).
+        header carries ``clock`` (or ``clock[s]``, one per shard) and ``lr`` when given
+        (servers that run the worker's optimizer follow its schedule).
 
         With ``pull``, each PUSH also asks for the shard back (header ``extra = 1``):
         the server queues that read the moment it applies the update, exactly as a
@@ -178,7 +194,9 @@ class WorkerChannel:
                 )
             dst = self.shard_servers[shard_id]
             tick = clock if isinstance(clock, int) else clock[shard_id]
-            header = _header(Op.PUSH, self.rank, tick, shard_id, int(pull))
+            header = _header(
+                Op.PUSH, self.rank, tick, shard_id, int(pull), NO_LR if lr is None else lr
+            )
             keep += [header, flat]
             works.append(dist.isend(header, dst, tag=HEADER_TAG))
             if flat.numel():
@@ -219,7 +237,7 @@ class WorkerChannel:
     ) -> dict[int, Pulled]:
         out: dict[int, Pulled] = {}
         for shard_id, (header, flat) in replies.items():
-            op, _, version, got, min_clock = (int(v) for v in header.tolist())
+            op, _, version, got, min_clock, _ = (int(v) for v in header.tolist())
             if op != Op.PULL_REPLY or got != shard_id:
                 raise RuntimeError(f"bad pull reply {header.tolist()} for shard {shard_id}")
             out[shard_id] = Pulled(version, flat, min_clock)
@@ -308,7 +326,7 @@ class ServerChannel:
         shard this server does not hold."""
         header = torch.empty(HEADER_LEN, dtype=torch.int64)
         sender = dist.recv(header, tag=HEADER_TAG)
-        raw_op, worker, clock, shard_id, extra = (int(v) for v in header.tolist())
+        raw_op, worker, clock, shard_id, extra, _ = (int(v) for v in header.tolist())
         try:
             op = Op(raw_op)
         except ValueError:
@@ -331,7 +349,8 @@ class ServerChannel:
         payload = torch.empty(self.shard_numel[shard_id], dtype=self.dtype)
         if payload.numel():
             dist.recv(payload, sender, tag=push_tag(shard_id))
-        return Message(op, worker, clock, shard_id, payload, then_pull=extra == 1)
+        lr = _header_lr(header)
+        return Message(op, worker, clock, shard_id, payload, then_pull=extra == 1, lr=lr)
 
     def reply(
         self, worker: int, shard_id: int, version: int, flat: torch.Tensor, min_clock: int = 0

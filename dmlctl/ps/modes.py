@@ -99,6 +99,10 @@ class GradientPush(PSOptimizer):
         """The clock each shard's push carries (None: the local steps taken)."""
         return None
 
+    def push_lr(self) -> float | None:
+        """The learning rate each push carries (None: none)."""
+        return None
+
     def step(self, closure: Callable[[], float] | None = None) -> Any:
         """Push this step's gradients (the user's optimizer does not step) and pull
         the servers' parameters when due; returns the closure's loss, if any."""
@@ -109,7 +113,8 @@ class GradientPush(PSOptimizer):
         grads = [dense_grad(p) for p in self.params]
         self.local_steps += 1
         self.meter.step()
-        fresh = self._push(grads, pull=self.local_steps % self.n_fetch == 0, clock=self.tags())
+        pull = self.local_steps % self.n_fetch == 0
+        fresh = self._push(grads, pull=pull, clock=self.tags(), lr=self.push_lr())
         if fresh is not None:
             self._adopt(fresh, keep_local=False)
         return loss

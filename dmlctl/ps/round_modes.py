@@ -3,9 +3,11 @@ the servers are :mod:`dmlctl.ps.rounds`'s).
 
 * :class:`SyncGradientPush` (``sync-ps``): the user's optimizer does not step here
   (the servers run it); every step the worker pushes its gradients tagged with the
-  version of the parameters it computed them on, waits until that round is over, and
-  continues from the servers' parameters. ``missed`` counts the rounds that closed
-  without this worker's gradient (it arrived late and was dropped).
+  version of the parameters it computed them on, and its optimizer's current ``lr``
+  (so a learning-rate scheduler on the workers drives the servers' steps), waits
+  until that round is over, and continues from the servers' parameters. ``missed``
+  counts the rounds that closed without this worker's gradient (it arrived late and
+  was dropped).
 * :class:`ConsensusExchange` (``aadmm``): ``local_steps`` steps of the user's
   optimizer on ``fₖ(w) + λₖᵀ(w − z) + ρ/2‖w − z‖²`` (the penalty's gradient
   ``ρ(w − z + u)``, ``u = λ/ρ``, is added to the gradients before each step), then a
@@ -49,6 +51,11 @@ class SyncGradientPush(GradientPush):
 
     def tags(self) -> dict[int, int]:
         return dict(self.versions)
+
+    def push_lr(self) -> float:
+        """The user's optimizer's current ``lr`` (a scheduler may have changed it):
+        the servers step with it."""
+        return float(self.param_groups[0]["lr"])
 
     def step(self, closure: Callable[[], float] | None = None) -> Any:
         """Push the gradients (the servers step) and take the round's parameters,

@@ -8,7 +8,8 @@ once a condition on who has reported holds:
   synchronous SGD"): workers push the gradient of the parameters at version ``t``
   tagged ``t``. The server keeps the gradients tagged with its current version and,
   as soon as ``K − b`` of them are in (``b`` backup workers; fewer when fewer workers
-  are still training), steps the user's optimizer once on their mean: version
+  are still training), steps the user's optimizer once on their mean, with the
+  learning rate the latest accepted push carried (the workers' schedule): version
   ``t + 1``. A gradient that arrives tagged with an older version is dropped and
   counted. With ``b = 0`` this is synchronous SGD with averaged gradients.
 * :class:`ConsensusRounds` (``aadmm``, Zhang & Kwok 2014, "Asynchronous distributed
@@ -40,10 +41,16 @@ class RoundRule(Protocol):
     """What a :class:`RoundServer` asks of its rule (per shard)."""
 
     def offer(
-        self, shard_id: int, worker: int, tag: int, version: int, update: torch.Tensor
+        self,
+        shard_id: int,
+        worker: int,
+        tag: int,
+        version: int,
+        update: torch.Tensor,
+        lr: float | None = None,
     ) -> bool:
-        """Take ``worker``'s push tagged ``tag`` while the shard is at ``version``;
-        False when it is dropped."""
+        """Take ``worker``'s push tagged ``tag`` (and its ``lr``, when it sent one)
+        while the shard is at ``version``; False when it is dropped."""
         ...
 
     def waiting(self, shard_id: int, worker: int, tag: int, version: int) -> bool:
@@ -112,16 +119,25 @@ class BackupRounds(_RoundsOnly):
         self.dropped = 0
         self.dropped_by: dict[int, int] = {}
         self.rounds = 0
+        self.lr: float | None = None  # the latest accepted push's lr (the workers' schedule)
         self._pending_state: dict[int, Any] = {}
 
     def offer(
-        self, shard_id: int, worker: int, tag: int, version: int, update: torch.Tensor
+        self,
+        shard_id: int,
+        worker: int,
+        tag: int,
+        version: int,
+        update: torch.Tensor,
+        lr: float | None = None,
     ) -> bool:
         if tag != version:
             self.dropped += 1
             self.dropped_by[worker] = self.dropped_by.get(worker, 0) + 1
             return False
         self.grads.setdefault(shard_id, {})[worker] = update.detach().reshape(-1).clone()
+        if lr is not None:
+            self.lr = lr
         return True
 
     def waiting(self, shard_id: int, worker: int, tag: int, version: int) -> bool:
@@ -137,6 +153,8 @@ class BackupRounds(_RoundsOnly):
         got = self.grads.pop(shard_id)
         mean = torch.stack([got[w] for w in sorted(got)]).sum(dim=0) / len(got)
         opt = self._optimizer(shard_id, flat)
+        if self.lr is not None:
+            opt.param_groups[0]["lr"] = self.lr
         param = opt.param_groups[0]["params"][0]
         param.grad = mean.to(param.dtype)
         opt.step()
@@ -200,9 +218,15 @@ class ConsensusRounds(_RoundsOnly):
         self.rounds = 0
 
     def offer(
-        self, shard_id: int, worker: int, tag: int, version: int, update: torch.Tensor
+        self,
+        shard_id: int,
+        worker: int,
+        tag: int,
+        version: int,
+        update: torch.Tensor,
+        lr: float | None = None,
     ) -> bool:
-        del tag, version
+        del tag, version, lr
         self.latest.setdefault(shard_id, {})[worker] = update.detach().reshape(-1).clone()
         self.reported.setdefault(shard_id, set()).add(worker)
         return True
@@ -305,7 +329,7 @@ class RoundServer(ParameterServer):
         self.clocks[msg.worker] = max(self.clocks[msg.worker], msg.clock)
         self.finished.discard(msg.worker)
         version = self.versions[msg.shard_id]
-        self.rounds_rule.offer(msg.shard_id, msg.worker, msg.clock, version, msg.payload)
+        self.rounds_rule.offer(msg.shard_id, msg.worker, msg.clock, version, msg.payload, msg.lr)
         lag = max(version - msg.clock, 0)
         self.staleness_histogram[lag] = self.staleness_histogram.get(lag, 0) + 1
         self.stats.pushed(msg.payload.numel() * msg.payload.element_size(), lag)

@@ -95,13 +95,15 @@ class PSOptimizer(StrategyOptimizer):
         *,
         pull: bool = False,
         clock: Mapping[int, int] | None = None,
+        lr: float | None = None,
     ) -> list[torch.Tensor] | None:
         """Push ``tensors``; with ``pull`` read the parameters back in the same
         messages (the read follows this very update: see ``WorkerChannel.push``).
-        Each push carries ``clock[shard]`` (default: the local steps taken)."""
+        Each push carries ``clock[shard]`` (default: the local steps taken) and
+        ``lr`` when given."""
         grads = {s: pack(tensors, self.layout.plan[s]) for s in self.shard_ids}
         clocks = clock if clock is not None else self.local_steps
-        pulled = self._timed(lambda: self.channel.push(grads, clocks, pull=pull))
+        pulled = self._timed(lambda: self.channel.push(grads, clocks, pull=pull, lr=lr))
         self.pushed_at = self.local_steps
         return self._unpacked(pulled) if pull else None
 

@@ -44,6 +44,35 @@ def test_sync_ps_without_backup_workers_matches_ssgd() -> None:
         assert torch.equal(a, b)
 
 
+def _scheduled(ctx: Any) -> list[Any]:
+    """SGD + momentum with the learning rate halved every 4 steps (a scheduler on
+    the worker's optimizer); the final parameters."""
+    import torch
+
+    from tests.strategies.test_ps_strategies import _data
+
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9)
+    model, opt = ctx.prepare(model, opt)
+    schedule = torch.optim.lr_scheduler.StepLR(opt, step_size=4, gamma=0.5)
+    for x, y in ctx.shard(_data(), batch_size=8, shuffle=False):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        schedule.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def test_sync_ps_servers_follow_the_workers_lr_schedule() -> None:
+    import torch
+
+    sync = run_ranks(_scheduled, 2, strategy="ssgd")
+    ps = run_ranks(_scheduled, 3, strategy="sync-ps", roles=W2S1)
+    for a, b in zip(sync[0], ps[0], strict=True):
+        assert torch.allclose(a, b, atol=1e-5), (a - b).abs().max()
+
+
 def _paced_sync(ctx: Any, steps: int, slow: float) -> dict[str, Any]:
     """``steps`` steps; the last worker sleeps ``slow`` s per step, the others 0.01.
     Returns the rounds this worker missed, its steps/s and (first worker) the

@@ -150,19 +150,25 @@ def _checkpoint_round_trip(ctx: Any, directory: str) -> dict[str, Any]:
     return {"saved": saved, "resumed": [p.detach().clone() for p in model.parameters()]}
 
 
-def test_server_state_travels_in_checkpoints(tmp_path: Any) -> None:
+@pytest.mark.parametrize(
+    ("strategy", "params"), [("ssp", {"staleness": 0}), ("sync-ps", {"backup_workers": 0})]
+)
+def test_server_state_travels_in_checkpoints(
+    tmp_path: Any, strategy: str, params: dict[str, Any]
+) -> None:
     import torch
 
     out = run_ranks(
         _checkpoint_round_trip,
         3,
-        strategy="ssp",
-        params={"staleness": 0},
+        strategy=strategy,
+        params=params,
         roles=W2S1,
         args=(str(tmp_path),),
     )
-    # s = 0 and a pull every step: at step 5 both workers held the servers' parameters,
-    # which the first worker's checkpoint captured and the restore put back.
+    # ssp s = 0 or sync-ps: a pull every step, so at step 5 both workers held the
+    # servers' parameters, which the first worker's checkpoint captured and the
+    # restore put back.
     for worker in out[:2]:
         for a, b in zip(worker["saved"], worker["resumed"], strict=True):
             assert torch.allclose(a, b, atol=1e-6)

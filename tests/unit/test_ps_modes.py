@@ -30,8 +30,14 @@ class OneServer(WorkerChannel):
         self.pulls: list[int] = []  # clocks of the reads
 
     def push(
-        self, grads: Mapping[int, torch.Tensor], clock: int, *, pull: bool = False
+        self,
+        grads: Mapping[int, torch.Tensor],
+        clock: int | Mapping[int, int],
+        *,
+        pull: bool = False,
+        lr: float | None = None,
     ) -> dict[int, Pulled]:
+        assert isinstance(clock, int)
         update = grads[0].detach().reshape(-1).clone()
         self.pushes.append((clock, update))
         self.flat += self.alpha * update

@@ -143,3 +143,19 @@ def test_consensus_state_round_trip() -> None:
     fresh.load_state_dict(server.state_dict())
     fresh.handle(push(1, 0, [5.0, 5.0]))
     assert torch.equal(fresh.params[0], torch.tensor([7 / 3, 7 / 3]))  # (2 + 5 + 0) / 3
+
+
+def test_backup_rounds_step_with_the_lr_the_workers_sent() -> None:
+    server, _ = sgd_server(backup=0, workers=1)  # lr 0.5 at start
+    server.handle(Message(Op.PUSH, 0, 0, 0, torch.tensor([1.0, 1.0]), then_pull=True, lr=0.1))
+    assert torch.allclose(server.params[0], torch.tensor([-0.1, -0.1]))
+    server.handle(push(0, 1, [1.0, 1.0]))  # no lr sent: the last one stays
+    assert torch.allclose(server.params[0], torch.tensor([-0.2, -0.2]))
+
+
+def test_header_carries_the_lr_bits_exactly() -> None:
+    from dmlctl.ps.channel import _header, _header_lr
+
+    for lr in (0.0, 1e-4, 0.1 * 3, 2.5e-7):
+        assert _header_lr(_header(Op.PUSH, 1, 2, 3, 1, lr)) == lr
+    assert _header_lr(_header(Op.PUSH, 1, 2, 3)) is None

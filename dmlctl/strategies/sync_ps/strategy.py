@@ -14,8 +14,9 @@ gradients: the same parameters as ``ssgd`` up to floating-point rounding.
 
 The user's optimizer does not step on the workers (a notice says so); its state
 (momentum, Adam's moments) lives on the servers and travels in checkpoints. Its
-hyperparameters are read once, at start: a learning-rate scheduler on the workers
-does not reach the servers. When fewer than ``K − b`` workers are still training
+hyperparameters are read once, at start, except the learning rate: every push
+carries the worker's current ``lr``, so a learning-rate scheduler on the workers
+drives the servers' steps. When fewer than ``K − b`` workers are still training
 (the others' data ran out) a round needs only those.
 
 The parameters are :mod:`dmlctl.strategies.sync_ps.params`'s; this module imports
@@ -83,7 +84,7 @@ def prepare(
     ctx.notice(
         f"sync-ps steps {optimizers.describe(optimizer)} on the parameter servers, once "
         f"{ctx.world_size - p.backup_workers} of {ctx.world_size} workers' gradients "
-        "for a step are in (an LR scheduler on the workers does not reach them)"
+        "for a step are in"
     )
     rule = {"kind": "backup", "backup": p.backup_workers, "optimizer": name, "settings": settings}
     weights, layout = join_as_worker(ctx, model, rule=rule)
