@@ -27,6 +27,7 @@ into ``z``); a plain PULL is answered at once.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Collection, Mapping
 from typing import Any, Protocol
@@ -321,8 +322,12 @@ class RoundServer(ParameterServer):
 
     def handle(self, msg: Message) -> None:
         """A PUSH is offered to the rule (its read queued when it asks for one);
-        every other message as :meth:`ParameterServer.handle` does it."""
+        every other message as :meth:`ParameterServer.handle` does it, without
+        moving the worker's clock (here: the version its latest push was tagged
+        with, so ``clock_spread`` is how many rounds the slowest worker is behind)."""
         if msg.op is not Op.PUSH or msg.worker not in self.clocks:
+            if msg.worker in self.clocks:  # a DONE or PULL counts steps, not versions
+                msg = dataclasses.replace(msg, clock=self.clocks[msg.worker])
             super().handle(msg)
             return
         assert msg.payload is not None
