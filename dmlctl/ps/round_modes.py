@@ -5,9 +5,8 @@ the servers are :mod:`dmlctl.ps.rounds`'s).
   (the servers run it); every step the worker pushes its gradients tagged with the
   version of the parameters it computed them on, and its optimizer's current ``lr``
   (so a learning-rate scheduler on the workers drives the servers' steps), waits
-  until that round is over, and continues from the servers' parameters. ``missed``
-  counts the rounds that closed without this worker's gradient (it arrived late and
-  was dropped).
+  until that round is over, and continues from the servers' parameters (the servers
+  count the gradients they dropped, per worker).
 * :class:`ConsensusExchange` (``aadmm``): ``local_steps`` steps of the user's
   optimizer on ``fₖ(w) + λₖᵀ(w − z) + ρ/2‖w − z‖²`` (the penalty's gradient
   ``ρ(w − z + u)``, ``u = λ/ρ``, is added to the gradients before each step), then a
@@ -47,7 +46,6 @@ class SyncGradientPush(GradientPush):
         advice: str | None = None,
     ) -> None:
         super().__init__(inner, params, ctx=ctx, layout=layout, n_fetch=1, advice=advice)
-        self.missed = 0
 
     def tags(self) -> dict[int, int]:
         return dict(self.versions)
@@ -56,19 +54,6 @@ class SyncGradientPush(GradientPush):
         """The user's optimizer's current ``lr`` (a scheduler may have changed it):
         the servers step with it."""
         return float(self.param_groups[0]["lr"])
-
-    def step(self, closure: Callable[[], float] | None = None) -> Any:
-        """Push the gradients (the servers step) and take the round's parameters,
-        counting the rounds that closed without them; returns the closure's loss."""
-        tags = self.tags()
-        loss = super().step(closure)
-        self.missed += max(self.versions[s] - tags[s] - 1 for s in self.shard_ids)
-        return loss
-
-    def metrics(self) -> dict[str, float]:
-        out = super().metrics()
-        out["missed"] = float(self.missed)
-        return out
 
 
 class ConsensusExchange(PSOptimizer):

@@ -130,6 +130,10 @@ STRATEGY_COLUMNS: dict[str, tuple[str, MetricCell]] = {
         _pair("push_bytes_per_s", "pull_bytes_per_s", compact_bytes),
     ),
     "clock_spread": ("spread", _one("clock_spread", _number)),
+    # round servers: sync-ps servers' dropped gradients, aadmm servers' delays
+    # (updates of z a worker missed: now / largest ever)
+    "dropped": ("dropped", _one("dropped", _count)),
+    "delay_max": ("delay now/max", _pair("delay_now", "delay_max", _count)),
 }
 
 

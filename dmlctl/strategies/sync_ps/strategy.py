@@ -6,8 +6,8 @@ Every step each of the ``K`` workers pushes the gradient of the parameters it re
 version; as soon as ``K − b`` are in (``b = backup_workers``) it steps **the user's
 optimizer** (same class and hyperparameters, run on the server's shard) once on
 their mean — version ``t + 1`` — and answers every worker waiting on round ``t``. A
-gradient that arrives after its round closed is dropped (the server counts it:
-``dropped``; the worker counts the rounds it ``missed``) and its worker continues
+gradient that arrives after its round closed is dropped (the server counts it,
+``dropped``, in all and per worker) and its worker continues
 from the newest parameters. So a slow worker no longer holds the others back; with
 ``b = 0`` every round waits for every worker, which is synchronous SGD with averaged
 gradients: the same parameters as ``ssgd`` up to floating-point rounding.
