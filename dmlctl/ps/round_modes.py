@@ -109,6 +109,12 @@ class ConsensusExchange(PSOptimizer):
         if self.pushed_at < self.local_steps:
             self._round()
 
+    def final_pull(self, pulled: Sequence[torch.Tensor]) -> None:
+        """z ← the servers' final z (the other workers' last rounds included); the
+        parameters take it unless ``final: local``."""
+        self.z = [t.clone() for t in pulled]
+        super().final_pull(pulled)
+
     def strategy_state(self) -> dict[str, Any]:
         state = super().strategy_state()
         state.update(z=[t.clone() for t in self.z], u=[t.clone() for t in self.u])

@@ -154,7 +154,11 @@ class PSOptimizer(StrategyOptimizer):
         self.flush()
         self.channel.done(clock=self.local_steps)
         dist.barrier(group=self.group)
-        pulled = self._pull()
+        self.final_pull(self._pull())
+
+    def final_pull(self, pulled: Sequence[torch.Tensor]) -> None:
+        """What :meth:`finish` does with the servers' final parameters: take them
+        (unless ``final: local``)."""
         if not self.keep_local:
             self._adopt(pulled, keep_local=False)
 
