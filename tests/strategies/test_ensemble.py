@@ -147,12 +147,14 @@ def _digits_run(ctx: Any, opt_name: str, steps: int, batch: int) -> dict[str, An
         _accuracy(_averaged_softmax(lambda: digits.model(0), [m], x_te, 1.0), y_te) for m in members
     ]
     ens = _accuracy(_averaged_softmax(lambda: digits.model(0), members, x_te, temperature), y_te)
+    ens1 = _accuracy(_averaged_softmax(lambda: digits.model(0), members, x_te, 1.0), y_te)
     ctx.finish()
     with torch.no_grad():
         distilled = _accuracy(net(x_te), y_te)
     return {
         "singles": singles,
         "ensemble": ens,
+        "ensemble_t1": ens1,
         "distilled": distilled,
         "final": _flat(net).numpy(),
     }
@@ -200,7 +202,7 @@ def test_every_worker_ends_with_rank_0s_distilled_model() -> None:
     assert not np.array_equal(ranks[0]["final"], ranks[1]["final"])
 
 
-@pytest.mark.parametrize("opt_name", ["momentum"])
+@pytest.mark.parametrize("opt_name", ["momentum", "adam"])
 def test_on_digits_the_ensemble_beats_its_members_and_distills_within_1_5_points(
     opt_name: str,
 ) -> None:
