@@ -53,6 +53,7 @@ CASES = [
     ("bmuf", {"period": 4}, ()),
     ("easgd", {"period": 4}, ()),
     ("admm", {"local_steps": 4}, ()),
+    ("ensemble", {"period": 4}, ()),
     ("hogwild", {}, ()),
     ("asgd", {}, W2S1),
     ("ssp", {}, W2S1),
@@ -77,7 +78,7 @@ def test_every_worker_ends_with_the_same_model(
             torch.testing.assert_close(workers[0]["after"], workers[0]["held"][key].float())
 
 
-@pytest.mark.parametrize("strategy", ["local-sgd", "easgd", "admm", "easgd-async"])
+@pytest.mark.parametrize("strategy", ["local-sgd", "easgd", "admm", "ensemble", "easgd-async"])
 def test_final_local_keeps_each_replica(strategy: str) -> None:
     roles = W2S1 if strategy == "easgd-async" else []
     params = {"final": "local", **({"local_steps": 4} if strategy == "admm" else {})}
