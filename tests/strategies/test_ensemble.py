@@ -259,3 +259,21 @@ def test_params_accept_the_edges() -> None:
         {"period": 1, "temperature": 100.0, "distill_steps": 1, "memory": 1, "final": "local"}
     )
     assert p.temperature == 100.0 and p.final == "local"
+
+
+# ------------------------------------------------------------------ loss (one process)
+
+
+def test_distill_loss_is_t_squared_kl_and_zero_at_the_targets() -> None:
+    gen = torch.Generator().manual_seed(0)
+    logits, teacher = torch.randn(6, 5, generator=gen), torch.randn(6, 5, generator=gen)
+    q = torch.softmax(teacher / T, dim=1)
+    want = F.kl_div(F.log_softmax(logits / T, dim=1), q, reduction="batchmean") * T**2
+    torch.testing.assert_close(ensemble_strategy.distill_loss(logits, q, T), want)
+    at_targets = ensemble_strategy.distill_loss(teacher, q, T)
+    assert abs(float(at_targets)) < 1e-6
+    stacked = torch.stack([logits, teacher])
+    torch.testing.assert_close(
+        ensemble_strategy.soft_targets(stacked, T),
+        (torch.softmax(logits / T, dim=1) + q) / 2,
+    )
