@@ -166,8 +166,9 @@ class EnsembleOptimizer(StrategyOptimizer):
     def member_logits(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         """The outputs of the members gathered at the latest round on these inputs,
         stacked along a new dim 0 (rank order), computed in eval mode without
-        gradients; this worker's model is left as it was."""
-        was_training, self._busy = self.model.training, True
+        gradients; this worker's model is left as it was (each submodule's mode too)."""
+        modes = [(m, m.training) for m in self.model.modules()]
+        self._busy = True
         try:
             self.model.eval()
             with torch.no_grad():
@@ -176,7 +177,8 @@ class EnsembleOptimizer(StrategyOptimizer):
                     for m in self.members
                 ]
         finally:
-            self.model.train(was_training)
+            for module, training in modes:
+                module.training = training
             self._busy = False
         if not all(isinstance(o, torch.Tensor) and o.dim() >= 2 for o in outs):
             raise TypeError("ensemble: the model must return a tensor of logits (N, classes, …)")
