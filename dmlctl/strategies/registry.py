@@ -105,6 +105,12 @@ _REGISTRY: dict[str, StrategyEntry] = {
             "consensus ADMM: local proximal steps, averaged consensus, dual updates",
         ),
         StrategyEntry(
+            "ensemble",
+            "dmlctl.strategies.ensemble",
+            "model ensemble: H local steps, then each worker distills the workers' "
+            "averaged outputs into its own model",
+        ),
+        StrategyEntry(
             "dpsgd",
             "dmlctl.strategies.dpsgd",
             "decentralized SGD: gossip averaging with neighbours on a topology",

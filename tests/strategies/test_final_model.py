@@ -60,6 +60,7 @@ CASES = [
     ("bmuf", {"period": 4}, ()),
     ("easgd", {"period": 4}, ()),
     ("admm", {"local_steps": 4}, ()),
+    ("ensemble", {"period": 4}, ()),
     ("hogwild", {}, ()),
     ("asgd", {}, W2S1),
     ("ssp", {}, W2S1),
@@ -86,7 +87,9 @@ def test_every_worker_ends_with_the_same_model(
             torch.testing.assert_close(workers[0]["after"], workers[0]["held"][key].float())
 
 
-@pytest.mark.parametrize("strategy", ["local-sgd", "easgd", "admm", "easgd-async", "aadmm"])
+@pytest.mark.parametrize(
+    "strategy", ["local-sgd", "easgd", "admm", "ensemble", "easgd-async", "aadmm"]
+)
 def test_final_local_keeps_each_replica(strategy: str) -> None:
     roles = W2S1 if strategy in ("easgd-async", "aadmm") else []
     params = {"final": "local", **({"local_steps": 4} if "admm" in strategy else {})}
