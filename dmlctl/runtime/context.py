@@ -240,7 +240,8 @@ class Context:
         tuples of tensors) and already on :attr:`device`. :attr:`epoch` follows the
         iteration; the samples yielded are counted for the ``samples_per_s`` that
         :meth:`log` adds. See
-        :func:`dmlctl.runtime.data.shard_batches` for the sharding promises. After
+        :func:`dmlctl.runtime.data.shard_batches` for the sharding promises (a
+        strategy that plans which samples each worker takes replaces it: cyclades). After
         :meth:`resume` the first call continues at the saved position instead.
         """
         self._metrics.start_clock()
@@ -251,7 +252,10 @@ class Context:
         if self._resume_at is not None and self._resume_at[0] >= start_epoch:
             start_epoch, self._skip = self._resume_at
         self._resume_at = None
-        batches = shard_batches(
+        # A strategy that decides which samples a worker takes (cyclades) supplies
+        # its own iterator, with shard_batches' arguments.
+        source = getattr(self._optimizer, "shard_batches", shard_batches)
+        batches = source(
             dataset,
             rank=self._rank,
             world_size=self._world,

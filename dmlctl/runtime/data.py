@@ -47,7 +47,7 @@ def to_device(batch: Any, device: torch.device) -> Any:
     return batch
 
 
-def _fetch(dataset: MapDataset, indices: list[int]) -> Any:
+def fetch(dataset: MapDataset, indices: list[int]) -> Any:
     """One collated batch of ``dataset[indices]``."""
     if isinstance(dataset, torch.Tensor):
         return dataset[torch.as_tensor(indices)]
@@ -110,7 +110,7 @@ def shard_batches(
         stop = len(indices) - len(indices) % batch_size if drop_last else len(indices)
         for begin in range(0, stop, batch_size):
             chunk = indices[begin : begin + batch_size]
-            batch = _fetch(dataset, chunk)
+            batch = fetch(dataset, chunk)
             if on_batch is not None:
                 on_batch(len(chunk))
             yield batch if device is None else to_device(batch, device)

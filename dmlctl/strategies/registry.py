@@ -149,6 +149,12 @@ _REGISTRY: dict[str, StrategyEntry] = {
             "asynchronous consensus ADMM: z on the servers, partial barrier K₀, bounded delay τ",
         ),
         StrategyEntry(
+            "cyclades",
+            "dmlctl.strategies.cyclades",
+            "conflict-free asynchronous SGD on shared memory (one host): sampled updates "
+            "split into conflict-free components per worker",
+        ),
+        StrategyEntry(
             "hogwild",
             "dmlctl.strategies.hogwild",
             "lock-free updates of parameters in shared memory by the workers of one host",

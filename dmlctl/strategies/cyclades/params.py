@@ -1,0 +1,51 @@
+"""The parameters of a ``cyclades`` job and its one-host check (torch-free: the
+control plane imports it). The strategy is :mod:`dmlctl.strategies.cyclades.strategy`."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from dmlctl.strategies.params import MAX_PERIOD, PARAMS_CONFIG, WORKERS_ONLY, derived
+
+ROLES: tuple[str, ...] = WORKERS_ONLY
+
+MAX_FIELD = 64
+"""Largest sample field index ``coordinates`` may name."""
+
+
+class Params(BaseModel):
+    """``strategy.params`` of a ``cyclades`` job (all optional; unknown keys are errors)."""
+
+    model_config = PARAMS_CONFIG
+
+    sample_size: int | None = Field(
+        default=None,
+        json_schema_extra=derived("features / active², from the data"),
+        ge=1,
+        le=MAX_PERIOD,
+        description="B: updates (samples) sampled per round, split into conflict-free "
+        "components. Small enough that no component takes most of a round: the "
+        "default gives a sampled update about one conflict on average (features = "
+        "the largest coordinate + 1, active = mean coordinates per sample, over the "
+        "first 1,000 samples of each epoch).",
+    )
+    coordinates: int = Field(
+        default=0,
+        ge=0,
+        le=MAX_FIELD,
+        description="Which field of a sample holds the coordinates its update "
+        "touches (an integer tensor of feature indices, e.g. the input of an "
+        "nn.EmbeddingBag).",
+    )
+
+
+def check_hosts(params: BaseModel, n_hosts: int) -> str | None:
+    """Why the job cannot run on ``n_hosts`` hosts (cyclades needs one), or None."""
+    del params
+    if n_hosts > 1:
+        return (
+            "cyclades shares parameters through the memory of one host, but the job "
+            f"would run on {n_hosts} hosts: set max_hosts: 1 or fewer workers "
+            "(at most one host's slots)"
+        )
+    return None
