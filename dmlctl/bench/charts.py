@@ -113,6 +113,22 @@ def straggler(report: Report) -> Chart:
     return title, [Bars("steps/s relative to no straggler", names, bars, refs)]
 
 
+def sparse(report: Report) -> Chart:
+    """Samples/s of every run per strategy, and the final training loss."""
+    rows = report["strategies"]
+    groups = {name: row["samples_per_s"]["samples"] for name, row in rows.items()}
+    loss = Bars(
+        "final training loss",
+        list(rows),
+        {"loss": [r["train_loss"]["median"] for r in rows.values()]},
+    )
+    ratio = report["ratio"]
+    title = f"sparse logistic regression, {report['workers']} workers"
+    if ratio is not None:
+        title += f": cyclades / hogwild {ratio:.2f}"
+    return title, [Samples("samples/s", groups), loss]
+
+
 def logs(report: Report) -> Chart:
     """The printing loop's seconds against the silent one's, every repeat, and the
     lines per second carried to the run directory against the goal."""
@@ -170,6 +186,7 @@ CHARTS: dict[str, Callable[[Report], Chart]] = {
     "accuracy": accuracy,
     "recovery": recovery,
     "straggler": straggler,
+    "sparse": sparse,
     "logs": logs,
     "hangs": hangs,
 }

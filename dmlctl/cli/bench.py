@@ -1,5 +1,5 @@
 """``dmlctl bench comm``, ``ps``, ``launch``, ``strategies``, ``accuracy``, ``recovery``,
-``straggler``, ``logs`` and ``hangs``.
+``straggler``, ``sparse``, ``logs`` and ``hangs``.
 
 Parse → call :mod:`dmlctl.bench` → render. stdout carries only the result (a table,
 or JSON with ``--json``); progress goes to stderr. Library imports happen inside the
@@ -23,9 +23,10 @@ app = typer.Typer(
     "all-reduce (ps), launcher overhead (launch), "
     "strategy overhead and traffic (strategies), test accuracy of every strategy on real "
     "data (accuracy), recovery after a killed worker (recovery), "
-    "throughput next to a slowed worker under ssgd/asgd/ssp/sync-ps (straggler), log lines carried "
-    "(logs), hang verdicts on healthy and hung runs (hangs), which strategy reaches your "
-    "job's target soonest (advise).",
+    "throughput next to a slowed worker under ssgd/asgd/ssp/sync-ps (straggler), cyclades "
+    "against hogwild on sparse data (sparse), log lines carried (logs), hang verdicts on "
+    "healthy and hung runs (hangs), which strategy reaches your job's target soonest "
+    "(advise).",
     no_args_is_help=True,
 )
 
@@ -280,6 +281,46 @@ def straggler(
         )
         err.print(f"runs {', '.join(run_ids)}", markup=False)
     write_plot("straggler", report, plot)
+    return 0
+
+
+@app.command()
+def sparse(
+    workers: int = typer.Option(2, "--workers", "-n", help="Workers sharing the parameters."),
+    samples: int = typer.Option(100_000, "--samples", help="Training samples (one epoch)."),
+    batch_size: int = typer.Option(4, "--batch-size", help="Updates per optimizer step."),
+    repeats: int = typer.Option(3, "--repeats", help="Runs per strategy (medians count)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    plot: Optional[Path] = plot_option("samples/s of every run, the final loss"),  # noqa: UP045
+) -> int:
+    """cyclades against hogwild on sparse logistic regression: samples/s and loss."""
+    from dmlctl.bench.sparse import (
+        check_options,
+        render_sparse_table,
+        run_sparse_bench,
+        sparse_json,
+    )
+    from dmlctl.spec import default_cluster
+
+    check_options(workers, samples, batch_size, repeats)
+    check_plot(plot)
+    err = stderr_console()
+    with err.status("running the sparse benchmark…"):
+        runs = run_sparse_bench(
+            workers=workers,
+            samples=samples,
+            batch_size=batch_size,
+            repeats=repeats,
+            console=err,
+            cluster=default_cluster(),
+        )
+    report = sparse_json(runs, workers=workers, samples=samples, batch_size=batch_size)
+    if as_json:
+        print(json.dumps(report, indent=2))
+    else:
+        stdout_console().print(render_sparse_table(report))
+        err.print(f"runs {', '.join(report['run_ids'])}", markup=False)
+    write_plot("sparse", report, plot)
     return 0
 
 

@@ -7,6 +7,7 @@ Rank functions return numpy arrays, never tensors.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,6 +21,7 @@ from dmlctl.runtime.data import shard_batches
 from dmlctl.strategies.cyclades import params as cyclades
 from dmlctl.strategies.cyclades.plan import components, plan_round
 from dmlctl.strategies.cyclades.strategy import sample_coordinates
+from tests.conftest import REPO, Cli
 from tests.strategies.harness import run_ranks
 
 pytestmark = pytest.mark.integration
@@ -192,3 +194,20 @@ def test_params_are_validated() -> None:
         with pytest.raises(ValueError):
             cyclades.Params.model_validate(bad)
     assert isinstance(cyclades.Params(), BaseModel)
+
+
+def test_example_launches_and_matches_one_process(cli: Cli, tmp_path: Path) -> None:
+    """examples/cyclades through the real CLI (1 epoch): the workers' shared model
+    scores what one process applying the same kind of updates scores."""
+    example = REPO / "examples" / "cyclades"
+    job = tmp_path / "job.yaml"
+    job.write_text(
+        f"name: cyclades-example\nworkdir: {example}\nscript: train.py\n"
+        'args: ["--epochs", "1"]\nworkers: 2\nstrategy: cyclades\n'
+    )
+    proc = cli.run("launch", str(job), "--ui", "plain")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    accuracy = float(proc.stdout.split("final accuracy: ")[1].split()[0])
+    assert accuracy >= 0.88, proc.stdout
+    metrics = (cli.runs()[0] / "metrics.jsonl").read_text()
+    assert '"largest_share"' in metrics and '"rounds"' in metrics

@@ -19,6 +19,7 @@ from dmlctl.bench.launch_overhead import run_launch_bench
 from dmlctl.bench.ps_report import PsResult, ps_json
 from dmlctl.bench.recovery import RecoveryReport
 from dmlctl.bench.report import CommResult, comm_json
+from dmlctl.bench.sparse import SparseRun, sparse_json
 from dmlctl.bench.straggler import FACTOR
 from dmlctl.bench.straggler_report import straggler_json
 from dmlctl.cli.app import main
@@ -101,6 +102,17 @@ def _reports(tmp_path: Path) -> dict[str, dict[str, Any]]:
         "recovery": rec.to_dict(),
         "straggler": straggler_json(
             sample_results(), steps=60, step_sleep=0.03, factor=FACTOR, repeats=1
+        ),
+        "sparse": sparse_json(
+            [
+                SparseRun("hogwild", "h1", 30_000.0, 0.297, 0.860),
+                SparseRun("cyclades", "c1", 23_000.0, 0.297, 0.859),
+                SparseRun("hogwild", "h2", 29_000.0, 0.297, 0.861),
+                SparseRun("cyclades", "c2", 22_000.0, 0.296, 0.860),
+            ],
+            workers=2,
+            samples=100_000,
+            batch_size=4,
         ),
         "logs": {
             "carried": {"lines": 2_000_000, "seconds": 4.0, "lines_per_s": 500_000.0},

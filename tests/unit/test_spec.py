@@ -202,7 +202,8 @@ JOB_CASES = [
         2,
         "strategy.name",
         "unknown strategy 'nope' (did you mean 'none'?); valid: aadmm, adadelay, admm, asgd, "
-        "bmuf, dpsgd, easgd, easgd-async, ensemble, hogwild, local-sgd, none, ssgd, ssp, sync-ps",
+        "bmuf, cyclades, dpsgd, easgd, easgd-async, ensemble, hogwild, local-sgd, none, ssgd, ssp, "
+        "sync-ps",
     ),
     (
         "script: train.py\nstrategy: asgd\n",
