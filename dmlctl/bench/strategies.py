@@ -11,9 +11,11 @@ Two measurements, in the same run, on 2 local workers (jobs and scripts in
    bare, dmlctl, …) after one untimed warm-up of each; ``ratio = median(dmlctl) /
    median(bare)``, goal ≥ 0.97.
 2. **Bytes per step** on a model of large matrices, each relative to ``ssgd``
-   (no compression): ``local-sgd`` period 8 (goal ≤ 1/8) and ``ssgd`` PowerSGD rank 1
-   (goal ≤ 1/10), from ``comm_bytes_per_step`` of the window after warm-up. A
-   strategy whose module is not installed yet is reported as ``pending``.
+   (no compression): ``local-sgd`` period 8 (goal ≤ 1/8), ``ssgd`` PowerSGD rank 1
+   (goal ≤ 1/10), int8 (≤ 0.26), top-k at 1 % (≤ 0.021) and sign (≤ 1/30), from
+   ``comm_bytes_per_step`` of the window after warm-up, with each run's samples/s
+   next to uncompressed ssgd's. A strategy whose module is not installed yet is
+   reported as ``pending``.
 
 This module never imports torch. Run directories go to a temporary ``DMLCTL_HOME``.
 """
@@ -45,6 +47,12 @@ BYTES_JOBS: dict[str, tuple[str, str, float]] = {
     # key: (job file, strategy module, goal for bytes relative to ssgd)
     "local-sgd period 8": ("local_sgd_matrices.yaml", "dmlctl.strategies.local_sgd", 1 / 8),
     "ssgd powersgd rank 1": ("powersgd_matrices.yaml", "dmlctl.strategies.ssgd", 1 / 10),
+    # a quarter of float32, plus a float32 scale per bucket
+    "ssgd int8": ("int8_matrices.yaml", "dmlctl.strategies.ssgd", 0.26),
+    # 1 % of the entries, each a float32 value and an int32 index: 2 %
+    "ssgd topk 1%": ("topk_matrices.yaml", "dmlctl.strategies.ssgd.filters", 0.021),
+    # one bit per entry, plus a float32 scale per tensor
+    "ssgd sign": ("sign_matrices.yaml", "dmlctl.strategies.ssgd.filters", 1 / 30),
 }
 
 
@@ -147,7 +155,12 @@ def run_strategy_bench(steps: int, repeats: int, *, console: Console) -> dict[st
         ref = launch_dmlctl(write_job("ssgd_matrices.yaml", steps, Path(tmp)), env, home)
         ref_bytes = ref["comm_bytes_per_step"]
         rows: dict[str, dict[str, Any]] = {
-            "ssgd": {"bytes_per_step": ref_bytes, "ratio": 1.0, "goal": None}
+            "ssgd": {
+                "bytes_per_step": ref_bytes,
+                "ratio": 1.0,
+                "goal": None,
+                "samples_per_s": ref.get("samples_per_s"),
+            }
         }
         for name, (template, module, goal) in BYTES_JOBS.items():
             if importlib.util.find_spec(module) is None:
@@ -158,6 +171,7 @@ def run_strategy_bench(steps: int, repeats: int, *, console: Console) -> dict[st
                 "bytes_per_step": got["comm_bytes_per_step"],
                 "goal": goal,
                 "ratio": got["comm_bytes_per_step"] / ref_bytes,
+                "samples_per_s": got.get("samples_per_s"),
             }
     dml_s, bare_s = _summary(rates["dmlctl"]), _summary(rates["bare"])
     return {
@@ -197,12 +211,14 @@ def render_strategies_table(report: Mapping[str, Any]) -> list[Table]:
         title_justify="left",
         show_edge=False,
     )
-    for col in ("strategy", "bytes/step", "ratio", "goal"):
+    for col in ("strategy", "bytes/step", "ratio", "goal", "samples/s"):
         b.add_column(col, justify="left" if col == "strategy" else "right")
     for name, row in report["bytes"].items():
         goal = "" if row["goal"] is None else f"≤ {row['goal']:.3f}"
+        rate = row.get("samples_per_s")
+        shown = f"{rate:.0f}" if isinstance(rate, int | float) else ""
         if row.get("status") == "pending":
-            b.add_row(name, "pending", "", goal)
+            b.add_row(name, "pending", "", goal, "")
         else:
-            b.add_row(name, f"{row['bytes_per_step']:.0f}", f"{row['ratio']:.4f}", goal)
+            b.add_row(name, f"{row['bytes_per_step']:.0f}", f"{row['ratio']:.4f}", goal, shown)
     return [t, b]

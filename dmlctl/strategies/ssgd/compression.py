@@ -7,7 +7,10 @@
   (the bucket cast to 16 bits, all-reduced, cast back);
 * ``powersgd`` — ``powerSGD_hook.powerSGD_hook`` with a ``PowerSGDState`` (rank-r
   factors P, Q of every matrix worth compressing; vanilla all-reduce for the first
-  ``start_powerSGD_iter`` steps).
+  ``start_powerSGD_iter`` steps);
+* ``int8`` / ``topk`` / ``sign`` — :func:`dmlctl.strategies.ssgd.filters.filter_hook`
+  with a :class:`~dmlctl.strategies.ssgd.filters.FilterState` (quantization and
+  sparsification, with error feedback for topk and sign).
 
 Every hook is wrapped by :func:`metered_hook`, which feeds a
 :class:`~dmlctl.runtime.optimizer.CommMeter`:
@@ -21,6 +24,8 @@ Every hook is wrapped by :func:`metered_hook`, which feeds a
   and by (n + m)·r for every compressed n×m matrix — exactly the lengths of the
   three all-reduced buffers (uncompressed tensors, P of n·r, Q of m·r).
   :func:`powersgd_elements` recomputes the same split from the bucket's shapes.
+  ``int8``/``topk``/``sign``: the bytes of the encoded bucket this worker
+  all-gathers (:func:`~dmlctl.strategies.ssgd.filters.filter_bytes`).
 * **time** — from the hook's entry to the completion of its future (``fut.then``),
   so it includes compressing and decompressing; overlapping buckets count once
   (union of intervals). ``comm_share`` = that time / wall time of the window.
@@ -42,6 +47,13 @@ from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
 from torch.nn.parallel import DistributedDataParallel
 
 from dmlctl.runtime.optimizer import CommMeter
+from dmlctl.strategies.ssgd.filters import (
+    FILTERS,
+    FilterState,
+    bucket_sizes,
+    filter_bytes,
+    filter_hook,
+)
 
 Hook = Callable[[Any, GradBucket], torch.futures.Future[torch.Tensor]]
 
@@ -88,6 +100,9 @@ class HookState:
         buffer = bucket.buffer()
         if self.compression in ("fp16", "bf16"):
             return int(buffer.numel()) * 2
+        if isinstance(self.inner_state, FilterState):
+            tensors = len(bucket_sizes(bucket))
+            return filter_bytes(self.compression, buffer.numel(), self.inner_state.density, tensors)
         state = self.inner_state
         if isinstance(state, psgd.PowerSGDState) and state.iter >= state.start_powerSGD_iter:
             _drop_mismatched(state, bucket)
@@ -155,6 +170,8 @@ class MeteredDDP(DistributedDataParallel):
         ``torch.load(weights_only=True)``). PowerSGD's error buffers differ per rank,
         so every rank saves its own."""
         hs = self.hook_state
+        if hs is not None and isinstance(hs.inner_state, FilterState):
+            return hs.inner_state.state_dict()
         if hs is None or not isinstance(hs.inner_state, psgd.PowerSGDState):
             return {}
         s = hs.inner_state
@@ -180,9 +197,16 @@ class MeteredDDP(DistributedDataParallel):
         another compression or PowerSGD rank."""
         hs = self.hook_state
         target = hs.inner_state if hs is not None else None
+        if isinstance(target, FilterState):
+            if state:
+                target.load_state_dict(state)
+            return
         if not isinstance(target, psgd.PowerSGDState):
             if state:
-                raise ValueError("strategy state is PowerSGD's, but compression is not powersgd")
+                raise ValueError(
+                    f"strategy state is {state.get('compression')!r}'s, but compression "
+                    f"is {hs.compression if hs is not None else 'none'!r}"
+                )
             return
         if state.get("compression") != "powersgd" or state["rank"] != (
             target.matrix_approximation_rank
@@ -211,8 +235,13 @@ def install(
     warmup_steps: int = 10,
     error_feedback: bool = True,
     min_compression_rate: float = 2.0,
+    density: float = 0.01,
+    stochastic: bool = False,
+    seed: int = 0,
 ) -> HookState:
-    """Register ``compression``'s hook (metered) on ``model`` and return its state."""
+    """Register ``compression``'s hook (metered) on ``model`` and return its state
+    (``density``, ``stochastic``: topk's and int8's settings; ``error_feedback``:
+    PowerSGD's, topk's and sign's; ``seed``: int8's stochastic rounding)."""
     group = dist.group.WORLD
     inner: Hook
     inner_state: Any = group
@@ -231,6 +260,15 @@ def install(
             min_compression_rate=min_compression_rate,
             use_error_feedback=error_feedback,
             warm_start=True,
+        )
+    elif compression in FILTERS:
+        inner = filter_hook
+        inner_state = FilterState(
+            compression,
+            density=density,
+            stochastic=stochastic,
+            error_feedback=error_feedback,
+            seed=seed,
         )
     else:
         raise ValueError(f"unknown compression {compression!r}")

@@ -15,13 +15,17 @@ from dmlctl.strategies.params import (
 
 ROLES: tuple[str, ...] = WORKERS_ONLY
 NEEDS_RUNTIME = False  # a plain torchrun script that builds its own DDP is ssgd already
-COMPRESSIONS: tuple[str, ...] = ("none", "fp16", "bf16", "powersgd")
-_POWERSGD_ONLY = (
-    "powersgd_rank",
-    "powersgd_warmup_steps",
-    "powersgd_error_feedback",
-    "powersgd_min_compression_rate",
-)
+COMPRESSIONS: tuple[str, ...] = ("none", "fp16", "bf16", "powersgd", "int8", "topk", "sign")
+_ONLY_WITH: dict[str, tuple[str, ...]] = {
+    "powersgd_rank": ("powersgd",),
+    "powersgd_warmup_steps": ("powersgd",),
+    "powersgd_error_feedback": ("powersgd",),
+    "powersgd_min_compression_rate": ("powersgd",),
+    "topk_density": ("topk",),
+    "int8_stochastic": ("int8",),
+    "error_feedback": ("topk", "sign"),
+}
+"""The compression parameters, and the compressions each applies to."""
 
 
 class Params(BaseModel):
@@ -55,7 +59,9 @@ class Params(BaseModel):
     compression: str = Field(
         default="none",
         description="Gradient compression: none (float32 buckets), fp16 / bf16 (buckets "
-        "cast to 16 bits: half the bytes) or powersgd (rank-r factors of each matrix).",
+        "cast to 16 bits: half the bytes), powersgd (rank-r factors of each matrix), "
+        "int8 (a quarter of the bytes plus a scale per bucket), topk (the largest "
+        "entries: density × (values + indices)) or sign (1 bit per entry plus a scale).",
     )
     powersgd_rank: int = Field(
         default=1, ge=1, le=MAX_LOW_RANK, description="PowerSGD matrix approximation rank r."
@@ -78,6 +84,23 @@ class Params(BaseModel):
         "all-reduced as is.",
     )
 
+    topk_density: float = Field(
+        default=0.01,
+        gt=0,
+        le=1,
+        description="topk: share of each bucket's entries sent (the largest in "
+        "magnitude), k = ceil(density · n); each costs a float32 value and an int32 index.",
+    )
+    int8_stochastic: bool = Field(
+        default=False,
+        description="int8: round stochastically (unbiased) instead of to the nearest value.",
+    )
+    error_feedback: bool = Field(
+        default=True,
+        description="topk and sign: carry what the encoding dropped into the next "
+        "step's gradient, so nothing is lost, only delayed.",
+    )
+
     @field_validator("compression")
     @classmethod
     def _known_compression(cls, value: str) -> str:
@@ -96,13 +119,13 @@ class Params(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _powersgd_params_need_powersgd(self) -> Params:
-        stray = [k for k in _POWERSGD_ONLY if k in self.model_fields_set]
-        if stray and self.compression != "powersgd":
-            raise ValueError(
-                f"{', '.join(stray)} only apply with compression: powersgd "
-                f"(compression is {self.compression!r})"
-            )
+    def _compression_params_need_their_compression(self) -> Params:
+        for key, kinds in _ONLY_WITH.items():
+            if key in self.model_fields_set and self.compression not in kinds:
+                raise ValueError(
+                    f"{key} only applies with compression: {' or '.join(kinds)} "
+                    f"(compression is {self.compression!r})"
+                )
         return self
 
 

@@ -69,8 +69,13 @@ def prepare(
         p.compression,
         rank=p.powersgd_rank,
         warmup_steps=p.powersgd_warmup_steps,
-        error_feedback=p.powersgd_error_feedback,
+        error_feedback=(
+            p.powersgd_error_feedback if p.compression == "powersgd" else p.error_feedback
+        ),
         min_compression_rate=p.powersgd_min_compression_rate,
+        density=p.topk_density,
+        stochastic=p.int8_stochastic,
+        seed=ctx.rank,
     )
     ref = weakref.ref(wrapped)
     ctx.on_close(lambda: _release(ref))
