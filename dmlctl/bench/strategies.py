@@ -50,9 +50,9 @@ BYTES_JOBS: dict[str, tuple[str, str, float]] = {
     # a quarter of float32, plus a float32 scale per bucket
     "ssgd int8": ("int8_matrices.yaml", "dmlctl.strategies.ssgd", 0.26),
     # 1 % of the entries, each a float32 value and an int32 index: 2 %
-    "ssgd topk 1%": ("topk_matrices.yaml", "dmlctl.strategies.ssgd.filters", 0.021),
+    "ssgd topk 1%": ("topk_matrices.yaml", "dmlctl.runtime.filters", 0.021),
     # one bit per entry, plus a float32 scale per tensor
-    "ssgd sign": ("sign_matrices.yaml", "dmlctl.strategies.ssgd.filters", 1 / 30),
+    "ssgd sign": ("sign_matrices.yaml", "dmlctl.runtime.filters", 1 / 30),
 }
 
 

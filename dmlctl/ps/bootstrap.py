@@ -39,6 +39,7 @@ class Layout:
     rule: dict[str, Any] = field(default_factory=dict)  # see dmlctl.ps.serve.make_rule
     staleness_bound: int | None = None
     log_every_s: float = 1.0
+    push: dict[str, Any] | None = None  # the push filter (dmlctl.ps.codec.PushCodec), or None
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -53,6 +54,10 @@ class Layout:
 
     def total_numel(self) -> int:
         return sum(math.prod(s) for s in self.shapes)
+
+    def shard_sizes(self) -> list[list[int]]:
+        """Elements of each tensor of each shard, in the shard's order."""
+        return [[math.prod(self.shapes[i]) for i in shard] for shard in self.plan]
 
 
 def share_layout(layout: Layout | None, src: int) -> Layout:
@@ -89,10 +94,12 @@ def join_as_worker(
     *,
     rule: dict[str, Any],
     staleness_bound: int | None = None,
+    push: dict[str, Any] | None = None,
 ) -> tuple[list[torch.nn.Parameter], Layout]:
     """Bootstrap this worker: plan the shards of ``model``'s trainable parameters over
     the run's servers, with the servers' update ``rule`` (see
-    :func:`dmlctl.ps.serve.make_rule`) and ``staleness_bound``, and take the first
+    :func:`dmlctl.ps.serve.make_rule`), ``staleness_bound`` and the ``push`` filter
+    (see :class:`~dmlctl.ps.codec.PushCodec`), and take the first
     worker's layout and parameters (collective with every rank, servers included).
 
     Returns the parameters (now the first worker's) and the layout in force, for a
@@ -117,6 +124,7 @@ def join_as_worker(
         servers=list(members.servers),
         rule=rule,
         staleness_bound=staleness_bound,
+        push=push,
     )
     return params, start_worker(ctx, params, layout)
 

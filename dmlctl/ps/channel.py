@@ -16,7 +16,8 @@ Wire protocol (all messages of one (sender, receiver) pair arrive in order per t
   ``dist.recv(header, tag=HEADER_TAG)`` and no ``src``: gloo receives from any
   source and returns the sender's rank (checked against gloo in torch 2.13).
 * **PUSH**: the header, then the shard's flat update (the shard's dtype, ``numel``
-  elements) with tag :func:`push_tag`. The server applies it; with ``extra = 1`` it
+  elements; with a push filter its encoded bytes, see :mod:`dmlctl.ps.codec`) with
+  tag :func:`push_tag`. The server applies it; with ``extra = 1`` it
   then treats the header as a PULL too (push and read in one step, see
   :meth:`WorkerChannel.push`).
 * **PULL**: the header only. The server answers — at once, or for stale synchronous
@@ -46,10 +47,13 @@ import enum
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from dmlctl.ps.codec import PushCodec
 
 HEADER_TAG = 0
 HEADER_LEN = 6
@@ -150,6 +154,7 @@ class WorkerChannel:
         shard_servers: Sequence[int],
         shard_numel: Sequence[int],
         dtype: torch.dtype = torch.float32,
+        codec: PushCodec | None = None,
     ) -> None:
         if len(shard_servers) != len(shard_numel):
             raise ValueError("shard_servers and shard_numel must have the same length")
@@ -157,6 +162,7 @@ class WorkerChannel:
         self.shard_servers = list(shard_servers)
         self.shard_numel = list(shard_numel)
         self.dtype = dtype
+        self.codec = codec  # encodes every push (the job's push_compression), or None
         self.bytes_sent = 0
         self.bytes_received = 0
 
@@ -192,6 +198,8 @@ class WorkerChannel:
                     f"shard {shard_id}: gradient has {flat.numel()} elements, "
                     f"expected {self.shard_numel[shard_id]}"
                 )
+            if self.codec is not None:
+                flat = self.codec.encode(shard_id, flat)
             dst = self.shard_servers[shard_id]
             tick = clock if isinstance(clock, int) else clock[shard_id]
             header = _header(
@@ -314,11 +322,16 @@ class ServerChannel:
     """
 
     def __init__(
-        self, rank: int, shard_numel: Mapping[int, int], dtype: torch.dtype = torch.float32
+        self,
+        rank: int,
+        shard_numel: Mapping[int, int],
+        dtype: torch.dtype = torch.float32,
+        codec: PushCodec | None = None,
     ) -> None:
         self.rank = rank
         self.shard_numel = dict(shard_numel)
         self.dtype = dtype
+        self.codec = codec  # decodes every push (the job's push_compression), or None
 
     def receive(self) -> Message:
         """Block until a header arrives from any rank; for a PUSH also receive its
@@ -346,9 +359,14 @@ class ServerChannel:
             return Message(op, worker, clock, shard_id)
         if op is not Op.PUSH:
             raise RuntimeError(f"unexpected op {op.name} from rank {sender}")
-        payload = torch.empty(self.shard_numel[shard_id], dtype=self.dtype)
-        if payload.numel():
-            dist.recv(payload, sender, tag=push_tag(shard_id))
+        if self.codec is not None and self.shard_numel[shard_id]:
+            encoded = torch.empty(self.codec.nbytes(shard_id), dtype=torch.uint8)
+            dist.recv(encoded, sender, tag=push_tag(shard_id))
+            payload = self.codec.decode(shard_id, encoded, self.dtype)
+        else:
+            payload = torch.empty(self.shard_numel[shard_id], dtype=self.dtype)
+            if payload.numel():
+                dist.recv(payload, sender, tag=push_tag(shard_id))
         lr = _header_lr(header)
         return Message(op, worker, clock, shard_id, payload, then_pull=extra == 1, lr=lr)
 

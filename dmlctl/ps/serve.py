@@ -29,6 +29,7 @@ from pydantic import BaseModel
 
 from dmlctl.ps.bootstrap import Layout, share_initial, share_layout
 from dmlctl.ps.channel import ServerChannel
+from dmlctl.ps.codec import PushCodec
 from dmlctl.ps.rounds import BackupRounds, ConsensusRounds, RoundRule, RoundServer
 from dmlctl.ps.rules import AdaDelay, ScaledAdd, UpdateRule
 from dmlctl.ps.server import ParameterServer
@@ -100,7 +101,8 @@ def run_server(ctx: Context) -> ParameterServer:
     layout: Layout = share_layout(None, src=members.workers[0])
     shards = share_initial(layout, src=members.workers[0])
     k = layout.servers.index(ctx.global_rank)
-    channel = ServerChannel(ctx.global_rank, {k: shards[k].numel()}, layout.torch_dtype)
+    codec = PushCodec(layout.push, layout.shard_sizes()) if layout.push else None
+    channel = ServerChannel(ctx.global_rank, {k: shards[k].numel()}, layout.torch_dtype, codec)
     server: ParameterServer
     if layout.rule.get("kind") in ROUND_RULES:
         rule = make_round_rule(layout.rule, layout.workers)

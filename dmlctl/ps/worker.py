@@ -34,6 +34,7 @@ import torch.distributed as dist
 
 from dmlctl.ps.bootstrap import Layout
 from dmlctl.ps.channel import Pulled, WorkerChannel
+from dmlctl.ps.codec import PushCodec
 from dmlctl.ps.server import pack, unpack
 from dmlctl.runtime.optimizer import StrategyOptimizer
 from dmlctl.text import plural
@@ -67,8 +68,9 @@ class PSOptimizer(StrategyOptimizer):
         self.shapes = [torch.Size(s) for s in layout.shapes]
         self.shard_ids = list(range(len(layout.plan)))
         if channel is None:
+            codec = PushCodec(layout.push, layout.shard_sizes()) if layout.push else None
             channel = WorkerChannel(
-                ctx.global_rank, layout.servers, layout.shard_numel(), layout.torch_dtype
+                ctx.global_rank, layout.servers, layout.shard_numel(), layout.torch_dtype, codec
             )
         self.channel = channel
         self.reference = [p.detach().clone() for p in self.params]
@@ -174,6 +176,8 @@ class PSOptimizer(StrategyOptimizer):
             "reference": [r.clone() for r in self.reference],
             "pushed_at": self.pushed_at,
         }
+        if self.channel.codec is not None:  # this worker's error feedback
+            state["push_error"] = self.channel.codec.state_dict()
         if self.ctx.rank == 0:
             blobs = [self.channel.snapshot(server) for server in self.layout.servers]
             state["servers"] = [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in blobs]
@@ -182,6 +186,8 @@ class PSOptimizer(StrategyOptimizer):
     def load_strategy_state(self, state: dict[str, Any]) -> None:
         """Restore the servers (first worker), then every worker continues from the
         servers' parameters (collective over the workers)."""
+        if self.channel.codec is not None and state.get("push_error"):
+            self.channel.codec.load_state_dict(state["push_error"])
         servers = state.get("servers")
         if self.ctx.rank == 0 and servers is not None:
             if len(servers) != len(self.layout.servers):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import types
 from typing import Any, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.config import JsonDict
 from pydantic.fields import FieldInfo
 
@@ -57,6 +57,43 @@ class FinalModel(BaseModel):
         "defines (the average, the block-updated global model, the center, z), so every "
         "rank saves the same result; 'local' keeps each worker's own replica.",
     )
+
+
+class PushCompression(BaseModel):
+    """The push filter of the parameter-server strategies: what a worker's pushes
+    are encoded with (:mod:`dmlctl.runtime.filters`), with error feedback on the
+    worker."""
+
+    model_config = PARAMS_CONFIG
+
+    push_compression: Literal["none", "int8", "topk", "sign"] = Field(
+        default="none",
+        description="Encode every push: int8 (a quarter of the bytes plus a scale per "
+        "shard), topk (the largest entries: density × (values + indices)) or sign (1 bit "
+        "per entry plus a scale per tensor); what an encoding drops is carried into the "
+        "worker's next push (error feedback).",
+    )
+    push_density: float = Field(
+        default=0.01,
+        gt=0,
+        le=1,
+        description="push_compression topk: share of each shard's entries pushed.",
+    )
+
+    @model_validator(mode="after")
+    def _density_needs_topk(self) -> PushCompression:
+        if "push_density" in self.model_fields_set and self.push_compression != "topk":
+            raise ValueError(
+                f"push_density only applies with push_compression: topk "
+                f"(push_compression is {self.push_compression!r})"
+            )
+        return self
+
+    def push_spec(self) -> dict[str, Any] | None:
+        """What the layout carries to the servers (None: pushes as they are)."""
+        if self.push_compression == "none":
+            return None
+        return {"kind": self.push_compression, "density": self.push_density}
 
 
 def type_name(annotation: Any) -> str:

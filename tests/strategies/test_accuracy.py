@@ -113,3 +113,21 @@ def test_parameter_server_strategies_reach_single_process_accuracy(
 ) -> None:
     ranks = run_ranks(_train, 3, strategy=strategy, args=((optimizer,),), roles=W2S1, timeout=300)
     _check(strategy, ranks, baseline)
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+@pytest.mark.parametrize("push", ["int8", "topk", "sign"])
+def test_encoded_parameter_server_pushes_reach_single_process_accuracy(
+    push: str, optimizer: str, baseline: dict[str, float]
+) -> None:
+    """asgd whose pushes are encoded (push_compression), error feedback on the workers."""
+    ranks = run_ranks(
+        _train,
+        3,
+        strategy="asgd",
+        params={"push_compression": push},
+        args=((optimizer,),),
+        roles=W2S1,
+        timeout=300,
+    )
+    _check(f"asgd push {push}", ranks, baseline)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dmlctl.strategies.ssgd.filters import FilterState, decode, encode, filter_bytes
+from dmlctl.runtime.filters import FilterState, decode, encode, filter_bytes
 
 
 def grads(n: int = 1000, seed: int = 0) -> torch.Tensor:

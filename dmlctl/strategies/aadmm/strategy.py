@@ -65,7 +65,7 @@ def prepare(
         "min_workers": resolve_min_workers(p, ctx.world_size),
         "max_delay": p.max_delay,
     }
-    weights, layout = join_as_worker(ctx, model, rule=rule)
+    weights, layout = join_as_worker(ctx, model, rule=rule, push=p.push_spec())
     opt = ConsensusExchange(
         optimizer, weights, ctx=ctx, layout=layout, rho=rho, local_steps=p.local_steps
     )

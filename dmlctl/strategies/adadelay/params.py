@@ -5,14 +5,21 @@ from __future__ import annotations
 
 import math
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
-from dmlctl.strategies.params import MAX_PERIOD, MAX_WEIGHT, PARAMS_CONFIG, WITH_SERVERS, derived
+from dmlctl.strategies.params import (
+    MAX_PERIOD,
+    MAX_WEIGHT,
+    PARAMS_CONFIG,
+    WITH_SERVERS,
+    PushCompression,
+    derived,
+)
 
 ROLES: tuple[str, ...] = WITH_SERVERS
 
 
-class Params(BaseModel):
+class Params(PushCompression):
     """``strategy.params`` of an ``adadelay`` job (all optional; unknown keys are errors)."""
 
     model_config = PARAMS_CONFIG

@@ -61,7 +61,7 @@ def prepare(
         + ("" if p.L is not None else " (derived from it; set strategy.params.L to choose)")
     )
     rule = {"kind": "adadelay", "L": big_l, "c": p.c}
-    weights, layout = join_as_worker(ctx, model, rule=rule)
+    weights, layout = join_as_worker(ctx, model, rule=rule, push=p.push_spec())
     advice = (
         f"raise L (L={big_l:g}: the servers' largest step is 1/L; the optimizer's lr is not used)"
     )

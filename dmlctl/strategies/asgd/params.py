@@ -3,14 +3,21 @@ files with it). The strategy is :mod:`dmlctl.strategies.asgd.strategy`."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
-from dmlctl.strategies.params import MAX_PERIOD, MAX_WEIGHT, PARAMS_CONFIG, WITH_SERVERS, derived
+from dmlctl.strategies.params import (
+    MAX_PERIOD,
+    MAX_WEIGHT,
+    PARAMS_CONFIG,
+    WITH_SERVERS,
+    PushCompression,
+    derived,
+)
 
 ROLES: tuple[str, ...] = WITH_SERVERS
 
 
-class Params(BaseModel):
+class Params(PushCompression):
     """``strategy.params`` of an ``asgd`` job (all optional; unknown keys are errors)."""
 
     model_config = PARAMS_CONFIG

@@ -45,6 +45,8 @@ def prepare(
 ) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     """Bootstrap the servers and wrap ``optimizer`` (collective with the servers)."""
     p = params_as(Params, params)
-    weights, layout = join_as_worker(ctx, model, rule=delta_rule(p.scale, ctx.world_size))
+    weights, layout = join_as_worker(
+        ctx, model, rule=delta_rule(p.scale, ctx.world_size), push=p.push_spec()
+    )
     opt = DeltaPush(optimizer, weights, ctx=ctx, layout=layout, n_push=p.n_push, n_fetch=p.n_fetch)
     return model, opt

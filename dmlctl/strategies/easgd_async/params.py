@@ -5,12 +5,19 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from dmlctl.strategies.params import MAX_PERIOD, PARAMS_CONFIG, WITH_SERVERS, FinalModel, derived
+from dmlctl.strategies.params import (
+    MAX_PERIOD,
+    PARAMS_CONFIG,
+    WITH_SERVERS,
+    FinalModel,
+    PushCompression,
+    derived,
+)
 
 ROLES: tuple[str, ...] = WITH_SERVERS
 
 
-class Params(FinalModel):
+class Params(FinalModel, PushCompression):
     """``strategy.params`` of an ``easgd-async`` job (all optional; unknown keys are errors)."""
 
     model_config = PARAMS_CONFIG

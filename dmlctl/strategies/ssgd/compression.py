@@ -8,8 +8,8 @@
 * ``powersgd`` — ``powerSGD_hook.powerSGD_hook`` with a ``PowerSGDState`` (rank-r
   factors P, Q of every matrix worth compressing; vanilla all-reduce for the first
   ``start_powerSGD_iter`` steps);
-* ``int8`` / ``topk`` / ``sign`` — :func:`dmlctl.strategies.ssgd.filters.filter_hook`
-  with a :class:`~dmlctl.strategies.ssgd.filters.FilterState` (quantization and
+* ``int8`` / ``topk`` / ``sign`` — :func:`dmlctl.runtime.filters.filter_hook`
+  with a :class:`~dmlctl.runtime.filters.FilterState` (quantization and
   sparsification, with error feedback for topk and sign).
 
 Every hook is wrapped by :func:`metered_hook`, which feeds a
@@ -25,7 +25,7 @@ Every hook is wrapped by :func:`metered_hook`, which feeds a
   three all-reduced buffers (uncompressed tensors, P of n·r, Q of m·r).
   :func:`powersgd_elements` recomputes the same split from the bucket's shapes.
   ``int8``/``topk``/``sign``: the bytes of the encoded bucket this worker
-  all-gathers (:func:`~dmlctl.strategies.ssgd.filters.filter_bytes`).
+  all-gathers (:func:`~dmlctl.runtime.filters.filter_bytes`).
 * **time** — from the hook's entry to the completion of its future (``fut.then``),
   so it includes compressing and decompressing; overlapping buckets count once
   (union of intervals). ``comm_share`` = that time / wall time of the window.
@@ -46,14 +46,14 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
 from torch.nn.parallel import DistributedDataParallel
 
-from dmlctl.runtime.optimizer import CommMeter
-from dmlctl.strategies.ssgd.filters import (
+from dmlctl.runtime.filters import (
     FILTERS,
     FilterState,
     bucket_sizes,
     filter_bytes,
     filter_hook,
 )
+from dmlctl.runtime.optimizer import CommMeter
 
 Hook = Callable[[Any, GradBucket], torch.futures.Future[torch.Tensor]]
 

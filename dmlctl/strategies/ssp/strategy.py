@@ -47,6 +47,8 @@ def prepare(
     """Bootstrap the servers and wrap ``optimizer`` (collective with the servers)."""
     p = params_as(Params, params)
     rule = delta_rule(p.scale, ctx.world_size)
-    weights, layout = join_as_worker(ctx, model, rule=rule, staleness_bound=p.staleness)
+    weights, layout = join_as_worker(
+        ctx, model, rule=rule, staleness_bound=p.staleness, push=p.push_spec()
+    )
     opt = DeltaPush(optimizer, weights, ctx=ctx, layout=layout, n_push=1, n_fetch=1)
     return model, opt

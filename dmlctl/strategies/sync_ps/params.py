@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from dmlctl.strategies.params import MAX_PERIOD, PARAMS_CONFIG, WITH_SERVERS
+from dmlctl.strategies.params import MAX_PERIOD, PARAMS_CONFIG, WITH_SERVERS, PushCompression
 
 ROLES: tuple[str, ...] = WITH_SERVERS
 
 
-class Params(BaseModel):
+class Params(PushCompression):
     """``strategy.params`` of a ``sync-ps`` job (all optional; unknown keys are errors)."""
 
     model_config = PARAMS_CONFIG

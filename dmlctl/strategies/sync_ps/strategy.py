@@ -87,6 +87,6 @@ def prepare(
         "for a step are in"
     )
     rule = {"kind": "backup", "backup": p.backup_workers, "optimizer": name, "settings": settings}
-    weights, layout = join_as_worker(ctx, model, rule=rule)
+    weights, layout = join_as_worker(ctx, model, rule=rule, push=p.push_spec())
     advice = f"lower the lr of {optimizers.describe(optimizer)} (the servers step it)"
     return model, SyncGradientPush(optimizer, weights, ctx=ctx, layout=layout, advice=advice)

@@ -1,10 +1,12 @@
-"""Gradient filters for ``ssgd`` beyond PyTorch's own hooks: ``int8``, ``topk`` and
-``sign``, as DDP comm hooks (runtime side, torch).
+"""Communication filters ``int8``, ``topk`` and ``sign``: encoding, decoding and error
+feedback (runtime side, torch), for ``ssgd``'s buckets (:func:`filter_hook`, a DDP
+comm hook) and for parameter-server pushes (:mod:`dmlctl.ps.codec`).
 
-Each worker encodes its bucket, the encoded buckets of all workers are exchanged with
-one ``all_gather`` (of one flat byte-exact buffer per worker), and every worker
-decodes all of them and averages — the same mean on every worker, so the replicas
-never drift. Per bucket of ``n`` float32 elements, a worker sends:
+In ``ssgd`` each worker encodes its bucket, the encoded buckets of all workers are
+exchanged with one ``all_gather`` (of one flat byte-exact buffer per worker), and
+every worker decodes all of them and averages — the same mean on every worker, so
+the replicas never drift. Per bucket (or pushed shard) of ``n`` float32 elements, a
+worker sends:
 
 * ``int8`` — ``n + 4`` bytes: the bucket scaled by ``s = max|g| / 127`` and rounded
   to int8 (to nearest, or stochastically with ``int8_stochastic``: unbiased), plus

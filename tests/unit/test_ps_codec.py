@@ -1,0 +1,33 @@
+"""Encoded parameter-server pushes without processes: the bytes a push takes, what the
+server decodes, and the error the worker carries into its next push."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dmlctl.ps.codec import PushCodec
+from dmlctl.runtime.filters import filter_bytes
+from dmlctl.strategies.asgd.params import Params
+
+
+@pytest.mark.parametrize("kind", ["int8", "topk", "sign"])
+def test_a_push_round_trips_and_carries_what_it_dropped(kind: str) -> None:
+    worker = PushCodec({"kind": kind, "density": 0.1}, [[30, 70], []])
+    server = PushCodec({"kind": kind, "density": 0.1}, [[30, 70], []])
+    update = torch.randn(100, generator=torch.Generator().manual_seed(0))
+    payload = worker.encode(0, update)
+    assert payload.numel() == worker.nbytes(0) == filter_bytes(kind, 100, 0.1, 2)
+    got = server.decode(0, payload, torch.float32)
+    assert torch.allclose(got + worker.state.error[0], update, atol=1e-6)  # nothing lost
+    again = server.decode(0, worker.encode(0, torch.zeros(100)), torch.float32)
+    assert torch.allclose(got + again + worker.state.error[0], update, atol=1e-6)
+    assert worker.encode(1, torch.empty(0)).numel() == 0  # an empty shard sends nothing
+
+
+def test_push_compression_is_a_job_parameter_of_the_server_strategies() -> None:
+    assert Params().push_spec() is None
+    spec = Params.model_validate({"push_compression": "topk", "push_density": 0.05}).push_spec()
+    assert spec == {"kind": "topk", "density": 0.05}
+    with pytest.raises(ValueError, match="push_density only applies with push_compression: topk"):
+        Params.model_validate({"push_compression": "int8", "push_density": 0.05})
