@@ -12,14 +12,13 @@ from dmlctl.strategies.params import (
     PARAMS_CONFIG,
     WITH_SERVERS,
     FinalModel,
-    PushCompression,
     derived,
 )
 
 ROLES: tuple[str, ...] = WITH_SERVERS
 
 
-class Params(FinalModel, PushCompression):
+class Params(FinalModel):
     """``strategy.params`` of an ``aadmm`` job (all optional; unknown keys are errors)."""
 
     model_config = PARAMS_CONFIG

@@ -20,7 +20,9 @@ ever) and ``delay_now``; every worker its ``primal_res`` ``‖wₖ − z‖``.
 
 With ``K₀ = K`` every update waits for every worker: the z sequence of synchronous
 ``admm`` with ``init: broadcast``. ρ defaults from the optimizer as for ``admm``; at
-the end every worker takes ``z`` (``final: local`` keeps each ``wₖ``).
+the end every worker takes ``z`` (``final: local`` keeps each ``wₖ``). Pushes carry
+parameters, not changes, so ``push_compression`` (error feedback on a change) does
+not apply here.
 
 The parameters are :mod:`dmlctl.strategies.aadmm.params`'s; this module imports
 torch (hosts only).
@@ -65,7 +67,7 @@ def prepare(
         "min_workers": resolve_min_workers(p, ctx.world_size),
         "max_delay": p.max_delay,
     }
-    weights, layout = join_as_worker(ctx, model, rule=rule, push=p.push_spec())
+    weights, layout = join_as_worker(ctx, model, rule=rule)
     opt = ConsensusExchange(
         optimizer, weights, ctx=ctx, layout=layout, rho=rho, local_steps=p.local_steps
     )
