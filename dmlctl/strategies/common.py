@@ -91,6 +91,45 @@ def mean_and_consensus(
     return mean, float(torch.sqrt(spread / size).item())
 
 
+class ChangeFilter:
+    """The ``threshold`` model filter: a round sends only the tensors whose change
+    since they were last sent is large, ``‖x − x_sent‖ > threshold · ‖x_sent‖``, on at
+    least one worker (so every worker sends the same tensors); a skipped tensor keeps
+    its change, which counts at the next round (carried forward, not lost)."""
+
+    def __init__(self, tensors: Sequence[torch.Tensor], threshold: float) -> None:
+        self.threshold = threshold
+        self.sent = [t.detach().clone() for t in tensors]
+
+    def select(
+        self,
+        tensors: Sequence[torch.Tensor],
+        meter: CommMeter,
+        group: dist.ProcessGroup | None = None,
+    ) -> list[int]:
+        """Indices of the tensors this round sends: one all-reduce (MAX) of a float32
+        flag per tensor, counted in ``meter``. Collective over ``group``."""
+        flags = torch.tensor(
+            [
+                float(
+                    torch.linalg.vector_norm((t.detach() - s).double())
+                    > self.threshold * torch.linalg.vector_norm(s.double())
+                )
+                for t, s in zip(tensors, self.sent, strict=True)
+            ],
+            dtype=torch.float32,
+        )
+        start = time.perf_counter()
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=group)
+        meter.add(tensor_bytes([flags]), time.perf_counter() - start)
+        return [i for i, f in enumerate(flags.tolist()) if f > 0]
+
+    def mark_sent(self, indices: Sequence[int], tensors: Sequence[torch.Tensor]) -> None:
+        """Remember the values the tensors ``indices`` hold now as sent."""
+        for i in indices:
+            self.sent[i].copy_(tensors[i].detach())
+
+
 def consensus_distance(
     params: Sequence[torch.Tensor], mean: torch.Tensor, world_size: int
 ) -> float:

@@ -3,9 +3,16 @@ files with it). The update rule is :mod:`dmlctl.strategies.local_sgd.strategy`'s
 
 from __future__ import annotations
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
-from dmlctl.strategies.params import MAX_PERIOD, MAX_STEPS, PARAMS_CONFIG, WORKERS_ONLY, FinalModel
+from dmlctl.strategies.params import (
+    MAX_PERIOD,
+    MAX_STEPS,
+    MAX_WEIGHT,
+    PARAMS_CONFIG,
+    WORKERS_ONLY,
+    FinalModel,
+)
 
 ROLES: tuple[str, ...] = WORKERS_ONLY
 
@@ -37,6 +44,14 @@ class Params(FinalModel):
         default=4,
         description="With `hierarchical`: host-level rounds per global round.",
     )
+    threshold: float = Field(
+        default=0.0,
+        ge=0,
+        le=MAX_WEIGHT,
+        description="Model filter: a round averages only the tensors whose change since "
+        "they were last averaged exceeds threshold × their norm on some worker; the "
+        "others keep their change for a later round (0: every tensor, every round).",
+    )
 
     @field_validator("period")
     @classmethod
@@ -58,3 +73,11 @@ class Params(FinalModel):
         if value < 1:
             raise ValueError(f"hierarchy_factor must be ≥ 1, got {value}")
         return value
+
+    @model_validator(mode="after")
+    def _threshold_is_global(self) -> Params:
+        if self.threshold > 0 and self.hierarchical:
+            raise ValueError(
+                "threshold filters global rounds only; it cannot be combined with hierarchical"
+            )
+        return self

@@ -23,6 +23,11 @@ Promises:
   *before* the latest global round (``consensus_host``: the same within a host). It
   costs one scalar all-reduce, not counted as training traffic.
 * The inner optimizer's state (momentum, Adam moments) stays local, never averaged.
+* ``threshold`` > 0 (the model filter, :class:`~dmlctl.strategies.common.ChangeFilter`):
+  a global round averages only the tensors whose change since they were last
+  averaged exceeds ``threshold`` × their norm on some worker (one all-reduce of a flag
+  per tensor first); the others keep their change for a later round. ``sent_share``
+  reports the share of the elements sent; the final model averages everything.
 
 The parameters are :mod:`dmlctl.strategies.local_sgd.params`'s; this module imports
 torch (hosts only).
@@ -39,6 +44,7 @@ from pydantic import BaseModel
 
 from dmlctl.runtime.optimizer import StrategyOptimizer
 from dmlctl.strategies.common import (
+    ChangeFilter,
     assign_flat,
     average_in_place,
     broadcast_from_rank0,
@@ -90,6 +96,7 @@ class LocalSGDOptimizer(StrategyOptimizer):
         host_group: dist.ProcessGroup | None = None,
         host_size: int = 1,
         global_every: int = 1,
+        threshold: float = 0.0,
     ) -> None:
         super().__init__(inner, params, world_size=world_size, period=period, warmup=warmup)
         self.tensors: list[torch.Tensor] = [*self.params, *buffers]
@@ -97,6 +104,8 @@ class LocalSGDOptimizer(StrategyOptimizer):
         self.host_group = host_group
         self.host_size = host_size
         self.global_every = global_every
+        self.filter = ChangeFilter(self.tensors, threshold) if threshold > 0 else None
+        self.last_sent: list[int] = []  # indices into tensors the latest filtered round sent
 
     def is_global_round(self) -> bool:
         """Whether the round due now averages over all workers (else: the host)."""
@@ -104,6 +113,9 @@ class LocalSGDOptimizer(StrategyOptimizer):
         return since <= 0 or since % (self.period * self.global_every) == 0
 
     def communicate(self) -> None:
+        if self.is_global_round() and self.filter is not None:
+            self._filtered_round(self.filter)
+            return
         if self.is_global_round():
             mean, spread = mean_and_consensus(
                 self.tensors, self.n_params, self.meter, None, self.world_size
@@ -120,6 +132,22 @@ class LocalSGDOptimizer(StrategyOptimizer):
             return  # one worker on this host: a host round is a no-op
         assign_flat(self.tensors, mean)
         self.check_finite(mean, self.tensors, where)
+
+    def _filtered_round(self, change: ChangeFilter) -> None:
+        """A global round of the tensors the filter picks; ``sent_share`` = their
+        share of the elements."""
+        chosen = self.last_sent = change.select(self.tensors, self.meter)
+        picked = [self.tensors[i] for i in chosen]
+        total = sum(t.numel() for t in self.tensors)
+        self.meter.extra["sent_share"] = sum(t.numel() for t in picked) / max(total, 1)
+        if not picked:
+            return
+        n_params = sum(self.tensors[i].numel() for i in chosen if i < len(self.params))
+        mean, spread = mean_and_consensus(picked, n_params, self.meter, None, self.world_size)
+        self.meter.extra["consensus"] = spread
+        assign_flat(picked, mean)
+        change.mark_sent(chosen, self.tensors)
+        self.check_finite(mean, picked, "after averaging")
 
     def final_model(self) -> None:
         """Every worker ← the mean of all workers' parameters and buffers (one
@@ -168,5 +196,6 @@ def prepare(
         host_group=host_group,
         host_size=host_size,
         global_every=global_every,
+        threshold=p.threshold,
     )
     return model, opt
