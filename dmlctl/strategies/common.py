@@ -97,25 +97,40 @@ class ChangeFilter:
     least one worker (so every worker sends the same tensors); a skipped tensor keeps
     its change, which counts at the next round (carried forward, not lost)."""
 
-    def __init__(self, tensors: Sequence[torch.Tensor], threshold: float) -> None:
+    def __init__(
+        self,
+        tensors: Sequence[torch.Tensor],
+        threshold: float,
+        references: Sequence[torch.Tensor] | None = None,
+    ) -> None:
+        """``references``: what each tensor's change is measured from, kept up to date
+        by the caller (EASGD: views of the center); default: copies of ``tensors``
+        now, updated by :meth:`mark_sent`."""
         self.threshold = threshold
-        self.sent = [t.detach().clone() for t in tensors]
+        self.sent = (
+            list(references) if references is not None else [t.detach().clone() for t in tensors]
+        )
 
     def select(
         self,
         tensors: Sequence[torch.Tensor],
         meter: CommMeter,
         group: dist.ProcessGroup | None = None,
+        changes: Sequence[torch.Tensor] | None = None,
     ) -> list[int]:
         """Indices of the tensors this round sends: one all-reduce (MAX) of a float32
-        flag per tensor, counted in ``meter``. Collective over ``group``."""
+        flag per tensor, counted in ``meter``. ``changes``: each tensor's change when
+        the caller has it (default: the tensor minus its reference). Collective over
+        ``group``."""
+        if changes is None:
+            changes = [t.detach() - s for t, s in zip(tensors, self.sent, strict=True)]
         flags = torch.tensor(
             [
                 float(
-                    torch.linalg.vector_norm((t.detach() - s).double())
+                    torch.linalg.vector_norm(c.double())
                     > self.threshold * torch.linalg.vector_norm(s.double())
                 )
-                for t, s in zip(tensors, self.sent, strict=True)
+                for c, s in zip(changes, self.sent, strict=True)
             ],
             dtype=torch.float32,
         )
@@ -176,3 +191,12 @@ def average_in_place(
     meter.add(tensor_bytes([mean]), time.perf_counter() - start)
     assign_flat(tensors, mean)
     return mean
+
+
+def segments(tensors: Sequence[torch.Tensor]) -> list[tuple[int, int]]:
+    """``(offset, numel)`` of each tensor in the flat concatenation of ``tensors``."""
+    out, offset = [], 0
+    for t in tensors:
+        out.append((offset, t.numel()))
+        offset += t.numel()
+    return out

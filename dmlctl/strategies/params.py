@@ -59,6 +59,23 @@ class FinalModel(BaseModel):
     )
 
 
+class ModelFilter(BaseModel):
+    """The ``threshold`` model filter of the model-averaging strategies (local-sgd,
+    bmuf, easgd; :class:`dmlctl.strategies.common.ChangeFilter`)."""
+
+    model_config = PARAMS_CONFIG
+
+    threshold: float = Field(
+        default=0.0,
+        ge=0,
+        le=MAX_WEIGHT,
+        description="Model filter: a round sends only the tensors whose change since "
+        "they were last sent (easgd: distance from the center) exceeds threshold × "
+        "their norm on some worker; the others keep their change for a later round "
+        "(0: every tensor, every round).",
+    )
+
+
 class PushCompression(BaseModel):
     """The push filter of the parameter-server strategies: what a worker's pushes
     are encoded with (:mod:`dmlctl.runtime.filters`), with error feedback on the

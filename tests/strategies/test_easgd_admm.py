@@ -394,6 +394,7 @@ def test_params_defaults() -> None:
         "alpha": None,
         "rho": None,
         "final": "consensus",
+        "threshold": 0.0,
     }
     assert admm.Params().model_dump() == {
         "rho": None,

@@ -1,7 +1,8 @@
-"""The ``threshold`` model filter of local-sgd on real gloo ranks: a round averages
-exactly the tensors whose change since their last average is large on some worker,
-the others keep their change for later (nothing lost), and the bytes are those of
-the tensors sent plus one flag per tensor."""
+"""The ``threshold`` model filter on real gloo ranks. local-sgd and bmuf: a round
+averages exactly the tensors whose change since their last average is large on some
+worker, the others keep their change for later (nothing lost), and the bytes are
+those of the tensors sent plus one flag per tensor. easgd: the center moves only
+where some worker is far from it."""
 
 from __future__ import annotations
 
@@ -35,10 +36,11 @@ def _rounds(ctx: Any) -> dict[str, Any]:
         bytes_before = opt.meter.bytes
         opt.step()
         if step % PERIOD == 0:
+            tensors = getattr(opt, "tensors", opt.params)
             rounds.append(
                 {
                     "sent": list(opt.last_sent),
-                    "values": [t.detach().clone().numpy() for t in opt.tensors],
+                    "values": [t.detach().clone().numpy() for t in tensors],
                     "reference": [s.clone().numpy() for s in opt.filter.sent],
                     "bytes": opt.meter.bytes - bytes_before,
                 }
@@ -46,11 +48,14 @@ def _rounds(ctx: Any) -> dict[str, Any]:
     return {"rounds": rounds}
 
 
-@pytest.fixture(scope="module")
-def ranks() -> list[dict[str, Any]]:
-    return run_ranks(
-        _rounds, 2, strategy="local-sgd", params={"threshold": THRESHOLD, "period": PERIOD}
-    )
+def _run(strategy: str) -> list[dict[str, Any]]:
+    params = {"threshold": THRESHOLD, "period": PERIOD}
+    return run_ranks(_rounds, 2, strategy=strategy, params=params)
+
+
+@pytest.fixture(scope="module", params=["local-sgd", "bmuf"])
+def ranks(request: pytest.FixtureRequest) -> list[dict[str, Any]]:
+    return _run(request.param)
 
 
 def test_sent_tensors_are_averaged_and_skipped_ones_stay_below_the_threshold(
@@ -85,3 +90,25 @@ def test_threshold_and_hierarchical_do_not_combine() -> None:
 
     with pytest.raises(ValueError, match="cannot be combined with hierarchical"):
         Params.model_validate({"threshold": 0.1, "hierarchical": True})
+
+
+def test_easgd_moves_the_center_only_where_some_worker_is_far_from_it() -> None:
+    import numpy as np
+
+    out = _run("easgd")
+    sizes = [v.size for v in out[0]["rounds"][0]["values"]]
+    previous = None
+    skipped = 0
+    for a, b in zip(out[0]["rounds"], out[1]["rounds"], strict=True):
+        assert a["sent"] == b["sent"]
+        for x, y in zip(a["reference"], b["reference"], strict=True):
+            assert np.array_equal(x, y)  # one center
+        if previous is not None:
+            for i, (now, before) in enumerate(zip(a["reference"], previous, strict=True)):
+                if i not in a["sent"]:
+                    skipped += 1
+                    assert np.array_equal(now, before)  # no update for this tensor
+        previous = a["reference"]
+        # the sent tensors' differences, the consensus scalar, one flag per tensor
+        assert a["bytes"] == 4 * (sum(sizes[i] for i in a["sent"]) + 1) + 4 * len(sizes)
+    assert skipped

@@ -48,11 +48,13 @@ from dmlctl.runtime.optimizer import StrategyOptimizer
 from dmlctl.strategies import optimizers
 from dmlctl.strategies.bmuf.params import Params, resolve_block_momentum
 from dmlctl.strategies.common import (
+    ChangeFilter,
     assign_flat,
     broadcast_from_rank0,
     flat_params,
     mean_and_consensus,
     model_tensors,
+    segments,
 )
 from dmlctl.strategies.registry import params_as
 
@@ -82,9 +84,12 @@ class BMUFOptimizer(StrategyOptimizer):
         block_momentum: float,
         block_lr: float = 1.0,
         nesterov: bool = False,
+        threshold: float = 0.0,
     ) -> None:
         super().__init__(inner, params, world_size=world_size, period=period)
         self.tensors: list[torch.Tensor] = [*self.params, *buffers]
+        self.filter = ChangeFilter(self.tensors, threshold) if threshold > 0 else None
+        self.last_sent: list[int] = []  # tensors the latest block update averaged
         self.n_params = sum(p.numel() for p in self.params)
         self.block_momentum = block_momentum
         self.block_lr = block_lr
@@ -97,22 +102,42 @@ class BMUFOptimizer(StrategyOptimizer):
         self._blocked_at = 0  # local_steps at the latest block update
 
     def communicate(self) -> None:
-        mean, spread = mean_and_consensus(
-            self.tensors, self.n_params, self.meter, None, self.world_size
-        )
-        self.meter.extra["consensus"] = spread
-        n = self.n_params
-        update = mean[:n].to(self.global_params.dtype) - self.global_params  # G
-        self.delta.mul_(self.block_momentum).add_(update, alpha=self.block_lr)
-        self.global_params.add_(self.delta)
-        if self.nesterov:
-            restart = self.global_params + self.block_momentum * self.delta
-        else:
-            restart = self.global_params
-        mean[:n].copy_(restart)
-        assign_flat(self.tensors, mean)
-        self.check_finite(mean, self.tensors, "after the block update")
+        """One block: average the tensors (all, or those the ``threshold`` filter
+        picks), then the block-momentum update of their part of ``w_g``."""
+        every = list(range(len(self.tensors)))
+        chosen = self.filter.select(self.tensors, self.meter) if self.filter else every
+        self.last_sent = chosen
+        picked = [self.tensors[i] for i in chosen]
+        if self.filter is not None:
+            total = sum(t.numel() for t in self.tensors)
+            self.meter.extra["sent_share"] = sum(t.numel() for t in picked) / max(total, 1)
         self._blocked_at = self.local_steps
+        if not picked:
+            return
+        n_params = sum(self.tensors[i].numel() for i in chosen if i < len(self.params))
+        mean, spread = mean_and_consensus(picked, n_params, self.meter, None, self.world_size)
+        self.meter.extra["consensus"] = spread
+        places = segments(self.params)
+        pos = 0
+        for i in chosen:
+            n = self.tensors[i].numel()
+            if i < len(self.params):
+                self._block_update(mean[pos : pos + n], *places[i])
+            pos += n
+        assign_flat(picked, mean)
+        if self.filter is not None:
+            self.filter.mark_sent(chosen, self.tensors)
+        self.check_finite(mean, picked, "after the block update")
+
+    def _block_update(self, averaged: torch.Tensor, offset: int, n: int) -> None:
+        """Δ ← η Δ + ζ (averaged − w_g), w_g ← w_g + Δ on one tensor's part of
+        ``w_g``; ``averaged`` ← where the workers restart (w_g, or the Nesterov
+        look-ahead)."""
+        wg, delta = self.global_params[offset : offset + n], self.delta[offset : offset + n]
+        delta.mul_(self.block_momentum).add_(averaged.to(wg.dtype) - wg, alpha=self.block_lr)
+        wg.add_(delta)
+        restart = wg + self.block_momentum * delta if self.nesterov else wg
+        averaged.copy_(restart)
 
     def final_model(self) -> None:
         """A last block update when steps were taken since the previous one; then
@@ -170,5 +195,6 @@ def prepare(
         ),
         block_lr=p.block_lr,
         nesterov=p.nesterov,
+        threshold=p.threshold,
     )
     return model, opt

@@ -12,13 +12,14 @@ from dmlctl.strategies.params import (
     PARAMS_CONFIG,
     WORKERS_ONLY,
     FinalModel,
+    ModelFilter,
     derived,
 )
 
 ROLES: tuple[str, ...] = WORKERS_ONLY
 
 
-class Params(FinalModel):
+class Params(FinalModel, ModelFilter):
     """``strategy.params`` of an ``easgd`` job (all optional; unknown keys are errors)."""
 
     model_config = PARAMS_CONFIG

@@ -60,7 +60,13 @@ import torch.distributed as dist
 from pydantic import BaseModel
 
 from dmlctl.runtime.optimizer import StrategyOptimizer
-from dmlctl.strategies.common import assign_flat, average_in_place, flat_params
+from dmlctl.strategies.common import (
+    ChangeFilter,
+    assign_flat,
+    average_in_place,
+    flat_params,
+    segments,
+)
 from dmlctl.strategies.easgd.params import Params, check_world, resolve_alpha, resolve_rho
 from dmlctl.strategies.optimizers import first_lr
 from dmlctl.strategies.registry import params_as
@@ -83,6 +89,7 @@ class EASGDOptimizer(StrategyOptimizer):
         period: int,
         alpha: float,
         rho: float,
+        threshold: float = 0.0,
     ) -> None:
         super().__init__(inner, params, world_size=world_size, period=period)
         self.alpha = alpha
@@ -91,6 +98,13 @@ class EASGDOptimizer(StrategyOptimizer):
         dist.broadcast(start, src=0)
         assign_flat(self.params, start)
         self.center: torch.Tensor = start
+        self.places = segments(self.params)
+        self.filter = (
+            ChangeFilter(self.params, threshold, [start[o : o + n] for o, n in self.places])
+            if threshold > 0
+            else None
+        )
+        self.last_sent: list[int] = []  # tensors the latest center update included
         self._diff: torch.Tensor | None = None
         self._exchanged_at = 0  # local_steps at the latest center update
 
@@ -111,15 +125,33 @@ class EASGDOptimizer(StrategyOptimizer):
         if diff is None:  # step() always runs before_step first; be safe anyway
             diff = flat_params(self.params) - self.center
         self._diff = None
-        buf = torch.cat([diff, diff.square().sum().reshape(1)])
+        chosen = self._chosen(diff)
+        parts = [diff[o : o + n] for o, n in (self.places[i] for i in chosen)]
+        buf = torch.cat([*parts, diff.square().sum().reshape(1)])
         began = time.perf_counter()
         dist.all_reduce(buf, op=dist.ReduceOp.SUM)
         self.meter.add(buf.numel() * buf.element_size(), time.perf_counter() - began)
-        self.center.add_(buf[:-1], alpha=self.alpha)
+        pos = 0
+        for o, n in (self.places[i] for i in chosen):
+            self.center[o : o + n].add_(buf[pos : pos + n], alpha=self.alpha)
+            pos += n
         self.check_finite(self.center, where="in the center after the elastic update")
         sq = max(float(buf[-1].item()), 0.0)
         self.meter.extra["consensus"] = math.sqrt(sq / self.world_size)
         self._exchanged_at = self.local_steps
+
+    def _chosen(self, diff: torch.Tensor) -> list[int]:
+        """The tensors this center update includes: all, or those whose distance from
+        the center exceeds ``threshold`` × the center's norm on some worker
+        (``sent_share`` reports their share of the elements)."""
+        if self.filter is None:
+            self.last_sent = list(range(len(self.params)))
+            return self.last_sent
+        changes = [diff[o : o + n] for o, n in self.places]
+        self.last_sent = self.filter.select(self.params, self.meter, changes=changes)
+        sent = sum(self.places[i][1] for i in self.last_sent)
+        self.meter.extra["sent_share"] = sent / max(diff.numel(), 1)
+        return self.last_sent
 
     def final_model(self) -> None:
         """A last center update when steps were taken since the previous one; then
@@ -135,8 +167,8 @@ class EASGDOptimizer(StrategyOptimizer):
 
     def load_strategy_state(self, state: dict[str, Any]) -> None:
         center = state.get("center")
-        if center is not None:
-            self.center = center.to(self.center.device, self.center.dtype).clone()
+        if center is not None:  # in place: the filter's references are views of it
+            self.center.copy_(center.to(self.center.device, self.center.dtype))
         self._diff = None
 
     def __repr__(self) -> str:
@@ -172,5 +204,6 @@ def prepare(
         period=p.period,
         alpha=alpha,
         rho=rho,
+        threshold=p.threshold,
     )
     return model, wrapped

@@ -8,16 +8,16 @@ from pydantic import Field, field_validator, model_validator
 from dmlctl.strategies.params import (
     MAX_PERIOD,
     MAX_STEPS,
-    MAX_WEIGHT,
     PARAMS_CONFIG,
     WORKERS_ONLY,
     FinalModel,
+    ModelFilter,
 )
 
 ROLES: tuple[str, ...] = WORKERS_ONLY
 
 
-class Params(FinalModel):
+class Params(FinalModel, ModelFilter):
     """``strategy.params`` of a ``local-sgd`` job (all optional; unknown keys are errors)."""
 
     model_config = PARAMS_CONFIG
@@ -43,14 +43,6 @@ class Params(FinalModel):
         le=MAX_PERIOD,
         default=4,
         description="With `hierarchical`: host-level rounds per global round.",
-    )
-    threshold: float = Field(
-        default=0.0,
-        ge=0,
-        le=MAX_WEIGHT,
-        description="Model filter: a round averages only the tensors whose change since "
-        "they were last averaged exceeds threshold × their norm on some worker; the "
-        "others keep their change for a later round (0: every tensor, every round).",
     )
 
     @field_validator("period")
