@@ -59,6 +59,17 @@ class FinalModel(BaseModel):
     )
 
 
+def changed(model: BaseModel) -> set[str]:
+    """The fields of ``model`` whose value is not their default: what a job file set
+    to something else. Unlike ``model_fields_set`` it survives a round trip through
+    ``model_dump``/``model_validate`` (which sets every field)."""
+    return {
+        name
+        for name, info in type(model).model_fields.items()
+        if not info.is_required() and getattr(model, name) != info.default
+    }
+
+
 class ModelFilter(BaseModel):
     """The ``threshold`` model filter of the model-averaging strategies (local-sgd,
     bmuf, easgd; :class:`dmlctl.strategies.common.ChangeFilter`)."""
@@ -99,7 +110,7 @@ class PushCompression(BaseModel):
 
     @model_validator(mode="after")
     def _density_needs_topk(self) -> PushCompression:
-        if "push_density" in self.model_fields_set and self.push_compression != "topk":
+        if "push_density" in changed(self) and self.push_compression != "topk":
             raise ValueError(
                 f"push_density only applies with push_compression: topk "
                 f"(push_compression is {self.push_compression!r})"

@@ -75,3 +75,23 @@ def test_unknown_names_are_answered_with_the_valid_list() -> None:
     for lookup in (registry.load, registry.load_runtime, registry.entry):
         with pytest.raises(registry.UnknownStrategy, match="valid: aadmm, adadelay, admm"):
             lookup("nope")
+
+
+def test_every_params_model_survives_a_dump_and_validate_round_trip() -> None:
+    """Strategies re-validate their params from ``model_dump()`` (``params_as``,
+    ``check_world``): that must never turn defaults into conflicting settings."""
+    examples = {
+        "ssgd": {"compression": "topk", "topk_density": 0.05},
+        "asgd": {"push_compression": "topk", "push_density": 0.05},
+        "sync-ps": {"backup_workers": 1, "push_compression": "int8"},
+        "local-sgd": {"threshold": 0.1},
+    }
+    for name in registry.names():
+        module = registry.load(name)
+        for given in ({}, examples.get(name, {})):
+            params = module.Params.model_validate(given)
+            again = module.Params.model_validate(params.model_dump())
+            assert again == params, name
+            check = getattr(module, "check_world", None)
+            if check is not None:
+                assert check(params, 4) is None, name

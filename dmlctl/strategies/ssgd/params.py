@@ -11,6 +11,7 @@ from dmlctl.strategies.params import (
     MAX_WEIGHT,
     PARAMS_CONFIG,
     WORKERS_ONLY,
+    changed,
 )
 
 ROLES: tuple[str, ...] = WORKERS_ONLY
@@ -121,7 +122,7 @@ class Params(BaseModel):
     @model_validator(mode="after")
     def _compression_params_need_their_compression(self) -> Params:
         for key, kinds in _ONLY_WITH.items():
-            if key in self.model_fields_set and self.compression not in kinds:
+            if key in changed(self) and self.compression not in kinds:
                 raise ValueError(
                     f"{key} only applies with compression: {' or '.join(kinds)} "
                     f"(compression is {self.compression!r})"
