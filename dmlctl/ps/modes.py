@@ -26,6 +26,7 @@ import torch
 
 from dmlctl.ps.bootstrap import Layout
 from dmlctl.ps.channel import WorkerChannel
+from dmlctl.ps.server import unpack
 from dmlctl.ps.worker import PSOptimizer
 
 if TYPE_CHECKING:
@@ -63,8 +64,24 @@ class DeltaPush(PSOptimizer):
                 for p, r in zip(self.params, self.reference, strict=True):
                     r.copy_(p)
         if fetch:
-            self._adopt(fresh if fresh is not None else self._pull(), keep_local=True)
+            pulled = fresh if fresh is not None else self._pull()
+            self._adopt(self._with_unsent(pulled), keep_local=True)
         return loss
+
+    def _with_unsent(self, pulled: list[torch.Tensor]) -> list[torch.Tensor]:
+        """``pulled`` plus what this worker's push filter has held back (its error
+        feedback): a change not delivered yet stays in the worker's model, as a
+        change not pushed yet does, and is pushed with the next push."""
+        codec = self.channel.codec
+        if codec is None or not codec.state.error:
+            return pulled
+        numel = self.layout.shard_numel()
+        flats = [
+            codec.state.error.get(s, torch.zeros(numel[s])) if numel[s] else torch.zeros(0)
+            for s in self.shard_ids
+        ]
+        unsent = unpack(flats, self.layout.plan, self.shapes)
+        return [f + u.to(f.dtype) for f, u in zip(pulled, unsent, strict=True)]
 
     def flush(self) -> None:
         """Push the change since the last push, if any."""

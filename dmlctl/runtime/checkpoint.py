@@ -110,6 +110,14 @@ __all__ = [
 _NONE = -1
 
 
+class _AgreedFailure(Exception):
+    """A save every rank gave up together (its temporary directory already removed)."""
+
+    def __init__(self, error: CheckpointError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 class CheckpointManager:
     """Saves and restores this rank's state dict; see the module docstring.
 
@@ -150,6 +158,7 @@ class CheckpointManager:
         #: Whether to start from step 0 when every checkpoint is corrupt.
         self.allow_fresh_start = allow_fresh_start
         self._problems: list[str] = []  # why checkpoints were skipped, in this load
+        self._write_error: BaseException | None = None  # why the last save's write failed
 
     @classmethod
     def from_env(
@@ -200,36 +209,71 @@ class CheckpointManager:
 
     def save(self, step: int, state: dict[str, Any]) -> str:
         """Write ``state`` as this rank's part of checkpoint ``step``; returns the
-        committed directory. Collective when ``world_size > 1``. On any failure the
-        temporary directory is removed; a full disk raises :class:`DiskFull`."""
+        committed directory. Collective when ``world_size > 1``. A rank that cannot
+        write its part (a full disk raises :class:`DiskFull`) fails the save on every
+        rank, after every rank has stopped writing, and the temporary directory is
+        removed once; the previous checkpoint stays intact."""
         tmp = self.root / f".tmp-step-{step}"
         try:
             return self._save(step, state, tmp)
-        except BaseException as exc:
+        except _AgreedFailure as agreed:
+            raise agreed.error from agreed.error.__cause__
+        except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)  # never left behind, whatever stopped us
-            full = disk_full(exc)
-            if full is not None:
-                where = full.filename or tmp
-                raise DiskFull(
-                    f"no space left on the device writing checkpoint step {step} ({where}); "
-                    f"the previous checkpoint in {self.root} is intact"
-                ) from exc
             raise
 
-    def _save(self, step: int, state: dict[str, Any], tmp: Path) -> str:
-        make_private_dirs(str(tmp))
-        for stale in tmp.glob(".commit-*"):  # a crashed save's lock; this save's come later
-            stale.unlink(missing_ok=True)
-        path = tmp / rank_file(self.rank)
-        write_synced(path, state)
-        fsync_path(tmp)
+    def _write_part(self, state: dict[str, Any], tmp: Path) -> dict[str, Any]:
+        """Write this rank's file in ``tmp``: its manifest entry, or ``{"error": …}``
+        saying why it could not (the exception is kept in ``self._write_error``)."""
+        self._write_error = None
+        try:
+            make_private_dirs(str(tmp))
+            for stale in tmp.glob(".commit-*"):  # a crashed save's lock; this save's later
+                stale.unlink(missing_ok=True)
+            path = tmp / rank_file(self.rank)
+            write_synced(path, state)
+            fsync_path(tmp)
+        except Exception as exc:
+            self._write_error = exc
+            full = disk_full(exc)
+            where = full.filename if full is not None and full.filename else tmp
+            return {
+                "rank": self.rank,
+                "error": f"{type(exc).__name__}: {exc}",
+                "full": full is not None,
+                "where": str(where),
+            }
         # Rank 0's token names this save's commit lock (a stale lock of a crashed
         # attempt never blocks a commit).
         token = os.urandom(8).hex()
-        entry = {"sha256": sha256_file(path), "size": path.stat().st_size, "token": token}
+        return {"sha256": sha256_file(path), "size": path.stat().st_size, "token": token}
+
+    def _failure(self, step: int, mine: dict[str, Any], entries: list[Any]) -> CheckpointError:
+        """The error every rank raises when some rank could not write its part: its
+        own failure, or else the first failed rank's."""
+        bad = mine if "error" in mine else next(e for e in entries if "error" in e)
+        who = "" if bad is mine else f"rank {bad['rank']}: "
+        if bad["full"]:
+            return DiskFull(
+                f"{who}no space left on the device writing checkpoint step {step} "
+                f"({bad['where']}); the previous checkpoint in {self.root} is intact"
+            )
+        return CheckpointError(
+            f"{who}could not write checkpoint step {step} in {self.root}: {bad['error']}; "
+            "the previous checkpoint is intact"
+        )
+
+    def _save(self, step: int, state: dict[str, Any], tmp: Path) -> str:
+        entry = self._write_part(state, tmp)
         entries: list[Any] = [entry] * self.world_size
         if self._collective():  # doubles as the barrier before the commit
             dist.all_gather_object(entries, entry, group=self.group)
+        if any("error" in e for e in entries):  # every rank has stopped writing
+            if self.leader:
+                shutil.rmtree(tmp, ignore_errors=True)
+            error = self._failure(step, entry, entries)
+            error.__cause__ = self._write_error
+            raise _AgreedFailure(error)
         final = self.root / checkpoint_step_dir(step)
         lock = f".commit-{entries[0]['token']}"
         self.committed_here = self.leader and take_lock(tmp / lock)

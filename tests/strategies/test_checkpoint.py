@@ -363,3 +363,26 @@ def test_a_full_disk_raises_disk_full_and_keeps_the_previous_checkpoint(
     assert not list(root.glob(".tmp-*"))
     found = _mgr(root).load_latest()
     assert found is not None and found[0] == 5
+
+
+def _one_rank_cannot_write(ctx: Any, root: str) -> str:
+    """Rank 1's part of step 10 cannot be pickled; every rank must fail the save the
+    same way, after both have stopped writing."""
+    mgr = CheckpointManager(root, ctx.rank, ctx.world_size)
+    mgr.save(5, _state(5))
+    state: dict[str, Any] = _state(10)
+    if ctx.rank == 1:
+        state["bad"] = lambda: None  # torch.save cannot pickle a lambda
+    with pytest.raises(ckpt.CheckpointError) as raised:
+        mgr.save(10, state)
+    return str(raised.value)
+
+
+def test_a_rank_that_cannot_write_fails_the_save_on_every_rank(tmp_path: Path) -> None:
+    """The failing rank says why; the others name it; the temporary directory is
+    removed once nobody writes into it, and step 5 stays the newest checkpoint."""
+    mine, theirs = reversed(run_ranks(_one_rank_cannot_write, 2, args=(str(tmp_path),)))
+    assert mine.startswith("could not write checkpoint step 10") and "lambda" in mine, mine
+    assert theirs.startswith("rank 1: could not write checkpoint step 10"), theirs
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["LATEST", "step-000000005"]
+    assert run_ranks(_resume_step, 2, args=(str(tmp_path),)) == [5, 5]

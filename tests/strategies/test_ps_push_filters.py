@@ -50,3 +50,43 @@ def test_bytes_per_step_are_the_encoded_push_and_the_pull(push: str) -> None:
     out = run_ranks(_bytes, 3, strategy="asgd", params=params, roles=W2S1)
     for worker in out[:2]:
         assert worker["comm_bytes_per_step"] == PUSH[push] + PULL, push
+
+
+def _trajectory(ctx: Any, steps: int) -> list[Any]:
+    """The worker's parameters after each of ``steps`` SGD steps on fixed data."""
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(16, 4)
+    model, opt = ctx.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    gen = torch.Generator().manual_seed(1)
+    seen = []
+    for _ in range(steps):
+        x = torch.randn(8, 16, generator=gen)
+        loss = (model(x) - x[:, :4]).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        seen.append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone())
+    opt.finish()
+    return seen
+
+
+@pytest.mark.parametrize("push", ["int8", "topk", "sign"])
+def test_a_worker_keeps_what_its_push_filter_held_back(push: str) -> None:
+    """One worker, one server: the filter delays what reaches the server, but the
+    worker trains on its own model plus what it has not delivered yet, so its
+    trajectory is the unfiltered one (up to float rounding of the sums)."""
+    import torch
+
+    plain = run_ranks(_trajectory, 2, strategy="asgd", args=(12,), roles=["worker", "server"])[0]
+    params: dict[str, Any] = {"push_compression": push}
+    if push == "topk":
+        params["push_density"] = 0.1
+    filtered = run_ranks(
+        _trajectory, 2, strategy="asgd", params=params, args=(12,), roles=["worker", "server"]
+    )[0]
+    assert plain is not None and filtered is not None
+    for step, (a, b) in enumerate(zip(plain, filtered, strict=True)):
+        gap = float((a - b).abs().max())
+        assert torch.allclose(a, b, atol=1e-5), f"{push}: step {step} differs by {gap}"
