@@ -58,20 +58,33 @@ def launch(report: Report) -> Chart:
 
 
 def strategies(report: Report) -> Chart:
-    """ssgd's throughput through dmlctl against hand-written DDP, and each
-    strategy's bytes per step relative to ssgd."""
-    groups = {
-        "dmlctl ssgd": report["dmlctl_samples_per_s"]["samples"],
-        "hand-written DDP": report["bare_samples_per_s"]["samples"],
-    }
-    measured = {n: row for n, row in report["bytes"].items() if "ratio" in row}
-    bars = Bars(
-        "bytes per step / ssgd's",
-        list(measured),
-        {"bytes per step": [row["ratio"] for row in measured.values()]},
-    )
-    title = f"strategies, {report['workers']} workers: throughput ratio "
-    return title + f"{report['throughput_ratio']:.3f}", [Samples("samples/s", groups), bars]
+    """The sections the report holds: ssgd's throughput through dmlctl against
+    hand-written DDP, each strategy's and filter's bytes per step relative to its
+    baseline, and samples/s with overlap off and on."""
+    panels: list[Panel] = []
+    title = f"strategies, {report['workers']} workers"
+    if "throughput_ratio" in report:
+        groups = {
+            "dmlctl ssgd": report["dmlctl_samples_per_s"]["samples"],
+            "hand-written DDP": report["bare_samples_per_s"]["samples"],
+        }
+        panels.append(Samples("samples/s", groups))
+        title += f": throughput ratio {report['throughput_ratio']:.3f}"
+    rows = {**report.get("bytes", {}), **report.get("filters", {})}
+    measured = {n: row for n, row in rows.items() if "ratio" in row}
+    if measured:
+        ratios = {"bytes per step": [row["ratio"] for row in measured.values()]}
+        panels.append(Bars("bytes per step / baseline's", list(measured), ratios))
+    if "overlap" in report:
+        names = list(report["overlap"])
+        rates = {
+            f"overlap {side}": [
+                report["overlap"][n][side]["samples_per_s"]["median"] for n in names
+            ]
+            for side in ("false", "true")
+        }
+        panels.append(Bars("samples/s per worker", names, rates))
+    return title, panels
 
 
 def accuracy(report: Report) -> Chart:

@@ -150,17 +150,28 @@ def launch(
 @app.command()
 def strategies(
     steps: int = typer.Option(400, "--steps", help="Steps per run: 48 warm-up + a multiple of 8."),
-    repeats: int = typer.Option(3, "--repeats", help="Throughput runs per side (at least 3)."),
+    repeats: int = typer.Option(
+        3, "--repeats", help="Runs per side for throughput and overlap (at least 3)."
+    ),
+    sections: str = typer.Option(
+        "throughput,bytes,filters,overlap",
+        "--sections",
+        help="Comma-separated: throughput (dmlctl vs hand-written DDP), bytes (ssgd "
+        "compressions), filters (model and push filters), overlap (asynchronous strategies).",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
     plot: Optional[Path] = plot_option("samples/s of every run, bytes/step by strategy"),  # noqa: UP045
 ) -> int:
-    """ssgd via dmlctl vs hand-written DDP (throughput); bytes/step of local-sgd, PowerSGD."""
-    from dmlctl.bench.strategies import render_strategies_table, run_strategy_bench
+    """Overhead against hand-written DDP, bytes/step of every compression and filter,
+    and overlap's throughput ratio."""
+    from dmlctl.bench.strategies import parse_sections, run_strategy_bench
+    from dmlctl.bench.strategies_report import render_strategies_table
 
     check_plot(plot)
+    chosen = parse_sections(sections)
     err = stderr_console()
     with err.status("running the strategy benchmark…"):
-        report = run_strategy_bench(steps, repeats, console=err)
+        report = run_strategy_bench(steps, repeats, console=err, sections=chosen)
     if as_json:
         print(json.dumps(report, indent=2))
     else:

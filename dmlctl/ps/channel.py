@@ -11,13 +11,14 @@ the server or the worker-side strategy:
 This module's implementation is ``torch.distributed`` point-to-point (gloo; no RPC).
 Wire protocol (all messages of one (sender, receiver) pair arrive in order per tag):
 
-* **Header**: int64 tensor ``[op, worker_rank, clock, shard_id, extra, lr]``, tag
+* **Header**: int64 tensor ``[op, worker_rank, clock, shard_id, extra, size, lr]``, tag
   :data:`HEADER_TAG`, worker → server. The server receives headers with
   ``dist.recv(header, tag=HEADER_TAG)`` and no ``src``: gloo receives from any
   source and returns the sender's rank (checked against gloo in torch 2.13).
 * **PUSH**: the header, then the shard's flat update (the shard's dtype, ``numel``
-  elements; with a push filter its encoded bytes, see :mod:`dmlctl.ps.codec`) with
-  tag :func:`push_tag`. The server applies it; with ``extra = 1`` it
+  elements; with a push filter its encoded bytes, ``size`` of them, see
+  :mod:`dmlctl.ps.codec`) with tag :func:`push_tag`. The server applies it; with
+  ``extra = 1`` it
   then treats the header as a PULL too (push and read in one step, see
   :meth:`WorkerChannel.push`).
 * **PULL**: the header only. The server answers — at once, or for stale synchronous
@@ -56,7 +57,7 @@ if TYPE_CHECKING:
     from dmlctl.ps.codec import PushCodec
 
 HEADER_TAG = 0
-HEADER_LEN = 6
+HEADER_LEN = 7
 NO_LR = float("nan")
 """The ``lr`` slot of a header that carries none."""
 BLOB_HEADER_TAG = 1_000_001
@@ -101,11 +102,12 @@ def _wait_all(works: Sequence[dist.Work | None]) -> None:
 
 
 def _header(
-    op: Op, rank: int, clock: int, shard_id: int, extra: int = 0, lr: float = NO_LR
+    op: Op, rank: int, clock: int, shard_id: int, extra: int = 0, lr: float = NO_LR, size: int = 0
 ) -> torch.Tensor:
-    """A header; ``lr`` travels as the bits of a float64 in the last slot."""
+    """A header; ``lr`` travels as the bits of a float64 in the last slot, ``size`` is
+    an encoded push's byte count."""
     bits = int(torch.tensor([lr], dtype=torch.float64).view(torch.int64).item())
-    return torch.tensor([int(op), rank, clock, shard_id, extra, bits], dtype=torch.int64)
+    return torch.tensor([int(op), rank, clock, shard_id, extra, size, bits], dtype=torch.int64)
 
 
 def _header_lr(header: torch.Tensor) -> float | None:
@@ -178,12 +180,15 @@ class WorkerChannel:
         *,
         pull: bool = False,
         lr: float | None = None,
+        references: Mapping[int, torch.Tensor] | None = None,
     ) -> dict[int, Pulled]:
         """Send the flat update ``grads[s]`` for each shard ``s`` to its server, all
         concurrently; returns once every send completed. Each update must have the
         shard's ``numel`` elements (it is flattened and cast to ``dtype``). Every
         header carries ``clock`` (or ``clock[s]``, one per shard) and ``lr`` when given
         (servers that run the worker's optimizer follow its schedule).
+        ``references[s]``: shard ``s``'s flat parameters, for a push filter that
+        measures changes against them (``threshold``)
 
         With ``pull``, each PUSH also asks for the shard back (header ``extra = 1``):
         the server queues that read the moment it applies the update, exactly as a
@@ -199,12 +204,13 @@ class WorkerChannel:
                     f"expected {self.shard_numel[shard_id]}"
                 )
             if self.codec is not None:
-                flat = self.codec.encode(shard_id, flat)
+                ref = references.get(shard_id) if references is not None else None
+                flat = self.codec.encode(shard_id, flat, ref)
             dst = self.shard_servers[shard_id]
             tick = clock if isinstance(clock, int) else clock[shard_id]
-            header = _header(
-                Op.PUSH, self.rank, tick, shard_id, int(pull), NO_LR if lr is None else lr
-            )
+            rate = NO_LR if lr is None else lr
+            size = flat.numel() * flat.element_size()
+            header = _header(Op.PUSH, self.rank, tick, shard_id, int(pull), rate, size)
             keep += [header, flat]
             works.append(dist.isend(header, dst, tag=HEADER_TAG))
             if flat.numel():
@@ -245,7 +251,7 @@ class WorkerChannel:
     ) -> dict[int, Pulled]:
         out: dict[int, Pulled] = {}
         for shard_id, (header, flat) in replies.items():
-            op, _, version, got, min_clock, _ = (int(v) for v in header.tolist())
+            op, _, version, got, min_clock, _, _ = (int(v) for v in header.tolist())
             if op != Op.PULL_REPLY or got != shard_id:
                 raise RuntimeError(f"bad pull reply {header.tolist()} for shard {shard_id}")
             out[shard_id] = Pulled(version, flat, min_clock)
@@ -339,7 +345,7 @@ class ServerChannel:
         shard this server does not hold."""
         header = torch.empty(HEADER_LEN, dtype=torch.int64)
         sender = dist.recv(header, tag=HEADER_TAG)
-        raw_op, worker, clock, shard_id, extra, _ = (int(v) for v in header.tolist())
+        raw_op, worker, clock, shard_id, extra, size, _ = (int(v) for v in header.tolist())
         try:
             op = Op(raw_op)
         except ValueError:
@@ -360,7 +366,9 @@ class ServerChannel:
         if op is not Op.PUSH:
             raise RuntimeError(f"unexpected op {op.name} from rank {sender}")
         if self.codec is not None and self.shard_numel[shard_id]:
-            encoded = torch.empty(self.codec.nbytes(shard_id), dtype=torch.uint8)
+            if not 0 < size <= self.codec.nbytes(shard_id):
+                raise RuntimeError(f"rank {sender} pushed {size} bytes for shard {shard_id}")
+            encoded = torch.empty(size, dtype=torch.uint8)
             dist.recv(encoded, sender, tag=push_tag(shard_id))
             payload = self.codec.decode(shard_id, encoded, self.dtype)
         else:

@@ -15,6 +15,12 @@ per behaviour (runtime side, torch).
   ``period`` steps the worker pulls the center ``x̃``, moves ``x ← x − α(x − x̃)`` and
   pushes ``α(x − x̃)``, which the server adds to the center (the paper's asynchronous
   elastic exchange).
+
+With ``overlap: true`` (asgd, easgd-async; aadmm's worker is in
+:mod:`dmlctl.ps.round_modes`) every exchange runs in a communication thread
+(:mod:`dmlctl.ps.overlap`) while the trainer computes: the double-buffer scheme. The
+model (or center) an exchange pulls is taken at the next exchange, so what a worker
+computes on is one exchange older than without overlap; what it pushes is the same.
 """
 
 from __future__ import annotations
@@ -34,7 +40,10 @@ if TYPE_CHECKING:
 
 
 class DeltaPush(PSOptimizer):
-    """Local steps; push the change every ``n_push`` steps, pull every ``n_fetch``."""
+    """Local steps; push the change every ``n_push`` steps, pull every ``n_fetch``.
+    With ``overlap`` each push and pull runs in the communication thread while the
+    trainer takes its next step, and the model it pulled is taken at the next
+    exchange (with the local change made since)."""
 
     def __init__(
         self,
@@ -46,27 +55,52 @@ class DeltaPush(PSOptimizer):
         channel: WorkerChannel | None = None,
         n_push: int = 1,
         n_fetch: int = 1,
+        overlap: bool = False,
     ) -> None:
-        super().__init__(inner, params, ctx=ctx, layout=layout, channel=channel)
+        super().__init__(inner, params, ctx=ctx, layout=layout, channel=channel, overlap=overlap)
         self.n_push, self.n_fetch = n_push, n_fetch
 
     def _delta(self) -> list[torch.Tensor]:
         return [p.detach() - r for p, r in zip(self.params, self.reference, strict=True)]
 
+    def _mark_pushed(self) -> None:
+        with torch.no_grad():
+            for p, r in zip(self.params, self.reference, strict=True):
+                r.copy_(p)
+
     def step(self, closure: Callable[[], float] | None = None) -> Any:
         """The local step, then the push and the pull that are due (module docstring)."""
         loss = self._local_step(closure)
+        push = self.local_steps % self.n_push == 0
         fetch = self.local_steps % self.n_fetch == 0
+        if self.comm is not None:
+            if push or fetch:
+                self._exchange_behind(push, fetch)
+            return loss
         fresh = None
-        if self.local_steps % self.n_push == 0:
+        if push:
             fresh = self._push(self._delta(), pull=fetch)
-            with torch.no_grad():
-                for p, r in zip(self.params, self.reference, strict=True):
-                    r.copy_(p)
+            self._mark_pushed()
         if fetch:
             pulled = fresh if fresh is not None else self._pull()
-            self._adopt(self._with_unsent(pulled), keep_local=True)
+            self.settled(pulled)
         return loss
+
+    def _exchange_behind(self, push: bool, fetch: bool) -> None:
+        """``overlap``: take the previous exchange's model, then start this one."""
+        self.settle()
+        if push:
+            delta = self._delta()
+            self._mark_pushed()
+            self._push_behind(delta, pull=fetch)
+        else:
+            self._pull_behind()
+
+    def settled(self, pulled: list[torch.Tensor] | None) -> None:
+        """Continue from the servers' ``pulled`` model plus the local change not pushed
+        or not delivered yet."""
+        if pulled is not None:
+            self._adopt(self._with_unsent(pulled), keep_local=True)
 
     def _with_unsent(self, pulled: list[torch.Tensor]) -> list[torch.Tensor]:
         """``pulled`` plus what this worker's push filter has held back (its error
@@ -138,7 +172,10 @@ class GradientPush(PSOptimizer):
 
 
 class ElasticExchange(PSOptimizer):
-    """Local steps; every ``period`` steps an elastic exchange with the center."""
+    """Local steps; every ``period`` steps an elastic exchange with the center. With
+    ``overlap`` the exchange uses the center the previous exchange pulled (right
+    after its own push) and its push and pull run in the communication thread while
+    the trainer goes on."""
 
     coupling: ClassVar[dict[str, str]] = {"alpha": "elastic_alpha"}
 
@@ -152,9 +189,11 @@ class ElasticExchange(PSOptimizer):
         channel: WorkerChannel | None = None,
         period: int,
         alpha: float,
+        overlap: bool = False,
     ) -> None:
-        super().__init__(inner, params, ctx=ctx, layout=layout, channel=channel)
+        super().__init__(inner, params, ctx=ctx, layout=layout, channel=channel, overlap=overlap)
         self.elastic_period, self.elastic_alpha = period, alpha
+        self._center: list[torch.Tensor] | None = None  # overlap: the latest pulled center
 
     def step(self, closure: Callable[[], float] | None = None) -> Any:
         """The local step, then the exchange when due (module docstring)."""
@@ -164,7 +203,11 @@ class ElasticExchange(PSOptimizer):
         return loss
 
     def _exchange(self) -> None:
-        center = self._pull()
+        if self.comm is not None:
+            self.settle()
+            center = self._center if self._center is not None else self._pull()
+        else:
+            center = self._pull()
         with torch.no_grad():
             diff = [
                 self.elastic_alpha * (p.detach() - c)
@@ -173,7 +216,15 @@ class ElasticExchange(PSOptimizer):
             for p, d in zip(self.params, diff, strict=True):
                 p.sub_(d)
         self.check_finite(self.params, where="after the elastic exchange")
-        self._push(diff)
+        if self.comm is not None:
+            self._push_behind(diff, pull=True)
+        else:
+            self._push(diff)
+
+    def settled(self, pulled: list[torch.Tensor] | None) -> None:
+        """Keep the center the background exchange pulled, for the next exchange."""
+        if pulled is not None:
+            self._center = pulled
 
 
 def dense_grad(p: torch.nn.Parameter) -> torch.Tensor:

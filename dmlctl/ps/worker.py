@@ -35,6 +35,7 @@ import torch.distributed as dist
 from dmlctl.ps.bootstrap import Layout
 from dmlctl.ps.channel import Pulled, WorkerChannel
 from dmlctl.ps.codec import PushCodec
+from dmlctl.ps.overlap import CommThread
 from dmlctl.ps.server import pack, unpack
 from dmlctl.runtime.optimizer import StrategyOptimizer
 from dmlctl.text import plural
@@ -59,6 +60,7 @@ class PSOptimizer(StrategyOptimizer):
         ctx: Context,
         layout: Layout,
         channel: WorkerChannel | None = None,
+        overlap: bool = False,
     ) -> None:
         super().__init__(inner, params, world_size=ctx.world_size, period=1)
         members = ctx.membership
@@ -79,6 +81,9 @@ class PSOptimizer(StrategyOptimizer):
         self.pushed_at = 0  # local step of the latest push
         self._bytes_seen = 0
         self._closed = False
+        #: ``overlap: true``: the thread that runs each exchange while the trainer
+        #: computes the next step(s) (:meth:`_push_behind`, :meth:`settle`).
+        self.comm = CommThread() if overlap else None
         ctx.on_close(self.close)
 
     # ------------------------------------------------------------ communication
@@ -103,11 +108,61 @@ class PSOptimizer(StrategyOptimizer):
         messages (the read follows this very update: see ``WorkerChannel.push``).
         Each push carries ``clock[shard]`` (default: the local steps taken) and
         ``lr`` when given."""
+        pulled = self._timed(self._push_job(tensors, pull=pull, clock=clock, lr=lr))
+        return self._unpacked(pulled) if pulled is not None else None
+
+    def _push_behind(
+        self,
+        tensors: Sequence[torch.Tensor],
+        *,
+        pull: bool = False,
+        clock: Mapping[int, int] | None = None,
+    ) -> None:
+        """:meth:`_push`, run by the communication thread (``overlap: true``) while the
+        trainer goes on; :meth:`settle` collects it."""
+        assert self.comm is not None, "_push_behind needs overlap"
+        self.comm.submit(self._push_job(tensors, pull=pull, clock=clock))
+
+    def _push_job(
+        self,
+        tensors: Sequence[torch.Tensor],
+        *,
+        pull: bool,
+        clock: Mapping[int, int] | None = None,
+        lr: float | None = None,
+    ) -> Callable[[], Mapping[int, Pulled] | None]:
+        """The push of ``tensors`` as a job: everything it reads from the model is
+        taken now (packed copies), so the job may run while the trainer steps."""
         grads = {s: pack(tensors, self.layout.plan[s]) for s in self.shard_ids}
-        clocks = clock if clock is not None else self.local_steps
-        pulled = self._timed(lambda: self.channel.push(grads, clocks, pull=pull, lr=lr))
+        clocks = dict(clock) if clock is not None else self.local_steps
+        refs = None
+        if self.channel.codec is not None and self.channel.codec.needs_reference:
+            refs = {s: pack(self.params, self.layout.plan[s]) for s in self.shard_ids}
         self.pushed_at = self.local_steps
-        return self._unpacked(pulled) if pull else None
+
+        def job() -> Mapping[int, Pulled] | None:
+            pulled = self.channel.push(grads, clocks, pull=pull, lr=lr, references=refs)
+            return pulled if pull else None
+
+        return job
+
+    def settle(self) -> None:
+        """Wait for the exchange the communication thread runs, if any, and hand what
+        it pulled to :meth:`settled` (``overlap: true``). The wait is the
+        communication time the trainer sees (``comm_share``)."""
+        if self.comm is None or not self.comm.pending:
+            return
+        pulled = self._timed(self.comm.wait)
+        self.settled(self._unpacked(pulled) if pulled is not None else None)
+
+    def settled(self, pulled: list[torch.Tensor] | None) -> None:
+        """What the mode does with a background exchange's pull (its subclass's)."""
+
+    def _pull_behind(self) -> None:
+        """:meth:`_pull`, run by the communication thread (``overlap: true``)."""
+        assert self.comm is not None, "_pull_behind needs overlap"
+        clock = self.local_steps
+        self.comm.submit(lambda: self.channel.pull(self.shard_ids, clock=clock))
 
     def _pull(self) -> list[torch.Tensor]:
         pulled = self._timed(lambda: self.channel.pull(self.shard_ids, clock=self.local_steps))
@@ -153,6 +208,7 @@ class PSOptimizer(StrategyOptimizer):
         if self._finished_at == self.local_steps:
             return
         self._finished_at = self.local_steps
+        self.settle()
         self.flush()
         self.channel.done(clock=self.local_steps)
         dist.barrier(group=self.group)
@@ -165,13 +221,18 @@ class PSOptimizer(StrategyOptimizer):
             self._adopt(pulled, keep_local=False)
 
     def close(self) -> None:
-        """Tell the servers this worker is gone (once)."""
+        """Tell the servers this worker is gone (once), after the exchange in flight."""
         if not self._closed:
             self._closed = True
+            if self.comm is not None:
+                self.settle()  # the servers must see its push before the CLOSE
+                self.comm.close()
             self.channel.close(clock=self.local_steps)
 
     def strategy_state(self) -> dict[str, Any]:
-        """The reference copy; on the first worker also every server's state."""
+        """The reference copy; on the first worker also every server's state (after
+        the exchange in flight, so the servers hold this worker's pushes)."""
+        self.settle()
         state: dict[str, Any] = {
             "reference": [r.clone() for r in self.reference],
             "pushed_at": self.pushed_at,

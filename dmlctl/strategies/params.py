@@ -87,6 +87,20 @@ class ModelFilter(BaseModel):
     )
 
 
+class Overlap(BaseModel):
+    """``overlap`` of the asynchronous parameter-server strategies (asgd, easgd-async,
+    aadmm; :mod:`dmlctl.ps.overlap`)."""
+
+    model_config = PARAMS_CONFIG
+
+    overlap: bool = Field(
+        default=False,
+        description="Overlap communication with computation (double buffering): each "
+        "push and pull runs in a background thread while the next step computes, and "
+        "the model it pulled is taken at the next exchange (one exchange staler).",
+    )
+
+
 class PushCompression(BaseModel):
     """The push filter of the parameter-server strategies: what a worker's pushes
     are encoded with (:mod:`dmlctl.runtime.filters`), with error feedback on the
@@ -94,12 +108,13 @@ class PushCompression(BaseModel):
 
     model_config = PARAMS_CONFIG
 
-    push_compression: Literal["none", "int8", "topk", "sign"] = Field(
+    push_compression: Literal["none", "int8", "topk", "sign", "threshold"] = Field(
         default="none",
         description="Encode every push: int8 (a quarter of the bytes plus a scale per "
-        "shard), topk (the largest entries: density × (values + indices)) or sign (1 bit "
-        "per entry plus a scale per tensor); what an encoding drops is carried into the "
-        "worker's next push (error feedback).",
+        "shard), topk (the largest entries: density × (values + indices)), sign (1 bit "
+        "per entry plus a scale per tensor) or threshold (only the tensors whose change "
+        "exceeds push_threshold × their norm, plus a 1-bit-per-tensor mask); what an "
+        "encoding drops is carried into the worker's next push (error feedback).",
     )
     push_density: float = Field(
         default=0.01,
@@ -107,21 +122,34 @@ class PushCompression(BaseModel):
         le=1,
         description="push_compression topk: share of each shard's entries pushed.",
     )
+    push_threshold: float = Field(
+        default=0.01,
+        gt=0,
+        le=MAX_WEIGHT,
+        description="push_compression threshold: a tensor is pushed once its change "
+        "since it was last pushed exceeds this share of its norm.",
+    )
 
     @model_validator(mode="after")
-    def _density_needs_topk(self) -> PushCompression:
-        if "push_density" in changed(self) and self.push_compression != "topk":
-            raise ValueError(
-                f"push_density only applies with push_compression: topk "
-                f"(push_compression is {self.push_compression!r})"
-            )
+    def _settings_need_their_filter(self) -> PushCompression:
+        for name, kind in (("push_density", "topk"), ("push_threshold", "threshold")):
+            if name in changed(self) and self.push_compression != kind:
+                raise ValueError(
+                    f"{name} only applies with push_compression: {kind} "
+                    f"(push_compression is {self.push_compression!r})"
+                )
         return self
 
     def push_spec(self) -> dict[str, Any] | None:
         """What the layout carries to the servers (None: pushes as they are)."""
         if self.push_compression == "none":
             return None
-        return {"kind": self.push_compression, "density": self.push_density}
+        spec: dict[str, Any] = {"kind": self.push_compression}
+        if self.push_compression == "topk":
+            spec["density"] = self.push_density
+        if self.push_compression == "threshold":
+            spec["threshold"] = self.push_threshold
+        return spec
 
 
 def type_name(annotation: Any) -> str:

@@ -80,6 +80,7 @@ def _cluster(tmp_path: Path, slots: int) -> Path:
 
 CASES = {
     "asgd-2w-1s": ("asgd.yaml", None),
+    "asgd-overlap-2w-1s": ("asgd-overlap.yaml", None),
     "ssp-2w-1s": ("ssp.yaml", None),
     "adadelay-2w-1s": ("adadelay.yaml", None),
     "easgd-async-2w-2s": ("easgd-async.yaml", None),

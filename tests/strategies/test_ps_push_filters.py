@@ -52,6 +52,16 @@ def test_bytes_per_step_are_the_encoded_push_and_the_pull(push: str) -> None:
         assert worker["comm_bytes_per_step"] == PUSH[push] + PULL, push
 
 
+@pytest.mark.parametrize(("threshold", "push"), [(1e-9, 1 + 4 * N), (100.0, 1)])
+def test_a_threshold_push_is_its_mask_and_the_tensors_it_sends(threshold: float, push: int) -> None:
+    """A tiny threshold sends both tensors every step (mask + 4 bytes per element), a
+    huge one neither (the mask byte alone)."""
+    params = {"push_compression": "threshold", "push_threshold": threshold}
+    out = run_ranks(_bytes, 3, strategy="asgd", params=params, roles=W2S1)
+    for worker in out[:2]:
+        assert worker["comm_bytes_per_step"] == push + PULL, threshold
+
+
 def _trajectory(ctx: Any, steps: int) -> list[Any]:
     """The worker's parameters after each of ``steps`` SGD steps on fixed data."""
     import torch
@@ -72,7 +82,7 @@ def _trajectory(ctx: Any, steps: int) -> list[Any]:
     return seen
 
 
-@pytest.mark.parametrize("push", ["int8", "topk", "sign"])
+@pytest.mark.parametrize("push", ["int8", "topk", "sign", "threshold"])
 def test_a_worker_keeps_what_its_push_filter_held_back(push: str) -> None:
     """One worker, one server: the filter delays what reaches the server, but the
     worker trains on its own model plus what it has not delivered yet, so its
@@ -83,6 +93,8 @@ def test_a_worker_keeps_what_its_push_filter_held_back(push: str) -> None:
     params: dict[str, Any] = {"push_compression": push}
     if push == "topk":
         params["push_density"] = 0.1
+    if push == "threshold":
+        params["push_threshold"] = 0.05  # most steps hold a tensor back
     filtered = run_ranks(
         _trajectory, 2, strategy="asgd", params=params, args=(12,), roles=["worker", "server"]
     )[0]

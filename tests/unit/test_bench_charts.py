@@ -88,6 +88,18 @@ def _reports(tmp_path: Path) -> dict[str, dict[str, Any]]:
                 "local-sgd": {"bytes_per_step": 1000, "ratio": 0.25, "goal": 0.3},
                 "powersgd": {"status": "pending", "goal": 0.2},
             },
+            "filters": {
+                "asgd": {"bytes_per_step": 8000, "against": None},
+                "asgd push int8": {"bytes_per_step": 5000, "ratio": 0.625, "against": "asgd"},
+            },
+            "overlap": {
+                name: {
+                    "false": {"samples_per_s": {"median": 100.0}},
+                    "true": {"samples_per_s": {"median": 130.0}},
+                    "ratio": 1.3,
+                }
+                for name in ("asgd", "aadmm")
+            },
         },
         "accuracy": {
             "data": "digits",
@@ -161,8 +173,10 @@ def test_charts_read_the_json_reports(tmp_path: Path) -> None:
     _, (runs, stages) = charts.CHARTS["recovery"](reports["recovery"])
     assert isinstance(runs, Samples) and runs.groups["dmlctl"] == [6.0, 5.0]
     assert isinstance(stages, Bars) and list(stages.groups) == ["detected", "first_step"]
-    _, (_, bytes_bars) = charts.CHARTS["strategies"](reports["strategies"])
-    assert isinstance(bytes_bars, Bars) and list(bytes_bars.groups) == ["ssgd", "local-sgd"]
+    _, (_, bytes_bars, overlap) = charts.CHARTS["strategies"](reports["strategies"])
+    assert isinstance(bytes_bars, Bars)
+    assert list(bytes_bars.groups) == ["ssgd", "local-sgd", "asgd push int8"]
+    assert isinstance(overlap, Bars) and overlap.bars["overlap true"] == [130.0, 130.0]
     _, (rates, ratio) = charts.CHARTS["ps"](reports["ps"])
     assert isinstance(rates, Lines) and len(rates.lines["all-reduce"]) == 5
     assert isinstance(ratio, Lines) and ratio.refs == {"goal": 0.5}

@@ -12,13 +12,14 @@ from dmlctl.strategies.params import (
     PARAMS_CONFIG,
     WITH_SERVERS,
     FinalModel,
+    Overlap,
     derived,
 )
 
 ROLES: tuple[str, ...] = WITH_SERVERS
 
 
-class Params(FinalModel):
+class Params(FinalModel, Overlap):
     """``strategy.params`` of an ``aadmm`` job (all optional; unknown keys are errors)."""
 
     model_config = PARAMS_CONFIG

@@ -69,6 +69,12 @@ def prepare(
     }
     weights, layout = join_as_worker(ctx, model, rule=rule)
     opt = ConsensusExchange(
-        optimizer, weights, ctx=ctx, layout=layout, rho=rho, local_steps=p.local_steps
+        optimizer,
+        weights,
+        ctx=ctx,
+        layout=layout,
+        rho=rho,
+        local_steps=p.local_steps,
+        overlap=p.overlap,
     )
     return model, opt

@@ -10,6 +10,7 @@ from dmlctl.strategies.params import (
     MAX_WEIGHT,
     PARAMS_CONFIG,
     WITH_SERVERS,
+    Overlap,
     PushCompression,
     derived,
 )
@@ -17,7 +18,7 @@ from dmlctl.strategies.params import (
 ROLES: tuple[str, ...] = WITH_SERVERS
 
 
-class Params(PushCompression):
+class Params(PushCompression, Overlap):
     """``strategy.params`` of an ``asgd`` job (all optional; unknown keys are errors)."""
 
     model_config = PARAMS_CONFIG

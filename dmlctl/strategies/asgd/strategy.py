@@ -48,5 +48,13 @@ def prepare(
     weights, layout = join_as_worker(
         ctx, model, rule=delta_rule(p.scale, ctx.world_size), push=p.push_spec()
     )
-    opt = DeltaPush(optimizer, weights, ctx=ctx, layout=layout, n_push=p.n_push, n_fetch=p.n_fetch)
+    opt = DeltaPush(
+        optimizer,
+        weights,
+        ctx=ctx,
+        layout=layout,
+        n_push=p.n_push,
+        n_fetch=p.n_fetch,
+        overlap=p.overlap,
+    )
     return model, opt

@@ -105,27 +105,36 @@ class EASGDOptimizer(StrategyOptimizer):
             else None
         )
         self.last_sent: list[int] = []  # tensors the latest center update included
+        self._chosen: list[int] = []  # tensors the exchange under way includes
         self._diff: torch.Tensor | None = None
         self._exchanged_at = 0  # local_steps at the latest center update
 
     def before_step(self) -> None:
-        """On a step that ends a period: xᵢ ← xᵢ − ηρ (xᵢ − x̃), and keep xᵢ − x̃ for
-        the center update. Other steps are the user's optimizer alone."""
+        """On a step that ends a period: choose the tensors this exchange includes
+        (all, or with the model filter those some worker is far enough from the
+        center in: a collective), then xᵢ ← xᵢ − ηρ (xᵢ − x̃) on them, and keep
+        xᵢ − x̃ for the center update. Other steps are the user's optimizer alone."""
         n = self.local_steps + 1  # the step about to be taken, as due() counts
         if n > self.warmup and (n - self.warmup) % self.period:
             return
         flat = flat_params(self.params)
         diff = flat - self.center
-        assign_flat(self.params, flat.sub_(diff, alpha=first_lr(self.inner) * self.rho))
+        self._chosen = self._choose(diff)
+        pull = first_lr(self.inner) * self.rho
+        for o, k in (self.places[i] for i in self._chosen):
+            flat[o : o + k].sub_(diff[o : o + k], alpha=pull)
+        assign_flat(self.params, flat)
         self._diff = diff
 
     def communicate(self) -> None:
-        """x̃ ← x̃ + α Σᵢ (xᵢ − x̃) (one all-reduce), and the consensus distance."""
+        """x̃ ← x̃ + α Σᵢ (xᵢ − x̃) on the chosen tensors (one all-reduce), and the
+        consensus distance."""
         diff = self._diff
         if diff is None:  # step() always runs before_step first; be safe anyway
             diff = flat_params(self.params) - self.center
+            self._chosen = self._choose(diff)
         self._diff = None
-        chosen = self._chosen(diff)
+        chosen = self._chosen
         parts = [diff[o : o + n] for o, n in (self.places[i] for i in chosen)]
         buf = torch.cat([*parts, diff.square().sum().reshape(1)])
         began = time.perf_counter()
@@ -140,11 +149,13 @@ class EASGDOptimizer(StrategyOptimizer):
         self.meter.extra["consensus"] = math.sqrt(sq / self.world_size)
         self._exchanged_at = self.local_steps
 
-    def _chosen(self, diff: torch.Tensor) -> list[int]:
-        """The tensors this center update includes: all, or those whose distance from
-        the center exceeds ``threshold`` × the center's norm on some worker
-        (``sent_share`` reports their share of the elements)."""
-        if self.filter is None:
+    def _choose(self, diff: torch.Tensor, *, everything: bool = False) -> list[int]:
+        """The tensors an exchange includes: all (``everything``, or without the
+        filter), or those whose distance from the center exceeds ``threshold`` × the
+        center's norm on some worker (``sent_share`` reports their share of the
+        elements). A tensor left out is neither pulled nor sent: its distance grows
+        until it is (carried forward, not lost)."""
+        if self.filter is None or everything:
             self.last_sent = list(range(len(self.params)))
             return self.last_sent
         changes = [diff[o : o + n] for o, n in self.places]
@@ -154,10 +165,12 @@ class EASGDOptimizer(StrategyOptimizer):
         return self.last_sent
 
     def final_model(self) -> None:
-        """A last center update when steps were taken since the previous one; then
-        every worker ← the center, buffers ← their mean (collective)."""
-        if self._exchanged_at != self.local_steps:
+        """A last center update, of every tensor, when steps were taken since the
+        previous one or the model filter left tensors out; then every worker ← the
+        center, buffers ← their mean (collective)."""
+        if self._exchanged_at != self.local_steps or self.filter is not None:
             self._diff = flat_params(self.params) - self.center
+            self._chosen = self._choose(self._diff, everything=True)
             self.communicate()
         assign_flat(self.params, self.center)
         average_in_place(self.model_buffers, self.meter, self.world_size)

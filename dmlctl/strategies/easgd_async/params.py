@@ -10,6 +10,7 @@ from dmlctl.strategies.params import (
     PARAMS_CONFIG,
     WITH_SERVERS,
     FinalModel,
+    Overlap,
     PushCompression,
     derived,
 )
@@ -17,7 +18,7 @@ from dmlctl.strategies.params import (
 ROLES: tuple[str, ...] = WITH_SERVERS
 
 
-class Params(FinalModel, PushCompression):
+class Params(FinalModel, PushCompression, Overlap):
     """``strategy.params`` of an ``easgd-async`` job (all optional; unknown keys are errors)."""
 
     model_config = PARAMS_CONFIG

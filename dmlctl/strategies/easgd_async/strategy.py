@@ -40,5 +40,13 @@ def prepare(
     alpha = p.alpha if p.alpha is not None else p.beta / ctx.world_size
     rule = {"kind": "scaled_add", "alpha": 1.0}  # the workers send α(x − x̃) already
     weights, layout = join_as_worker(ctx, model, rule=rule, push=p.push_spec())
-    opt = ElasticExchange(optimizer, weights, ctx=ctx, layout=layout, period=p.period, alpha=alpha)
+    opt = ElasticExchange(
+        optimizer,
+        weights,
+        ctx=ctx,
+        layout=layout,
+        period=p.period,
+        alpha=alpha,
+        overlap=p.overlap,
+    )
     return model, opt
