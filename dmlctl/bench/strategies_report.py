@@ -51,21 +51,22 @@ def _throughput(report: Mapping[str, Any]) -> Table:
 
 
 def _bytes(title: str, rows: Mapping[str, Mapping[str, Any]]) -> Table:
-    b = _table(
-        title,
-        ("strategy", "bytes/step", "ratio", "against", "goal", "samples/s"),
-        ("strategy", "against"),
-    )
+    """Bytes per step, the ratio to each row's baseline, the goal (a column only when
+    some row has one) and samples/s."""
+    goals = any(row.get("goal") is not None for row in rows.values())
+    columns = ("strategy", "bytes/step", "ratio", "against", *(("goal",) if goals else ()))
+    b = _table(title, (*columns, "samples/s"), ("strategy", "against"))
     for name, row in rows.items():
         goal = "" if row.get("goal") is None else f"≤ {row['goal']:.3f}"
         rate = row.get("samples_per_s")
         shown = f"{rate:.0f}" if isinstance(rate, int | float) else ""
         ratio = f"{row['ratio']:.4f}" if "ratio" in row else ""
         against = row.get("against") or ""
-        if "bytes_per_step" not in row:
-            b.add_row(name, row.get("status", "-"), "", against, goal, "")
+        if "bytes_per_step" in row:
+            cells = [f"{row['bytes_per_step']:,.0f}", ratio, against]
         else:
-            b.add_row(name, f"{row['bytes_per_step']:,.0f}", ratio, against, goal, shown)
+            cells, shown = [row.get("status", "-"), "", against], ""
+        b.add_row(name, *cells, *((goal,) if goals else ()), shown)
     return b
 
 
