@@ -75,6 +75,10 @@ def local_role(environ: Mapping[str, str], local_rank: int, default: str = ROLE_
 ENV_STRATEGY = "DMLCTL_STRATEGY"
 ENV_STRATEGY_PARAMS = "DMLCTL_STRATEGY_PARAMS"
 ENV_SCRIPT = "DMLCTL_SCRIPT"
+#: The job's ``parallelism:`` block, resolved (:func:`dmlctl.mesh.dumps`), and its
+#: ``parallelize: FILE:FUNCTION``; absent without them.
+ENV_PARALLELISM = "DMLCTL_PARALLELISM"
+ENV_PARALLELIZE = "DMLCTL_PARALLELIZE"
 ENV_STRAGGLER = "DMLCTL_STRAGGLER"  # benchmarks: the last worker runs this many times slower
 ENV_ATTEMPT = "DMLCTL_ATTEMPT"  # 1-based attempt: 1 on the first, as the dashboard counts
 ENV_CHECKPOINT_DIR = "DMLCTL_CHECKPOINT_DIR"

@@ -140,6 +140,7 @@ def create_run(
                 plan.strategy,
                 [(r.rank, r.host, r.role) for r in plan.ranks],
                 time.time(),
+                plan.mesh,
             )
         )
     except StoreError:

@@ -182,7 +182,9 @@ class Supervisor:
         plan = self.plan
         if resume_from is None:
             ranks = [(r.rank, r.host, r.role) for r in plan.ranks]
-            state = new_run_state(plan.run_id, plan.job_name, plan.strategy, ranks, self.clock())
+            state = new_run_state(
+                plan.run_id, plan.job_name, plan.strategy, ranks, self.clock(), plan.mesh
+            )
             return self.books.fold(state, self.writer.start()), RestartState()
         attempt = resume_from.restarts + 1
         policy = resumed(resume_from.failures, attempt)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from dmlctl import protocol
 from dmlctl.errors import PlanError
+from dmlctl.mesh import MeshLayout, dumps
 from dmlctl.plan.checks import hosts_problem, world_problem
 from dmlctl.plan.layout import lay_out
 from dmlctl.plan.model import HostPlan, LaunchPlan
@@ -24,6 +25,7 @@ from dmlctl.plan.placement import Demand, HostSlots, Placed, place
 from dmlctl.protocol import TorchrunCommand
 from dmlctl.spec.fields import MAX_WORKERS
 from dmlctl.spec.models import ClusterSpec, JobSpec, ResolvedHost
+from dmlctl.spec.parallelism import MeshMismatch
 from dmlctl.text import plural
 
 WORKER_ROLE = protocol.ROLE_WORKER
@@ -43,6 +45,7 @@ class JobPlacement:
     hosts: tuple[ResolvedHost, ...]  # the cluster's hosts, in cluster order
     placed: tuple[Placed, ...]  # node order
     workers: int
+    mesh: MeshLayout | None = None  # the job's parallelism: block, resolved for workers
 
     @property
     def first(self) -> ResolvedHost:
@@ -50,14 +53,27 @@ class JobPlacement:
         return next(h for h in self.hosts if h.name == self.placed[0].host)
 
 
+def _check_fixed_hosts(job: JobSpec) -> None:
+    """No ``min_hosts``/``max_hosts`` (a re-plan on other hosts) with parameter servers
+    or a device mesh."""
+    if job.min_hosts is None and job.max_hosts is None:
+        return
+    if job.parameter_servers:
+        reason = "parameter_servers yet"
+    elif job.parallelism is not None:
+        reason = "parallelism (a re-plan on fewer hosts would break the device mesh)"
+    else:
+        return
+    raise PlanError(
+        "job",
+        ("min_hosts" if job.min_hosts is not None else "max_hosts",),
+        f"min_hosts/max_hosts (continuing on fewer hosts) is not supported with {reason}; "
+        "remove them (a lost host then fails the run)",
+    )
+
+
 def _check_server_hosts(job: JobSpec, hosts: Sequence[ResolvedHost]) -> None:
-    if job.parameter_servers and (job.min_hosts is not None or job.max_hosts is not None):
-        raise PlanError(
-            "job",
-            ("min_hosts" if job.min_hosts is not None else "max_hosts",),
-            "min_hosts/max_hosts (continuing on fewer hosts) is not supported with "
-            "parameter_servers yet; remove them (a lost host then fails the run)",
-        )
+    """``server_hosts`` names hosts of the cluster and leaves some for workers."""
     if job.server_hosts is None:
         return
     names = {h.name for h in hosts}
@@ -128,24 +144,40 @@ def _check_hosts(job: JobSpec, placed: Sequence[Placed], hosts: Sequence[Resolve
         )
 
 
+def _mesh(job: JobSpec, workers: int) -> MeshLayout | None:
+    """The job's device mesh on ``workers`` workers (None without ``parallelism:``);
+    :class:`PlanError` at the degree most at fault when the degrees do not fit."""
+    if job.parallelism is None:
+        return None
+    try:
+        return job.parallelism.layout(workers)
+    except MeshMismatch as e:
+        auto = " (workers: auto: every slot of the cluster)" if job.workers is None else ""
+        raise PlanError("job", ("parallelism", e.key), f"{e}{auto}") from None
+
+
 def place_job(cluster: ClusterSpec, job: JobSpec) -> JobPlacement:
     """Place ``job`` on ``cluster``: every plan-time check, nothing else.
 
     Raises :class:`PlanError` (naming the spec key at fault) when the job asks for
     more workers than the cluster has slots (or more than :data:`MAX_WORKERS`
-    processes), when the strategy refuses the world size or the number of hosts, for
-    ``server_hosts`` / ``min_hosts`` that cannot be met, or when other hosts would
-    have to reach ``localhost`` for the rendezvous.
+    processes), when the degrees of its ``parallelism:`` block do not fit its workers
+    (``--workers`` and ``workers: auto`` included), when the strategy refuses the
+    world size or the number of hosts, for ``server_hosts`` / ``min_hosts`` that
+    cannot be met, or when other hosts would have to reach ``localhost`` for the
+    rendezvous.
     """
     hosts = tuple(cluster.resolved_hosts())
+    _check_fixed_hosts(job)
     _check_server_hosts(job, hosts)
     demand = _demand(job, hosts)
+    mesh = _mesh(job, demand.workers)
     problem = world_problem(job.strategy.name, job.strategy.params, demand.workers)
     if problem:
         raise PlanError("job", ("strategy", "params"), problem)
     placed = place([HostSlots(h.name, h.slots) for h in hosts], demand)
     _check_hosts(job, placed, hosts)
-    return JobPlacement(hosts, placed, demand.workers)
+    return JobPlacement(hosts, placed, demand.workers, mesh)
 
 
 def _flight_recorder(*envs: Mapping[str, str]) -> dict[str, str]:
@@ -187,7 +219,18 @@ class _Where:
     endpoint: str
 
 
-def _host_env(host: ResolvedHost, job: JobSpec, run_id: str, rank_dir: str) -> dict[str, str]:
+def _parallel_env(job: JobSpec, mesh: MeshLayout | None) -> dict[str, str]:
+    """``DMLCTL_PARALLELISM`` (the resolved mesh) and ``DMLCTL_PARALLELIZE`` (the
+    job's ``parallelize`` as written), each only when the job has it."""
+    env = {protocol.ENV_PARALLELISM: dumps(mesh)} if mesh is not None else {}
+    if job.parallelize is not None:
+        env[protocol.ENV_PARALLELIZE] = job.parallelize
+    return env
+
+
+def _host_env(
+    host: ResolvedHost, job: JobSpec, run_id: str, rank_dir: str, mesh: MeshLayout | None
+) -> dict[str, str]:
     """A host's environment, placement aside: the job's, the host's (over the job's)
     and dmlctl's own variables."""
     checkpoints = posixpath.join(posixpath.dirname(rank_dir), "checkpoints")
@@ -203,10 +246,13 @@ def _host_env(host: ResolvedHost, job: JobSpec, run_id: str, rank_dir: str) -> d
         protocol.ENV_STRATEGY: job.strategy.name,
         protocol.ENV_SCRIPT: job.script,
         **_checkpoint_env(job, checkpoints, run_id),
+        **_parallel_env(job, mesh),
     }
 
 
-def _pool_host(host: ResolvedHost, job: JobSpec, where: _Where) -> HostPlan:
+def _pool_host(
+    host: ResolvedHost, job: JobSpec, where: _Where, mesh: MeshLayout | None
+) -> HostPlan:
     """``host`` as a spare of the run: everything of its plan but the placement."""
     agent_cwd: str | None = None
     if host.is_local:
@@ -242,7 +288,7 @@ def _pool_host(host: ResolvedHost, job: JobSpec, where: _Where) -> HostPlan:
         agent_argv=(host.python, "-m", "dmlctl.agent", "--run-id", where.run_id),
         agent_cwd=agent_cwd,
         torchrun=torchrun,
-        env=_host_env(host, job, where.run_id, rank_dir),
+        env=_host_env(host, job, where.run_id, rank_dir, mesh),
         slots=host.slots,
     )
 
@@ -265,7 +311,9 @@ def build_plan(
     Promises: ranks are numbered host by host (node rank = position among the placed
     hosts); every host's environment holds the job env, the host env and the
     ``DMLCTL_*`` variables of :mod:`dmlctl.protocol` (the strategy parameters travel
-    once, in the plan, and reach the ranks through their agent); the rendezvous
+    once, in the plan, and reach the ranks through their agent; a job with
+    ``parallelism:`` adds its resolved mesh, ``DMLCTL_PARALLELISM``, and its
+    ``parallelize``, ``DMLCTL_PARALLELIZE``); the rendezvous
     endpoint is the first host at ``rdzv_port``; a remote host runs its agent from
     ``<workdir>/.dmlctl/lib/<lib_id>``, where code sync puts this dmlctl.
     ``rdzv_host`` is the first host's network name when its address is an alias
@@ -274,7 +322,9 @@ def build_plan(
     placement = placement or place_job(cluster, job)
     endpoint = f"{rdzv_host or placement.first.address}:{rdzv_port}"
     where = _Where(run_id, local_run_dir, lib_id, endpoint)
-    pool = [_pool_host(as_run(h, local_python), job, where) for h in placement.hosts]
+    pool = [
+        _pool_host(as_run(h, local_python), job, where, placement.mesh) for h in placement.hosts
+    ]
     servers = job.parameter_servers
     hosts, ranks, spares = lay_out(
         pool, placement.placed, endpoint=endpoint, with_roles=servers > 0
@@ -298,6 +348,8 @@ def build_plan(
         workers=placement.workers,
         parameter_servers=servers,
         server_hosts=tuple(job.server_hosts or ()),
+        mesh=placement.mesh,
+        parallelize=job.parallelize,
     )
 
 

@@ -79,8 +79,8 @@ def enough(plan: LaunchPlan, available: Collection[str]) -> bool:
 
 
 def _check(plan: LaunchPlan, placed: tuple[Placed, ...]) -> None:
-    """Raise :class:`CannotReplan` when ``placed`` breaks the run's bounds or the
-    strategy refuses it."""
+    """Raise :class:`CannotReplan` when ``placed`` breaks the run's bounds, runs
+    another number of workers than the run's device mesh, or the strategy refuses it."""
     need = _min_hosts(plan)
     if len(placed) < need:
         names = ", ".join(p.host for p in placed) or "none"
@@ -88,6 +88,11 @@ def _check(plan: LaunchPlan, placed: tuple[Placed, ...]) -> None:
             f"only {plural(len(placed), 'host')} can run the job ({names}); min_hosts is {need}"
         )
     workers = sum(p.workers for p in placed)
+    if plan.mesh is not None and workers != plan.mesh.world:
+        raise CannotReplan(
+            f"the device mesh needs {plural(plan.mesh.world, 'worker')}; the available "
+            f"hosts run {workers}"
+        )
     problem = world_problem(plan.strategy, plan.strategy_params, workers) or hosts_problem(
         plan.strategy, plan.strategy_params, len(placed)
     )
@@ -102,8 +107,8 @@ def replan(plan: LaunchPlan, available: Collection[str], endpoint: str) -> Launc
     Promises: the result's hosts are :func:`pick_hosts`; node ranks and ranks are
     dense and in host order; every role the job asks for is there (its parameter
     servers exactly, ``DMLCTL_LOCAL_ROLES`` on every host then); at most
-    ``plan.workers`` workers; hosts left out become spares; the run id, script,
-    strategy and bounds are unchanged.
+    ``plan.workers`` workers (exactly the mesh's with a device mesh); hosts left out
+    become spares; the run id, script, strategy, device mesh and bounds are unchanged.
     """
     placed = placement(plan, available)
     _check(plan, placed)

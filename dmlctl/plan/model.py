@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from dmlctl.mesh import MeshLayout, layout_from
 from dmlctl.protocol import AgentConfig, TorchrunCommand
 from dmlctl.spec.restart import CheckpointSpec, RestartSpec
 from dmlctl.strategies import registry
@@ -104,6 +105,11 @@ class LaunchPlan:
     #: run only servers (the job's ``server_hosts``; empty: servers go next to workers).
     parameter_servers: int = 0
     server_hosts: tuple[str, ...] = ()
+    #: The job's device mesh (its ``parallelism:`` block resolved for ``workers``) and
+    #: its ``parallelize: FILE:FUNCTION``; None without them. Every host's env carries
+    #: both (``DMLCTL_PARALLELISM``, ``DMLCTL_PARALLELIZE``); re-plans keep them.
+    mesh: MeshLayout | None = None
+    parallelize: str | None = None
 
     def agent_config(
         self, host: HostPlan, attempt: int = 0, stop_grace: float = 30.0
@@ -176,4 +182,6 @@ class LaunchPlan:
             workers=int(data.get("workers", 0)),
             parameter_servers=int(data.get("parameter_servers", 0)),
             server_hosts=tuple(data.get("server_hosts", ())),
+            mesh=layout_from(data["mesh"]) if data.get("mesh") else None,
+            parallelize=data.get("parallelize"),
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from dmlctl.mesh import describe_over, worker_ranks
 from dmlctl.plan.build import SERVER_ROLE, render_command
 from dmlctl.plan.model import LaunchPlan
 from dmlctl.redact import REDACTED, Redactor, redact_arg, redact_env
@@ -23,10 +24,23 @@ def _value(value: object) -> str:
     return f"{value:g}" if isinstance(value, float) else repr(value)
 
 
+def _mesh_lines(plan: LaunchPlan) -> list[str]:
+    """The device mesh with the global ranks of each group (mesh worker ``i`` is the
+    ``i``-th worker by global rank) and ``parallelize: FILE:FUNCTION``; none without."""
+    out: list[str] = []
+    if plan.mesh is not None:
+        workers = worker_ranks((r.rank, r.role) for r in plan.ranks)
+        out += describe_over(plan.mesh, workers)
+    if plan.parallelize is not None:
+        out.append(f"parallelize: {plan.parallelize}")
+    return out
+
+
 def render_plan(
     plan: LaunchPlan, routes: Mapping[str, str] | None = None, rdzv_note: str | None = None
 ) -> str:
-    """Every host's agent command, torchrun command, directory, ranks and environment;
+    """The strategy parameters and device mesh, then every host's agent command,
+    torchrun command, directory, ranks and environment;
     secret values hidden everywhere (as ``<redacted>``). ``routes``: how each SSH host
     is reached (``user@hostname:port via JUMP``); ``rdzv_note`` follows the rendezvous."""
     servers = (
@@ -41,6 +55,7 @@ def render_plan(
     if given := plan.params_data():
         params = ", ".join(f"{k}={_value(v)}" for k, v in sorted(given.items()))
         out.append(f"strategy params: {params}")
+    out += _mesh_lines(plan)
     for host in plan.hosts:
         last = host.first_rank + host.nproc - 1
         route = (routes or {}).get(host.name)

@@ -17,6 +17,7 @@ from enum import Enum
 from typing import Any
 
 from dmlctl.errors import ExitCode
+from dmlctl.mesh import MeshLayout, layout_from
 from dmlctl.protocol import COMM_TOTALS
 from dmlctl.runs.comm import CommTotals, added
 from dmlctl.runs.events import (
@@ -132,6 +133,7 @@ class RunState:
     checkpoint_step: int | None = None  # newest checkpoint a rank committed
     checkpoint_copied: int | None = None  # newest complete copy on the controller
     prepared: bool = False  # a rank let the strategy wrap its model (ctx.prepare)
+    mesh: MeshLayout | None = None  # the plan's device mesh (the job's parallelism:)
 
     def elapsed(self, now: float) -> float:
         """Seconds since the run was created, frozen once it ended."""
@@ -173,6 +175,7 @@ class RunState:
             checkpoint_step=data.get("checkpoint_step"),
             checkpoint_copied=data.get("checkpoint_copied"),
             prepared=bool(data.get("prepared", False)),
+            mesh=layout_from(data["mesh"]) if data.get("mesh") else None,
         )
 
 
@@ -198,8 +201,10 @@ def new_run_state(
     strategy: str,
     ranks: Sequence[tuple[int, str, str]],
     created_at: float,
+    mesh: MeshLayout | None = None,
 ) -> RunState:
-    """Initial state from the plan: ``ranks`` is ``(rank, host, role)`` per planned rank."""
+    """Initial state from the plan: ``ranks`` is ``(rank, host, role)`` per planned rank,
+    ``mesh`` the plan's device mesh (shown by the dashboard and ``dmlctl status``)."""
     hosts = tuple(dict.fromkeys(host for _, host, _ in ranks))
     return RunState(
         run_id=run_id,
@@ -209,6 +214,7 @@ def new_run_state(
         hosts=hosts,
         created_at=created_at,
         ranks=tuple(RankState(rank=r, host=h, role=role) for r, h, role in ranks),
+        mesh=mesh,
     )
 
 

@@ -52,7 +52,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from pydantic import BaseModel
+from torch.distributed.device_mesh import DeviceMesh
 
+from dmlctl.mesh import MeshLayout
 from dmlctl.protocol import PROGRESS, ROLE_SERVER
 from dmlctl.runtime import checkpoint as ckpt
 from dmlctl.runtime import divergence, guards
@@ -61,6 +63,8 @@ from dmlctl.runtime.env import RunEnv
 from dmlctl.runtime.membership import Membership
 from dmlctl.runtime.metrics import MetricLogger, Scalar
 from dmlctl.runtime.optimizer import StrategyOptimizer
+from dmlctl.runtime.parallel.apply import lay_out
+from dmlctl.runtime.parallel.devmesh import data_parallel_place
 from dmlctl.runtime.progress import TRACKER
 from dmlctl.runtime.straggler import paced, straggler_factor
 
@@ -90,8 +94,10 @@ class Context:
         owns_group: bool,
         prepare: Prepare,
         membership: Membership | None = None,
+        mesh: DeviceMesh | None = None,
     ) -> None:
         self._env = env
+        self._mesh = mesh
         self._prepare = prepare
         self._device = device
         self._owns_group = owns_group
@@ -101,6 +107,11 @@ class Context:
             self._rank, self._world = membership.worker_index(env.rank), len(membership.workers)
         else:
             self._rank, self._world = env.rank, env.world_size
+        # The data-parallel replica this worker belongs to: its pipeline stages and
+        # tensor-parallel peers see the same batches.
+        self._data_rank, self._data_world = self._rank, self._world
+        if env.layout is not None and mesh is not None and not is_server:
+            self._data_rank, self._data_world = data_parallel_place(env.layout, self._rank)
         self._group: Any = membership.group if membership is not None else None
         self._metrics = MetricLogger(env.rank, env.rank_dir, check=self._check_logged)
         self._optimizer: torch.optim.Optimizer | None = None
@@ -153,6 +164,35 @@ class Context:
         return self._members
 
     @property
+    def data_parallel_rank(self) -> int:
+        """This worker's replica among the data-parallel replicas: :attr:`rank`, except
+        under tensor or pipeline parallelism, where the ranks of one replica (which
+        must see the same batches) share it. Shard data by it, not by :attr:`rank`."""
+        return self._data_rank
+
+    @property
+    def data_parallel_size(self) -> int:
+        """Number of data-parallel replicas: :attr:`world_size` divided by the
+        tensor and pipeline degrees."""
+        return self._data_world
+
+    @property
+    def layout(self) -> MeshLayout | None:
+        """The job's ``parallelism:`` layout (None without one)."""
+        return self._env.layout
+
+    @property
+    def parallelize_function(self) -> str | None:
+        """The job's ``parallelize: FILE:FUNCTION`` (None without one)."""
+        return self._env.parallelize
+
+    @property
+    def mesh(self) -> DeviceMesh | None:
+        """The device mesh over the workers (None without a ``parallelism:`` block or
+        in a world of 1); ``ctx.mesh["tp"]`` is this worker's tensor-parallel group."""
+        return self._mesh
+
+    @property
     def local_rank(self) -> int:
         """Rank among the processes on this host."""
         return self._env.local_rank
@@ -202,6 +242,8 @@ class Context:
         optimizer still refers to them.
         """
         model = model.to(self._device)
+        if self._mesh is not None and self._env.layout is not None:
+            model, optimizer = lay_out(self, model, optimizer)
         unwrapped = model
         model, optimizer = self._prepare(self, model, optimizer, self._env.params)
         if isinstance(optimizer, StrategyOptimizer):
@@ -216,6 +258,25 @@ class Context:
             if callable(source):
                 self.add_metrics_source(source)
         return model, optimizer
+
+    def train_step(
+        self,
+        model: torch.nn.Module,
+        inputs: torch.Tensor,
+        targets: torch.Tensor,
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    ) -> torch.Tensor:
+        """Forward and backward of one batch; returns its loss (detached) on every
+        rank. ``loss_fn(model(inputs), targets).backward()``, except under pipeline
+        parallelism, where a rank holds only some stages and the job's schedule runs
+        every microbatch through them (the loss then comes from the last stage).
+        Works under every layout, so one training loop fits them all."""
+        step = getattr(model, "train_step", None)
+        if callable(step):
+            return step(inputs, targets, loss_fn)  # type: ignore[no-any-return]
+        loss = loss_fn(model(inputs), targets)
+        torch.autograd.backward(loss)
+        return loss.detach()
 
     def add_metrics_source(self, source: Callable[[], dict[str, float]]) -> None:
         """Merge ``source()`` into every :meth:`log` record (values the caller passes
@@ -247,7 +308,7 @@ class Context:
         self._metrics.start_clock()
         self._skip = 0
         if len(dataset) > 0 and epochs > 0 and batch_size >= 1:
-            per_epoch = batches_per_epoch(len(dataset), self._world, batch_size, drop_last)
+            per_epoch = batches_per_epoch(len(dataset), self._data_world, batch_size, drop_last)
             self._plan = (per_epoch, epochs) if per_epoch > 0 else None
         if self._resume_at is not None and self._resume_at[0] >= start_epoch:
             start_epoch, self._skip = self._resume_at
@@ -257,8 +318,8 @@ class Context:
         source = getattr(self._optimizer, "shard_batches", shard_batches)
         batches = source(
             dataset,
-            rank=self._rank,
-            world_size=self._world,
+            rank=self._data_rank,
+            world_size=self._data_world,
             batch_size=batch_size,
             epochs=epochs,
             shuffle=shuffle,

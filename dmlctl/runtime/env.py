@@ -19,7 +19,10 @@ from typing import Protocol
 
 from pydantic import BaseModel, ValidationError
 
+from dmlctl import mesh
 from dmlctl.protocol import (
+    ENV_PARALLELISM,
+    ENV_PARALLELIZE,
     ENV_RANK_DIR,
     ENV_STRATEGY,
     ENV_STRATEGY_PARAMS,
@@ -55,6 +58,8 @@ class RunEnv:
     strategy: str
     params: BaseModel
     rank_dir: str | None
+    layout: mesh.MeshLayout | None = None  # the job's parallelism block, resolved
+    parallelize: str | None = None  # the job's ``parallelize: FILE:FUNCTION``
 
 
 def _int(environ: Mapping[str, str], name: str, default: int) -> int:
@@ -103,4 +108,17 @@ def read_env(environ: Mapping[str, str], describe: Describe) -> RunEnv:
         strategy=strategy,
         params=params,
         rank_dir=environ.get(ENV_RANK_DIR) or None,
+        layout=_layout(environ),
+        parallelize=environ.get(ENV_PARALLELIZE) or None,
     )
+
+
+def _layout(environ: Mapping[str, str]) -> mesh.MeshLayout | None:
+    """``DMLCTL_PARALLELISM``, or None without it; ValueError naming it when invalid."""
+    raw = environ.get(ENV_PARALLELISM)
+    if not raw:
+        return None
+    try:
+        return mesh.loads(raw)
+    except ValueError as exc:
+        raise ValueError(f"{ENV_PARALLELISM}: {exc}") from None

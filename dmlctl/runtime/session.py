@@ -4,7 +4,8 @@ of this process, :func:`current` returns it again (see the contract in
 
 :func:`init` reads the environment, joins the default process group when the world is
 larger than 1, seeds every rank alike, finds the ranks' roles for a strategy with
-parameter servers, and on a server rank serves and never returns. It is where the
+parameter servers, builds the job's device mesh over the workers (every rank takes
+part, servers too), and on a server rank serves and never returns. It is where the
 runtime meets the strategies: it resolves the job's strategy through the registry
 and hands the context what it needs (the strategy's ``prepare``, the membership).
 """
@@ -23,6 +24,7 @@ from dmlctl.runtime import guards
 from dmlctl.runtime.context import Context
 from dmlctl.runtime.env import read_env
 from dmlctl.runtime.membership import discover
+from dmlctl.runtime.parallel.devmesh import build_mesh
 from dmlctl.runtime.progress import TRACKER
 from dmlctl.strategies import registry
 
@@ -55,9 +57,18 @@ def init(*, backend: str | None = None, seed: int | None = 0) -> Context:
         torch.manual_seed(seed)
     servers = ROLE_SERVER in registry.load(env.strategy).ROLES
     membership = discover(env.role) if env.world_size > 1 and servers else None
+    device_mesh = None
+    if env.layout is not None and env.world_size > 1:
+        workers = membership.workers if membership is not None else range(env.world_size)
+        device_mesh = build_mesh(env.layout, list(workers), device.type)
     module = registry.load_runtime(env.strategy)
     ctx = _current = Context(
-        env, device=device, owns_group=owns_group, prepare=module.prepare, membership=membership
+        env,
+        device=device,
+        owns_group=owns_group,
+        prepare=module.prepare,
+        membership=membership,
+        mesh=device_mesh,
     )
     ctx.on_close(lambda: _forget(ctx))  # runs last: a later init() starts afresh
     atexit.register(ctx.close)

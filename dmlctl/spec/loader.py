@@ -33,6 +33,7 @@ from dmlctl.spec.fields import check_one_line, shown
 from dmlctl.spec.local import PROC_NVIDIA_GPUS, count_local_gpus, default_cluster
 from dmlctl.spec.messages import describe, format_path, is_key_error, issue_parts
 from dmlctl.spec.models import JobSpec
+from dmlctl.spec.parallelism import split_parallelize
 from dmlctl.spec.source import MAX_SPEC_BYTES, path_kind, read_text
 from dmlctl.spec.yamlpos import Document, KeyPath, YamlSyntaxError, parse
 from dmlctl.strategies import registry
@@ -60,7 +61,8 @@ def load_job(path: str | os.PathLike[str]) -> JobSpec:
     its params satisfy the strategy's ``Params`` model, issues at
     ``strategy.params.<key>``; the spec keeps that validated object):
     ``workdir`` must be a directory (relative paths are taken from the job file's
-    directory) and ``script`` a file inside it. The returned spec has an absolute
+    directory), ``script`` a file inside it, and so the file of ``parallelize:
+    FILE:FUNCTION``. The returned spec has an absolute
     ``workdir``, ``script`` relative to it, and ``name`` filled in (default: the job
     file's directory name, reduced to letters, digits, ``.``, ``_`` and ``-``).
     """
@@ -333,12 +335,27 @@ def _check_paths(
 ) -> tuple[Path | None, str | None]:
     """Absolute workdir and script relative to it; problems appended to ``issues``.
 
-    The script must be a regular file inside the workdir once symbolic links are
-    resolved (a link pointing out of the workdir would ship and run something else).
+    The script, and the file of ``parallelize: FILE:FUNCTION``, must be regular files
+    inside the workdir (:func:`_file_inside`).
     """
+    workdir = _workdir(file, doc, job_dir, data, issues)
+    if workdir is None:
+        return None, None
+    script = _file_inside(file, doc, workdir, "script", data.get("script"), issues)
+    target = _parallelize_file(data.get("parallelize"))
+    if target is not None:
+        _file_inside(file, doc, workdir, "parallelize", target, issues)
+    return workdir, script
+
+
+def _workdir(
+    file: str, doc: Document, job_dir: Path, data: Mapping[str, Any], issues: list[SpecIssue]
+) -> Path | None:
+    """The job's workdir, absolute, when it is a directory; else None (problems
+    appended to ``issues``, or left to the model)."""
     raw_workdir = data.get("workdir", ".")
     if not isinstance(raw_workdir, str) or not _is_one_line(raw_workdir):
-        return None, None  # the model reports it
+        return None  # the model reports it
     # os.path, not Path: Path.expanduser/resolve/is_dir raise for '~nobody', symlink
     # loops or over-long names, and any file content must end as an issue.
     workdir = Path(os.path.realpath(job_dir / os.path.expanduser(raw_workdir)))
@@ -353,33 +370,54 @@ def _check_paths(
                 f"(control characters in it): {shown(str(workdir), 120)}",
             )
         )
-        return None, None
+        return None
     kind = path_kind(workdir)
     if kind != "directory":
         what = "no such directory" if kind == "missing" else "not a directory"
         issues.append(SpecIssue(file, line, "workdir", f"{what}: {shown(str(workdir), 120)}"))
-        return None, None
-    raw_script = data.get("script")
-    if not isinstance(raw_script, str) or not _is_one_line(raw_script):
-        return workdir, None
-    line = doc.line_of(("script",))
-    candidate = Path(os.path.normpath(workdir / os.path.expanduser(raw_script)))
+        return None
+    return workdir
+
+
+def _file_inside(
+    file: str, doc: Document, workdir: Path, key: str, raw: Any, issues: list[SpecIssue]
+) -> str | None:
+    """``raw`` (the path of job key ``key``) relative to ``workdir``, as a POSIX path,
+    when it is a regular file inside ``workdir`` once symbolic links are resolved (a
+    link pointing out of the workdir would ship and run something else); else None,
+    the problem appended to ``issues`` (or left to the model when ``raw`` is no
+    usable string)."""
+    if not isinstance(raw, str) or not _is_one_line(raw):
+        return None
+    line = doc.line_of((key,))
+    candidate = Path(os.path.normpath(workdir / os.path.expanduser(raw)))
     real = Path(os.path.realpath(candidate))
     if not _inside(candidate, workdir) or not _inside(real, workdir):
-        where = "" if _inside(candidate, workdir) else f", got {shown(raw_script)}"
+        where = "" if _inside(candidate, workdir) else f", got {shown(raw)}"
         link = f" (a link to {shown(str(real), 120)})" if real != candidate else ""
         issues.append(
-            SpecIssue(file, line, "script", f"must be inside workdir ({workdir}){where}{link}")
+            SpecIssue(file, line, key, f"must be inside workdir ({workdir}){where}{link}")
         )
-        return workdir, None
+        return None
     kind = path_kind(real)
     if kind != "file":
         what = {"missing": "no such file", "directory": "is a directory"}.get(
             kind, "not a regular file"
         )
-        issues.append(SpecIssue(file, line, "script", f"{what}: {shown(str(candidate), 120)}"))
-        return workdir, None
-    return workdir, candidate.relative_to(workdir).as_posix()
+        issues.append(SpecIssue(file, line, key, f"{what}: {shown(str(candidate), 120)}"))
+        return None
+    return candidate.relative_to(workdir).as_posix()
+
+
+def _parallelize_file(raw: Any) -> str | None:
+    """The FILE of a well-formed ``parallelize: FILE:FUNCTION``, else None (the model
+    reports a malformed one)."""
+    if not isinstance(raw, str) or not _is_one_line(raw):
+        return None
+    try:
+        return split_parallelize(raw)[0]
+    except ValueError:
+        return None
 
 
 def _inside(path: Path, directory: Path) -> bool:

@@ -53,6 +53,7 @@ from dmlctl.spec.fields import (
     check_env,
     shown,
 )
+from dmlctl.spec.parallelism import ParallelismSpec, split_parallelize
 from dmlctl.spec.restart import CheckpointSpec, RestartSpec
 from dmlctl.strategies import registry
 
@@ -69,6 +70,7 @@ __all__ = [
     "HostKey",
     "HostSpec",
     "JobSpec",
+    "ParallelismSpec",
     "ResolvedHost",
     "StrategySpec",
     "duplicate_hosts",
@@ -237,6 +239,18 @@ class JobSpec(BaseModel):
         description="Most hosts the run uses at once; the cluster's other hosts stand by "
         "and replace lost ones on a restart. Default: as many as 'workers' needs.",
     )
+    parallelism: ParallelismSpec | None = Field(
+        default=None,
+        description="The device mesh of each step: tensor, pipeline and FSDP2 degrees "
+        "(torchtitan's keys), with strategy ssgd (compression none) or asgd; default: "
+        "none (plain data parallelism).",
+    )
+    parallelize: OneLine | None = Field(
+        default=None,
+        description="FILE:FUNCTION (FILE a .py file relative to workdir) that "
+        "parallelizes the model over the device mesh; needs a parallelism: block. "
+        "Default: none.",
+    )
 
     advice: str | None = Field(
         default=None,
@@ -276,6 +290,31 @@ class JobSpec(BaseModel):
         if low is not None and high is not None and low > high:
             raise ValueError(f"is smaller than min_hosts ({low})")
         return high
+
+    @field_validator("parallelism")
+    @classmethod
+    def _parallelism_fits_strategy(
+        cls, spec: ParallelismSpec | None, info: ValidationInfo
+    ) -> ParallelismSpec | None:
+        strategy = info.data.get("strategy")
+        if spec is not None and isinstance(strategy, StrategySpec):
+            spec.check_strategy(strategy.name, strategy.params)
+        return spec
+
+    @field_validator("parallelize")
+    @classmethod
+    def _parallelize_function(cls, value: str | None, info: ValidationInfo) -> str | None:
+        """``FILE:FUNCTION``, and only with a ``parallelism:`` block (the file itself
+        is checked by the loader, which reads the disk)."""
+        if value is None:
+            return None
+        split_parallelize(value)
+        if "parallelism" in info.data and info.data["parallelism"] is None:
+            raise ValueError(
+                "needs a parallelism: block (the device mesh the function parallelizes "
+                "the model over)"
+            )
+        return value
 
     _env = field_validator("env")(check_env)
     _args = field_validator("args")(check_args)

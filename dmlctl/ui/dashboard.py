@@ -45,7 +45,8 @@ def render_dashboard(
     Shows, top to bottom: the run header (run id, job, strategy, coloured phase,
     ``H:MM:SS`` elapsed, restarts, world size, the progress ``detail`` with a spinner
     while the run is pending or starting), one row per rank (at most
-    ``max_rank_rows``, failed ranks kept first), the root-cause panel when the run has
+    ``max_rank_rows``, failed ranks kept first; with a device mesh, each worker's
+    place in it), the root-cause panel when the run has
     one, and the last ``tail_lines`` lines of the merged log with ``[rank N]`` /
     ``[host]`` prefixes. Pure: no I/O, no clock reads; cost is linear in the number
     of ranks shown plus ``tail_lines``.
@@ -54,7 +55,7 @@ def render_dashboard(
     parts: list[RenderableType] = [
         run_header(state, now, marker=spinner_frame(now) if spinning else None),
         Text(""),
-        rank_table(state.ranks, max_rows=max_rank_rows),
+        rank_table(state.ranks, max_rows=max_rank_rows, mesh=state.mesh),
     ]
     if state.root_cause is not None:
         parts.append(root_cause_panel(state.root_cause, max_lines=10))

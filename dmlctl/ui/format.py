@@ -9,12 +9,13 @@ clock reads. User-controlled text (log lines, tracebacks, job names) always goes
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from rich.console import Group, RenderableType
 from rich.panel import Panel
 from rich.text import Text
 
+from dmlctl.mesh import MeshLayout, worker_ranks
 from dmlctl.runs.events import RootCause, Stream
 from dmlctl.runs.state import Phase, RankState, RankStatus, RunState, TailLine
 from dmlctl.ui.metric_columns import STRATEGY_COLUMNS, strategy_columns
@@ -201,12 +202,24 @@ def select_ranks(ranks: Sequence[RankState], limit: int | None) -> tuple[RankSta
     return tuple(r for r in ranks if r.rank in chosen)
 
 
+def mesh_labels(ranks: Sequence[RankState], mesh: MeshLayout) -> Mapping[int, str]:
+    """Each worker's place in ``mesh`` (:meth:`MeshLayout.label`) by global rank: the
+    ``i``-th worker by global rank is mesh worker ``i``; parameter servers have none."""
+    workers = worker_ranks((r.rank, r.role) for r in ranks)
+    return {rank: mesh.label(i) for i, rank in enumerate(workers[: mesh.world])}
+
+
 def rank_table(
-    ranks: Sequence[RankState], *, last_line: bool = True, max_rows: int | None = None
+    ranks: Sequence[RankState],
+    *,
+    last_line: bool = True,
+    max_rows: int | None = None,
+    mesh: MeshLayout | None = None,
 ) -> RenderableType:
     """One row per rank, its columns chosen for the width it is drawn at
     (:class:`~dmlctl.ui.rank_table.RankTable`): rank, state, step, loss, samples/s,
-    then epoch and the strategy's columns, then host and role, then the last line.
+    then the worker's place in the device mesh (with ``mesh``), epoch and the
+    strategy's columns, then host and role, then the last line.
 
     With ``max_rows`` and more ranks than that, failed ranks are kept first and the
     caption says how many rows were left out. The last-line column never wraps.
@@ -216,6 +229,11 @@ def rank_table(
         Column("host", lambda r: Text(r.host), 2, "left"),
         Column("rank", lambda r: Text(str(r.rank), style=rank_style(r.rank)), 0),
         Column("role", lambda r: Text(r.role), 2, "left"),
+    ]
+    if mesh is not None:
+        labels = mesh_labels(ranks, mesh)
+        columns.append(Column("mesh", lambda r: Text(labels.get(r.rank, MISSING)), 1, "left"))
+    columns += [
         Column("state", status_text, 0, "left"),
         Column("step", lambda r: Text(format_step(r.step)), 0),
         Column("loss", lambda r: Text(format_loss(r.loss)), 0),

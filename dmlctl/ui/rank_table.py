@@ -1,12 +1,13 @@
 """The rank table at any width: columns by priority, never a truncated number.
 
-Priorities: rank, state, step, loss and samples/s first; then epoch and the
-strategy's columns (:mod:`dmlctl.ui.metric_columns`); then host and role; the last
-line last. The table is measured against the width it is given when rendered: a
-column that does not fit drops out *whole*, lower priorities first, and ``last line``
-takes what is left (elided at its end, never wrapped), or goes when under
-:data:`MIN_LAST_LINE` cells remain. The shown columns keep their reading order
-(host, rank, role, state, step, loss, samples/s, epoch, strategy, last line).
+Priorities: rank, state, step, loss and samples/s first; then the worker's place in
+the device mesh (a job with ``parallelism:``), epoch and the strategy's columns
+(:mod:`dmlctl.ui.metric_columns`); then host and role; the last line last. The table
+is measured against the width it is given when rendered: a column that does not fit
+drops out *whole*, lower priorities first, and ``last line`` takes what is left
+(elided at its end, never wrapped), or goes when under :data:`MIN_LAST_LINE` cells
+remain. The shown columns keep their reading order
+(host, rank, role, mesh, state, step, loss, samples/s, epoch, strategy, last line).
 
 Numbers are compact (:mod:`dmlctl.ui.numbers`): ``12.3k`` samples/s, ``3.4 MiB``.
 """

@@ -63,7 +63,7 @@ def render_summary(state: RunState, run_dir: str | None, *, ranks: bool = True) 
     if state.stop_reason:
         parts.append(Text.assemble(("stopped: ", "yellow"), state.stop_reason))
     if ranks and state.ranks:
-        parts.append(rank_table(state.ranks, last_line=False))
+        parts.append(rank_table(state.ranks, last_line=False, mesh=state.mesh))
     if state.root_cause is not None:
         parts.append(root_cause_panel(state.root_cause))
     hint = _log_hint(run_dir)
@@ -111,13 +111,16 @@ def render_unreadable(run_id: str, reason: str) -> Text:
 
 
 def render_run_detail(state: RunState, now: float) -> RenderableType:
-    """``dmlctl status RUN_ID``: the dashboard header, every rank, and the root cause."""
+    """``dmlctl status RUN_ID``: the dashboard header, when the run started, its device
+    mesh (``device mesh: pp 2 × tp 2 (4 workers)``, with one), every rank (with its
+    place in the mesh), and the root cause."""
     parts: list[RenderableType] = [
         run_header(state, now),
         Text.assemble(("started ", "dim"), format_local_time(state.created_at)),
-        Text(""),
-        rank_table(state.ranks),
     ]
+    if state.mesh is not None:
+        parts.append(Text(state.mesh.describe()[0]))
+    parts += [Text(""), rank_table(state.ranks, mesh=state.mesh)]
     if state.root_cause is not None:
         parts.append(root_cause_panel(state.root_cause))
     return Group(*parts)

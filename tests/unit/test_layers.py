@@ -33,6 +33,7 @@ COMPOSERS = {"dmlctl.runtime.entry", "dmlctl.runtime.session", "dmlctl"}
 BASE = {
     "dmlctl.errors",
     "dmlctl.protocol",
+    "dmlctl.mesh",
     "dmlctl.redact",
     "dmlctl.checkpoint_files",
     "dmlctl.text",

@@ -36,6 +36,7 @@ class OneServer(WorkerChannel):
         *,
         pull: bool = False,
         lr: float | None = None,
+        references: Mapping[int, torch.Tensor] | None = None,
     ) -> dict[int, Pulled]:
         assert isinstance(clock, int)
         update = grads[0].detach().reshape(-1).clone()

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console, RenderableType
 
+from dmlctl.mesh import MeshLayout
 from dmlctl.protocol import COMM_TOTALS
 from dmlctl.runs.events import (
     Event,
@@ -53,8 +54,15 @@ SERVER = {
 }
 
 
-def _state(strategy: str, roles: list[str], extra: dict[str, float], last: str) -> RunState:
-    """Ranks two to a host, each with one metric record at step 400 and one log line."""
+def _state(
+    strategy: str,
+    roles: list[str],
+    extra: dict[str, float],
+    last: str,
+    mesh: MeshLayout | None = None,
+) -> RunState:
+    """Ranks two to a host, each with one metric record at step 400 and one log line;
+    ``mesh``: the run's device mesh."""
     ranks = [(i, f"node-{i // 2}", role) for i, role in enumerate(roles)]
     events: list[Event] = []
     for rank, host, role in ranks:
@@ -63,7 +71,7 @@ def _state(strategy: str, roles: list[str], extra: dict[str, float], last: str) 
         values = {**values, "loss": 0.123456 + rank} if role == "worker" else values
         events.append(MetricRecord(host, rank, 400, values, T0 + 2))
         events.append(LogLines(host, rank, Stream.STDOUT, (last,), T0 + 3))
-    return apply(new_run_state("r-20240101-abcd", "job", strategy, ranks, T0), events)
+    return apply(new_run_state("r-20240101-abcd", "job", strategy, ranks, T0, mesh), events)
 
 
 def _failed() -> RunState:
@@ -85,6 +93,14 @@ CASES = {
     "ssgd": _state("ssgd", ["worker", "worker"], COMM, "step 400 epoch 3 loss 0.1235"),
     "ps": _state("asgd", ["worker", "worker", "server"], {"clock": 400}, "serving 2 workers"),
     "failed": _failed(),
+    # pipeline 2 × tensor 2, two stages per pipeline rank: the widest mesh labels
+    "mesh": _state(
+        "ssgd",
+        ["worker"] * 4,
+        COMM,
+        "step 400 epoch 3 loss 0.1235",
+        MeshLayout(pp=2, tp=2, schedule="Interleaved1F1B", microbatches=8),
+    ),
 }
 VIEWS = {
     "dashboard": lambda s: render_dashboard(s, T0 + 30),

@@ -30,6 +30,7 @@ from torch.nn.parallel import DistributedDataParallel
 from dmlctl.strategies.registry import params_as
 from dmlctl.strategies.ssgd import compression
 from dmlctl.strategies.ssgd.params import Params
+from dmlctl.strategies.ssgd.replicate import ReplicatedGrads
 
 if TYPE_CHECKING:
     from dmlctl.runtime.context import Context
@@ -47,11 +48,15 @@ def prepare(
     working. ``model`` must already be on ``ctx.device``. The wrapper is a
     :class:`~dmlctl.strategies.ssgd.compression.MeteredDDP` with ``compression``'s hook
     registered (``none`` included, so bytes and comm share are always reported);
-    compression is moot, and not applied, in a world of 1.
+    compression is moot, and not applied, in a world of 1. With a device mesh
+    (``parallelism:``) the model is laid out already and DDP is not used: see
+    :func:`_on_mesh`.
     """
     p = params_as(Params, params)
     if ctx.world_size == 1:
         return model, optimizer
+    if ctx.mesh is not None:
+        return _on_mesh(ctx, model, optimizer, p)
     kwargs: dict[str, Any] = {
         "bucket_cap_mb": p.bucket_cap_mb,
         "find_unused_parameters": p.find_unused_parameters,
@@ -80,6 +85,26 @@ def prepare(
     ref = weakref.ref(wrapped)
     ctx.on_close(lambda: _release(ref))
     return wrapped, optimizer
+
+
+def _on_mesh(
+    ctx: Context, model: torch.nn.Module, optimizer: torch.optim.Optimizer, p: Params
+) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """ssgd over a device mesh (the model already laid out by ``ctx.prepare``): the
+    replicate dimension averages gradients (:class:`ReplicatedGrads`) unless FSDP2's
+    hybrid sharding does it, or there is one replica."""
+    if p.compression != "none":
+        raise ValueError(
+            f"ssgd compression {p.compression!r} works on DDP's buckets, which model "
+            "parallelism does not use; remove compression or the parallelism block"
+        )
+    layout, mesh = ctx.layout, ctx.mesh
+    assert layout is not None and mesh is not None
+    if layout.dp_replicate == 1 or layout.dp_shard > 1:
+        return model, optimizer
+    params = [q for q in model.parameters() if q.requires_grad]
+    group = mesh.get_group("dp_replicate")
+    return model, ReplicatedGrads(optimizer, params, world_size=ctx.world_size, group=group)
 
 
 def _release(ref: Callable[[], DistributedDataParallel | None]) -> None:
