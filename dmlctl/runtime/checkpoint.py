@@ -274,17 +274,31 @@ class CheckpointManager:
             error = self._failure(step, entry, entries)
             error.__cause__ = self._write_error
             raise _AgreedFailure(error)
+        more = self._more_files(tmp)
         final = self.root / checkpoint_step_dir(step)
         lock = f".commit-{entries[0]['token']}"
         self.committed_here = self.leader and take_lock(tmp / lock)
         if self.committed_here:
-            files = [{"sha256": e["sha256"], "size": e["size"]} for e in entries]
-            commit(self.root, step, tmp, final, self.world_size, self.keep, files)
+            files = {
+                rank_file(r): {"sha256": e["sha256"], "size": e["size"]}
+                for r, e in enumerate(entries)
+            }
+            sharded = bool(more)
+            commit(
+                self.root, step, tmp, final, self.world_size, self.keep, {**files, **more}, sharded
+            )
             (final / lock).unlink(missing_ok=True)
         if self._collective():
             dist.barrier(group=self.group)
         self._last_save, self._last_step = time.monotonic(), step
         return str(final)
+
+    def _more_files(self, tmp: Path) -> dict[str, Any]:
+        """Files besides the ranks' own that the checkpoint in ``tmp`` holds (name →
+        size and sha256), once every rank wrote its file: none here; a sharded
+        checkpoint writes its shards now (collective)."""
+        del tmp
+        return {}
 
     def _newest_valid(self, bound: int | None) -> tuple[int, Path | None]:
         """This rank's newest verified checkpoint at or below ``bound``."""

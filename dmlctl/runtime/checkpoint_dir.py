@@ -102,19 +102,27 @@ def write_synced(path: Path, data: bytes | dict[str, Any]) -> None:
 
 
 def commit(
-    root: Path, step: int, tmp: Path, final: Path, world_size: int, keep: int, entries: list[Any]
+    root: Path,
+    step: int,
+    tmp: Path,
+    final: Path,
+    world_size: int,
+    keep: int,
+    files: dict[str, Any],
+    sharded: bool = False,
 ) -> None:
     """Commit ``tmp`` as checkpoint ``final`` of ``step``: write the manifest of every
-    rank's file (``entries[r]``: size and sha256 of rank ``r``'s), rename the directory
-    into place, point ``LATEST`` at it, and prune (newer steps of an abandoned
-    timeline, all but the ``keep`` newest, leftover temporary directories)."""
-    files = {rank_file(r): e for r, e in enumerate(entries)}
+    file (``files``: name → size and sha256; every rank's file, and with ``sharded``
+    the shards of a ``torch.distributed.checkpoint`` that every rank needs), rename
+    the directory into place, point ``LATEST`` at it, and prune (newer steps of an
+    abandoned timeline, all but the ``keep`` newest, leftover temporary directories)."""
     manifest = {
         "format": 1,
         "step": step,
         "world_size": world_size,
         "time": time.time(),
         "files": files,
+        "sharded": sharded,
     }
     write_synced(tmp / CHECKPOINT_MANIFEST, json.dumps(manifest, indent=1).encode())
     fsync_path(tmp)
@@ -158,7 +166,8 @@ def saved_world(path: Path, default: int) -> int:
 
 def verify(path: Path, step: int, rank: int) -> str | None:
     """Why checkpoint ``path`` of ``step`` is unusable for ``rank``, or None when its
-    file (``rank mod`` the saved world size) matches the manifest."""
+    file (``rank mod`` the saved world size) — and for a sharded checkpoint every
+    file — matches the manifest."""
     try:
         manifest = json.loads((path / CHECKPOINT_MANIFEST).read_text())
         saved = int(manifest["world_size"])
@@ -170,12 +179,16 @@ def verify(path: Path, step: int, rank: int) -> str | None:
         return "no manifest"
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         return f"unreadable manifest ({type(exc).__name__}: {exc})"
-    file = path / fname
-    size = file.stat().st_size if file.is_file() else None
-    if size != entry.get("size"):
-        return f"size mismatch on {fname} (truncated/missing: {size} bytes)"
-    if sha256_file(file) != entry.get("sha256"):
-        return f"checksum mismatch on {fname}"
+    needed = {fname: entry}
+    if manifest.get("sharded"):  # every rank reads from every shard file
+        needed = {name: dict(e) for name, e in manifest["files"].items()}
+    for name, want in needed.items():
+        file = path / name
+        size = file.stat().st_size if file.is_file() else None
+        if size != want.get("size"):
+            return f"size mismatch on {name} (truncated/missing: {size} bytes)"
+        if sha256_file(file) != want.get("sha256"):
+            return f"checksum mismatch on {name}"
     return None
 
 

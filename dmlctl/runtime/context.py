@@ -58,6 +58,11 @@ from dmlctl.mesh import MeshLayout
 from dmlctl.protocol import PROGRESS, ROLE_SERVER
 from dmlctl.runtime import checkpoint as ckpt
 from dmlctl.runtime import divergence, guards
+from dmlctl.runtime.checkpoint_sharded import (
+    ShardedCheckpointManager,
+    restore_small_state,
+    small_state,
+)
 from dmlctl.runtime.data import MapDataset, batches_per_epoch, shard_batches
 from dmlctl.runtime.env import RunEnv
 from dmlctl.runtime.membership import Membership
@@ -119,10 +124,15 @@ class Context:
         self._epoch = 0
         self._closed = False
         self._on_close: list[Callable[[], None]] = []
+        manager = (
+            ShardedCheckpointManager
+            if env.layout is not None and mesh is not None
+            else ckpt.CheckpointManager
+        )
         self._ckpt = (
             None
             if is_server
-            else ckpt.CheckpointManager.from_env(
+            else manager.from_env(
                 self._rank,
                 self._world,
                 env.local_rank,
@@ -278,6 +288,21 @@ class Context:
         torch.autograd.backward(loss)
         return loss.detach()
 
+    def eval_step(
+        self,
+        model: torch.nn.Module,
+        inputs: torch.Tensor,
+        targets: torch.Tensor,
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    ) -> torch.Tensor:
+        """:meth:`train_step` without gradients: the batch's loss on every rank, under
+        every layout (collective over a model-parallel replica: all its ranks call it)."""
+        step = getattr(model, "eval_step", None)
+        if callable(step):
+            return step(inputs, targets, loss_fn)  # type: ignore[no-any-return]
+        with torch.no_grad():
+            return loss_fn(model(inputs), targets).detach()
+
     def add_metrics_source(self, source: Callable[[], dict[str, float]]) -> None:
         """Merge ``source()`` into every :meth:`log` record (values the caller passes
         win). Strategies report ``comm_bytes_per_step``, ``comm_share`` and their own
@@ -400,12 +425,20 @@ class Context:
 
         Collective. Call after :meth:`prepare`, before :meth:`shard`.
         """
+        sharded = isinstance(self._ckpt, ShardedCheckpointManager)
+        if isinstance(self._ckpt, ShardedCheckpointManager):
+            self._ckpt.bind(model, optimizer)
         with TRACKER.phase("resume"):
             found = self._ckpt.load_latest() if self._ckpt is not None else None
+            if found is not None and isinstance(self._ckpt, ShardedCheckpointManager):
+                self._ckpt.load_shards(found[0])
         if found is None:
             return 0
         step, state = found
-        ckpt.restore_training_state(state, model, optimizer)
+        if sharded:
+            restore_small_state(state, model, optimizer)
+        else:
+            ckpt.restore_training_state(state, model, optimizer)
         self._resume_at = (int(state["data"]["epoch"]), int(state["data"]["batches"]))
         self.resumed_extra = dict(state.get("extra", {}))
         return step
@@ -417,9 +450,15 @@ class Context:
         with ``extra`` tensors/numbers; returns the directory or None. Collective."""
         if self._ckpt is None or not self._ckpt.due(step):
             return None
-        state = ckpt.training_state(
-            model, optimizer, epoch=self._epoch, batches=self._batches, extra=extra
-        )
+        if isinstance(self._ckpt, ShardedCheckpointManager):  # shards through DCP
+            self._ckpt.bind(model, optimizer)
+            state = small_state(
+                model, optimizer, epoch=self._epoch, batches=self._batches, extra=extra
+            )
+        else:
+            state = ckpt.training_state(
+                model, optimizer, epoch=self._epoch, batches=self._batches, extra=extra
+            )
         with TRACKER.phase("checkpoint"):
             directory = self._ckpt.save(step, state)
         if self._ckpt.committed_here:

@@ -115,3 +115,63 @@ def test_every_layout_trains_like_one_process(name: str, reference: list[float])
         gaps = [abs(a - b) for a, b in zip(losses, reference, strict=True)]
         assert max(gaps) < TOLERANCE, (name, rank, max(gaps), losses, reference)
     assert reference[-1] < reference[0] - 0.5  # it learns
+
+
+def _train_from_checkpoint(ctx: Any, stop: int) -> tuple[int, list[float]]:
+    """Resume from the newest checkpoint (if any), train up to step ``stop`` saving
+    every 5 steps; (the step it resumed at, the losses of the steps it took)."""
+    import torch
+
+    m = _model_module()
+    model = m.transformer(_small(m))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model, opt = ctx.prepare(model, opt)
+    start = ctx.resume(model, opt)
+    share = BATCH // ctx.data_parallel_size
+    part = slice(ctx.data_parallel_rank * share, (ctx.data_parallel_rank + 1) * share)
+    losses = []
+    for step in range(start, stop):
+        x, y = _batch(step)
+        loss = ctx.train_step(model, x[part], y[part], m.loss_fn)
+        opt.step()
+        opt.zero_grad()
+        losses.append(ctx.all_reduce_mean(loss))
+        ctx.checkpoint(step + 1, model, opt)
+    return start, losses
+
+
+@pytest.mark.parametrize(
+    ("saved", "resumed"),
+    [("tp2", "fsdp2"), ("pp2-1f1b", "tp2"), ("fsdp2", "tp2-dp2")],
+    ids=["tp2-to-fsdp2", "pp2-to-tp2", "fsdp2-to-tp2dp2"],
+)
+def test_a_sharded_checkpoint_resumes_on_another_layout(
+    saved: str, resumed: str, reference: list[float], tmp_path: Path
+) -> None:
+    """Saved at step 10 under one layout, resumed under another: DCP reshards the
+    model and the AdamW state, and the losses of steps 11–20 are the uninterrupted
+    run's (within ``TOLERANCE``)."""
+    env = {"DMLCTL_CHECKPOINT_DIR": str(tmp_path), "DMLCTL_CHECKPOINT_EVERY_STEPS": "5"}
+    first = LAYOUTS[saved]
+    out = run_ranks(
+        _train_from_checkpoint,
+        first.world,
+        args=(10,),
+        env={**env, "DMLCTL_PARALLELISM": dumps(first)},
+        timeout=300,
+    )
+    assert all(start == 0 for start, _ in out)
+    manifest = (tmp_path / "step-000000010" / "manifest.json").read_text()
+    assert '"sharded": true' in manifest and ".metadata" in manifest
+    second = LAYOUTS[resumed]
+    out = run_ranks(
+        _train_from_checkpoint,
+        second.world,
+        args=(STEPS,),
+        env={**env, "DMLCTL_PARALLELISM": dumps(second)},
+        timeout=300,
+    )
+    for start, losses in out:
+        assert start == 10
+        gaps = [abs(a - b) for a, b in zip(losses, reference[10:], strict=True)]
+        assert max(gaps) < TOLERANCE, (saved, resumed, max(gaps), losses, reference[10:])

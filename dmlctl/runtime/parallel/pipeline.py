@@ -103,8 +103,8 @@ class PipelinedModel(nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         raise RuntimeError(
             "under pipeline parallelism a rank holds only some stages of the model: train "
-            "with `loss = ctx.train_step(model, inputs, targets, loss_fn)` (forward and "
-            "backward of every microbatch, by the job's schedule)"
+            "with `loss = ctx.train_step(model, inputs, targets, loss_fn)` and evaluate "
+            "with `ctx.eval_step(...)` (every microbatch through the job's schedule)"
         )
 
     def train_step(
@@ -114,6 +114,17 @@ class PipelinedModel(nn.Module):
         gradients of this rank's stages accumulate (scaled as for the whole batch).
         Returns the batch's mean loss on every rank of the pipeline (one broadcast
         from the rank holding the last stage)."""
+        return self._run(inputs, targets, loss_fn, backward=True)
+
+    def eval_step(
+        self, inputs: torch.Tensor, targets: torch.Tensor, loss_fn: LossFn
+    ) -> torch.Tensor:
+        """:meth:`train_step` without the backward pass (no gradients change)."""
+        return self._run(inputs, targets, loss_fn, backward=False)
+
+    def _run(
+        self, inputs: torch.Tensor, targets: torch.Tensor, loss_fn: LossFn, *, backward: bool
+    ) -> torch.Tensor:
         if inputs.shape[0] % self.microbatches:
             raise ValueError(
                 f"a batch of {inputs.shape[0]} samples does not split into "
@@ -121,12 +132,13 @@ class PipelinedModel(nn.Module):
                 "the batch size a multiple of it"
             )
         schedule = self._schedule_for(loss_fn)
+        run = schedule.step if backward else schedule.eval
         losses: list[torch.Tensor] = []
         args = (inputs,) if self.first else ()
         if self.last:
-            schedule.step(*args, target=targets, losses=losses)
+            run(*args, target=targets, losses=losses)
         else:
-            schedule.step(*args)
+            run(*args)
         mean = torch.zeros((), dtype=torch.float32)
         if self.last:
             mean = torch.stack([loss.detach().float() for loss in losses]).mean()
