@@ -20,7 +20,7 @@ from tests.strategies.harness import run_ranks
 
 pytestmark = pytest.mark.integration
 
-MODEL = Path(__file__).resolve().parents[2] / "examples" / "parallel" / "model.py"
+MODEL = Path(__file__).resolve().parents[2] / "dmlctl" / "bench" / "parallel_job" / "model.py"
 STEPS = 20
 BATCH = 8  # the global batch; each data-parallel replica takes its share
 TOLERANCE = 1e-4
