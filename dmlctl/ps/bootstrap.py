@@ -40,6 +40,14 @@ class Layout:
     staleness_bound: int | None = None
     log_every_s: float = 1.0
     push: dict[str, Any] | None = None  # the push filter (dmlctl.ps.codec.PushCodec), or None
+    #: DistBelief (model parallelism inside each replica, :mod:`dmlctl.ps.parts`): the
+    #: global tensor indices of each model-parallel part, the part and the server of
+    #: each shard, and the global rank whose values start each part. Empty: one part
+    #: (the whole model), shard ``k`` on ``servers[k]``, worker 0's values.
+    parts: list[list[int]] = field(default_factory=list)
+    shard_parts: list[int] = field(default_factory=list)
+    shard_servers: list[int] = field(default_factory=list)
+    part_sources: list[int] = field(default_factory=list)
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -58,6 +66,24 @@ class Layout:
     def shard_sizes(self) -> list[list[int]]:
         """Elements of each tensor of each shard, in the shard's order."""
         return [[math.prod(self.shapes[i]) for i in shard] for shard in self.plan]
+
+    def server_of(self, shard: int) -> int:
+        """The global rank of the server that holds ``shard``."""
+        return self.shard_servers[shard] if self.shard_servers else self.servers[shard]
+
+    def servers_by_shard(self) -> list[int]:
+        """The server of every shard, in shard order."""
+        return [self.server_of(k) for k in range(len(self.plan))]
+
+    def shards_of_part(self, part: int) -> list[int]:
+        """The shards a worker of model-parallel ``part`` pushes and pulls."""
+        if not self.parts:
+            return list(range(len(self.plan)))
+        return [k for k, p in enumerate(self.shard_parts) if p == part]
+
+    def tensors_of_part(self, part: int) -> list[int]:
+        """The global indices of the tensors of ``part``, in the part's order."""
+        return list(self.parts[part]) if self.parts else list(range(len(self.shapes)))
 
 
 def share_layout(layout: Layout | None, src: int) -> Layout:

@@ -32,7 +32,6 @@ import torch
 
 from dmlctl.ps.bootstrap import Layout
 from dmlctl.ps.channel import WorkerChannel
-from dmlctl.ps.server import unpack
 from dmlctl.ps.worker import PSOptimizer
 
 if TYPE_CHECKING:
@@ -56,8 +55,11 @@ class DeltaPush(PSOptimizer):
         n_push: int = 1,
         n_fetch: int = 1,
         overlap: bool = False,
+        part: int = 0,
     ) -> None:
-        super().__init__(inner, params, ctx=ctx, layout=layout, channel=channel, overlap=overlap)
+        super().__init__(
+            inner, params, ctx=ctx, layout=layout, channel=channel, overlap=overlap, part=part
+        )
         self.n_push, self.n_fetch = n_push, n_fetch
 
     def _delta(self) -> list[torch.Tensor]:
@@ -114,7 +116,7 @@ class DeltaPush(PSOptimizer):
             codec.state.error.get(s, torch.zeros(numel[s])) if numel[s] else torch.zeros(0)
             for s in self.shard_ids
         ]
-        unsent = unpack(flats, self.layout.plan, self.shapes)
+        unsent = self.unpack_own(flats)
         return [f + u.to(f.dtype) for f, u in zip(pulled, unsent, strict=True)]
 
     def flush(self) -> None:

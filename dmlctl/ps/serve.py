@@ -8,6 +8,8 @@ rule, and handle messages until every worker closed. Every ``log_every_s`` secon
 
 * ``push_per_s``, ``pull_per_s``, ``push_bytes_per_s``, ``pull_bytes_per_s``;
 * ``staleness_median`` / ``staleness_max`` of the updates applied in the window;
+  a server holding several shards (DistBelief's parts) also logs each shard's
+  largest staleness so far, ``staleness_max_shard_<k>``;
 * ``clock_min`` / ``clock_max`` over the workers, ``clock_spread`` (their difference:
   for ``ssp`` the spread between the fastest and the slowest worker) and
   ``max_lead`` (the largest ``clock − min_clock`` of any answered read so far: never
@@ -30,6 +32,7 @@ from pydantic import BaseModel
 from dmlctl.ps.bootstrap import Layout, share_initial, share_layout
 from dmlctl.ps.channel import ServerChannel
 from dmlctl.ps.codec import PushCodec
+from dmlctl.ps.parts import share_initial_parts
 from dmlctl.ps.rounds import BackupRounds, ConsensusRounds, RoundRule, RoundServer
 from dmlctl.ps.rules import AdaDelay, ScaledAdd, UpdateRule
 from dmlctl.ps.server import ParameterServer
@@ -78,6 +81,10 @@ def server_metrics(server: ParameterServer) -> dict[str, float]:
         max_lead=float(server.max_lead),
         version=float(sum(server.versions.values())),
     )
+    if len(server.shard_staleness_max) > 1:  # several shards here: each one's own maximum
+        out.update(
+            {f"staleness_max_shard_{k}": float(v) for k, v in server.shard_staleness_max.items()}
+        )
     if isinstance(server.rule, AdaDelay) and server.rule.last_step:
         out["step_size"] = sum(server.rule.last_step.values()) / len(server.rule.last_step)
     if isinstance(server, RoundServer):
@@ -99,17 +106,21 @@ def run_server(ctx: Context) -> ParameterServer:
     if members is None:
         raise RuntimeError("run_server needs a run with parameter servers")
     layout: Layout = share_layout(None, src=members.workers[0])
-    shards = share_initial(layout, src=members.workers[0])
-    k = layout.servers.index(ctx.global_rank)
+    if layout.parts:  # DistBelief: each part's values come from its first worker
+        starts = share_initial_parts(layout, None, ctx.global_rank)
+    else:
+        starts = dict(enumerate(share_initial(layout, src=members.workers[0])))
+    mine = {k: starts[k] for k in range(len(layout.plan)) if layout.server_of(k) == ctx.global_rank}
     codec = PushCodec(layout.push, layout.shard_sizes()) if layout.push else None
-    channel = ServerChannel(ctx.global_rank, {k: shards[k].numel()}, layout.torch_dtype, codec)
+    numel = {k: t.numel() for k, t in mine.items()}
+    channel = ServerChannel(ctx.global_rank, numel, layout.torch_dtype, codec)
     server: ParameterServer
     if layout.rule.get("kind") in ROUND_RULES:
         rule = make_round_rule(layout.rule, layout.workers)
-        server = RoundServer({k: shards[k]}, layout.workers, channel, rule=rule)
+        server = RoundServer(mine, layout.workers, channel, rule=rule)
     else:
         server = ParameterServer(
-            {k: shards[k]},
+            mine,
             layout.workers,
             channel,
             rule=make_rule(layout.rule),

@@ -101,6 +101,7 @@ class ParameterServer:
         self.clocks: dict[int, int] = dict.fromkeys(self.workers, 0)
         self.pulled: dict[tuple[int, int], int] = {}
         self.staleness_histogram: dict[int, int] = {}
+        self.shard_staleness_max: dict[int, int] = dict.fromkeys(self.params, 0)
         self.finished: set[int] = set()  # said DONE: not pushing now
         self.closed: set[int] = set()  # said CLOSE: gone
         self.pending: list[Message] = []  # PULLs waiting for the slowest worker
@@ -181,6 +182,7 @@ class ParameterServer:
         self.rule.apply(shard_id, self.params[shard_id], update.reshape(-1), version, staleness)
         self.versions[shard_id] = version + 1
         self.staleness_histogram[staleness] = self.staleness_histogram.get(staleness, 0) + 1
+        self.shard_staleness_max[shard_id] = max(self.shard_staleness_max[shard_id], staleness)
         self.stats.pushed(update.numel() * update.element_size(), staleness)
         return staleness
 
@@ -205,6 +207,7 @@ class ParameterServer:
             "clocks": dict(self.clocks),
             "pulled": [[w, s, v] for (w, s), v in sorted(self.pulled.items())],
             "staleness_histogram": dict(self.staleness_histogram),
+            "shard_staleness_max": dict(self.shard_staleness_max),
             "rule": self.rule.state_dict(),
         }
 
@@ -231,6 +234,8 @@ class ParameterServer:
             (int(w), int(s)): int(v) for w, s, v in state["pulled"] if int(w) in self.clocks
         }
         self.staleness_histogram = {int(k): int(v) for k, v in state["staleness_histogram"].items()}
+        saved_max = {int(k): int(v) for k, v in state.get("shard_staleness_max", {}).items()}
+        self.shard_staleness_max = {s: saved_max.get(s, 0) for s in self.params}
         if "rule" in state:
             self.rule.load_state_dict(state["rule"])
         self.finished = set()

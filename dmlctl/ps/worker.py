@@ -61,18 +61,32 @@ class PSOptimizer(StrategyOptimizer):
         layout: Layout,
         channel: WorkerChannel | None = None,
         overlap: bool = False,
+        part: int = 0,
     ) -> None:
         super().__init__(inner, params, world_size=ctx.world_size, period=1)
         members = ctx.membership
         assert members is not None
         self.ctx, self.layout = ctx, layout
         self.group = members.group
-        self.shapes = [torch.Size(s) for s in layout.shapes]
-        self.shard_ids = list(range(len(layout.plan)))
+        #: This worker's model-parallel part (DistBelief; 0: the whole model): the
+        #: shards it pushes and pulls, and where their tensors are in ``params``.
+        self.part = part
+        mine = layout.tensors_of_part(part)
+        where = {g: i for i, g in enumerate(mine)}
+        self.shapes = [torch.Size(layout.shapes[g]) for g in mine]
+        self.shard_ids = layout.shards_of_part(part)
+        self.local_plan = {s: [where[i] for i in layout.plan[s]] for s in self.shard_ids}
+        #: Runs after every adoption of pulled parameters (DistBelief: tensor-parallel
+        #: peers take their replicated tensors from the one that pushes them).
+        self.after_adopt: Callable[[], None] | None = None
         if channel is None:
             codec = PushCodec(layout.push, layout.shard_sizes()) if layout.push else None
             channel = WorkerChannel(
-                ctx.global_rank, layout.servers, layout.shard_numel(), layout.torch_dtype, codec
+                ctx.global_rank,
+                layout.servers_by_shard(),
+                layout.shard_numel(),
+                layout.torch_dtype,
+                codec,
             )
         self.channel = channel
         self.reference = [p.detach().clone() for p in self.params]
@@ -133,11 +147,11 @@ class PSOptimizer(StrategyOptimizer):
     ) -> Callable[[], Mapping[int, Pulled] | None]:
         """The push of ``tensors`` as a job: everything it reads from the model is
         taken now (packed copies), so the job may run while the trainer steps."""
-        grads = {s: pack(tensors, self.layout.plan[s]) for s in self.shard_ids}
+        grads = {s: pack(tensors, self.local_plan[s]) for s in self.shard_ids}
         clocks = dict(clock) if clock is not None else self.local_steps
         refs = None
         if self.channel.codec is not None and self.channel.codec.needs_reference:
-            refs = {s: pack(self.params, self.layout.plan[s]) for s in self.shard_ids}
+            refs = {s: pack(self.params, self.local_plan[s]) for s in self.shard_ids}
         self.pushed_at = self.local_steps
 
         def job() -> Mapping[int, Pulled] | None:
@@ -171,7 +185,12 @@ class PSOptimizer(StrategyOptimizer):
     def _unpacked(self, pulled: Mapping[int, Pulled]) -> list[torch.Tensor]:
         self.min_clock = min(p.min_clock for p in pulled.values())
         self.versions.update({s: p.version for s, p in pulled.items()})
-        return unpack([pulled[s].flat for s in self.shard_ids], self.layout.plan, self.shapes)
+        return self.unpack_own([pulled[s].flat for s in self.shard_ids])
+
+    def unpack_own(self, flats: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """This worker's tensors from the flat contents of its shards (in
+        ``shard_ids`` order)."""
+        return unpack(flats, [self.local_plan[s] for s in self.shard_ids], self.shapes)
 
     def _adopt(self, pulled: Sequence[torch.Tensor], keep_local: bool) -> None:
         """Parameters ← pulled (+ the local change not pushed yet); reference ← pulled."""
@@ -183,6 +202,8 @@ class PSOptimizer(StrategyOptimizer):
                     p.copy_(fresh)
                 r.copy_(fresh)
         self.check_finite(self.params, where="after the pull from the servers")
+        if self.after_adopt is not None:
+            self.after_adopt()
 
     def _local_step(self, closure: Callable[[], float] | None) -> Any:
         """The user's optimizer's step, counted (clock and meter); returns its loss."""

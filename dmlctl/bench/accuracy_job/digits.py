@@ -69,8 +69,10 @@ def optimizer(name: str, params: Any) -> torch.optim.Optimizer:
 
 
 def digest(net: nn.Module) -> str:
-    """A hash of the model's parameters (equal on two ranks iff they are identical)."""
-    flat = torch.cat([p.detach().reshape(-1).cpu() for p in net.parameters()])
+    """A hash of the model's parameters (equal on two ranks iff they are identical;
+    under tensor parallelism, of the parts this rank holds)."""
+    local = [getattr(p, "_local_tensor", p) for p in net.parameters()]  # a DTensor's shard
+    flat = torch.cat([t.detach().reshape(-1).cpu() for t in local])
     return hashlib.sha256(flat.numpy().tobytes()).hexdigest()[:16]
 
 

@@ -22,13 +22,14 @@ The parameters are :mod:`dmlctl.strategies.asgd.params`'s; this module imports t
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 from pydantic import BaseModel
 
 from dmlctl.ps.bootstrap import join_as_worker
 from dmlctl.ps.modes import DeltaPush
+from dmlctl.ps.parts import WholeTensorSync, join_as_part, own_tensors
 from dmlctl.ps.serve import serve
 from dmlctl.strategies.asgd.params import Params
 from dmlctl.strategies.common import delta_rule
@@ -45,6 +46,8 @@ def prepare(
 ) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     """Bootstrap the servers and wrap ``optimizer`` (collective with the servers)."""
     p = params_as(Params, params)
+    if ctx.layout is not None and ctx.layout.model_parallel and ctx.mesh is not None:
+        return model, _distbelief(ctx, model, optimizer, p)
     weights, layout = join_as_worker(
         ctx, model, rule=delta_rule(p.scale, ctx.world_size), push=p.push_spec()
     )
@@ -58,3 +61,33 @@ def prepare(
         overlap=p.overlap,
     )
     return model, opt
+
+
+def _distbelief(
+    ctx: Context, model: torch.nn.Module, optimizer: torch.optim.Optimizer, p: Params
+) -> DeltaPush:
+    """asgd across the replicas of a model split by the job's ``parallelism:`` block
+    (DistBelief, :mod:`dmlctl.ps.parts`): this worker pushes and pulls its own part's
+    shards; a pushed change weighs ``scale``, default 1/replicas."""
+    mesh_layout, mesh = ctx.layout, ctx.mesh
+    assert mesh_layout is not None and mesh is not None
+    c = mesh_layout.coords(ctx.rank)
+    part = c["pp"] * mesh_layout.tp + c["tp"]
+    mine, whole = own_tensors(model, c["tp"])
+    rule = delta_rule(p.scale, mesh_layout.dp_replicate)
+    layout = join_as_part(
+        ctx, mine, part, mesh_layout.pp * mesh_layout.tp, rule=rule, push=p.push_spec()
+    )
+    opt = DeltaPush(
+        optimizer,
+        cast("list[torch.nn.Parameter]", mine),
+        ctx=ctx,
+        layout=layout,
+        n_push=p.n_push,
+        n_fetch=p.n_fetch,
+        overlap=p.overlap,
+        part=part,
+    )
+    if mesh_layout.tp > 1 and whole:
+        opt.after_adopt = WholeTensorSync(whole, mesh.get_group("tp"))
+    return opt
