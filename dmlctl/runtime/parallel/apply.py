@@ -32,6 +32,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from dmlctl.mesh import MeshLayout
+from dmlctl.text import plural
 from dmlctl.runtime.parallel.fsdp import shard_model
 from dmlctl.runtime.parallel.pipeline import PipelinedModel, split_sequential
 from dmlctl.runtime.parallel.tensor import apply_tensor_parallel
@@ -66,7 +67,7 @@ def lay_out(
     ctx.notice(
         f"parallelism {' × '.join(f'{d} {layout.sizes[d]}' for d in layout.names)}: "
         f"{type(optimizer).__name__} rebuilt on each rank's own parameters "
-        f"({len(rebuilt.param_groups)} param group(s), same hyperparameters)"
+        f"({plural(len(rebuilt.param_groups), 'param group')}, same hyperparameters)"
     )
     return model, rebuilt
 
