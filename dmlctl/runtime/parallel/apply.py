@@ -32,10 +32,10 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from dmlctl.mesh import MeshLayout
-from dmlctl.text import plural
 from dmlctl.runtime.parallel.fsdp import shard_model
 from dmlctl.runtime.parallel.pipeline import PipelinedModel, split_sequential
 from dmlctl.runtime.parallel.tensor import apply_tensor_parallel
+from dmlctl.text import plural
 
 if TYPE_CHECKING:
     from dmlctl.runtime.context import Context
