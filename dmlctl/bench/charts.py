@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from dmlctl.bench.advise_spec import parse_target
+from dmlctl.bench.parallel_report import GOAL_LABELS
 from dmlctl.ui.plot import Bars, Lines, Panel, Samples, draw
 
 Chart = tuple[str, list[Panel]]
@@ -190,6 +191,33 @@ def advise(report: Report) -> Chart:
     return f"time and traffic to {report['target']}", panels
 
 
+def parallel(report: Report) -> Chart:
+    """Per layout: the largest rank's parameters + optimizer state relative to the
+    whole model's, and its share of the tensor-plan layers, the goals dashed; and the
+    whole run's samples/s of every run, the baseline's median dashed."""
+    rows = report["layouts"]
+    names = list(rows)
+    shares = {
+        "params + optimizer / whole model's": [r["memory_ratio"] for r in rows.values()],
+        "tensor-plan layers / theirs": [r["sharded_ratio"] for r in rows.values()],
+    }
+    goals = {
+        f"goal {name}: {GOAL_LABELS.get(measure, measure)} ≤ {goal['bound']:g}": goal["bound"]
+        for name, row in rows.items()
+        for measure, goal in row["goals"].items()
+    }
+    rates = {name: row["samples_per_s"]["samples"] for name, row in rows.items()}
+    base = rows.get(report["baseline"])
+    refs = {f"{report['baseline']} median": base["samples_per_s"]["median"]} if base else {}
+    return (
+        f"model parallelism, {report['workers']} workers, global batch {report['global_batch']}",
+        [
+            Bars("share of the whole model (largest rank)", names, shares, goals),
+            Samples("samples/s, whole run", rates, refs),
+        ],
+    )
+
+
 CHARTS: dict[str, Callable[[Report], Chart]] = {
     "advise": advise,
     "comm": comm,
@@ -202,6 +230,7 @@ CHARTS: dict[str, Callable[[Report], Chart]] = {
     "sparse": sparse,
     "logs": logs,
     "hangs": hangs,
+    "parallel": parallel,
 }
 """Every ``dmlctl bench`` command's chart, by command name."""
 

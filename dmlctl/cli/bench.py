@@ -1,5 +1,5 @@
 """``dmlctl bench comm``, ``ps``, ``launch``, ``strategies``, ``accuracy``, ``recovery``,
-``straggler``, ``sparse``, ``logs`` and ``hangs``.
+``straggler``, ``sparse``, ``logs``, ``hangs`` and ``parallel``.
 
 Parse → call :mod:`dmlctl.bench` → render. stdout carries only the result (a table,
 or JSON with ``--json``); progress goes to stderr. Library imports happen inside the
@@ -25,7 +25,8 @@ app = typer.Typer(
     "data (accuracy), recovery after a killed worker (recovery), "
     "throughput next to a slowed worker under ssgd/asgd/ssp/sync-ps (straggler), cyclades "
     "against hogwild on sparse data (sparse), log lines carried (logs), hang verdicts on "
-    "healthy and hung runs (hangs), which strategy reaches your job's target soonest "
+    "healthy and hung runs (hangs), memory and throughput of tensor, pipeline and FSDP "
+    "layouts (parallel), which strategy reaches your job's target soonest "
     "(advise).",
     no_args_is_help=True,
 )
@@ -403,6 +404,40 @@ def hangs(
     else:
         stdout_console().print(render_hang_table(report))
     write_plot("hangs", report, plot)
+    return 0
+
+
+@app.command()
+def parallel(
+    steps: int = typer.Option(
+        16, "--steps", help="Steps per run, the first 3 untimed (at least 5)."
+    ),
+    layouts: str = typer.Option(
+        "all",
+        "--layouts",
+        help="Comma-separated: dp4 (the baseline), tp2-dp2, tp4, pp4-gpipe, pp4-1f1b, "
+        "fsdp4, pp2-tp2, or all.",
+    ),
+    repeats: int = typer.Option(2, "--repeats", help="Runs per layout (medians count)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    plot: Optional[Path] = plot_option("memory per rank and samples/s by layout"),  # noqa: UP045
+) -> int:
+    """Memory per rank and samples/s of the example transformer under tensor, pipeline
+    and FSDP layouts on 4 workers, against plain data parallelism."""
+    from dmlctl.bench.parallel import check_options, parse_layouts, run_parallel_bench
+    from dmlctl.bench.parallel_report import render_parallel_table
+
+    chosen = parse_layouts(layouts)
+    check_options(steps, repeats)
+    check_plot(plot)
+    err = stderr_console()
+    with err.status("running the parallelism benchmark…"):
+        report = run_parallel_bench(chosen, steps=steps, repeats=repeats, console=err)
+    if as_json:
+        print(json.dumps(report, indent=2))
+    else:
+        stdout_console().print(render_parallel_table(report))
+    write_plot("parallel", report, plot)
     return 0
 
 

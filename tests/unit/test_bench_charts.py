@@ -25,6 +25,7 @@ from dmlctl.bench.straggler_report import straggler_json
 from dmlctl.cli.app import main
 from dmlctl.cli.bench import app as bench_app
 from dmlctl.ui.plot import Bars, Lines, Samples
+from tests.unit.test_bench_parallel import sample_report
 from tests.unit.test_bench_recovery import recovery
 from tests.unit.test_bench_straggler import sample_results
 
@@ -132,6 +133,7 @@ def _reports(tmp_path: Path) -> dict[str, dict[str, Any]]:
             "goal_lines_per_s": 200_000,
             "goal_slowdown": 0.05,
         },
+        "parallel": sample_report(),
         "hangs": {
             "hang_timeout": 30.0,
             "goal_delay_s": 32.0,
@@ -185,6 +187,9 @@ def test_charts_read_the_json_reports(tmp_path: Path) -> None:
     assert isinstance(by_bytes, Lines) and by_bytes.refs == {"target": 0.9}
     _, (launch,) = charts.CHARTS["launch"](reports["launch"])
     assert isinstance(launch, Samples) and len(launch.groups["torchrun"]) == 5
+    _, (shares, rates) = charts.CHARTS["parallel"](reports["parallel"])
+    assert isinstance(shares, Bars) and shares.groups[0] == "dp4" and len(shares.refs) == 2
+    assert isinstance(rates, Samples) and list(rates.refs) == ["dp4 median"]
 
 
 @pytest.mark.parametrize("bench", sorted(charts.CHARTS))

@@ -1,11 +1,12 @@
 """Pipeline parallelism with ``torch.distributed.pipelining``.
 
-:func:`split_sequential` cuts an ``nn.Sequential`` into contiguous stages of about
-equal parameter counts, each stage an ``nn.Sequential`` of the original children
-under their original names, so a stage's ``state_dict`` keys are the whole model's
-(checkpoints move between layouts). :class:`PipelinedModel` is what ``ctx.prepare``
-returns on a pipeline rank: this rank's stages, run by the job's schedule in
-:meth:`PipelinedModel.train_step` (forward and backward of every microbatch).
+:func:`split_sequential` cuts an ``nn.Sequential`` into contiguous stages whose
+largest parameter count is as small as it can be, each stage an ``nn.Sequential`` of
+the original children under their original names, so a stage's ``state_dict`` keys
+are the whole model's (checkpoints move between layouts). :class:`PipelinedModel` is
+what ``ctx.prepare`` returns on a pipeline rank: this rank's stages, run by the job's
+schedule in :meth:`PipelinedModel.train_step` (forward and backward of every
+microbatch).
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 def split_sequential(model: nn.Module, n_stages: int) -> list[nn.Sequential]:
     """``model``'s children cut into ``n_stages`` contiguous stages balanced by
-    parameter count (each at least one child). Raises ValueError when ``model`` is
+    parameter count (each at least one child; the largest stage as small as it can
+    be). Raises ValueError when ``model`` is
     not an ``nn.Sequential`` or has fewer children than stages."""
     if not isinstance(model, nn.Sequential):
         raise ValueError(
@@ -52,19 +54,29 @@ def split_sequential(model: nn.Module, n_stages: int) -> list[nn.Sequential]:
 
 
 def _balanced_cuts(sizes: Sequence[int], n: int) -> list[int]:
-    """``n - 1`` cut positions in ``sizes`` (each part non-empty) that keep every
-    part's sum near ``total / n``: a cut goes where the running sum first reaches
-    the next multiple of the share."""
-    total = max(sum(sizes), 1)
-    cuts: list[int] = []
-    running = 0
-    for i, size in enumerate(sizes[:-1]):
-        running += size
-        left = n - 1 - len(cuts)  # cuts still to make
-        must = len(sizes) - (i + 1) == left  # as many children left as parts to fill
-        if left and (must or running >= total * (len(cuts) + 1) / n):
-            cuts.append(i + 1)
-    return cuts
+    """``n - 1`` cut positions in ``sizes`` (every part non-empty) that make the
+    largest part's sum as small as it can be (the linear-partition problem, solved
+    exactly by dynamic programming: a few dozen children at most)."""
+    prefix = [0]
+    for size in sizes:
+        prefix.append(prefix[-1] + size)
+    count = len(sizes)
+    inf = float("inf")
+    # best[k][i]: the smallest largest-part sum of the first i children in k parts
+    best = [[inf] * (count + 1) for _ in range(n + 1)]
+    cut = [[0] * (count + 1) for _ in range(n + 1)]
+    best[0][0] = 0
+    for k in range(1, n + 1):
+        for i in range(k, count + 1):
+            for j in range(k - 1, i):  # the k-th part is children j .. i-1
+                load = max(best[k - 1][j], prefix[i] - prefix[j])
+                if load < best[k][i]:
+                    best[k][i], cut[k][i] = load, j
+    cuts, i = [], count
+    for k in range(n, 1, -1):
+        i = cut[k][i]
+        cuts.append(i)
+    return sorted(cuts)
 
 
 class PipelinedModel(nn.Module):
