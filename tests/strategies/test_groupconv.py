@@ -173,13 +173,20 @@ def _train(ctx: Any, steps: int) -> list[float]:
     return losses
 
 
-def test_tensor_by_data_parallel_training_matches_one_process() -> None:
+@pytest.mark.parametrize(
+    ("layout", "function"),
+    [(MeshLayout(dp_replicate=2, tp=2), True), (MeshLayout(tp=2), False)],
+    ids=["tp2-dp2-the-jobs-function", "tp2-dmlctls-default-plan"],
+)
+def test_training_matches_one_process(layout: MeshLayout, function: bool) -> None:
+    """Through ``ctx.prepare``: with the example's ``parallelize`` function, and with
+    none — dmlctl's default plan splits a sequential network with convolutions the
+    same way."""
     reference = _train(None, STEPS)
-    env = {
-        "DMLCTL_PARALLELISM": dumps(MeshLayout(dp_replicate=2, tp=2)),
-        "DMLCTL_PARALLELIZE": f"{EXAMPLE}:parallelize",
-    }
-    out = run_ranks(_train, 4, args=(STEPS,), env=env, timeout=120)
+    env = {"DMLCTL_PARALLELISM": dumps(layout)}
+    if function:
+        env["DMLCTL_PARALLELIZE"] = f"{EXAMPLE}:parallelize"
+    out = run_ranks(_train, layout.world, args=(STEPS,), env=env, timeout=120)
     for rank, losses in enumerate(out):
         gap = max(abs(a - b) for a, b in zip(losses, reference, strict=True))
         assert gap < TOLERANCE, (rank, gap, losses, reference)

@@ -9,8 +9,10 @@ In order, on each worker:
    this rank's stage modules itself (a list, in the order of its stage ids).
 2. Pipeline stages: an ``nn.Sequential`` is cut into balanced stages
    (:func:`~.pipeline.split_sequential`); this rank keeps its own.
-3. Tensor parallelism without a function of the job's: dmlctl's default plan
-   (:mod:`.tensor`) on the model, or on each of this rank's stages.
+3. Tensor parallelism without a function of the job's: dmlctl's default plan on the
+   model, or on each of this rank's stages (:func:`default_tensor_parallel`: a
+   sequential convolutional network split as AlexNet's, :mod:`.convs`; linear layers
+   by their names and pairs, :mod:`.tensor`).
 4. Sharded data parallelism (``data_parallel_shard_degree`` > 1): ``fully_shard``
    over the shard dimension (with the replicate dimension: hybrid sharding).
 5. The optimizer is rebuilt on this rank's parameters (they are new objects: DTensor
@@ -32,6 +34,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from dmlctl.mesh import MeshLayout
+from dmlctl.runtime.parallel.convs import split_network
 from dmlctl.runtime.parallel.fsdp import shard_model
 from dmlctl.runtime.parallel.pipeline import PipelinedModel, split_sequential
 from dmlctl.runtime.parallel.tensor import apply_tensor_parallel
@@ -127,7 +130,7 @@ def parallelize(
         stages = [every[i] for i in layout.stages(pp_rank)]
     parts: list[nn.Module] = stages if stages is not None else [model]
     if layout.tp > 1 and function is None:
-        parts = [apply_tensor_parallel(part, mesh["tp"]) for part in parts]
+        parts = [default_tensor_parallel(part, mesh["tp"]) for part in parts]
     if fsdp and layout.dp_shard > 1:
         dims = ("dp_replicate", "dp_shard") if layout.dp_replicate > 1 else ("dp_shard",)
         parts = [shard_model(part, mesh[dims]) for part in parts]
@@ -144,6 +147,17 @@ def parallelize(
     else:
         model = parts[0]
     return model, rebuild_optimizer(optimizer, names, _named(model))
+
+
+def default_tensor_parallel(part: nn.Module, mesh: DeviceMesh) -> nn.Module:
+    """dmlctl's default tensor-parallel plan for ``part``: an ``nn.Sequential`` with
+    convolutions is split as AlexNet split its network (:func:`.convs.split_network`:
+    grouped convolutions by their groups, full ones by output channels, the first
+    linear layer after them by rows); anything else by the linear layers' names and
+    pairs (:func:`.tensor.apply_tensor_parallel`)."""
+    if isinstance(part, nn.Sequential) and any(isinstance(m, nn.Conv2d) for m in part.modules()):
+        return split_network(part, mesh)
+    return apply_tensor_parallel(part, mesh)
 
 
 def _named(model: nn.Module) -> dict[str, nn.Parameter]:
