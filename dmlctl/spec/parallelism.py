@@ -179,16 +179,14 @@ class ParallelismSpec(BaseModel):
         key most at fault: the first degree that does not divide ``workers``, else an
         explicit replicate degree, else the last degree above 1."""
         product = math.prod(fixed.values())
-        terms = " × ".join(f"{k} {v}" for k, v in fixed.items() if v > 1 or k == REPLICATE)
+        shown = [f"{k} {v}" for k, v in fixed.items() if v > 1 or k == REPLICATE]
+        terms = " × ".join(shown) if len(shown) < 2 else f"{' × '.join(shown)} = {product}"
         if REPLICATE in fixed:
-            message = (
-                f"{terms} = {product}, but the degrees must multiply to the number of "
-                f"workers ({workers})"
-            )
+            message = f"{terms}, but the degrees must multiply to the number of workers ({workers})"
         else:
             message = (
-                f"{terms} = {product} does not divide the number of workers ({workers}); "
-                f"use a multiple of {product}"
+                f"{terms} does not divide the number of workers ({workers}); "
+                f"make workers a multiple of {product}"
             )
         apart = [k for k, v in fixed.items() if workers % v]
         if apart:

@@ -277,14 +277,14 @@ def test_layout_resolves_the_replicas() -> None:
             6,
             "pipeline_parallel_degree",  # each divides 6; the last one tips the product
             "tensor_parallel_degree 2 × pipeline_parallel_degree 2 = 4 does not divide the "
-            "number of workers (6); use a multiple of 4",
+            "number of workers (6); make workers a multiple of 4",
         ),
         (
             {"tensor_parallel_degree": 4, "data_parallel_shard_degree": 2},
             6,
             "tensor_parallel_degree",  # the first that does not divide 6
             "tensor_parallel_degree 4 × data_parallel_shard_degree 2 = 8 does not divide the "
-            "number of workers (6); use a multiple of 8",
+            "number of workers (6); make workers a multiple of 8",
         ),
         (
             {"tensor_parallel_degree": 2, "data_parallel_replicate_degree": 2},
@@ -365,8 +365,8 @@ def test_the_degrees_are_checked_at_plan_time_with_workers_auto(tmp_path: Path) 
     error = info.value
     assert (error.spec, error.path) == ("job", ("parallelism", "tensor_parallel_degree"))
     assert error.message == (
-        "tensor_parallel_degree 4 = 4 does not divide the number of workers (6); use a multiple "
-        "of 4 (workers: auto: every slot of the cluster)"
+        "tensor_parallel_degree 4 does not divide the number of workers (6); make workers a "
+        "multiple of 4 (workers: auto: every slot of the cluster)"
     )
     assert str(locate(error, file, None)) == f"{file}:3 parallelism.tensor_parallel_degree: " + (
         error.message
@@ -374,7 +374,7 @@ def test_the_degrees_are_checked_at_plan_time_with_workers_auto(tmp_path: Path) 
     assert place_job(cluster(2, 2), job).mesh == MeshLayout(tp=4)
     # --workers overrides 'workers': the same check, made once, in the plan
     with pytest.raises(
-        PlanError, match=r"divide the number of workers \(6\); use a multiple of 4$"
+        PlanError, match=r"divide the number of workers \(6\); make workers a multiple of 4$"
     ):
         place_job(cluster(4, 4), with_workers(job, 6))
     assert place_job(cluster(4, 4), with_workers(job, 8)).mesh == MeshLayout(dp_replicate=2, tp=4)
@@ -467,8 +467,8 @@ def test_cli_refuses_a_bad_block_with_one_line_and_exit_2(
     assert main(["launch", file, "--dry-run"]) == 2
     err = capsys.readouterr().err  # after a warning when 2 workers oversubscribe the cores
     assert err.splitlines()[-1] == (
-        f"dmlctl: {file}:4 parallelism.tensor_parallel_degree: tensor_parallel_degree 4 = 4 "
-        "does not divide the number of workers (2); use a multiple of 4"
+        f"dmlctl: {file}:4 parallelism.tensor_parallel_degree: tensor_parallel_degree 4 "
+        "does not divide the number of workers (2); make workers a multiple of 4"
     )
     assert not (tmp_path / "home" / "runs").exists()
 
