@@ -70,6 +70,7 @@ from dmlctl.runtime.metrics import MetricLogger, Scalar
 from dmlctl.runtime.optimizer import StrategyOptimizer
 from dmlctl.runtime.parallel.apply import lay_out
 from dmlctl.runtime.parallel.devmesh import data_parallel_place
+from dmlctl.runtime.parallel.tensor import reshape_hint
 from dmlctl.runtime.progress import TRACKER
 from dmlctl.runtime.straggler import paced, straggler_factor
 
@@ -282,11 +283,17 @@ class Context:
         every microbatch through them (the loss then comes from the last stage).
         Works under every layout, so one training loop fits them all."""
         step = getattr(model, "train_step", None)
-        if callable(step):
-            return step(inputs, targets, loss_fn)  # type: ignore[no-any-return]
-        loss = loss_fn(model(inputs), targets)
-        torch.autograd.backward(loss)
+        with reshape_hint(self._tensor_degree()):
+            if callable(step):
+                return step(inputs, targets, loss_fn)  # type: ignore[no-any-return]
+            loss = loss_fn(model(inputs), targets)
+            torch.autograd.backward(loss)
         return loss.detach()
+
+    def _tensor_degree(self) -> int:
+        """The job's tensor-parallel degree (1 without a ``parallelism:`` block)."""
+        layout = self._env.layout
+        return 1 if layout is None else layout.tp
 
     def eval_step(
         self,
@@ -298,10 +305,11 @@ class Context:
         """:meth:`train_step` without gradients: the batch's loss on every rank, under
         every layout (collective over a model-parallel replica: all its ranks call it)."""
         step = getattr(model, "eval_step", None)
-        if callable(step):
-            return step(inputs, targets, loss_fn)  # type: ignore[no-any-return]
-        with torch.no_grad():
-            return loss_fn(model(inputs), targets).detach()
+        with reshape_hint(self._tensor_degree()):
+            if callable(step):
+                return step(inputs, targets, loss_fn)  # type: ignore[no-any-return]
+            with torch.no_grad():
+                return loss_fn(model(inputs), targets).detach()
 
     def add_metrics_source(self, source: Callable[[], dict[str, float]]) -> None:
         """Merge ``source()`` into every :meth:`log` record (values the caller passes

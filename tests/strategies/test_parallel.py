@@ -175,3 +175,43 @@ def test_a_sharded_checkpoint_resumes_on_another_layout(
         assert start == 10
         gaps = [abs(a - b) for a, b in zip(losses, reference[10:], strict=True)]
         assert max(gaps) < TOLERANCE, (saved, resumed, max(gaps), losses, reference[10:])
+
+
+def _fixed_heads(ctx: Any, heads: int | None) -> str:
+    """Train one step of an attention block that reshapes into ``heads`` heads (None:
+    ``-1``, as the docs ask) under the job's layout; the error's message, or ``ok``."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    class Attention(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.q_proj, self.o_proj = nn.Linear(16, 16), nn.Linear(16, 16)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            b, s, _ = x.shape
+            q = self.q_proj(x).view(b, s, heads or -1, 4).transpose(1, 2)
+            out = F.scaled_dot_product_attention(q, q, q, is_causal=True)
+            return self.o_proj(out.transpose(1, 2).reshape(b, s, -1))  # type: ignore[no-any-return]
+
+    torch.manual_seed(0)
+    model = Attention()
+    model, _ = ctx.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    x = torch.randn(2, 3, 16)
+    try:
+        ctx.train_step(model, x, x, F.mse_loss)
+    except RuntimeError as exc:
+        return str(exc)
+    return "ok"
+
+
+def test_a_fixed_head_count_under_tensor_parallelism_is_explained() -> None:
+    """An attention that reshapes into its whole head count fails on a tensor-parallel
+    rank (it holds half the heads); the error says why and names the two fixes."""
+    env = {"DMLCTL_PARALLELISM": dumps(MeshLayout(tp=2))}
+    for message in run_ranks(_fixed_heads, 2, args=(4,), env=env):
+        assert message.startswith("shape '[2, 3, 4, 4]' is invalid for input of size 48 — ")
+        assert "tensor_parallel_degree 2" in message and "view(b, s, -1, head_dim)" in message
+        assert "parallelize: FILE:FUNCTION" in message
+    assert run_ranks(_fixed_heads, 2, args=(None,), env=env) == ["ok", "ok"]
