@@ -33,7 +33,7 @@ from dmlctl.spec.fields import check_one_line, shown
 from dmlctl.spec.local import PROC_NVIDIA_GPUS, count_local_gpus, default_cluster
 from dmlctl.spec.messages import describe, format_path, is_key_error, issue_parts
 from dmlctl.spec.models import JobSpec
-from dmlctl.spec.parallelism import split_parallelize
+from dmlctl.spec.parallelism import missing_function, split_parallelize
 from dmlctl.spec.source import MAX_SPEC_BYTES, path_kind, read_text
 from dmlctl.spec.yamlpos import Document, KeyPath, YamlSyntaxError, parse
 from dmlctl.strategies import registry
@@ -342,9 +342,12 @@ def _check_paths(
     if workdir is None:
         return None, None
     script = _file_inside(file, doc, workdir, "script", data.get("script"), issues)
-    target = _parallelize_file(data.get("parallelize"))
+    target = _parallelize_target(data.get("parallelize"))
     if target is not None:
-        _file_inside(file, doc, workdir, "parallelize", target, issues)
+        found = _file_inside(file, doc, workdir, "parallelize", target[0], issues)
+        why = None if found is None else missing_function(workdir / found, target[1])
+        if why is not None:
+            issues.append(SpecIssue(file, doc.line_of(("parallelize",)), "parallelize", why))
     return workdir, script
 
 
@@ -409,13 +412,13 @@ def _file_inside(
     return candidate.relative_to(workdir).as_posix()
 
 
-def _parallelize_file(raw: Any) -> str | None:
-    """The FILE of a well-formed ``parallelize: FILE:FUNCTION``, else None (the model
-    reports a malformed one)."""
+def _parallelize_target(raw: Any) -> tuple[str, str] | None:
+    """FILE and FUNCTION of a well-formed ``parallelize: FILE:FUNCTION``, else None
+    (the model reports a malformed one)."""
     if not isinstance(raw, str) or not _is_one_line(raw):
         return None
     try:
-        return split_parallelize(raw)[0]
+        return split_parallelize(raw)
     except ValueError:
         return None
 

@@ -10,9 +10,11 @@ Which strategies a device mesh combines with is decided here too
 
 from __future__ import annotations
 
+import ast
 import difflib
 import keyword
 import math
+from pathlib import Path
 from typing import Annotated
 
 from pydantic import BaseModel, Field, field_validator, model_validator
@@ -28,6 +30,7 @@ __all__ = [
     "PARALLEL_STRATEGIES",
     "MeshMismatch",
     "ParallelismSpec",
+    "missing_function",
     "split_parallelize",
 ]
 
@@ -243,3 +246,36 @@ def split_parallelize(value: str) -> tuple[str, str]:
     if file.startswith(("/", "~")):
         raise ValueError(f"{shown(file)} must be a path relative to workdir ({_EXAMPLE})")
     return file, function
+
+
+def missing_function(path: Path, function: str) -> str | None:
+    """Why ``path`` (a Python file) does not define ``function`` at module level — a
+    ``def``, or a name an assignment or import binds, also under a top-level ``if``,
+    ``try`` or ``with`` — with a did-you-mean; None when it does, or when the file
+    cannot be parsed (running it reports that). Reads the source only: nothing is
+    imported or run."""
+    try:
+        tree = ast.parse(path.read_bytes(), filename=str(path))
+    except (OSError, SyntaxError, ValueError):
+        return None
+    names = [name for node in tree.body for name in _bound(node)]
+    if function in names or "*" in names:
+        return None
+    close = difflib.get_close_matches(function, names, n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"{path.name} defines no function {function!r}{hint}"
+
+
+def _bound(node: ast.stmt) -> list[str]:
+    """The module-level names statement ``node`` may bind (not those inside the bodies
+    of the functions and classes it defines)."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return [node.name]
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        return [(a.asname or a.name).split(".")[0] for a in node.names]
+    if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        return [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
+    inner = [getattr(node, field, []) for field in ("body", "orelse", "finalbody")]
+    inner += [h.body for h in getattr(node, "handlers", [])]
+    return [name for block in inner for stmt in block for name in _bound(stmt)]

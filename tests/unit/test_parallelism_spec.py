@@ -224,6 +224,42 @@ def test_the_parallelize_file_is_checked_like_the_script(
         assert issue.message == message.format(dir=tmp_path)
 
 
+@pytest.mark.parametrize(
+    ("source", "function", "message"),
+    [
+        ("def parallelize(model, mesh):\n    return model\n", "parallelize", None),
+        (
+            "def parallelize(m, mesh):\n    return m\n",
+            "paralelize",
+            "; did you mean 'parallelize'?",
+        ),
+        ("def other(m, mesh):\n    return m\n", "parallelize", ""),
+        ("from lib import parallelize\n", "parallelize", None),
+        ("import lib\nparallelize = lib.split\n", "parallelize", None),
+        ("try:\n    import a\nexcept ImportError:\n    def f(m, mesh): ...\n", "f", None),
+        ("if True:\n    def f(m, mesh): ...\nelse:\n    g = 1\n", "g", None),
+        ("from lib import *\n", "anything", None),
+        ("def f(:\n", "f", None),  # unparsable: running it reports the syntax error
+        ("class C:\n    def parallelize(self, m, mesh): ...\n", "parallelize", ""),
+    ],
+)
+def test_the_parallelize_function_must_be_defined_in_its_file(
+    tmp_path: Path, source: str, function: str, message: str | None
+) -> None:
+    """Read, never imported: a FUNCTION the file does not bind at module level is a
+    load error at the key's line, with a did-you-mean among the file's functions."""
+    file = job_file(tmp_path, f"{TP2}parallelize: model.py:{function}\n")
+    (tmp_path / "model.py").write_text(source)
+    if message is None:
+        load_job(file)
+        return
+    with pytest.raises(SpecError) as info:
+        load_job(file)
+    assert [str(i) for i in info.value.issues] == [
+        f"{file}:4 parallelize: model.py defines no function {function!r}{message}"
+    ]
+
+
 def test_every_issue_at_once(tmp_path: Path) -> None:
     text = "strategy: bmuf\nparallelism:\n  tensor_parallel_degree: 0\nparallelize: x\n"
     with pytest.raises(SpecError) as info:
