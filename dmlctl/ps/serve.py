@@ -32,7 +32,6 @@ from pydantic import BaseModel
 from dmlctl.ps.bootstrap import Layout, share_initial, share_layout
 from dmlctl.ps.channel import ServerChannel
 from dmlctl.ps.codec import PushCodec
-from dmlctl.ps.parts import share_initial_parts
 from dmlctl.ps.rounds import BackupRounds, ConsensusRounds, RoundRule, RoundServer
 from dmlctl.ps.rules import AdaDelay, ScaledAdd, UpdateRule
 from dmlctl.ps.server import ParameterServer
@@ -107,6 +106,8 @@ def run_server(ctx: Context) -> ParameterServer:
         raise RuntimeError("run_server needs a run with parameter servers")
     layout: Layout = share_layout(None, src=members.workers[0])
     if layout.parts:  # DistBelief: each part's values come from its first worker
+        from dmlctl.ps.parts import share_initial_parts  # imports DTensor
+
         starts = share_initial_parts(layout, None, ctx.global_rank)
     else:
         starts = dict(enumerate(share_initial(layout, src=members.workers[0])))

@@ -47,7 +47,7 @@ import itertools
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -58,21 +58,18 @@ from dmlctl.mesh import MeshLayout
 from dmlctl.protocol import PROGRESS, ROLE_SERVER
 from dmlctl.runtime import checkpoint as ckpt
 from dmlctl.runtime import divergence, guards
-from dmlctl.runtime.checkpoint_sharded import (
-    ShardedCheckpointManager,
-    restore_small_state,
-    small_state,
-)
 from dmlctl.runtime.data import MapDataset, batches_per_epoch, shard_batches
 from dmlctl.runtime.env import RunEnv
 from dmlctl.runtime.membership import Membership
 from dmlctl.runtime.metrics import MetricLogger, Scalar
 from dmlctl.runtime.optimizer import StrategyOptimizer
-from dmlctl.runtime.parallel.apply import lay_out
 from dmlctl.runtime.parallel.devmesh import data_parallel_place
-from dmlctl.runtime.parallel.tensor import reshape_hint
+from dmlctl.runtime.parallel.hints import reshape_hint
 from dmlctl.runtime.progress import TRACKER
 from dmlctl.runtime.straggler import paced, straggler_factor
+
+if TYPE_CHECKING:
+    from dmlctl.runtime.checkpoint_sharded import ShardedCheckpointManager
 
 _THREAD_GRACE_S = 0.05
 
@@ -125,15 +122,10 @@ class Context:
         self._epoch = 0
         self._closed = False
         self._on_close: list[Callable[[], None]] = []
-        manager = (
-            ShardedCheckpointManager
-            if env.layout is not None and mesh is not None
-            else ckpt.CheckpointManager
-        )
         self._ckpt = (
             None
             if is_server
-            else manager.from_env(
+            else self._checkpoint_manager().from_env(
                 self._rank,
                 self._world,
                 env.local_rank,
@@ -254,6 +246,8 @@ class Context:
         """
         model = model.to(self._device)
         if self._mesh is not None and self._env.layout is not None:
+            from dmlctl.runtime.parallel.apply import lay_out  # torch's parallel APIs
+
             model, optimizer = lay_out(self, model, optimizer)
         unwrapped = model
         model, optimizer = self._prepare(self, model, optimizer, self._env.params)
@@ -426,6 +420,28 @@ class Context:
         else:
             self._metrics.count(samples)
 
+    def _laid_out(self) -> bool:
+        """Whether the job has a ``parallelism:`` block and this rank is on its mesh."""
+        return self._env.layout is not None and self._mesh is not None
+
+    def _checkpoint_manager(self) -> type[ckpt.CheckpointManager]:
+        """The checkpoint manager class: DCP shards for a laid-out model (imported only
+        then: torch.distributed.checkpoint takes seconds to import), else whole files."""
+        if not self._laid_out():
+            return ckpt.CheckpointManager
+        from dmlctl.runtime.checkpoint_sharded import ShardedCheckpointManager
+
+        return ShardedCheckpointManager
+
+    def _sharded_checkpoints(self) -> ShardedCheckpointManager | None:
+        """This rank's checkpoint manager when it saves through DCP, else None."""
+        if self._ckpt is None or not self._laid_out():
+            return None
+        from dmlctl.runtime.checkpoint_sharded import ShardedCheckpointManager
+
+        assert isinstance(self._ckpt, ShardedCheckpointManager)
+        return self._ckpt
+
     def resume(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
         """Restore the newest checkpoint valid on every rank into ``model``,
         ``optimizer``, the strategy, the RNGs and the :meth:`shard` position; returns
@@ -433,17 +449,19 @@ class Context:
 
         Collective. Call after :meth:`prepare`, before :meth:`shard`.
         """
-        sharded = isinstance(self._ckpt, ShardedCheckpointManager)
-        if isinstance(self._ckpt, ShardedCheckpointManager):
-            self._ckpt.bind(model, optimizer)
+        sharded = self._sharded_checkpoints()
+        if sharded is not None:
+            sharded.bind(model, optimizer)
         with TRACKER.phase("resume"):
             found = self._ckpt.load_latest() if self._ckpt is not None else None
-            if found is not None and isinstance(self._ckpt, ShardedCheckpointManager):
-                self._ckpt.load_shards(found[0])
+            if found is not None and sharded is not None:
+                sharded.load_shards(found[0])
         if found is None:
             return 0
         step, state = found
-        if sharded:
+        if sharded is not None:
+            from dmlctl.runtime.checkpoint_sharded import restore_small_state
+
             restore_small_state(state, model, optimizer)
         else:
             ckpt.restore_training_state(state, model, optimizer)
@@ -458,8 +476,11 @@ class Context:
         with ``extra`` tensors/numbers; returns the directory or None. Collective."""
         if self._ckpt is None or not self._ckpt.due(step):
             return None
-        if isinstance(self._ckpt, ShardedCheckpointManager):  # shards through DCP
-            self._ckpt.bind(model, optimizer)
+        sharded = self._sharded_checkpoints()
+        if sharded is not None:  # shards through DCP
+            from dmlctl.runtime.checkpoint_sharded import small_state
+
+            sharded.bind(model, optimizer)
             state = small_state(
                 model, optimizer, epoch=self._epoch, batches=self._batches, extra=extra
             )

@@ -29,7 +29,6 @@ from pydantic import BaseModel
 
 from dmlctl.ps.bootstrap import join_as_worker
 from dmlctl.ps.modes import DeltaPush
-from dmlctl.ps.parts import WholeTensorSync, join_as_part, own_tensors
 from dmlctl.ps.serve import serve
 from dmlctl.strategies.asgd.params import Params
 from dmlctl.strategies.common import delta_rule
@@ -69,6 +68,8 @@ def _distbelief(
     """asgd across the replicas of a model split by the job's ``parallelism:`` block
     (DistBelief, :mod:`dmlctl.ps.parts`): this worker pushes and pulls its own part's
     shards; a pushed change weighs ``scale``, default 1/replicas."""
+    from dmlctl.ps.parts import WholeTensorSync, join_as_part, own_tensors  # DTensor
+
     mesh_layout, mesh = ctx.layout, ctx.mesh
     assert mesh_layout is not None and mesh is not None
     c = mesh_layout.coords(ctx.rank)

@@ -30,7 +30,6 @@ from torch.nn.parallel import DistributedDataParallel
 from dmlctl.strategies.registry import params_as
 from dmlctl.strategies.ssgd import compression
 from dmlctl.strategies.ssgd.params import Params
-from dmlctl.strategies.ssgd.replicate import ReplicatedGrads
 
 if TYPE_CHECKING:
     from dmlctl.runtime.context import Context
@@ -102,6 +101,8 @@ def _on_mesh(
     assert layout is not None and mesh is not None
     if layout.dp_replicate == 1 or layout.dp_shard > 1:
         return model, optimizer
+    from dmlctl.strategies.ssgd.replicate import ReplicatedGrads  # imports DTensor
+
     params = [q for q in model.parameters() if q.requires_grad]
     group = mesh.get_group("dp_replicate")
     return model, ReplicatedGrads(optimizer, params, world_size=ctx.world_size, group=group)
