@@ -98,7 +98,30 @@ def run_ranks(
     roles: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
 ) -> list[Any]:
-    """``fn(ctx, *args)`` on every rank; the results in rank order."""
+    """``fn(ctx, *args)`` on every rank; the results in rank order. A run whose rank 0
+    could not listen on the port picked for it (another process took it between the
+    pick and the bind: the harness's race, before ``fn`` ran) is started again on a
+    new port, at most twice."""
+    for attempt in range(3):
+        try:
+            return _run_once(fn, world_size, strategy, params, args, timeout, roles, env)
+        except AssertionError as exc:
+            if "EADDRINUSE" not in str(exc) or attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _run_once(
+    fn: Callable[..., Any],
+    world_size: int,
+    strategy: str,
+    params: Mapping[str, Any] | None,
+    args: Sequence[Any],
+    timeout: float,
+    roles: Sequence[str],
+    env: Mapping[str, str] | None,
+) -> list[Any]:
+    """One attempt of :func:`run_ranks`."""
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = _free_port()
