@@ -245,7 +245,7 @@ class Context:
         optimizer still refers to them.
         """
         model = model.to(self._device)
-        if self._mesh is not None and self._env.layout is not None:
+        if self._laid_out():
             from dmlctl.runtime.parallel.apply import lay_out  # torch's parallel APIs
 
             model, optimizer = lay_out(self, model, optimizer)
