@@ -27,8 +27,18 @@ install: $(STAMP)
 quickstart: install
 	$(VENV)/bin/dmlctl launch examples/quickstart/job.yaml
 
+# The suite in two parts, each ending with its slowest tests:
+#   1. every test not marked `serial`, in $(TEST_WORKERS) pytest-xdist workers that each
+#      take one group at a time (a file, or all of tests/ssh, all of tests/lab; see
+#      tests/conftest.py), so the waiting of one group overlaps the work of another;
+#   2. the `serial` tests (times bounded on an idle machine: hang detection, host loss),
+#      alone.
+# `make test PYTEST_ARGS=tests/unit` (or PYTEST_ARGS='-m "not integration"') runs a part.
+TEST_WORKERS ?= 3
+PYTEST := $(VPY) -m pytest -q
 test: install
-	$(VPY) -m pytest -q
+	$(PYTEST) -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder -m "not serial" --durations=30 $(PYTEST_ARGS)
+	$(PYTEST) -m serial --durations=10 $(PYTEST_ARGS) || [ $$? -eq 5 ]  # 5: none selected
 
 lint: install
 	$(VPY) -m ruff check dmlctl tests examples

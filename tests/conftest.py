@@ -66,3 +66,66 @@ class Cli:
 def cli(tmp_path: Path) -> Iterator[Cli]:
     home = tmp_path / "home"
     yield Cli(home)
+
+
+# ---------------------------------------------------------------- running side by side
+
+#: Directories whose tests share one set of outside resources (fixed loopback addresses
+#: and sshd servers, named network namespaces): each runs in one pytest-xdist worker.
+_ONE_WORKER_DIRS = ("ssh", "lab")
+
+
+def xdist_group_of(item: pytest.Item) -> str:
+    """The group ``item`` runs in under ``pytest -n N --dist loadgroup``: its directory
+    for :data:`_ONE_WORKER_DIRS`, else its file (so module- and session-scoped fixtures
+    such as shared finished runs, the accuracy baseline and a module's lab are made once,
+    and a file's tests run in their written order)."""
+    rel = item.path.relative_to(REPO / "tests")
+    if rel.parts[0] in _ONE_WORKER_DIRS:
+        return rel.parts[0]
+    return rel.as_posix()
+
+
+#: The longest groups, longest first (`make test`'s durations): xdist hands groups out in
+#: collection order (with --no-loadscope-reorder), so these start first and the short
+#: ones fill the workers around them, instead of one long group running alone at the end.
+_LONGEST_GROUPS = (
+    "integration/test_launch.py",
+    "strategies/test_accuracy.py",
+    "ssh",
+    "integration/test_parameter_servers.py",
+    "integration/test_checkpoint_faults.py",
+    "integration/test_bench_advise.py",
+    "integration/test_bench_parallel.py",
+    "strategies/test_distbelief.py",
+    "integration/test_parallel_launch.py",
+    "integration/test_bench_recovery.py",
+)
+#: Then the rest of these directories (real processes), then everything else.
+_PROCESS_DIRS = ("integration", "lab", "strategies")
+
+
+def _group_order(group: str) -> int:
+    if group in _LONGEST_GROUPS:
+        return _LONGEST_GROUPS.index(group)
+    return len(_LONGEST_GROUPS) + (0 if group.split("/")[0] in _PROCESS_DIRS else 1)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Longest groups first (see :data:`_LONGEST_GROUPS`); a group's tests keep their
+    written order."""
+    items.sort(key=lambda item: _group_order(xdist_group_of(item)))
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Give every test its xdist group (see :func:`xdist_group_of`) as it is collected,
+    before xdist reads the groups; a test that names one itself keeps it."""
+    if item.get_closest_marker("xdist_group") is None:
+        item.add_marker(pytest.mark.xdist_group(xdist_group_of(item)))
+
+
+def pytest_sessionfinish() -> None:
+    """The warm rank pools end with the session (an xdist worker skips ``atexit``)."""
+    pool = sys.modules.get("tests.strategies.pool")
+    if pool is not None:
+        pool.close_pools()

@@ -5,11 +5,13 @@ and one whose rank 1 fails at step 3 (loss 1/3) while rank 0 is stopped."""
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -84,7 +86,9 @@ def _run_in_tmux(
     ``interrupt_when``, press Ctrl-C once the screen satisfies it, and capture what
     scrolled off the screen too. Returns the file the exit code goes to and the screen
     after the command ended."""
-    session = f"dmlctl-test-{tmp_path.name}"
+    # A socket of this call's own: a stale one left by an earlier run (same test name)
+    # can make `new-session` fail.
+    session = f"dmlctl-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     done = tmp_path / "done"
     # A tmux server started from here hands its panes LINES=24 and COLUMNS=80, which
     # rich would take over the pane's real size; a user's terminal does not set them.

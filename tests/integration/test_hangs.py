@@ -22,7 +22,8 @@ import pytest
 from tests.conftest import REPO, Cli
 from tests.integration.procs import run_processes
 
-pytestmark = pytest.mark.integration
+# serial: the delays are bounded against the burner alone (Makefile: after the rest).
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 JOB_DIR = REPO / "dmlctl" / "bench" / "hang_job"
 TIMEOUT = 4.0
 

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from dmlctl.spec.loader import load_job
 from tests.conftest import REPO, Cli
+from tests.integration.conftest import FinishedRuns
 from tests.integration.procs import run_processes, wait_until
 
 JOBS = Path(__file__).parent / "jobs"
@@ -24,12 +26,11 @@ def only_run(cli: Cli) -> str:
     return runs[0].name
 
 
-def test_failing_rank_is_reported_with_root_cause(cli: Cli) -> None:
-    proc = cli.run("launch", str(JOBS / "fail" / "job.yaml"), "--ui", "plain")
+def test_failing_rank_is_reported_with_root_cause(finished_runs: FinishedRuns) -> None:
+    cli, (run_id, proc) = finished_runs.cli, finished_runs.failed
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "rank 1 on local: ValueError: bad batch at step 3" in proc.stdout
     assert 'raise ValueError("bad batch at step 3")' in proc.stdout
-    run_id = only_run(cli)
     state = cli.state(run_id)
     assert state["phase"] == "failed"
     assert state["exit_code"] == 1
@@ -42,10 +43,9 @@ def test_failing_rank_is_reported_with_root_cause(cli: Cli) -> None:
     assert not run_processes(run_id)
 
 
-def test_plain_torchrun_script_runs_unchanged(cli: Cli) -> None:
-    proc = cli.run("launch", str(JOBS / "plain" / "job.yaml"), "--ui", "plain")
+def test_plain_torchrun_script_runs_unchanged(finished_runs: FinishedRuns) -> None:
+    cli, (run_id, proc) = finished_runs.cli, finished_runs.succeeded
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    run_id = only_run(cli)
     logs = cli.home / "runs" / run_id / "logs"
     for rank in (0, 1):
         text = (logs / f"rank-{rank}.log").read_text()
@@ -154,25 +154,29 @@ def test_quickstart_learns_on_two_workers(cli: Cli, tmp_path: Path) -> None:
     assert not run_processes(run_id)
 
 
-def test_status_lists_runs_as_json(cli: Cli) -> None:
-    proc = cli.run("launch", str(JOBS / "plain" / "job.yaml"), "--ui", "quiet")
+def test_status_lists_runs_as_json(finished_runs: FinishedRuns) -> None:
+    cli, (run_id, proc) = finished_runs.cli, finished_runs.succeeded
     assert proc.returncode == 0
     listing = json.loads(cli.run("status", "--json").stdout)
-    assert [s["phase"] for s in listing] == ["succeeded"]
+    phases = {s["run_id"]: s["phase"] for s in listing}
+    assert phases == {
+        run_id: "succeeded",
+        finished_runs.failed.run_id: "failed",
+        finished_runs.crashed.run_id: "failed",
+    }
     # --ui quiet: the run id first, the outcome last, no rank lines or table.
-    run_id = listing[0]["run_id"]
     out = proc.stdout.splitlines()
     assert out[0] == f"run {run_id}", proc.stdout
     assert f"run {run_id} succeeded in" in proc.stdout and "exit code 0" in proc.stdout
     assert "[rank " not in proc.stdout and "samples/s" not in proc.stdout
     assert out[-1].startswith("logs: "), proc.stdout
     text = cli.run("status").stdout
-    assert listing[0]["run_id"] in text
+    assert all(run in text for run in phases)
 
 
-def test_logs_command_prints_rank_lines(cli: Cli) -> None:
-    assert cli.run("launch", str(JOBS / "plain" / "job.yaml"), "--ui", "quiet").returncode == 0
-    run_id = only_run(cli)
+def test_logs_command_prints_rank_lines(finished_runs: FinishedRuns, tmp_path: Path) -> None:
+    run_id = finished_runs.succeeded.run_id
+    cli = finished_runs.copy_home(tmp_path / "home")  # this test empties a rank's log
     one = cli.run("logs", run_id, "--rank", "1")
     assert one.returncode == 0
     assert "plain rank=1" in one.stdout and "plain rank=0" not in one.stdout
@@ -200,10 +204,9 @@ def test_init_project_launches_as_is(cli: Cli, tmp_path: Path) -> None:
     assert cli.state(run_id)["phase"] == "succeeded"
 
 
-def test_rank_killed_by_a_signal_is_the_root_cause(cli: Cli) -> None:
-    proc = cli.run("launch", str(JOBS / "crash" / "job.yaml"), "--ui", "plain")
+def test_rank_killed_by_a_signal_is_the_root_cause(finished_runs: FinishedRuns) -> None:
+    cli, (run_id, proc) = finished_runs.cli, finished_runs.crashed
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    run_id = only_run(cli)
     cause = cli.state(run_id)["root_cause"]
     assert (cause["rank"], cause["exc_type"]) == (1, "Signal")
     assert cause["message"] == "killed by SIGSEGV"
@@ -212,10 +215,34 @@ def test_rank_killed_by_a_signal_is_the_root_cause(cli: Cli) -> None:
     assert not run_processes(run_id)
 
 
-@pytest.mark.parametrize(
-    "job", sorted(p.name for p in (REPO / "examples" / "strategies").glob("*.yaml"))
-)
-def test_every_strategy_example_trains(cli: Cli, job: str) -> None:
+STRATEGY_EXAMPLES = sorted(p.name for p in (REPO / "examples" / "strategies").glob("*.yaml"))
+#: One real launch per family of the examples: gradients all-reduced every step (ssgd with
+#: a compression hook) and models averaged every few steps. That each example learns is
+#: checked on warm ranks, with its own strategy and parameters
+#: (tests/strategies/test_examples.py).
+LAUNCHED_EXAMPLES = ["ssgd-powersgd.yaml", "bmuf.yaml"]
+
+
+@pytest.mark.parametrize("job", STRATEGY_EXAMPLES)
+def test_every_strategy_example_plans(cli: Cli, job: str) -> None:
+    """Each example validates and plans as the job file says (its strategy, workers and
+    every parameter it sets), and a dry run starts nothing."""
+    path = REPO / "examples" / "strategies" / job
+    spec = load_job(path)
+    proc = cli.run("launch", str(path), "--dry-run")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"strategy {spec.strategy.name}, {spec.workers} workers" in proc.stdout, proc.stdout
+    assert f"DMLCTL_STRATEGY={spec.strategy.name}\n" in proc.stdout, proc.stdout
+    params = next(line for line in proc.stdout.splitlines() if line.startswith("strategy params"))
+    for key, value in spec.strategy.params.model_dump(exclude_unset=True).items():
+        shown = f"{value:g}" if isinstance(value, float) else repr(value)
+        assert f"{key}={shown}" in params, (key, value, params)
+    assert "torch.distributed.run" in proc.stdout and str(spec.script) in proc.stdout
+    assert cli.runs() == []
+
+
+@pytest.mark.parametrize("job", LAUNCHED_EXAMPLES)
+def test_a_strategy_example_of_each_family_trains(cli: Cli, job: str) -> None:
     proc = cli.run("launch", str(REPO / "examples" / "strategies" / job), "--ui", "plain")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     accuracy = float(proc.stdout.split("final accuracy: ")[1].split()[0])

@@ -15,7 +15,8 @@ from tests.ssh.lab import SshLab, start_lab
 from tests.ssh.test_remote import LabCli, cluster_file
 
 ELASTIC = Path(__file__).parent / "jobs" / "elastic"
-pytestmark = pytest.mark.ssh
+# serial: the time to notice a lost host is bounded on an otherwise idle machine.
+pytestmark = [pytest.mark.ssh, pytest.mark.serial]
 
 
 @pytest.fixture

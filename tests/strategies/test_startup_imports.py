@@ -40,6 +40,8 @@ def test_a_run_without_parallelism_imports_none_of_it(
     strategy: str, roles: tuple[str, ...], tmp_path: Path
 ) -> None:
     env = {"DMLCTL_CHECKPOINT_DIR": str(tmp_path), "DMLCTL_CHECKPOINT_EVERY_STEPS": "1"}
-    out = run_ranks(_train_and_checkpoint, len(roles) or 2, strategy=strategy, roles=roles, env=env)
+    out = run_ranks(
+        _train_and_checkpoint, len(roles) or 2, strategy=strategy, roles=roles, env=env, fresh=True
+    )
     assert [r for r in out if r is not None] == [[], []]
     assert (tmp_path / "step-000000002").is_dir()
