@@ -34,7 +34,7 @@ quickstart: install
 #   2. the `serial` tests (times bounded on an idle machine: hang detection, host loss),
 #      alone.
 # `make test PYTEST_ARGS=tests/unit` (or PYTEST_ARGS='-m "not integration"') runs a part.
-TEST_WORKERS ?= 3
+TEST_WORKERS ?= 2
 PYTEST := $(VPY) -m pytest -q
 test: install
 	$(PYTEST) -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder -m "not serial" --durations=30 $(PYTEST_ARGS)
