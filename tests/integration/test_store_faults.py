@@ -139,6 +139,9 @@ def test_one_corrupt_state_file_hides_no_other_run(cli: Cli, tmp_path: Path) -> 
         (f"env: {{BIG: {'x' * 200_000}}}", "env"),  # over what one value may hold
         ('checkpoint: {dir: "/tmp/a\\0b"}', "dir"),
     ],
+    # Short ids: the test's id reaches the CLI's environment (PYTEST_CURRENT_TEST), where
+    # one variable may hold at most 128 KiB.
+    ids=["env-nul", "env-200k", "dir-nul"],
 )
 def test_what_would_fail_at_start_is_refused_before_anything_starts(
     cli: Cli, tmp_path: Path, line: str, key: str
