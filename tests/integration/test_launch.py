@@ -13,10 +13,9 @@ import pytest
 
 from dmlctl.spec.loader import load_job
 from tests.conftest import REPO, Cli
-from tests.integration.conftest import FinishedRuns
+from tests.integration.conftest import JOBS, FinishedRuns
 from tests.integration.procs import run_processes, wait_until
 
-JOBS = Path(__file__).parent / "jobs"
 pytestmark = pytest.mark.integration
 
 
