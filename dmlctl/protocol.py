@@ -149,7 +149,8 @@ MSG_LOG = "log"  # {"k": "log", "r": rank|None, "s": "stdout"|"stderr"|"agent", 
 MSG_RANK = "rank"  # {"k": "rank", "rec": <rank record>}
 MSG_AGENT = "agent"  # {"k": "agent", "state": "started", "pid": int}
 #   | {..., "state": "alive", "procs": {rank: [state, cpu_s, io_bytes]}}: once a second,
-#     each rank's process tree as /proc shows it (state letter, CPU seconds, I/O bytes)
+#     each rank's process tree as /proc shows it (state letter, CPU seconds, I/O bytes);
+#     without "procs" while the agent still imports torchrun, before anything started
 #   | {..., "state": "dumped", "stopped": [ranks whose process is stopped]}: stacks are sent
 MSG_STACKS = "stacks"  # {"k": "stacks", "r": rank, "l": [lines]}: a rank's stack dump
 MSG_EXIT = "exit"  # {"k": "exit", "code": int, "tail": [lines]} — the agent's last message

@@ -376,6 +376,16 @@ def _supervise(
             time.sleep(POLL_S)
 
 
+def _await_preload(preload: threading.Thread, emit: Emitter) -> None:
+    """Wait for ``preload`` to end, sending a keepalive every :data:`ALIVE_S` meanwhile:
+    importing torch takes many seconds on a loaded host, and the controller counts a
+    host silent for ``host_timeout`` as lost."""
+    while preload.is_alive():
+        preload.join(ALIVE_S)
+        if preload.is_alive():
+            emit.send(protocol.MSG_AGENT, state="alive")
+
+
 def main() -> int:
     stop = threading.Event()
     reason: list[str] = []
@@ -393,9 +403,9 @@ def main() -> int:
     first = sys.stdin.readline()
     if not first:
         return 2
-    preload.join()  # never fork while another thread imports
-    config = AgentConfig.from_json(first)
     emit = Emitter(sys.stdout, stop)
+    _await_preload(preload, emit)  # never fork while another thread imports
+    config = AgentConfig.from_json(first)
     become_subreaper()
     commands = Commands(stop, reason)
     threading.Thread(target=_watch_stdin, args=(commands,), daemon=True).start()

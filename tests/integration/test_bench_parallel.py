@@ -18,7 +18,16 @@ TENSORS = 53  # its parameter tensors: AdamW keeps a 4-byte step for each
 
 def test_bench_parallel_measures_data_parallel_and_fsdp(cli: Cli) -> None:
     proc = cli.run(
-        "bench", "parallel", "--layouts", "dp4,fsdp4", "--steps", "5", "--json", timeout=150
+        "bench",
+        "parallel",
+        "--layouts",
+        "dp4,fsdp4",
+        "--steps",
+        "5",
+        "--repeats",
+        "1",
+        "--json",
+        timeout=150,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     data = json.loads(proc.stdout)

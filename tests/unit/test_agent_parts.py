@@ -3,19 +3,23 @@ killer (on a tiny real ``sh`` + ``sleep`` tree, never on anything else)."""
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+import dmlctl.agent.__main__ as agent_main
 from dmlctl.agent.procs import descendants, kill_tree
 from dmlctl.agent.stacks import dump_stacks, main_thread_frames, process_state
 from dmlctl.agent.tail import CHUNK, MAX_LINE, RankDirTailer
+from dmlctl.runs.parser import parse_line
 
 # ---------------------------------------------------------------------------- tailer
 
@@ -174,8 +178,13 @@ def test_descendants_lists_parents_before_children(tree: Starter) -> None:
     kids = descendants(sh.pid)
     assert len(kids) == 2 and sh.pid not in kids
     assert all(mine.index(sh.pid) < mine.index(k) for k in kids)
-    with open(f"/proc/{kids[0]}/cmdline", "rb") as f:
-        assert f.read().split(b"\0")[0].endswith(b"sleep")
+
+    def program() -> bytes:
+        with open(f"/proc/{kids[0]}/cmdline", "rb") as f:
+            return f.read().split(b"\0")[0]
+
+    # The child sh forked is sh until it has exec'd sleep (a moment on a loaded machine).
+    assert wait_for(lambda: program().endswith(b"sleep")), program()
 
 
 def test_kill_tree_ends_every_descendant(tree: Starter) -> None:
@@ -284,3 +293,32 @@ def test_a_py_spy_dump_is_read_like_a_faulthandler_one() -> None:
         ("/job/train.py", 64, "wait_for_batch"),
         ("/job/train.py", 94, "main"),
     ]
+
+
+# ---------------------------------------------------------------------- keepalive
+
+
+def test_an_agent_still_importing_torchrun_keeps_saying_it_is_alive(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a loaded host the import before the first fork takes longer than the
+    controller's ``host_timeout``: the agent must not fall silent meanwhile."""
+    monkeypatch.setattr(agent_main, "ALIVE_S", 0.01)
+    heard = threading.Event()
+
+    class Out(io.StringIO):
+        def write(self, s: str) -> int:
+            n = super().write(s)
+            if self.getvalue().count("\n") >= 3:
+                heard.set()
+            return n
+
+    out = Out()
+    importing = threading.Thread(target=heard.wait, args=(10.0,), daemon=True)
+    importing.start()
+    agent_main._await_preload(importing, agent_main.Emitter(out, threading.Event()))
+    assert heard.is_set(), "the wait ended without three keepalives"
+    lines = out.getvalue().splitlines()
+    # Each is an agent message the controller reads (it counts as hearing the host),
+    # not a log line of the agent's.
+    assert all(parse_line("h", line, 0.0) == [] for line in lines), lines
