@@ -83,7 +83,12 @@ def xdist_group_of(item: pytest.Item) -> str:
     rel = item.path.relative_to(REPO / "tests")
     if rel.parts[0] in _ONE_WORKER_DIRS:
         return rel.parts[0]
-    return rel.as_posix()
+    return _SAME_GROUP_AS.get(rel.as_posix(), rel.as_posix())
+
+
+#: Files that run in another file's group, to share its session fixtures (made once per
+#: xdist worker): DistBelief compares against the accuracy table's single-process baseline.
+_SAME_GROUP_AS = {"strategies/test_distbelief.py": "strategies/test_accuracy.py"}
 
 
 #: The longest groups, longest first (`make test`'s durations): xdist hands groups out in
@@ -97,7 +102,6 @@ _LONGEST_GROUPS = (
     "integration/test_checkpoint_faults.py",
     "integration/test_bench_advise.py",
     "integration/test_bench_parallel.py",
-    "strategies/test_distbelief.py",
     "integration/test_parallel_launch.py",
     "integration/test_bench_recovery.py",
 )

@@ -28,7 +28,8 @@ class Standbys:
         self.warm_after = warm_after
         self._lock = threading.Lock()
         self._ready: dict[str, Process] = {}  # host → warm agent for the next attempt
-        self._starting: set[str] = set()
+        self._starting: dict[str, threading.Thread] = {}  # host → the thread starting one
+        self._closed = False  # the run ended: a standby that starts now is stopped at once
 
     def take(self, host: str) -> Process | None:
         """The warm agent prepared on ``host``, if there is one and it still runs."""
@@ -43,10 +44,11 @@ class Standbys:
         unless it has one, is getting one, or has not run ``warm_after`` seconds."""
         with self._lock:
             busy = host.name in self._ready or host.name in self._starting
-            if busy or running_for < self.warm_after:
+            if busy or self._closed or running_for < self.warm_after:
                 return
-            self._starting.add(host.name)
-        threading.Thread(target=self._start, args=(host,), daemon=True).start()
+            thread = threading.Thread(target=self._start, args=(host,), daemon=True)
+            self._starting[host.name] = thread
+        thread.start()
 
     def _start(self, host: HostPlan) -> None:
         try:
@@ -54,20 +56,37 @@ class Standbys:
         except Exception:
             proc = None  # no standby: a restart starts a cold agent, as without
         with self._lock:
-            self._starting.discard(host.name)
-            if proc is not None:
+            self._starting.pop(host.name, None)
+            late = self._closed
+            if proc is not None and not late:
                 self._ready[host.name] = proc
+        if proc is not None and late:
+            _stop(proc, STOP_WAIT)
 
     def close(self, wait: float = 3.0) -> None:
-        """Kill every unused standby (it runs nothing yet: nothing is lost), after
-        waiting up to ``wait`` seconds for those still being started."""
+        """Stop every unused standby (it runs nothing yet: nothing is lost), those
+        still being started included, each as soon as it has started; returns once
+        all have exited or ``wait`` seconds have passed."""
         deadline = time.monotonic() + wait
-        while True:
-            with self._lock:
-                if not self._starting or time.monotonic() > deadline:
-                    procs, self._ready = list(self._ready.values()), {}
-                    break
-            time.sleep(0.05)
+        with self._lock:
+            self._closed = True
+            procs, self._ready = list(self._ready.values()), {}
+            starting = list(self._starting.values())
         for proc in procs:
-            proc.close_stdin()
-            proc.kill()
+            proc.close_stdin()  # an agent waiting for its configuration exits at once
+        for proc in procs:
+            _stop(proc, max(0.0, deadline - time.monotonic()))
+        for thread in starting:  # each stops its own agent once it has one
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+
+STOP_WAIT = 2.0
+"""Seconds a standby gets to exit after its stdin closed, before it is killed."""
+
+
+def _stop(proc: Process, wait: float) -> None:
+    """End a standby agent: close its stdin (it exits without starting anything), wait
+    up to ``wait`` seconds for it to exit, then kill it (a no-op if it has exited)."""
+    proc.close_stdin()
+    proc.wait(wait)
+    proc.kill()

@@ -136,9 +136,14 @@ class ScriptedProcess:
             return True
 
     def close_stdin(self) -> None:
-        """Close stdin: later :meth:`send` calls return False."""
+        """Close stdin: later :meth:`send` calls return False. An agent that was sent
+        nothing (a standby awaiting its configuration) exits with code 2 at once, as a
+        real one does."""
         with self._cond:
             self.stdin_closed = True
+            if not self.sent:
+                self._exit_code, self._done = 2, True
+                self._cond.notify_all()
 
     def wait(self, timeout: float | None = None) -> int | None:
         """The exit code once the output has ended, or None after ``timeout`` seconds."""

@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from dmlctl.launch.standby import Standbys
 from dmlctl.launch.supervisor import Supervisor
 from dmlctl.protocol import ENV_ATTEMPT, ENV_RANK_DIR, AgentConfig, TorchrunCommand
 from dmlctl.runs.events import Event, RankStarted, Restarting
@@ -15,6 +16,7 @@ from dmlctl.runs.state import Phase, RankStatus, RunState
 from dmlctl.runs.store import RunDir, RunStore
 from dmlctl.spec.restart import RestartSpec
 from dmlctl.transport.fake import (
+    ScriptedProcess,
     ScriptedTransport,
     agent_lines,
     agent_started,
@@ -230,3 +232,32 @@ def test_a_restart_takes_the_standby_agent_started_during_the_attempt(tmp_path: 
     assert state.failures[0].exc_type == "AgentLost"
     for extra in t.processes[2:]:  # a standby for an attempt that never came
         assert extra.sent == [] and extra.wait(0) is not None
+
+
+def test_a_standby_that_starts_after_the_run_ended_is_stopped(tmp_path: Path) -> None:
+    """The run ends while a standby is still being started (a slow SSH connection):
+    ``close`` stops the ready one and, once the late one has started, that one too,
+    before it returns — no agent outlives its run."""
+    release = threading.Event()
+
+    class SlowTransport(ScriptedTransport):
+        def start(self, argv: Sequence[str], *, cwd: str | None = None) -> ScriptedProcess:
+            if self.host == "b":
+                release.wait(5)
+            return super().start(argv, cwd=cwd)
+
+    ta, tb = SlowTransport("a", hang=True), SlowTransport("b", hang=True)
+    hosts = make_plan(tmp_path, [1, 1]).hosts
+    standbys = Standbys({"a": ta, "b": tb}, warm_after=0.0)
+    for host in hosts:
+        standbys.warm_up(host, 1.0)
+    deadline = time.monotonic() + 5
+    while not ta.processes and time.monotonic() < deadline:
+        time.sleep(0.01)
+    threading.Timer(0.2, release.set).start()  # b's agent starts while close waits
+    standbys.close(wait=3.0)
+    (a,), (b,) = ta.processes, tb.processes
+    for proc in (a, b):
+        assert proc.stdin_closed and proc.sent == [] and proc.wait(0) is not None
+    standbys.warm_up(hosts[0], 1.0)  # after close: nothing more is started
+    assert len(ta.processes) == 1
