@@ -376,16 +376,6 @@ def _supervise(
             time.sleep(POLL_S)
 
 
-def _await_preload(preload: threading.Thread, emit: Emitter) -> None:
-    """Wait for ``preload`` to end, sending a keepalive every :data:`ALIVE_S` meanwhile:
-    importing torch takes many seconds on a loaded host, and the controller counts a
-    host silent for ``host_timeout`` as lost."""
-    while preload.is_alive():
-        preload.join(ALIVE_S)
-        if preload.is_alive():
-            emit.send(protocol.MSG_AGENT, state="alive")
-
-
 def main() -> int:
     stop = threading.Event()
     reason: list[str] = []
@@ -404,7 +394,8 @@ def main() -> int:
     if not first:
         return 2
     emit = Emitter(sys.stdout, stop)
-    _await_preload(preload, emit)  # never fork while another thread imports
+    # Never fork while another thread imports; the controller counts a silent host as lost.
+    warm.await_preload(preload, ALIVE_S, lambda: emit.send(protocol.MSG_AGENT, state="alive"))
     config = AgentConfig.from_json(first)
     become_subreaper()
     commands = Commands(stop, reason)

@@ -17,8 +17,9 @@ import atexit
 import os
 import signal
 import sys
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any
 
 TORCHRUN = ("-m", "torch.distributed.run")
@@ -31,6 +32,17 @@ def preload() -> bool:
     except Exception:
         return False
     return True
+
+
+def await_preload(
+    preload: threading.Thread, interval: float, keepalive: Callable[[], None]
+) -> None:
+    """Wait for the ``preload`` thread to end, calling ``keepalive`` every ``interval``
+    seconds meanwhile: importing torch takes many seconds on a loaded host."""
+    while preload.is_alive():
+        preload.join(interval)
+        if preload.is_alive():
+            keepalive()
 
 
 def can_fork(argv: Sequence[str]) -> bool:

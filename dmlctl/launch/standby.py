@@ -73,8 +73,6 @@ class Standbys:
             procs, self._ready = list(self._ready.values()), {}
             starting = list(self._starting.values())
         for proc in procs:
-            proc.close_stdin()  # an agent waiting for its configuration exits at once
-        for proc in procs:
             _stop(proc, max(0.0, deadline - time.monotonic()))
         for thread in starting:  # each stops its own agent once it has one
             thread.join(max(0.0, deadline - time.monotonic()))

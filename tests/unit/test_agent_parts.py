@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 import dmlctl.agent.__main__ as agent_main
+from dmlctl.agent import warm
 from dmlctl.agent.procs import descendants, kill_tree
 from dmlctl.agent.stacks import dump_stacks, main_thread_frames, process_state
 from dmlctl.agent.tail import CHUNK, MAX_LINE, RankDirTailer
@@ -298,12 +299,9 @@ def test_a_py_spy_dump_is_read_like_a_faulthandler_one() -> None:
 # ---------------------------------------------------------------------- keepalive
 
 
-def test_an_agent_still_importing_torchrun_keeps_saying_it_is_alive(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_an_agent_still_importing_torchrun_keeps_saying_it_is_alive() -> None:
     """On a loaded host the import before the first fork takes longer than the
     controller's ``host_timeout``: the agent must not fall silent meanwhile."""
-    monkeypatch.setattr(agent_main, "ALIVE_S", 0.01)
     heard = threading.Event()
 
     class Out(io.StringIO):
@@ -316,7 +314,12 @@ def test_an_agent_still_importing_torchrun_keeps_saying_it_is_alive(
     out = Out()
     importing = threading.Thread(target=heard.wait, args=(10.0,), daemon=True)
     importing.start()
-    agent_main._await_preload(importing, agent_main.Emitter(out, threading.Event()))
+    emit = agent_main.Emitter(out, threading.Event())
+    warm.await_preload(
+        importing,
+        0.01,
+        lambda: emit.send(agent_main.protocol.MSG_AGENT, state="alive"),
+    )
     assert heard.is_set(), "the wait ended without three keepalives"
     lines = out.getvalue().splitlines()
     # Each is an agent message the controller reads (it counts as hearing the host),
