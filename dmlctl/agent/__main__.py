@@ -17,7 +17,8 @@ Contract:
 * Imports torchrun before it reads its configuration and runs it in a forked child
   instead of a new interpreter (:mod:`dmlctl.agent.warm`), so an agent the
   controller starts ahead of time (a standby for the next restart) saves a restart
-  torchrun's start-up.
+  torchrun's start-up; that torchrun forks the ranks in turn
+  (:mod:`dmlctl.agent.forked_rank`), so no rank imports torch again.
 * Stops the run when stdin says ``stop [GRACE]``, when stdin closes or its parent
   (sshd's session) goes away (the controller or the SSH connection is gone), or on
   SIGTERM/SIGHUP/SIGINT: SIGTERM to torchrun, which passes it to every rank and

@@ -15,6 +15,7 @@ import signal
 import time
 
 _PR_SET_CHILD_SUBREAPER = 36
+_PR_SET_NAME = 15
 
 
 def become_subreaper() -> bool:
@@ -24,6 +25,13 @@ def become_subreaper() -> bool:
         return int(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
     except (OSError, AttributeError):
         return False
+
+
+def name_process(name: bytes) -> None:
+    """Set this process's short name (``ps -o comm``, ``top``): a forked process keeps
+    the command line of the one it was forked from."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).prctl(_PR_SET_NAME, name[:15], 0, 0, 0)
 
 
 def _stat(pid: str) -> tuple[str, int] | None:

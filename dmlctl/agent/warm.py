@@ -14,6 +14,7 @@ that fails here falls back to the cold path (a new process).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import signal
 import sys
@@ -21,6 +22,9 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any
+
+from dmlctl.agent import forked_rank  # its snapshot of the environment: the agent's own
+from dmlctl.agent.procs import name_process
 
 TORCHRUN = ("-m", "torch.distributed.run")
 
@@ -90,17 +94,6 @@ class ForkedTorchrun:
         return self.returncode
 
 
-def _name_process(name: bytes) -> None:
-    """Set this process's short name (``ps -o comm``, ``top``): the command line stays
-    the agent's, since a fork keeps it."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None).prctl(15, name, 0, 0, 0)  # PR_SET_NAME
-    except Exception:
-        pass
-
-
 _kept: list[Any] = []  # the parent's stdio objects, kept so their buffers never flush
 
 
@@ -108,7 +101,7 @@ def _child(argv: list[str], cwd: str, env: Mapping[str, str], out: int) -> None:
     """Become ``python -m torch.distributed.run argv[3:]`` in ``cwd`` with ``env``."""
     code = 1
     try:
-        _name_process(b"torchrun")
+        name_process(b"torchrun")
         for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
             signal.signal(sig, signal.SIG_DFL)
         null = os.open(os.devnull, os.O_RDONLY)
@@ -130,6 +123,8 @@ def _child(argv: list[str], cwd: str, env: Mapping[str, str], out: int) -> None:
             # would warn that it is already in sys.modules.
             from torch.distributed.run import main
 
+            with contextlib.suppress(Exception):  # else they start as new interpreters
+                forked_rank.install()  # its ranks forked from here too
             main(argv[3:])
             code = 0
         except SystemExit as e:

@@ -282,11 +282,15 @@ def finish(
     os._exit(outcome.code)
 
 
+def run(argv: list[str]) -> NoReturn:
+    """Be the rank that runs ``argv`` (``SCRIPT ARGS…``), from setup to ``os._exit``."""
+    files = setup(int(os.environ.get("RANK", "0")), argv[0])
+    outcome = main(argv)
+    finish(outcome, files, final_collectives(files))
+
+
 if __name__ == "__main__":
     if len(sys.argv) < 2:
         print("usage: python -m dmlctl.runtime.entry SCRIPT [ARGS...]", file=sys.stderr)
         sys.exit(2)
-    _args = sys.argv[1:]
-    _files = setup(int(os.environ.get("RANK", "0")), _args[0])
-    _outcome = main(_args)
-    finish(_outcome, _files, final_collectives(_files))
+    run(sys.argv[1:])

@@ -4,6 +4,7 @@ its job asked for."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -175,3 +176,30 @@ def test_a_second_ctrl_c_kills_at_once_and_leaves_no_orphan(cli: Cli, tmp_path: 
             proc.wait()
     # The ranks ran in sessions of their own, saving in their SIGTERM handler: gone too.
     assert wait_until(lambda: not run_processes(run_id), 5), run_processes(run_id)
+
+
+def _interpreters(cli: Cli, tmp_path: Path, env: str) -> list[dict[str, object]]:
+    """What each of the two ranks of ``jobs/interpreter`` saw, by rank."""
+    proc = cli.run("launch", str(_job(tmp_path, "interpreter", env=env)), "--ui", "plain")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    seen = [
+        json.loads(line) for line in _logs(cli, cli.runs()[-1].name).splitlines() if "{" in line
+    ]
+    return sorted(seen, key=lambda s: int(str(s["rank"])))
+
+
+def test_a_rank_forked_from_the_warm_torchrun_is_what_a_new_interpreter_is(
+    cli: Cli, tmp_path: Path
+) -> None:
+    """Ranks are forked from the torchrun that has torch imported already, unless the
+    job sets a variable read when Python or torch start (then they are new processes);
+    either way the script meets the same interpreter."""
+    forked = _interpreters(cli, tmp_path, "{}")
+    new = _interpreters(cli, tmp_path, "{PYTHONHASHSEED: '7'}")
+    assert [s["preloaded"] for s in forked] == [True, True]
+    assert [s["preloaded"] for s in new] == [False, False]
+    assert forked[0]["numpy"] != forked[1]["numpy"]  # each rank seeded afresh
+    for a, b in zip(forked, new, strict=True):
+        for key in ("preloaded", "numpy"):
+            del a[key], b[key]
+        assert a == b

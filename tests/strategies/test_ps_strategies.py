@@ -64,7 +64,8 @@ def test_ssp_with_s0_matches_synchronous_sgd() -> None:
 
 @pytest.mark.parametrize("bound", [1, 3])
 def test_ssp_never_lets_a_worker_run_more_than_s_clocks_ahead(bound: int) -> None:
-    """Worker 1 is 4× slower; every read worker 0 got reports the slowest worker's
+    """Worker 1 is a straggler (50 ms more a step: slower than worker 0 however
+    loaded the machine is); every read worker 0 got reports the slowest worker's
     clock, and ``clock − min_clock`` never exceeds ``s`` — but reaches it."""
     out = run_ranks(
         _train,
@@ -72,7 +73,7 @@ def test_ssp_never_lets_a_worker_run_more_than_s_clocks_ahead(bound: int) -> Non
         strategy="ssp",
         params={"staleness": bound},
         roles=W2S1,
-        args=({0: 0.002, 1: 0.008},),
+        args=({0: 0.002, 1: 0.05},),
     )
     for worker in out[:2]:
         leads = [clock - low for clock, low in worker["clocks"]]
