@@ -31,8 +31,8 @@ quickstart: install
 #   1. every test not marked `serial`, in $(TEST_WORKERS) pytest-xdist workers that each
 #      take one group at a time (a file, or all of tests/ssh, all of tests/lab; see
 #      tests/conftest.py), so the waiting of one group overlaps the work of another;
-#   2. the `serial` tests (times bounded on an idle machine: hang detection, bench straggler),
-#      alone.
+#   2. the `serial` tests (times bounded on an idle machine: hang detection, bench straggler,
+#      a silent host), alone.
 # `make test PYTEST_ARGS=tests/unit` (or PYTEST_ARGS='-m "not integration"') runs a part.
 TEST_WORKERS ?= 2
 PYTEST := $(VPY) -m pytest -q

@@ -27,6 +27,7 @@ forked child executes the new interpreter instead (and says so).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import faulthandler
 import functools
 import gc
@@ -135,7 +136,7 @@ def install() -> None:
         subprocess_handler as handler,
     )
 
-    import dmlctl.runtime.entry  # noqa: F401 - imported once, here, for every rank
+    _import_the_runtime()
 
     cold = handler.SubprocessHandler._popen
     _ask_cuda_in_a_child()
@@ -147,6 +148,18 @@ def install() -> None:
 
     handler.SubprocessHandler._popen = _popen  # type: ignore[method-assign]
     gc.freeze()  # the ranks share these pages; no collection of theirs touches them
+
+
+def _import_the_runtime() -> None:
+    """Import, once and here, what every rank imports: the runtime entry,
+    ``dmlctl.init()`` and the job's strategy."""
+    import dmlctl.runtime.entry
+    import dmlctl.runtime.session  # noqa: F401
+    from dmlctl import protocol
+    from dmlctl.strategies import registry
+
+    with contextlib.suppress(Exception):  # a rank names a bad strategy itself
+        registry.load(os.environ.get(protocol.ENV_STRATEGY) or "ssgd")
 
 
 _CUDA_QUERIES = ("is_available", "device_count")
