@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -22,6 +24,30 @@ def _phase(cli: Cli, run_id: str) -> str:
     return str(json.loads(cli.run("status", run_id, "--json").stdout)["phase"])
 
 
+def _attach(cli: Cli, run_id: str) -> subprocess.Popen[str]:
+    """``dmlctl attach RUN`` with Python's fault handler on (see :func:`_output`)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "dmlctl", "attach", run_id],
+        env={**cli.env, "PYTHONFAULTHANDLER": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
+def _output(watcher: subprocess.Popen[str]) -> str:
+    """What ``watcher`` printed by its end; one still running after 30 s fails the test
+    with its threads' stacks (SIGABRT makes the fault handler print them)."""
+    try:
+        return watcher.communicate(timeout=30)[0]
+    except subprocess.TimeoutExpired:
+        watcher.send_signal(signal.SIGABRT)
+        stacks = watcher.communicate(timeout=30)[0]
+        raise AssertionError(f"attach did not end 30 s after Ctrl-C:\n{stacks}") from None
+
+
 def test_attach_detaches_on_ctrl_c_and_reports_the_end(cli: Cli) -> None:
     started = cli.run("launch", str(JOBS / "forever" / "job.yaml"), "--detach")
     assert started.returncode == 0, started.stderr
@@ -30,10 +56,10 @@ def test_attach_detaches_on_ctrl_c_and_reports_the_end(cli: Cli) -> None:
     while _phase(cli, run_id) != "running" and time.monotonic() < deadline:
         time.sleep(0.5)
     try:
-        watcher = cli.popen("attach", run_id[:14])
+        watcher = _attach(cli, run_id[:14])
         time.sleep(3)
         watcher.send_signal(signal.SIGINT)
-        out, _ = watcher.communicate(timeout=30)
+        out = _output(watcher)
         assert watcher.returncode == 0, out
         assert f"detached; run {run_id} goes on" in out and "rank" in out
         assert _phase(cli, run_id) == "running"  # Ctrl-C in attach never stops the run
