@@ -8,8 +8,11 @@ detaches: the run goes on). It never signals the run.
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from rich.console import Console
 
@@ -31,14 +34,29 @@ def follow(
     whether the run ended (False: the user detached)."""
     state = run.read_state()
     dash = LiveDashboard(console)
-    with dash:
+    with _ctrl_c() as pressed, dash:
         try:
-            while not state.phase.terminal:
+            while not state.phase.terminal and not pressed.is_set():
                 dash.update(state)
                 sleep(poll_s)
                 state = run.read_state()
         except KeyboardInterrupt:
-            dash.close(state)
-            return state, False
+            pressed.set()
         dash.close(state)
-    return state, True
+    return state, not pressed.is_set()
+
+
+@contextlib.contextmanager
+def _ctrl_c() -> Iterator[threading.Event]:
+    """An event that Ctrl-C (SIGINT) sets, for as long as the block runs: a flag the
+    loop reads, which no library code between two reads can swallow, as it can an
+    exception."""
+    pressed = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield pressed
+        return
+    previous = signal.signal(signal.SIGINT, lambda _sig, _frame: pressed.set())
+    try:
+        yield pressed
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from typing import Any
 
 from rich.console import Console
@@ -37,3 +40,22 @@ def test_ctrl_c_only_detaches() -> None:
     console = Console(record=True, width=100, color_system=None)
     state, ended = follow(run, console, sleep=interrupt)  # type: ignore[arg-type]
     assert not ended and state.phase.value == "running"
+
+
+def test_a_ctrl_c_that_library_code_swallows_still_detaches() -> None:
+    """SIGINT sets a flag the loop reads: even where an exception would have been
+    caught on the way (here: it never becomes one), the next read sees it."""
+
+    def ctrl_c_during_a_read(_s: float) -> None:
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.01)  # the handler runs here
+        except KeyboardInterrupt:  # what a library's broad except would swallow
+            pass
+
+    before = signal.getsignal(signal.SIGINT)
+    run = Run([running_state("r")])
+    console = Console(record=True, width=100, color_system=None)
+    state, ended = follow(run, console, sleep=ctrl_c_during_a_read)  # type: ignore[arg-type]
+    assert not ended and state.phase.value == "running"
+    assert signal.getsignal(signal.SIGINT) is before  # the user's handler is back

@@ -271,8 +271,8 @@ def test_host_key_refusal_lands_in_reachable_with_fingerprint() -> None:
             "disk",
             "work dir /home/u/.dmlctl/work: PermissionError: [Errno 13] denied",
         ),
-        ({"time": NOW + 10.0}, "clock", "10.0 s ahead of this machine (max 2 s)"),
-        ({"time": NOW - 3.0}, "clock", "3.0 s behind this machine (max 2 s)"),
+        ({"time": NOW + 10.0}, "clock", "10.0 s ahead of this machine (at least 10.0 s; max 2 s)"),
+        ({"time": NOW - 3.0}, "clock", "3.0 s behind this machine (at least 3.0 s; max 2 s)"),
     ],
 )
 def test_one_bad_host(overrides: dict[str, Any], check: str, expected: str) -> None:
@@ -336,6 +336,19 @@ def test_clock_skew_is_measured_against_the_request_window() -> None:
     assert report.ok
     assert report.hosts[0].facts["clock_skew"] == 0.0
     assert report.hosts[0].facts["clock_uncertainty"] == 0.5
+
+
+def test_a_late_answer_widens_the_clock_window_and_fails_only_a_certain_skew() -> None:
+    """A loaded host: sent at 100, the reply at 105 after a probe of 0.5 s, so the
+    answer lies in [100.5, 105]. Its time 104.9 is 2.15 ± 2.25 s from the middle: the
+    clocks may agree, and the check passes (the same host, 2.1 s "ahead", once failed)."""
+    answer = facts(time=104.9, elapsed=0.5, port=PORT, port_free=True)
+    for reply_at, ok in ((105.0, True), (101.0, False)):
+        t = ScriptedTransport(
+            "node-a", results={tuple(probe_argv(A, PORT, ASKED)): (0, answer, "")}
+        )
+        report = doctor({"node-a": t}, hosts=[A], clock=iter([100.0, reply_at]).__next__)
+        assert report.ok == ok, report.failures()
 
 
 def test_probe_that_cannot_run() -> None:
