@@ -41,7 +41,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any, NoReturn
 
-from dmlctl.agent.procs import name_process
+from dmlctl.agent.procs import exit_status, name_process
 
 ENTRY = ("-u", "-m", "dmlctl.runtime.entry")
 
@@ -76,8 +76,8 @@ def can_fork(args: Sequence[str], env: Mapping[str, str]) -> bool:
     threads = env.get("OMP_NUM_THREADS")
     if threads is not None and not (threads.isdigit() and int(threads) > 0):
         return False
-    if any("" in v.split(os.pathsep) for v in (env.get("PYTHONPATH", "x"),)):
-        return False
+    if "" in env.get("PYTHONPATH", "x").split(os.pathsep):
+        return False  # an empty entry means the directory Python starts in
     keys = {k for k in (*env, *STARTUP_ENV) if _at_start(k)}
     return all(env.get(k) == STARTUP_ENV.get(k) for k in keys)
 
@@ -102,12 +102,9 @@ class ForkedRank:
     def poll(self) -> int | None:
         if self.returncode is None:
             try:
-                pid, status = os.waitpid(self.pid, os.WNOHANG)
+                self.returncode = exit_status(self.pid)
             except ChildProcessError:  # reaped by someone else: its status is lost
                 self.returncode = 255
-                return self.returncode
-            if pid == self.pid:
-                self.returncode = os.waitstatus_to_exitcode(status)
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:

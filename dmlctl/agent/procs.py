@@ -34,6 +34,13 @@ def name_process(name: bytes) -> None:
         ctypes.CDLL(None).prctl(_PR_SET_NAME, name[:15], 0, 0, 0)
 
 
+def exit_status(pid: int) -> int | None:
+    """Child ``pid``'s exit code once it has ended (it is reaped; ``-N``: killed by
+    signal N), else None."""
+    got, status = os.waitpid(pid, os.WNOHANG)
+    return os.waitstatus_to_exitcode(status) if got == pid else None
+
+
 def _stat(pid: str) -> tuple[str, int] | None:
     """``(state letter, ppid)`` of a process, or None if it is gone."""
     try:

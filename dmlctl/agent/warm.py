@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any
 
 from dmlctl.agent import forked_rank  # its snapshot of the environment: the agent's own
-from dmlctl.agent.procs import name_process
+from dmlctl.agent.procs import exit_status, name_process
 
 TORCHRUN = ("-m", "torch.distributed.run")
 
@@ -80,9 +80,7 @@ class ForkedTorchrun:
 
     def poll(self) -> int | None:
         if self.returncode is None:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-            if pid == self.pid:
-                self.returncode = os.waitstatus_to_exitcode(status)
+            self.returncode = exit_status(self.pid)
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int | None:
