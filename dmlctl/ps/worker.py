@@ -16,7 +16,9 @@ pushing reached ``c − s``; the worker waits in that pull. Metrics: ``clock``,
 When the data of ``ctx.shard`` ends, the worker pushes what it has not pushed, tells
 the servers it is DONE (it no longer holds back ``ssp`` readers), waits for the other
 workers and pulls: every worker ends with the servers' final parameters, identical on
-all workers. ``ctx.close`` sends CLOSE; the servers stop once every worker closed.
+all workers, and the mean of the workers' buffers that change in training
+(:mod:`dmlctl.runtime.buffers`). ``ctx.close`` sends CLOSE; the servers stop once
+every worker closed.
 
 Checkpoints: the first worker's optimizer state holds every server's state (taken
 with a SNAPSHOT request while saving); on resume it restores the servers, and then
@@ -234,6 +236,19 @@ class PSOptimizer(StrategyOptimizer):
         self.channel.done(clock=self.local_steps)
         dist.barrier(group=self.group)
         self.final_pull(self._pull())
+        if not self.keep_local:
+            self.average_buffers()
+
+    def average_buffers(self) -> None:
+        """Every worker's buffers that change in training (BatchNorm statistics;
+        :mod:`dmlctl.runtime.buffers`) ← their mean over the workers: the servers
+        hold parameters only. Collective over the workers."""
+        workers = len(self.ctx.membership.workers) if self.ctx.membership else 1
+        began = time.perf_counter()
+        mean = self.buffers.average(self.group, workers)
+        if mean is not None:
+            self.meter.add(mean.numel() * mean.element_size(), time.perf_counter() - began)
+            self.check_finite(mean, self.buffers.resolve(), "in the final average")
 
     def final_pull(self, pulled: Sequence[torch.Tensor]) -> None:
         """What :meth:`finish` does with the servers' final parameters: take them

@@ -8,14 +8,17 @@ Two checks, both raising :class:`Diverged` in the rank (so the run's root cause 
   when its name, lower-cased, is ``loss`` or ends in ``loss`` (``loss``,
   ``train_loss``, ``val/loss``, ``nll_loss``; see :func:`is_loss_key`). The record is
   written first, so the non-finite value shows in the metrics.
-* **Parameters after a communication round** — :func:`check_tensors`, called by
+* **Parameters and exchanged buffers after a communication round** (constant and
+  integer buffers are never judged: :mod:`dmlctl.runtime.buffers`) —
+  :func:`check_tensors`, called by
   :meth:`~dmlctl.runtime.optimizer.StrategyOptimizer.check_finite` with the buffer the
   round already holds (the averaged flat buffer, the center, z, the pulled
   parameters): one ``isfinite`` reduction and one sync; only when it fails is the
   first non-finite tensor looked up and named.
 
-The message is one line naming the strategy, the step, the parameter (or logged key)
-and a hint: the optimizer's learning rate and the strategy's coupling weights
+The message is one line naming the strategy, the step, the parameter (or logged key),
+what is wrong with it (how many of its values are NaN and how many infinite) and a
+hint: the optimizer's learning rate and the strategy's coupling weights
 (:func:`hint`).
 """
 
@@ -26,6 +29,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
+
+from dmlctl.text import plural
 
 
 class Diverged(RuntimeError):
@@ -108,13 +113,23 @@ def check_tensors(
         parts = values
     index = next((i for i, part in enumerate(parts) if not is_finite(part)), None)
     if index is None:  # beyond the layout (a trailing scalar, say)
-        what = "a value"
+        what, why = "a value", ""
     else:
         tensor = layout[index]
         name = names.get(id(tensor), f"#{index} (shape {tuple(tensor.shape)})")
         kind = "parameter" if isinstance(tensor, torch.nn.Parameter) else "buffer"
-        what = f"{kind} {name!r}"
-    raise Diverged(f"strategy {strategy}, step {step}: {what} is not finite {where}; {advice()}")
+        what, why = f"{kind} {name!r}", f" ({census(parts[index])})"
+    raise Diverged(
+        f"strategy {strategy}, step {step}: {what} is not finite {where}{why}; {advice()}"
+    )
+
+
+def census(values: torch.Tensor) -> str:
+    """What is wrong with ``values``: ``3 NaN and 1 inf of 4096 values``."""
+    nan = int(torch.isnan(values).sum().item())
+    inf = int(torch.isinf(values).sum().item())
+    bad = " and ".join(f"{n} {kind}" for n, kind in ((nan, "NaN"), (inf, "inf")) if n)
+    return f"{bad} of {plural(values.numel(), 'value')}"
 
 
 def all_finite(tensors: Sequence[torch.Tensor]) -> bool:

@@ -27,9 +27,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import torch
+import torch.distributed as dist
 
 from dmlctl.protocol import COMM_TOTALS
 from dmlctl.runtime import divergence
+from dmlctl.runtime.buffers import ExchangedBuffers
 
 
 class CommMeter:
@@ -117,7 +119,7 @@ class StrategyOptimizer(torch.optim.Optimizer):
         self.meter = CommMeter()
         self.strategy_name = type(self).__name__
         self.tensor_names: dict[int, str] = {}
-        self.model_buffers: list[torch.Tensor] = []  # floating-point, set by bind_names
+        self.buffers = ExchangedBuffers()  # the model's, set by bind_names
         self.keep_local = False  # ``final: local``: finish() leaves the replicas alone
         self._finished_at = -1  # local_steps when finish() last ran
 
@@ -147,12 +149,18 @@ class StrategyOptimizer(torch.optim.Optimizer):
 
     def bind_names(self, strategy: str, model: torch.nn.Module) -> None:
         """Name the strategy and ``model``'s parameters and buffers in divergence
-        messages, and keep its floating-point buffers for :meth:`finish`
-        (``Context.prepare`` calls it with the unwrapped model)."""
+        messages, and take its buffers as they are now as the start of the buffer
+        rule (:mod:`dmlctl.runtime.buffers`; ``Context.prepare`` calls it with the
+        unwrapped model, after the strategy's broadcast)."""
         self.strategy_name = strategy
         named = [*model.named_parameters(), *model.named_buffers()]
         self.tensor_names = {id(t): name for name, t in named}
-        self.model_buffers = [b for b in model.buffers() if b.is_floating_point()]
+        self.buffers = ExchangedBuffers.of(model)
+
+    def exchanged_buffers(self, group: dist.ProcessGroup | None = None) -> list[torch.Tensor]:
+        """The model's buffers this strategy exchanges (:mod:`dmlctl.runtime.buffers`);
+        collective over ``group`` (default: every rank) on the first call."""
+        return self.buffers.resolve(group)
 
     def finish(self) -> None:
         """End of training (the data of ``ctx.shard`` ran out, or ``ctx.finish()``):

@@ -2,8 +2,10 @@
 
 * :func:`flat_params` / :func:`assign_flat` — one contiguous tensor of a model's
   parameters (one collective instead of one per tensor) and back;
-* :func:`model_tensors` — the parameters and floating-point buffers a model average
-  covers; :func:`broadcast_from_rank0` — every rank starts from rank 0's;
+* :func:`model_tensors` — the parameters and floating-point buffers every rank starts
+  with equal; :func:`broadcast_from_rank0` — every rank starts from rank 0's;
+  :func:`with_exchanged_buffers` — a round's tensors plus the buffers exchanged
+  (:mod:`dmlctl.runtime.buffers`);
 * :func:`mean_and_consensus` — the mean over a group as one flat buffer, and how far
   apart the replicas were; :func:`consensus_distance` — the same distance to a known
   mean;
@@ -25,7 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dmlctl.runtime.optimizer import CommMeter
+from dmlctl.runtime.optimizer import CommMeter, StrategyOptimizer
 
 
 def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
@@ -51,9 +53,25 @@ def assign_flat(params: Sequence[torch.Tensor], flat: torch.Tensor) -> None:
 def model_tensors(
     model: torch.nn.Module,
 ) -> tuple[list[torch.nn.Parameter], list[torch.Tensor]]:
-    """The model's parameters and its floating-point buffers (integer buffers such as
-    BatchNorm's ``num_batches_tracked`` are counters, not averaged)."""
+    """The model's parameters and its floating-point buffers: what a strategy makes
+    equal on every rank at the start (which buffers it then exchanges is
+    :mod:`dmlctl.runtime.buffers`'s rule)."""
     return list(model.parameters()), [b for b in model.buffers() if b.is_floating_point()]
+
+
+def with_exchanged_buffers(
+    opt: StrategyOptimizer, tensors: list[torch.Tensor], change: ChangeFilter | None = None
+) -> list[torch.Tensor]:
+    """``tensors`` (the parameters a round exchanges) with the buffers ``opt``
+    exchanges appended, in place, at the first call (collective over every rank
+    then: :meth:`~dmlctl.runtime.optimizer.StrategyOptimizer.exchanged_buffers`);
+    ``change``, the round's model filter, measures their changes from the start."""
+    if not opt.buffers.resolved:
+        buffers = opt.exchanged_buffers()
+        tensors.extend(buffers)
+        if change is not None:
+            change.extend([opt.buffers.start(b) for b in buffers])
+    return tensors
 
 
 def broadcast_from_rank0(tensors: Sequence[torch.Tensor]) -> None:
@@ -110,6 +128,11 @@ class ChangeFilter:
         self.sent = (
             list(references) if references is not None else [t.detach().clone() for t in tensors]
         )
+
+    def extend(self, references: Sequence[torch.Tensor]) -> None:
+        """Filter more tensors (appended after those it has), their changes measured
+        from ``references`` (what they held when they were last the same everywhere)."""
+        self.sent.extend(r.detach().clone() for r in references)
 
     def select(
         self,

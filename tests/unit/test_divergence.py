@@ -110,8 +110,8 @@ def test_a_flat_buffer_is_blamed_on_the_first_non_finite_parameter() -> None:
             advice=_advice,
         )
     assert str(caught.value) == (
-        "strategy local-sgd, step 40: parameter '0.bias' is not finite after averaging;"
-        " lower the learning rate"
+        "strategy local-sgd, step 40: parameter '0.bias' is not finite after averaging"
+        " (1 NaN of 2 values); lower the learning rate"
     )
 
 
@@ -171,7 +171,8 @@ def test_a_strategy_round_raises_with_the_bound_names_and_its_coupling() -> None
         opt.step()
     assert str(caught.value) == (
         "strategy admm, step 2: parameter '0.bias' is not finite after the communication"
-        " round; lower the learning rate (lr=0.1) or the coupling weights (rho=2)"
+        " round (1 inf of 1 value); lower the learning rate (lr=0.1) or the coupling"
+        " weights (rho=2)"
     )
 
 
@@ -197,7 +198,8 @@ def test_every_parameter_server_mode_checks_what_it_pulled() -> None:
         opt.step()
     assert str(caught.value) == (
         "strategy easgd-async, step 1: parameter 'w' is not finite after the elastic"
-        " exchange; lower the learning rate (lr=0.5) or the coupling weights (alpha=0.25)"
+        " exchange (1 inf of 2 values); lower the learning rate (lr=0.5) or the coupling"
+        " weights (alpha=0.25)"
     )
     server = OneServer(torch.tensor([0.0, 0.0]))
     advice = "raise L (L=10: the servers' largest step is 1/L; the optimizer's lr is not used)"

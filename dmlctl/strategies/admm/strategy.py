@@ -119,11 +119,11 @@ class ADMMOptimizer(StrategyOptimizer):
 
     def final_model(self) -> None:
         """A last round (z and u updates) when steps were taken since the previous
-        one; then every worker ← z, buffers ← their mean. Collective."""
+        one; then every worker ← z, buffers exchanged ← their mean. Collective."""
         if self._round_at != self.local_steps:
             self.communicate()
         assign_flat(self.params, self.z)
-        average_in_place(self.model_buffers, self.meter, self.world_size)
+        average_in_place(self.exchanged_buffers(), self.meter, self.world_size)
 
     def strategy_state(self) -> dict[str, Any]:
         return {"z": self.z.clone(), "u": self.u.clone()}

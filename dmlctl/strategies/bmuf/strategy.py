@@ -24,8 +24,9 @@ Promises:
 * Ranks start identical (rank 0's parameters and floating-point buffers broadcast
   once in ``prepare``) and hold identical parameters after every block: every rank
   computes the same update from the same all-reduced mean.
-* One all-reduce of one flat buffer per block (parameters + floating-point buffers;
-  the buffers are plainly averaged, not filtered), counted in
+* One all-reduce of one flat buffer per block (parameters + the buffers that change
+  in training, :mod:`dmlctl.runtime.buffers`; those buffers are plainly averaged, not
+  block-filtered), counted in
   ``comm_bytes_per_step`` = ``buffer bytes / τ``. ``consensus`` is
   ``sqrt(mean_i ||w_i − mean(w)||²)`` just before the latest block's averaging.
 * ``state_dict()`` carries ``w_g`` and ``Δ`` (tensors, float32 or wider) besides the
@@ -55,6 +56,7 @@ from dmlctl.strategies.common import (
     mean_and_consensus,
     model_tensors,
     segments,
+    with_exchanged_buffers,
 )
 from dmlctl.strategies.registry import params_as
 
@@ -65,8 +67,8 @@ if TYPE_CHECKING:
 class BMUFOptimizer(StrategyOptimizer):
     """The user's optimizer plus a block-momentum filter every ``period`` steps.
 
-    ``params``/``buffers`` are the tensors averaged; ``w_g`` starts at the current
-    ``params``."""
+    ``params`` and the buffers exchanged (:mod:`dmlctl.runtime.buffers`) are the
+    tensors averaged; ``w_g`` starts at the current ``params``."""
 
     coupling: ClassVar[dict[str, str]] = {
         "block_lr": "block_lr",
@@ -78,7 +80,6 @@ class BMUFOptimizer(StrategyOptimizer):
         inner: torch.optim.Optimizer,
         params: Sequence[torch.nn.Parameter],
         *,
-        buffers: Sequence[torch.Tensor] = (),
         world_size: int,
         period: int,
         block_momentum: float,
@@ -87,7 +88,7 @@ class BMUFOptimizer(StrategyOptimizer):
         threshold: float = 0.0,
     ) -> None:
         super().__init__(inner, params, world_size=world_size, period=period)
-        self.tensors: list[torch.Tensor] = [*self.params, *buffers]
+        self.tensors: list[torch.Tensor] = list(self.params)  # + buffers, first block
         self.filter = ChangeFilter(self.tensors, threshold) if threshold > 0 else None
         self.last_sent: list[int] = []  # tensors the latest block update averaged
         self.n_params = sum(p.numel() for p in self.params)
@@ -104,6 +105,7 @@ class BMUFOptimizer(StrategyOptimizer):
     def communicate(self) -> None:
         """One block: average the tensors (all, or those the ``threshold`` filter
         picks), then the block-momentum update of their part of ``w_g``."""
+        with_exchanged_buffers(self, self.tensors, self.filter)
         every = list(range(len(self.tensors)))
         chosen = self.filter.select(self.tensors, self.meter) if self.filter else every
         self.last_sent = chosen
@@ -187,7 +189,6 @@ def prepare(
     opt = BMUFOptimizer(
         optimizer,
         weights,
-        buffers=buffers,
         world_size=ctx.world_size,
         period=p.period,
         block_momentum=resolve_block_momentum(

@@ -33,7 +33,9 @@ Promises:
   ``comm_bytes_per_step`` / ``comm_share``. ``consensus_every: 0`` turns it off.
 * Every worker must take the same number of optimizer steps (mixing rounds pair
   up point-to-point messages), as ``ctx.shard`` arranges.
-* Only parameters are mixed; buffers (e.g. BatchNorm statistics) stay local. The
+* Only parameters are mixed; buffers (e.g. BatchNorm statistics) stay local until the
+  final average, which covers those that change in training
+  (:mod:`dmlctl.runtime.buffers`). The
   model must be on ``ctx.device`` and hold parameters of a single dtype.
 
 The parameters are :mod:`dmlctl.strategies.dpsgd.params`'s; this module imports torch
@@ -118,9 +120,10 @@ class DPSGDOptimizer(StrategyOptimizer):
         return loss
 
     def final_model(self) -> None:
-        """Every worker ← the mean of all workers' parameters and floating-point
-        buffers (one all-reduce): the average D-PSGD's analysis is about."""
-        tensors = [*self.params, *self.model_buffers]
+        """Every worker ← the mean of all workers' parameters and the buffers exchanged
+        (:mod:`dmlctl.runtime.buffers`; one all-reduce): the average D-PSGD's
+        analysis is about."""
+        tensors = [*self.params, *self.exchanged_buffers()]
         mean = average_in_place(tensors, self.meter, self.world_size)
         if mean is not None:
             self.check_finite(mean, tensors, "in the final average")

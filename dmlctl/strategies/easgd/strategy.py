@@ -36,7 +36,8 @@ exchange is then asymmetric.
 
 At the end of training (:meth:`finish`) a last exchange folds in the steps since
 the previous one and every worker takes the center — the algorithm's result — and
-the mean of the floating-point buffers; ``final: local`` keeps each replica.
+the mean of the buffers that change in training (:mod:`dmlctl.runtime.buffers`;
+constant and integer buffers stay as they are); ``final: local`` keeps each replica.
 
 At start, rank 0's parameters are broadcast to every worker and the center starts
 there (the paper's common ``x⁰``); buffers (e.g. BatchNorm statistics) stay local.
@@ -167,13 +168,13 @@ class EASGDOptimizer(StrategyOptimizer):
     def final_model(self) -> None:
         """A last center update, of every tensor, when steps were taken since the
         previous one or the model filter left tensors out; then every worker ← the
-        center, buffers ← their mean (collective)."""
+        center, buffers exchanged ← their mean (collective)."""
         if self._exchanged_at != self.local_steps or self.filter is not None:
             self._diff = flat_params(self.params) - self.center
             self._chosen = self._choose(self._diff, everything=True)
             self.communicate()
         assign_flat(self.params, self.center)
-        average_in_place(self.model_buffers, self.meter, self.world_size)
+        average_in_place(self.exchanged_buffers(), self.meter, self.world_size)
 
     def strategy_state(self) -> dict[str, Any]:
         return {"center": self.center.clone()}

@@ -5,7 +5,7 @@ steps) and remembers the inputs of its ``memory`` most recent training batches
 (``D_i``). After every ``H = period`` local steps, one round:
 
 1. every worker obtains every worker's model ``θ_1 … θ_K`` (one all-gather of the
-   flat parameters and floating-point buffers);
+   flat parameters and the buffers that change in training, :mod:`dmlctl.runtime.buffers`);
 2. it labels its remembered inputs with the ensemble's averaged softened outputs::
 
        q(x) = (1/K) Σ_k softmax(f(x; θ_k) / T)
@@ -104,8 +104,9 @@ def distill_loss(logits: torch.Tensor, targets: torch.Tensor, temperature: float
 class EnsembleOptimizer(StrategyOptimizer):
     """The user's optimizer plus an ensemble-and-distill round every ``period`` steps.
 
-    ``model`` is the (unwrapped) model the optimizer trains; its parameters and
-    floating-point buffers are what the workers exchange."""
+    ``model`` is the (unwrapped) model the optimizer trains; its parameters and the
+    buffers that change in training (:mod:`dmlctl.runtime.buffers`) are what the
+    workers exchange."""
 
     def __init__(
         self,
@@ -122,10 +123,8 @@ class EnsembleOptimizer(StrategyOptimizer):
         self.model = model
         self.temperature = temperature
         self.distill_steps = distill_steps
-        self.named: list[tuple[str, torch.Tensor]] = [
-            *model.named_parameters(),
-            *((n, b) for n, b in model.named_buffers() if b.is_floating_point()),
-        ]
+        # the parameters, then (from the first round) the buffers exchanged
+        self.named: list[tuple[str, torch.Tensor]] = list(model.named_parameters())
         self.memory: deque[Batch] = deque(maxlen=memory)
         self.members: list[torch.Tensor] = []  # flat buffers gathered at the latest round
         self.targets: list[torch.Tensor] = []  # q per remembered batch, latest round
@@ -143,10 +142,18 @@ class EnsembleOptimizer(StrategyOptimizer):
             (tuple(detached(a) for a in args), {k: detached(v) for k, v in kwargs.items()})
         )
 
+    def exchanged(self) -> list[tuple[str, torch.Tensor]]:
+        """The named tensors a round gathers: the parameters and the buffers exchanged
+        (decided at the first call: collective over every rank then)."""
+        if not self.buffers.resolved:
+            chosen = {id(b) for b in self.exchanged_buffers()}
+            self.named += [(n, b) for n, b in self.model.named_buffers() if id(b) in chosen]
+        return self.named
+
     def gather(self) -> list[torch.Tensor]:
         """Every worker's flat parameters and floating-point buffers, in rank order
         (one all-gather, counted in the meter). Collective."""
-        mine = flat_params([t for _, t in self.named])
+        mine = flat_params([t for _, t in self.exchanged()])
         out = [torch.empty_like(mine) for _ in range(self.world_size)]
         began = time.perf_counter()
         dist.all_gather(out, mine)
@@ -227,11 +234,11 @@ class EnsembleOptimizer(StrategyOptimizer):
 
     def final_model(self) -> None:
         """A last round when steps were taken since the previous one, then every
-        worker ← rank 0's parameters and floating-point buffers (one broadcast,
-        counted). Collective."""
+        worker ← rank 0's parameters and buffers exchanged (one broadcast, counted).
+        Collective."""
         if self._round_at != self.local_steps:
             self.communicate()
-        tensors = [t for _, t in self.named]
+        tensors = [t for _, t in self.exchanged()]
         flat = flat_params(tensors)
         began = time.perf_counter()
         dist.broadcast(flat, src=0)

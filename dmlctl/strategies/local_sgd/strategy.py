@@ -15,8 +15,9 @@ Promises:
 * ``prepare`` returns the model unchanged (not wrapped) after broadcasting rank 0's
   parameters and floating-point buffers once, so every rank starts identical; at world
   size 1 the optimizer also comes back unchanged.
-* One round = one all-reduce of one flat buffer (parameters + floating-point buffers
-  such as BatchNorm statistics), counted in ``comm_bytes_per_step``: after warm-up
+* One round = one all-reduce of one flat buffer (parameters + the buffers that change
+  in training, such as BatchNorm statistics: :mod:`dmlctl.runtime.buffers`; constant
+  and integer buffers are never averaged), counted in ``comm_bytes_per_step``: after warm-up
   that is ``buffer bytes / H`` per step. After a global round all ranks hold
   identical parameters (everyone copies the same reduced buffer).
 * ``consensus`` = ``sqrt(mean_i ||x_i − x̄||²)`` over the parameters, measured just
@@ -50,6 +51,7 @@ from dmlctl.strategies.common import (
     broadcast_from_rank0,
     mean_and_consensus,
     model_tensors,
+    with_exchanged_buffers,
 )
 from dmlctl.strategies.local_sgd.params import Params
 from dmlctl.strategies.registry import params_as
@@ -80,7 +82,8 @@ def host_subgroup(ctx: Context) -> tuple[dist.ProcessGroup | None, int]:
 class LocalSGDOptimizer(StrategyOptimizer):
     """The user's optimizer plus periodic (optionally hierarchical) averaging.
 
-    ``params``/``buffers`` are the tensors averaged; a global round happens every
+    ``params`` and the buffers exchanged (:mod:`dmlctl.runtime.buffers`) are the
+    tensors averaged; a global round happens every
     ``period * global_every`` steps after warm-up, host rounds (over ``host_group``,
     ``host_size`` ranks) in between."""
 
@@ -89,7 +92,6 @@ class LocalSGDOptimizer(StrategyOptimizer):
         inner: torch.optim.Optimizer,
         params: Sequence[torch.nn.Parameter],
         *,
-        buffers: Sequence[torch.Tensor] = (),
         world_size: int,
         period: int,
         warmup: int = 0,
@@ -99,7 +101,7 @@ class LocalSGDOptimizer(StrategyOptimizer):
         threshold: float = 0.0,
     ) -> None:
         super().__init__(inner, params, world_size=world_size, period=period, warmup=warmup)
-        self.tensors: list[torch.Tensor] = [*self.params, *buffers]
+        self.tensors: list[torch.Tensor] = list(self.params)  # + buffers, first round
         self.n_params = sum(p.numel() for p in self.params)
         self.host_group = host_group
         self.host_size = host_size
@@ -113,6 +115,7 @@ class LocalSGDOptimizer(StrategyOptimizer):
         return since <= 0 or since % (self.period * self.global_every) == 0
 
     def communicate(self) -> None:
+        with_exchanged_buffers(self, self.tensors, self.filter)
         if self.is_global_round() and self.filter is not None:
             self._filtered_round(self.filter)
             return
@@ -152,9 +155,10 @@ class LocalSGDOptimizer(StrategyOptimizer):
     def final_model(self) -> None:
         """Every worker ← the mean of all workers' parameters and buffers (one
         all-reduce over all workers, hosts included)."""
-        mean = average_in_place(self.tensors, self.meter, self.world_size)
+        tensors = with_exchanged_buffers(self, self.tensors, self.filter)
+        mean = average_in_place(tensors, self.meter, self.world_size)
         if mean is not None:
-            self.check_finite(mean, self.tensors, "in the final average")
+            self.check_finite(mean, tensors, "in the final average")
 
     def __repr__(self) -> str:
         return (
@@ -189,7 +193,6 @@ def prepare(
     opt = LocalSGDOptimizer(
         optimizer,
         weights,
-        buffers=buffers,
         world_size=ctx.world_size,
         period=p.period,
         warmup=p.warmup_steps,

@@ -40,16 +40,18 @@ def prepare(
 ) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     """Wrap ``model`` in DistributedDataParallel when the run has more than one worker.
 
-    Promises: at world size 1 both objects come back unchanged. Otherwise the model
-    comes back wrapped (parameters broadcast from rank 0, so every rank starts
-    identical) and the optimizer comes back unchanged: DDP shares the module's
-    parameters, so an optimizer built on ``model.parameters()`` before wrapping keeps
-    working. ``model`` must already be on ``ctx.device``. The wrapper is a
-    :class:`~dmlctl.strategies.ssgd.compression.MeteredDDP` with ``compression``'s hook
-    registered (``none`` included, so bytes and comm share are always reported);
-    compression is moot, and not applied, in a world of 1. With a device mesh
-    (``parallelism:``) the model is laid out already and DDP is not used: see
-    :func:`_on_mesh`.
+        Promises: at world size 1 both objects come back unchanged. Otherwise the model
+        comes back wrapped (parameters broadcast from rank 0, so every rank starts
+        identical) and the optimizer comes back unchanged: DDP shares the module's
+        parameters, so an optimizer built on ``model.parameters()`` before wrapping keeps
+        working. ``model`` must already be on ``ctx.device``. With ``broadcast_buffers`` (the
+    default) the end of training copies rank 0's buffers once more (:func:`_sync_buffers`),
+    so every worker ends with the same model, buffers included. The wrapper is a
+        :class:`~dmlctl.strategies.ssgd.compression.MeteredDDP` with ``compression``'s hook
+        registered (``none`` included, so bytes and comm share are always reported);
+        compression is moot, and not applied, in a world of 1. With a device mesh
+        (``parallelism:``) the model is laid out already and DDP is not used: see
+        :func:`_on_mesh`.
     """
     p = params_as(Params, params)
     if ctx.world_size == 1:
@@ -83,7 +85,18 @@ def prepare(
     )
     ref = weakref.ref(wrapped)
     ctx.on_close(lambda: _release(ref))
+    if p.broadcast_buffers:
+        ctx.on_data_end(lambda: _sync_buffers(model))
     return wrapped, optimizer
+
+
+def _sync_buffers(model: torch.nn.Module) -> None:
+    """Every worker ← rank 0's buffers, as DDP's next forward would copy them: the
+    last forward updated each replica's BatchNorm statistics on its own batch, so
+    without this the final models differ in their buffers. One broadcast per buffer
+    (no arithmetic: a ``-inf`` mask or an integer table arrives as it was)."""
+    for buffer in model.buffers():
+        torch.distributed.broadcast(buffer.data, src=0)
 
 
 def _on_mesh(
