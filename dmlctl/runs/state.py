@@ -161,7 +161,7 @@ class RunState:
             world_size=int(data["world_size"]),
             hosts=tuple(data["hosts"]),
             created_at=float(data["created_at"]),
-            phase=Phase(data["phase"]),
+            phase=_phase(data["phase"]),
             detail=data.get("detail", ""),
             started_at=data.get("started_at"),
             ended_at=data.get("ended_at"),
@@ -480,3 +480,12 @@ def phase_exit_code(state: RunState) -> int:
     if state.exit_code is not None:
         return state.exit_code
     return 0 if state.phase == Phase.SUCCEEDED else 1
+
+
+def _phase(value: Any) -> Phase:
+    """``value`` as a :class:`Phase`; ValueError naming the field and the phases."""
+    try:
+        return Phase(value)
+    except ValueError:
+        known = ", ".join(p.value for p in Phase)
+        raise ValueError(f"phase {value!r} is not one of {known}") from None

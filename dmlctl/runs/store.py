@@ -237,10 +237,10 @@ class RunDir:
                 raise TypeError(f"expected a JSON object, got {type(data).__name__}")
             state = RunState.from_dict(data)
         except OSError as e:
-            raise RunUnreadable(self.run_id, e.strerror or str(e)) from None
-        except ValueError as e:
+            raise RunUnreadable(self.run_id, f"state.json: {e.strerror or e}") from None
+        except json.JSONDecodeError as e:
             raise RunUnreadable(self.run_id, f"not valid JSON: {str(e)[:120]}") from None
-        except (KeyError, TypeError, AttributeError) as e:
+        except (KeyError, TypeError, AttributeError, ValueError) as e:
             what = f"missing {e}" if isinstance(e, KeyError) else str(e)[:120]
             raise RunUnreadable(self.run_id, f"not a run state: {what}") from None
         if not state.phase.terminal and not self.controller_alive():
@@ -320,9 +320,11 @@ class RunStore:
         return run
 
     def runs(self) -> Iterator[RunDir]:
-        """Every run that has a state file, oldest first (by the time in its id)."""
+        """Every run that has a state file, oldest first (by the time in its id); a
+        ``state.json`` that is not a file (a directory, a dangling link) still names a
+        run, which reads as unreadable."""
         try:
-            paths = [p for p in self.root.iterdir() if (p / "state.json").is_file()]
+            paths = [p for p in self.root.iterdir() if os.path.lexists(p / "state.json")]
         except OSError:  # no runs yet (or no runs folder that can be read)
             return
         yield from (RunDir(p) for p in sorted(paths, key=_started_key))

@@ -265,6 +265,28 @@ def _check_pattern(pattern: str) -> str:
 OneLine = Annotated[str, AfterValidator(one_line)]
 """A non-blank single line without control characters (a path, a pattern)."""
 
+PLACEHOLDERS = ("run_id",)
+"""What ``{...}`` in a ``checkpoint.dir`` may name (replaced when the run is planned)."""
+
+
+def check_placeholders(value: str) -> str:
+    """``value`` unless a brace in it is not part of a known placeholder
+    (:data:`PLACEHOLDERS`): a misspelt ``{runid}`` would otherwise stay literal and
+    every run would share one checkpoint directory."""
+    rest = value
+    for name in PLACEHOLDERS:
+        rest = rest.replace("{" + name + "}", "")
+    if "{" not in rest and "}" not in rest:
+        return value
+    found = re.search(r"\{[^{}]*\}", rest)
+    what = f"unknown placeholder {shown(found.group())}" if found else "a lone brace"
+    known = ", ".join("{" + name + "}" for name in PLACEHOLDERS)
+    raise ValueError(f"has {what}; the placeholders known are: {known}")
+
+
+PlaceholderPath = Annotated[str, AfterValidator(one_line), AfterValidator(check_placeholders)]
+"""A :data:`OneLine` path whose ``{...}`` placeholders are known ones."""
+
 Arg = Annotated[str, AfterValidator(check_arg)]
 """A command-line argument (see :func:`check_arg`)."""
 

@@ -17,7 +17,7 @@ from dmlctl.spec.fields import (
     MAX_RESTARTS,
     MAX_SECONDS,
     MAX_STEPS,
-    OneLine,
+    PlaceholderPath,
 )
 
 __all__ = ["CheckpointSpec", "RestartSpec"]
@@ -147,10 +147,11 @@ class CheckpointSpec(BaseModel):
         le=MAX_KEEP,
         description="Number of most recent checkpoints kept; older ones are deleted.",
     )
-    dir: OneLine | None = Field(
+    dir: PlaceholderPath | None = Field(
         default=None,
         description="Checkpoint directory on every host, e.g. on a shared filesystem "
-        "(``{run_id}`` is replaced by the run id). Default: a directory of the run on "
+        "(``{run_id}`` is replaced by the run id; any other ``{`` or ``}`` is refused). "
+        "Default: a directory of the run on "
         "each host, copied to the controller's machine after every checkpoint and "
         "handed back to the hosts on a restart.",
     )

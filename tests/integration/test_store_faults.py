@@ -130,6 +130,13 @@ def test_one_corrupt_state_file_hides_no_other_run(cli: Cli, tmp_path: Path) -> 
     (bad / "state.json").write_text("[]")
     assert cli.run("status").returncode == 0
     assert cli.run("status", bad.name).returncode == 2
+    (bad / "state.json").unlink()
+    (bad / "state.json").mkdir()  # a directory: listed as unreadable, never hidden
+    listing = cli.run("status", "--all")
+    assert listing.returncode == 0 and good.name in listing.stdout, _said(listing)
+    assert f"run {bad.name}: state unreadable (state.json: Is a directory)" in _said(listing)
+    one = cli.run("status", bad.name)
+    assert one.returncode == 2 and "Is a directory" in one.stderr, _said(one)
 
 
 @pytest.mark.parametrize(

@@ -201,6 +201,23 @@ def test_unreadable_state_is_a_usage_error(store: RunStore, text: str, reason: s
         run.read_state()
 
 
+def test_a_bad_phase_is_named_with_the_phases_known(store: RunStore) -> None:
+    run = add_run(store, "r", finished_state("r"))
+    data = json.loads(run.state_file.read_text())
+    run.state_file.write_text(json.dumps({**data, "phase": 5}))
+    with pytest.raises(UsageError, match=r"not a run state: phase 5 is not one of pending, "):
+        run.read_state()
+
+
+def test_a_state_file_that_is_a_directory_is_listed_as_unreadable(store: RunStore) -> None:
+    add_run(store, "a-20260101-000000-aaaa", finished_state("a-20260101-000000-aaaa"))
+    broken = store.create("b-20260101-000001-bbbb")
+    broken.state_file.mkdir()
+    listing = store.listing()
+    assert [r.run_id for r in listing] == ["a-20260101-000000-aaaa", "b-20260101-000001-bbbb"]
+    assert listing[1].error == "state.json: Is a directory", listing[1]
+
+
 def test_listing_reads_every_run_on_its_own(store: RunStore) -> None:
     add_run(store, "a-20260101-000000-aaaa", finished_state("a-20260101-000000-aaaa"))
     broken = store.create("b-20260101-000001-bbbb")

@@ -273,6 +273,16 @@ JOB_CASES = [
     ("script: train.py\nexclude: ['#x']\n", 2, "exclude[0]", "reads as a comment"),
     ('script: train.py\nexclude: ["a\\nb"]\n', 2, "exclude[0]", "single line"),
     ("script: train.py\nworkdir: ~no-such-user-x9\n", 2, "workdir", "no such directory"),
+    # A misspelt placeholder would stay literal: every run would share its checkpoints.
+    (
+        "script: train.py\ncheckpoint:\n  dir: /ck/{runid}\n",
+        3,
+        "checkpoint.dir",
+        "has unknown placeholder '{runid}'; the placeholders known are: {run_id}",
+    ),
+    ("script: train.py\ncheckpoint:\n  dir: /ck/{bogus}/x\n", 3, "checkpoint.dir", "'{bogus}'"),
+    ("script: train.py\ncheckpoint:\n  dir: '/ck/{run_id'\n", 3, "checkpoint.dir", "lone brace"),
+    ("script: train.py\ncheckpoint:\n  dir: /ck/}\n", 3, "checkpoint.dir", "lone brace"),
 ]
 
 
@@ -343,6 +353,12 @@ def test_minimal_job(project: Path) -> None:
     assert job.workers is None
     assert job.strategy == StrategySpec(name="ssgd", params={})
     assert job.args == [] and job.env == {}
+
+
+def test_checkpoint_dir_keeps_its_known_placeholder(project: Path) -> None:
+    text = "script: train.py\ncheckpoint:\n  dir: /ck/{run_id}/x\n"
+    job = load_job(write(project, text))
+    assert job.checkpoint is not None and job.checkpoint.dir == "/ck/{run_id}/x"
 
 
 def test_full_job(project: Path) -> None:
