@@ -18,3 +18,20 @@ def stdout_console() -> Console:
 
 def stderr_console() -> Console:
     return Console(file=sys.stderr, highlight=False)
+
+
+MAX_CONNECT_TIMEOUT = 3600.0
+"""The longest ``--connect-timeout`` taken (an hour: a connection takes seconds)."""
+
+
+def check_connect_timeout(value: float) -> float:
+    """``value`` when it is a finite number of seconds in (0, :data:`MAX_CONNECT_TIMEOUT`];
+    else :class:`~dmlctl.errors.UsageError` (exit 2) saying so."""
+    from dmlctl.errors import UsageError
+
+    if not (0 < value <= MAX_CONNECT_TIMEOUT):  # also false for nan
+        raise UsageError(
+            f"--connect-timeout: must be a number of seconds above 0 and at most "
+            f"{MAX_CONNECT_TIMEOUT:g}, got {value:g}"
+        )
+    return value

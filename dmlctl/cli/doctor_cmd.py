@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from dmlctl.cli.common import stderr_console, stdout_console
+from dmlctl.cli.common import check_connect_timeout, stderr_console, stdout_console
 from dmlctl.text import plural
 
 DEFAULT_PORT = 29500
@@ -21,7 +21,7 @@ def doctor(
         None, "--cluster", "-c", help="Cluster spec; default: this machine."
     ),
     connect_timeout: float = typer.Option(
-        10.0, "--connect-timeout", min=0.1, help="Seconds to wait for each SSH connection."
+        10.0, "--connect-timeout", help="Seconds to wait for each SSH connection."
     ),
     accept_new_host_keys: bool = typer.Option(
         False,
@@ -41,6 +41,7 @@ def doctor(
     from dmlctl.spec import default_cluster, load_cluster_file
     from dmlctl.transport import close_transports, make_transports
 
+    check_connect_timeout(connect_timeout)
     spec = load_cluster_file(cluster) if cluster is not None else default_cluster()
     # Local hosts run with this interpreter at launch time, so that is the one to check.
     hosts = [as_run(h, sys.executable) for h in spec.resolved_hosts()]

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Optional
 
 import typer
 
-from dmlctl.cli.common import stderr_console, stdout_console
+from dmlctl.cli.common import check_connect_timeout, stderr_console, stdout_console
 
 if TYPE_CHECKING:
     from dmlctl.spec import ClusterSpec
@@ -46,6 +46,7 @@ def launch(
 
     if ui not in UI_MODES:
         raise UsageError(f"--ui: expected one of {', '.join(UI_MODES)}, got {ui!r}")
+    check_connect_timeout(connect_timeout)  # before anything is read or said
     if resume is not None:
         if job_file is not None:
             raise UsageError("give either a job file or --resume RUN, not both")
@@ -56,8 +57,7 @@ def launch(
     if workers is not None:
         job = with_workers(job, workers)
     spec = _cluster_spec(cluster, job.workers)
-    if connect_timeout <= 0:
-        raise UsageError(f"--connect-timeout: must be > 0, got {connect_timeout:g}")
+    check_connect_timeout(connect_timeout)
     options = LaunchOptions(
         detach=detach,
         dry_run=dry_run,

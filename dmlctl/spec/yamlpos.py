@@ -22,6 +22,8 @@ KeyPath = tuple[str | int, ...]
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 _INT_TAG = "tag:yaml.org,2002:int"
+_STR_TAG = "tag:yaml.org,2002:str"
+_NUMBER_TAGS = (_INT_TAG, "tag:yaml.org,2002:float")
 _MAX_DIGITS = 1000
 
 
@@ -164,6 +166,10 @@ class _Walker:
 
     def walk(self, node: Node, path: KeyPath) -> None:
         self.lines.setdefault(path, node.start_mark.line + 1)
+        if isinstance(node, ScalarNode) and node.tag in _NUMBER_TAGS and ":" in node.value:
+            # YAML 1.1's base-60 numbers: ``1:30`` would read as 90. Read as YAML 1.2
+            # does, as the text written (a number field then says it is not one).
+            node.tag = _STR_TAG
         if isinstance(node, ScalarNode) and node.tag == _INT_TAG and len(node.value) > _MAX_DIGITS:
             # Python refuses to read integers this long (and no spec value is one).
             line = node.start_mark.line + 1

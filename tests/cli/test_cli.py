@@ -40,6 +40,12 @@ def project(tmp_path: Path, job: str = JOB) -> Path:
         (JOB, ["--workers", "0"], "workers"),
         (JOB, ["--ui", "fancy"], "--ui: expected one of"),
         (JOB, ["--cluster", "missing.yaml"], "missing.yaml: no such file"),
+        (JOB, ["--connect-timeout", "nan"], "--connect-timeout: must be a number of seconds"),
+        (JOB, ["--connect-timeout", "inf"], "at most 3600, got inf"),
+        (JOB, ["--connect-timeout", "1e308"], "got 1e+308"),
+        (JOB, ["--connect-timeout", "0"], "above 0"),
+        # refused before the oversubscription warning of the same command is printed
+        (JOB, ["--workers", "64", "--connect-timeout", "-1"], "--connect-timeout"),
     ],
 )
 def test_bad_input_exits_2_with_one_clear_line_and_no_run(
@@ -54,7 +60,7 @@ def test_bad_input_exits_2_with_one_clear_line_and_no_run(
     code = main(["launch", str(path), *args])
     out, err = capsys.readouterr()
     assert code == 2
-    assert expected in err
+    assert expected in err and err.count("\n") == 1, err
     assert "Traceback" not in out + err
     assert not (home / "runs").exists() or not any((home / "runs").iterdir())
 
@@ -262,3 +268,12 @@ def test_unknown_command_or_option_is_bad_input(
     assert main(args) == 2
     err = capsys.readouterr().err
     assert "internal error" not in err and "No such" in err
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "0", "-3"])
+def test_doctor_refuses_a_connect_timeout_that_is_not_a_time(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["doctor", "--connect-timeout", value]) == 2
+    _, err = capsys.readouterr()
+    assert err.startswith("dmlctl: --connect-timeout: must be a number of seconds"), err

@@ -273,6 +273,15 @@ JOB_CASES = [
     ("script: train.py\nexclude: ['#x']\n", 2, "exclude[0]", "reads as a comment"),
     ('script: train.py\nexclude: ["a\\nb"]\n', 2, "exclude[0]", "single line"),
     ("script: train.py\nworkdir: ~no-such-user-x9\n", 2, "workdir", "no such directory"),
+    # YAML 1.1 reads 1:30 as 90 (base 60); read as the text it is.
+    ("script: train.py\nworkers: 1:30\n", 2, "workers", "expected an integer, got '1:30'"),
+    (
+        "script: train.py\nrestart:\n  hang_timeout: 1:30\n",
+        3,
+        "restart.hang_timeout",
+        "expected a number, got '1:30'",
+    ),
+    ("script: train.py\nworkers: 1:2:3.5\n", 2, "workers", "expected an integer, got '1:2:3.5'"),
     # A misspelt placeholder would stay literal: every run would share its checkpoints.
     (
         "script: train.py\ncheckpoint:\n  dir: /ck/{runid}\n",
@@ -353,6 +362,11 @@ def test_minimal_job(project: Path) -> None:
     assert job.workers is None
     assert job.strategy == StrategySpec(name="ssgd", params={})
     assert job.args == [] and job.env == {}
+
+
+def test_base_60_looking_args_stay_text(project: Path) -> None:
+    job = load_job(write(project, "script: train.py\nargs: [--time, 1:30, '1:30']\n"))
+    assert job.args == ["--time", "1:30", "1:30"]
 
 
 def test_checkpoint_dir_keeps_its_known_placeholder(project: Path) -> None:
