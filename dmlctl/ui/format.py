@@ -63,7 +63,11 @@ STDERR_STYLE = "dim red"
 LAST_LINE_CHARS = 120
 """Hard cap on a log line shown in a table cell, before the column's own ellipsis."""
 
-_CONTROL = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-_]|[\x00-\x08\x0b-\x1f\x7f]")
+_CSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+"""A complete CSI sequence (colours, cursor moves): dropped, as the views draw their own."""
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+"""Any other C0 or C1 control character (ESC of an OSC title, ``\\x9b``, NUL): shown
+escaped, never sent to the terminal."""
 
 
 def format_duration(seconds: float) -> str:
@@ -85,16 +89,17 @@ def format_step(value: int | None) -> str:
 
 
 def clean_line(text: str) -> str:
-    """What a terminal would finally show of a raw log line, on one line.
-
-    Keeps only the last carriage-return segment (progress bars redraw with ``\\r``),
-    drops ANSI escape sequences and control characters, expands tabs.
-    """
+    """What a terminal would finally show of a raw log line, on one line, safe to
+    print: the last carriage-return segment (progress bars redraw with ``\\r``), CSI
+    sequences (colours, cursor moves) dropped, every other control character shown
+    escaped (``\\x1b]0;title\\x07``, ``\\x9b``, ``\\x00``), tabs expanded. The
+    rank's log file keeps the bytes as written."""
     if "\r" in text:
         parts = [p for p in text.split("\r") if p.strip()]
         text = parts[-1] if parts else ""
     if "\x1b" in text or not text.isprintable():
-        text = _CONTROL.sub("", text.replace("\n", " "))
+        text = _CSI.sub("", text.replace("\n", " "))
+        text = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
     return text.expandtabs(4).rstrip()
 
 

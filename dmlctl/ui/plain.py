@@ -1,6 +1,9 @@
 """Line-oriented output for non-terminals (CI logs, pipes, ``| tee``).
 
-No colours, no cursor movement: every line stands alone and is grep-able.
+No colours, no cursor movement: every line stands alone and is grep-able. What a rank
+printed goes through :func:`~dmlctl.ui.format.clean_line`: colours dropped, other
+control characters shown escaped (``\\x1b``), so no rank can retitle, move or
+reprogram the user's terminal; the rank's log file keeps the bytes.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from dmlctl.runs.events import (
     StopRequested,
 )
 from dmlctl.runs.state import RankState, RunState
-from dmlctl.ui.format import format_duration, format_loss, format_step
+from dmlctl.ui.format import clean_line, format_duration, format_loss, format_step
 from dmlctl.ui.numbers import compact_rate
 from dmlctl.ui.progress import progress_line, run_progress
 
@@ -67,7 +70,7 @@ class PlainPrinter:
         for ev in events:
             if isinstance(ev, LogLines):
                 who = f"[rank {ev.rank}] " if ev.rank is not None else f"[{ev.host}] "
-                buf.extend(who + text.rstrip() for text in ev.lines)
+                buf.extend(who + clean_line(text) for text in ev.lines)
             elif isinstance(ev, Progress):
                 emit(f"dmlctl: {ev.text}")
             elif isinstance(ev, RankStarted):
@@ -75,7 +78,7 @@ class PlainPrinter:
             elif isinstance(ev, RankExited):
                 line = f"dmlctl: rank {ev.rank} on {ev.host} exited with code {ev.exit_code}"
                 if ev.cause is not None:
-                    line += f": {ev.cause.exc_type}: {ev.cause.message}"
+                    line += f": {ev.cause.exc_type}: {clean_line(ev.cause.message)}"
                 emit(line)
             elif isinstance(ev, AgentStarted):
                 emit(f"dmlctl: agent started on {ev.host} (pid {ev.pid})")

@@ -68,6 +68,21 @@ def test_every_log_line_is_kept(cli: Cli) -> None:
     assert sum(1 for line in merged if line.startswith("[rank ")) == 2 * lines
 
 
+def test_control_characters_a_rank_prints_reach_the_terminal_escaped(cli: Cli) -> None:
+    """An OSC title, a C1 CSI, a NUL and a clear-screen from a rank: ``--ui plain``
+    shows the first three escaped and drops the CSI; the log file keeps every byte."""
+    proc = cli.run("launch", str(JOBS / "controls" / "job.yaml"), "--ui", "plain")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "[rank 0] title \\x1b]0;owned\\x07 c1 \\x9b2J nul \\x00 end" in proc.stdout
+    assert "[rank 0] red and  clear" in proc.stdout
+    assert not any(c in proc.stdout for c in ("\x00", "\x07", "\x9b", "\x1b")), proc.stdout
+    log = cli.home / "runs" / only_run(cli) / "logs" / "rank-0.log"
+    assert log.read_text().splitlines() == [
+        "title \x1b]0;owned\x07 c1 \x9b2J nul \x00 end",
+        "\x1b[31mred\x1b[0m and \x1b[2J clear",
+    ]
+
+
 def test_dry_run_prints_plan_and_starts_nothing(cli: Cli) -> None:
     proc = cli.run("launch", str(JOBS / "plain" / "job.yaml"), "--dry-run")
     assert proc.returncode == 0, proc.stderr

@@ -145,6 +145,22 @@ def test_long_lines_truncated_and_markup_shown_verbatim() -> None:
     assert "[red]not markup[/red]!" in out
 
 
+HOSTILE = "title \x1b]0;owned\x07 c1 \x9b2J nul \x00 end"
+"""An OSC terminal title, a C1 CSI (clear screen), a NUL: printed by a rank."""
+
+
+def test_control_characters_from_a_rank_are_shown_escaped_never_sent() -> None:
+    assert clean_line(HOSTILE) == "title \\x1b]0;owned\\x07 c1 \\x9b2J nul \\x00 end"
+    assert clean_line("\x1b[31mred\x1b[0m \x1b[2Jok") == "red ok"  # CSI: dropped
+    state = apply(running(), [LogLines("host-a", 0, Stream.STDOUT, (HOSTILE,), T0 + 5)])
+    out = render(render_dashboard(state, T0 + 6), width=160)
+    assert "\\x1b]0;owned\\x07" in out and "\\x9b2J" in out and "\\x00" in out
+    assert not any(c in out for c in ("\x00", "\x07", "\x9b", "\x1b]")), repr(out)
+    buf = io.StringIO()
+    PlainPrinter(buf).on_events([LogLines("host-a", 0, Stream.STDOUT, (HOSTILE,), T0)], state)
+    assert buf.getvalue().splitlines()[0] == "[rank 0] " + clean_line(HOSTILE)
+
+
 def test_tail_limited_to_tail_lines() -> None:
     lines = [LogLines("host-a", 0, Stream.STDOUT, (f"line {i:03d}",), T0) for i in range(50)]
     out = render(render_dashboard(apply(running(), lines), T0, tail_lines=5))
