@@ -14,6 +14,7 @@ import errno
 import json
 import os
 import pickle
+import re
 import shutil
 import sys
 import time
@@ -192,6 +193,18 @@ def verify(path: Path, step: int, rank: int) -> str | None:
     return None
 
 
+def refusal(file: Path, error: str) -> str:
+    """The one-line message for ``file``, which torch's weights-only unpickler refused
+    with ``error``: the global it would have had to import and call, and what to save
+    instead (never torch's advice to turn safe loading off)."""
+    found = re.search(r"GLOBAL ([\w.]+)", error)
+    what = repr(found.group(1)) if found else "code"
+    return (
+        f"{file} needs unsafe unpickling (refused): it would import and call {what}; "
+        "save only tensors and plain types (model.state_dict(), optimizer.state_dict())"
+    )
+
+
 def load_rank_file(path: Path, rank: int, world_size: int) -> dict[str, Any]:
     """Rank ``rank``'s state in checkpoint ``path`` (the file of ``rank mod`` the saved
     world size, with a warning when that differs from ``world_size``), unpickled with
@@ -210,7 +223,7 @@ def load_rank_file(path: Path, rank: int, world_size: int) -> dict[str, Any]:
         state = torch.load(file, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         if _UNSAFE in str(exc):  # it asks to run code: refused, never a fallback
-            raise CheckpointRefused(f"{file} needs unsafe unpickling (refused): {exc}") from exc
+            raise CheckpointRefused(refusal(file, str(exc))) from exc
         raise Unloadable(f"{type(exc).__name__}: {_first_line(exc)}") from exc
     except Exception as exc:  # a damaged file whose manifest was written to match
         raise Unloadable(f"{type(exc).__name__}: {_first_line(exc)}") from exc

@@ -283,6 +283,20 @@ class JobSpec(BaseModel):
             )
         return n
 
+    @field_validator("server_hosts")
+    @classmethod
+    def _server_hosts_need_servers(
+        cls, hosts: list[str] | None, info: ValidationInfo
+    ) -> list[str] | None:
+        strategy = info.data.get("strategy")
+        if not isinstance(strategy, StrategySpec) or hosts is None:
+            return hosts
+        if not uses_servers(strategy.name):
+            raise ValueError(
+                f"strategy {strategy.name!r} has no parameter servers to place; remove server_hosts"
+            )
+        return hosts
+
     @field_validator("max_hosts")
     @classmethod
     def _host_bounds(cls, high: int | None, info: ValidationInfo) -> int | None:

@@ -181,6 +181,7 @@ def test_checkpoint_needing_unsafe_unpickling_is_refused_never_executed(
     cause = state["root_cause"]
     assert cause["exc_type"] == "CheckpointRefused", cause
     assert "refused" in cause["message"] and "step-000000010" in cause["message"], cause
+    assert "weights_only" not in cause["message"], cause  # never advice to load unsafely
     assert "step-000000010/rank-1.pt needs unsafe unpickling (refused)" in out, out
     assert not (tmp_path / "pickle.pt").exists()
     # The payload is live: unpickled without weights_only it does create the marker.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -129,9 +130,13 @@ def test_malicious_pickle_refused_never_executed(tmp_path: Path) -> None:
     m = json.loads(manifest)
     m["files"]["rank-0.pt"] = entry
     (newest / "manifest.json").write_text(json.dumps(m))
-    with pytest.raises(CheckpointRefused, match="unsafe unpickling"):
+    with pytest.raises(CheckpointRefused, match="unsafe unpickling") as refused:
         _mgr(tmp_path).load_latest()
     assert not marker.exists()
+    # the global it names and what to save instead, never torch's advice to load unsafely
+    assert re.search(r"it would import and call '[\w.]+'; save only", str(refused.value))
+    assert "weights_only" not in str(refused.value) and "\n" not in str(refused.value)
+    assert str(refused.value).endswith("(model.state_dict(), optimizer.state_dict())")
     os.environ["TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"] = "1"  # cannot be talked into it
     try:
         with pytest.raises(CheckpointRefused):

@@ -273,6 +273,12 @@ JOB_CASES = [
     ("script: train.py\nexclude: ['#x']\n", 2, "exclude[0]", "reads as a comment"),
     ('script: train.py\nexclude: ["a\\nb"]\n', 2, "exclude[0]", "single line"),
     ("script: train.py\nworkdir: ~no-such-user-x9\n", 2, "workdir", "no such directory"),
+    (
+        "script: train.py\nserver_hosts: [a]\n",
+        2,
+        "server_hosts",
+        "strategy 'ssgd' has no parameter servers to place; remove server_hosts",
+    ),
     # YAML 1.1 reads 1:30 as 90 (base 60); read as the text it is.
     ("script: train.py\nworkers: 1:30\n", 2, "workers", "expected an integer, got '1:30'"),
     (
