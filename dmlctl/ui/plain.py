@@ -43,7 +43,9 @@ class PlainPrinter:
     * metrics: at most once every ``summary_interval`` seconds (by ``clock``, counted
       from construction), ``dmlctl: rank N step S loss L samples/s R`` for each rank
       whose step, loss or rate changed since the last summary; a final summary is
-      printed when the run finishes, whatever the interval.
+      printed when the run finishes, whatever the interval. The outcome itself is
+      the run summary's first line (``run … succeeded in 0:00:12  exit code 0``,
+      printed once by the sink after this printer's last line).
 
     Each :meth:`on_events` call writes one string and flushes once, so tens of
     thousands of lines per second cost little. Not thread-safe.
@@ -93,9 +95,6 @@ class PlainPrinter:
             self._last_summary_at = now
             buf.extend(self._summary_lines(state.ranks))
             buf.extend(self._progress_line(state))
-        if finished:
-            code = "" if state.exit_code is None else f" (exit code {state.exit_code})"
-            emit(f"dmlctl: run {state.run_id} {state.phase.value}{code}")
         if buf:
             buf.append("")
             self._out.write("\n".join(buf))

@@ -76,6 +76,9 @@ def test_control_characters_a_rank_prints_reach_the_terminal_escaped(cli: Cli) -
     assert "[rank 0] title \\x1b]0;owned\\x07 c1 \\x9b2J nul \\x00 end" in proc.stdout
     assert "[rank 0] red and  clear" in proc.stdout
     assert not any(c in proc.stdout for c in ("\x00", "\x07", "\x9b", "\x1b")), proc.stdout
+    # the ending is said once: the summary's line, not a printer's line before it too
+    endings = [ln for ln in proc.stdout.splitlines() if " succeeded" in ln and "run " in ln]
+    assert len(endings) == 1 and endings[0].startswith("run "), proc.stdout
     log = cli.home / "runs" / only_run(cli) / "logs" / "rank-0.log"
     assert log.read_text().splitlines() == [
         "title \x1b]0;owned\x07 c1 \x9b2J nul \x00 end",
