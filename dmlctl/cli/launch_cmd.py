@@ -91,8 +91,12 @@ def _cluster_spec(cluster: Path | None, workers: int | None) -> ClusterSpec:
 def _started(run_id: str) -> None:
     """Tell where a detached run is followed (stderr) and print its id (stdout)."""
     err = stderr_console()
-    err.print(f"started run [bold]{run_id}[/] in the background", highlight=False)
     err.print(
+        f"started run [bold]{run_id}[/] in the background; follow it with:",
+        highlight=False,
+    )
+    err.print(
+        f"  dmlctl attach {run_id}\n"
         f"  dmlctl status {run_id}\n  dmlctl logs {run_id} --follow\n  dmlctl stop {run_id}",
         highlight=False,
         markup=False,
@@ -108,7 +112,7 @@ def _resume(run_id: str, *, detach: bool, ui: str) -> int:
     options = LaunchOptions(detach=detach, ui=ui)  # type: ignore[arg-type]
     result = resume_run(run_id, options=options, console=stdout_console())
     if detach:
-        print(result.run_id)
+        _started(result.run_id)
     return result.exit_code
 
 

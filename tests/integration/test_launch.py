@@ -110,6 +110,7 @@ def test_detach_then_stop_leaves_no_process(cli: Cli) -> None:
     proc = cli.run("launch", str(JOBS / "forever" / "job.yaml"), "--detach")
     assert proc.returncode == 0, proc.stderr
     run_id = proc.stdout.strip()
+    assert f"dmlctl attach {run_id}" in proc.stderr, proc.stderr  # how to watch it
     assert run_id == _wait_running(cli)
     assert run_processes(run_id), "nothing of the run is running"
     status = cli.run("status", run_id, "--json")
