@@ -6,6 +6,8 @@ import sys
 
 from rich.console import Console
 
+from dmlctl.errors import UsageError
+
 # Pipes and files get wide, untruncated lines (run ids, log lines); a terminal its width.
 PIPE_WIDTH = 200
 
@@ -27,8 +29,6 @@ MAX_CONNECT_TIMEOUT = 3600.0
 def check_connect_timeout(value: float) -> float:
     """``value`` when it is a finite number of seconds in (0, :data:`MAX_CONNECT_TIMEOUT`];
     else :class:`~dmlctl.errors.UsageError` (exit 2) saying so."""
-    from dmlctl.errors import UsageError
-
     if not (0 < value <= MAX_CONNECT_TIMEOUT):  # also false for nan
         raise UsageError(
             f"--connect-timeout: must be a number of seconds above 0 and at most "

@@ -78,11 +78,6 @@ class ExchangedBuffers:
                 offset += b.numel()
         return flat
 
-    def kept(self) -> list[torch.Tensor]:
-        """The floating-point buffers not exchanged (all of them before :meth:`resolve`)."""
-        chosen = {id(b) for b in self._chosen or ()}
-        return [b for b in self.candidates if id(b) not in chosen]
-
 
 def _bytes(tensor: torch.Tensor) -> torch.Tensor:
     """``tensor``'s bytes as a flat uint8 tensor (bit patterns: ``-inf`` equals
