@@ -64,7 +64,13 @@ def write_config(lab_dir: Path, i: int) -> Path:
 def sshd_config(listen: str, host_key: Path, pid_file: Path, authorized_keys: Path) -> str:
     """An ``sshd_config`` for a throw-away host: listening on ``listen`` only, keys only
     (``authorized_keys``, root allowed), no PAM, SFTP built in (fabric's put/get speak
-    it), room for many sessions; errors only in its log. The SSH test lab uses it too."""
+    it), room for many sessions; errors only in its log. The SSH test lab uses it too.
+
+    Sessions start with ``SHLVL=1``, so bash does not source this machine's
+    ``~/.bashrc`` as it does for a command from sshd: a throw-away host runs the
+    commands it is sent and nothing of the machine's own shell set-up, and a host killed
+    while that set-up held a lock (pyenv's rehash does) cannot make every later session
+    wait for it."""
     lines = [
         f"ListenAddress {listen}",
         f"HostKey {host_key}",
@@ -83,6 +89,7 @@ def sshd_config(listen: str, host_key: Path, pid_file: Path, authorized_keys: Pa
         "MaxStartups 50:30:100",
         "LogLevel ERROR",
         "Subsystem sftp internal-sftp",
+        "SetEnv SHLVL=1",
     ]
     return "\n".join(lines) + "\n"
 
