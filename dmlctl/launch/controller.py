@@ -127,12 +127,22 @@ def _collect(
     sup: Supervisor, run: RunDir, plan: LaunchPlan, transports: Mapping[str, Transport]
 ) -> None:
     """After the run: say what was not recorded, collect the remote hosts' rank files
-    (unless the run directory is gone) and report the copies that failed."""
+    (unless the run directory is gone; not from a host still lost, which would only
+    make the end wait for its timeout: ``dmlctl logs ID --fetch`` tries it later) and
+    report the copies that failed."""
     from dmlctl.provision.collect import collect_rank_files
 
     if sup.unrecorded is not None:
         print(f"dmlctl: the end of the run was not recorded: {sup.unrecorded}", file=sys.stderr)
-    used = dataclasses.replace(plan, hosts=tuple(sup.hosts_used.values()))
+    lost = set(sup.hosts.aside) if sup.hosts is not None else set()
+    for name in sorted(lost & set(sup.hosts_used)):
+        print(
+            f"dmlctl: rank files of {name} not collected: the host was lost"
+            f" (`dmlctl logs {run.run_id} --fetch` tries again)",
+            file=sys.stderr,
+        )
+    reachable = tuple(h for name, h in sup.hosts_used.items() if name not in lost)
+    used = dataclasses.replace(plan, hosts=reachable)
     gone = sup.writer.failure is not None and sup.writer.failure.kind == "RunDirGone"
     for problem in [] if gone else collect_rank_files(used, transports, run.path):
         print(f"dmlctl: could not collect rank files from {problem}", file=sys.stderr)

@@ -5,8 +5,9 @@ much grace for the ranks, and when they are killed through their transports.
   sends ``stop <stop_grace>`` to every live agent at once: the ranks get SIGTERM and
   ``stop_grace`` seconds to save and exit. A second request kills the agents at once.
 * A **failure** (a root cause in the run state or in the events just read) sends
-  ``stop <FAIL_STOP_GRACE>`` after ``fail_grace`` seconds, so no rank waits forever in
-  a collective for a peer that is gone.
+  ``stop <grace>`` after ``fail_grace`` seconds, so no rank waits forever in a
+  collective for a peer that is gone: the grace is ``stop_grace``, at most
+  :data:`FAIL_STOP_GRACE`.
 * An agent still running ``stop_margin`` seconds past its ranks' grace is killed
   through its transport — unless it is still sending what its ranks wrote (a backlog
   of output is drained, never cut: it is killed once it has been quiet for
@@ -26,7 +27,7 @@ from dmlctl.runs.events import Event, RankExited, StopRequested
 from dmlctl.runs.state import RunState
 from dmlctl.transport.base import Process
 
-FAIL_STOP_GRACE = 5.0  # seconds the ranks of a failed attempt get after SIGTERM
+FAIL_STOP_GRACE = 5.0  # the most seconds the ranks of a failed attempt get after SIGTERM
 STOP_MARGIN = 5.0  # seconds past the ranks' grace before an agent is killed
 STREAMING_S = 2.0  # an agent that sent output this recently is draining, not stuck
 
@@ -92,8 +93,9 @@ class StopRules:
             if stops.fail_stop_at is None:
                 stops.fail_stop_at = now + self.fail_grace
             elif now >= stops.fail_stop_at:
-                stops.stop_sent, stops.kill_at = now, now + FAIL_STOP_GRACE + self.stop_margin
-                _send_stop(procs, live, FAIL_STOP_GRACE)
+                grace = min(FAIL_STOP_GRACE, self.stop_grace)
+                stops.stop_sent, stops.kill_at = now, now + grace + self.stop_margin
+                _send_stop(procs, live, grace)
         if force:
             stops.kill_at = now
         if stops.kill_at is not None and now >= stops.kill_at:

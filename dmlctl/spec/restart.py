@@ -84,7 +84,8 @@ class RestartSpec(BaseModel):
         allow_inf_nan=False,
         le=MAX_SECONDS,
         description="On a stop (Ctrl-C, dmlctl stop): seconds the ranks get after "
-        "SIGTERM to save and exit before they are killed.",
+        "SIGTERM to save and exit before they are killed. After a failure, the ranks "
+        "still running get this too, at most 5 s.",
     )
     host_timeout: float = Field(
         default=10.0,

@@ -32,7 +32,7 @@ def _job(tmp_path: Path, extra: str, restart: str = "") -> Path:
         f"env:\n  OUT: {tmp_path / 'out.txt'}\n"
         "checkpoint:\n  every_steps: 5\n"
         "restart:\n  max_infra_restarts: 2\n  backoff_initial: 0.2\n"
-        "  host_wait: 3\n  host_cooldown: 60\n" + restart + extra
+        "  host_wait: 3\n  host_cooldown: 60\n  stop_grace: 1\n" + restart + extra
     )
     return job
 
@@ -127,6 +127,9 @@ def test_a_host_cut_off_is_noticed_by_its_silence(lab: SshLab, tmp_path: Path) -
         assert (lost["host"], lost["exc_type"]) == ("node-a", "AgentLost"), lost
         assert "no message from the host for 3 s" in lost["message"], lost
         assert state["hosts"] == ["node-b"]
+        # The end does not wait on the lost host's timeout to collect its files.
+        assert "rank files of node-a not collected: the host was lost" in out, out
+        assert "could not collect rank files" not in out, out
         assert (tmp_path / "out.txt").read_text().startswith("40 ")
     finally:
         lab.kill_host("node-a")

@@ -101,6 +101,7 @@ def supervise(
     sink: RecordingSink | None = None,
     *,
     fail_grace: float = 0.2,
+    stop_grace: float = 0.0,
     stop_margin: float = 1.0,
 ) -> tuple[Supervisor, RunState, float]:
     """Run the plan to its end; returns the supervisor, final state and seconds taken."""
@@ -110,7 +111,7 @@ def supervise(
         transports,
         sink or RecordingSink(),
         fail_grace=fail_grace,
-        stop_grace=0.0,
+        stop_grace=stop_grace,
         stop_margin=stop_margin,
     )
     t0 = time.monotonic()
@@ -198,9 +199,12 @@ def test_agent_gets_its_config_on_stdin_not_on_the_command_line(
     assert (config.run_id, config.host, config.torchrun.nproc) == (RUN_ID, "a", 2)
 
 
+@pytest.mark.parametrize(("stop_grace", "grace"), [(30.0, FAIL_STOP_GRACE), (0.5, 0.5)])
 def test_failing_rank_stops_the_other_host_after_fail_grace(
-    tmp_path: Path, run_dir: RunDir
+    tmp_path: Path, run_dir: RunDir, stop_grace: float, grace: float
 ) -> None:
+    """The other host's ranks get a short grace (it failed): the job's stop_grace, at
+    most FAIL_STOP_GRACE."""
     plan = make_plan(tmp_path, [1, 1])  # rank 0 on a, rank 1 on b
     error = rank_error("ValueError", "bad batch")
     a = ScriptedTransport(
@@ -209,9 +213,11 @@ def test_failing_rank_stops_the_other_host_after_fail_grace(
     )
     b = ScriptedTransport("b", [agent_started(), rank_start(1, 0, host="b")], hang=True)
     sink = RecordingSink()
-    _, state, took = supervise(plan, run_dir, {"a": a, "b": b}, sink, fail_grace=0.2)
+    _, state, took = supervise(
+        plan, run_dir, {"a": a, "b": b}, sink, fail_grace=0.2, stop_grace=stop_grace
+    )
 
-    assert b.process.sent[1:] == [f"{STOP} {FAIL_STOP_GRACE:g}"]  # a short grace: it failed
+    assert b.process.sent[1:] == [f"{STOP} {grace:g}"]
     assert not b.process.killed
     assert a.process.sent[1:] == []  # a had already ended
     assert state.phase == Phase.FAILED
