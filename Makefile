@@ -34,11 +34,14 @@ quickstart: install
 #   2. the `serial` tests (times bounded on an idle machine: hang detection, bench straggler,
 #      a silent host), alone.
 # `make test PYTEST_ARGS=tests/unit` (or PYTEST_ARGS='-m "not integration"') runs a part.
+# Part 2 collects only the files that hold `serial` tests (collecting them all takes
+# seconds), unless PYTEST_ARGS names what to run.
 TEST_WORKERS ?= 2
 PYTEST := $(VPY) -m pytest -q
+SERIAL_FILES = $(shell grep -rl --include='test_*.py' 'mark\.serial' tests)
 test: install
 	$(PYTEST) -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder -m "not serial" --durations=30 $(PYTEST_ARGS)
-	$(PYTEST) -m serial --durations=10 $(PYTEST_ARGS) || [ $$? -eq 5 ]  # 5: none selected
+	$(PYTEST) -m serial --durations=10 $(or $(PYTEST_ARGS),$(SERIAL_FILES)) || [ $$? -eq 5 ]  # 5: none selected
 
 lint: install
 	$(VPY) -m ruff check dmlctl tests examples

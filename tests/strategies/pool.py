@@ -1,11 +1,13 @@
-"""A pool of warm gloo ranks: one set of spawned processes per world size, kept for the
-whole test session, each test's function sent to them.
+"""A pool of warm gloo ranks: one set of processes per world size, kept for the whole
+test session, each test's function sent to them.
 
 The anchor is PyTorch's own ``MultiProcContinuousTest``
-(``torch.testing._internal.common_distributed``): the processes import torch (and
-dmlctl) once; every task then joins a fresh process group on a fresh port through
-``dmlctl.init()``, runs the function, closes the context (which destroys the group) and
-waits for the next task. Promises:
+(``torch.testing._internal.common_distributed``): the processes have torch (and
+dmlctl) imported before they start — they are forked from a server process that
+imported them once per test process (multiprocessing's ``forkserver``, so a new or
+restarted pool costs a fork, not an import of torch); every task then joins a fresh
+process group on a fresh port through ``dmlctl.init()``, runs the function, closes the
+context (which destroys the group) and waits for the next task. Promises:
 
 * a task sees what a fresh process would: the parent's environment as it was when the
   task was made plus the task's variables (the pool's own is restored afterwards),
@@ -47,6 +49,8 @@ _TASKS_PER_POOL = 40
 _POLL_S = 0.5
 #: How often a pool process checks that the test process that made it is alive.
 _PARENT_POLL_S = 1.0
+#: What the fork server imports once, before it forks any pool process.
+_PRELOAD = ["torch", "torch.distributed", "dmlctl", "dmlctl.runtime", "tests.strategies.pool"]
 
 
 def free_port() -> int:
@@ -136,12 +140,23 @@ def _reset_process_state(default_seed: int) -> None:
     torch.manual_seed(default_seed)
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # pragma: no cover - someone else's process took the pid
+        return False
+    return True
+
+
 def _end_with_parent(parent: int) -> None:
-    """End this process once ``parent`` is gone (a pytest-xdist worker leaves without
-    running ``atexit``): a pool never outlives the test session that made it."""
+    """End this process once ``parent`` (the test process, not the fork server) is
+    gone (a pytest-xdist worker leaves without running ``atexit``): a pool never
+    outlives the test session that made it."""
 
     def watch() -> None:
-        while os.getppid() == parent:
+        while _alive(parent):
             time.sleep(_PARENT_POLL_S)
         os._exit(1)
 
@@ -176,7 +191,8 @@ class RankPool:
 
     def __init__(self, world_size: int) -> None:
         self.world_size = world_size
-        self._mp = mp.get_context("spawn")
+        self._mp = mp.get_context("forkserver")
+        self._mp.set_forkserver_preload(_PRELOAD)  # read when the server starts
         self._procs: list[Any] = []
         self._inboxes: list[Any] = []
         self._results: Any = None
