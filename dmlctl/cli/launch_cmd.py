@@ -57,7 +57,6 @@ def launch(
     if workers is not None:
         job = with_workers(job, workers)
     spec = _cluster_spec(cluster, job.workers)
-    check_connect_timeout(connect_timeout)
     options = LaunchOptions(
         detach=detach,
         dry_run=dry_run,

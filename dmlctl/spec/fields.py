@@ -284,7 +284,7 @@ def check_placeholders(value: str) -> str:
     raise ValueError(f"has {what}; the placeholders known are: {known}")
 
 
-PlaceholderPath = Annotated[str, AfterValidator(one_line), AfterValidator(check_placeholders)]
+PlaceholderPath = Annotated[OneLine, AfterValidator(check_placeholders)]
 """A :data:`OneLine` path whose ``{...}`` placeholders are known ones."""
 
 Arg = Annotated[str, AfterValidator(check_arg)]

@@ -141,11 +141,11 @@ def _reset_process_state(default_seed: int) -> None:
 
 
 def _alive(pid: int) -> bool:
+    """Whether process ``pid`` still exists (a pid taken by someone else's process
+    counts as gone)."""
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # pragma: no cover - someone else's process took the pid
+    except (ProcessLookupError, PermissionError):
         return False
     return True
 
