@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+from tests import hung
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -29,14 +31,30 @@ class Cli:
     def run(
         self, *args: str, cwd: Path | None = None, timeout: float = 120
     ) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
+        """The command's outcome; one still running after ``timeout`` seconds fails
+        the test with what it printed and what its runs' processes were doing
+        (:func:`tests.hung.describe`), then is killed."""
+        proc = subprocess.Popen(
             [sys.executable, "-m", "dmlctl", *args],
             cwd=cwd,
             env=self.env,
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
-            timeout=timeout,
             stdin=subprocess.DEVNULL,
+        )
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            what = hung.describe(self.home)
+            proc.kill()
+            out, err = proc.communicate()
+        else:
+            return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+        pytest.fail(
+            f"dmlctl {' '.join(args)} still ran after {timeout:g} s\n"
+            f"--- stdout\n{out}--- stderr\n{err}{what}",
+            pytrace=False,
         )
 
     def popen(self, *args: str, cwd: Path | None = None) -> subprocess.Popen[str]:

@@ -1,0 +1,86 @@
+"""What a CLI run that passed its test's timeout was doing, for the failure message.
+
+A test that waits on ``dmlctl launch`` and times out would otherwise say only "timed
+out after 120 s". :func:`describe` lists every process of the runs under one
+``DMLCTL_HOME`` (their state, CPU time and kernel wait), has each live rank dump
+every thread's stack (the rank's own ``faulthandler`` on the stacks signal, as the
+host agent does on a hang) and adds the last lines each rank wrote and the last
+records it sent. Best effort: it never raises.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+from dmlctl import protocol
+
+_STACK_HEADER = re.compile(rb"^dmlctl: rank \d+ pid (\d+) ", re.MULTILINE)
+TAIL_LINES = {".stacks": 60, ".stdout": 20, ".stderr": 20, ".jsonl": 4}
+"""How many last lines of each kind of rank file the description shows."""
+
+
+def describe(home: Path) -> str:
+    """Processes, fresh stack dumps and file tails of every run under ``home``."""
+    try:
+        procs = _processes(home)
+        rank_dirs = sorted((home / "runs").glob("*/hosts/*"))
+        _dump_stacks(rank_dirs, procs)
+        parts = ["processes (pid ppid state cpu-s wchan threads command):"]
+        parts += [f"  {line}" for line in procs.values()] or ["  none"]
+        for rank_dir in rank_dirs:
+            for path in sorted(rank_dir.glob("rank-*")):
+                lines = TAIL_LINES.get(path.suffix)
+                if lines:
+                    parts.append(f"--- {path.relative_to(home)} (last {lines} lines)")
+                    parts.append(_tail(path, lines))
+        return "\n".join(parts)
+    except Exception as exc:  # diagnostics must not hide the failure
+        return f"(no diagnostics: {exc!r})"
+
+
+def _processes(home: Path) -> dict[int, str]:
+    """pid → one line, for every live process whose environment names ``home``."""
+    needle = f"DMLCTL_HOME={home}".encode()
+    found: dict[int, str] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            proc = Path("/proc") / entry
+            if needle not in proc.joinpath("environ").read_bytes().split(b"\0"):
+                continue
+            fields = proc.joinpath("stat").read_text().rsplit(")", 1)[1].split()
+            ticks = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            wchan = proc.joinpath("wchan").read_text() or "-"
+            threads = len(os.listdir(proc / "task"))
+            cmd = (
+                proc.joinpath("cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            )
+            found[int(entry)] = (
+                f"{entry} {fields[1]} {fields[0]} {ticks:.1f} {wchan} {threads} {cmd[:160]}"
+            )
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
+
+
+def _dump_stacks(rank_dirs: list[Path], procs: dict[int, str]) -> None:
+    """Send the stacks signal to every live rank named in a stacks file, then wait a
+    moment for the dumps."""
+    sent = False
+    for rank_dir in rank_dirs:
+        for path in rank_dir.glob("rank-*.stacks"):
+            for pid in {int(m) for m in _STACK_HEADER.findall(path.read_bytes())}:
+                if pid in procs:  # alive, and one of this home's (pids are reused)
+                    os.kill(pid, getattr(signal, protocol.STACKS_SIGNAL))
+                    sent = True
+    if sent:
+        time.sleep(1.0)
+
+
+def _tail(path: Path, lines: int) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
