@@ -14,7 +14,8 @@ Contract:
   first on ``PYTHONPATH``.
 * Streams every rank's output and records (see :mod:`dmlctl.protocol`) and
   torchrun's own output to its stdout as JSON lines, ending with one ``exit`` message.
-* Imports torchrun before it reads its configuration and runs it in a forked child
+* Imports torchrun (and ``torch._dynamo``, which every rank's optimizer imports)
+  before it reads its configuration and runs torchrun in a forked child
   instead of a new interpreter (:mod:`dmlctl.agent.warm`), so an agent the
   controller starts ahead of time (a standby for the next restart) saves a restart
   torchrun's start-up; that torchrun forks the ranks in turn

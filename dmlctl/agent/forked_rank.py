@@ -62,6 +62,12 @@ STARTUP_ENV: dict[str, str] = dict(os.environ)  # the agent's own, as it started
 STARTUP_CWD = os.getcwd()
 
 
+def adopt_environment(changes: Mapping[str, str]) -> None:
+    """Count ``changes`` that this process's own imports made to its environment as
+    part of its start-up environment (torch sets some as it imports its modules)."""
+    STARTUP_ENV.update(changes)
+
+
 def _at_start(key: str) -> bool:
     return key.startswith(_AT_START) and not key.startswith(_LATER)
 

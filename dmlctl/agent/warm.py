@@ -30,11 +30,23 @@ TORCHRUN = ("-m", "torch.distributed.run")
 
 
 def preload() -> bool:
-    """Import torchrun now; False (and nothing raised) when it cannot be imported."""
+    """Import torchrun now, and what every rank will import in any case; False (and
+    nothing raised) when torchrun cannot be imported.
+
+    That is ``torch._dynamo``: torch's optimizers import it when they are made, and
+    so does DDP (about 1 s of CPU). Imported here, once, every rank forked from this
+    process has it; for a standby agent it is done before the failure it stands by
+    for."""
     try:
-        import torch.distributed.run  # noqa: F401
+        import torch.distributed.run
     except Exception:
         return False
+    before = dict(os.environ)
+    with contextlib.suppress(Exception):  # the ranks meet the error themselves
+        import torch._dynamo  # noqa: F401
+    # What the import set in the environment (inductor's cache directory) is what a
+    # rank's own import would set: the ranks may still be forked.
+    forked_rank.adopt_environment({k: v for k, v in os.environ.items() if before.get(k) != v})
     return True
 
 

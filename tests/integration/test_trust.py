@@ -191,9 +191,10 @@ def _interpreters(cli: Cli, tmp_path: Path, env: str) -> list[dict[str, object]]
 def test_a_rank_forked_from_the_warm_torchrun_is_what_a_new_interpreter_is(
     cli: Cli, tmp_path: Path
 ) -> None:
-    """Ranks are forked from the torchrun that has torch imported already, unless the
-    job sets a variable read when Python or torch start (then they are new processes);
-    either way the script meets the same interpreter."""
+    """Ranks are forked from the torchrun that has torch (and torch._dynamo, which
+    every optimizer imports) imported already, unless the job sets a variable read
+    when Python or torch start (then they are new processes); either way the script
+    meets the same interpreter."""
     forked = _interpreters(cli, tmp_path, "{}")
     new = _interpreters(cli, tmp_path, "{PYTHONHASHSEED: '7'}")
     assert [s["preloaded"] for s in forked] == [True, True]

@@ -50,7 +50,10 @@ _POLL_S = 0.5
 #: How often a pool process checks that the test process that made it is alive.
 _PARENT_POLL_S = 1.0
 #: What the fork server imports once, before it forks any pool process.
-_PRELOAD = ["torch", "torch.distributed", "dmlctl", "dmlctl.runtime", "tests.strategies.pool"]
+_PRELOAD = [
+    *("torch", "torch.distributed", "torch._dynamo"),  # dynamo: every optimizer imports it
+    *("dmlctl", "dmlctl.runtime", "tests.strategies.pool"),
+]
 
 
 def free_port() -> int:

@@ -1,5 +1,9 @@
 """Prints, as one JSON line, what a new interpreter would give a rank: path, argv,
-signal handlers, stdio, threads, exit handlers, open descriptors, random state."""
+signal handlers, stdio, threads, exit handlers, open descriptors, random state.
+
+As every training script does when it makes its optimizer, it imports torch._dynamo
+first (a forked rank has it already: sympy's filter for its own deprecation warnings
+comes with it)."""
 
 import atexit
 import json
@@ -9,9 +13,10 @@ import signal
 import sys
 import warnings
 
-preloaded = "torch" in sys.modules
+preloaded = "torch" in sys.modules and "torch._dynamo" in sys.modules
 import numpy  # noqa: E402
 import torch  # noqa: E402
+import torch._dynamo  # noqa: E402
 
 
 def _fds() -> list[str]:
@@ -47,6 +52,7 @@ print(
             "stderr": [sys.stderr.write_through, sys.stderr.errors],
             "logging": len(logging.root.handlers),
             "warnings": len(warnings.filters),
+            "inductor cache": os.environ.get("TORCHINDUCTOR_CACHE_DIR"),
             "fds": _fds(),
             "numpy": float(numpy.random.rand()),
             "rank": int(os.environ["RANK"]),
