@@ -4,15 +4,18 @@ A test that waits on ``dmlctl launch`` and times out would otherwise say only "t
 out after 120 s". :func:`describe` lists every process of the runs under one
 ``DMLCTL_HOME`` (their state, CPU time and kernel wait), has each live rank dump
 every thread's stack (the rank's own ``faulthandler`` on the stacks signal, as the
-host agent does on a hang) and adds the last lines each rank wrote and the last
-records it sent. Best effort: it never raises.
+host agent does on a hang), adds every thread's native stack where gdb is installed,
+and the last lines each rank wrote and the last records it sent. Best effort: it
+never raises.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -28,9 +31,11 @@ def describe(home: Path) -> str:
     try:
         procs = _processes(home)
         rank_dirs = sorted((home / "runs").glob("*/hosts/*"))
-        _dump_stacks(rank_dirs, procs)
+        ranks = _live_ranks(rank_dirs, procs)
+        _dump_stacks(ranks)
         parts = ["processes (pid ppid state cpu-s wchan threads command):"]
         parts += [f"  {line}" for line in procs.values()] or ["  none"]
+        parts += _native_stacks(ranks)
         for rank_dir in rank_dirs:
             for path in sorted(rank_dir.glob("rank-*")):
                 lines = TAIL_LINES.get(path.suffix)
@@ -68,18 +73,47 @@ def _processes(home: Path) -> dict[int, str]:
     return found
 
 
-def _dump_stacks(rank_dirs: list[Path], procs: dict[int, str]) -> None:
-    """Send the stacks signal to every live rank named in a stacks file, then wait a
-    moment for the dumps."""
-    sent = False
-    for rank_dir in rank_dirs:
-        for path in rank_dir.glob("rank-*.stacks"):
-            for pid in {int(m) for m in _STACK_HEADER.findall(path.read_bytes())}:
-                if pid in procs:  # alive, and one of this home's (pids are reused)
-                    os.kill(pid, getattr(signal, protocol.STACKS_SIGNAL))
-                    sent = True
-    if sent:
+def _live_ranks(rank_dirs: list[Path], procs: dict[int, str]) -> list[int]:
+    """The pids named in the ranks' stacks files that are live processes of this home
+    (pids are reused)."""
+    return sorted(
+        pid
+        for rank_dir in rank_dirs
+        for path in rank_dir.glob("rank-*.stacks")
+        for pid in {int(m) for m in _STACK_HEADER.findall(path.read_bytes())}
+        if pid in procs
+    )
+
+
+def _dump_stacks(ranks: list[int]) -> None:
+    """Send the stacks signal to every rank in ``ranks``, then wait a moment for the
+    dumps."""
+    for pid in ranks:
+        os.kill(pid, getattr(signal, protocol.STACKS_SIGNAL))
+    if ranks:
         time.sleep(1.0)
+
+
+def _native_stacks(ranks: list[int]) -> list[str]:
+    """Every thread's native stack of each rank, where gdb is installed (a rank that
+    spins inside a C library shows only its Python frame otherwise)."""
+    gdb = shutil.which("gdb")
+    out = []
+    for pid in ranks if gdb else ():
+        try:
+            proc = subprocess.run(
+                [gdb, "-p", str(pid), "-batch", "-nx", "-ex", "thread apply all bt 30"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                stdin=subprocess.DEVNULL,
+            )
+            text = proc.stdout
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            text = f"gdb failed: {exc}"
+        frames = [ln[:200] for ln in text.splitlines() if ln.startswith(("#", "Thread "))]
+        out += [f"--- native stacks of pid {pid} (gdb)", *frames]
+    return out
 
 
 def _tail(path: Path, lines: int) -> str:
