@@ -105,13 +105,14 @@ def _native_stacks(ranks: list[int]) -> list[str]:
                 [gdb, "-p", str(pid), "-batch", "-nx", "-ex", "thread apply all bt 30"],
                 capture_output=True,
                 text=True,
-                timeout=30,
+                timeout=120,  # reading libtorch's symbols takes a while on a loaded host
                 stdin=subprocess.DEVNULL,
             )
-            text = proc.stdout
+            lines = proc.stdout.splitlines()
+            frames = [ln[:200] for ln in lines if ln.startswith(("#", "Thread "))]
+            frames = frames or [f"gdb found no stack: {proc.stderr.strip()[-300:]}"]
         except (OSError, subprocess.TimeoutExpired) as exc:
-            text = f"gdb failed: {exc}"
-        frames = [ln[:200] for ln in text.splitlines() if ln.startswith(("#", "Thread "))]
+            frames = [f"gdb failed: {exc}"]
         out += [f"--- native stacks of pid {pid} (gdb)", *frames]
     return out
 

@@ -50,15 +50,35 @@ def preload() -> bool:
     return True
 
 
+NATIVE_EXIT_WAIT_S = 60.0
+"""The longest the agent waits for a joined thread's native exit before it forks."""
+
+
 def await_preload(
     preload: threading.Thread, interval: float, keepalive: Callable[[], None]
 ) -> None:
     """Wait for the ``preload`` thread to end, calling ``keepalive`` every ``interval``
-    seconds meanwhile: importing torch takes many seconds on a loaded host."""
+    seconds meanwhile: importing torch takes many seconds on a loaded host.
+
+    Ended means gone from the kernel too, not only joined: after ``join`` returns the
+    thread still runs its native exit (thread-local destructors). The thread that
+    imported torch holds MKL per-thread state, which MKL releases there under a
+    spinlock; a fork in that window copies the lock held, and every rank forked from
+    the child then spins forever in its first matrix product."""
     while preload.is_alive():
         preload.join(interval)
         if preload.is_alive():
             keepalive()
+    task = f"/proc/self/task/{preload.native_id}"
+    deadline = time.monotonic() + NATIVE_EXIT_WAIT_S
+    next_beat = time.monotonic() + interval
+    while preload.native_id is not None and os.path.exists(task):
+        if time.monotonic() >= deadline:
+            break  # no /proc semantics we know: fork as before
+        time.sleep(0.001)
+        if time.monotonic() >= next_beat:
+            keepalive()
+            next_beat = time.monotonic() + interval
 
 
 def can_fork(argv: Sequence[str]) -> bool:

@@ -3,6 +3,7 @@ killer (on a tiny real ``sh`` + ``sleep`` tree, never on anything else)."""
 
 from __future__ import annotations
 
+import ctypes
 import io
 import os
 import signal
@@ -297,6 +298,30 @@ def test_a_py_spy_dump_is_read_like_a_faulthandler_one() -> None:
 
 
 # ---------------------------------------------------------------------- keepalive
+
+
+def test_the_agent_forks_only_once_the_importing_thread_is_gone_from_the_kernel() -> None:
+    """A joined thread still runs its thread-local destructors (MKL releases its
+    per-thread state there, under a spinlock a fork would copy held): here a
+    destructor that sleeps 0.3 s keeps the native thread alive after ``join``."""
+    libc = ctypes.CDLL(None)
+    key = ctypes.c_uint()
+    assert (
+        libc.pthread_key_create(ctypes.byref(key), ctypes.cast(libc.usleep, ctypes.c_void_p)) == 0
+    )
+    try:
+
+        def lingering_exit() -> None:
+            libc.pthread_setspecific(key, ctypes.c_void_p(300_000))  # usleep(300 ms) at exit
+
+        thread = threading.Thread(target=lingering_exit, daemon=True)
+        thread.start()
+        beats: list[float] = []
+        warm.await_preload(thread, 0.05, lambda: beats.append(time.monotonic()))
+        assert not os.path.exists(f"/proc/self/task/{thread.native_id}")
+        assert beats, "no keepalive while the thread's native exit was awaited"
+    finally:
+        libc.pthread_key_delete(key)
 
 
 def test_an_agent_still_importing_torchrun_keeps_saying_it_is_alive() -> None:
