@@ -4,7 +4,9 @@ run's code."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -48,6 +50,20 @@ def _output(watcher: subprocess.Popen[str]) -> str:
         raise AssertionError(f"attach did not end 30 s after Ctrl-C:\n{stacks}") from None
 
 
+def _reading(pid: int, run_dir: Path, timeout: float) -> bool:
+    """Whether process ``pid`` opens a file of ``run_dir`` within ``timeout`` seconds
+    (an attach that reads its run is past its start-up)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    if os.readlink(f"/proc/{pid}/fd/{fd}").startswith(str(run_dir)):
+                        return True
+        time.sleep(0.1)
+    return False
+
+
 def test_attach_detaches_on_ctrl_c_and_reports_the_end(cli: Cli) -> None:
     started = cli.run("launch", str(JOBS / "forever" / "job.yaml"), "--detach")
     assert started.returncode == 0, started.stderr
@@ -57,7 +73,8 @@ def test_attach_detaches_on_ctrl_c_and_reports_the_end(cli: Cli) -> None:
         time.sleep(0.5)
     try:
         watcher = _attach(cli, run_id[:14])
-        time.sleep(3)
+        # Attached (reading the run): Ctrl-C now detaches; before, it interrupts a start.
+        assert _reading(watcher.pid, cli.home / "runs" / run_id, 60)
         watcher.send_signal(signal.SIGINT)
         out = _output(watcher)
         assert watcher.returncode == 0, out
