@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -50,17 +49,16 @@ def _output(watcher: subprocess.Popen[str]) -> str:
         raise AssertionError(f"attach did not end 30 s after Ctrl-C:\n{stacks}") from None
 
 
-def _reading(pid: int, run_dir: Path, timeout: float) -> bool:
-    """Whether process ``pid`` opens a file of ``run_dir`` within ``timeout`` seconds
-    (an attach that reads its run is past its start-up)."""
+def _polling(pid: int, timeout: float) -> bool:
+    """Whether process ``pid`` is seen asleep within ``timeout`` seconds: attach sleeps
+    first between two reads of its run, with its Ctrl-C handler in place (before, it
+    only imports and reads)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        with contextlib.suppress(OSError):
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                with contextlib.suppress(OSError):
-                    if os.readlink(f"/proc/{pid}/fd/{fd}").startswith(str(run_dir)):
-                        return True
-        time.sleep(0.1)
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/wchan") as f:
+            if "nanosleep" in f.read():
+                return True
+        time.sleep(0.02)
     return False
 
 
@@ -73,8 +71,8 @@ def test_attach_detaches_on_ctrl_c_and_reports_the_end(cli: Cli) -> None:
         time.sleep(0.5)
     try:
         watcher = _attach(cli, run_id[:14])
-        # Attached (reading the run): Ctrl-C now detaches; before, it interrupts a start.
-        assert _reading(watcher.pid, cli.home / "runs" / run_id, 60)
+        # Attached (polling the run): Ctrl-C now detaches; before, it interrupts a start.
+        assert _polling(watcher.pid, 60)
         watcher.send_signal(signal.SIGINT)
         out = _output(watcher)
         assert watcher.returncode == 0, out
