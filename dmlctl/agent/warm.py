@@ -69,16 +69,14 @@ def await_preload(
         preload.join(interval)
         if preload.is_alive():
             keepalive()
-    task = f"/proc/self/task/{preload.native_id}"
+    task = f"/proc/self/task/{preload.native_id}"  # absent without /proc: no wait
     deadline = time.monotonic() + NATIVE_EXIT_WAIT_S
-    next_beat = time.monotonic() + interval
-    while preload.native_id is not None and os.path.exists(task):
-        if time.monotonic() >= deadline:
-            break  # no /proc semantics we know: fork as before
+    beat = time.monotonic() + interval
+    while os.path.exists(task) and time.monotonic() < deadline:
         time.sleep(0.001)
-        if time.monotonic() >= next_beat:
+        if time.monotonic() >= beat:
             keepalive()
-            next_beat = time.monotonic() + interval
+            beat += interval
 
 
 def can_fork(argv: Sequence[str]) -> bool:
