@@ -9,7 +9,7 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install quickstart test lint bench
+.PHONY: install quickstart test test-gpu lint bench
 
 # Debian/Ubuntu ship venv's ensurepip in a separate package: say so in one line.
 $(VPY):
@@ -42,6 +42,16 @@ SERIAL_FILES = $(shell grep -rl --include='test_*.py' 'mark\.serial' tests)
 test: install
 	$(PYTEST) -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder -m "not serial" --durations=30 $(PYTEST_ARGS)
 	$(PYTEST) -m serial --durations=10 $(or $(PYTEST_ARGS),$(SERIAL_FILES)) || [ $$? -eq 5 ]  # 5: none selected
+
+# The GPU suite (tests/gpu, marked `gpu`: every strategy on cuda:0, parameter servers fed
+# by a GPU worker, the examples on one GPU). It needs PyTorch with CUDA, which `install`
+# does not put in .venv/: run it with an interpreter that has it and dmlctl installed
+# (`pip install -e '.[dev]'`), e.g. `make test-gpu GPU_PY=python3`. Without CUDA every
+# test is skipped with the reason.
+GPU_PY ?= $(VPY)
+GPU_WORKERS ?= 4
+test-gpu:
+	$(GPU_PY) -m pytest -q -m gpu -n $(GPU_WORKERS) --durations=10 tests/gpu $(PYTEST_ARGS)
 
 lint: install
 	$(VPY) -m ruff check dmlctl tests examples

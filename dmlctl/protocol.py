@@ -58,11 +58,16 @@ def is_failure_summary_line(line: str) -> bool:
     return _SUMMARY_LINE.match(line) is not None
 
 
+def local_roles(environ: Mapping[str, str]) -> list[str]:
+    """Every local rank's role from ``DMLCTL_LOCAL_ROLES`` (empty without it)."""
+    return [r.strip() for r in environ.get(ENV_LOCAL_ROLES, "").split(",") if r.strip()]
+
+
 def local_role(environ: Mapping[str, str], local_rank: int, default: str = ROLE_WORKER) -> str:
     """This process's role: its entry of ``DMLCTL_LOCAL_ROLES`` (by ``local_rank``),
     else ``DMLCTL_ROLE``, else ``default``. Raises ``ValueError`` when the list has
     no entry for ``local_rank``."""
-    roles = [r.strip() for r in environ.get(ENV_LOCAL_ROLES, "").split(",") if r.strip()]
+    roles = local_roles(environ)
     if not roles:
         return environ.get(ENV_ROLE) or default
     if not 0 <= local_rank < len(roles):
@@ -75,6 +80,8 @@ def local_role(environ: Mapping[str, str], local_rank: int, default: str = ROLE_
 ENV_STRATEGY = "DMLCTL_STRATEGY"
 ENV_STRATEGY_PARAMS = "DMLCTL_STRATEGY_PARAMS"
 ENV_SCRIPT = "DMLCTL_SCRIPT"
+#: The job's ``backend:`` (:data:`dmlctl.gpus.BACKENDS`); absent: ``auto``.
+ENV_BACKEND = "DMLCTL_BACKEND"
 #: The job's ``parallelism:`` block, resolved (:func:`dmlctl.mesh.dumps`), and its
 #: ``parallelize: FILE:FUNCTION``; absent without them.
 ENV_PARALLELISM = "DMLCTL_PARALLELISM"

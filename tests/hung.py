@@ -32,7 +32,7 @@ def describe(home: Path) -> str:
         procs = _processes(home)
         rank_dirs = sorted((home / "runs").glob("*/hosts/*"))
         ranks = _live_ranks(rank_dirs, procs)
-        _dump_stacks(ranks)
+        _dump_stacks(ranks, [p for d in rank_dirs for p in d.glob("rank-*.stacks")])
         parts = ["processes (pid ppid state cpu-s wchan threads command):"]
         parts += [f"  {line}" for line in procs.values()] or ["  none"]
         parts += _native_stacks(ranks)
@@ -85,13 +85,20 @@ def _live_ranks(rank_dirs: list[Path], procs: dict[int, str]) -> list[int]:
     )
 
 
-def _dump_stacks(ranks: list[int]) -> None:
-    """Send the stacks signal to every rank in ``ranks``, then wait a moment for the
-    dumps."""
+def _dump_stacks(ranks: list[int], files: list[Path], within: float = 5.0) -> None:
+    """Send the stacks signal to every rank in ``ranks``, then wait until each stacks
+    file among ``files`` that names one of them has grown (at most ``within``
+    seconds: a loaded machine schedules the signalled ranks late)."""
+    named = [f for f in files if {int(m) for m in _STACK_HEADER.findall(f.read_bytes())} & {*ranks}]
+    before = {f: f.stat().st_size for f in named}
     for pid in ranks:
         os.kill(pid, getattr(signal, protocol.STACKS_SIGNAL))
-    if ranks:
-        time.sleep(1.0)
+    deadline = time.monotonic() + within
+    while ranks and time.monotonic() < deadline:
+        if all(f.stat().st_size > size for f, size in before.items()):
+            time.sleep(0.2)  # the dump is written in pieces: let it end
+            return
+        time.sleep(0.05)
 
 
 def _native_stacks(ranks: list[int]) -> list[str]:

@@ -9,6 +9,7 @@ plan, once → only then create the run directory, record specs and plan, and st
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -22,7 +23,7 @@ import yaml
 from rich.console import Console
 
 from dmlctl.errors import PlanError, ProvisionError
-from dmlctl.plan.build import JobPlacement, as_run, build_plan, place_job
+from dmlctl.plan.build import JobPlacement, as_run, build_plan, check_gpus, place_job
 from dmlctl.plan.model import LaunchPlan
 from dmlctl.plan.render import render_plan
 from dmlctl.provision.ports import free_port, pick_port
@@ -31,6 +32,7 @@ from dmlctl.runs import secrets as run_secrets
 from dmlctl.runs.files import DiskFull, StoreError, private_opener, private_umask
 from dmlctl.runs.state import RunState, new_run_state
 from dmlctl.runs.store import RunDir, RunStore, new_run_id
+from dmlctl.spec.local import count_local_gpus
 from dmlctl.spec.locate import locate
 from dmlctl.spec.models import ClusterSpec, JobSpec
 from dmlctl.text import plural
@@ -44,6 +46,9 @@ from dmlctl.transport import (
 from dmlctl.ui.sinks import UiMode, make_sink
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from dmlctl.provision.doctor import DoctorReport
     from dmlctl.transport.ssh import SshOptions
 
 
@@ -216,6 +221,8 @@ def _prepare_remote(
             f"preflight failed on {len(report.failures())} of {plural(len(hosts), 'host')}; "
             "nothing started"
         )
+    with _located(options):
+        check_gpus(job, placement.placed, _probed_gpus(report))
     lib = ship.lib_id(ship.package_files())
     plan = plan_run(
         job, cluster, store, port=port, lib=lib, rdzv_host=rdzv_host, placement=placement
@@ -225,11 +232,30 @@ def _prepare_remote(
     return plan, transports
 
 
+def _probed_gpus(report: DoctorReport) -> dict[str, int]:
+    """Each probed host's GPU count, as PyTorch there sees it."""
+    return {h.host: int(h.facts.get("gpus") or 0) for h in report.hosts if h.facts}
+
+
 def _place(job: JobSpec, cluster: ClusterSpec, options: LaunchOptions) -> JobPlacement:
-    """Every plan-time check, before any host is touched; a refusal names the spec
+    """Every plan-time check, before any host is touched (this machine's GPUs
+    counted, as its ranks will see them); a refusal names the spec file and line of
+    the key at fault (or the flag that set it)."""
+    local = {
+        h.name: count_local_gpus({**os.environ, **job.env, **h.env})
+        for h in cluster.resolved_hosts()
+        if h.is_local
+    }
+    with _located(options):
+        return place_job(cluster, job, gpus=local)
+
+
+@contextlib.contextmanager
+def _located(options: LaunchOptions) -> Iterator[None]:
+    """A :class:`PlanError` raised inside becomes the user's error naming the spec
     file and line of the key at fault (or the flag that set it)."""
     try:
-        return place_job(cluster, job)
+        yield
     except PlanError as e:
         files = (options.job_file, options.cluster_file)
         job_file, cluster_file = (os.fspath(f) if f is not None else None for f in files)

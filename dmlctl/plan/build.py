@@ -15,10 +15,11 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from dmlctl import gpus as gpu_rules
 from dmlctl import protocol
 from dmlctl.errors import PlanError
 from dmlctl.mesh import MeshLayout, dumps
-from dmlctl.plan.checks import hosts_problem, world_problem
+from dmlctl.plan.checks import gpus_problem, hosts_problem, world_problem
 from dmlctl.plan.layout import lay_out
 from dmlctl.plan.model import HostPlan, LaunchPlan
 from dmlctl.plan.placement import Demand, HostSlots, Placed, place
@@ -156,8 +157,11 @@ def _mesh(job: JobSpec, workers: int) -> MeshLayout | None:
         raise PlanError("job", ("parallelism", e.key), f"{e}{auto}") from None
 
 
-def place_job(cluster: ClusterSpec, job: JobSpec) -> JobPlacement:
-    """Place ``job`` on ``cluster``: every plan-time check, nothing else.
+def place_job(
+    cluster: ClusterSpec, job: JobSpec, gpus: Mapping[str, int] | None = None
+) -> JobPlacement:
+    """Place ``job`` on ``cluster``: every plan-time check, nothing else. ``gpus``:
+    the GPU count of each host whose count is known (see :func:`check_gpus`).
 
     Raises :class:`PlanError` (naming the spec key at fault) when the job asks for
     more workers than the cluster has slots (or more than :data:`MAX_WORKERS`
@@ -177,7 +181,18 @@ def place_job(cluster: ClusterSpec, job: JobSpec) -> JobPlacement:
         raise PlanError("job", ("strategy", "params"), problem)
     placed = place([HostSlots(h.name, h.slots) for h in hosts], demand)
     _check_hosts(job, placed, hosts)
+    check_gpus(job, placed, gpus or {})
     return JobPlacement(hosts, placed, demand.workers, mesh)
+
+
+def check_gpus(job: JobSpec, placed: Sequence[Placed], gpus: Mapping[str, int]) -> None:
+    """Raise :class:`PlanError` (at ``workers``, or ``backend`` when the job set one)
+    when a host of ``gpus`` (host → GPU count) would run more workers than it has GPUs
+    under an NCCL backend."""
+    problem = gpus_problem(job.strategy.name, job.backend, placed, gpus)
+    if problem:
+        key = "backend" if "backend" in job.model_fields_set else "workers"
+        raise PlanError("job", (key,), problem)
 
 
 def _flight_recorder(*envs: Mapping[str, str]) -> dict[str, str]:
@@ -245,6 +260,7 @@ def _host_env(
         protocol.ENV_ROLE: WORKER_ROLE,
         protocol.ENV_STRATEGY: job.strategy.name,
         protocol.ENV_SCRIPT: job.script,
+        **({protocol.ENV_BACKEND: job.backend} if job.backend != gpu_rules.AUTO else {}),
         **_checkpoint_env(job, checkpoints, run_id),
         **_parallel_env(job, mesh),
     }

@@ -3,8 +3,12 @@ first plan and of every re-plan, on the strategy parameters the spec validated."
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 from pydantic import BaseModel
 
+from dmlctl.gpus import too_few_gpus
+from dmlctl.plan.placement import Placed
 from dmlctl.strategies import registry
 
 
@@ -22,3 +26,18 @@ def hosts_problem(strategy: str, params: BaseModel, n_hosts: int) -> str | None:
     check = getattr(registry.load(strategy), "check_hosts", None)
     message = check(params, n_hosts) if check is not None else None
     return f"strategy {strategy!r}: {message}" if message else None
+
+
+def gpus_problem(
+    strategy: str, backend: str, placed: Sequence[Placed], gpus: Mapping[str, int]
+) -> str | None:
+    """Why a host cannot give each of its workers a GPU of its own (``gpus``: the
+    GPUs of the hosts whose count is known), or None. Strategies that train on the
+    CPU (:func:`~dmlctl.strategies.registry.uses_gpus`) never need one."""
+    if not registry.uses_gpus(strategy):
+        return None
+    for p in placed:
+        why = too_few_gpus(p.workers, gpus.get(p.host, 0), backend)
+        if why is not None:
+            return f"host {p.host!r}: {why}"
+    return None

@@ -351,11 +351,21 @@ def _fact(value: Any, fmt: Callable[[Any], str] = str) -> Text:
     return Text("-" if value is None else fmt(value))
 
 
+def _cuda(f: Mapping[str, Any]) -> Text:
+    """A GPU host's CUDA, NCCL and driver versions in one cell ("-" without GPUs)."""
+    if not f.get("gpus"):
+        return Text("-")
+    parts = [f"CUDA {f.get('cuda_version') or '?'}", f"NCCL {f.get('nccl') or '?'}"]
+    return Text(", ".join([*parts, f"driver {f.get('driver') or '?'}"]))
+
+
 def render_doctor(report: DoctorReport) -> RenderableType:
     """One row per host (what was found, then ``ready`` or each failed check in red with
     its detail) and a closing line ``all N hosts ready`` / ``K of N hosts failed``."""
     table = Table(box=None, pad_edge=False, header_style="bold")
-    for col in ("host", "address", "python", "torch", "gpus", "disk free", "clock", "status"):
+    gpus = any(h.facts.get("gpus") for h in report.hosts)  # a CUDA column where there are GPUs
+    columns = ("host", "address", "python", "torch", "gpus", *(("cuda",) if gpus else ()))
+    for col in (*columns, "disk free", "clock", "status"):
         table.add_column(col, no_wrap=col != "status", justify="right" if col == "gpus" else "left")
     for h in report.hosts:
         f = h.facts
@@ -368,6 +378,7 @@ def render_doctor(report: DoctorReport) -> RenderableType:
             _fact(f.get("python")),
             _fact(f.get("torch")),
             _fact(f.get("gpus")),
+            *((_cuda(f),) if gpus else ()),
             _fact(f.get("disk_free"), _gib),
             _fact(f.get("clock_skew"), lambda s: f"{s:+.2f} s"),
             status,

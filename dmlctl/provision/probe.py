@@ -38,6 +38,9 @@ PROBE_KEYS = (
     "torch_error",
     "cuda",
     "gpus",
+    "cuda_version",
+    "nccl",
+    "driver",
     "packages",
     "workdir",
     "disk_free",
@@ -62,6 +65,7 @@ import importlib, json, os, platform, shutil, socket, sys, time
 t0 = time.monotonic()
 out = {"python": "%d.%d.%d" % sys.version_info[:3], "platform": platform.platform(),
        "torch": None, "torch_error": None, "cuda": False, "gpus": 0,
+       "cuda_version": None, "nccl": None, "driver": None,
        "packages": {}, "workdir": None, "disk_free": None, "disk_error": None,
        "port": None, "port_free": None, "port_error": None}
 def err(e):
@@ -76,10 +80,20 @@ try:
     try:
         out["cuda"] = bool(torch.cuda.is_available())
         out["gpus"] = int(torch.cuda.device_count())
+        out["cuda_version"] = torch.version.cuda
+        if out["gpus"]:
+            import torch.cuda.nccl
+            out["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
     except Exception as e:
         out["torch_error"] = "cuda: " + err(e)
 except BaseException as e:
     out["torch_error"] = err(e)
+try:  # "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.04  ..."
+    with open("/proc/driver/nvidia/version") as f:
+        words = f.readline().split()
+    out["driver"] = next((w for w in words if w[:1].isdigit() and "." in w), None)
+except Exception:
+    pass
 try:
     from importlib import metadata
 except ImportError:  # Python < 3.8: versions from __version__ only

@@ -103,7 +103,8 @@ def share_initial(
     on every rank (collective: one broadcast of all parameters). ``params`` is needed
     on ``src`` only."""
     if params is not None:
-        flat = torch.cat([pack(params, shard) for shard in layout.plan]).contiguous()
+        # the servers' side of the broadcast is on the CPU (a GPU model: one copy)
+        flat = torch.cat([pack(params, shard) for shard in layout.plan]).cpu().contiguous()
     else:
         flat = torch.empty(layout.total_numel(), dtype=layout.torch_dtype)
     dist.broadcast(flat, src=src)

@@ -171,7 +171,8 @@ def share_initial_parts(
         numel = [layout.shard_numel()[k] for k in shards]
         if rank == src and tensors is not None:
             where = {g: i for i, g in enumerate(layout.parts[p])}
-            flat = torch.cat([pack(tensors, [where[i] for i in layout.plan[k]]) for k in shards])
+            packed = [pack(tensors, [where[i] for i in layout.plan[k]]) for k in shards]
+            flat = torch.cat(packed).cpu()  # the servers receive on the CPU
         else:
             flat = torch.empty(sum(numel), dtype=layout.torch_dtype)
         dist.broadcast(flat.contiguous(), src=src)

@@ -39,6 +39,7 @@ from dmlctl.ps.channel import Pulled, WorkerChannel
 from dmlctl.ps.codec import PushCodec
 from dmlctl.ps.overlap import CommThread
 from dmlctl.ps.server import pack, unpack
+from dmlctl.ps.staging import Staging
 from dmlctl.runtime.optimizer import StrategyOptimizer
 from dmlctl.text import plural
 
@@ -91,6 +92,9 @@ class PSOptimizer(StrategyOptimizer):
                 codec,
             )
         self.channel = channel
+        #: Pushes go to the CPU channel through pinned memory, pulls come back to the
+        #: model's device (identity on a CPU worker; :mod:`dmlctl.ps.staging`).
+        self.staging = Staging(self.params[0].device if self.params else torch.device("cpu"))
         self.reference = [p.detach().clone() for p in self.params]
         self.min_clock = 0
         self.versions: dict[int, int] = dict.fromkeys(self.shard_ids, 0)  # latest read, per shard
@@ -149,14 +153,19 @@ class PSOptimizer(StrategyOptimizer):
     ) -> Callable[[], Mapping[int, Pulled] | None]:
         """The push of ``tensors`` as a job: everything it reads from the model is
         taken now (packed copies), so the job may run while the trainer steps."""
-        grads = {s: pack(tensors, self.local_plan[s]) for s in self.shard_ids}
+        stage = self.staging.to_host
+        grads, ready = stage({s: pack(tensors, self.local_plan[s]) for s in self.shard_ids})
         clocks = dict(clock) if clock is not None else self.local_steps
         refs = None
         if self.channel.codec is not None and self.channel.codec.needs_reference:
-            refs = {s: pack(self.params, self.local_plan[s]) for s in self.shard_ids}
+            refs, refs_ready = stage(
+                {s: pack(self.params, self.local_plan[s]) for s in self.shard_ids}
+            )
+            ready = _both(ready, refs_ready)
         self.pushed_at = self.local_steps
 
         def job() -> Mapping[int, Pulled] | None:
+            ready()  # the copies off the GPU are complete
             pulled = self.channel.push(grads, clocks, pull=pull, lr=lr, references=refs)
             return pulled if pull else None
 
@@ -191,8 +200,9 @@ class PSOptimizer(StrategyOptimizer):
 
     def unpack_own(self, flats: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """This worker's tensors from the flat contents of its shards (in
-        ``shard_ids`` order)."""
-        return unpack(flats, [self.local_plan[s] for s in self.shard_ids], self.shapes)
+        ``shard_ids`` order), on the model's device."""
+        mine = unpack(flats, [self.local_plan[s] for s in self.shard_ids], self.shapes)
+        return self.staging.to_device(mine)
 
     def _adopt(self, pulled: Sequence[torch.Tensor], keep_local: bool) -> None:
         """Parameters ← pulled (+ the local change not pushed yet); reference ← pulled."""
@@ -303,3 +313,13 @@ class PSOptimizer(StrategyOptimizer):
         out["clock"] = float(self.local_steps)
         out["min_clock"] = float(self.min_clock)
         return out
+
+
+def _both(first: Callable[[], None], second: Callable[[], None]) -> Callable[[], None]:
+    """One wait for two staged copies."""
+
+    def wait() -> None:
+        first()
+        second()
+
+    return wait

@@ -6,9 +6,11 @@ Contract:
   read as torchrun sets them (:mod:`dmlctl.runtime.env`). Without them (plain
   ``python train.py``) the script is rank 0 of a world of 1 and no process group is
   created. With a world larger than 1, ``init()`` joins the default process group
-  through ``MASTER_ADDR``/``MASTER_PORT`` (``nccl`` when CUDA is available, else
-  ``gloo``) unless the script already did. The device is ``cuda:LOCAL_RANK`` when
-  CUDA is available, else CPU.
+  through ``MASTER_ADDR``/``MASTER_PORT`` (``cpu:gloo,cuda:nccl`` when CUDA is
+  available, else ``gloo``; the job's ``backend:`` overrides) unless the script
+  already did. A worker's device is the GPU of its index among its host's workers
+  when CUDA is available, else CPU; a parameter server computes on the CPU
+  (:mod:`dmlctl.gpus`).
 * **What am I.** The role comes from ``DMLCTL_ROLE`` (default ``worker``), the
   strategy from ``DMLCTL_STRATEGY`` (default ``ssgd``) and its parameters from
   ``DMLCTL_STRATEGY_PARAMS`` (JSON, default ``{}``), validated by the strategy's

@@ -15,10 +15,12 @@ Promises, for every rank process:
   runs the script: it serves (``dmlctl.init()``) until the workers are done;
 * the process ends the way the interpreter ends under torchrun — non-daemon threads
   joined (pending ``ThreadPoolExecutor`` jobs included), ``atexit`` handlers run,
-  output and every file left open flushed — then an ``exit`` record (code 0, or the
+  output and every file left open flushed — and an ``exit`` record (code 0, or the
   exception's type, message and traceback; and the final collective counts) is
-  written, and, on failure, torchelastic's error file (``$TORCHELASTIC_ERROR_FILE``)
-  so torchrun's own summary names the exception. Only the interpreter's final
+  written: after all that on success, before the ``atexit`` handlers on failure (they
+  close the process group, its peers then fail, and torchrun may stop this rank), with
+  torchelastic's error file (``$TORCHELASTIC_ERROR_FILE``) so torchrun's own summary
+  names the exception. Only the interpreter's final
   teardown is skipped (see :func:`finish`).
 
 Without ``$DMLCTL_RANK_DIR`` it only runs the script and ends as above.
@@ -267,19 +269,32 @@ def finish(
     ``os._exit``: on gloo, a communication thread freed during the interpreter's own
     teardown can abort a rank that has already finished its work
     (pytorch/pytorch#190489), which would turn a successful run into a failed one."""
+    failed = outcome.error is not None
+    if failed:  # before atexit: see _record
+        _record(outcome, files, coll)
     with TRACKER.phase("exit"):  # joining threads may take long: not a hang
         shutdown = getattr(threading, "_shutdown", None)
         if callable(shutdown):
             shutdown()  # runs threading's atexit hooks (executors), joins non-daemon threads
         atexit._run_exitfuncs()
     _flush()
+    if not failed:
+        _record(outcome, files, coll)
+    os._exit(outcome.code)
+
+
+def _record(outcome: Outcome, files: RankFiles | None, coll: dict[str, Any] | None) -> None:
+    """Write the ``exit`` record (and, on failure, torchelastic's error file). A failed
+    rank writes them before its ``atexit`` handlers run: those close its process group
+    (``ctx.close``), its peers' collectives then fail at once, and torchrun may stop
+    this rank before a later record — leaving the peers' collateral errors as the only
+    explanation of the run's failure."""
     if outcome.error is not None:
         _write_torchelastic_error(outcome.error)
     if files is not None:
         files.heartbeat.stop()
         files.writer.exit(outcome.code, outcome.error, coll)
         files.writer.close()
-    os._exit(outcome.code)
 
 
 def run(argv: list[str]) -> NoReturn:

@@ -2,7 +2,7 @@
 
 torchrun sets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``; the
 dmlctl plan adds ``DMLCTL_ROLE``, ``DMLCTL_STRATEGY``, ``DMLCTL_STRATEGY_PARAMS`` and
-``DMLCTL_RANK_DIR`` (see :mod:`dmlctl.protocol`); with parameter servers,
+``DMLCTL_RANK_DIR`` and ``DMLCTL_BACKEND`` (see :mod:`dmlctl.protocol`); with parameter servers,
 ``DMLCTL_LOCAL_ROLES`` names each local rank's role. Every variable is optional: a plain
 ``python train.py`` is rank 0 of 1, role ``worker``, strategy ``ssgd`` with defaults.
 
@@ -19,8 +19,9 @@ from typing import Protocol
 
 from pydantic import BaseModel, ValidationError
 
-from dmlctl import mesh
+from dmlctl import gpus, mesh
 from dmlctl.protocol import (
+    ENV_BACKEND,
     ENV_PARALLELISM,
     ENV_PARALLELIZE,
     ENV_RANK_DIR,
@@ -60,6 +61,7 @@ class RunEnv:
     rank_dir: str | None
     layout: mesh.MeshLayout | None = None  # the job's parallelism block, resolved
     parallelize: str | None = None  # the job's ``parallelize: FILE:FUNCTION``
+    backend: str = gpus.AUTO  # the job's ``backend:`` (:data:`dmlctl.gpus.BACKENDS`)
 
 
 def _int(environ: Mapping[str, str], name: str, default: int) -> int:
@@ -110,7 +112,16 @@ def read_env(environ: Mapping[str, str], describe: Describe) -> RunEnv:
         rank_dir=environ.get(ENV_RANK_DIR) or None,
         layout=_layout(environ),
         parallelize=environ.get(ENV_PARALLELIZE) or None,
+        backend=_backend(environ),
     )
+
+
+def _backend(environ: Mapping[str, str]) -> str:
+    """``DMLCTL_BACKEND``, ``auto`` without it; ValueError naming it when unknown."""
+    raw = environ.get(ENV_BACKEND) or gpus.AUTO
+    if raw not in gpus.BACKENDS:
+        raise ValueError(f"{ENV_BACKEND}={raw!r} is not one of: {', '.join(gpus.BACKENDS)}")
+    return raw
 
 
 def _layout(environ: Mapping[str, str]) -> mesh.MeshLayout | None:

@@ -190,11 +190,13 @@ def bucket_sizes(bucket: GradBucket) -> list[int]:
 
 def filter_hook(state: FilterState, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
     """The DDP comm hook: encode (with the carried error), all-gather every worker's
-    bytes, decode and average them into the bucket."""
+    bytes, decode and average them into the bucket. The filters compute on the CPU:
+    a GPU bucket is copied off and back once."""
     buffer = bucket.buffer()
     index, n = bucket.index(), buffer.numel()
     sizes = bucket_sizes(bucket)
-    value = state.with_error(index, buffer.detach().reshape(-1))
+    # Encoded, exchanged (through gloo) and decoded on the CPU, GPU buckets included.
+    value = state.with_error(index, buffer.detach().reshape(-1).cpu())
     payload, sent = encode(state, value, sizes)
     state.keep_error(index, value, sent)
     world = dist.get_world_size()

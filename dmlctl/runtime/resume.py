@@ -4,8 +4,8 @@
   DDP), the optimizer (with a StrategyOptimizer's strategy state), the model's own
   ``strategy_state()`` (e.g. PowerSGD's error feedback), the RNG states, the data
   position and the user's extras;
-* :func:`capture_rng` / :func:`restore_rng` — torch (CPU + CUDA), ``random`` and numpy
-  generators, as values that load with ``weights_only=True``.
+* :func:`capture_rng` / :func:`restore_rng` — torch (CPU + this rank's GPU), ``random``
+  and numpy generators, as values that load with ``weights_only=True``.
 
 Writing and reading them atomically is :mod:`dmlctl.runtime.checkpoint`'s job.
 """
@@ -22,8 +22,8 @@ def capture_rng() -> dict[str, Any]:
     """torch (CPU + CUDA), ``random`` and numpy generator states, as tensors/tuples
     that load with ``weights_only=True``."""
     out: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if torch.cuda.is_available():
-        out["cuda"] = torch.cuda.get_rng_state_all()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        out["cuda"] = torch.cuda.get_rng_state()  # this rank's own GPU's
     try:
         import numpy as np
     except ImportError:  # pragma: no cover - numpy is optional
@@ -45,12 +45,25 @@ def restore_rng(state: dict[str, Any]) -> None:
     if "python" in state:
         random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        _restore_cuda_rng(state["cuda"])
     if "numpy" in state:
         import numpy as np
 
         keys, *rest = state["numpy"]
         np.random.set_state(("MT19937", keys.numpy().astype(np.uint32), *rest))
+
+
+def _restore_cuda_rng(saved: Any) -> None:
+    """This rank's GPU generator ← ``saved``: the state of the GPU the checkpoint's
+    rank used (resumed onto whichever GPU this rank has now). A checkpoint of an
+    older dmlctl holds every GPU's state (a list): this rank's index there, or the
+    first."""
+    if isinstance(saved, (list, tuple)):
+        if not saved:
+            return
+        index = torch.cuda.current_device()
+        saved = saved[index] if index < len(saved) else saved[0]
+    torch.cuda.set_rng_state(saved)
 
 
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:

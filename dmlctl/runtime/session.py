@@ -5,7 +5,8 @@ of this process, :func:`current` returns it again (see the contract in
 :func:`init` reads the environment, joins the default process group when the world is
 larger than 1, seeds every rank alike, finds the ranks' roles for a strategy with
 parameter servers, builds the job's device mesh over the workers (every rank takes
-part, servers too), and on a server rank serves and never returns. It is where the
+part, servers too), and on a server rank serves and never returns. The device and
+the backend are :mod:`dmlctl.runtime.devices`'s choice. It is where the
 runtime meets the strategies: it resolves the job's strategy through the registry
 and hands the context what it needs (the strategy's ``prepare``, the membership).
 """
@@ -20,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from dmlctl.protocol import ROLE_SERVER
-from dmlctl.runtime import guards
+from dmlctl.runtime import devices, guards
 from dmlctl.runtime.context import Context
 from dmlctl.runtime.env import read_env
 from dmlctl.runtime.membership import discover
@@ -41,14 +42,13 @@ def init(*, backend: str | None = None, seed: int | None = 0) -> Context:
     if _current is not None:
         return _current
     env = read_env(os.environ, registry.load)
-    if torch.cuda.is_available():
-        device = torch.device("cuda", env.local_rank)
+    placed = devices.place(env, os.environ, on_gpu=registry.uses_gpus(env.strategy))
+    device = placed.device
+    if device.type == "cuda":
         torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
     owns_group = False
     if env.world_size > 1 and not dist.is_initialized():
-        chosen = backend or ("nccl" if device.type == "cuda" else "gloo")
+        chosen = backend or placed.backend
         with guards.joining():
             dist.init_process_group(backend=chosen, rank=env.rank, world_size=env.world_size)
         owns_group = True
@@ -70,11 +70,22 @@ def init(*, backend: str | None = None, seed: int | None = 0) -> Context:
         membership=membership,
         mesh=device_mesh,
     )
+    if device.type == "cuda":
+        ctx.add_metrics_source(lambda: gpu_memory(device))
     ctx.on_close(lambda: _forget(ctx))  # runs last: a later init() starts afresh
     atexit.register(ctx.close)
     if env.role == ROLE_SERVER:
         _serve(ctx, module)
     return ctx
+
+
+def gpu_memory(device: torch.device) -> dict[str, float]:
+    """What PyTorch's allocator holds on ``device``: bytes allocated to tensors and
+    bytes reserved (no synchronisation; the dashboard's ``GPU mem`` column)."""
+    return {
+        "gpu_mem_bytes": float(torch.cuda.memory_allocated(device)),
+        "gpu_reserved_bytes": float(torch.cuda.memory_reserved(device)),
+    }
 
 
 def _forget(ctx: Context) -> None:

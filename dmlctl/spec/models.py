@@ -10,7 +10,7 @@ from them. The cluster models live in
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -171,6 +171,14 @@ class JobSpec(BaseModel):
     )
     strategy: StrategySpec = Field(
         default_factory=StrategySpec, description="Distributed strategy: a name or {name, params}."
+    )
+    backend: Literal["auto", "nccl", "gloo", "cpu:gloo,cuda:nccl"] = Field(
+        default="auto",
+        description="Process-group backend: 'auto' (the default: on a GPU rank "
+        "'cpu:gloo,cuda:nccl', CUDA tensors through NCCL and CPU tensors through gloo; "
+        "else gloo), 'nccl' (the same), 'cpu:gloo,cuda:nccl', or 'gloo' (everything "
+        "through gloo; workers may then share GPUs). Each worker takes its own GPU, "
+        "servers none.",
     )
     parameter_servers: int = Field(
         default=0,

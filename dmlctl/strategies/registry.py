@@ -33,7 +33,9 @@ class ParamsModule(Protocol):
     makes such a script fail before its first optimizer step (see :func:`needs_runtime`).
     It may define ``check_world(params, world_size) -> str | None`` and
     ``check_hosts(params, n_hosts) -> str | None``: why the job cannot run on that
-    many workers or hosts, or None.
+    many workers or hosts, or None. ``HOST_MEMORY = True`` says its workers train on
+    the CPU even on a GPU host (they share parameters through the host's memory; see
+    :func:`uses_gpus`).
     """
 
     Params: type[BaseModel]
@@ -221,6 +223,12 @@ def load(name: str) -> ParamsModule:
     """Import and return the params module of strategy ``name`` (cheap: no torch)."""
     module: ParamsModule = importlib.import_module(entry(name).params_module)
     return module
+
+
+def uses_gpus(name: str) -> bool:
+    """Whether strategy ``name``'s workers take a GPU where the host has one (every
+    strategy but those that share parameters through host memory)."""
+    return not getattr(load(name), "HOST_MEMORY", False)
 
 
 def load_runtime(name: str) -> RuntimeModule:

@@ -113,6 +113,8 @@ def _one(key: str, fmt: Callable[[object], str]) -> MetricCell:
 
 #: Metric key → (column header, cell), in column order.
 STRATEGY_COLUMNS: dict[str, tuple[str, MetricCell]] = {
+    # a GPU worker's memory: allocated by tensors / reserved by PyTorch's allocator
+    "gpu_mem_bytes": ("GPU mem", _pair("gpu_mem_bytes", "gpu_reserved_bytes", compact_bytes)),
     "comm_bytes_per_step": (
         "comm/step",
         _run_average("comm_bytes_per_step", CommTotals.bytes_per_step, compact_bytes),

@@ -96,6 +96,9 @@ def facts(**overrides: Any) -> str:
         "torch_error": None,
         "cuda": False,
         "gpus": 0,
+        "cuda_version": None,
+        "nccl": None,
+        "driver": None,
         "packages": packages(),
         "workdir": "/home/u/.dmlctl/work",
         "disk_free": 50 * GIB,
@@ -160,6 +163,17 @@ def rendered(report: DoctorReport) -> str:
 
 
 # ------------------------------------------------------------------ scripted hosts
+
+
+def test_a_gpu_host_shows_its_cuda_nccl_and_driver_versions_and_cpu_hosts_no_such_column() -> None:
+    gpu = facts(cuda=True, gpus=8, cuda_version="13.0", nccl="2.27.7", driver="580.159.04")
+    report = doctor(cluster(answers={"node-b": (0, gpu, "")}))
+    lines = rendered(report).splitlines()
+    (b_row,) = [line for line in lines if line.startswith("node-b")]
+    assert "8  CUDA 13.0, NCCL 2.27.7, driver 580.159.04" in b_row
+    (a_row,) = [line for line in lines if line.startswith("node-a")]
+    assert " 0  -  " in a_row
+    assert "cuda" not in rendered(doctor(cluster())).splitlines()[0]
 
 
 def test_all_good() -> None:

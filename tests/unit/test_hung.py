@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from tests import hung
@@ -21,6 +22,14 @@ wait_for_peer()
 """
 
 
+def asleep(pid: int, within: float = 10.0) -> None:
+    """Return once process ``pid`` sleeps (state S), or fail after ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "S":
+        assert time.monotonic() < deadline, f"process {pid} never slept"
+        time.sleep(0.01)
+
+
 def test_describe_lists_the_runs_processes_and_dumps_each_ranks_stack(tmp_path: Path) -> None:
     home = tmp_path / "home"
     rank_dir = home / "runs" / "r1" / "hosts" / "local"
@@ -34,6 +43,7 @@ def test_describe_lists_the_runs_processes_and_dumps_each_ranks_stack(tmp_path: 
     )
     try:
         assert rank.stdout is not None and rank.stdout.readline() == "ready\n"
+        asleep(rank.pid)  # past its print, in time.sleep (a loaded machine lags)
         text = hung.describe(home)
     finally:
         rank.kill()

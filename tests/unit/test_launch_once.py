@@ -107,7 +107,7 @@ def test_a_remote_launch_plans_once_on_the_port_of_the_first_placed_host(
 
     def doctor_run(hosts: list[Any], _transports: object, rdzv_port: int) -> Any:
         seen["doctor"] = ([h.name for h in hosts], rdzv_port)
-        return SimpleNamespace(ok=True)
+        return SimpleNamespace(ok=True, hosts=())
 
     def start(plan: LaunchPlan, *_args: object) -> LaunchResult:
         seen["plan"] = plan
@@ -151,3 +151,68 @@ def test_the_agent_gives_torchrun_the_plans_env_attempt_and_strategy_params(
     assert env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == "3"
     here = os.path.dirname(os.path.dirname(os.path.abspath(protocol.__file__)))
     assert env["PYTHONPATH"].split(os.pathsep)[0] == here
+
+
+def probed(gpus: int) -> Callable[..., Any]:
+    """A doctor whose every host passed with ``gpus`` GPUs."""
+
+    def run(hosts: list[Any], _transports: object, rdzv_port: int) -> Any:
+        del rdzv_port
+        reports = tuple(SimpleNamespace(host=h.name, facts={"gpus": gpus}) for h in hosts)
+        return SimpleNamespace(ok=True, hosts=reports)
+
+    return run
+
+
+def remote_up_to_the_plan(monkeypatch: pytest.MonkeyPatch, gpus: int) -> list[str]:
+    """Fakes for every step of a remote launch before the plan (the doctor reporting
+    ``gpus`` GPUs per host); returns the steps taken after the doctor."""
+    after: list[str] = []
+    monkeypatch.setattr(api, "make_transports", lambda hosts, _o: {h.name: h.name for h in hosts})
+    monkeypatch.setattr(api, "network_address", lambda _t, address: address)
+    monkeypatch.setattr(api, "pick_port", lambda *_a: 4242)
+    monkeypatch.setattr(doctor, "run_doctor", probed(gpus))
+    monkeypatch.setattr(api, "_start", lambda plan, *_a: LaunchResult(plan.run_id, None, None, 0))
+    for name in ("sync_code", "run_setup"):
+        monkeypatch.setattr(ship, name, lambda *_a, _n=name: after.append(_n))
+    return after
+
+
+def test_more_workers_than_a_hosts_gpus_is_refused_after_the_preflight_before_any_code_moves(
+    tmp_path: Path, calls: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    after = remote_up_to_the_plan(monkeypatch, gpus=1)
+    job_file, cluster_file = specs(tmp_path, "script: train.py\nworkers: 3\n")
+    with pytest.raises(
+        SpecError,
+        match=f"{job_file}:2 workers: host 'a': 2 workers on 1 GPU: NCCL cannot put two ranks "
+        "on one GPU; lower workers to 1, or set backend: gloo",
+    ):
+        launch(job_file, cluster_file, tmp_path)
+    assert calls == ["place"] and after == []
+
+
+def test_workers_share_a_hosts_gpus_under_gloo_and_a_cpu_host_takes_any_number(
+    tmp_path: Path, calls: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    after = remote_up_to_the_plan(monkeypatch, gpus=1)
+    job_file, cluster_file = specs(tmp_path, "script: train.py\nworkers: 3\nbackend: gloo\n")
+    launch(job_file, cluster_file, tmp_path)
+    assert calls == ["place", "plan"] and after == ["sync_code", "run_setup"]
+    remote_up_to_the_plan(monkeypatch, gpus=0)
+    launch(*specs(tmp_path, "script: train.py\nworkers: 3\n"), tmp_path)
+
+
+def test_on_this_machine_more_workers_than_gpus_is_refused_at_plan_time_naming_the_backend(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(api, "count_local_gpus", lambda env: 1)
+    (tmp_path / "train.py").write_text("")
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text("hosts:\n  - {name: here, address: localhost, slots: 2}\n")
+    job = tmp_path / "job.yaml"
+    job.write_text("script: train.py\nworkers: 2\nbackend: nccl\n")
+    with pytest.raises(SpecError, match=f"{job}:3 backend: host 'here': 2 workers on 1 GPU"):
+        launch(job, cluster, tmp_path, dry_run=True)
+    job.write_text("script: train.py\nworkers: 2\nstrategy: hogwild\n")  # trains on the CPU
+    assert launch(job, cluster, tmp_path, dry_run=True).exit_code == 0

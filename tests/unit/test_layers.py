@@ -34,6 +34,7 @@ BASE = {
     "dmlctl.errors",
     "dmlctl.protocol",
     "dmlctl.mesh",
+    "dmlctl.gpus",
     "dmlctl.redact",
     "dmlctl.checkpoint_files",
     "dmlctl.text",

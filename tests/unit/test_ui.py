@@ -343,3 +343,17 @@ def test_header_shows_the_newest_checkpoint_and_its_copy() -> None:
     assert (resized.world_size, resized.hosts) == (2, ("host-b",))
     assert [r.host for r in resized.ranks] == ["host-b", "host-b"]
     assert RunState.from_dict(resized.to_dict()) == resized
+
+
+def test_a_gpu_worker_shows_its_allocated_and_reserved_gpu_memory_and_a_cpu_run_no_column() -> None:
+    from dataclasses import replace
+
+    from dmlctl.ui.format import rank_table
+
+    state = new_run_state("r", "j", "ssgd", [(0, "a", "worker"), (1, "a", "server")], 0.0)
+    gpu, server = state.ranks
+    gpu = replace(gpu, metrics={"gpu_mem_bytes": 1.5 * 2**30, "gpu_reserved_bytes": 2 * 2**30})
+    text = render(rank_table([gpu, server]), width=160)
+    assert "GPU mem" in text
+    assert "1.5 GiB/2.0 GiB" in text and "-/-" in text  # the server: on the CPU
+    assert "GPU mem" not in render(rank_table(state.ranks), width=160)

@@ -8,6 +8,9 @@ from pydantic import BaseModel, Field
 from dmlctl.strategies.params import MAX_PERIOD, PARAMS_CONFIG, WORKERS_ONLY, derived
 
 ROLES: tuple[str, ...] = WORKERS_ONLY
+#: The workers train on the CPU even on a GPU host: they share parameters through
+#: the host's memory.
+HOST_MEMORY = True
 
 MAX_FIELD = 64
 """Largest sample field index ``coordinates`` may name."""

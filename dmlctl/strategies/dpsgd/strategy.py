@@ -52,6 +52,7 @@ import torch
 import torch.distributed as dist
 from pydantic import BaseModel
 
+from dmlctl.runtime import staged
 from dmlctl.runtime.optimizer import StrategyOptimizer
 from dmlctl.strategies import topology
 from dmlctl.strategies.common import (
@@ -100,10 +101,7 @@ class DPSGDOptimizer(StrategyOptimizer):
         start = time.perf_counter()
         flat = flat_params(self.params)
         received = {j: torch.empty_like(flat) for j in self.peers}
-        ops = [dist.P2POp(dist.isend, flat, j) for j in self.peers]
-        ops += [dist.P2POp(dist.irecv, received[j], j) for j in self.peers]
-        for work in dist.batch_isend_irecv(ops):
-            work.wait()
+        staged.exchange([(flat, j) for j in self.peers], [(received[j], j) for j in self.peers])
         mixed = flat * self.weights[self.rank]
         for j, buffer in received.items():
             mixed.add_(buffer, alpha=self.weights[j])

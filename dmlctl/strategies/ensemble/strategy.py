@@ -68,6 +68,7 @@ import torch.nn.functional as F
 from pydantic import BaseModel
 from torch.func import functional_call
 
+from dmlctl.runtime import staged
 from dmlctl.runtime.optimizer import StrategyOptimizer
 from dmlctl.strategies.common import assign_flat, flat_params, tensor_bytes
 from dmlctl.strategies.ensemble.params import Params
@@ -156,7 +157,7 @@ class EnsembleOptimizer(StrategyOptimizer):
         mine = flat_params([t for _, t in self.exchanged()])
         out = [torch.empty_like(mine) for _ in range(self.world_size)]
         began = time.perf_counter()
-        dist.all_gather(out, mine)
+        staged.all_gather(out, mine)
         self.meter.add((self.world_size - 1) * tensor_bytes([mine]), time.perf_counter() - began)
         return out
 

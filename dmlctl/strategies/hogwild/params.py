@@ -8,6 +8,9 @@ from pydantic import BaseModel, ConfigDict
 from dmlctl.strategies.params import WORKERS_ONLY
 
 ROLES: tuple[str, ...] = WORKERS_ONLY
+#: The workers train on the CPU even on a GPU host: they share parameters through
+#: the host's memory.
+HOST_MEMORY = True
 
 
 class Params(BaseModel):
