@@ -7,6 +7,7 @@ module must stay cheap to import: no torch, no pydantic at import time.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import typer
 
@@ -25,7 +26,18 @@ from dmlctl.cli import (
     stop_cmd,
     strategies_cmd,
 )
+from dmlctl.cli.library_logs import route_library_logs
 from dmlctl.errors import DmlctlError, ExitCode
+
+SSH_LOG = "ssh.log"
+"""The SSH library's warnings and errors, in ``$DMLCTL_HOME`` (see
+:mod:`dmlctl.cli.library_logs`)."""
+
+
+def _ssh_log() -> Path:
+    from dmlctl.runs.store import dmlctl_home  # only when a library logs something
+
+    return dmlctl_home() / SSH_LOG
 
 
 def _hide_flag_types() -> None:
@@ -98,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     debug = "--debug" in args
     if debug:
         args.remove("--debug")
+    route_library_logs(_ssh_log, debug=debug)
     try:
         rv = app(args=args, prog_name="dmlctl", standalone_mode=False)
     except DmlctlError as e:

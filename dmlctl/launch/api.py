@@ -27,7 +27,7 @@ from dmlctl.plan.build import JobPlacement, as_run, build_plan, check_gpus, plac
 from dmlctl.plan.model import LaunchPlan
 from dmlctl.plan.render import render_plan
 from dmlctl.provision.ports import free_port, pick_port
-from dmlctl.redact import Redactor
+from dmlctl.redact import Redactor, redact_arg
 from dmlctl.runs import secrets as run_secrets
 from dmlctl.runs.files import DiskFull, StoreError, private_opener, private_umask
 from dmlctl.runs.state import RunState, new_run_state
@@ -81,11 +81,14 @@ class LaunchResult:
 
 
 def _spec_copy(model: JobSpec | ClusterSpec, source: Path | None, redactor: Redactor) -> str:
-    """The YAML kept in ``specs/``: the spec as validated, every env value redacted
-    and any known secret hidden wherever else it stands (``args``, ``setup``)."""
+    """The YAML kept in ``specs/``: the spec as validated, every env value redacted,
+    each secret-holding argument in its redacted form, and any known secret hidden
+    wherever else it stands (``args``, ``setup``)."""
     data = model.model_dump(mode="json", exclude_defaults=True)
     for env in _envs_of(data):
         env.update(run_secrets.redacted_env(env))
+    if "args" in data:  # a token or URL password in an argument, as the plan shows it
+        data["args"] = [redact_arg(a) for a in data["args"]]
     head = f"# {source} as validated by dmlctl; env values redacted\n" if source else ""
     return head + redactor.text(yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
 
@@ -214,7 +217,8 @@ def _prepare_remote(
             if first.is_local
             else pick_port(transports[first.name], first.python, options.connect_timeout)
         )
-        report = run_doctor(hosts, transports, rdzv_port=port)
+        # torch's facts may come from each host's previous probe (unchanged since)
+        report = run_doctor(hosts, transports, rdzv_port=port, reuse_torch=True)
     if not report.ok:
         console.print(render_doctor(report))
         raise ProvisionError(

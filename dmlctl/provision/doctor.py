@@ -280,12 +280,15 @@ def run_doctor(
     max_clock_skew: float = 2.0,
     clock: Callable[[], float] = time.time,
     packages: Sequence[Needed] | None = None,
+    reuse_torch: bool = False,
 ) -> DoctorReport:
     """Check every host (see the module promises); ``transports`` maps host name to
     transport. Clock skew is ``remote time - midpoint`` of the window in which the
     probe can have answered (after its own run time, before its reply arrived).
     ``packages``: what the ``packages`` check asks for (default: what the ranks import,
-    :func:`~dmlctl.provision.requirements.data_plane_requirements`)."""
+    :func:`~dmlctl.provision.requirements.data_plane_requirements`). ``reuse_torch``:
+    a host may answer torch's facts from its previous probe (see
+    :func:`~dmlctl.provision.probe.probe_argv`)."""
     if missing := [h.name for h in hosts if h.name not in transports]:
         raise ValueError(f"no transport for hosts {missing}")
     if not hosts:
@@ -294,7 +297,10 @@ def run_doctor(
     asked = [(m, n.dist) for n in needed for m in n.modules]
     first = hosts[0]
     calls = {
-        h.name: (transports[h.name], probe.probe_argv(h, rdzv_port if h is first else None, asked))
+        h.name: (
+            transports[h.name],
+            probe.probe_argv(h, rdzv_port if h is first else None, asked, reuse_torch=reuse_torch),
+        )
         for h in hosts
     }
     answers = probe.fan_out(calls, timeout=timeout, clock=clock)

@@ -36,6 +36,7 @@ PROBE_KEYS = (
     "platform",
     "torch",
     "torch_error",
+    "torch_reused",
     "cuda",
     "gpus",
     "cuda_version",
@@ -54,7 +55,14 @@ PROBE_KEYS = (
 """Every key of the probe's JSON object (values are null when not applicable).
 ``packages`` maps each import name asked about to ``{"dist", "version", "error"}``:
 ``error`` is null or one short line (why the import failed), ``version`` the
-installed distribution's version (else the module's ``__version__``, else null)."""
+installed distribution's version (else the module's ``__version__``, else null).
+
+``torch_reused``: torch's facts (version, CUDA, GPUs, CUDA and NCCL versions) come from
+the host's previous probe, kept in ``WORKDIR/.probe-torch.json`` after an import that
+succeeded, because nothing they depend on changed: the interpreter, torch's
+``__init__.py`` (path, mtime, size), ``CUDA_VISIBLE_DEVICES``, the driver's GPUs and
+version. Only a probe asked to (``reuse``: the launch's preflight, which runs at every
+launch) reuses them; ``dmlctl doctor`` always imports torch."""
 
 # Python >= 3.8, standard library only: no annotations, no walrus, no match. The
 # answer's time is taken last, after the slow imports, so the controller can bound
@@ -74,20 +82,63 @@ def short(e):  # an import error's own message says it all; others need their ty
     text = str(e) if isinstance(e, ImportError) else "%s: %s" % (type(e).__name__, e)
     lines = text.strip().splitlines()
     return (lines[0] if lines else type(e).__name__)[:200]
-try:
-    import torch
-    out["torch"] = str(torch.__version__)
+TORCH_FACTS = ("torch", "cuda", "gpus", "cuda_version", "nccl")
+def torch_key():  # what a torch import's answer depends on; None: cannot tell
     try:
-        out["cuda"] = bool(torch.cuda.is_available())
-        out["gpus"] = int(torch.cuda.device_count())
-        out["cuda_version"] = torch.version.cuda
-        if out["gpus"]:
-            import torch.cuda.nccl
-            out["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
-    except Exception as e:
-        out["torch_error"] = "cuda: " + err(e)
-except BaseException as e:
-    out["torch_error"] = err(e)
+        import importlib.util
+        spec = importlib.util.find_spec("torch")
+        st = os.stat(spec.origin)
+        try:
+            gpus = sorted(os.listdir("/proc/driver/nvidia/gpus"))
+        except OSError:
+            gpus = None
+        try:
+            with open("/proc/driver/nvidia/version") as f:
+                driver = f.readline()
+        except OSError:
+            driver = None
+        return [os.path.realpath(sys.executable), spec.origin, st.st_mtime_ns, st.st_size,
+                os.environ.get("CUDA_VISIBLE_DEVICES"), gpus, driver]
+    except Exception:
+        return None
+cache = os.path.join(os.path.abspath(os.path.expanduser(sys.argv[1])), ".probe-torch.json")
+key = torch_key() if len(sys.argv) > 4 and sys.argv[4] == "reuse" else None
+cached = None
+if key is not None:
+    try:
+        with open(cache) as f:
+            cached = json.load(f)
+        if cached.get("key") != key:
+            cached = None
+    except Exception:
+        cached = None
+out["torch_reused"] = cached is not None
+if cached is not None:
+    for k in TORCH_FACTS:
+        out[k] = cached[k]
+else:
+    try:
+        import torch
+        out["torch"] = str(torch.__version__)
+        try:
+            out["cuda"] = bool(torch.cuda.is_available())
+            out["gpus"] = int(torch.cuda.device_count())
+            out["cuda_version"] = torch.version.cuda
+            if out["gpus"]:
+                import torch.cuda.nccl
+                out["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        except Exception as e:
+            out["torch_error"] = "cuda: " + err(e)
+    except BaseException as e:
+        out["torch_error"] = err(e)
+    if key is not None and out["torch_error"] is None:
+        try:
+            os.makedirs(os.path.dirname(cache), exist_ok=True)
+            with open(cache + ".tmp", "w") as f:
+                json.dump(dict({"key": key}, **{k: out[k] for k in TORCH_FACTS}), f)
+            os.replace(cache + ".tmp", cache)
+        except Exception:
+            pass
 try:  # "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.04  ..."
     with open("/proc/driver/nvidia/version") as f:
         words = f.readline().split()
@@ -103,6 +154,9 @@ for pair in (sys.argv[3] if len(sys.argv) > 3 else "").split(","):
         continue
     name, _, dist = pair.partition("=")
     found = out["packages"][name] = {"dist": dist or name, "version": None, "error": None}
+    if name == "torch" and cached is not None:  # imported by an earlier probe, unchanged
+        found["version"] = cached["torch"]
+        continue
     try:
         mod = importlib.import_module(name)
     except BaseException as e:
@@ -195,12 +249,19 @@ print("ok")
 
 
 def probe_argv(
-    host: ResolvedHost, port: int | None, packages: Sequence[tuple[str, str]] = ()
+    host: ResolvedHost,
+    port: int | None,
+    packages: Sequence[tuple[str, str]] = (),
+    *,
+    reuse_torch: bool = False,
 ) -> list[str]:
-    """``[python, -c, PROBE, workdir, port or "", "mod=dist,…"]``: probe ``host`` (and
-    ``port``), importing each ``(import name, distribution)`` of ``packages``."""
+    """``[python, -c, PROBE, workdir, port or "", "mod=dist,…"(, "reuse")]``: probe
+    ``host`` (and ``port``), importing each ``(import name, distribution)`` of
+    ``packages``. ``reuse_torch``: take torch's facts from the host's last probe when
+    nothing they depend on changed (see :data:`PROBE_KEYS`), instead of importing it."""
     asked = ",".join(f"{module}={dist}" for module, dist in packages)
-    return [host.python, "-c", PROBE, host.workdir, "" if port is None else str(port), asked]
+    argv = [host.python, "-c", PROBE, host.workdir, "" if port is None else str(port), asked]
+    return [*argv, "reuse"] if reuse_torch else argv
 
 
 def listener_argv(host: ResolvedHost, port: int, lifetime: float) -> list[str]:

@@ -1,8 +1,9 @@
 """The real env values of a run, kept apart from its plan (``secrets.json``, 0600).
 
 ``plan.json`` and the stored specs hold every value of the job's and cluster's
-``env`` as ``<redacted>``, so they can be read, copied and attached to bug reports;
-the values themselves live only in ``secrets.json``, which the controller reads
+``env`` as ``<redacted>``, and each script argument that holds a secret in its
+redacted form, so they can be read, copied and attached to bug reports; the values
+themselves live only in ``secrets.json``, which the controller reads
 back when it starts from the run directory (``--detach``, ``--resume``).
 """
 
@@ -12,34 +13,70 @@ import copy
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from dmlctl.redact import REDACTED
+from dmlctl.redact import REDACTED, redact_arg
 
 Secrets = dict[str, dict[str, str]]
 """Host name → {variable: real value}."""
+
+
+ARGS = ":args"
+"""The entry of ``secrets.json`` that holds the script arguments hidden in the plan
+(``"job/3"``, ``"host:NAME/3"`` → value; ``:`` is never in a host's name)."""
 
 
 def split(
     plan: Mapping[str, Any], keys: Mapping[str, Collection[str]]
 ) -> tuple[dict[str, Any], Secrets]:
     """``plan`` (a plan's JSON data) with the env values named by ``keys`` (host →
-    variable names) replaced by ``<redacted>``, and those values."""
+    variable names) replaced by ``<redacted>``, and the script arguments that hold a
+    secret (:func:`~dmlctl.redact.redact_arg`: ``--token=…``, a bare token, a URL's
+    password) shown redacted; and the real values."""
     data = copy.deepcopy(dict(plan))
     secrets: Secrets = {}
+    args = _hide_args("job", data)
     for host in (*data.get("hosts", ()), *data.get("spares", ())):
         env = host.get("env", {})
         hidden = {k: env[k] for k in keys.get(host["name"], ()) if k in env}
         if hidden:
             secrets[host["name"]] = hidden
             env.update(dict.fromkeys(hidden, REDACTED))
+        args.update(_hide_args(f"host:{host['name']}", host.get("torchrun", {})))
+    if args:
+        secrets[ARGS] = args
     return data, secrets
+
+
+def _hide_args(where: str, holder: dict[str, Any]) -> dict[str, str]:
+    """Replace ``holder["args"]`` by a list with each secret-holding argument in its
+    redacted form; return the real ones by ``where/index``."""
+    hidden: dict[str, str] = {}
+    args = list(holder.get("args") or ())
+    for i, arg in enumerate(args):
+        if isinstance(arg, str) and (shown := redact_arg(arg)) != arg:
+            hidden[f"{where}/{i}"] = arg
+            args[i] = shown
+    if hidden:
+        holder["args"] = args
+    return hidden
 
 
 def merge(plan: Mapping[str, Any], secrets: Mapping[str, Mapping[str, str]]) -> dict[str, Any]:
     """The inverse of :func:`split`."""
     data = copy.deepcopy(dict(plan))
+    args = secrets.get(ARGS, {})
+    _put_args(data, "job", args)
     for host in (*data.get("hosts", ()), *data.get("spares", ())):
         host.setdefault("env", {}).update(secrets.get(host["name"], {}))
+        _put_args(host.get("torchrun", {}), f"host:{host['name']}", args)
     return data
+
+
+def _put_args(holder: dict[str, Any], where: str, hidden: Mapping[str, str]) -> None:
+    """Put the real arguments of ``where`` back into ``holder["args"]``."""
+    args = list(holder.get("args") or ())
+    real = {i: hidden[f"{where}/{i}"] for i in range(len(args)) if f"{where}/{i}" in hidden}
+    if real:
+        holder["args"] = [real.get(i, arg) for i, arg in enumerate(args)]
 
 
 def redacted_env(env: Mapping[str, str]) -> dict[str, str]:

@@ -23,7 +23,7 @@ from torch import nn
 import dmlctl
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--epochs", type=int, default=5)
+parser.add_argument("--epochs", type=int, default=2)
 parser.add_argument("--steps", type=int, default=0, help="stop after this many steps (0: no limit)")
 parser.add_argument("--lr", type=float, default=6e-3)
 parser.add_argument("--batch-size", type=int, default=32, help="per worker")

@@ -169,9 +169,17 @@ SECRETS = {
 }
 
 
+#: Script arguments that hold secrets, and the part of each that must stay hidden.
+SECRET_ARGS = {
+    "--token=ghp_Zq8rT2mVx9LpW4nB7cK3yJ6dQ1": "ghp_Zq8rT2mVx9LpW4nB7cK3yJ6dQ1",
+    "postgres://u:argpw-9876@h/db": "argpw-9876",
+}
+
+
 def test_secrets_stay_out_of_what_is_stored_and_printed(cli: Cli, tmp_path: Path) -> None:
     env = ", ".join(f"{k}: '{v}'" for k, v in {**SECRETS, "NAMES": ",".join(SECRETS)}.items())
-    job = _job(tmp_path, "secrets", f"env: {{{env}}}", "strategy: none")
+    args = ", ".join(f"'{a}'" for a in SECRET_ARGS)
+    job = _job(tmp_path, "secrets", f"env: {{{env}}}", "strategy: none", f"args: [{args}]")
     dry = cli.run("launch", str(job), "--dry-run")
     assert dry.returncode == 0, _said(dry)
     assert "postgres://u:<redacted>@h/db" in dry.stdout
@@ -194,6 +202,16 @@ def test_secrets_stay_out_of_what_is_stored_and_printed(cli: Cli, tmp_path: Path
     assert "DB_URL=postgres://u:<redacted>@h/db" in logs and "API_TOKEN=<redacted>" in logs
     real = json.loads((run / "secrets.json").read_text())
     assert {k: v for host in real.values() for k, v in host.items() if k in SECRETS} == SECRETS
+    for i, (arg, hidden) in enumerate(SECRET_ARGS.items()):  # the rank got the real ones
+        assert f"arg {i} ({len(arg)} characters)" in logs, logs
+        for text in (dry.stdout, proc.stdout, proc.stderr):
+            assert hidden not in text
+        for path in run.rglob("*"):  # plan.json and specs/job.yaml included
+            if path.is_file() and path.name != "secrets.json":
+                assert hidden.encode() not in path.read_bytes(), path
+        assert arg in real[":args"].values()
+    plan = json.loads((run / "plan.json").read_text())
+    assert plan["args"] == ["--token=<redacted>", "postgres://u:<redacted>@h/db"]
     for path in [run, *run.rglob("*")]:
         mode = stat.S_IMODE(path.stat().st_mode)
         assert mode == (0o700 if path.is_dir() else 0o600), f"{path}: {oct(mode)}"

@@ -463,14 +463,41 @@ def free_port() -> int:
 
 
 def run_probe(
-    python: str, workdir: Path, port: int | None, asked: Sequence[tuple[str, str]] = ()
+    python: str,
+    workdir: Path,
+    port: int | None,
+    asked: Sequence[tuple[str, str]] = (),
+    reuse: bool = False,
+    env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     h = host("local", python=python, workdir=str(workdir))
-    res = LocalTransport("local").run(probe_argv(h, port, asked), timeout=60)
+    argv = probe_argv(h, port, asked, reuse_torch=reuse)
+    if env is not None:
+        argv = ["env", *(f"{k}={v}" for k, v in env.items()), *argv]
+    res = LocalTransport("local").run(argv, timeout=60)
     assert res.exit_code == 0, res.stderr
     parsed = read_probe(res.stdout, NOW, NOW)
     assert parsed is not None and set(PROBE_KEYS) <= set(parsed)
     return parsed
+
+
+@pytest.mark.integration
+def test_a_launchs_probe_reuses_torchs_facts_until_what_they_depend_on_changes(
+    tmp_path: Path,
+) -> None:
+    work, asked = tmp_path / "work", [("torch", "torch")]
+    first = run_probe(sys.executable, work, None, asked, reuse=True)
+    again = run_probe(sys.executable, work, None, asked, reuse=True)
+    keys = ("torch", "cuda", "gpus", "cuda_version", "nccl")
+    assert not first["torch_reused"] and again["torch_reused"]
+    assert {k: again[k] for k in keys} == {k: first[k] for k in keys}
+    assert again["packages"]["torch"] == first["packages"]["torch"]
+    assert again["elapsed"] < first["elapsed"]  # no torch import
+    other = run_probe(
+        sys.executable, work, None, asked, reuse=True, env={"CUDA_VISIBLE_DEVICES": ""}
+    )
+    assert not other["torch_reused"]  # what CUDA sees changed: imported again
+    assert not run_probe(sys.executable, work, None, asked)["torch_reused"]  # doctor's probe
 
 
 @pytest.mark.integration

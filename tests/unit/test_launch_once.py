@@ -105,7 +105,7 @@ def test_a_remote_launch_plans_once_on_the_port_of_the_first_placed_host(
 ) -> None:
     seen: dict[str, Any] = {}
 
-    def doctor_run(hosts: list[Any], _transports: object, rdzv_port: int) -> Any:
+    def doctor_run(hosts: list[Any], _transports: object, rdzv_port: int, **_kw: Any) -> Any:
         seen["doctor"] = ([h.name for h in hosts], rdzv_port)
         return SimpleNamespace(ok=True, hosts=())
 
@@ -156,7 +156,7 @@ def test_the_agent_gives_torchrun_the_plans_env_attempt_and_strategy_params(
 def probed(gpus: int) -> Callable[..., Any]:
     """A doctor whose every host passed with ``gpus`` GPUs."""
 
-    def run(hosts: list[Any], _transports: object, rdzv_port: int) -> Any:
+    def run(hosts: list[Any], _transports: object, rdzv_port: int, **_kw: Any) -> Any:
         del rdzv_port
         reports = tuple(SimpleNamespace(host=h.name, facts={"gpus": gpus}) for h in hosts)
         return SimpleNamespace(ok=True, hosts=reports)

@@ -86,3 +86,24 @@ def test_the_redactor_hides_known_values_wherever_they_stand() -> None:
     )
     assert not redactor.needed("nothing to hide here")
     assert not Redactor().active and Redactor().text("plain") == "plain"
+
+
+def test_a_plans_secret_arguments_are_stored_redacted_and_put_back_whole() -> None:
+    from dmlctl.runs import secrets
+
+    token = "--token=ghp_Zq8rT2mVx9LpW4nB7cK3yJ6dQ1"
+    args = ["--epochs", "3", token, "postgres://u:pw-123456@h/db"]
+    plan = {
+        "args": tuple(args),  # as LaunchPlan.to_dict() gives them
+        "hosts": [{"name": "a", "env": {"K": "v"}, "torchrun": {"args": list(args)}}],
+        "spares": [{"name": "b", "env": {}, "torchrun": {"args": list(args)}}],
+    }
+    shown, hidden = secrets.split(plan, {"a": ["K"]})
+    redacted = ["--epochs", "3", "--token=<redacted>", "postgres://u:<redacted>@h/db"]
+    assert shown["args"] == redacted
+    assert [h["torchrun"]["args"] for h in shown["hosts"] + shown["spares"]] == [redacted] * 2
+    assert "ghp_" not in str(shown) and "pw-123456" not in str(shown)
+    assert plan["args"] == tuple(args)  # the plan itself is left as it was
+    back = secrets.merge(shown, hidden)
+    assert back["args"] == args and back["hosts"] == plan["hosts"]
+    assert back["spares"] == plan["spares"]

@@ -1,8 +1,11 @@
 """Prints every variable named in NAMES (comma-separated) with its value and length,
-as a careless script would."""
+as a careless script would, and the length of each of its arguments."""
 
 import os
+import sys
 
 for name in os.environ["NAMES"].split(","):
     value = os.environ[name]
     print(f"{name}={value} ({len(value)} characters)", flush=True)
+for i, arg in enumerate(sys.argv[1:]):
+    print(f"arg {i} ({len(arg)} characters)", flush=True)
