@@ -26,6 +26,7 @@ from dmlctl.cli import (
     stop_cmd,
     strategies_cmd,
 )
+from dmlctl.cli.closed_pipe import ForgivingStream
 from dmlctl.cli.library_logs import route_library_logs
 from dmlctl.errors import DmlctlError, ExitCode
 
@@ -107,6 +108,9 @@ def _error(message: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns (and, as a console script, exits with) the exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
+    if argv is None:  # the real command: a reader that goes away stops nothing
+        sys.stdout = ForgivingStream(sys.stdout)
+        sys.stderr = ForgivingStream(sys.stderr)
     debug = "--debug" in args
     if debug:
         args.remove("--debug")
@@ -130,6 +134,10 @@ def main(argv: list[str] | None = None) -> int:
         code = int(ExitCode.BAD_INPUT)
     except KeyboardInterrupt:
         code = int(ExitCode.INTERRUPTED)
+    except BrokenPipeError:  # bytes to a reader that had enough (`dmlctl logs RUN | head`)
+        if isinstance(sys.stdout, ForgivingStream):
+            sys.stdout.lose_reader()
+        code = 0
     except Exception as e:
         if debug:
             raise

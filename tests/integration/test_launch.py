@@ -6,6 +6,8 @@ import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -53,11 +55,17 @@ def test_plain_torchrun_script_runs_unchanged(finished_runs: FinishedRuns) -> No
     assert cli.state(run_id)["phase"] == "succeeded"
 
 
-def test_every_log_line_is_kept(cli: Cli) -> None:
+def test_every_log_line_is_kept_when_the_terminals_reader_goes_away(cli: Cli) -> None:
+    """``dmlctl launch job.yaml --ui plain | head -3``: the view's reader leaves after 3
+    lines, the run goes on and ends as it would have, every line in its logs."""
     lines = 25000
-    proc = cli.run("launch", str(JOBS / "chatty" / "job.yaml"), "--ui", "quiet")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = cli.popen("launch", str(JOBS / "chatty" / "job.yaml"), "--ui", "plain")
+    assert proc.stdout is not None
+    first = [proc.stdout.readline() for _ in range(3)]
+    proc.stdout.close()  # as `head -3` does
+    assert proc.wait(timeout=120) == 0, first
     run_id = only_run(cli)
+    assert cli.state(run_id)["phase"] == "succeeded"
     logs = cli.home / "runs" / run_id / "logs"
     for rank in (0, 1):
         got = (logs / f"rank-{rank}.log").read_text().splitlines()
@@ -66,6 +74,16 @@ def test_every_log_line_is_kept(cli: Cli) -> None:
         ]
     merged = (logs / "merged.log").read_text().splitlines()
     assert sum(1 for line in merged if line.startswith("[rank ")) == 2 * lines
+    reader = subprocess.Popen(  # `dmlctl logs RUN | head -1`: it ends quietly
+        [sys.executable, "-m", "dmlctl", "logs", run_id],
+        env=cli.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert reader.stdout is not None and reader.stdout.readline()
+    reader.stdout.close()
+    assert reader.wait(timeout=60) == 0
+    assert reader.stderr is not None and reader.stderr.read() == b""
 
 
 def test_control_characters_a_rank_prints_reach_the_terminal_escaped(cli: Cli) -> None:
@@ -213,6 +231,7 @@ def test_init_project_launches_as_is(cli: Cli, tmp_path: Path) -> None:
     proc = cli.run("launch", "job.yaml", "--ui", "plain", cwd=tmp_path / "myproj")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     run_id = only_run(cli)
+    assert run_id.startswith("myproj-")  # the job is named after its project
     records = [
         json.loads(line)
         for line in (cli.home / "runs" / run_id / "metrics.jsonl").read_text().splitlines()
