@@ -4,7 +4,7 @@ are found within hang_timeout + 2 s, with the right rank and frame, after every
 rank's stacks were dumped.
 
 The workload is the benchmark's (``dmlctl/bench/hang_job/train.py``); here with
-hang_timeout 4 s and stretches of 8 s (+6 s on rank 1, while rank 0 waits for it in a
+hang_timeout 4 s and stretches of 6 s (+5 s on rank 1, while rank 0 waits for it in a
 collective): each healthy case would have been killed by a detector that calls any
 rank without progress for hang_timeout seconds hung. The four healthy runs go side by
 side (they mostly wait); the hangs one at a time, their delays bounded.
@@ -44,7 +44,7 @@ def _job(tmp_path: Path, scenario: str) -> Path:
     job = tmp_path / f"{scenario}.yaml"
     job.write_text(
         f"name: hang-{scenario}\nscript: train.py\nworkdir: {JOB_DIR}\nworkers: 2\n"
-        f"args: [--scenario, {scenario}, --seconds, '8', --skew, '6', --steps, '40']\n"
+        f"args: [--scenario, {scenario}, --seconds, '6', --skew, '5', --steps, '40']\n"
         f"restart: {{hang_timeout: {TIMEOUT}, max_infra_restarts: 0}}\n"
     )
     return job
@@ -63,7 +63,7 @@ HEALTHY = ("prep", "gil", "compile", "eval")
 def healthy_runs(
     tmp_path_factory: pytest.TempPathFactory, burner: None
 ) -> dict[str, tuple[str, str, dict[str, object]]]:
-    """The healthy scenarios launched side by side (they mostly wait: 8 s stretches),
+    """The healthy scenarios launched side by side (they mostly wait: 6 s stretches),
     each in its own home: scenario → (run id, output, final state). Four runs at once
     beside the burner load the cores more than one would: a detector that mistook a
     slow, healthy stretch for a hang would do so here first."""
