@@ -192,9 +192,14 @@ class AttemptRunner:
         return state
 
     def _silent_hosts(self, run: Attempt) -> list[Event]:
-        """The exits of the agents silent for longer than ``host_timeout`` (killed)."""
+        """The exits of the agents silent for longer than ``host_timeout`` (killed).
+        An agent on this machine whose process still runs is never lost: its silence
+        is the machine's load (it is judged by its exit, and its ranks by the hang
+        detector)."""
         out: list[Event] = []
         for host in self.liveness.silent(run.live - run.exited):
+            if self._procs[host].alive_here():
+                continue
             run.exited.add(host)
             timeout = self.settings.host_timeout or 0.0
             out.append(

@@ -57,6 +57,11 @@ class Process(Protocol):
         """The last lines the command wrote to stderr."""
         ...
 
+    def alive_here(self) -> bool:
+        """True when the command runs on this machine and has not ended: then its
+        silence means a loaded machine, never a lost host."""
+        ...
+
 
 class Transport(Protocol):
     """One host's way to run commands.

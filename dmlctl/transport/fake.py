@@ -164,6 +164,10 @@ class ScriptedProcess:
         """The scripted stderr lines."""
         return list(self._stderr)
 
+    def alive_here(self) -> bool:
+        """Never: a scripted agent stands for a remote host."""
+        return False
+
 
 class ScriptedTransport:
     """A :class:`~dmlctl.transport.base.Transport` whose agent and commands are scripted.

@@ -74,6 +74,10 @@ class LocalProcess:
         self._stderr_thread.join(1.0)
         return code
 
+    def alive_here(self) -> bool:
+        """Whether the command is still running (it runs on this machine)."""
+        return self._proc.poll() is None
+
     def kill(self) -> None:
         """SIGKILL the command and every process it started, wherever they run: its
         descendants first (a host agent's ranks run in sessions of their own, and

@@ -267,6 +267,10 @@ class SSHProcess:
         self._err_thread.join(1.0)
         return int(self._chan.recv_exit_status())
 
+    def alive_here(self) -> bool:
+        """Never: the command runs on another host, whose silence may mean it is lost."""
+        return False
+
     def kill(self) -> None:
         """Close the channel: the remote agent sees its stdin close and stops its tree."""
         self._chan.close()

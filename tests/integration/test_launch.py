@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -323,6 +324,36 @@ def test_a_stopped_rank_is_detected_as_hung_and_restarted(cli: Cli) -> None:
     assert hang["message"].startswith("not responding: sent no heartbeat for "), hang
     assert took < 60, took  # hang_timeout 4 s, never a 30-minute collective timeout
     assert not run_processes(state["run_id"])
+
+
+HOST_TIMEOUT = 1.0
+
+
+def test_a_local_agent_that_falls_silent_but_lives_is_not_lost(cli: Cli, tmp_path: Path) -> None:
+    """A loaded machine can keep the local agent from running for longer than
+    host_timeout (here: SIGSTOP for three times it): its process lives, so the host is
+    not lost and the run ends as it would have."""
+    job = tmp_path / "job.yaml"
+    job.write_text(
+        f"script: train.py\nworkdir: {REPO / 'tests' / 'ssh' / 'jobs' / 'sleepy'}\n"
+        f"workers: 2\nargs: ['5']\nrestart: {{host_timeout: {HOST_TIMEOUT}, "
+        "max_infra_restarts: 0}\n"
+    )
+    proc = cli.popen("launch", str(job), "--ui", "plain")
+    assert proc.stdout is not None
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if m := re.search(r"agent started on local \(pid (\d+)\)", line):
+            agent = int(m.group(1))
+            break
+    os.kill(agent, signal.SIGSTOP)
+    time.sleep(3 * HOST_TIMEOUT)
+    os.kill(agent, signal.SIGCONT)
+    out = "".join(seen) + proc.communicate(timeout=120)[0]
+    assert proc.returncode == 0, out
+    state = cli.state(only_run(cli))
+    assert (state["phase"], state["failures"]) == ("succeeded", []), out
 
 
 def _resume_job(tmp_path: Path, name: str, fault: bool) -> Path:
