@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -225,8 +226,10 @@ def _prepare_remote(
             f"preflight failed on {len(report.failures())} of {plural(len(hosts), 'host')}; "
             "nothing started"
         )
+    gpus = _probed_gpus(report)
+    placement = _slots_from_gpus(job, cluster, placement, gpus, options, err)
     with _located(options):
-        check_gpus(job, placement.placed, _probed_gpus(report))
+        check_gpus(job, placement.placed, gpus)
     lib = ship.lib_id(ship.package_files())
     plan = plan_run(
         job, cluster, store, port=port, lib=lib, rdzv_host=rdzv_host, placement=placement
@@ -234,6 +237,25 @@ def _prepare_remote(
     ship.sync_code(plan, job, transports, err)
     ship.run_setup(plan, job, transports, err)
     return plan, transports
+
+
+def _slots_from_gpus(
+    job: JobSpec,
+    cluster: ClusterSpec,
+    placement: JobPlacement,
+    gpus: Mapping[str, int],
+    options: LaunchOptions,
+    err: Console,
+) -> JobPlacement:
+    """The placement again when a host whose ``slots`` the cluster file leaves unset
+    has more than one GPU: its slots are then its GPU count (one worker per GPU, as on
+    this machine); else ``placement`` as it is. Says which hosts it sized."""
+    sized = {name: gpus[name] for name in cluster.unset_slots() if gpus.get(name, 0) > 1}
+    if not sized:
+        return placement
+    said = ", ".join(f"{name}: {n}" for name, n in sized.items())
+    err.print(f"dmlctl: slots from the hosts' GPU counts ({said})", markup=False)
+    return _place(job, cluster.with_slots(sized), options)
 
 
 def _probed_gpus(report: DoctorReport) -> dict[str, int]:

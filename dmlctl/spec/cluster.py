@@ -296,6 +296,21 @@ class ClusterSpec(BaseModel):
             for h in self.hosts
         )
 
+    def unset_slots(self) -> tuple[str, ...]:
+        """The hosts whose ``slots`` neither the host nor ``defaults`` sets (a GPU
+        host's then come from its GPU count, see :meth:`with_slots`)."""
+        if "slots" in self.defaults.model_fields_set:
+            return ()
+        return tuple(h.name for h in self.hosts if h.slots is None)
+
+    def with_slots(self, slots: Mapping[str, int]) -> ClusterSpec:
+        """This cluster with the slots of the hosts named in ``slots`` set to those."""
+        hosts = [
+            h.model_copy(update={"slots": slots[h.name]}) if h.name in slots else h
+            for h in self.hosts
+        ]
+        return self.model_copy(update={"hosts": hosts})
+
     @property
     def total_slots(self) -> int:
         """Sum of the slots of all hosts: the default number of workers."""

@@ -216,3 +216,25 @@ def test_on_this_machine_more_workers_than_gpus_is_refused_at_plan_time_naming_t
         launch(job, cluster, tmp_path, dry_run=True)
     job.write_text("script: train.py\nworkers: 2\nstrategy: hogwild\n")  # trains on the CPU
     assert launch(job, cluster, tmp_path, dry_run=True).exit_code == 0
+
+
+def test_a_gpu_hosts_unset_slots_become_its_gpu_count_after_the_preflight(
+    tmp_path: Path, calls: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: dict[str, LaunchPlan] = {}
+
+    def start(plan: LaunchPlan, *_args: object) -> LaunchResult:
+        seen["plan"] = plan
+        return LaunchResult(plan.run_id, None, None, 0)
+
+    remote_up_to_the_plan(monkeypatch, gpus=4)
+    monkeypatch.setattr(api, "_start", start)
+    job_file, cluster_file = specs(tmp_path, "script: train.py\n")  # workers: auto
+    cluster_file.write_text(
+        "hosts:\n  - {name: a, address: 10.0.0.1, python: /py}\n"
+        "  - {name: b, address: 10.0.0.2, python: /py, slots: 1}\n"
+    )
+    launch(job_file, cluster_file, tmp_path)
+    plan = seen["plan"]
+    assert [(h.name, h.slots, h.nproc) for h in plan.hosts] == [("a", 4, 4), ("b", 1, 1)]
+    assert calls == ["place", "place", "plan"]  # placed again with a's 4 GPUs
