@@ -277,7 +277,9 @@ class Context:
         rank. ``loss_fn(model(inputs), targets).backward()``, except under pipeline
         parallelism, where a rank holds only some stages and the job's schedule runs
         every microbatch through them (the loss then comes from the last stage).
-        Works under every layout, so one training loop fits them all."""
+        Works under every layout, so one training loop fits them all. The batch is
+        moved to :attr:`device` first (no copy when it is there already)."""
+        inputs, targets = inputs.to(self._device), targets.to(self._device)
         step = getattr(model, "train_step", None)
         with reshape_hint(self._tensor_degree()):
             if callable(step):
@@ -299,7 +301,9 @@ class Context:
         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     ) -> torch.Tensor:
         """:meth:`train_step` without gradients: the batch's loss on every rank, under
-        every layout (collective over a model-parallel replica: all its ranks call it)."""
+        every layout (collective over a model-parallel replica: all its ranks call it).
+        The batch is moved to :attr:`device` first."""
+        inputs, targets = inputs.to(self._device), targets.to(self._device)
         step = getattr(model, "eval_step", None)
         with reshape_hint(self._tensor_degree()):
             if callable(step):

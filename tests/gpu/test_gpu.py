@@ -133,6 +133,20 @@ def test_each_strategy_example_with_one_gpu_worker(cli: Cli, example: str) -> No
     launched(cli, str(EXAMPLES / "strategies" / example), "--workers", "1")
 
 
+@pytest.mark.parametrize("example", ["tensor", "fsdp", "distbelief"])
+def test_each_parallel_example_on_workers_sharing_one_gpu_over_gloo(
+    cli: Cli, tmp_path: Path, example: str
+) -> None:
+    """Tensor parallelism, FSDP2 and DistBelief (DTensor parameters on CUDA: torch's
+    foreach kernels must not see them mixed with plain ones; validation batches moved
+    to the device by ``ctx.eval_step``)."""
+    job = tmp_path / f"{example}.yaml"
+    text = (EXAMPLES / "parallel" / f"{example}.yaml").read_text()
+    job.write_text(f"{text.rstrip()}\nbackend: gloo\nworkdir: {EXAMPLES / 'parallel'}\n")
+    proc = launched(cli, str(job))
+    assert "validation loss" in proc.stdout, proc.stdout[-3000:]
+
+
 def test_a_gpu_worker_feeds_a_cpu_parameter_server_over_cpu_gloo_cuda_nccl(
     cli: Cli, tmp_path: Path
 ) -> None:

@@ -215,3 +215,23 @@ def test_a_fixed_head_count_under_tensor_parallelism_is_explained() -> None:
         assert "tensor_parallel_degree 2" in message and "view(b, s, -1, head_dim)" in message
         assert "parallelize: FILE:FUNCTION" in message
     assert run_ranks(_fixed_heads, 2, args=(None,), env=env) == ["ok", "ok"]
+
+
+def _foreach_of_a_mixed_part(ctx: Any) -> list[object]:
+    """Each param group's ``foreach`` after a tensor-parallel ``prepare`` of a model
+    whose linear layers are split and whose norm is not (DTensors and plain tensors)."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16), nn.LayerNorm(16))
+    _, opt = ctx.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
+    return [group["foreach"] for group in opt.param_groups]
+
+
+def test_a_tensor_parallel_optimizer_never_takes_foreach_kernels_over_mixed_tensors() -> None:
+    """torch's foreach kernels (the default on CUDA) refuse a list that mixes DTensors
+    with plain tensors (``got mixed torch.Tensor and DTensor``, seen on a GPU): the
+    rebuilt optimizer turns them off for such a part."""
+    env = {"DMLCTL_PARALLELISM": dumps(MeshLayout(tp=2))}
+    assert run_ranks(_foreach_of_a_mixed_part, 2, env=env) == [[False], [False]]

@@ -171,6 +171,13 @@ def _named(model: nn.Module) -> dict[str, nn.Parameter]:
     return out
 
 
+def _mixes_dtensors(params: list[nn.Parameter]) -> bool:
+    """Whether ``params`` hold both DTensors and plain tensors."""
+    from torch.distributed.tensor import DTensor
+
+    return len({isinstance(p, DTensor) for p in params}) > 1
+
+
 def rebuild_optimizer(
     optimizer: torch.optim.Optimizer, names: dict[int, str], params: dict[str, nn.Parameter]
 ) -> torch.optim.Optimizer:
@@ -187,6 +194,11 @@ def rebuild_optimizer(
         groups = [{"params": [torch.zeros(0, requires_grad=True)]}]
     accepted = inspect.signature(type(optimizer)).parameters
     kwargs = {k: v for k, v in optimizer.defaults.items() if k in accepted}
+    if "foreach" in accepted and _mixes_dtensors(list(params.values())):
+        # torch's foreach kernels (the default on CUDA) refuse a list that mixes
+        # DTensors with plain tensors, as a tensor-parallel part's parameters do.
+        for group in groups:
+            group["foreach"] = False
     try:
         return type(optimizer)(groups, **kwargs)
     except TypeError as exc:
