@@ -126,6 +126,7 @@ def main() -> None:
     if rank == 0:
         os.makedirs(args.ckpt_dir, exist_ok=True)
 
+    loss: torch.Tensor | None = None
     for step in range(done + 1, args.steps + 1):
         x, y = batch(step, rank)
         loss = torch.nn.functional.mse_loss(ddp(x), y)
@@ -141,6 +142,12 @@ def main() -> None:
             os.kill(os.getpid(), signal.SIGKILL)
 
     dist.barrier()
+    # DDP (its reducer, and the last loss's graph that holds its hooks) goes while the
+    # group still exists: freed after destroy_process_group, on main()'s return, one
+    # restarted rank sat in that teardown with the interpreter's lock held (idle, no
+    # heartbeat, its stack at main()'s call) until the hang detector stopped it.
+    del ddp
+    loss = None  # drops the last graph, which holds DDP's hooks
     dist.destroy_process_group()
 
 
