@@ -38,9 +38,8 @@ def shares_gpus(backend: str) -> bool:
 def group_backend(requested: str, *, cuda: bool, worker: bool = True) -> str:
     """The backend string for ``init_process_group`` on a rank that can (``cuda``) or
     cannot use CUDA, for the job's ``requested`` backend (module docstring). Raises
-    :class:`DeviceError` for an NCCL backend on a worker without CUDA."""
-    if requested not in BACKENDS:
-        raise DeviceError(f"backend {requested!r} is not one of: {', '.join(BACKENDS)}")
+    :class:`DeviceError` for an NCCL backend on a worker without CUDA. ``requested`` is
+    one of :data:`BACKENDS` (the job file and the rank's environment are checked)."""
     if requested == GLOO:
         return GLOO
     if cuda:

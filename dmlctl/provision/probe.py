@@ -82,6 +82,13 @@ def short(e):  # an import error's own message says it all; others need their ty
     text = str(e) if isinstance(e, ImportError) else "%s: %s" % (type(e).__name__, e)
     lines = text.strip().splitlines()
     return (lines[0] if lines else type(e).__name__)[:200]
+try:  # "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.04  ..."
+    with open("/proc/driver/nvidia/version") as f:
+        driver_line = f.readline()
+except Exception:
+    driver_line = None
+out["driver"] = next((w for w in (driver_line or "").split() if w[:1].isdigit() and "." in w),
+                     None)
 TORCH_FACTS = ("torch", "cuda", "gpus", "cuda_version", "nccl")
 def torch_key():  # what a torch import's answer depends on; None: cannot tell
     try:
@@ -92,13 +99,8 @@ def torch_key():  # what a torch import's answer depends on; None: cannot tell
             gpus = sorted(os.listdir("/proc/driver/nvidia/gpus"))
         except OSError:
             gpus = None
-        try:
-            with open("/proc/driver/nvidia/version") as f:
-                driver = f.readline()
-        except OSError:
-            driver = None
         return [os.path.realpath(sys.executable), spec.origin, st.st_mtime_ns, st.st_size,
-                os.environ.get("CUDA_VISIBLE_DEVICES"), gpus, driver]
+                os.environ.get("CUDA_VISIBLE_DEVICES"), gpus, driver_line]
     except Exception:
         return None
 cache = os.path.join(os.path.abspath(os.path.expanduser(sys.argv[1])), ".probe-torch.json")
@@ -139,12 +141,6 @@ else:
             os.replace(cache + ".tmp", cache)
         except Exception:
             pass
-try:  # "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.04  ..."
-    with open("/proc/driver/nvidia/version") as f:
-        words = f.readline().split()
-    out["driver"] = next((w for w in words if w[:1].isdigit() and "." in w), None)
-except Exception:
-    pass
 try:
     from importlib import metadata
 except ImportError:  # Python < 3.8: versions from __version__ only

@@ -45,31 +45,13 @@ def exchange(
             target.copy_(got)
 
 
-def all_gather(
-    out: list[torch.Tensor], tensor: torch.Tensor, group: Any = None, async_op: bool = False
-) -> Any:
+def all_gather(out: list[torch.Tensor], tensor: torch.Tensor, group: Any = None) -> None:
     """``dist.all_gather(out, tensor)``; a CUDA tensor in a gloo group goes through CPU
-    copies (then synchronously: the returned work, if any, is already complete)."""
+    copies."""
     if not through_gloo(tensor, group):
-        return dist.all_gather(out, tensor, group=group, async_op=async_op)
+        dist.all_gather(out, tensor, group=group)
+        return
     host = [torch.empty_like(t, device="cpu") for t in out]
     dist.all_gather(host, tensor.cpu(), group=group)
     for target, got in zip(out, host, strict=True):
         target.copy_(got)
-    return _Done() if async_op else None
-
-
-class _Done:
-    """A completed work object (what an ``async_op`` call returns after a staged,
-    synchronous exchange)."""
-
-    def wait(self) -> bool:
-        return True
-
-    def is_completed(self) -> bool:
-        return True
-
-    def get_future(self) -> torch.futures.Future[None]:
-        done: torch.futures.Future[None] = torch.futures.Future()
-        done.set_result(None)
-        return done
