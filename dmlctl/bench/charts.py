@@ -89,12 +89,14 @@ def strategies(report: Report) -> Chart:
 
 
 def accuracy(report: Report) -> Chart:
-    """Test accuracy per strategy and optimizer; the single process dashed."""
+    """The task's metric (test accuracy or validation loss) per strategy and optimizer;
+    the single process dashed."""
     names = [row["name"] for row in report["rows"]]
-    bars = {o: [row["accuracy"][o] for row in report["rows"]] for o in report["optimizers"]}
-    refs = {f"single process, {o}": v for o, v in report["baseline"].items()}
-    title = f"test accuracy on {report['data']}, {report['epochs']} epochs"
-    return title, [Bars("test accuracy", names, bars, refs, zoom=True)]
+    labels = report["labels"]
+    bars = {labels[o]: [row["value"][o] for row in report["rows"]] for o in report["optimizers"]}
+    refs = {f"single process, {labels[o]}": v for o, v in report["baseline"].items()}
+    title = f"{report['metric']} on {report['data']}, {report['epochs']} epochs"
+    return title, [Bars(report["metric"], names, bars, refs, zoom=True)]
 
 
 def recovery(report: Report) -> Chart:

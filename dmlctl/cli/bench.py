@@ -22,7 +22,7 @@ app = typer.Typer(
     help="Benchmarks: collective bandwidth (comm), parameter-server push+pull against "
     "all-reduce (ps), launcher overhead (launch), "
     "strategy overhead and traffic (strategies), test accuracy of every strategy on real "
-    "data (accuracy), recovery after a killed worker (recovery), "
+    "data or a language model's loss (accuracy), recovery after a killed worker (recovery), "
     "throughput next to a slowed worker under ssgd/asgd/ssp/sync-ps (straggler), cyclades "
     "against hogwild on sparse data (sparse), log lines carried (logs), hang verdicts on "
     "healthy and hung runs (hangs), memory and throughput of tensor, pipeline and FSDP "
@@ -184,33 +184,44 @@ def strategies(
 
 @app.command()
 def accuracy(
+    task_name: str = typer.Option(
+        "digits",
+        "--task",
+        help="digits: a CNN's test accuracy on scikit-learn's digits; lm: a small "
+        "transformer language model's validation loss on a generated text.",
+    ),
     strategies: Optional[str] = typer.Option(  # noqa: UP045 - typer needs both
         None, "--strategies", help="Comma-separated rows (default: all), e.g. 'ssgd,bmuf'."
     ),
     optimizers: Optional[str] = typer.Option(  # noqa: UP045
-        None, "--optimizers", help="Comma-separated: momentum, adam (default: both)."
+        None,
+        "--optimizers",
+        help="Comma-separated (default: both): momentum, adam for digits; adamw, nesterov for lm.",
     ),
-    epochs: int = typer.Option(20, "--epochs", help="Training epochs per run."),
+    epochs: Optional[int] = typer.Option(  # noqa: UP045
+        None, "--epochs", help="Training epochs per run (default: 20 for digits, 3 for lm)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     plot: Optional[Path] = plot_option("bars per strategy, the single process dashed"),  # noqa: UP045
 ) -> int:
-    """Test accuracy of every strategy (defaults) on scikit-learn's digits vs one process."""
-    from dmlctl.bench.accuracy import (
-        CANDIDATES,
-        OPTIMIZERS,
-        pick,
-        render_accuracy_table,
-        run_accuracy_bench,
-    )
+    """Quality of every strategy (defaults) against one process: test accuracy on
+    scikit-learn's digits, or a language model's validation loss (--task lm)."""
+    from dmlctl.bench.accuracy import TASKS, pick, render_accuracy_table, run_accuracy_bench
 
     check_plot(plot)
-    by_name = {c.name: c for c in CANDIDATES}
+    (name,) = pick(task_name, list(TASKS), "task")
+    task = TASKS[name]
+    by_name = {c.name: c for c in task.candidates}
     chosen = [by_name[n] for n in pick(strategies, list(by_name), "strategy")]
-    opts = pick(optimizers, OPTIMIZERS, "optimizer")
+    opts = pick(optimizers, task.optimizers, "optimizer")
     err = stderr_console()
-    with err.status("training on digits…") as status:
+    with err.status(f"training on {task.name}…") as status:
         report = run_accuracy_bench(
-            chosen, opts, epochs, lambda what: status.update(f"training on digits: {what}…")
+            chosen,
+            opts,
+            task.epochs if epochs is None else epochs,
+            lambda what: status.update(f"training on {task.name}: {what}…"),
+            task,
         )
     if as_json:
         print(json.dumps(report, indent=2))

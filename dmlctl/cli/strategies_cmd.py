@@ -42,7 +42,8 @@ def strategies(
     params = Table(box=None, header_style="bold", pad_edge=False)
     for column in ("param", "type", "default", "range", "meaning"):
         params.add_column(column)
-    fields = registry.load(name).Params.model_fields.items()
+    module = registry.load(name)
+    fields = module.Params.model_fields.items()
     for key, field in sorted(fields, key=lambda item: item[0] == "final"):  # final: last
         params.add_row(
             key,
@@ -52,6 +53,7 @@ def strategies(
             field.description or "",
         )
     console.print(params)
+    console.print(f"quality: {module.QUALITY}", markup=False, soft_wrap=False)
     return 0
 
 

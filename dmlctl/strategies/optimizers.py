@@ -9,6 +9,8 @@
   steady state: ``lr`` for plain SGD, ``lr (1 − dampening) / (1 − momentum)`` with
   momentum, ``None`` for the adaptive family (its step does not scale with the
   gradient);
+* :func:`carries_momentum` — whether each update already carries on into later steps
+  (SGD with momentum or Nesterov, Adam's first moment ``β₁ > 0``, RMSprop's momentum);
 * :func:`describe` — ``"SGD (lr 0.05, momentum 0.9)"``, for messages.
 
 The rules that use them, and why, are in ``docs/strategies.md`` ("Defaults and your
@@ -65,6 +67,17 @@ def effective_lr(optimizer: torch.optim.Optimizer) -> float | None:
         dampening = float(group.get("dampening", 0.0) or 0.0)  # type: ignore[arg-type]
         return lr * (1.0 - dampening) / (1.0 - momentum) if momentum < 1 else None
     return None
+
+
+def carries_momentum(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether the optimizer keeps a running average of its gradients, so that an
+    update goes on moving the parameters in later steps: ``momentum > 0`` (SGD,
+    RMSprop) or ``betas[0] > 0`` (Adam, AdamW, NAdam, RAdam, Adamax)."""
+    group = _group(optimizer)
+    momentum = float(group.get("momentum", 0.0) or 0.0)  # type: ignore[arg-type]
+    betas = group.get("betas")
+    beta1 = float(betas[0]) if isinstance(betas, tuple | list) and betas else 0.0
+    return momentum > 0 or beta1 > 0
 
 
 def describe(optimizer: torch.optim.Optimizer) -> str:

@@ -40,6 +40,10 @@ class ParamsModule(Protocol):
 
     Params: type[BaseModel]
     ROLES: tuple[str, ...]
+    QUALITY: str
+    """What its defaults reach against one process on the bench's two tables (digits,
+    the language model), measured, and the setting that closes a gap: printed by
+    ``dmlctl strategies NAME`` (docs/strategies.md has the tables)."""
 
 
 class RuntimeModule(Protocol):

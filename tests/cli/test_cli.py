@@ -239,6 +239,12 @@ def test_strategies_lists_every_strategy_and_one_strategys_params(
     assert main(["strategies", "ssp"]) == 0
     out = capsys.readouterr().out
     assert "staleness" in out and "parameter_servers" in out
+    for name in registry.names():  # what its defaults reach, measured, for every one
+        assert main(["strategies", name]) == 0
+        quality = registry.load(name).QUALITY
+        assert quality.strip() and "quality: " in capsys.readouterr().out
+    assert main(["strategies", "adadelay"]) == 0
+    assert "plain SGD" in capsys.readouterr().out  # why it misses the transformer's bound
     assert main(["strategies", "nope"]) == 2
     assert "unknown strategy 'nope'" in capsys.readouterr().err
     assert main(["strategies", "local_sgd"]) == 2

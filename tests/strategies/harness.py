@@ -19,8 +19,12 @@ about what a new process has (its imports, its exit).
 
 from __future__ import annotations
 
+import importlib.util
 import io
+import sys
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -65,3 +69,17 @@ def run_ranks(
             continue
         return [torch.load(io.BytesIO(value), weights_only=False) for value in raw]
     raise AssertionError("unreachable")
+
+
+JOBS = Path(__file__).resolve().parents[2] / "dmlctl" / "bench" / "accuracy_job"
+
+
+def bench_job(name: str) -> ModuleType:
+    """The bench's job script ``dmlctl/bench/accuracy_job/<name>.py`` as a module (it is
+    a script, not a package module), loaded afresh: ``digits`` or ``lm``."""
+    spec = importlib.util.spec_from_file_location(f"dmlctl_bench_{name}", JOBS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module

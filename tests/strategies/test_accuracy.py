@@ -1,34 +1,36 @@
-"""The accuracy table on real data: every strategy and every ssgd compression, with
-its defaults, trains scikit-learn's digits CNN (``dmlctl/bench/accuracy_job/digits.py``)
-on 2 workers to within 1.5 points of the single-process test accuracy, once with SGD +
-momentum and once with Adam, and every worker ends with the same model.
+"""The accuracy table on real data, in the suite: ssgd and every ssgd compression, the
+model filter (``threshold``) of local-sgd, bmuf and easgd, the encoded and overlapped
+parameter-server pushes, with their defaults, train scikit-learn's digits CNN
+(``dmlctl/bench/accuracy_job/digits.py``) on 2 workers to within 1.5 points of the
+single-process test accuracy, once with SGD + momentum and once with Adam, and every
+worker ends with the same model.
+
+The plain rows of every other strategy on their defaults are held in the suite by the
+language-model table (``tests/strategies/test_lm_quality.py``: the same strategies,
+AdamW and SGD + Nesterov, a transformer); their digits rows are measured by ``dmlctl
+bench accuracy`` (docs/strategies.md, "Accuracy on real data"), which prints the whole
+table through real ``dmlctl launch`` runs.
 
 One strategy's runs share one set of ranks (both optimizers in turn; the parameter
 servers serve one model, so those run once per optimizer). The single-process baseline
-is measured once per session, in the same way. ``dmlctl bench accuracy`` prints the
-same table through real ``dmlctl launch`` runs.
+is measured once per session, in the same way.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 
-from tests.strategies.harness import run_ranks
+from tests.strategies.harness import bench_job, run_ranks
 
 pytestmark = pytest.mark.integration
 
-DIGITS = Path(__file__).resolve().parents[2] / "dmlctl" / "bench" / "accuracy_job" / "digits.py"
+EPOCHS = 20
+"""Training epochs of every row (and of the DistBelief rows, test_distbelief.py): at
+10, 13 of the 44 rows ended more than 1.5 points below one process."""
 TOLERANCE = 0.015  # 1.5 points
-LOADED_TOLERANCE = {"adadelay": 0.025}
-"""AdaDelay shrinks its step as the measured delays grow, so how far 20 epochs take it
-depends on the machine's load: 0.9667-0.9778 with SGD + momentum in 7 runs on an idle
-machine, below 0.96 in CI runs that shared the 2 cores (docs/strategies.md)."""
 OPTIMIZERS = ("momentum", "adam")
 W2S1 = ["worker", "worker", "server"]
 
@@ -39,26 +41,14 @@ COLLECTIVE: list[tuple[str, str, dict[str, Any]]] = [
     ("ssgd-powersgd", "ssgd", {"compression": "powersgd"}),
     ("ssgd-int8", "ssgd", {"compression": "int8"}),
     ("ssgd-topk", "ssgd", {"compression": "topk"}),
-    ("local-sgd", "local-sgd", {}),
     ("local-sgd-threshold", "local-sgd", {"threshold": 0.05}),
-    ("bmuf", "bmuf", {}),
     ("bmuf-threshold", "bmuf", {"threshold": 0.05}),
-    ("easgd", "easgd", {}),
     ("easgd-threshold", "easgd", {"threshold": 0.05}),
-    ("admm", "admm", {}),
-    ("dpsgd", "dpsgd", {}),
-    ("hogwild", "hogwild", {}),
 ]
-SERVERS = ["asgd", "ssp", "adadelay", "easgd-async", "sync-ps", "aadmm"]
 
 
 def _digits() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("dmlctl_bench_digits", DIGITS)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return bench_job("digits")
 
 
 def _train(ctx: Any, optimizers: tuple[str, ...]) -> dict[str, dict[str, Any]]:
@@ -67,7 +57,7 @@ def _train(ctx: Any, optimizers: tuple[str, ...]) -> dict[str, dict[str, Any]]:
 
     torch.set_num_threads(1)
     digits = _digits()
-    return {name: digits.train(ctx, name) for name in optimizers}
+    return {name: digits.train(ctx, name, EPOCHS) for name in optimizers}
 
 
 @pytest.fixture(scope="session")
@@ -82,12 +72,11 @@ def _check(
 ) -> None:
     workers = [r for r in ranks if r is not None]
     assert len(workers) == 2
-    tolerance = LOADED_TOLERANCE.get(name, TOLERANCE)
     for opt, results in workers[0].items():
         accs = [w[opt]["test_acc"] for w in workers]
-        assert min(accs) >= base[opt] - tolerance, (
+        assert min(accs) >= base[opt] - TOLERANCE, (
             f"{name} with {opt}: test accuracy {accs} < single-process {base[opt]:.4f}"
-            f" - {tolerance}"
+            f" - {TOLERANCE}"
         )
         digests = {w[opt]["digest"] for w in workers}
         assert len(digests) == 1, f"{name} with {opt}: the workers end with different models"
@@ -121,7 +110,7 @@ def _train_seeds(ctx: Any, optimizer: str, seeds: tuple[int, ...]) -> list[float
 
     torch.set_num_threads(1)
     digits = _digits()
-    return [digits.train(ctx, optimizer, seed=seed)["test_acc"] for seed in seeds]
+    return [digits.train(ctx, optimizer, EPOCHS, seed=seed)["test_acc"] for seed in seeds]
 
 
 def test_sign_compression_with_adam_reaches_single_process_accuracy_over_seeds(
@@ -144,15 +133,6 @@ def test_sign_compression_with_adam_reaches_single_process_accuracy_over_seeds(
     mean = sum(accs) / len(accs)
     assert mean >= baseline["adam"] - TOLERANCE, (accs, baseline["adam"])
     assert min(accs) >= baseline["adam"] - 2 * TOLERANCE, (accs, baseline["adam"])
-
-
-@pytest.mark.parametrize("optimizer", OPTIMIZERS)
-@pytest.mark.parametrize("strategy", SERVERS)
-def test_parameter_server_strategies_reach_single_process_accuracy(
-    strategy: str, optimizer: str, baseline: dict[str, float]
-) -> None:
-    ranks = run_ranks(_train, 3, strategy=strategy, args=((optimizer,),), roles=W2S1, timeout=300)
-    _check(strategy, ranks, baseline)
 
 
 @pytest.mark.parametrize("optimizer", OPTIMIZERS)

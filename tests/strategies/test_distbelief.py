@@ -14,7 +14,7 @@ import pytest
 
 from dmlctl.mesh import MeshLayout, dumps
 from tests.strategies.harness import run_ranks
-from tests.strategies.test_accuracy import _digits, baseline  # noqa: F401
+from tests.strategies.test_accuracy import EPOCHS, _digits, baseline  # noqa: F401
 
 pytestmark = pytest.mark.integration
 
@@ -41,7 +41,7 @@ def _train(ctx: Any, opt_name: str) -> dict[str, Any]:
     train_set, (x_te, y_te) = digits.data()
     net = digits.model(0)
     net, opt = ctx.prepare(net, digits.optimizer(opt_name, net.parameters()))
-    for step, (x, y) in enumerate(ctx.shard(train_set, batch_size=32, epochs=20), start=1):
+    for step, (x, y) in enumerate(ctx.shard(train_set, batch_size=32, epochs=EPOCHS), start=1):
         loss = F.cross_entropy(net(x), y)
         opt.zero_grad()
         loss.backward()

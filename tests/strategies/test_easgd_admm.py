@@ -406,10 +406,12 @@ def test_params_defaults() -> None:
 
 def test_admm_rho_default_follows_the_optimizer() -> None:
     p = admm.Params()
-    assert admm.resolve_rho(p, "adaptive", None) == 0.1
-    assert admm.resolve_rho(p, "sgd", 0.1) == 1.0  # η ρ = 0.1 ≤ 0.5
-    assert admm.resolve_rho(p, "momentum", 0.5) == pytest.approx(1.0)  # 0.05 / (1 − 0.9)
-    assert admm.resolve_rho(p, "momentum", 2.0) == pytest.approx(0.25)  # η ρ capped at 0.5
+    assert admm.resolve_rho(p, "adaptive", None) == 0.01
+    assert admm.resolve_rho(p, "sgd", 0.01) == 1.0  # k η ρ = 10 · 0.01 · 1 ≤ 0.5
+    assert admm.resolve_rho(p, "momentum", 0.2) == pytest.approx(0.25)  # 0.02 / (1 − 0.9)
+    assert admm.resolve_rho(p, "momentum", 5.0) == pytest.approx(0.01)  # k η ρ capped at 0.5
+    few = admm.Params(local_steps=2)
+    assert admm.resolve_rho(few, "momentum", 5.0) == pytest.approx(0.05)
     assert admm.resolve_rho(admm.Params(rho=3.0), "momentum", 2.0) == 3.0
     with pytest.raises(ValueError, match=r"set strategy\.params\.rho"):
         admm.resolve_rho(p, None, None)

@@ -7,9 +7,6 @@ parent reads it.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -25,11 +22,10 @@ from dmlctl.strategies.common import assign_flat
 from dmlctl.strategies.ensemble import params as ensemble
 from dmlctl.strategies.ensemble import strategy as ensemble_strategy
 from tests.strategies import problem
-from tests.strategies.harness import run_ranks
+from tests.strategies.harness import bench_job, run_ranks
 
 pytestmark = pytest.mark.integration
 
-DIGITS = Path(__file__).resolve().parents[2] / "dmlctl" / "bench" / "accuracy_job" / "digits.py"
 T = 3.0  # not the default, so the test sees the temperature is the one asked for
 MEMORY = 3
 STEPS = 7  # more than MEMORY: the memory keeps only the latest batches
@@ -104,12 +100,7 @@ def _one_round(ctx: Any) -> dict[str, Any]:
 
 
 def _digits() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("dmlctl_bench_digits", DIGITS)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return bench_job("digits")
 
 
 def _accuracy(probs: torch.Tensor, y: torch.Tensor) -> float:

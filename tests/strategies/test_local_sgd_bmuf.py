@@ -346,10 +346,9 @@ def test_defaults_and_registry() -> None:
         period=8, warmup_steps=0, hierarchical=False, hierarchy_factor=4
     )
     assert bmuf.Params().block_momentum is None
-    assert bmuf.resolve_block_momentum(None, 4, "sgd") == 0.75  # 1 − 1/N
-    assert bmuf.resolve_block_momentum(None, 4, "adaptive") == 0.75
-    assert bmuf.resolve_block_momentum(None, 4, "momentum") == 0.0  # the momenta compound
-    assert bmuf.resolve_block_momentum(0.5, 4, "momentum") == 0.5  # given: kept
+    assert bmuf.resolve_block_momentum(None, 4, False) == 0.75  # 1 − 1/N
+    assert bmuf.resolve_block_momentum(None, 4, True) == 0.0  # the momenta compound
+    assert bmuf.resolve_block_momentum(0.5, 4, True) == 0.5  # given: kept
     assert registry.load("local-sgd") is local_sgd and registry.load("bmuf") is bmuf
 
 

@@ -46,6 +46,25 @@ def test_an_unknown_optimizer_has_no_family() -> None:
     assert optimizers.first_lr(opt) == 0.1
 
 
+@pytest.mark.parametrize(
+    ("make", "carries"),
+    [
+        (lambda p: torch.optim.SGD(p, lr=0.1), False),
+        (lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True), True),
+        (lambda p: torch.optim.AdamW(p, lr=1e-3), True),
+        (lambda p: torch.optim.Adam(p, lr=1e-3, betas=(0.0, 0.99)), False),
+        (lambda p: torch.optim.RMSprop(p, lr=1e-3), False),
+        (lambda p: torch.optim.RMSprop(p, lr=1e-3, momentum=0.5), True),
+        (lambda p: torch.optim.Adagrad(p, lr=1e-2), False),
+    ],
+)
+def test_carries_momentum_reads_momentum_and_adams_first_moment(
+    make: object, carries: bool
+) -> None:
+    opt = make([torch.nn.Parameter(torch.zeros(2))])  # type: ignore[operator]
+    assert optimizers.carries_momentum(opt) is carries
+
+
 def test_describe_names_what_the_defaults_come_from() -> None:
     p = _params()
     assert optimizers.describe(torch.optim.Adam(p, lr=1e-3)) == "Adam (lr 0.001)"

@@ -17,6 +17,13 @@ from dmlctl.strategies.params import (
 )
 
 ROLES: tuple[str, ...] = WITH_SERVERS
+QUALITY = (
+    "as admm with every worker in each round: the language model ends +8.1 % with "
+    "AdamW and +3.0 % with SGD + Nesterov against one process's validation loss after "
+    "3 epochs, more than 3 % with AdamW (see `dmlctl strategies admm`); after 6 "
+    "epochs +3.1 % with AdamW and +2.5 % with SGD + Nesterov, at the bound. Digits "
+    "within 0.6 points."
+)
 
 
 class Params(FinalModel, Overlap):
@@ -26,7 +33,7 @@ class Params(FinalModel, Overlap):
 
     rho: float | None = Field(
         default=None,
-        json_schema_extra=derived("min(1, 0.5/η) (SGD, η = lr/(1−μ)); 0.1 (Adam …)"),
+        json_schema_extra=derived("min(1, 0.5/(k·η)) (SGD, η = lr/(1−μ)); 0.01 (Adam …)"),
         gt=0,
         le=MAX_WEIGHT,
         description="ρ, the penalty on disagreement with the consensus z; derived "

@@ -60,7 +60,11 @@ def prepare(
     if problem is not None:
         raise ValueError(f"aadmm: {problem}")
     rho = derive_rho(
-        p.rho, optimizers.family(optimizer), optimizers.effective_lr(optimizer), "aadmm"
+        p.rho,
+        optimizers.family(optimizer),
+        optimizers.effective_lr(optimizer),
+        "aadmm",
+        p.local_steps,
     )
     rule = {
         "kind": "consensus",

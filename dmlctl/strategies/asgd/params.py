@@ -16,6 +16,13 @@ from dmlctl.strategies.params import (
 )
 
 ROLES: tuple[str, ...] = WITH_SERVERS
+QUALITY = (
+    "the language model ends +6.1 % with AdamW and +1.4 % with SGD + Nesterov against "
+    "one process's validation loss after 3 epochs (asynchronous: AdamW +5.3 to +6.4 % "
+    "in four runs), more than 3 % with AdamW: each worker's AdamW step is computed on "
+    "parameters a push old; after 6 epochs +0.1 % with AdamW and +0.5 % with SGD + "
+    "Nesterov. Digits within 0.3 points."
+)
 
 
 class Params(PushCompression, Overlap):

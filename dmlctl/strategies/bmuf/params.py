@@ -16,6 +16,12 @@ from dmlctl.strategies.params import (
 )
 
 ROLES: tuple[str, ...] = WORKERS_ONLY
+QUALITY = (
+    "the language model (3 epochs) ends +1.6 % with AdamW and −0.0 % with SGD + "
+    "Nesterov against one process's validation loss (bound 3 %; the default block "
+    "momentum is 0 on top of Adam's β₁, 1 − 1/N ended +10.8 %), digits within 0.3 "
+    "points."
+)
 
 
 class Params(FinalModel, ModelFilter):
@@ -30,11 +36,12 @@ class Params(FinalModel, ModelFilter):
     )
     block_momentum: float | None = Field(
         default=None,
-        json_schema_extra=derived("1 − 1/workers; 0 with SGD + momentum"),
+        json_schema_extra=derived("0 with momentum or Adam; 1 − 1/workers with plain SGD"),
         allow_inf_nan=False,
-        description="η_b in [0, 1): momentum of the block updates. Default: 1 − 1/N "
-        "for N workers (the paper's), 0 when your optimizer is SGD with momentum (the "
-        "two momenta compound). 0 (with block_lr 1) is plain model averaging.",
+        description="η_b in [0, 1): momentum of the block updates. Default: 0 when your "
+        "optimizer already carries momentum (SGD with momentum or Nesterov, Adam's β₁, "
+        "RMSprop's momentum: the two momenta compound), else the paper's 1 − 1/N for N "
+        "workers. 0 (with block_lr 1) is plain model averaging.",
     )
     block_lr: float = Field(
         le=MAX_WEIGHT,
@@ -72,14 +79,15 @@ class Params(FinalModel, ModelFilter):
         return value
 
 
-def resolve_block_momentum(value: float | None, world_size: int, family: str | None) -> float:
-    """``value``, or the default for the inner optimizer's ``family`` (see
-    :mod:`dmlctl.strategies.optimizers`): ``0`` for SGD with momentum or Nesterov
-    (momentum already carries each update over later steps, and block momentum on top
-    compounds with it: the step grows by ``1/((1 − μ)(1 − η_b))``), else the paper's
-    ``1 − 1/N`` for ``N = world_size`` workers."""
+def resolve_block_momentum(value: float | None, world_size: int, momentum: bool) -> float:
+    """``value``, or the default: ``0`` when the inner optimizer carries ``momentum``
+    (:func:`dmlctl.strategies.optimizers.carries_momentum`: SGD with momentum or
+    Nesterov, Adam's first moment — each update already goes on over later steps, and
+    block momentum on top compounds with it: the step grows by
+    ``1/((1 − μ)(1 − η_b))``), else the paper's ``1 − 1/N`` for ``N = world_size``
+    workers."""
     if value is not None:
         return value
-    if family == "momentum":
+    if momentum:
         return 0.0
     return 1.0 - 1.0 / max(world_size, 1)

@@ -11,10 +11,12 @@ the block started from and ``Δ`` the block momentum buffer (zero at the start):
     w_i ← w_g + η_b · Δ              (``nesterov: true``, NBM)
 
 ``block_momentum`` defaults to ``1 − 1/N`` for ``N`` workers (the paper's choice), and
-to ``0`` when the user's optimizer is SGD with momentum or Nesterov: the two momenta
-compound (the step grows by ``1/((1 − μ)(1 − η_b))``), and on scikit-learn's digits
-(2 workers, 15 epochs, SGD lr 0.05 momentum 0.9) ``1 − 1/N`` lost 3.6 points of test accuracy
-where ``0`` lost 0.8. At the end of training (:meth:`finish`) a last block update
+to ``0`` when the user's optimizer carries momentum of its own (SGD with momentum or
+Nesterov, Adam's β₁): the two momenta compound (the step grows by
+``1/((1 − μ)(1 − η_b))``). On scikit-learn's digits (2 workers, 15 epochs, SGD lr 0.05
+momentum 0.9) ``1 − 1/N`` lost 3.6 points of test accuracy where ``0`` lost 0.8; on the
+language-model table (AdamW) ``1 − 1/N`` ended 10.8 % above one process's validation
+loss, ``0`` 1.6 %. At the end of training (:meth:`finish`) a last block update
 folds in the steps since the previous one and every worker takes ``w_g``.
 
 Promises:
@@ -192,7 +194,7 @@ def prepare(
         world_size=ctx.world_size,
         period=p.period,
         block_momentum=resolve_block_momentum(
-            p.block_momentum, ctx.world_size, optimizers.family(optimizer)
+            p.block_momentum, ctx.world_size, optimizers.carries_momentum(optimizer)
         ),
         block_lr=p.block_lr,
         nesterov=p.nesterov,

@@ -8,6 +8,11 @@ from pydantic import BaseModel, Field
 from dmlctl.strategies.params import MAX_PERIOD, PARAMS_CONFIG, WORKERS_ONLY, derived
 
 ROLES: tuple[str, ...] = WORKERS_ONLY
+QUALITY = (
+    "for sparse models: on `dmlctl bench sparse` it reaches hogwild's loss without "
+    "conflicting updates. Not on the quality tables: their models are dense, and a "
+    "dense parameter or momentum is refused."
+)
 #: The workers train on the CPU even on a GPU host: they share parameters through
 #: the host's memory.
 HOST_MEMORY = True

@@ -16,6 +16,12 @@ from dmlctl.strategies.params import (
 )
 
 ROLES: tuple[str, ...] = WITH_SERVERS
+QUALITY = (
+    "the language model ends +5.3 % with AdamW and +5.8 % with SGD + Nesterov against "
+    "one process's validation loss after 3 epochs (asynchronous), more than 3 %: the "
+    "center trails the workers early, as with easgd; after 6 epochs +1.7 % with AdamW "
+    "and +3.1 % with SGD + Nesterov, at the bound. Digits within 0.3 points."
+)
 
 
 class Params(FinalModel, PushCompression, Overlap):

@@ -14,6 +14,11 @@ from pydantic import BaseModel, ConfigDict
 from dmlctl.strategies.params import WORKERS_ONLY
 
 ROLES: tuple[str, ...] = WORKERS_ONLY
+QUALITY = (
+    "nothing to compare: dmlctl applies no strategy. It runs the single-process "
+    "baseline of both quality tables (`dmlctl bench accuracy`, digits and `--task "
+    "lm`)."
+)
 NEEDS_RUNTIME = False  # the script may bypass ctx.prepare: nothing is lost
 
 
