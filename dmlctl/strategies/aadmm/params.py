@@ -22,7 +22,7 @@ QUALITY = (
     "AdamW and +3.0 % with SGD + Nesterov against one process's validation loss after "
     "3 epochs, more than 3 % with AdamW (see `dmlctl strategies admm`); after 6 "
     "epochs +3.1 % with AdamW and +2.5 % with SGD + Nesterov, at the bound. Digits "
-    "within 0.6 points."
+    "within 0.3 points."
 )
 
 
