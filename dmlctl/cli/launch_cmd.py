@@ -15,6 +15,9 @@ if TYPE_CHECKING:
 UI_MODES = ("auto", "live", "plain", "quiet")
 
 
+DETACH_HELP = "Run in the background and print its id; dmlctl attach ID shows the live view."
+
+
 def launch(
     job_file: Optional[Path] = typer.Argument(  # noqa: UP045 - typer needs Optional
         None, help="The job file (job.yaml).", show_default=False
@@ -29,7 +32,7 @@ def launch(
         None, "--workers", "-n", help="Number of workers (overrides the job file)."
     ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan; start nothing."),
-    detach: bool = typer.Option(False, "--detach", "-d", help="Run in the background."),
+    detach: bool = typer.Option(False, "--detach", "-d", help=DETACH_HELP),
     ui: str = typer.Option("auto", "--ui", help="auto | live | plain | quiet"),
     connect_timeout: float = typer.Option(
         10.0, "--connect-timeout", help="Seconds to wait for each host's SSH connection."

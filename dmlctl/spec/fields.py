@@ -13,6 +13,7 @@ environment or a path. Text checks refuse, for every string of a spec:
 
 from __future__ import annotations
 
+import posixpath
 import re
 from typing import Annotated
 
@@ -284,8 +285,29 @@ def check_placeholders(value: str) -> str:
     raise ValueError(f"has {what}; the placeholders known are: {known}")
 
 
-PlaceholderPath = Annotated[OneLine, AfterValidator(check_placeholders)]
-"""A :data:`OneLine` path whose ``{...}`` placeholders are known ones."""
+PSEUDO_FILESYSTEMS = ("/dev", "/proc", "/sys")
+"""Where no host keeps files: devices and the kernel's views."""
+
+
+def check_storable(value: str) -> str:
+    """``value`` unless it is (or is under) a device or kernel directory
+    (:data:`PSEUDO_FILESYSTEMS`): ``/dev/null`` as a checkpoint directory passed every
+    check and failed at the first save, after the run had trained."""
+    normal = posixpath.normpath(value)
+    for root in PSEUDO_FILESYSTEMS:
+        if normal == root or normal.startswith(root + "/"):
+            raise ValueError(
+                f"{shown(value)} is under {root}, where no host keeps files: "
+                "name a directory on a disk or a shared filesystem"
+            )
+    return value
+
+
+PlaceholderPath = Annotated[
+    OneLine, AfterValidator(check_placeholders), AfterValidator(check_storable)
+]
+"""A :data:`OneLine` path whose ``{...}`` placeholders are known ones, outside the
+devices and kernel directories."""
 
 Arg = Annotated[str, AfterValidator(check_arg)]
 """A command-line argument (see :func:`check_arg`)."""

@@ -196,6 +196,14 @@ def test_help_shows_no_type_beside_a_flag(
     assert "--help" in out and "<bool>" not in out
 
 
+def test_launch_help_says_how_to_follow_a_detached_run(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["launch", "--help"]) == 0
+    words = " ".join(capsys.readouterr().out.replace("│", " ").split())
+    assert "Run in the background and print its id; dmlctl attach ID shows the live view" in words
+
+
 def test_cli_never_imports_torch() -> None:
     code = (
         "import glob, sys\n"

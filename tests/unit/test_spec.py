@@ -298,6 +298,14 @@ JOB_CASES = [
     ("script: train.py\ncheckpoint:\n  dir: /ck/{bogus}/x\n", 3, "checkpoint.dir", "'{bogus}'"),
     ("script: train.py\ncheckpoint:\n  dir: '/ck/{run_id'\n", 3, "checkpoint.dir", "lone brace"),
     ("script: train.py\ncheckpoint:\n  dir: /ck/}\n", 3, "checkpoint.dir", "lone brace"),
+    # A device passed every check and failed at the first save, after training.
+    (
+        "script: train.py\ncheckpoint:\n  dir: /dev/null\n",
+        3,
+        "checkpoint.dir",
+        "'/dev/null' is under /dev, where no host keeps files",
+    ),
+    ("script: train.py\ncheckpoint:\n  dir: /proc/../proc/x\n", 3, "checkpoint.dir", "/proc"),
 ]
 
 
