@@ -286,14 +286,21 @@ def check_placeholders(value: str) -> str:
 
 
 PSEUDO_FILESYSTEMS = ("/dev", "/proc", "/sys")
-"""Where no host keeps files: devices and the kernel's views."""
+"""Where no host keeps files: devices and the kernel's views (but :data:`SHARED_MEMORY`)."""
+
+SHARED_MEMORY = "/dev/shm"
+"""A memory filesystem under ``/dev`` where files may be kept (a fast checkpoint
+directory that does not outlive the machine)."""
 
 
 def check_storable(value: str) -> str:
     """``value`` unless it is (or is under) a device or kernel directory
-    (:data:`PSEUDO_FILESYSTEMS`): ``/dev/null`` as a checkpoint directory passed every
-    check and failed at the first save, after the run had trained."""
+    (:data:`PSEUDO_FILESYSTEMS`; ``/dev/shm`` is allowed): ``/dev/null`` as a
+    checkpoint directory passed every check and failed at the first save, after the
+    run had trained."""
     normal = posixpath.normpath(value)
+    if normal == SHARED_MEMORY or normal.startswith(SHARED_MEMORY + "/"):
+        return value
     for root in PSEUDO_FILESYSTEMS:
         if normal == root or normal.startswith(root + "/"):
             raise ValueError(

@@ -306,6 +306,7 @@ JOB_CASES = [
         "'/dev/null' is under /dev, where no host keeps files",
     ),
     ("script: train.py\ncheckpoint:\n  dir: /proc/../proc/x\n", 3, "checkpoint.dir", "/proc"),
+    ("script: train.py\ncheckpoint:\n  dir: /dev/shmem\n", 3, "checkpoint.dir", "under /dev"),
 ]
 
 
@@ -387,6 +388,12 @@ def test_checkpoint_dir_keeps_its_known_placeholder(project: Path) -> None:
     text = "script: train.py\ncheckpoint:\n  dir: /ck/{run_id}/x\n"
     job = load_job(write(project, text))
     assert job.checkpoint is not None and job.checkpoint.dir == "/ck/{run_id}/x"
+
+
+def test_checkpoint_dir_may_be_in_shared_memory(project: Path) -> None:
+    """/dev/shm is a memory filesystem: the one place under /dev that keeps files."""
+    job = load_job(write(project, "script: train.py\ncheckpoint:\n  dir: /dev/shm/{run_id}\n"))
+    assert job.checkpoint is not None and job.checkpoint.dir == "/dev/shm/{run_id}"
 
 
 def test_full_job(project: Path) -> None:
