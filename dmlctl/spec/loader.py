@@ -197,6 +197,16 @@ def _validate(
         return None
 
 
+_ASKED_BY: dict[KeyPath, KeyPath] = {("parameter_servers",): ("strategy",)}
+"""Keys whose default can be wrong because of another key: an error about one the file
+leaves out points at the key that needs it (``strategy: asgd`` needs servers)."""
+
+
+def _written(doc: Document, path: KeyPath) -> KeyPath:
+    """``path``, or the key that asked for it when the file does not have it."""
+    return path if path in doc.lines else _ASKED_BY.get(path, path)
+
+
 def _issues_from(
     file: str, doc: Document, exc: ValidationError, model: type[BaseModel], prefix: KeyPath
 ) -> Iterable[SpecIssue]:
@@ -211,7 +221,7 @@ def _issues_from(
             rel, message = issue_parts(error, model)
         path: KeyPath = (*prefix, *rel)
         # A missing key has no line of its own: point at the mapping that lacks it.
-        line = doc.line_of(path[:-1] if error["type"] == "missing" else path)
+        line = doc.line_of(path[:-1] if error["type"] == "missing" else _written(doc, path))
         yield SpecIssue(file, line, format_path(path, ends_in_key=is_key_error(error)), message)
 
 
