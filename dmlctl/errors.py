@@ -94,12 +94,21 @@ class PlanError(UsageError):
     """A job cannot be planned on a cluster (more workers than slots, a strategy's own
     limits …): raised by the pure planner with the spec key at fault, so that the
     launcher can name the file and line (``spec`` is ``"job"`` or ``"cluster"``;
-    ``path`` a key path such as ``("strategy", "params")``)."""
+    ``path`` a key path such as ``("strategy", "params")``; ``involves``: other
+    top-level job keys the conflict is with, such as ``workers``, so that a value
+    given by a flag is named as the flag)."""
 
-    def __init__(self, spec: str, path: tuple[str | int, ...], message: str) -> None:
+    def __init__(
+        self,
+        spec: str,
+        path: tuple[str | int, ...],
+        message: str,
+        involves: tuple[str, ...] = (),
+    ) -> None:
         self.spec = spec
         self.path = path
         self.message = message
+        self.involves = involves
         super().__init__(message)
 
 

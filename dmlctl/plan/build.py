@@ -154,7 +154,7 @@ def _mesh(job: JobSpec, workers: int) -> MeshLayout | None:
         return job.parallelism.layout(workers)
     except MeshMismatch as e:
         auto = " (workers: auto: every slot of the cluster)" if job.workers is None else ""
-        raise PlanError("job", ("parallelism", e.key), f"{e}{auto}") from None
+        raise PlanError("job", ("parallelism", e.key), f"{e}{auto}", ("workers",)) from None
 
 
 def place_job(

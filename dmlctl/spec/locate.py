@@ -26,7 +26,9 @@ def locate(
     """``error`` as a :class:`SpecError` naming ``file:line key`` of the spec it is
     about; as a :class:`UsageError` naming the flag when the key was set by one
     (``flags``: job keys given on the command line, e.g. ``workers`` for
-    ``--workers``), or with no file when that spec has none (the default cluster)."""
+    ``--workers``) or when the key conflicts with one a flag set
+    (``error.involves``), or with no file when that spec has none (the default
+    cluster)."""
     key = error.path[0] if error.path else None
     if error.spec == "job" and isinstance(key, str) and key in flags:
         return UsageError(f"--{key}: {error.message}")
@@ -34,7 +36,12 @@ def locate(
     if file is None:
         where = "this machine (the default cluster)" if error.spec == "cluster" else "the job"
         return UsageError(f"{where}: {error.message}")
-    issue = SpecIssue(file, line_of(file, error.path), format_path(error.path), error.message)
+    line = line_of(file, error.path)
+    flag = next((k for k in error.involves if k in flags), None) if error.spec == "job" else None
+    if flag is not None:  # the file's key conflicts with what the flag set
+        at = f"{file}:{line}" if line is not None else file
+        return UsageError(f"--{flag}: {error.message} ({format_path(error.path)} at {at})")
+    issue = SpecIssue(file, line, format_path(error.path), error.message)
     return SpecError([issue])
 
 

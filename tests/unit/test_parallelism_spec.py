@@ -408,11 +408,15 @@ def test_the_degrees_are_checked_at_plan_time_with_workers_auto(tmp_path: Path) 
         error.message
     )
     assert place_job(cluster(2, 2), job).mesh == MeshLayout(tp=4)
-    # --workers overrides 'workers': the same check, made once, in the plan
+    # --workers overrides 'workers': the same check, made once, in the plan, and the
+    # message blames the flag, pointing at the degree it conflicts with
     with pytest.raises(
         PlanError, match=r"divide the number of workers \(6\); make workers a multiple of 4$"
-    ):
+    ) as flagged:
         place_job(cluster(4, 4), with_workers(job, 6))
+    assert str(locate(flagged.value, file, None, ("workers",))) == (
+        f"--workers: {flagged.value.message} (parallelism.tensor_parallel_degree at {file}:3)"
+    )
     assert place_job(cluster(4, 4), with_workers(job, 8)).mesh == MeshLayout(dp_replicate=2, tp=4)
 
 
