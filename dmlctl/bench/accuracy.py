@@ -37,6 +37,7 @@ from rich.table import Table
 
 from dmlctl.bench.proc import bench_env, run_checked
 from dmlctl.errors import DmlctlError, UsageError
+from dmlctl.spec.models import uses_servers
 
 JOB_DIR = Path(__file__).resolve().parent / "accuracy_job"
 TOLERANCE = 0.015
@@ -56,7 +57,6 @@ class Candidate:
     servers: int = 0
 
 
-PS_STRATEGIES = ("asgd", "ssp", "adadelay", "easgd-async", "sync-ps", "aadmm")
 CANDIDATES: tuple[Candidate, ...] = (
     Candidate("ssgd", "ssgd"),
     Candidate("ssgd fp16", "ssgd", {"compression": "fp16"}),
@@ -80,10 +80,10 @@ CANDIDATES: tuple[Candidate, ...] = (
 )
 BASELINE = Candidate("single process", "none")
 LM_CANDIDATES: tuple[Candidate, ...] = tuple(
-    Candidate(name, name, servers=1 if name in PS_STRATEGIES else 0)
+    Candidate(name, name, servers=1 if uses_servers(name) else 0)
     for name in (
         "ssgd", "local-sgd", "bmuf", "easgd", "admm", "dpsgd", "ensemble", "hogwild",
-        *PS_STRATEGIES,
+        "asgd", "ssp", "adadelay", "easgd-async", "sync-ps", "aadmm",
     )
 )  # fmt: skip
 

@@ -17,6 +17,7 @@ import typer
 from dmlctl.cli import bench_advise
 from dmlctl.cli.bench_plot import check_plot, plot_option, write_plot
 from dmlctl.cli.common import stderr_console, stdout_console
+from dmlctl.errors import UsageError
 
 app = typer.Typer(
     help="Benchmarks: collective bandwidth (comm), parameter-server push+pull against "
@@ -209,8 +210,9 @@ def accuracy(
     from dmlctl.bench.accuracy import TASKS, pick, render_accuracy_table, run_accuracy_bench
 
     check_plot(plot)
-    (name,) = pick(task_name, list(TASKS), "task")
-    task = TASKS[name]
+    if task_name not in TASKS:  # one task: "digits,lm" is not a list here
+        raise UsageError(f"unknown task {task_name}; valid: {', '.join(TASKS)}")
+    task = TASKS[task_name]
     by_name = {c.name: c for c in task.candidates}
     chosen = [by_name[n] for n in pick(strategies, list(by_name), "strategy")]
     opts = pick(optimizers, task.optimizers, "optimizer")

@@ -18,13 +18,13 @@ Run by dmlctl (``dmlctl launch`` of a job whose script is this file) it logs
 
 from __future__ import annotations
 
-import argparse
-import hashlib
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from dmlctl.bench.accuracy_job.common import digest, run_script
 
 OPTIMIZERS = ("momentum", "adam")
 EPOCHS = 20
@@ -68,14 +68,6 @@ def optimizer(name: str, params: Any) -> torch.optim.Optimizer:
     raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {name!r}")
 
 
-def digest(net: nn.Module) -> str:
-    """A hash of the model's parameters (equal on two ranks iff they are identical;
-    under tensor parallelism, of the parts this rank holds)."""
-    local = [getattr(p, "_local_tensor", p) for p in net.parameters()]  # a DTensor's shard
-    flat = torch.cat([t.detach().reshape(-1).cpu() for t in local])
-    return hashlib.sha256(flat.numpy().tobytes()).hexdigest()[:16]
-
-
 def train(
     ctx: Any, opt_name: str, epochs: int = EPOCHS, batch: int = BATCH, seed: int = 0
 ) -> dict[str, Any]:
@@ -100,20 +92,15 @@ def train(
 
 
 def main() -> None:
-    import dmlctl
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--optimizer", choices=OPTIMIZERS, default="momentum")
-    parser.add_argument("--epochs", type=int, default=EPOCHS)
-    parser.add_argument("--batch", type=int, default=BATCH, help="images per worker")
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    ctx = dmlctl.init(seed=args.seed)
-    result = train(ctx, args.optimizer, args.epochs, args.batch, args.seed)
-    if ctx.is_main:
-        ctx.log(test_acc=result["test_acc"])
-        print(f"test_acc={result['test_acc']:.4f}", flush=True)
+    run_script(
+        __doc__ or "",
+        train,
+        OPTIMIZERS,
+        epochs=EPOCHS,
+        batch=BATCH,
+        batch_help="images per worker",
+        metric="test_acc",
+    )
 
 
 if __name__ == "__main__":

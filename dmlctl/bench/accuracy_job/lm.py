@@ -34,8 +34,6 @@ on rank 0, ``val_loss`` at the end, and prints ``val_loss=1.2345``.
 
 from __future__ import annotations
 
-import argparse
-import hashlib
 import math
 import random
 from typing import Any
@@ -43,6 +41,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from dmlctl.bench.accuracy_job.common import digest, run_script
 
 OPTIMIZERS = ("adamw", "nesterov")
 VOCAB = " .,abcdefghijklmnopqrstuvwxyz"
@@ -216,12 +216,6 @@ def loss_of(net: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
 
 
-def digest(net: nn.Module) -> str:
-    """A hash of the model's parameters (equal on two ranks iff they are identical)."""
-    flat = torch.cat([p.detach().reshape(-1).cpu() for p in net.parameters()])
-    return hashlib.sha256(flat.numpy().tobytes()).hexdigest()[:16]
-
-
 def train(
     ctx: Any,
     opt_name: str,
@@ -262,20 +256,15 @@ def train(
 
 
 def main() -> None:
-    import dmlctl
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
-    parser.add_argument("--epochs", type=int, default=EPOCHS)
-    parser.add_argument("--batch", type=int, default=GLOBAL_BATCH, help="global batch (windows)")
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    ctx = dmlctl.init(seed=args.seed)
-    result = train(ctx, args.optimizer, args.epochs, args.batch, args.seed)
-    if ctx.is_main:
-        ctx.log(val_loss=result["val_loss"])
-        print(f"val_loss={result['val_loss']:.4f}", flush=True)
+    run_script(
+        __doc__ or "",
+        train,
+        OPTIMIZERS,
+        epochs=EPOCHS,
+        batch=GLOBAL_BATCH,
+        batch_help="global batch (windows)",
+        metric="val_loss",
+    )
 
 
 if __name__ == "__main__":
