@@ -40,6 +40,7 @@ from typing import Any, TextIO
 # Environment variables the plan sets for every rank process.
 ENV_RUN_ID = "DMLCTL_RUN_ID"
 ENV_RANK_DIR = "DMLCTL_RANK_DIR"
+ENV_AGENT_PID = "DMLCTL_AGENT_PID"  # the host agent's pid, as the ranks' torchrun sees it
 ENV_HOST = "DMLCTL_HOST"
 ENV_ROLE = "DMLCTL_ROLE"
 # Roles of a host's processes by LOCAL_RANK, comma-separated ("worker,worker,server");
@@ -93,6 +94,7 @@ ENV_CHECKPOINT_EVERY_STEPS = "DMLCTL_CHECKPOINT_EVERY_STEPS"
 ENV_CHECKPOINT_EVERY_SECONDS = "DMLCTL_CHECKPOINT_EVERY_SECONDS"
 ENV_CHECKPOINT_KEEP = "DMLCTL_CHECKPOINT_KEEP"
 ENV_CHECKPOINT_ALLOW_FRESH = "DMLCTL_CHECKPOINT_ALLOW_FRESH"  # "1": checkpoint.allow_fresh_start
+ENV_CHECKPOINT_WARM_START = "DMLCTL_CHECKPOINT_WARM_START"  # "1": checkpoint.warm_start
 
 # Layout of a checkpoint directory (see dmlctl.runtime.checkpoint).
 CHECKPOINT_LATEST = "LATEST"  # names the newest committed step directory

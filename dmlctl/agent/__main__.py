@@ -10,6 +10,8 @@ Contract:
   rank directory and strategy parameters (:meth:`AgentConfig.rank_env`).
 * Runs in a session of its own (the transport starts it so), becomes the child
   subreaper of everything it starts, writes ``agent.pid`` into the rank directory,
+  has the kernel SIGKILL its torchrun if the agent itself dies (a ``kill -9``; each
+  rank in turn dies with its torchrun, :func:`dmlctl.runtime.entry.die_with_torchrun`),
   and runs torchrun in the job's directory (``~`` expanded) with its own dmlctl
   first on ``PYTHONPATH``.
 * Streams every rank's output and records (see :mod:`dmlctl.protocol`) and
@@ -50,7 +52,7 @@ from typing import Any, TextIO
 
 from dmlctl import protocol
 from dmlctl.agent import warm
-from dmlctl.agent.procs import become_subreaper, descendants, kill_tree
+from dmlctl.agent.procs import become_subreaper, descendants, dies_with_parent, kill_tree
 from dmlctl.agent.stacks import dump_stacks, main_thread_frames
 from dmlctl.agent.tail import RankDirTailer
 from dmlctl.agent.usage import usage
@@ -212,7 +214,12 @@ def _environment(config: AgentConfig, rank_dir: str) -> dict[str, str]:
     """torchrun's environment: the agent's, the config's (:meth:`AgentConfig.rank_env`)
     with the rank directory expanded, this dmlctl first on ``PYTHONPATH`` and the stop
     grace as torchrun's shutdown timeout."""
-    env = {**os.environ, **config.rank_env(), protocol.ENV_RANK_DIR: rank_dir}
+    env = {
+        **os.environ,
+        **config.rank_env(),
+        protocol.ENV_RANK_DIR: rank_dir,
+        protocol.ENV_AGENT_PID: str(os.getpid()),
+    }
     for key in (protocol.ENV_CHECKPOINT_DIR,):  # remote paths may start with ~/
         if key in env:
             env[key] = os.path.expanduser(env[key])
@@ -239,6 +246,7 @@ def _start(config: AgentConfig, workdir: str, env: dict[str, str], emit: Emitter
         stderr=subprocess.STDOUT,
         text=True,
         errors="replace",
+        preexec_fn=dies_with_parent(signal.SIGKILL, os.getpid()),
     )
 
 
@@ -265,8 +273,14 @@ def _cannot_start(emit: Emitter, what: str, exc: OSError | ValueError) -> None:
 
 def _prepare(config: AgentConfig, emit: Emitter) -> str | None:
     """The rank directory (``~`` expanded, made private) holding ``agent.pid``; None
-    (after the ``exit`` message saying why) when it cannot be made."""
+    (after the ``exit`` message saying why) when it cannot be made. The checkpoint
+    directory is made too when it can be (the ranks never make it again once it was
+    there: see :class:`dmlctl.runtime.checkpoint.CheckpointManager`)."""
     rank_dir = os.path.expanduser(config.rank_dir)
+    checkpoints = config.rank_env().get(protocol.ENV_CHECKPOINT_DIR)
+    if checkpoints:
+        with contextlib.suppress(OSError):  # the ranks say why, at their first save
+            protocol.make_private_dirs(os.path.expanduser(checkpoints))
     try:
         protocol.make_private_dirs(rank_dir)
         path = os.path.join(rank_dir, "agent.pid")

@@ -13,9 +13,11 @@ import ctypes
 import os
 import signal
 import time
+from collections.abc import Callable
 
 _PR_SET_CHILD_SUBREAPER = 36
 _PR_SET_NAME = 15
+_PR_SET_PDEATHSIG = 1
 
 
 def become_subreaper() -> bool:
@@ -25,6 +27,31 @@ def become_subreaper() -> bool:
         return int(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
     except (OSError, AttributeError):
         return False
+
+
+def die_with_parent(sig: int, parent: int) -> bool:
+    """Have the kernel send ``sig`` to this process when its parent ends (Linux), and
+    send it now if the parent is no longer ``parent`` (it ended before this call).
+    False where the kernel offers no such signal (then nothing is set)."""
+    return dies_with_parent(sig, parent)()
+
+
+def dies_with_parent(sig: int, parent: int) -> Callable[[], bool]:
+    """:func:`die_with_parent` as a function that loads nothing when called: safe
+    between ``fork`` and ``exec`` (``subprocess.Popen``'s ``preexec_fn``)."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return lambda: False
+
+    def arm() -> bool:
+        if int(prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)) != 0:
+            return False
+        if os.getppid() != parent:
+            os.kill(os.getpid(), sig)
+        return True
+
+    return arm
 
 
 def name_process(name: bytes) -> None:

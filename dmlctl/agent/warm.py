@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any
 
 from dmlctl.agent import forked_rank  # its snapshot of the environment: the agent's own
-from dmlctl.agent.procs import exit_status, name_process
+from dmlctl.agent.procs import die_with_parent, exit_status, name_process
 
 TORCHRUN = ("-m", "torch.distributed.run")
 
@@ -99,10 +99,11 @@ class ForkedTorchrun:
         read, write = os.pipe()
         for stream in (sys.stdout, sys.stderr):  # nothing buffered is written twice
             stream.flush()
+        agent = os.getpid()
         pid = os.fork()
         if pid == 0:  # pragma: no cover - runs in the child, which never returns
             os.close(read)
-            _child(list(argv), cwd, env, write)
+            _child(list(argv), cwd, env, write, agent)
         os.close(write)
         self.pid = pid
         self.returncode: int | None = None
@@ -125,13 +126,15 @@ class ForkedTorchrun:
 _kept: list[Any] = []  # the parent's stdio objects, kept so their buffers never flush
 
 
-def _child(argv: list[str], cwd: str, env: Mapping[str, str], out: int) -> None:
-    """Become ``python -m torch.distributed.run argv[3:]`` in ``cwd`` with ``env``."""
+def _child(argv: list[str], cwd: str, env: Mapping[str, str], out: int, agent: int) -> None:
+    """Become ``python -m torch.distributed.run argv[3:]`` in ``cwd`` with ``env``; a
+    SIGKILL when the ``agent`` ends (its ranks follow: see ``runtime.entry``)."""
     code = 1
     try:
         name_process(b"torchrun")
         for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
             signal.signal(sig, signal.SIG_DFL)
+        die_with_parent(signal.SIGKILL, agent)
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         os.dup2(out, 1)

@@ -74,13 +74,14 @@ class HostPool:
 
     def available(self, *, ignore_cooldown: bool = False) -> set[str]:
         """Probe the candidate hosts (those set aside only once their cooldown is
-        over, or with ``ignore_cooldown``); returns the names of those that answer.
-        A host that does not answer is set aside (again)."""
+        over, or with ``ignore_cooldown``; this machine at once: it always answers,
+        and a cooldown cannot make its next agent more likely to live); returns the
+        names of those that answer. A host that does not answer is set aside (again)."""
         now = self.clock()
         ready = [
             h
             for h in candidates(self.plan)
-            if ignore_cooldown or self.aside.get(h.name, now) <= now
+            if ignore_cooldown or h.is_local or self.aside.get(h.name, now) <= now
         ]
         out: set[str] = set()
         for name, problem in self._probe_all(ready).items():

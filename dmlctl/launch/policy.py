@@ -48,7 +48,15 @@ from dmlctl.spec.restart import RestartSpec
 
 _INFRA_TYPES = frozenset({"Signal", "AgentLost", "AgentExit", "Hang"})
 FATAL_TYPES = frozenset(
-    {"SpecInvalid", "DiskFull", "RunDirGone", "StoreError", "CheckpointCorrupt", "HostsLost"}
+    {
+        "SpecInvalid",
+        "DiskFull",
+        "RunDirGone",
+        "StoreError",
+        "CheckpointCorrupt",
+        "CheckpointForeign",
+        "HostsLost",
+    }
 )
 """Root causes a restart cannot cure (see :func:`classify`)."""
 
@@ -93,6 +101,8 @@ def classify(cause: RootCause) -> FailureKind:
     ``StoreError``                                      records (a full disk, its
                                                         directory deleted)
     ``CheckpointCorrupt``                        FATAL  no checkpoint can be loaded
+    ``CheckpointForeign``                        FATAL  the newest checkpoint is
+                                                        another run's (no warm start)
     ``HostsLost``: too few hosts answer before   FATAL  the wait for lost hosts is
     the next attempt (or it cannot be placed            over; a restart would only
     on them)                                            wait again

@@ -220,6 +220,8 @@ def _checkpoint_env(job: JobSpec, directory: str, run_id: str) -> dict[str, str]
         env[protocol.ENV_CHECKPOINT_EVERY_SECONDS] = repr(spec.every_seconds)
     if spec.allow_fresh_start:
         env[protocol.ENV_CHECKPOINT_ALLOW_FRESH] = "1"
+    if spec.warm_start:
+        env[protocol.ENV_CHECKPOINT_WARM_START] = "1"
     return env
 
 

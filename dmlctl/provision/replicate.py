@@ -182,12 +182,14 @@ class Replicator:
             raise RuntimeError(res.stderr.strip()[-300:] or f"exit code {res.exit_code}")
         incoming = self.root / f".in-{host.name}-{step}"
         shutil.rmtree(incoming, ignore_errors=True)
-        incoming.mkdir(parents=True)
+        # Inside the run directory only: a deleted run directory is never made again.
+        self.root.mkdir(mode=0o700, exist_ok=True)
+        incoming.mkdir()
         with tarfile.open(fileobj=io.BytesIO(base64.b64decode(res.stdout)), mode="r:gz") as tar:
             tar.extractall(incoming, filter="data")
         part = self.root / f".tmp-step-{step}"
         with self._lock:  # hosts' parts meet here one at a time
-            part.mkdir(parents=True, exist_ok=True)
+            part.mkdir(exist_ok=True)
             for f in incoming.iterdir():
                 os.replace(f, part / f.name)
             shutil.rmtree(incoming, ignore_errors=True)

@@ -66,6 +66,7 @@ class RunWriter:
         if isinstance(self.failure, RunDirGone):
             return []
         try:
+            self.run.check_present()  # never into a directory made again by another
             self.run.write_state(state)
         except StoreError as e:
             return self._failed(e) if self.failure is None else []
@@ -91,6 +92,7 @@ class RunWriter:
             if isinstance(self.failure, RunDirGone):
                 return str(self.failure)
             try:
+                self.run.check_present()
                 self.run.write_state(state)
                 self.run.write_summary(state)
             except DiskFull:

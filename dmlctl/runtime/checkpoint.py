@@ -44,6 +44,7 @@ and what a rank's state holds is :mod:`dmlctl.runtime.resume`'s.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
@@ -63,6 +64,8 @@ from dmlctl.protocol import (
     ENV_CHECKPOINT_EVERY_SECONDS,
     ENV_CHECKPOINT_EVERY_STEPS,
     ENV_CHECKPOINT_KEEP,
+    ENV_CHECKPOINT_WARM_START,
+    ENV_RUN_ID,
     checkpoint_step_dir,
     make_private_dirs,
     rank_file,
@@ -70,6 +73,7 @@ from dmlctl.protocol import (
 from dmlctl.runtime.checkpoint_dir import (
     CheckpointCorrupt,
     CheckpointError,
+    CheckpointForeign,
     CheckpointRefused,
     CheckpointWarning,
     DiskFull,
@@ -78,6 +82,7 @@ from dmlctl.runtime.checkpoint_dir import (
     commit,
     disk_full,
     load_rank_file,
+    saved_by,
     take_lock,
     verify,
     write_synced,
@@ -138,6 +143,8 @@ class CheckpointManager:
         group: Any = None,
         src: int = 0,
         allow_fresh_start: bool = False,
+        run_id: str | None = None,
+        warm_start: bool = False,
     ) -> None:
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
@@ -157,6 +164,12 @@ class CheckpointManager:
         self._last_step: int | None = None
         #: Whether to start from step 0 when every checkpoint is corrupt.
         self.allow_fresh_start = allow_fresh_start
+        #: The run this manager saves for (recorded in every manifest), and whether it
+        #: may resume from a checkpoint another run wrote (``checkpoint.warm_start``).
+        self.run_id, self.warm_start = run_id, warm_start
+        #: Whether the directory has been seen: from then on it is never made again
+        #: (deleted while the run runs — with the run directory — it stays deleted).
+        self._seen = self.root.is_dir()
         self._problems: list[str] = []  # why checkpoints were skipped, in this load
         self._write_error: BaseException | None = None  # why the last save's write failed
 
@@ -188,6 +201,8 @@ class CheckpointManager:
             group=group,
             src=src,
             allow_fresh_start=os.environ.get(ENV_CHECKPOINT_ALLOW_FRESH) == "1",
+            run_id=os.environ.get(ENV_RUN_ID) or None,
+            warm_start=os.environ.get(ENV_CHECKPOINT_WARM_START) == "1",
         )
 
     def _collective(self) -> bool:
@@ -227,7 +242,7 @@ class CheckpointManager:
         saying why it could not (the exception is kept in ``self._write_error``)."""
         self._write_error = None
         try:
-            make_private_dirs(str(tmp))
+            self._make_tmp(tmp)
             for stale in tmp.glob(".commit-*"):  # a crashed save's lock; this save's later
                 stale.unlink(missing_ok=True)
             path = tmp / rank_file(self.rank)
@@ -247,6 +262,21 @@ class CheckpointManager:
         # attempt never blocks a commit).
         token = os.urandom(8).hex()
         return {"sha256": sha256_file(path), "size": path.stat().st_size, "token": token}
+
+    def _make_tmp(self, tmp: Path) -> None:
+        """Make ``tmp`` in the checkpoint directory, and the directory itself (with its
+        parents) the first time only: one that was there and is gone raises
+        ``FileNotFoundError`` instead of coming back."""
+        if not self._seen:
+            make_private_dirs(str(self.root))
+            self._seen = True
+        elif not self.root.is_dir():
+            raise FileNotFoundError(
+                f"the checkpoint directory {self.root} was deleted while the run ran; "
+                "it is not made again"
+            )
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(tmp, 0o700)  # never its parents
 
     def _failure(self, step: int, mine: dict[str, Any], entries: list[Any]) -> CheckpointError:
         """The error every rank raises when some rank could not write its part: its
@@ -285,7 +315,15 @@ class CheckpointManager:
             }
             sharded = bool(more)
             commit(
-                self.root, step, tmp, final, self.world_size, self.keep, {**files, **more}, sharded
+                self.root,
+                step,
+                tmp,
+                final,
+                self.world_size,
+                self.keep,
+                {**files, **more},
+                sharded,
+                run_id=self.run_id,
             )
             (final / lock).unlink(missing_ok=True)
         if self._collective():
@@ -378,7 +416,33 @@ class CheckpointManager:
             if int(flag[1]) > 0:
                 bound = agreed - 1
                 continue
+            self._check_owner(path, agreed)
             return agreed, state
+
+    def _check_owner(self, path: Path, step: int) -> None:
+        """Raise :class:`CheckpointForeign` on every rank when any rank's checkpoint
+        ``path`` was written by another run (unless ``warm_start``: then say so and go
+        on). Collective."""
+        owner = saved_by(path)
+        foreign = owner is not None and self.run_id is not None and owner != self.run_id
+        if not self._any(foreign):
+            return
+        whose = f"run {owner}" if foreign else "another run (on another rank's host)"
+        if self.warm_start:
+            print(
+                f"dmlctl rank {self.rank}: warm start from {whose}'s checkpoint {path.name} "
+                "(checkpoint.warm_start)",
+                file=sys.stderr,
+                flush=True,
+            )
+            return
+        raise CheckpointForeign(
+            f"checkpoint {path.name} in {self.root} (step {step}) was written by {whose}, "
+            "not this one: a new run does not continue another's training. Continue that "
+            "run with `dmlctl launch --resume RUN`, start from its checkpoint with "
+            "checkpoint.warm_start: true, or give this run its own checkpoint.dir "
+            "(e.g. with {run_id} in it)"
+        )
 
     def _nothing_usable(self) -> None:
         """No checkpoint every rank can load: fine when there were none at all (or a

@@ -71,6 +71,10 @@ class CheckpointCorrupt(CheckpointError):
     """Checkpoints exist but none of them can be loaded (and no fresh start is allowed)."""
 
 
+class CheckpointForeign(CheckpointError):
+    """The newest checkpoint was written by another run (and no warm start is asked)."""
+
+
 class DiskFull(CheckpointError):
     """A checkpoint could not be written: no space (or quota) left on its device."""
 
@@ -111,12 +115,14 @@ def commit(
     keep: int,
     files: dict[str, Any],
     sharded: bool = False,
+    run_id: str | None = None,
 ) -> None:
     """Commit ``tmp`` as checkpoint ``final`` of ``step``: write the manifest of every
     file (``files``: name → size and sha256; every rank's file, and with ``sharded``
     the shards of a ``torch.distributed.checkpoint`` that every rank needs), rename
     the directory into place, point ``LATEST`` at it, and prune (newer steps of an
-    abandoned timeline, all but the ``keep`` newest, leftover temporary directories)."""
+    abandoned timeline, all but the ``keep`` newest, leftover temporary directories).
+    The manifest records ``run_id``, the run that wrote it (see :func:`saved_by`)."""
     manifest = {
         "format": 1,
         "step": step,
@@ -124,6 +130,7 @@ def commit(
         "time": time.time(),
         "files": files,
         "sharded": sharded,
+        **({"run_id": run_id} if run_id else {}),
     }
     write_synced(tmp / CHECKPOINT_MANIFEST, json.dumps(manifest, indent=1).encode())
     fsync_path(tmp)
@@ -163,6 +170,16 @@ def saved_world(path: Path, default: int) -> int:
         return max(1, int(json.loads((path / CHECKPOINT_MANIFEST).read_text())["world_size"]))
     except (OSError, ValueError, KeyError, TypeError):
         return default
+
+
+def saved_by(path: Path) -> str | None:
+    """The id of the run that wrote checkpoint ``path`` (None when its manifest does
+    not say: written by an older dmlctl, or unreadable)."""
+    try:
+        run_id = json.loads((path / CHECKPOINT_MANIFEST).read_text()).get("run_id")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return run_id if isinstance(run_id, str) and run_id else None
 
 
 def verify(path: Path, step: int, rank: int) -> str | None:

@@ -49,6 +49,7 @@ from importlib.machinery import SourceFileLoader
 from typing import IO, Any, NoReturn
 
 from dmlctl import protocol
+from dmlctl.agent.procs import die_with_parent
 from dmlctl.runtime.heartbeat import Heartbeat
 from dmlctl.runtime.progress import TRACKER
 from dmlctl.runtime.where import FrameNamer
@@ -297,8 +298,24 @@ def _record(outcome: Outcome, files: RankFiles | None, coll: dict[str, Any] | No
         files.writer.close()
 
 
+def die_with_torchrun() -> None:
+    """End this rank (SIGKILL) when the torchrun that started it ends, or now if it
+    has already ended: torchrun ends its ranks before it exits, so a rank whose
+    torchrun is gone was left behind by a torchrun killed from outside (or by its
+    agent's death), and must not go on training or writing checkpoints for an attempt
+    that is over. Torchrun is gone when this process's parent is init or the host
+    agent (the subreaper its orphans go to)."""
+    parent = os.getppid()
+    agent = os.environ.get(protocol.ENV_AGENT_PID, "")
+    if parent == 1 or str(parent) == agent:
+        os.kill(os.getpid(), signal.SIGKILL)
+    die_with_parent(signal.SIGKILL, parent)
+
+
 def run(argv: list[str]) -> NoReturn:
     """Be the rank that runs ``argv`` (``SCRIPT ARGS…``), from setup to ``os._exit``."""
+    if protocol.ENV_RANK_DIR in os.environ:
+        die_with_torchrun()
     files = setup(int(os.environ.get("RANK", "0")), argv[0])
     outcome = main(argv)
     finish(outcome, files, final_collectives(files))

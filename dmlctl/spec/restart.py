@@ -161,3 +161,10 @@ class CheckpointSpec(BaseModel):
         description="When checkpoints exist but none of them can be loaded (all corrupt): "
         "start from step 0 instead of failing the run with CheckpointCorrupt.",
     )
+    warm_start: bool = Field(
+        default=False,
+        description="Let a new run start from the newest checkpoint another run left in "
+        "checkpoint.dir (its model, optimizer and step). Without it, such a checkpoint "
+        "fails the run with CheckpointForeign before training: a run only ever resumes "
+        "its own checkpoints (launch --resume continues a run under its own id).",
+    )

@@ -17,7 +17,7 @@ import pytest
 from dmlctl.spec.loader import load_job
 from tests.conftest import REPO, Cli
 from tests.integration.conftest import JOBS, FinishedRuns
-from tests.integration.procs import run_processes, wait_until
+from tests.integration.procs import cmdline, run_processes, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -384,6 +384,40 @@ def test_kill_9_of_a_worker_resumes_from_the_last_checkpoint(cli: Cli, tmp_path:
     assert a.keys() == b.keys()
     for key in a:
         assert torch.equal(a[key], b[key]), key
+
+
+def test_kill_9_of_the_host_agent_leaves_no_rank_and_the_run_resumes(
+    cli: Cli, tmp_path: Path
+) -> None:
+    """The agent dies without a word: its torchrun and ranks end with it (none goes on
+    training or writing checkpoints for an attempt that is over), and the next attempt
+    resumes from the checkpoint on the same rendezvous port."""
+    job = tmp_path / "agentkill.yaml"
+    job.write_text(
+        f"name: agentkill\nscript: train.py\nworkdir: {JOBS / 'resume'}\nworkers: 2\n"
+        f"env:\n  STEP_SLEEP: '0.3'\n  OUT: {tmp_path / 'out.pt'}\n"
+        "restart:\n  max_infra_restarts: 1\n  backoff_initial: 0.2\n"
+        "checkpoint:\n  every_steps: 5\n"
+    )
+    proc = cli.popen("launch", str(job), "--ui", "plain")
+    run_id = _wait_running(cli)
+    hosts = cli.home / "runs" / run_id / "hosts"
+    assert wait_until((hosts / "checkpoints" / "LATEST").is_file, 60), "no checkpoint"
+    agent = int((hosts / "local" / "agent.pid").read_text())
+    attempt_1 = [p for p in run_processes(run_id) if p != agent]
+    assert len(attempt_1) >= 3, attempt_1  # torchrun and its two ranks
+    os.kill(agent, signal.SIGKILL)
+    # gone at once (left alone, the ranks would train for 4 s more)
+    assert wait_until(lambda: not set(attempt_1) & set(run_processes(run_id)), 2), [
+        cmdline(p) for p in set(attempt_1) & set(run_processes(run_id))
+    ]
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out
+    starts = [int(x.split()[0]) for x in out.split("attempt 2 starts at step ")[1:]]
+    assert len(starts) == 2 and min(starts) >= 5, out  # from the checkpoint
+    state = cli.state(run_id)
+    assert (state["phase"], state["restarts"]) == ("succeeded", 1), state
+    assert not run_processes(run_id)
 
 
 def test_resume_continues_a_run_whose_controller_died(cli: Cli, tmp_path: Path) -> None:

@@ -85,7 +85,11 @@ def test_a_full_disk_under_the_checkpoints_keeps_the_previous_one(cli: Cli, tmp_
 
 
 def test_a_deleted_run_directory_stops_the_run_as_failed(cli: Cli, tmp_path: Path) -> None:
-    job = _job(tmp_path, "forever")
+    """Checkpoints every step, in the default place (inside the run directory): the
+    ranks' saves until they are stopped and the controller's state writes must not
+    make the directory again."""
+    env = f"env: {{STEP_SLEEP: '0.5', OUT: '{tmp_path / 'out.pt'}'}}"
+    job = _job(tmp_path, "resume", env, "checkpoint:", "  every_steps: 1")
     popen = cli.popen("launch", str(job), "--ui", "plain")
     try:
 
@@ -96,6 +100,7 @@ def test_a_deleted_run_directory_stops_the_run_as_failed(cli: Cli, tmp_path: Pat
 
         assert wait_until(stepping, 60), "ranks never started"
         (run,) = cli.runs()
+        assert wait_until((run / "hosts" / "checkpoints" / "LATEST").exists, 30)
         gone = run.with_name(run.name + ".deleted")  # rm -rf, without losing a race
         run.rename(gone)  # with the controller making files in it
         shutil.rmtree(gone)
@@ -105,9 +110,13 @@ def test_a_deleted_run_directory_stops_the_run_as_failed(cli: Cli, tmp_path: Pat
             os.killpg(popen.pid, signal.SIGKILL)
     assert popen.returncode == 1, out
     assert "was deleted" in out and "succeeded" not in out, out
-    assert "internal error" not in out and "Traceback" not in out, out
+    assert "controller: RunDirGone: the run directory" in out, out  # not a failed save
+    # (the ranks' tracebacks of their failed saves are theirs, shown as such)
+    assert "internal error" not in out and "\nTraceback" not in out, out
     assert wait_until(lambda: run_processes(run.name) == [], 10)
     assert not run.exists()  # never made again behind the user's back
+    listing = cli.run("status", "--all")
+    assert listing.returncode == 0 and run.name not in listing.stdout, _said(listing)
 
 
 def test_one_corrupt_state_file_hides_no_other_run(cli: Cli, tmp_path: Path) -> None:

@@ -350,6 +350,29 @@ def test_every_checkpoint_corrupt_fails_unless_a_fresh_start_is_allowed(tmp_path
         assert _mgr(tmp_path, allow_fresh_start=True).load_latest() is None
 
 
+def test_a_new_run_never_resumes_another_runs_checkpoint_unless_warm_started(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _mgr(tmp_path, run_id="run-a").save(80, _state(80))
+    manifest = json.loads((tmp_path / "step-000000080" / "manifest.json").read_text())
+    assert manifest["run_id"] == "run-a"
+    found = _mgr(tmp_path, run_id="run-a").load_latest()  # a restart of the same run
+    assert found is not None and found[0] == 80
+    with pytest.raises(ckpt.CheckpointForeign) as info:
+        _mgr(tmp_path, run_id="run-b").load_latest()
+    message = str(info.value)
+    assert "run run-a" in message and "step 80" in message and "warm_start" in message
+    warm = _mgr(tmp_path, run_id="run-b", warm_start=True)
+    found = warm.load_latest()
+    assert found is not None and found[0] == 80 and torch.equal(found[1]["w"], _state(80)["w"])
+    assert "warm start from run run-a's checkpoint step-000000080" in capsys.readouterr().err
+    warm.save(90, _state(90))  # from then on the newest is this run's own
+    assert _mgr(tmp_path, run_id="run-b").load_latest() is not None
+    # a checkpoint that does not say who wrote it (an older dmlctl) is still resumed
+    _mgr(tmp_path / "old").save(5, _state(5))
+    assert _mgr(tmp_path / "old", run_id="run-c").load_latest() is not None
+
+
 @pytest.fixture
 def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
     """A real 4 MiB tmpfs (skipped, saying why, where it cannot be mounted)."""
