@@ -154,7 +154,8 @@ FR_ENV = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
 FR_DEFAULT_SIZE = "200"
 
 # Kinds of agent messages (agent stdout).
-MSG_LOG = "log"  # {"k": "log", "r": rank|None, "s": "stdout"|"stderr"|"agent", "l": [lines]}
+# {"k": "log", "r": rank|None, "s": "stdout"|"stderr"|"agent"|"torchrun", "l": [lines]}
+MSG_LOG = "log"
 MSG_RANK = "rank"  # {"k": "rank", "rec": <rank record>}
 MSG_AGENT = "agent"  # {"k": "agent", "state": "started", "pid": int}
 #   | {..., "state": "alive", "procs": {rank: [state, cpu_s, io_bytes]}}: once a second,

@@ -42,6 +42,7 @@ import errno
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -87,6 +88,11 @@ class Emitter:
         self.raw(protocol.encode_agent_message(kind, **fields))
 
 
+_REPORT_START = re.compile(r"failed \(exitcode: -?\d+\)|Sending process \d+ closing signal")
+"""A line of torchrun's that starts its report of a failed worker (sent as the
+``torchrun`` stream: logged, not shown)."""
+
+
 def _forward_torchrun(
     stream: TextIO,
     emit: Emitter,
@@ -94,15 +100,18 @@ def _forward_torchrun(
     stop: threading.Event,
     summary: collections.deque[str] | None = None,
 ) -> None:
+    source = "agent"
     for line in stream:
         text = line.rstrip("\n")
         tail.append(text)
         if summary is not None and protocol.is_failure_summary_line(text):
             summary.append(text)
+        if _REPORT_START.search(text):
+            source = "torchrun"  # from here on: its report of a failed worker
         # Once we stop torchrun ourselves, what it prints is its own shutdown noise
         # (a SignalException traceback): kept in the exit message's tail, not streamed.
         if not stop.is_set():
-            emit.send(protocol.MSG_LOG, r=None, s="agent", l=[text])
+            emit.send(protocol.MSG_LOG, r=None, s=source, l=[text])
 
 
 class Commands:

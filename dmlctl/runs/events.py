@@ -17,6 +17,10 @@ class Stream(str, Enum):
     STDOUT = "stdout"
     STDERR = "stderr"
     AGENT = "agent"  # the host agent or torchrun itself, not a rank
+    #: torchrun's own report of a failed worker (its log lines, its traceback and
+    #: "Root Cause" block): kept in the run's logs, not shown, since dmlctl's root
+    #: cause says the same from the rank's own record.
+    TORCHRUN = "torchrun"
 
 
 _COLLATERAL = (

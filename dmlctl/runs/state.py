@@ -277,7 +277,7 @@ class _Fold:
 
 
 def _log_lines(f: _Fold, ev: LogLines) -> None:
-    if not ev.lines:
+    if not ev.lines or ev.stream is Stream.TORCHRUN:  # in the logs, never on screen
         return
     f.tail += [TailLine(ev.host, ev.rank, ev.stream, t) for t in ev.lines[-TAIL_LINES:]]
     if len(f.tail) > 2 * TAIL_LINES:

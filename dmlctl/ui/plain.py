@@ -22,6 +22,7 @@ from dmlctl.runs.events import (
     RankExited,
     RankStarted,
     StopRequested,
+    Stream,
 )
 from dmlctl.runs.state import RankState, RunState
 from dmlctl.ui.format import clean_line, format_duration, format_loss, format_step
@@ -70,7 +71,7 @@ class PlainPrinter:
         emit = buf.append
         finished = False
         for ev in events:
-            if isinstance(ev, LogLines):
+            if isinstance(ev, LogLines) and ev.stream is not Stream.TORCHRUN:
                 who = f"[rank {ev.rank}] " if ev.rank is not None else f"[{ev.host}] "
                 buf.extend(who + clean_line(text) for text in ev.lines)
             elif isinstance(ev, Progress):

@@ -52,6 +52,7 @@ def test_the_final_screen_at_80_columns_keeps_the_important_columns(
         after_rank = row.split()[3:]  # host, rank, role
         assert after_rank[: len(words)] == words, screen
     assert all(len(line) <= 80 for line in lines)
+    assert "Root Cause" not in screen and "ChildFailedError" not in screen, screen  # torchrun's
 
 
 def test_ctrl_c_in_a_short_terminal_leaves_one_header(cli: Cli, tmp_path: Path) -> None:

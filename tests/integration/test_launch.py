@@ -33,6 +33,11 @@ def test_failing_rank_is_reported_with_root_cause(finished_runs: FinishedRuns) -
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "rank 1 on local: ValueError: bad batch at step 3" in proc.stdout
     assert 'raise ValueError("bad batch at step 3")' in proc.stdout
+    # torchrun's own report of it is kept in the logs, not printed a second time
+    for torchruns in ("Root Cause (first observed failure)", "ChildFailedError"):
+        assert torchruns not in proc.stdout, proc.stdout
+    agent_log = cli.home / "runs" / run_id / "logs" / "agent-local.log"
+    assert "Root Cause (first observed failure)" in agent_log.read_text()
     state = cli.state(run_id)
     assert state["phase"] == "failed"
     assert state["exit_code"] == 1

@@ -250,6 +250,8 @@ def test_log_lines_count_per_rank_and_feed_the_tail() -> None:
             LogLines("a", 0, Stream.STDOUT, ("epoch 1",), T0),
             LogLines("a", 0, Stream.STDERR, ("warning",), T0),
             LogLines("b", None, Stream.AGENT, ("torchrun says hi",), T0),
+            # torchrun's report of a failed worker: the log files only (the recorder)
+            LogLines("b", None, Stream.TORCHRUN, ("Root Cause (first observed failure):",), T0),
         ],
     )
     assert (state.ranks[0].lines, state.ranks[0].last_line) == (2, "warning")
