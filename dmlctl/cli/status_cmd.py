@@ -59,7 +59,7 @@ def status(
     console = stdout_console()
     states = [r.state for r in listing if r.state is not None]
     if states or not listing:
-        console.print(render_run_list(states, time.time()))
+        console.print(render_run_list(states, time.time(), console.width))
     for row in listing:
         if row.error is not None:
             console.print(render_unreadable(row.run_id, row.error))

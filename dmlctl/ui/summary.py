@@ -72,36 +72,82 @@ def render_summary(state: RunState, run_dir: str | None, *, ranks: bool = True) 
     return Group(*parts)
 
 
-def render_run_list(states: Sequence[RunState], now: float) -> RenderableType:
+JOB_WIDTH = 24
+"""The most a job name takes in ``dmlctl status`` (longer ones end with …: the run id
+starts with the name too), so one long name never squeezes the other columns."""
+SHORT_TIME_FORMAT = "%m-%d %H:%M"
+#: What ``dmlctl status`` leaves out, in this order, where the terminal is too narrow
+#: for every column (``started`` is first shortened to ``MM-DD HH:MM``): never the
+#: run id, the state or the duration.
+_OPTIONAL = ("job", "ranks", "strategy", "started")
+
+
+def _run_rows(states: Sequence[RunState], now: float, short: bool) -> list[dict[str, Text]]:
+    """Each run's cells by column name."""
+    rows = []
+    for st in states:
+        done = sum(1 for r in st.ranks if r.status is RankStatus.SUCCEEDED)
+        started = time.strftime(SHORT_TIME_FORMAT, time.localtime(st.created_at))
+        rows.append(
+            {
+                "run id": Text(st.run_id),
+                "job": Text(st.job),
+                "strategy": Text(st.strategy),
+                "state": phase_text(st.phase),
+                "ranks": Text(f"{done}/{st.world_size}"),
+                "started": Text(started if short else format_local_time(st.created_at)),
+                "duration": Text(format_duration(st.elapsed(now))),
+            }
+        )
+    return rows
+
+
+def _fitting(rows: list[dict[str, Text]], width: int | None) -> list[str]:
+    """The columns shown in ``width`` characters (all of them with ``width`` None)."""
+    widths = {
+        name: min(max(len(name), *(r[name].cell_len for r in rows)), JOB_WIDTH)
+        if name == "job"
+        else max(len(name), *(r[name].cell_len for r in rows))
+        for name in rows[0]
+    }
+    shown = list(widths)
+    for name in _OPTIONAL:
+        if width is None or sum(widths[c] for c in shown) + 2 * (len(shown) - 1) <= width:
+            break
+        shown.remove(name)
+    return shown
+
+
+def render_run_list(
+    states: Sequence[RunState], now: float, width: int | None = None
+) -> RenderableType:
     """The ``dmlctl status`` table, one row per run in the given order.
 
     Columns: run id, job, strategy, state (coloured phase), ranks (succeeded/total),
     started (local ``YYYY-MM-DD HH:MM:SS`` of the run's creation), duration
-    (``H:MM:SS``; still counting at ``now`` for a run that has not ended).
+    (``H:MM:SS``; still counting at ``now`` for a run that has not ended). In a
+    terminal ``width`` characters wide, the columns of :data:`_OPTIONAL` that do not
+    fit are left out (``started`` shortened first), never squeezed.
     """
     if not states:
         return Text("no runs yet", style="dim")
+    rows = _run_rows(states, now, short=False)
+    shown = _fitting(rows, width)
+    if "started" not in shown:
+        rows = _run_rows(states, now, short=True)
+        shown = _fitting(rows, width)
     table = Table(box=None, pad_edge=False, header_style="bold")
-    table.add_column(
-        "run id", no_wrap=True, min_width=max((len(s.run_id) for s in states), default=6)
-    )
-    table.add_column("job", overflow="ellipsis", no_wrap=True)
-    table.add_column("strategy", no_wrap=True)
-    table.add_column("state", no_wrap=True)
-    table.add_column("ranks", justify="right", no_wrap=True)
-    table.add_column("started", no_wrap=True)
-    table.add_column("duration", justify="right", no_wrap=True)
-    for st in states:
-        done = sum(1 for r in st.ranks if r.status is RankStatus.SUCCEEDED)
-        table.add_row(
-            Text(st.run_id),
-            Text(st.job),
-            Text(st.strategy),
-            phase_text(st.phase),
-            f"{done}/{st.world_size}",
-            format_local_time(st.created_at),
-            format_duration(st.elapsed(now)),
+    right = {"ranks", "duration"}
+    for name in shown:
+        table.add_column(
+            name,
+            justify="right" if name in right else "left",
+            no_wrap=True,
+            overflow="ellipsis",
+            max_width=JOB_WIDTH if name == "job" else None,
         )
+    for row in rows:
+        table.add_row(*(row[name] for name in shown))
     return table
 
 

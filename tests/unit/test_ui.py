@@ -295,6 +295,21 @@ def test_run_list_and_detail() -> None:
     assert "failed" in lines[2] and started in lines[2]
     assert "no runs yet" in render(render_run_list([], T0))
 
+    # A 128-character job name squeezes nothing; at 80 columns what does not fit is
+    # left out (job, ranks, strategy; started shortened), never cut to "…".
+    long = new_run_state(
+        "a" * 24 + "-20240101-120000-abcd", "a" * 128, "easgd-async", [(0, "h", "worker")], T0
+    )
+    for width in (80, 160):
+        shown = render(render_run_list([long, ok], T0 + 60, width), width)
+        rows = [ln for ln in shown.splitlines() if "-2024010" in ln]
+        assert len(rows) == 2 and all(len(ln) <= width for ln in shown.splitlines()), shown
+        assert "a" * 24 + "-20240101-120000-abcd" in rows[0], shown
+        assert "pending" in rows[0] and "0:01:00" in rows[0], shown
+        assert "succeeded" in rows[1] and "0:00:08" in rows[1], shown
+        assert "…" not in shown.replace("a" * 23 + "…", ""), shown
+    assert "easgd-async" in shown and "4/4" in shown and "a" * 23 + "…" in shown  # 160
+
     detail = render(render_run_detail(failed(), T0 + 100))
     assert "r-20240101-abcd" in detail and started in detail
     assert sum(ln.lstrip().startswith(("host-a", "host-b")) for ln in detail.splitlines()) == 4
