@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
 from dmlctl.cli.common import stdout_console
+
+if TYPE_CHECKING:
+    from rich.console import RenderableType
 
 
 def strategies(
@@ -39,22 +42,51 @@ def strategies(
     console.print(f"{entry.name}: {entry.summary}", markup=False)
     if uses_servers(name):
         console.print("needs 'parameter_servers: N' (N >= 1) in the job", markup=False)
-    params = Table(box=None, header_style="bold", pad_edge=False)
-    for column in ("param", "type", "default", "range", "meaning"):
-        params.add_column(column)
     module = registry.load(name)
     fields = module.Params.model_fields.items()
-    for key, field in sorted(fields, key=lambda item: item[0] == "final"):  # final: last
-        params.add_row(
+    rows = [
+        (
             key,
             type_name(field.annotation),
             default_text(field),
             range_text(field),
             field.description or "",
         )
-    console.print(params)
+        for key, field in sorted(fields, key=lambda item: item[0] == "final")  # final: last
+    ]
+    console.print(_params_view(rows, console.width))
     console.print(f"quality: {module.QUALITY}", markup=False, soft_wrap=False)
     return 0
+
+
+MEANING_MIN = 40
+"""The narrowest the meaning column may be; a narrower terminal gets one block per
+parameter (its facts on one line, the meaning under it at full width)."""
+
+
+def _params_view(rows: list[tuple[str, str, str, str, str]], width: int) -> RenderableType:
+    """The parameters of a strategy: a table with a meaning column of at least
+    :data:`MEANING_MIN` characters, or blocks where the terminal is narrower."""
+    from rich.console import Group
+    from rich.padding import Padding
+    from rich.table import Table
+    from rich.text import Text
+
+    heads = ("param", "type", "default", "range")
+    facts = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(heads)]
+    if width - sum(facts) - 2 * len(facts) >= MEANING_MIN:
+        table = Table(box=None, header_style="bold", pad_edge=False)
+        for column in (*heads, "meaning"):
+            table.add_column(column)
+        for row in rows:
+            table.add_row(*row)
+        return table
+    blocks: list[RenderableType] = []
+    for key, kind, default, bounds, meaning in rows:
+        head = Text.assemble((key, "bold"), f"  {kind}  default {default}")
+        head.append(f"  ({bounds})" if bounds else "")
+        blocks += [head, Padding(Text(meaning), (0, 0, 0, 4))]
+    return Group(*blocks)
 
 
 def register(app: typer.Typer) -> None:

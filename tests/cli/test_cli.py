@@ -260,6 +260,23 @@ def test_strategies_lists_every_strategy_and_one_strategys_params(
     assert "(did you mean 'local-sgd'?)" in capsys.readouterr().err
 
 
+def test_strategy_parameters_at_80_columns_keep_their_meaning_readable(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not a meaning column squeezed to a word per line: one block per parameter."""
+    from dmlctl.cli import common
+
+    monkeypatch.setattr(common, "PIPE_WIDTH", 80)
+    assert main(["strategies", "ssp"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert all(len(line) <= 80 for line in lines), lines
+    assert "staleness  int  default 3  (≥ 0, ≤ 1,000,000)" in lines, lines
+    assert any(line.startswith("    s: the most clocks a worker may be ahead") for line in lines)
+    monkeypatch.setattr(common, "PIPE_WIDTH", 160)
+    assert main(["strategies", "ssp"]) == 0
+    assert "param " in capsys.readouterr().out  # wide enough for the table
+
+
 def test_one_strategys_params_show_type_derived_default_and_range() -> None:
     from dmlctl.strategies.easgd.params import Params
     from dmlctl.strategies.params import default_text, range_text, type_name
