@@ -228,6 +228,22 @@ def scenario_json(
     }
 
 
+def planned(request: AdviseRequest) -> str:
+    """What the bench is about to do and the most it may take: ``10 runs (5
+    candidates × 2 scenarios) of at most 10m each: up to 1:40:00``."""
+    runs = len(request.candidates) * len(request.scenarios)
+    budget = request.budget_s
+    each = f"{budget / 60:g}m" if budget % 60 == 0 else f"{budget:g}s"
+    total = int(runs * budget)
+    hours, rest = divmod(total, 3600)
+    return (
+        f"{runs} run{'s' * (runs != 1)} ({len(request.candidates)} candidates × "
+        f"{len(request.scenarios)} scenario{'s' * (len(request.scenarios) != 1)}) of at "
+        f"most {each} each: up to {hours}:{rest // 60:02d}:{rest % 60:02d}, less where a "
+        "candidate reaches the target sooner"
+    )
+
+
 def run_advice(request: AdviseRequest, progress: Progress) -> dict[str, Any]:
     """Every scenario in turn; everything ``--json`` prints."""
     scenarios = [

@@ -27,6 +27,7 @@ from dmlctl.cli import (
     strategies_cmd,
 )
 from dmlctl.cli.closed_pipe import ForgivingStream
+from dmlctl.cli.helptext import reflow_commands
 from dmlctl.cli.library_logs import route_library_logs
 from dmlctl.errors import DmlctlError, ExitCode
 
@@ -98,6 +99,7 @@ for module in (
     module.register(app)
 app.add_typer(bench.app, name="bench")
 app.add_typer(lab_cmd.app, name="lab")
+reflow_commands(app)
 
 
 def _error(message: str) -> None:

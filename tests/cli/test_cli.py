@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -202,6 +203,27 @@ def test_launch_help_says_how_to_follow_a_detached_run(
     assert main(["launch", "--help"]) == 0
     words = " ".join(capsys.readouterr().out.replace("│", " ").split())
     assert "Run in the background and print its id; dmlctl attach ID shows the live view" in words
+
+
+def test_help_paragraphs_wrap_to_the_terminal_and_advise_says_what_it_takes() -> None:
+    """At 80 columns a paragraph of a command's help is wrapped by the terminal's
+    width, not broken again where the source's lines end (a short line inside it)."""
+    env = {**os.environ, "COLUMNS": "80"}
+    argv = [sys.executable, "-m", "dmlctl", "bench", "advise", "--help"]
+    out = subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if "Each candidate runs" in line)
+    end = next(i for i in range(start, len(lines)) if not lines[i].strip())
+    paragraph = lines[start:end]
+    assert len(paragraph) >= 2 and all(len(line.rstrip()) > 60 for line in paragraph[:-1]), out
+    words = " ".join(out.replace("│", " ").split())
+    for said in (
+        "where METRIC is any value your script logs",  # the metric names it takes
+        "Quote it: the shell reads > and < as redirections",
+        "up to 50 minutes per scenario",  # the default budget in all
+        "Example: dmlctl bench advise job.yaml --target 'test_acc>=0.97'",
+    ):
+        assert said in words, out
 
 
 def test_cli_never_imports_torch() -> None:

@@ -41,6 +41,8 @@ def test_advise_ranks_candidates_reports_a_failed_one_and_writes_json_and_png(
         timeout=400,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    plan = "3 runs (3 candidates × 1 scenario) of at most 90s each: up to 0:04:30"
+    assert proc.stderr.startswith(f"dmlctl bench advise: {plan}"), proc.stderr  # said first
     report = json.loads(proc.stdout)
     (scenario,) = report["scenarios"]
     assert scenario["name"] == "this machine"
