@@ -24,6 +24,8 @@ SPINNER_FPS = 8.0
 FINAL_LINES_AFTER = 3
 """Terminal lines kept free under the final frame: the ``logs:`` line, a possible
 ``stopped:`` line, and the shell's prompt."""
+LOG_LINES_BESIDE_LEGEND = 4
+"""The columns' legend is drawn only where this many log lines fit under it too."""
 MAX_RANK_ROWS = 32
 """Rank rows drawn by the dashboard; failed ranks are kept first beyond this."""
 
@@ -39,6 +41,7 @@ def render_dashboard(
     *,
     tail_lines: int = 12,
     max_rank_rows: int | None = MAX_RANK_ROWS,
+    legend: bool = True,
 ) -> RenderableType:
     """The whole dashboard for ``state`` at wall-clock time ``now``.
 
@@ -46,7 +49,8 @@ def render_dashboard(
     ``H:MM:SS`` elapsed, restarts, world size, the progress ``detail`` with a spinner
     while the run is pending or starting), one row per rank (at most
     ``max_rank_rows``, failed ranks kept first; with a device mesh, each worker's
-    place in it), the root-cause panel when the run has
+    place in it), with ``legend`` a dim line saying what each strategy column means,
+    the root-cause panel when the run has
     one, and the last ``tail_lines`` lines of the merged log with ``[rank N]`` /
     ``[host]`` prefixes. Pure: no I/O, no clock reads; cost is linear in the number
     of ranks shown plus ``tail_lines``.
@@ -55,7 +59,7 @@ def render_dashboard(
     parts: list[RenderableType] = [
         run_header(state, now, marker=spinner_frame(now) if spinning else None),
         Text(""),
-        rank_table(state.ranks, max_rows=max_rank_rows, mesh=state.mesh),
+        rank_table(state.ranks, max_rows=max_rank_rows, mesh=state.mesh, legend=legend),
     ]
     if state.root_cause is not None:
         parts.append(root_cause_panel(state.root_cause, max_lines=10))
@@ -69,25 +73,31 @@ def fitting_view(
     state: RunState, now: float, console: Console, height: int, tail_lines: int
 ) -> RenderableType:
     """:func:`render_dashboard` at most ``height`` lines tall at ``console``'s width:
-    the log tail is shortened first (to none, with its rule), then rank rows (failed
-    ranks first, the caption counting the rest; at least one row). Taller only when
-    one rank row and the header alone do not fit.
+    the log tail is shortened first (to none, with its rule), then the columns'
+    legend goes, then rank rows (failed ranks first, the caption counting the rest;
+    at least one row). Taller only when one rank row and the header alone do not fit.
+    The legend is shown only where :data:`LOG_LINES_BESIDE_LEGEND` log lines fit too.
 
     A frame taller than the terminal is cropped by rich, and its top line scrolls out
     of reach, so the next frame is drawn under a stale copy of it: the duplicated
     header after Ctrl-C in a short terminal.
     """
     rows = MAX_RANK_ROWS
-    while True:
-        bare = render_dashboard(state, now, tail_lines=0, max_rank_rows=rows)
-        used = len(console.render_lines(bare, console.options, pad=False))
-        if used <= height or rows <= 1:
+    keep = min(LOG_LINES_BESIDE_LEGEND, tail_lines, len(state.tail))
+    for legend in (True, False):
+        while True:
+            bare = render_dashboard(state, now, tail_lines=0, max_rank_rows=rows, legend=legend)
+            used = len(console.render_lines(bare, console.options, pad=False))
+            if used <= height or rows <= 1:
+                break
+            rows = max(1, min(rows, len(state.ranks)) - (used - height))
+        if not legend or used + (keep + 1 if keep else 0) <= height:
             break
-        rows = max(1, min(rows, len(state.ranks)) - (used - height))
+        rows = MAX_RANK_ROWS
     room = min(tail_lines, height - used - 1)  # the ``log`` rule takes a line
     if room <= 0 or not state.tail:
         return bare
-    return render_dashboard(state, now, tail_lines=room, max_rank_rows=rows)
+    return render_dashboard(state, now, tail_lines=room, max_rank_rows=rows, legend=legend)
 
 
 class LiveDashboard:

@@ -18,7 +18,7 @@ from rich.text import Text
 from dmlctl.mesh import MeshLayout, worker_ranks
 from dmlctl.runs.events import RootCause, Stream
 from dmlctl.runs.state import Phase, RankState, RankStatus, RunState, TailLine
-from dmlctl.ui.metric_columns import STRATEGY_COLUMNS, strategy_columns
+from dmlctl.ui.metric_columns import COMMON, MEANINGS, STRATEGY_COLUMNS, strategy_columns
 from dmlctl.ui.numbers import compact_rate
 from dmlctl.ui.progress import progress_line
 from dmlctl.ui.rank_table import Column, RankTable, epoch_cell
@@ -220,20 +220,25 @@ def rank_table(
     last_line: bool = True,
     max_rows: int | None = None,
     mesh: MeshLayout | None = None,
+    legend: bool = False,
 ) -> RenderableType:
     """One row per rank, its columns chosen for the width it is drawn at
     (:class:`~dmlctl.ui.rank_table.RankTable`): rank, state, step, loss, samples/s,
-    then the worker's place in the device mesh (with ``mesh``), epoch and the
-    strategy's columns, then host and role, then the last line.
+    then the worker's place in the device mesh (with ``mesh``), the strategy's own
+    columns and the role where roles differ (a server's row), then epoch, comm/step,
+    comm % and GPU memory, then host, then the last line.
 
     With ``max_rows`` and more ranks than that, failed ranks are kept first and the
     caption says how many rows were left out. The last-line column never wraps.
+    With ``legend``, a dim line under the table says what each shown strategy column
+    means (:data:`~dmlctl.ui.metric_columns.MEANINGS`).
     """
     shown = select_ranks(ranks, max_rows)
+    mixed = len({r.role for r in ranks}) > 1  # a server's row needs its label
     columns = [
-        Column("host", lambda r: Text(r.host), 2, "left"),
+        Column("host", lambda r: Text(r.host), 3, "left"),
         Column("rank", lambda r: Text(str(r.rank), style=rank_style(r.rank)), 0),
-        Column("role", lambda r: Text(r.role), 2, "left"),
+        Column("role", lambda r: Text(r.role), 1 if mixed else 3, "left"),
     ]
     if mesh is not None:
         labels = mesh_labels(ranks, mesh)
@@ -245,9 +250,14 @@ def rank_table(
         Column("samples/s", lambda r: Text(compact_rate(r.samples_per_s)), 0),
     ]
     if any("epoch" in r.metrics for r in ranks):
-        columns.append(Column("epoch", epoch_cell, 1))
+        columns.append(Column("epoch", epoch_cell, 2))
     columns += [
-        Column(STRATEGY_COLUMNS[key][0], STRATEGY_COLUMNS[key][1], 1)
+        Column(
+            STRATEGY_COLUMNS[key][0],
+            STRATEGY_COLUMNS[key][1],
+            2 if key in COMMON else 1,
+            meaning=MEANINGS[key],
+        )
         for key in strategy_columns(ranks)
     ]
     more = len(ranks) - len(shown)
@@ -256,6 +266,7 @@ def rank_table(
         columns,
         (lambda r: Text(truncate(clean_line(r.last_line), LAST_LINE_CHARS))) if last_line else None,
         f"… {more} more ranks not shown" if more else None,
+        legend,
     )
 
 

@@ -139,6 +139,29 @@ STRATEGY_COLUMNS: dict[str, tuple[str, MetricCell]] = {
 }
 
 
+MEANINGS: dict[str, str] = {
+    "gpu_mem_bytes": "allocated/reserved by PyTorch on the worker's GPU",
+    "comm_bytes_per_step": "bytes sent per step, run average (recent window)",
+    "comm_share": "share of time communicating, run average (recent window)",
+    "consensus": "how far apart the replicas are (rms distance to their mean)",
+    "primal_res": "admm's primal residual ‖r‖",
+    "dual_res": "admm's dual residual ‖s‖",
+    "clock": "steps this worker has pushed",
+    "staleness_max": "versions behind, median/max, of the updates a server applied",
+    "push_per_s": "pushes/pulls a server answers per second",
+    "push_bytes_per_s": "bytes a server receives/sends per second",
+    "clock_spread": "fastest minus slowest worker's clock",
+    "dropped": "late gradients a sync-ps server left out of its rounds",
+    "delay_max": "updates of z a worker missed, now/largest (aadmm)",
+}
+"""Each column's meaning in a few words: the dashboard's legend line."""
+
+
+COMMON = frozenset({"gpu_mem_bytes", "comm_bytes_per_step", "comm_share"})
+"""Columns every strategy (or every GPU run) has; the others are a strategy's own,
+which a narrow terminal keeps first (after the role, where servers have rows)."""
+
+
 def strategy_columns(ranks: Sequence[RankState]) -> list[str]:
     """The strategy metrics any rank reported, in column order (none: no columns)."""
     seen = {key for r in ranks for key in r.metrics}

@@ -1,8 +1,10 @@
 """The rank table at any width: columns by priority, never a truncated number.
 
 Priorities: rank, state, step, loss and samples/s first; then the worker's place in
-the device mesh (a job with ``parallelism:``), epoch and the strategy's columns
-(:mod:`dmlctl.ui.metric_columns`); then host and role; the last line last. The table
+the device mesh (a job with ``parallelism:``), the strategy's own columns
+(:mod:`dmlctl.ui.metric_columns`) and the role where roles differ; then epoch and the
+columns every strategy has (comm/step, comm %, GPU memory); then host (and a role
+all ranks share); the last line last. The table
 is measured against the width it is given when rendered: a column that does not fit
 drops out *whole*, lower priorities first, and ``last line`` takes what is left
 (elided at its end, never wrapped), or goes when under :data:`MIN_LAST_LINE` cells
@@ -37,6 +39,7 @@ class Column:
     cell: Cell
     priority: int
     justify: str = "right"
+    meaning: str | None = None  # for the legend under the table, where it has one
 
 
 def epoch_cell(rank: RankState) -> Text:
@@ -87,6 +90,7 @@ class RankTable:
         columns: Sequence[Column],
         last: Cell | None = None,
         caption: str | None = None,
+        legend: bool = False,
     ) -> None:
         self.ranks, self.columns, self.last, self.caption = (
             list(ranks),
@@ -94,6 +98,9 @@ class RankTable:
             last,
             caption,
         )
+        #: Whether a dim line under the table says what the shown columns with a
+        #: ``meaning`` mean.
+        self.legend = legend
 
     def _widths(self, console: Console, options: ConsoleOptions) -> list[int]:
         widths = []
@@ -129,3 +136,11 @@ class RankTable:
             table.add_row(*cells)
         table.caption = self.caption
         yield table
+        meant = [self.columns[i] for i in chosen if self.columns[i].meaning]
+        if self.legend and meant:
+            text = Text(style="dim")
+            for n, col in enumerate(meant):
+                text.append(" · " if n else "")
+                text.append(col.header, style="bold")
+                text.append(f": {col.meaning}")
+            yield text

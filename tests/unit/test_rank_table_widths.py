@@ -178,14 +178,17 @@ def test_compact_numbers() -> None:
 def test_a_frame_fits_a_short_terminal_by_cutting_the_log_tail_then_rank_rows() -> None:
     console = Console(width=80, height=24, color_system=None, file=io.StringIO())
     state = CASES["failed"]
-    bare = len(_render(render_dashboard(state, T0, tail_lines=0), 80).splitlines())
+    bare = len(_render(render_dashboard(state, T0, tail_lines=0, legend=False), 80).splitlines())
+    legend = len(_render(render_dashboard(state, T0, tail_lines=0), 80).splitlines()) - bare
+    assert legend == 2  # comm/step and comm %: what they mean, under the table
 
     def height(limit: int, tail: int = 12) -> int:
         return len(_render(fitting_view(state, T0, console, limit, tail), 80).splitlines())
 
-    assert height(bare + 3) == bare + 3  # the rule and two tail lines
-    assert height(bare + 30) == bare + 1 + len(state.tail[-12:])  # no more than asked
-    assert height(bare + 3, tail=0) == bare
+    assert height(bare + 3) == bare + 3  # the rule and two tail lines; no legend then
+    # no more than asked, the legend with it
+    assert height(bare + 30) == bare + legend + 1 + len(state.tail[-12:])
+    assert height(bare + 3, tail=0) == bare + legend
     assert height(bare) == bare
     many = _state("ssgd", ["worker"] * 40, COMM, "step 400 epoch 3 loss 0.1235")
     for limit in (14, 24):
