@@ -133,6 +133,7 @@ BEAT_KEYS = (
     "where",
     "inner",
     "coll",
+    "stage",  # before the first step: joining | first step | importing (or absent)
 )
 
 # Cumulative communication totals a strategy's meter adds to a metric record's values,

@@ -17,20 +17,34 @@ if TYPE_CHECKING:
     from dmlctl.bench.advise import AdviseRequest
 
 
+ADVISE_HELP = """Run your job with each candidate strategy; rank them by time to your target.
+
+Each candidate runs until it reaches the target or its budget is spent, once per
+scenario (this machine or --cluster; each --lab bandwidth; --straggler): at most
+candidates x scenarios x budget. Before it starts, the bench says how many runs it
+plans and how long they may take.
+
+Example: dmlctl bench advise job.yaml --target 'test_acc>=0.97' --budget 2m
+"""
+TARGET_HELP = (
+    "When a candidate is done: METRIC>=VALUE or METRIC<=VALUE, where METRIC is any value "
+    "your script logs (ctx.log(test_acc=...), loss, ...), e.g. 'test_acc>=0.97' or "
+    "'loss<=0.1'. Quote it: the shell reads > and < as redirections."
+)
+BUDGET_HELP = (
+    "Longest run per candidate and scenario (90s, 10m, 1h); the default with the 5 "
+    "default candidates: up to 50 minutes per scenario."
+)
+
+
 def register(app: typer.Typer) -> None:
     """Add ``advise`` to the ``bench`` app."""
-    app.command()(advise)
+    app.command(help=ADVISE_HELP)(advise)
 
 
 def advise(
     job_file: Path = typer.Argument(..., help="Your job file (job.yaml)."),
-    target: str = typer.Option(
-        ...,
-        "--target",
-        help="When a candidate is done: METRIC>=VALUE or METRIC<=VALUE, where METRIC is any "
-        "value your script logs (ctx.log(test_acc=...), loss, ...), e.g. 'test_acc>=0.97' or "
-        "'loss<=0.1'. Quote it: the shell reads > and < as redirections.",
-    ),
+    target: str = typer.Option(..., "--target", help=TARGET_HELP),
     cluster: Optional[Path] = typer.Option(  # noqa: UP045 - typer needs both
         None, "--cluster", "-c", help="Cluster spec; default: this machine, one worker per core."
     ),
@@ -40,12 +54,7 @@ def advise(
         help="Comma-separated candidates, NAME or NAME:KEY=V;KEY=V with V1|V2 for a grid "
         "(default: ssgd, ssgd powersgd, local-sgd, bmuf, dpsgd).",
     ),
-    budget: str = typer.Option(
-        "10m",
-        "--budget",
-        help="Longest run per candidate and scenario (90s, 10m, 1h); the default with the "
-        "5 default candidates: up to 50 minutes per scenario.",
-    ),
+    budget: str = typer.Option("10m", "--budget", help=BUDGET_HELP),
     lab: Optional[list[str]] = typer.Option(  # noqa: UP045
         None,
         "--lab",
@@ -67,15 +76,8 @@ def advise(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
     plot: Optional[Path] = plot_option("the metric against time and bytes sent"),  # noqa: UP045
 ) -> int:
-    """Run your job with each candidate strategy; rank them by time to your target.
-
-    Each candidate runs until it reaches the target or its budget is spent, once per
-    scenario (this machine or --cluster; each --lab bandwidth; --straggler): at most
-    candidates x scenarios x budget. Before it starts, the bench says how many runs it
-    plans and how long they may take.
-
-    Example: dmlctl bench advise job.yaml --target 'test_acc>=0.97' --budget 2m
-    """
+    """Run your job with each candidate strategy; rank them by time to your target
+    (the help screen says more: :data:`ADVISE_HELP`)."""
     from dmlctl.bench.advise import planned, run_advice
 
     check_plot(plot)

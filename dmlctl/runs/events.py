@@ -183,6 +183,7 @@ class Heartbeat:
     where: str | None = None
     inner: str | None = None
     coll: Mapping[str, Collective] = field(default_factory=dict)
+    stage: str | None = None  # what a rank that has not stepped yet is doing
 
 
 @dataclass(frozen=True)

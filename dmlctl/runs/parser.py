@@ -128,6 +128,7 @@ def _heartbeat(host: str, rank: int, rec: Mapping[str, Any], ts: float) -> Heart
         step_s=_opt_float(rec.get("step_s")),
         where=_opt_str(rec.get("where")),
         inner=_opt_str(rec.get("inner")),
+        stage=_opt_str(rec.get("stage")),
         coll=coll,
     )
 

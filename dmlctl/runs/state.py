@@ -28,6 +28,7 @@ from dmlctl.runs.events import (
     ControllerFailed,
     Event,
     Finished,
+    Heartbeat,
     LogLines,
     MetricRecord,
     Prepared,
@@ -92,6 +93,7 @@ class RankState:
     exit_code: int | None = None
     comm: CommTotals | None = None  # the newest totals of the rank's current process
     comm_before: CommTotals | None = None  # its earlier processes in this run, added
+    stage: str | None = None  # before its first step: joining, first step, importing
 
     def comm_run(self) -> CommTotals | None:
         """This rank's communication totals over the whole run (every process it ran
@@ -447,8 +449,15 @@ def _finished(f: _Fold, ev: Finished) -> None:
     f.changed["detail"] = ""
 
 
+def _heartbeat(f: _Fold, ev: Heartbeat) -> None:
+    """A rank's start-up stage, while it has one (None once it stepped)."""
+    if ev.rank in f.ranks and f.current(ev.rank, "stage") != ev.stage:
+        f.upd(ev.rank, ev.host)["stage"] = ev.stage
+
+
 _HANDLERS: dict[type, Callable[[_Fold, Any], None]] = {
     LogLines: _log_lines,
+    Heartbeat: _heartbeat,
     MetricRecord: _metric_record,
     RankStarted: _rank_started,
     RankExited: _rank_exited,
@@ -464,8 +473,8 @@ _HANDLERS: dict[type, Callable[[_Fold, Any], None]] = {
     ControllerFailed: _controller_failed,
     Finished: _finished,
 }
-"""How each event type changes the state; the other types (heartbeats, samples,
-stack dumps …) leave it as it is."""
+"""How each event type changes the state; the other types (samples, stack dumps …)
+leave it as it is."""
 
 
 def apply(state: RunState, events: Iterable[Event]) -> RunState:

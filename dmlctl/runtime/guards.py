@@ -35,6 +35,16 @@ def mark_prepared() -> None:
     _state["prepared"] = True
 
 
+def is_prepared() -> bool:
+    """Whether ``ctx.prepare`` has applied the strategy (training steps come next)."""
+    return bool(_state["prepared"])
+
+
+def is_joining() -> bool:
+    """Whether ``dmlctl.init()`` is joining the process group now."""
+    return bool(_state["joining"])
+
+
 @contextlib.contextmanager
 def joining() -> Iterator[None]:
     """``dmlctl.init()`` joins the process group inside this block."""

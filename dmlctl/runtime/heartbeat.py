@@ -25,18 +25,34 @@ import threading
 from typing import Any
 
 from dmlctl.protocol import RankEventWriter
-from dmlctl.runtime import collectives
+from dmlctl.runtime import collectives, guards
 from dmlctl.runtime.progress import TRACKER, Tracker
 from dmlctl.runtime.where import FrameNamer, frames_of
 
 INTERVAL_S = 1.0
 
 
+def main_thread_frames() -> list[tuple[str, int, str]]:
+    """The main thread's stack now, innermost first (see :func:`frames_of`)."""
+    ident = threading.main_thread().ident
+    return frames_of(sys._current_frames().get(ident) if ident is not None else None)
+
+
 def main_thread_position(namer: FrameNamer) -> tuple[str | None, str | None]:
     """``(where, inner)`` of the main thread now (see :meth:`FrameNamer.summary`)."""
-    ident = threading.main_thread().ident
-    frame = sys._current_frames().get(ident) if ident is not None else None
-    return namer.summary(frames_of(frame))
+    return namer.summary(main_thread_frames())
+
+
+def start_stage(frames: list[tuple[str, int, str]], prepared: bool) -> str | None:
+    """What a rank that has not stepped yet is doing: ``joining`` (``dmlctl.init()``
+    joins the process group), ``importing`` (the main thread is inside an import),
+    ``first step`` (``ctx.prepare`` has run: steps come next), else None (its own
+    code: preparing data, say)."""
+    if guards.is_joining():
+        return "joining"
+    if any(name.startswith("<frozen importlib") for name, _, _ in frames):
+        return "importing"
+    return "first step" if prepared else None
 
 
 class Heartbeat:
@@ -64,7 +80,11 @@ class Heartbeat:
     def beat(self) -> dict[str, Any]:
         """The current beat's fields."""
         out = self._tracker.snapshot()
-        where, inner = main_thread_position(self._namer)
+        frames = main_thread_frames()
+        where, inner = self._namer.summary(frames)
+        before = out.get("progress") == 0 and not self._tracker.is_server
+        if before and (stage := start_stage(frames, guards.is_prepared())):
+            out["stage"] = stage
         if where is not None:
             out["where"] = where
         if inner is not None:

@@ -94,6 +94,11 @@ class Tracker:
                 self._last_step = self._clock()  # the phase is no part of a step
 
     @property
+    def is_server(self) -> bool:
+        """Whether this rank is a parameter server (:meth:`serving`)."""
+        return self._server
+
+    @property
     def armed(self) -> bool:
         """Whether training steps are under way (see the module promises)."""
         return self._started and not self._data_ended and not self._phases and not self._server

@@ -121,8 +121,12 @@ def phase_text(phase: Phase) -> Text:
 
 
 def status_text(rank: RankState) -> Text:
-    """The rank's status in its colour, with the exit code when it was non-zero."""
+    """The rank's status in its colour, with the exit code when it was non-zero; a
+    running rank that has not stepped yet says what it does instead (``importing``,
+    ``joining``, ``first step``: its heartbeat's start-up stage)."""
     label = rank.status.value
+    if rank.status is RankStatus.RUNNING and rank.stage and rank.step is None:
+        label = rank.stage
     if rank.exit_code not in (None, 0):
         label = f"{label} ({rank.exit_code})"
     return Text(label, style=STATUS_STYLES[rank.status])

@@ -61,3 +61,35 @@ def test_records_carry_epoch_and_progress(tmp_path: Path) -> None:
     assert [v["progress"] for v in shard] == pytest.approx([k / 8 for k in range(1, 9)])
     assert values[8]["epoch"] == 7 and values[8]["progress"] == 1.0
     assert [v["progress"] for v in values[9:]] == pytest.approx([0.2, 0.4, 0.6, 0.8, 1.0])
+
+
+def test_a_rank_that_has_not_stepped_says_what_it_does(tmp_path: Path) -> None:
+    """The heartbeat's start-up stage, read from the live main thread: inside an import
+    (a module that takes a while to import), while dmlctl.init() joins, once steps
+    are due; nothing once the rank has stepped."""
+    import importlib
+    import threading
+
+    from dmlctl.runtime import guards
+    from dmlctl.runtime.heartbeat import Heartbeat, start_stage
+    from dmlctl.runtime.progress import Tracker
+    from dmlctl.runtime.where import FrameNamer
+
+    tracker = Tracker()
+    beats = Heartbeat(None, FrameNamer(str(tmp_path)), tracker)  # type: ignore[arg-type]
+    (tmp_path / "slow_module.py").write_text("import time\ntime.sleep(0.6)\n")
+    seen: list[dict[str, object]] = []
+    timer = threading.Timer(0.3, lambda: seen.append(beats.beat()))
+    sys.path.insert(0, str(tmp_path))
+    try:
+        timer.start()
+        importlib.import_module("slow_module")
+    finally:
+        sys.path.remove(str(tmp_path))
+    assert seen and seen[0]["stage"] == "importing", seen
+    assert "stage" not in beats.beat()  # its own code, not an import
+    with guards.joining():
+        assert beats.beat()["stage"] == "joining"
+    assert start_stage([], prepared=True) == "first step"  # after ctx.prepare
+    tracker.step()
+    assert "stage" not in beats.beat()  # it stepped

@@ -372,3 +372,35 @@ def test_a_gpu_worker_shows_its_allocated_and_reserved_gpu_memory_and_a_cpu_run_
     assert "GPU mem" in text
     assert "1.5 GiB/2.0 GiB" in text and "-/-" in text  # the server: on the CPU
     assert "GPU mem" not in render(rank_table(state.ranks), width=160)
+
+
+def test_a_rank_starting_up_shows_what_it_does_until_its_first_step() -> None:
+    """Not a row of dashes for the seconds before the first step: the state column
+    says importing, joining or first step (the heartbeat's stage)."""
+    from dmlctl.runs.events import Heartbeat
+
+    state = apply(
+        new_run_state(
+            "r-20240101-abcd", "job", "ssgd", [(0, "h", "worker"), (1, "h", "worker")], T0
+        ),
+        [RankStarted("h", r, r, "worker", 100 + r, T0 + 1) for r in (0, 1)]
+        + [
+            Heartbeat("h", 0, 0, T0 + 2, stage="importing"),
+            Heartbeat("h", 1, 0, T0 + 2, stage="joining"),
+        ],
+    )
+    rows = render(render_dashboard(state, T0 + 3), 100).splitlines()
+    assert any(line.split()[:5] == ["h", "0", "worker", "importing", "-"] for line in rows), rows
+    assert any(line.split()[:5] == ["h", "1", "worker", "joining", "-"] for line in rows), rows
+    state = apply(
+        state,
+        [
+            Heartbeat("h", 0, 0, T0 + 4, stage="first step"),
+            Heartbeat("h", 1, 3, T0 + 4),  # stepped: no stage any more
+            MetricRecord("h", 1, 3, {"loss": 0.5}, T0 + 4),
+        ],
+    )
+    assert (state.ranks[0].stage, state.ranks[1].stage) == ("first step", None)
+    rows = render(render_dashboard(state, T0 + 5), 100).splitlines()
+    assert any(line.split()[3:6] == ["first", "step", "-"] for line in rows), rows
+    assert any(line.split()[:5] == ["h", "1", "worker", "running", "3"] for line in rows), rows
