@@ -33,7 +33,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dmlctl.bench.runs import Launcher
-from dmlctl.errors import UsageError
+from dmlctl.errors import ExitCode, UsageError
 from dmlctl.launch.api import LaunchOptions, launch
 from dmlctl.spec import default_cluster
 from dmlctl.spec.models import ClusterSpec, JobSpec
@@ -106,6 +106,55 @@ def _judge(outcome: Outcome, run_dir: Path, state: Any) -> None:
     outcome.named += int(cause.rank == 1 and line_ok)
 
 
+STARTUP_S = 10.0
+"""About what one run takes besides its scenario (start-up, teardown): the estimate."""
+
+
+def planned(runs: int, scenarios: Sequence[str], stretch: float, timeout: float) -> str:
+    """``12 runs (6 scenarios × 2) of about 1 min each: about 0:12:00`` — a healthy
+    run lasts its stretch, a hang its timeout, each plus :data:`STARTUP_S`."""
+    each = [(stretch if s in HEALTHY else timeout) + STARTUP_S for s in scenarios]
+    total = int(runs * sum(each))
+    count = runs * len(scenarios)
+    return (
+        f"{count} run{'s' * (count != 1)} ({len(scenarios)} scenarios × {runs}) of about "
+        f"{sum(each) / len(each):.0f} s each: about {total // 3600}:{total % 3600 // 60:02d}:"
+        f"{total % 60:02d}; Ctrl-C ends the bench with what it has"
+    )
+
+
+def _run_all(
+    outcomes: list[Outcome],
+    runs: int,
+    where: Path,
+    cluster: ClusterSpec,
+    console: Console,
+    launcher: Launcher,
+    shape: tuple[float, float, float | None],
+) -> int:
+    """Run every scenario ``runs`` times, judging each run; the number of runs done,
+    short of all of them when one was interrupted (Ctrl-C, SIGTERM: the bench ends
+    there instead of going on with the next one)."""
+    seconds, skew, hang_timeout = shape
+    done = 0
+    for i in range(runs):
+        for outcome in outcomes:
+            console.print(f"[dim]{outcome.scenario} {i + 1}/{runs}[/dim]")
+            job = hang_job(outcome.scenario, seconds=seconds, skew=skew, hang_timeout=hang_timeout)
+            try:
+                result = launcher(
+                    job, cluster, options=LaunchOptions(ui="quiet", home=where), console=console
+                )
+            except KeyboardInterrupt:  # before the run's own Ctrl-C handling was set up
+                return done
+            if result.exit_code == ExitCode.INTERRUPTED:
+                return done
+            if result.state is not None and result.run_dir is not None:
+                _judge(outcome, result.run_dir, result.state)
+            done += 1
+    return done
+
+
 def run_hang_bench(
     *,
     runs: int = 20,
@@ -119,9 +168,10 @@ def run_hang_bench(
     cluster: ClusterSpec | None = None,
     launcher: Launcher = launch,
 ) -> dict[str, Any]:
-    """Run every scenario ``runs`` times; the report has one :class:`Outcome` dict per
-    scenario, the settings and the goal delay. Raises :class:`UsageError` for bad
-    settings."""
+    """Run every scenario ``runs`` times (first saying how many runs and about how
+    long); the report has one :class:`Outcome` dict per scenario, the settings, the
+    goal delay and, when a run was interrupted, ``partial`` (the runs done until then;
+    the bench stops there). Raises :class:`UsageError` for bad settings."""
     unknown = [s for s in scenarios if s not in SCENARIOS]
     if unknown or not scenarios:
         raise UsageError(
@@ -131,27 +181,21 @@ def run_hang_bench(
         raise UsageError("need --runs >= 1, --seconds > 0 and --skew >= 0")
     timeout = hang_timeout if hang_timeout is not None else RestartSpec().hang_timeout
     cluster = cluster if cluster is not None else default_cluster()
+    console.print(f"dmlctl bench hangs: {planned(runs, scenarios, seconds + skew, timeout)}")
     burner = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if burn else None
     outcomes = [Outcome(s) for s in scenarios]
     try:
         with tempfile.TemporaryDirectory(prefix="dmlctl-bench-hangs-") as tmp:
             where = home if home is not None else Path(tmp)
-            for i in range(runs):
-                for outcome in outcomes:
-                    console.print(f"[dim]{outcome.scenario} {i + 1}/{runs}[/dim]")
-                    job = hang_job(
-                        outcome.scenario, seconds=seconds, skew=skew, hang_timeout=hang_timeout
-                    )
-                    result = launcher(
-                        job, cluster, options=LaunchOptions(ui="quiet", home=where), console=console
-                    )
-                    if result.state is not None and result.run_dir is not None:
-                        _judge(outcome, result.run_dir, result.state)
+            shape = (seconds, skew, hang_timeout)
+            done = _run_all(outcomes, runs, where, cluster, console, launcher, shape)
     finally:
         if burner is not None:
             burner.kill()
             burner.wait()
+    total = runs * len(outcomes)
     return {
+        **({"partial": f"interrupted after {done} of {total} runs"} if done < total else {}),
         "runs": runs,
         "seconds": seconds,
         "skew": skew,

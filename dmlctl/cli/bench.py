@@ -17,7 +17,7 @@ import typer
 from dmlctl.cli import bench_advise
 from dmlctl.cli.bench_plot import check_plot, plot_option, write_plot
 from dmlctl.cli.common import stderr_console, stdout_console
-from dmlctl.errors import UsageError
+from dmlctl.errors import ExitCode, UsageError
 
 app = typer.Typer(
     help="Benchmarks: collective bandwidth (comm), parameter-server push+pull against "
@@ -417,6 +417,9 @@ def hangs(
     else:
         stdout_console().print(render_hang_table(report))
     write_plot("hangs", report, plot)
+    if "partial" in report:
+        err.print(f"partial results: {report['partial']}", highlight=False)
+        return int(ExitCode.INTERRUPTED)
     return 0
 
 
