@@ -12,7 +12,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from dmlctl.errors import DmlctlError
+from dmlctl.errors import DmlctlError, ExitCode
 from dmlctl.launch.api import LaunchOptions, LaunchResult, launch
 from dmlctl.spec.models import ClusterSpec, JobSpec
 
@@ -24,6 +24,12 @@ class BenchFailed(DmlctlError):
     """The benchmark run failed or produced no results; the message names the root cause."""
 
 
+class BenchInterrupted(DmlctlError):
+    """Ctrl-C (or SIGTERM) stopped a benchmark run: the whole bench ends there."""
+
+    exit_code = ExitCode.INTERRUPTED
+
+
 def launch_bench(
     job: JobSpec,
     cluster: ClusterSpec,
@@ -33,8 +39,17 @@ def launch_bench(
     launcher: Launcher = launch,
 ) -> LaunchResult:
     """Run ``job`` on ``cluster`` to its end without a live view; raises
-    :class:`BenchFailed` naming the run's root cause unless it succeeded."""
-    result = launcher(job, cluster, options=LaunchOptions(ui="quiet", home=home), console=console)
+    :class:`BenchInterrupted` when the run was stopped by Ctrl-C or SIGTERM (the bench
+    ends, it does not go on), :class:`BenchFailed` naming the run's root cause when it
+    failed."""
+    try:
+        result = launcher(
+            job, cluster, options=LaunchOptions(ui="quiet", home=home), console=console
+        )
+    except KeyboardInterrupt:  # before the run's own Ctrl-C handling was set up
+        raise BenchInterrupted("benchmark interrupted (Ctrl-C) while its run started") from None
+    if result.exit_code == ExitCode.INTERRUPTED:
+        raise BenchInterrupted(f"benchmark interrupted: run {result.run_id} was stopped")
     if result.exit_code != 0:
         cause = result.state.root_cause if result.state is not None else None
         why = cause.headline() if cause is not None else f"exit code {result.exit_code}"

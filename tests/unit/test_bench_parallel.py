@@ -224,6 +224,24 @@ def test_a_failed_run_is_launched_once_more_and_reported(tmp_path: Path) -> None
         run_parallel_bench(["dp4"], steps=5, repeats=1, console=console, launcher=launcher)
 
 
+def test_a_run_stopped_by_ctrl_c_ends_the_bench_instead_of_being_launched_again(
+    tmp_path: Path,
+) -> None:
+    from dmlctl.bench.runs import BenchInterrupted
+
+    launched: list[str] = []
+
+    def launcher(job: Any, cluster: Any, *, options: Any, console: Any) -> LaunchResult:
+        launched.append(job.name)
+        return LaunchResult(f"run{len(launched)}", tmp_path, None, 130)  # stopped
+
+    with pytest.raises(BenchInterrupted, match="run run1 was stopped") as info:
+        run_parallel_bench(
+            ["dp4", "tp4"], steps=5, repeats=2, console=Console(quiet=True), launcher=launcher
+        )
+    assert len(launched) == 1 and info.value.exit_code == 130
+
+
 def test_a_whole_replica_holds_what_the_reference_measures() -> None:
     import torch
 
