@@ -55,6 +55,7 @@ def strategies(
         for key, field in sorted(fields, key=lambda item: item[0] == "final")  # final: last
     ]
     console.print(_params_view(rows, console.width))
+    console.print(_columns_view(registry.columns(name)))
     console.print(f"quality: {module.QUALITY}", markup=False, soft_wrap=False)
     return 0
 
@@ -87,6 +88,19 @@ def _params_view(rows: list[tuple[str, str, str, str, str]], width: int) -> Rend
         head.append(f"  ({bounds})" if bounds else "")
         blocks += [head, Padding(Text(meaning), (0, 0, 0, 4))]
     return Group(*blocks)
+
+
+def _columns_view(keys: tuple[str, ...]) -> RenderableType:
+    """What the dashboard shows for this strategy's runs besides the columns every
+    run has, one line per column with its meaning."""
+    from rich.text import Text
+
+    from dmlctl.ui.metric_columns import MEANINGS, STRATEGY_COLUMNS
+
+    text = Text("dashboard: comm/step and comm % (run average, recent window in parentheses)")
+    for key in keys:
+        text.append(f"\n  {STRATEGY_COLUMNS[key][0]}: {MEANINGS[key]}")
+    return text
 
 
 def register(app: typer.Typer) -> None:

@@ -37,6 +37,16 @@ WORKERS_ONLY: tuple[str, ...] = (ROLE_WORKER,)
 
 WITH_SERVERS: tuple[str, ...] = (ROLE_WORKER, ROLE_SERVER)
 """``ROLES`` of a parameter-server strategy: workers and server ranks."""
+SERVER_COLUMNS: tuple[str, ...] = (
+    "clock",
+    "staleness_max",
+    "push_per_s",
+    "push_bytes_per_s",
+    "clock_spread",
+)
+"""The dashboard columns of a parameter-server strategy's ranks (metric keys, see
+``dmlctl.ui.metric_columns``): the workers' clock, the servers' staleness, traffic and
+clock spread."""
 
 
 def derived(rule: str) -> JsonDict:

@@ -35,7 +35,8 @@ class ParamsModule(Protocol):
     ``check_hosts(params, n_hosts) -> str | None``: why the job cannot run on that
     many workers or hosts, or None. ``HOST_MEMORY = True`` says its workers train on
     the CPU even on a GPU host (they share parameters through the host's memory; see
-    :func:`uses_gpus`).
+    :func:`uses_gpus`). ``COLUMNS`` names the metric keys its ranks report that the
+    dashboard shows as columns of their own (:func:`columns`).
     """
 
     Params: type[BaseModel]
@@ -227,6 +228,12 @@ def load(name: str) -> ParamsModule:
     """Import and return the params module of strategy ``name`` (cheap: no torch)."""
     module: ParamsModule = importlib.import_module(entry(name).params_module)
     return module
+
+
+def columns(name: str) -> tuple[str, ...]:
+    """The dashboard columns strategy ``name``'s ranks add besides comm/step and comm %
+    (metric keys; its params module's ``COLUMNS``, none when it sets none)."""
+    return tuple(getattr(load(name), "COLUMNS", ()))
 
 
 def uses_gpus(name: str) -> bool:

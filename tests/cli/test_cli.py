@@ -269,6 +269,13 @@ def test_strategies_lists_every_strategy_and_one_strategys_params(
     assert main(["strategies", "ssp"]) == 0
     out = capsys.readouterr().out
     assert "staleness" in out and "parameter_servers" in out
+    # every column its runs add, with its meaning (measured: the examples' metrics)
+    assert "  stale med/max: versions behind, median/max" in out
+    assert "  spread: fastest minus slowest worker's clock" in out
+    from dmlctl.ui.metric_columns import MEANINGS
+
+    for name in registry.names():
+        assert set(registry.columns(name)) <= set(MEANINGS), name
     for name in registry.names():  # what its defaults reach, measured, for every one
         assert main(["strategies", name]) == 0
         quality = registry.load(name).QUALITY

@@ -49,8 +49,8 @@ least), and the most they may: the largest gap measured in four runs of the tabl
 with room for the asynchronous rows' run-to-run spread (AdamW: hogwild 2.1-4.3 %,
 asgd 5.3-6.4 %, ssp 3.7-6.0 %, easgd-async 3.1-6.8 %, adadelay 25-45 %, and adadelay
 slows further when the machine is loaded, as on digits: 69 % with AdamW while three
-pytest workers shared the 2 cores); the synchronous rows are deterministic. docs/strategies.md ("A language model") says why each lags and what
-closes the gap."""
+pytest workers shared the 2 cores); the synchronous rows are deterministic.
+docs/strategies.md ("A language model") says why each lags and what closes the gap."""
 
 
 def _train(ctx: Any, optimizers: tuple[str, ...]) -> dict[str, dict[str, Any]]:

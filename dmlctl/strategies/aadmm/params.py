@@ -10,6 +10,7 @@ from dmlctl.strategies.params import (
     MAX_PERIOD,
     MAX_WEIGHT,
     PARAMS_CONFIG,
+    SERVER_COLUMNS,
     WITH_SERVERS,
     FinalModel,
     Overlap,
@@ -17,6 +18,7 @@ from dmlctl.strategies.params import (
 )
 
 ROLES: tuple[str, ...] = WITH_SERVERS
+COLUMNS: tuple[str, ...] = (*SERVER_COLUMNS, "primal_res", "delay_max")
 QUALITY = (
     "as admm with every worker in each round: the language model ends +8.1 % with "
     "AdamW and +3.0 % with SGD + Nesterov against one process's validation loss after "

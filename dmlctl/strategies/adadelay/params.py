@@ -11,12 +11,14 @@ from dmlctl.strategies.params import (
     MAX_PERIOD,
     MAX_WEIGHT,
     PARAMS_CONFIG,
+    SERVER_COLUMNS,
     WITH_SERVERS,
     PushCompression,
     derived,
 )
 
 ROLES: tuple[str, ...] = WITH_SERVERS
+COLUMNS: tuple[str, ...] = SERVER_COLUMNS
 QUALITY = (
     "AdaDelay replaces your optimizer with plain SGD steps on the servers, and plain "
     "SGD trains a transformer far slower than AdamW or Nesterov: the language model "

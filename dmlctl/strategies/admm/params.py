@@ -17,6 +17,7 @@ from dmlctl.strategies.params import (
 )
 
 ROLES: tuple[str, ...] = WORKERS_ONLY
+COLUMNS: tuple[str, ...] = ("primal_res", "dual_res")
 QUALITY = (
     "the language model ends +8.1 % with AdamW and +3.0 % with SGD + Nesterov against "
     "one process's validation loss after 3 epochs: ρ trades each worker's progress "

@@ -9,6 +9,7 @@ from dmlctl.strategies.params import (
     MAX_PERIOD,
     MAX_WEIGHT,
     PARAMS_CONFIG,
+    SERVER_COLUMNS,
     WITH_SERVERS,
     Overlap,
     PushCompression,
@@ -16,6 +17,7 @@ from dmlctl.strategies.params import (
 )
 
 ROLES: tuple[str, ...] = WITH_SERVERS
+COLUMNS: tuple[str, ...] = SERVER_COLUMNS
 QUALITY = (
     "the language model ends +6.1 % with AdamW and +1.4 % with SGD + Nesterov against "
     "one process's validation loss after 3 epochs (asynchronous: AdamW +5.3 to +6.4 % "

@@ -16,6 +16,7 @@ from dmlctl.strategies.params import (
 )
 
 ROLES: tuple[str, ...] = WORKERS_ONLY
+COLUMNS: tuple[str, ...] = ("consensus",)
 QUALITY = (
     "the language model (3 epochs) ends +1.6 % with AdamW and −0.0 % with SGD + "
     "Nesterov against one process's validation loss (bound 3 %; the default block "

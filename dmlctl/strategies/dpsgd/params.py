@@ -11,6 +11,7 @@ from pydantic import Field
 from dmlctl.strategies.params import MAX_PERIOD, PARAMS_CONFIG, WORKERS_ONLY, FinalModel
 
 ROLES: tuple[str, ...] = WORKERS_ONLY
+COLUMNS: tuple[str, ...] = ("consensus",)
 QUALITY = (
     "the language model (3 epochs) ends −0.5 % with AdamW and +1.8 % with SGD + "
     "Nesterov against one process's validation loss (bound 3 %), digits within 0.8 "

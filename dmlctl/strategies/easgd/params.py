@@ -17,6 +17,7 @@ from dmlctl.strategies.params import (
 )
 
 ROLES: tuple[str, ...] = WORKERS_ONLY
+COLUMNS: tuple[str, ...] = ("consensus",)
 QUALITY = (
     "the language model ends +3.2 % with AdamW and +4.3 % with SGD + Nesterov against "
     "one process's validation loss after 3 epochs, more than 3 %: the center moves by "

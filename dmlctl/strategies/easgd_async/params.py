@@ -8,6 +8,7 @@ from pydantic import Field
 from dmlctl.strategies.params import (
     MAX_PERIOD,
     PARAMS_CONFIG,
+    SERVER_COLUMNS,
     WITH_SERVERS,
     FinalModel,
     Overlap,
@@ -16,6 +17,7 @@ from dmlctl.strategies.params import (
 )
 
 ROLES: tuple[str, ...] = WITH_SERVERS
+COLUMNS: tuple[str, ...] = SERVER_COLUMNS
 QUALITY = (
     "the language model ends +5.3 % with AdamW and +5.8 % with SGD + Nesterov against "
     "one process's validation loss after 3 epochs (asynchronous), more than 3 %: the "

@@ -9,12 +9,14 @@ from dmlctl.strategies.params import (
     MAX_PERIOD,
     MAX_WEIGHT,
     PARAMS_CONFIG,
+    SERVER_COLUMNS,
     WITH_SERVERS,
     PushCompression,
     derived,
 )
 
 ROLES: tuple[str, ...] = WITH_SERVERS
+COLUMNS: tuple[str, ...] = SERVER_COLUMNS
 QUALITY = (
     "the language model ends +5.0 % with AdamW and +0.1 % with SGD + Nesterov against "
     "one process's validation loss after 3 epochs (asynchronous: AdamW +3.7 to +6.0 % "

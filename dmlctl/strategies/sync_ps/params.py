@@ -6,9 +6,16 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from dmlctl.strategies.params import MAX_PERIOD, PARAMS_CONFIG, WITH_SERVERS, PushCompression
+from dmlctl.strategies.params import (
+    MAX_PERIOD,
+    PARAMS_CONFIG,
+    SERVER_COLUMNS,
+    WITH_SERVERS,
+    PushCompression,
+)
 
 ROLES: tuple[str, ...] = WITH_SERVERS
+COLUMNS: tuple[str, ...] = (*SERVER_COLUMNS, "dropped")
 QUALITY = (
     "the language model (3 epochs) ends −0.1 % with AdamW and +0.9 % with SGD + "
     "Nesterov against one process's validation loss (bound 3 %), digits within 0.3 "
