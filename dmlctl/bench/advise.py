@@ -64,8 +64,14 @@ def candidate_job(
 ) -> dict[str, Any]:
     """The user's job file as a mapping, with the candidate's strategy, servers and a
     name saying which strategy it runs (``<job>-<strategy>``); ``workdir`` absolute
-    (the copy lives elsewhere); the scenario's straggler in ``env``."""
+    (the copy lives elsewhere); the scenario's straggler in ``env``; a
+    ``checkpoint.dir`` of the job's own gets ``/{run_id}`` added, so no candidate
+    resumes from another's checkpoint (a run would refuse it: CheckpointForeign)."""
     raw = yaml.safe_load(request.job_file.read_text(encoding="utf-8")) or {}
+    checkpoint = raw.get("checkpoint")
+    where = str(checkpoint.get("dir") or "") if isinstance(checkpoint, dict) else ""
+    if where and "{run_id}" not in where:
+        raw["checkpoint"] = {**raw["checkpoint"], "dir": f"{where}/{{run_id}}"}
     raw["name"] = f"{request.job.name}-{candidate.strategy}"
     raw["strategy"] = candidate.strategy_block()
     raw["parameter_servers"] = candidate.servers

@@ -243,3 +243,25 @@ def test_a_straggler_sleeps_its_factor_less_one_times_each_step(
     monkeypatch.setenv("DMLCTL_STRAGGLER", "slow")
     with pytest.raises(ValueError, match="DMLCTL_STRAGGLER='slow'"):
         straggler.straggler_factor(1, 2)
+
+
+def test_each_candidate_checkpoints_in_a_directory_of_its_own(tmp_path: Path) -> None:
+    """A job with a fixed checkpoint.dir: every candidate's run gets a directory of its
+    own there, so none resumes (or refuses) another candidate's checkpoint."""
+    from dmlctl.bench.advise import AdviseRequest, candidate_job
+    from dmlctl.bench.advise_spec import Candidate, Scenario, parse_target
+    from dmlctl.spec.loader import load_job
+
+    (tmp_path / "train.py").write_text("")
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(
+        "script: train.py\nworkers: 2\ncheckpoint:\n  every_steps: 5\n  dir: /ckpt/mine\n"
+    )
+    request = AdviseRequest(
+        job_file, load_job(job_file), [Candidate("ssgd")], parse_target("loss<=1"), 60.0, []
+    )
+    raw = candidate_job(request, Candidate("bmuf"), Scenario("this machine"))
+    assert raw["checkpoint"] == {"every_steps": 5, "dir": "/ckpt/mine/{run_id}"}
+    job_file.write_text("script: train.py\ncheckpoint:\n  dir: /ckpt/{run_id}/x\n")
+    raw = candidate_job(request, Candidate("bmuf"), Scenario("this machine"))
+    assert raw["checkpoint"] == {"dir": "/ckpt/{run_id}/x"}  # already one per run
