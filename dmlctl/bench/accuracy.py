@@ -88,6 +88,10 @@ LM_CANDIDATES: tuple[Candidate, ...] = tuple(
 )  # fmt: skip
 
 
+STARTUP_S = 2.5
+"""Seconds of a bench run that do not depend on its epochs (launch, start-up, exit)."""
+
+
 @dataclass(frozen=True)
 class Task:
     """A workload of the bench: its script, optimizers, metric and verdict."""
@@ -103,6 +107,21 @@ class Task:
     epochs: int
     data: str
     candidates: tuple[Candidate, ...]
+    run_s: float = 8.0
+    """Seconds one run takes at :attr:`epochs` on a 2-core machine (measured: the
+    whole table's time over its runs), for the estimate the bench prints first."""
+
+    def planned(self, rows: int, optimizers: int, epochs: int) -> str:
+        """``46 runs (23 rows × 2 optimizers) of about 6 s each on 2 cores: about
+        0:04:36``; a run's time scales with ``epochs`` past its start-up."""
+        runs = rows * optimizers
+        each = STARTUP_S + (self.run_s - STARTUP_S) * epochs / self.epochs
+        total = int(runs * each)
+        return (
+            f"{runs} runs ({rows} rows × {optimizers} optimizer{'s' * (optimizers != 1)}) "
+            f"of about {each:.0f} s each on 2 cores: about {total // 3600}:"
+            f"{total % 3600 // 60:02d}:{total % 60:02d}"
+        )
 
     def delta(self, value: float, base: float) -> float:
         """``value`` against ``base``: relative for a loss, in points for an accuracy."""
@@ -132,6 +151,7 @@ TASKS: dict[str, Task] = {
         epochs=20,
         data="scikit-learn digits (1,437 train / 360 test images)",
         candidates=CANDIDATES,
+        run_s=6.0,
     ),
     "lm": Task(
         name="lm",
@@ -145,6 +165,7 @@ TASKS: dict[str, Task] = {
         data="a generated text (36,000 train / 4,000 validation characters), "
         "a 2-layer causal transformer",
         candidates=LM_CANDIDATES,
+        run_s=7.9,
     ),
 }
 

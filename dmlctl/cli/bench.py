@@ -217,6 +217,8 @@ def accuracy(
     chosen = [by_name[n] for n in pick(strategies, list(by_name), "strategy")]
     opts = pick(optimizers, task.optimizers, "optimizer")
     err = stderr_console()
+    runs = task.planned(1 + len(chosen), len(opts), task.epochs if epochs is None else epochs)
+    err.print(f"dmlctl bench accuracy: {runs}", highlight=False, markup=False)
     with err.status(f"training on {task.name}…") as status:
         report = run_accuracy_bench(
             chosen,

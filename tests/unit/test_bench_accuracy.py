@@ -101,3 +101,23 @@ def test_the_lm_table_holds_losses_to_3_percent_and_ssgd_to_half_a_percent() -> 
     assert "0.6029 (+0.5 %)" in lines["ssgd"] and lines["ssgd"].rstrip().endswith("yes (0.5 %)")
     assert "0.6500 (-7.1 %)" in lines["local-sgd"]
     assert lines["admm"].rstrip().endswith("no (3 %)")
+
+
+def test_the_bench_says_its_runs_and_about_how_long_before_it_starts(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dmlctl.cli.app import main
+
+    lm = accuracy.TASKS["lm"]
+    assert lm.planned(15, 2, 3) == (
+        "30 runs (15 rows × 2 optimizers) of about 8 s each on 2 cores: about 0:03:57"
+    )
+    assert "of about 13 s each" in lm.planned(15, 2, 6)  # the epochs part grows
+
+    def refuse(*_args: object, **_kw: object) -> None:
+        raise UsageError("(not run here)")
+
+    monkeypatch.setattr(accuracy, "run_accuracy_bench", refuse)
+    assert main(["bench", "accuracy", "--task", "lm", "--strategies", "ssgd,bmuf"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dmlctl bench accuracy: 6 runs (3 rows × 2 optimizers)"), err
