@@ -313,6 +313,9 @@ class Supervisor:
         if self.replicator is not None:
             self.replicator.drain(FINAL_COPY_WAIT)  # the last checkpoint, if still copying
             self.replicator.close()
+        # A run directory deleted since the last check is the run's cause, not what
+        # the ranks met because of it (their checkpoints inside it): seen before the end.
+        state = self.books.fold(state, self.writer.check(now=True))
         state = self.books.fold(state, [*self.books.take_posted(), Finished(self.clock())])
         self.unrecorded = self.writer.finish(state)
         self.sink.close(state)

@@ -21,8 +21,11 @@ from dmlctl.runs.store import RunDir
 from dmlctl.spec.restart import RestartSpec
 from dmlctl.transport.fake import (
     ScriptedTransport,
+    agent_exit,
     agent_lines,
     agent_started,
+    rank_error,
+    rank_exit,
     rank_log,
     rank_start,
 )
@@ -65,6 +68,27 @@ def test_a_deleted_run_directory_fails_the_run_within_seconds(
     assert "was deleted" in state.root_cause.message
     assert sup.unrecorded is not None  # the end could not be written: said so
     assert not run_dir.path.exists()  # never made again behind the user's back
+
+
+def test_a_run_directory_deleted_just_before_the_end_is_still_the_root_cause(
+    tmp_path: Path,
+    run_dir: RunDir,  # noqa: F811
+) -> None:
+    """The ranks fail at once because of the deletion (their checkpoint directory was
+    inside it), before the once-a-second check: the end checks again."""
+    plan = make_plan(tmp_path, [1])
+    error = rank_error("CheckpointError", "could not write checkpoint step 2: deleted")
+    lines = [agent_started(), rank_start(0, 0, host="a"), rank_log(0, "step 1")]
+    lines += [rank_exit(0, 1, error), agent_exit(1)]
+
+    def delete_at_first_line(ev: Event) -> None:
+        if isinstance(ev, LogLines) and ev.rank == 0 and run_dir.path.exists():
+            _delete(run_dir.path)
+
+    sink = RecordingSink(delete_at_first_line)
+    state = Supervisor(plan, run_dir, {"a": ScriptedTransport("a", lines)}, sink).run()
+    assert state.root_cause is not None and state.root_cause.exc_type == "RunDirGone", state
+    assert not run_dir.path.exists()
 
 
 class _FullRecorder:
