@@ -40,6 +40,9 @@ from typing import Any, TextIO
 # Environment variables the plan sets for every rank process.
 ENV_RUN_ID = "DMLCTL_RUN_ID"
 ENV_RANK_DIR = "DMLCTL_RANK_DIR"
+DELETED_WHILE_RUNNING = "was deleted while the run ran"
+"""What a rank's error says of its checkpoint directory gone with the run directory:
+a consequence (``dmlctl.runs.events``' collateral markers), the deletion the cause."""
 ENV_AGENT_PID = "DMLCTL_AGENT_PID"  # the host agent's pid, as the ranks' torchrun sees it
 ENV_HOST = "DMLCTL_HOST"
 ENV_ROLE = "DMLCTL_ROLE"

@@ -38,6 +38,7 @@ from rich.table import Table
 from dmlctl.bench.proc import bench_env, run_checked
 from dmlctl.errors import DmlctlError, UsageError
 from dmlctl.spec.models import uses_servers
+from dmlctl.ui.format import format_duration
 
 JOB_DIR = Path(__file__).resolve().parent / "accuracy_job"
 TOLERANCE = 0.015
@@ -116,11 +117,9 @@ class Task:
         0:04:36``; a run's time scales with ``epochs`` past its start-up."""
         runs = rows * optimizers
         each = STARTUP_S + (self.run_s - STARTUP_S) * epochs / self.epochs
-        total = int(runs * each)
         return (
             f"{runs} runs ({rows} rows × {optimizers} optimizer{'s' * (optimizers != 1)}) "
-            f"of about {each:.0f} s each on 2 cores: about {total // 3600}:"
-            f"{total % 3600 // 60:02d}:{total % 60:02d}"
+            f"of about {each:.0f} s each on 2 cores: about {format_duration(runs * each)}"
         )
 
     def delta(self, value: float, base: float) -> float:

@@ -35,6 +35,7 @@ from dmlctl.protocol import ENV_STRAGGLER
 from dmlctl.runs.store import RunStore, dmlctl_home
 from dmlctl.spec.loader import load_job
 from dmlctl.spec.models import JobSpec
+from dmlctl.ui.format import format_duration
 
 STOP_GRACE_S = 60.0
 """Seconds a stopped candidate's launch gets to tear its run down before it is killed."""
@@ -240,12 +241,10 @@ def planned(request: AdviseRequest) -> str:
     runs = len(request.candidates) * len(request.scenarios)
     budget = request.budget_s
     each = f"{budget / 60:g}m" if budget % 60 == 0 else f"{budget:g}s"
-    total = int(runs * budget)
-    hours, rest = divmod(total, 3600)
     return (
         f"{runs} run{'s' * (runs != 1)} ({len(request.candidates)} candidates × "
         f"{len(request.scenarios)} scenario{'s' * (len(request.scenarios) != 1)}) of at "
-        f"most {each} each: up to {hours}:{rest // 60:02d}:{rest % 60:02d}, less where a "
+        f"most {each} each: up to {format_duration(runs * budget)}, less where a "
         "candidate reaches the target sooner"
     )
 

@@ -32,12 +32,13 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from dmlctl.bench.runs import Launcher
-from dmlctl.errors import ExitCode, UsageError
-from dmlctl.launch.api import LaunchOptions, launch
+from dmlctl.bench.runs import BenchInterrupted, Launcher, launch_quiet
+from dmlctl.errors import UsageError
+from dmlctl.launch.api import launch
 from dmlctl.spec import default_cluster
 from dmlctl.spec.models import ClusterSpec, JobSpec
 from dmlctl.spec.restart import RestartSpec
+from dmlctl.ui.format import format_duration
 
 JOB_DIR = Path(__file__).resolve().parent / "hang_job"
 HEALTHY = ("prep", "gil", "compile", "eval")
@@ -114,12 +115,11 @@ def planned(runs: int, scenarios: Sequence[str], stretch: float, timeout: float)
     """``12 runs (6 scenarios × 2) of about 1 min each: about 0:12:00`` — a healthy
     run lasts its stretch, a hang its timeout, each plus :data:`STARTUP_S`."""
     each = [(stretch if s in HEALTHY else timeout) + STARTUP_S for s in scenarios]
-    total = int(runs * sum(each))
     count = runs * len(scenarios)
     return (
         f"{count} run{'s' * (count != 1)} ({len(scenarios)} scenarios × {runs}) of about "
-        f"{sum(each) / len(each):.0f} s each: about {total // 3600}:{total % 3600 // 60:02d}:"
-        f"{total % 60:02d}; Ctrl-C ends the bench with what it has"
+        f"{sum(each) / len(each):.0f} s each: about {format_duration(runs * sum(each))}; "
+        "Ctrl-C ends the bench with what it has"
     )
 
 
@@ -142,12 +142,8 @@ def _run_all(
             console.print(f"[dim]{outcome.scenario} {i + 1}/{runs}[/dim]")
             job = hang_job(outcome.scenario, seconds=seconds, skew=skew, hang_timeout=hang_timeout)
             try:
-                result = launcher(
-                    job, cluster, options=LaunchOptions(ui="quiet", home=where), console=console
-                )
-            except KeyboardInterrupt:  # before the run's own Ctrl-C handling was set up
-                return done
-            if result.exit_code == ExitCode.INTERRUPTED:
+                result = launch_quiet(job, cluster, console=console, home=where, launcher=launcher)
+            except BenchInterrupted:
                 return done
             if result.state is not None and result.run_dir is not None:
                 _judge(outcome, result.run_dir, result.state)

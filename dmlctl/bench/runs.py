@@ -30,7 +30,7 @@ class BenchInterrupted(DmlctlError):
     exit_code = ExitCode.INTERRUPTED
 
 
-def launch_bench(
+def launch_quiet(
     job: JobSpec,
     cluster: ClusterSpec,
     *,
@@ -38,10 +38,9 @@ def launch_bench(
     home: Path | None = None,
     launcher: Launcher = launch,
 ) -> LaunchResult:
-    """Run ``job`` on ``cluster`` to its end without a live view; raises
-    :class:`BenchInterrupted` when the run was stopped by Ctrl-C or SIGTERM (the bench
-    ends, it does not go on), :class:`BenchFailed` naming the run's root cause when it
-    failed."""
+    """Run ``job`` on ``cluster`` to its end without a live view, whatever its outcome;
+    raises :class:`BenchInterrupted` when it was stopped by Ctrl-C or SIGTERM (the
+    bench ends there, it does not go on)."""
     try:
         result = launcher(
             job, cluster, options=LaunchOptions(ui="quiet", home=home), console=console
@@ -50,6 +49,20 @@ def launch_bench(
         raise BenchInterrupted("benchmark interrupted (Ctrl-C) while its run started") from None
     if result.exit_code == ExitCode.INTERRUPTED:
         raise BenchInterrupted(f"benchmark interrupted: run {result.run_id} was stopped")
+    return result
+
+
+def launch_bench(
+    job: JobSpec,
+    cluster: ClusterSpec,
+    *,
+    console: Console,
+    home: Path | None = None,
+    launcher: Launcher = launch,
+) -> LaunchResult:
+    """:func:`launch_quiet`, and :class:`BenchFailed` naming the run's root cause
+    unless it succeeded."""
+    result = launch_quiet(job, cluster, console=console, home=home, launcher=launcher)
     if result.exit_code != 0:
         cause = result.state.root_cause if result.state is not None else None
         why = cause.headline() if cause is not None else f"exit code {result.exit_code}"

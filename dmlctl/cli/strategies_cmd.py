@@ -95,11 +95,12 @@ def _columns_view(keys: tuple[str, ...]) -> RenderableType:
     run has, one line per column with its meaning."""
     from rich.text import Text
 
-    from dmlctl.ui.metric_columns import MEANINGS, STRATEGY_COLUMNS
+    from dmlctl.ui.metric_columns import STRATEGY_COLUMNS
 
     text = Text("dashboard: comm/step and comm % (run average, recent window in parentheses)")
     for key in keys:
-        text.append(f"\n  {STRATEGY_COLUMNS[key][0]}: {MEANINGS[key]}")
+        column = STRATEGY_COLUMNS[key]
+        text.append(f"\n  {column.header}: {column.meaning}")
     return text
 
 

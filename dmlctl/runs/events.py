@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
+from dmlctl.protocol import DELETED_WHILE_RUNNING
+
 
 class Stream(str, Enum):
     """Where a log line came from."""
@@ -34,6 +36,7 @@ _COLLATERAL = (
     "collective operation timeout",
     "NCCL communicator was aborted",
     "another rank refused",  # dmlctl's checkpoint loader: that rank names the file
+    DELETED_WHILE_RUNNING,  # a checkpoint directory gone with the run directory
 )
 
 
@@ -54,8 +57,9 @@ class RootCause:
 
     @property
     def collateral(self) -> bool:
-        """True for an error that a peer's death causes (a collective whose connection
-        closed or timed out): a consequence, not a root cause."""
+        """True for an error that something else causes (a collective whose connection
+        closed or timed out when a peer died, a checkpoint directory deleted with the
+        run directory): a consequence, not a root cause."""
         text = f"{self.exc_type}: {self.message}"
         return any(marker in text for marker in _COLLATERAL)
 

@@ -224,19 +224,12 @@ def _as_float(value: object) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
-RUN_DIR_GONE = "RunDirGone"
-"""The cause of a run whose directory was deleted: it outranks what the ranks met
-then (their checkpoint directory inside it went with it)."""
-
-
 def _explains_better(new: RootCause, old: RootCause | None) -> bool:
     """Whether ``new`` is a better root cause than ``old``: a rank's own error beats a
     collateral one (a collective that failed because a peer died), then the earlier
     failure wins. Arrival order alone would often blame the wrong rank."""
     if old is None:
         return True
-    if old.exc_type == RUN_DIR_GONE:  # it explains every failure around it
-        return False
     return (new.collateral, new.ts) < (old.collateral, old.ts)
 
 
@@ -423,7 +416,7 @@ def _stop_requested(f: _Fold, ev: StopRequested) -> None:
 def _controller_failed(f: _Fold, ev: ControllerFailed) -> None:
     # Whatever else happened, the run's own records are incomplete: it failed.
     known = f.get("root_cause")
-    if known is None or known.collateral or ev.cause.exc_type == RUN_DIR_GONE:
+    if known is None or known.collateral:
         f.changed["root_cause"] = ev.cause
 
 

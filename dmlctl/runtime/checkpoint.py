@@ -59,6 +59,7 @@ import torch.distributed as dist
 from dmlctl.checkpoint_files import fsync_path, sha256_file, step_dirs
 from dmlctl.protocol import (
     CHECKPOINT_LATEST,
+    DELETED_WHILE_RUNNING,
     ENV_CHECKPOINT_ALLOW_FRESH,
     ENV_CHECKPOINT_DIR,
     ENV_CHECKPOINT_EVERY_SECONDS,
@@ -272,7 +273,7 @@ class CheckpointManager:
             self._seen = True
         elif not self.root.is_dir():
             raise FileNotFoundError(
-                f"the checkpoint directory {self.root} was deleted while the run ran; "
+                f"the checkpoint directory {self.root} {DELETED_WHILE_RUNNING}; "
                 "it is not made again"
             )
         with contextlib.suppress(FileExistsError):

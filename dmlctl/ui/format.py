@@ -18,7 +18,7 @@ from rich.text import Text
 from dmlctl.mesh import MeshLayout, worker_ranks
 from dmlctl.runs.events import RootCause, Stream
 from dmlctl.runs.state import Phase, RankState, RankStatus, RunState, TailLine
-from dmlctl.ui.metric_columns import COMMON, MEANINGS, STRATEGY_COLUMNS, strategy_columns
+from dmlctl.ui.metric_columns import COMMON, STRATEGY_COLUMNS, strategy_columns
 from dmlctl.ui.numbers import compact_rate
 from dmlctl.ui.progress import progress_line
 from dmlctl.ui.rank_table import Column, RankTable, epoch_cell
@@ -235,7 +235,7 @@ def rank_table(
     With ``max_rows`` and more ranks than that, failed ranks are kept first and the
     caption says how many rows were left out. The last-line column never wraps.
     With ``legend``, a dim line under the table says what each shown strategy column
-    means (:data:`~dmlctl.ui.metric_columns.MEANINGS`).
+    means (:data:`~dmlctl.ui.metric_columns.STRATEGY_COLUMNS`).
     """
     shown = select_ranks(ranks, max_rows)
     mixed = len({r.role for r in ranks}) > 1  # a server's row needs its label
@@ -257,10 +257,10 @@ def rank_table(
         columns.append(Column("epoch", epoch_cell, 2))
     columns += [
         Column(
-            STRATEGY_COLUMNS[key][0],
-            STRATEGY_COLUMNS[key][1],
+            STRATEGY_COLUMNS[key].header,
+            STRATEGY_COLUMNS[key].cell,
             2 if key in COMMON else 1,
-            meaning=MEANINGS[key],
+            meaning=STRATEGY_COLUMNS[key].meaning,
         )
         for key in strategy_columns(ranks)
     ]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
 from rich.measure import Measurement
@@ -111,50 +112,75 @@ def _one(key: str, fmt: Callable[[object], str]) -> MetricCell:
     return lambda r: Text(fmt(r.metrics.get(key)))
 
 
-#: Metric key → (column header, cell), in column order.
-STRATEGY_COLUMNS: dict[str, tuple[str, MetricCell]] = {
+class MetricColumn(NamedTuple):
+    """A strategy column: its header, its cell, and its meaning in a few words (the
+    dashboard's legend line, ``dmlctl strategies NAME``)."""
+
+    header: str
+    cell: MetricCell
+    meaning: str
+
+
+#: Metric key → its column, in column order.
+STRATEGY_COLUMNS: dict[str, MetricColumn] = {
     # a GPU worker's memory: allocated by tensors / reserved by PyTorch's allocator
-    "gpu_mem_bytes": ("GPU mem", _pair("gpu_mem_bytes", "gpu_reserved_bytes", compact_bytes)),
-    "comm_bytes_per_step": (
+    "gpu_mem_bytes": MetricColumn(
+        "GPU mem",
+        _pair("gpu_mem_bytes", "gpu_reserved_bytes", compact_bytes),
+        "allocated/reserved by PyTorch on the worker's GPU",
+    ),
+    "comm_bytes_per_step": MetricColumn(
         "comm/step",
         _run_average("comm_bytes_per_step", CommTotals.bytes_per_step, compact_bytes),
+        "bytes sent per step, run average (recent window)",
     ),
-    "comm_share": ("comm %", _run_average("comm_share", CommTotals.share, _share)),
-    "consensus": ("consensus", _one("consensus", _number)),
-    "primal_res": ("primal res", _one("primal_res", _number)),
-    "dual_res": ("dual res", _one("dual_res", _number)),
+    "comm_share": MetricColumn(
+        "comm %",
+        _run_average("comm_share", CommTotals.share, _share),
+        "share of time communicating, run average (recent window)",
+    ),
+    "consensus": MetricColumn(
+        "consensus",
+        _one("consensus", _number),
+        "how far apart the replicas are (rms distance to their mean)",
+    ),
+    "primal_res": MetricColumn(
+        "primal res", _one("primal_res", _number), "admm's primal residual ‖r‖"
+    ),
+    "dual_res": MetricColumn("dual res", _one("dual_res", _number), "admm's dual residual ‖s‖"),
     # parameter servers: workers report their clock, servers the rest
-    "clock": ("clock", _one("clock", _count)),
-    "staleness_max": ("stale med/max", _pair("staleness_median", "staleness_max", _number)),
-    "push_per_s": ("push/pull per s", _pair("push_per_s", "pull_per_s", _rate)),
-    "push_bytes_per_s": (
+    "clock": MetricColumn("clock", _one("clock", _count), "steps this worker has pushed"),
+    "staleness_max": MetricColumn(
+        "stale med/max",
+        _pair("staleness_median", "staleness_max", _number),
+        "versions behind, median/max, of the updates a server applied",
+    ),
+    "push_per_s": MetricColumn(
+        "push/pull per s",
+        _pair("push_per_s", "pull_per_s", _rate),
+        "pushes/pulls a server answers per second",
+    ),
+    "push_bytes_per_s": MetricColumn(
         "in/out per s",
         _pair("push_bytes_per_s", "pull_bytes_per_s", compact_bytes),
+        "bytes a server receives/sends per second",
     ),
-    "clock_spread": ("spread", _one("clock_spread", _number)),
+    "clock_spread": MetricColumn(
+        "spread", _one("clock_spread", _number), "fastest minus slowest worker's clock"
+    ),
     # round servers: sync-ps servers' dropped gradients, aadmm servers' delays
     # (updates of z a worker missed: now / largest ever)
-    "dropped": ("dropped", _one("dropped", _count)),
-    "delay_max": ("delay now/max", _pair("delay_now", "delay_max", _count)),
+    "dropped": MetricColumn(
+        "dropped",
+        _one("dropped", _count),
+        "late gradients a sync-ps server left out of its rounds",
+    ),
+    "delay_max": MetricColumn(
+        "delay now/max",
+        _pair("delay_now", "delay_max", _count),
+        "updates of z a worker missed, now/largest (aadmm)",
+    ),
 }
-
-
-MEANINGS: dict[str, str] = {
-    "gpu_mem_bytes": "allocated/reserved by PyTorch on the worker's GPU",
-    "comm_bytes_per_step": "bytes sent per step, run average (recent window)",
-    "comm_share": "share of time communicating, run average (recent window)",
-    "consensus": "how far apart the replicas are (rms distance to their mean)",
-    "primal_res": "admm's primal residual ‖r‖",
-    "dual_res": "admm's dual residual ‖s‖",
-    "clock": "steps this worker has pushed",
-    "staleness_max": "versions behind, median/max, of the updates a server applied",
-    "push_per_s": "pushes/pulls a server answers per second",
-    "push_bytes_per_s": "bytes a server receives/sends per second",
-    "clock_spread": "fastest minus slowest worker's clock",
-    "dropped": "late gradients a sync-ps server left out of its rounds",
-    "delay_max": "updates of z a worker missed, now/largest (aadmm)",
-}
-"""Each column's meaning in a few words: the dashboard's legend line."""
 
 
 COMMON = frozenset({"gpu_mem_bytes", "comm_bytes_per_step", "comm_share"})

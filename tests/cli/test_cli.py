@@ -272,10 +272,10 @@ def test_strategies_lists_every_strategy_and_one_strategys_params(
     # every column its runs add, with its meaning (measured: the examples' metrics)
     assert "  stale med/max: versions behind, median/max" in out
     assert "  spread: fastest minus slowest worker's clock" in out
-    from dmlctl.ui.metric_columns import MEANINGS
+    from dmlctl.ui.metric_columns import STRATEGY_COLUMNS
 
     for name in registry.names():
-        assert set(registry.columns(name)) <= set(MEANINGS), name
+        assert set(registry.columns(name)) <= set(STRATEGY_COLUMNS), name
     for name in registry.names():  # what its defaults reach, measured, for every one
         assert main(["strategies", name]) == 0
         quality = registry.load(name).QUALITY

@@ -77,7 +77,12 @@ def test_a_run_directory_deleted_just_before_the_end_is_still_the_root_cause(
     """The ranks fail at once because of the deletion (their checkpoint directory was
     inside it), before the once-a-second check: the end checks again."""
     plan = make_plan(tmp_path, [1])
-    error = rank_error("CheckpointError", "could not write checkpoint step 2: deleted")
+    error = rank_error(  # as the rank's checkpoint manager says it
+        "CheckpointError",
+        "could not write checkpoint step 2 in /r/hosts/checkpoints: FileNotFoundError: the "
+        "checkpoint directory /r/hosts/checkpoints was deleted while the run ran; it is not "
+        "made again",
+    )
     lines = [agent_started(), rank_start(0, 0, host="a"), rank_log(0, "step 1")]
     lines += [rank_exit(0, 1, error), agent_exit(1)]
 
