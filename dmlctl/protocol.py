@@ -124,7 +124,9 @@ KIND_PREPARED = "prepared"  # {strategy: str}: ctx.prepare() applied the job's s
 #   inner     str    innermost frame of the main thread (what it is blocked in)
 #   coll      {group: [entered, completed, op, age, size]}  collectives per process
 #             group: the last one entered and completed, the oldest still pending (its
-#             op name and seconds since it was entered) or nulls, the group's size
+#             op name and seconds since it was entered) or nulls, the group's size; a
+#             group's NCCL collectives (numbered apart from gloo's) are the row
+#             "<group>/nccl" (NCCL_SUFFIX)
 BEAT_KEYS = (
     "progress",
     "armed",
@@ -156,6 +158,7 @@ STACKS_SIGNAL = "SIGUSR2"
 # reads it): its size variables, and the size the plan sets when the job sets none.
 FR_ENV = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
 FR_DEFAULT_SIZE = "200"
+NCCL_SUFFIX = "/nccl"  # a group's row of NCCL collectives in a heartbeat's "coll"
 
 # Kinds of agent messages (agent stdout).
 # {"k": "log", "r": rank|None, "s": "stdout"|"stderr"|"agent"|"torchrun", "l": [lines]}

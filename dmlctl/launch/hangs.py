@@ -36,6 +36,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from dmlctl.protocol import NCCL_SUFFIX
 from dmlctl.runs.events import Collective
 
 BUSY_CORES = 0.1
@@ -123,6 +124,14 @@ def waiting_in(view: RankView, hang_timeout: float) -> tuple[str, Collective] | 
     return max(found, key=lambda gp: gp[1].age or 0.0) if found else None
 
 
+def _group_label(group: str) -> str:
+    """How a collective's group is named after it: nothing for the default group's
+    gloo collectives, `` (NCCL)`` for its NCCL ones, else the group's name."""
+    name, nccl = group.removesuffix(NCCL_SUFFIX), group.endswith(NCCL_SUFFIX)
+    parts = ([f"group {name}"] if name != "0" else []) + (["NCCL"] if nccl else [])
+    return f" ({', '.join(parts)})" if parts else ""
+
+
 def _ranks(ranks: Sequence[int]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
 
@@ -172,7 +181,7 @@ def _blame(
     )
     missing = sorted((m for m in members if m.coll[group].entered < seq), key=lambda m: m.rank)
     age = pending.age or 0.0
-    what = f"{op} #{seq}" + (f" (group {group})" if group != "0" else "")
+    what = f"{op} #{seq}{_group_label(group)}"
     if not missing:
         stuck_in = [m for m in members if (w := waiting_in(m, hang_timeout)) and w[0] == group]
         size = max((m.coll[group].size for m in members), default=0)

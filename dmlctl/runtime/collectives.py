@@ -1,5 +1,7 @@
 """Which collectives this rank entered and which one it waits in, per process group,
-read from PyTorch's flight recorder (``TORCH_FR_BUFFER_SIZE``; gloo and nccl).
+read from PyTorch's flight recorder (``TORCH_FR_BUFFER_SIZE``): gloo's and, in
+builds with NCCL, NCCL's own (its collectives of a group are a row of their own,
+``<group>/nccl``).
 
 The hang detector compares these counts across ranks: the rank that never entered
 the collective the others wait in is the one holding the run up.
@@ -17,7 +19,7 @@ import sys
 import time
 from typing import Any
 
-from dmlctl.protocol import FR_ENV
+from dmlctl.protocol import FR_ENV, NCCL_SUFFIX
 
 
 def recorder_enabled(environ: Any = os.environ) -> bool:
@@ -88,7 +90,23 @@ def snapshot() -> dict[str, list[Any]] | None:
         if not groups:
             return None  # torn down
         c = sys.modules["torch._C._distributed_c10d"]
+        now = time.time_ns()
         raw = c._dump_fr_trace_json(includeCollectives=True)
-        return _summarize(json.loads(raw), groups, time.time_ns())
+        return {**_summarize(json.loads(raw), groups, now), **_nccl_rows(c, groups, now)}
     except Exception:
         return None
+
+
+def _nccl_rows(c: Any, groups: dict[str, int], now_ns: int) -> dict[str, list[Any]]:
+    """The rows of the groups whose NCCL backend has entered a collective, keyed
+    ``<group>/nccl``: NCCL keeps its own recorder (``_dump_nccl_trace_json``, only in
+    builds with NCCL) and numbers its collectives apart from gloo's, so a group that
+    carries both (``cpu:gloo,cuda:nccl``) has two rows. Empty where unknown."""
+    dump = getattr(c, "_dump_nccl_trace_json", None)
+    if dump is None:
+        return {}
+    try:
+        rows = _summarize(json.loads(dump(includeCollectives=True)), groups, now_ns)
+    except Exception:
+        return {}
+    return {f"{group}{NCCL_SUFFIX}": row for group, row in rows.items() if row[0] > 0}

@@ -39,6 +39,8 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import GradBucket
 
+from dmlctl.runtime.staged import through_gloo
+
 FILTERS = ("int8", "topk", "sign")
 """The filters of ``ssgd``'s compression and of parameter-server pushes."""
 PUSH_FILTERS = (*FILTERS, "threshold")
@@ -83,15 +85,24 @@ class FilterState:
         self.kind, self.density, self.threshold = kind, density, threshold
         self.stochastic, self.error_feedback = stochastic, error_feedback
         self.error: dict[int, torch.Tensor] = {}
-        self.generator = torch.Generator().manual_seed(seed)
+        self.seed = seed
+        self.generators: dict[torch.device, torch.Generator] = {}
+
+    def generator(self, device: torch.device) -> torch.Generator:
+        """The stochastic-rounding generator of ``device`` (one per device, each seeded
+        with ``seed``)."""
+        if device not in self.generators:
+            self.generators[device] = torch.Generator(device=device).manual_seed(self.seed)
+        return self.generators[device]
 
     def with_error(self, index: int, grad: torch.Tensor) -> torch.Tensor:
         """``grad`` plus the bucket's carried error (a new tensor); a buffer of the
-        wrong size (DDP rebuilt its buckets) is dropped."""
+        wrong size (DDP rebuilt its buckets) is dropped; one restored from a checkpoint
+        onto another device moves to ``grad``'s."""
         carried = self.error.get(index)
         if not self.error_feedback or carried is None or carried.numel() != grad.numel():
             return grad.clone()
-        return grad + carried
+        return grad + carried.to(grad.device)
 
     def keep_error(self, index: int, value: torch.Tensor, sent: torch.Tensor) -> None:
         """Remember what this worker's encoding dropped: ``value − sent``."""
@@ -137,7 +148,8 @@ def encode(
         scale = torch.where(scale > 0, scale, torch.ones_like(scale))
         scaled = x / scale
         if state.stochastic:
-            scaled = torch.floor(scaled + torch.rand(n, generator=state.generator))
+            noise = torch.rand(n, generator=state.generator(x.device), device=x.device)
+            scaled = torch.floor(scaled + noise)
         q = scaled.round().clamp(-127, 127).to(torch.int8)
         return torch.cat([q.view(torch.uint8), _float_bytes(scale)]), q.to(torch.float32) * scale
     if state.kind == "topk":
@@ -150,10 +162,10 @@ def encode(
         return payload, sent
     scales = torch.stack([part.abs().mean() for part in torch.split(x, sizes)])
     positive = x >= 0
-    padded = torch.zeros(math.ceil(n / 8) * 8, dtype=torch.uint8)
+    padded = torch.zeros(math.ceil(n / 8) * 8, dtype=torch.uint8, device=x.device)
     padded[:n] = positive.to(torch.uint8)
-    packed = (padded.reshape(-1, 8) * _BITS).sum(dim=1).to(torch.uint8)
-    each = scales.repeat_interleave(torch.tensor(sizes))
+    packed = (padded.reshape(-1, 8) * _BITS.to(x.device)).sum(dim=1).to(torch.uint8)
+    each = scales.repeat_interleave(torch.tensor(sizes, device=x.device))
     sent = torch.where(positive, each, -each)
     return torch.cat([packed, scales.to(torch.float32).view(torch.uint8)]), sent
 
@@ -171,13 +183,13 @@ def decode(state: FilterState, payload: torch.Tensor, sizes: list[int]) -> torch
         k = topk_count(n, state.density)
         vals = payload[: 4 * k].view(torch.float32)
         idx = payload[4 * k : 8 * k].view(torch.int32).to(torch.int64)
-        out = torch.zeros(n, dtype=torch.float32)
+        out = torch.zeros(n, dtype=torch.float32, device=payload.device)
         out[idx] = vals
         return out
     nb = math.ceil(n / 8)
-    bits = (payload[:nb].unsqueeze(1) & _BITS).ne(0).reshape(-1)[:n]
+    bits = (payload[:nb].unsqueeze(1) & _BITS.to(payload.device)).ne(0).reshape(-1)[:n]
     scales = payload[nb : nb + 4 * len(sizes)].clone().view(torch.float32)
-    each = scales.repeat_interleave(torch.tensor(sizes))
+    each = scales.repeat_interleave(torch.tensor(sizes, device=payload.device))
     return torch.where(bits, each, -each)
 
 
@@ -190,13 +202,14 @@ def bucket_sizes(bucket: GradBucket) -> list[int]:
 
 def filter_hook(state: FilterState, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
     """The DDP comm hook: encode (with the carried error), all-gather every worker's
-    bytes, decode and average them into the bucket. The filters compute on the CPU:
-    a GPU bucket is copied off and back once."""
+    bytes, decode and average them into the bucket. The filters compute where the
+    bytes travel: on the bucket's GPU where the group carries CUDA tensors through
+    NCCL, else on the CPU (a GPU bucket under gloo is copied off and back once)."""
     buffer = bucket.buffer()
     index, n = bucket.index(), buffer.numel()
     sizes = bucket_sizes(bucket)
-    # Encoded, exchanged (through gloo) and decoded on the CPU, GPU buckets included.
-    value = state.with_error(index, buffer.detach().reshape(-1).cpu())
+    device = torch.device("cpu") if through_gloo(buffer) else buffer.device
+    value = state.with_error(index, buffer.detach().reshape(-1).to(device))
     payload, sent = encode(state, value, sizes)
     state.keep_error(index, value, sent)
     world = dist.get_world_size()
@@ -206,7 +219,7 @@ def filter_hook(state: FilterState, bucket: GradBucket) -> torch.futures.Future[
 
     def average(fut: torch.futures.Future[Any]) -> torch.Tensor:
         del fut
-        total = torch.zeros(n, dtype=torch.float32)
+        total = torch.zeros(n, dtype=torch.float32, device=device)
         for part in parts:
             total += decode(state, part, sizes)
         buffer.copy_((total / world).reshape(buffer.shape).to(buffer.dtype))

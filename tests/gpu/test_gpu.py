@@ -44,6 +44,8 @@ CASES = {
     "ssgd-fp16": {"compression": "fp16"},
     "ssgd-powersgd": {"compression": "powersgd"},
     "ssgd-topk": {"compression": "topk"},
+    "ssgd-int8": {"compression": "int8"},
+    "ssgd-sign": {"compression": "sign"},
     "asgd-overlap": {"overlap": True, "push_compression": "threshold"},
     "asgd-int8": {"push_compression": "int8"},  # error feedback kept on the CPU
 }

@@ -158,6 +158,18 @@ def test_the_chase_follows_a_culprit_that_waits_elsewhere() -> None:
     assert "never entered broadcast #4 (group 1), which rank 1 has" in verdict.detail
 
 
+def test_a_rank_missing_from_a_gpu_collective_is_blamed_by_its_nccl_counts() -> None:
+    """A group on ``cpu:gloo,cuda:nccl`` has a row per backend (NCCL numbers its
+    collectives apart): rank 0 waits in NCCL's #21 while both agree on gloo's counts."""
+    views = [
+        view(0, coll={"0": Collective(5, 5), "0/nccl": Collective(21, 20, "allreduce", 50.0)}),
+        view(1, coll={"0": Collective(5, 5), "0/nccl": Collective(20, 20)}, **stuck()),
+    ]
+    verdict = find_hang(views, T)
+    assert verdict is not None and (verdict.rank, verdict.reason) == (1, "stuck")
+    assert "never entered allreduce #21 (NCCL), which rank 0 has" in verdict.detail
+
+
 def test_ranks_waiting_for_each_other_are_a_cycle() -> None:
     views = [
         view(0, coll={"0": Collective(11, 10, "all_reduce", 50.0), "1": Collective(3, 3)}),

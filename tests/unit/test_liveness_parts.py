@@ -5,6 +5,7 @@ heartbeats."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -164,6 +165,52 @@ def test_the_flight_recorder_dump_becomes_counts_and_the_oldest_pending_collecti
         "1": [4, 3, None, None, 2],
         "2": [0, 0, None, None, 2],
     }
+
+
+class FakeRecorders:
+    """``torch._C._distributed_c10d``'s two dumps: gloo's and NCCL's own recorder."""
+
+    def __init__(self, gloo: dict[str, Any], nccl: dict[str, Any] | None) -> None:
+        self.gloo, self.nccl = gloo, nccl
+
+    def _dump_fr_trace_json(self, includeCollectives: bool) -> str:
+        return json.dumps(self.gloo)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "_dump_nccl_trace_json" and self.nccl is not None:
+            return lambda includeCollectives: json.dumps(self.nccl)
+        raise AttributeError(name)
+
+
+def test_a_groups_nccl_collectives_are_a_row_of_their_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """NCCL keeps its own recorder and numbering (a CPU build of torch has none): its
+    rows are ``<group>/nccl``, only for groups where NCCL entered a collective."""
+    import sys
+    import types
+
+    from dmlctl.runtime import collectives
+
+    c10d = types.SimpleNamespace(_world=types.SimpleNamespace(pg_names={}, pg_group_ranks={}))
+    c10d._world.pg_names = {"pg0": "0", "pg1": "1"}
+    c10d._world.pg_group_ranks = {"pg0": {0: 0, 1: 1}, "pg1": {0: 0, 1: 1}}
+    dist = types.SimpleNamespace(is_available=lambda: True, is_initialized=lambda: True)
+    gloo = {"entries": [entry(3, True)]}
+    nccl = {"entries": [entry(40, True, op="nccl:all_reduce"), entry(41, False)]}
+    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "200")
+    for name, module in {
+        "torch.distributed": dist,
+        "torch.distributed.distributed_c10d": c10d,
+        "torch._C._distributed_c10d": FakeRecorders(gloo, nccl),
+    }.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    got = collectives.snapshot()
+    assert got is not None
+    assert got["0"][:2] == [3, 3] and got["1"][:2] == [0, 0]
+    assert got["0/nccl"][:3] == [41, 40, "all_reduce"] and "1/nccl" not in got
+    monkeypatch.setitem(sys.modules, "torch._C._distributed_c10d", FakeRecorders(gloo, None))
+    assert set(collectives.snapshot() or {}) == {"0", "1"}
 
 
 @pytest.mark.parametrize(
