@@ -35,10 +35,11 @@ from typing import Any
 import yaml
 from rich.table import Table
 
+from dmlctl.bench.plan import planned
 from dmlctl.bench.proc import bench_env, run_checked
 from dmlctl.errors import DmlctlError, UsageError
 from dmlctl.spec.models import uses_servers
-from dmlctl.ui.format import format_duration
+from dmlctl.text import plural
 
 JOB_DIR = Path(__file__).resolve().parent / "accuracy_job"
 TOLERANCE = 0.015
@@ -115,12 +116,9 @@ class Task:
     def planned(self, rows: int, optimizers: int, epochs: int) -> str:
         """``46 runs (23 rows × 2 optimizers) of about 6 s each on 2 cores: about
         0:04:36``; a run's time scales with ``epochs`` past its start-up."""
-        runs = rows * optimizers
         each = STARTUP_S + (self.run_s - STARTUP_S) * epochs / self.epochs
-        return (
-            f"{runs} runs ({rows} rows × {optimizers} optimizer{'s' * (optimizers != 1)}) "
-            f"of about {each:.0f} s each on 2 cores: about {format_duration(runs * each)}"
-        )
+        why = f"{plural(rows, 'row')} × {plural(optimizers, 'optimizer')}"
+        return planned(rows * optimizers, why, each)
 
     def delta(self, value: float, base: float) -> float:
         """``value`` against ``base``: relative for a loss, in points for an accuracy."""

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from dmlctl.bench.plan import announce, planned
 from dmlctl.bench.report import OPS, CommResult, parse_metrics, size_sweep
 from dmlctl.bench.runs import BenchFailed, launch_bench, metric_lines
 from dmlctl.errors import UsageError
@@ -71,6 +72,18 @@ def comm_job(
     )
 
 
+STARTUP_S = 3.5
+"""About what the run takes besides its collectives (launch, start-up, exit) on 2 cores."""
+BYTES_PER_S = 5.5e8
+"""About the bytes per second one collective call moves per rank on 2 cores."""
+
+
+def plan(ops: Sequence[str], min_bytes: int, max_bytes: int, iters: int, warmup: int) -> str:
+    """The one run :func:`run_comm_bench` makes, and about how long it takes."""
+    moved = sum(size_sweep(min_bytes, max_bytes, DEFAULT_FACTOR)) * len(ops) * (iters + warmup)
+    return planned(1, "", STARTUP_S + moved / BYTES_PER_S)
+
+
 def run_comm_bench(
     cluster: ClusterSpec,
     *,
@@ -88,6 +101,7 @@ def run_comm_bench(
     Blocks until the run ends. Raises :class:`BenchFailed` naming the root cause if
     the run did not succeed, or if it succeeded without results for every op.
     """
+    announce(console, "comm", plan(ops, min_bytes, max_bytes, iters, warmup))
     job = comm_job(
         workers=workers,
         ops=ops,

@@ -32,6 +32,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from dmlctl.bench.plan import announce
 from dmlctl.bench.runs import BenchInterrupted, Launcher, launch_quiet
 from dmlctl.errors import UsageError
 from dmlctl.launch.api import launch
@@ -177,7 +178,7 @@ def run_hang_bench(
         raise UsageError("need --runs >= 1, --seconds > 0 and --skew >= 0")
     timeout = hang_timeout if hang_timeout is not None else RestartSpec().hang_timeout
     cluster = cluster if cluster is not None else default_cluster()
-    console.print(f"dmlctl bench hangs: {planned(runs, scenarios, seconds + skew, timeout)}")
+    announce(console, "hangs", planned(runs, scenarios, seconds + skew, timeout))
     burner = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if burn else None
     outcomes = [Outcome(s) for s in scenarios]
     try:

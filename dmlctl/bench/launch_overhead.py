@@ -30,6 +30,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from dmlctl.bench.plan import announce, planned
 from dmlctl.bench.proc import bench_env, run_checked
 from dmlctl.errors import DmlctlError, UsageError
 
@@ -89,6 +90,15 @@ def summarize(samples: Sequence[float]) -> dict[str, Any]:
     }
 
 
+RUN_S = 3.2
+"""About one launch of the trivial job, by either launcher, on 2 cores."""
+
+
+def plan(repeats: int) -> str:
+    """The runs :func:`run_launch_bench` makes, and about how long they take."""
+    return planned(2 * (repeats + 1), f"{repeats} + a warm-up, × 2 launchers", RUN_S)
+
+
 def run_launch_bench(
     repeats: int = MIN_REPEATS,
     workers: int = 2,
@@ -108,6 +118,7 @@ def run_launch_bench(
         raise UsageError(f"--repeats must be at least {MIN_REPEATS} (medians of fewer are noise)")
     if workers < 1:
         raise UsageError(f"--workers must be >= 1, got {workers}")
+    announce(console, "launch", plan(repeats))
     sides = {"dmlctl": dmlctl_command(workers), "torchrun": torchrun_command(workers)}
     times: dict[str, list[float]] = {name: [] for name in sides}
     with tempfile.TemporaryDirectory(prefix="dmlctl-bench-launch-") as tmp:

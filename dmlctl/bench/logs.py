@@ -30,6 +30,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from dmlctl.bench.plan import announce, planned
 from dmlctl.bench.runs import BenchFailed, Launcher, launch_bench
 from dmlctl.errors import UsageError
 from dmlctl.launch.api import launch
@@ -143,6 +144,21 @@ def slowdown(
     }
 
 
+STARTUP_S = 8.0
+"""About what a run takes besides its lines (launch, start-up, exit) on 2 cores."""
+CARRIED_PER_S = 200_000
+"""About the lines per second the flood run carries, both ranks together, on 2 cores."""
+
+
+def plan(lines: int, steps: int, work_us: float, repeats: int) -> str:
+    """The runs :func:`run_logs_bench` makes, and about how long they take: the flood
+    of ``lines`` per rank, then the printing and the silent loop ``repeats`` times."""
+    total = STARTUP_S + WORKERS * lines / CARRIED_PER_S
+    total += 2 * repeats * (STARTUP_S + steps * work_us / 1e6)
+    count = 1 + 2 * repeats
+    return planned(count, f"1 flood + {repeats} × 2 loops", total / count)
+
+
 def run_logs_bench(
     *,
     lines: int = 1_000_000,
@@ -158,6 +174,7 @@ def run_logs_bench(
     :class:`BenchFailed` when a run fails or a line is missing."""
     if lines < 1000 or steps < 100 or work_us < 0 or repeats < 1:
         raise UsageError("need --lines >= 1000, --steps >= 100, --work-us >= 0, --repeats >= 1")
+    announce(console, "logs", plan(lines, steps, work_us, repeats))
     cluster = cluster if cluster is not None else default_cluster()
     with tempfile.TemporaryDirectory(prefix="dmlctl-bench-home-") as tmp:
         where = home if home is not None else Path(tmp)

@@ -27,6 +27,7 @@ from typing import Any
 from rich.console import Console
 
 from dmlctl.bench.parallel_report import RunFigures, parallel_json, run_figures
+from dmlctl.bench.plan import announce, planned
 from dmlctl.bench.ps import local_bench_cluster
 from dmlctl.bench.runs import BenchFailed, Launcher, launch_bench, metric_lines
 from dmlctl.bench.strategies import write_job
@@ -34,6 +35,7 @@ from dmlctl.errors import UsageError
 from dmlctl.launch.api import launch
 from dmlctl.spec import default_cluster, load_job
 from dmlctl.spec.models import JobSpec
+from dmlctl.text import plural
 
 JOB_DIR = Path(__file__).resolve().parent / "parallel_job"
 WORKERS = 4
@@ -158,6 +160,18 @@ class _Runner:
         return run_figures(result.run_id, metric_lines(result), WORKERS)
 
 
+STARTUP_S = 6.0
+"""About what a run takes besides its steps (launch, 4 ranks' start-up, exit) on 2 cores."""
+STEP_S = 0.25
+"""About one step of a layout on 2 cores (4 ranks)."""
+
+
+def plan(names: Sequence[str], steps: int, repeats: int) -> str:
+    """The runs :func:`run_parallel_bench` makes, and about how long they take."""
+    why = f"{plural(len(names), 'layout')} × {repeats}"
+    return planned(len(names) * repeats, why, STARTUP_S + steps * STEP_S)
+
+
 def run_parallel_bench(
     names: Sequence[str],
     *,
@@ -172,6 +186,7 @@ def run_parallel_bench(
     options before launching, and :class:`~dmlctl.bench.runs.BenchFailed` naming a run
     that failed twice in a row or logged an incomplete record."""
     check_options(steps, repeats)
+    announce(console, "parallel", plan(names, steps, repeats))
     runs: dict[str, list[RunFigures]] = {name: [] for name in names}
     with tempfile.TemporaryDirectory(prefix="dmlctl-bench-parallel-") as tmp:
         runner = _Runner(Path(tmp), console, launcher)

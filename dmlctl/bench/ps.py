@@ -13,6 +13,7 @@ from pathlib import Path
 from rich.console import Console
 
 from dmlctl.bench.comm import BENCH_DIR
+from dmlctl.bench.plan import announce, planned
 from dmlctl.bench.ps_report import PsResult, parse_ps_metrics
 from dmlctl.bench.report import size_sweep
 from dmlctl.bench.runs import BenchFailed, launch_bench, metric_lines
@@ -89,6 +90,19 @@ def local_bench_cluster(cluster: ClusterSpec, ranks: int) -> ClusterSpec:
     return cluster.model_copy(update={"hosts": [host]})
 
 
+STARTUP_S = 3.5
+"""About what the run takes besides its rounds (launch, start-up, exit) on 2 cores."""
+BYTES_PER_S = 4e8
+"""About the bytes per second a round (push and pull) or an all-reduce moves per worker."""
+
+
+def plan(workers: int, min_bytes: int, max_bytes: int, iters: int, warmup: int) -> str:
+    """The one run :func:`run_ps_bench` makes, and about how long it takes (every size
+    pushed and pulled, then all-reduced, by every worker)."""
+    moved = sum(size_sweep(min_bytes, max_bytes, DEFAULT_FACTOR)) * 2 * (iters + warmup)
+    return planned(1, "", STARTUP_S + moved * max(1, workers) / 2 / BYTES_PER_S)
+
+
 def run_ps_bench(
     cluster: ClusterSpec,
     *,
@@ -107,6 +121,7 @@ def run_ps_bench(
     launching) and :class:`BenchFailed` naming the root cause if the run failed, or
     succeeded without a result for every size of the sweep.
     """
+    announce(console, "ps", plan(workers, min_bytes, max_bytes, iters, warmup))
     job = ps_job(
         workers=workers,
         servers=servers,

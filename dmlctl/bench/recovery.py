@@ -48,6 +48,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dmlctl.bench.launch_overhead import summarize, time_once
+from dmlctl.bench.plan import announce, planned
 from dmlctl.bench.proc import bench_env
 from dmlctl.bench.recovery_timing import (
     KILL_RANK,
@@ -242,6 +243,15 @@ def run_torchrun(work: Path, home: Path) -> Recovery:
     return measure_recovery(read_timing_dir(work / "timing"), launcher_times=times)
 
 
+RUN_S = 15.0
+"""About one timed failure and recovery, by either launcher, on 2 cores."""
+
+
+def plan(repeats: int) -> str:
+    """The runs :func:`run_recovery_bench` makes, and about how long they take."""
+    return planned(2 * repeats, f"{repeats} × 2 launchers", RUN_S)
+
+
 def run_recovery_bench(
     repeats: int = DEFAULT_REPEATS,
     *,
@@ -262,6 +272,7 @@ def run_recovery_bench(
         raise UsageError(f"--repeats must be at least 1, got {repeats}")
     if not 0 < backoff < float("inf"):
         raise UsageError(f"--backoff must be a positive number of seconds, got {backoff}")
+    announce(console, "recovery", plan(repeats))
     runs: dict[str, list[Recovery]] = {side: [] for side in SIDES}
     with tempfile.TemporaryDirectory(prefix="dmlctl-bench-recovery-") as tmp:
         dml_home = home if home is not None else Path(tmp) / "home"

@@ -22,6 +22,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from dmlctl.bench.plan import announce, planned
 from dmlctl.bench.ps import local_bench_cluster
 from dmlctl.bench.report import metric_values
 from dmlctl.bench.runs import BenchFailed, Launcher, launch_bench, metric_lines
@@ -84,6 +85,18 @@ def parse_run(strategy: str, run_id: str, lines: Iterable[str]) -> SparseRun:
     raise BenchFailed(f"benchmark run {run_id} logged no result; see `dmlctl logs {run_id}`")
 
 
+STARTUP_S = 4.0
+"""About what a run takes besides its samples (launch, start-up, exit) on 2 cores."""
+SAMPLE_S = 3.5e-5
+"""About the seconds per training sample of either strategy on 2 workers, 2 cores."""
+
+
+def plan(workers: int, samples: int, repeats: int) -> str:
+    """The runs :func:`run_sparse_bench` makes, and about how long they take."""
+    each = STARTUP_S + samples * SAMPLE_S * 2 / max(1, min(workers, 2))
+    return planned(len(STRATEGIES) * repeats, f"{repeats} × {len(STRATEGIES)} strategies", each)
+
+
 def run_sparse_bench(
     *,
     workers: int,
@@ -99,6 +112,7 @@ def run_sparse_bench(
     machine load); every run's figures, in order. Raises UsageError for bad options
     and BenchFailed naming a run that failed or logged nothing."""
     check_options(workers, samples, batch_size, repeats)
+    announce(console, "sparse", plan(workers, samples, repeats))
     where = local_bench_cluster(cluster, workers)
     out: list[SparseRun] = []
     for repeat in range(1, repeats + 1):

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from dmlctl.bench.plan import announce, planned
 from dmlctl.bench.ps import local_bench_cluster
 from dmlctl.bench.runs import BenchFailed, Launcher, launch_bench, metric_lines
 from dmlctl.bench.straggler_report import (
@@ -31,6 +32,7 @@ from dmlctl.errors import UsageError
 from dmlctl.launch.api import launch
 from dmlctl.spec.models import ClusterSpec, JobSpec, StrategySpec
 from dmlctl.spec.restart import RestartSpec
+from dmlctl.text import plural
 
 JOB_DIR = Path(__file__).resolve().parent / "straggler_job"
 """The job's workdir (shipped to the hosts)."""
@@ -122,6 +124,18 @@ def _run_once(
     return rates, straggler, result.run_id
 
 
+STARTUP_S = 4.0
+"""About what a run takes besides its steps (launch, start-up, exit) on 2 cores."""
+
+
+def plan(scenarios: Sequence[Scenario], steps: int, step_sleep: float, repeats: int) -> str:
+    """The runs :func:`run_straggler_bench` makes, and about how long they take (a
+    baseline run lasts its steps, a straggler run the straggler's, :data:`FACTOR` ×)."""
+    each = STARTUP_S + steps * step_sleep * (1 + FACTOR) / 2
+    why = f"{plural(len(scenarios), 'scenario')} × {repeats} × baseline and straggler"
+    return planned(len(scenarios) * repeats * 2, why, each)
+
+
 def run_straggler_bench(
     scenarios: Sequence[Scenario],
     *,
@@ -142,6 +156,7 @@ def run_straggler_bench(
     rate for some worker. ``launcher`` runs each job (tests pass a fake).
     """
     check_options(steps, step_sleep, repeats)
+    announce(console, "straggler", plan(scenarios, steps, step_sleep, repeats))
     results: list[ScenarioResult] = []
     run_ids: list[str] = []
     for scenario in scenarios:

@@ -39,6 +39,7 @@ from typing import Any
 import yaml
 from rich.console import Console
 
+from dmlctl.bench.plan import announce, planned
 from dmlctl.bench.proc import bench_env, run_checked
 from dmlctl.bench.strategy_rows import (
     BYTES,
@@ -227,6 +228,25 @@ def overlap_row(runs: Mapping[str, Sequence[Mapping[str, float]]]) -> dict[str, 
     return row
 
 
+STARTUP_S = 4.0
+"""About what a run takes besides its steps (launch, start-up, exit) on 2 cores."""
+STEP_S = 0.011
+"""About one step of the bench's models on 2 workers, 2 cores."""
+
+
+def plan(steps: int, repeats: int, sections: Sequence[str]) -> str:
+    """The runs :func:`run_strategy_bench` makes for ``sections``, and about how long."""
+    count = {
+        "throughput": 2 * (repeats + 1),
+        "bytes": len(BYTES),
+        "filters": len(FILTERS),
+        "overlap": 2 * repeats * len(OVERLAP),
+    }
+    chosen = [s for s in SECTIONS if s in sections]
+    why = " + ".join(f"{count[s]} {s}" for s in chosen)
+    return planned(sum(count[s] for s in chosen), why, STARTUP_S + steps * STEP_S)
+
+
 def run_strategy_bench(
     steps: int, repeats: int, *, console: Console, sections: Sequence[str] = SECTIONS
 ) -> dict[str, Any]:
@@ -235,6 +255,7 @@ def run_strategy_bench(
         raise UsageError(f"--steps must be {WARMUP_STEPS} + a positive multiple of 8, got {steps}")
     if repeats < MIN_REPEATS:
         raise UsageError(f"--repeats must be at least {MIN_REPEATS}, got {repeats}")
+    announce(console, "strategies", plan(steps, repeats, sections))
     report: dict[str, Any] = {
         "workers": WORKERS,
         "steps": steps,

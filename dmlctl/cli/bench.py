@@ -208,6 +208,7 @@ def accuracy(
     """Quality of every strategy (defaults) against one process: test accuracy on
     scikit-learn's digits, or a language model's validation loss (--task lm)."""
     from dmlctl.bench.accuracy import TASKS, pick, render_accuracy_table, run_accuracy_bench
+    from dmlctl.bench.plan import announce
 
     check_plot(plot)
     if task_name not in TASKS:  # one task: "digits,lm" is not a list here
@@ -218,7 +219,7 @@ def accuracy(
     opts = pick(optimizers, task.optimizers, "optimizer")
     err = stderr_console()
     runs = task.planned(1 + len(chosen), len(opts), task.epochs if epochs is None else epochs)
-    err.print(f"dmlctl bench accuracy: {runs}", highlight=False, markup=False)
+    announce(err, "accuracy", runs)
     with err.status(f"training on {task.name}…") as status:
         report = run_accuracy_bench(
             chosen,

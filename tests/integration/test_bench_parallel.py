@@ -30,6 +30,8 @@ def test_bench_parallel_measures_data_parallel_and_fsdp(cli: Cli) -> None:
         timeout=150,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    # what it will do, before it does it
+    assert proc.stderr.startswith("dmlctl bench parallel: 2 runs (2 layouts × 1) of about ")
     data = json.loads(proc.stdout)
     model = data["model"]
     assert model["param_bytes"] == 4 * PARAMETERS

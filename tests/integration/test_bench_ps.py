@@ -17,6 +17,7 @@ def test_bench_ps_reports_finite_throughputs_and_a_ratio_per_size(cli: Cli) -> N
         "bench", "ps", "--max-bytes", "64K", "--iters", "5", "--warmup", "1", "--json", timeout=60
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stderr.startswith("dmlctl bench ps: 1 run of about 0:00:")  # before it starts
     data = json.loads(proc.stdout)
     assert (data["workers"], data["servers"], data["goal"]) == (2, 1, 0.5)
     assert [r["bytes"] for r in data["results"]] == [64 << 10]

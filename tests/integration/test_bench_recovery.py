@@ -18,6 +18,7 @@ def test_recovery_bench_measures_both_launchers(cli: Cli) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(proc.stdout)  # stdout carries only the result
     assert "dmlctl 1/1" in proc.stderr and "torchrun 1/1" in proc.stderr
+    assert proc.stderr.startswith("dmlctl bench recovery: 2 runs (1 × 2 launchers) of about ")
     every = report["checkpoint_every"]
     assert (report["repeats"], report["backoff_s"], every) == (1, 0.1, 5)
     assert report["ratio"] > 0

@@ -27,6 +27,9 @@ def test_bench_straggler_slows_ssgd_more_than_asgd(cli: Cli) -> None:
         timeout=120,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stderr.startswith(
+        "dmlctl bench straggler: 4 runs (2 scenarios × 1 × baseline and straggler) of about "
+    )
     data = json.loads(proc.stdout)
     assert (data["steps"], data["factor"], len(data["run_ids"])) == (20, 3.0, 4)
     by_name = {s["name"]: s for s in data["scenarios"]}

@@ -1,0 +1,84 @@
+"""Every bench says its planned runs and about how long before it starts (issue 31,
+item 10): the counts match the loops that make the runs, the wording, and the order
+(the plan before the first run, no plan for options it refuses)."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from dmlctl.bench import comm, launch_overhead, logs, parallel, ps, recovery, sparse, straggler
+from dmlctl.bench import strategies as strategies_bench
+from dmlctl.bench.plan import planned
+from dmlctl.bench.straggler_report import Scenario
+from dmlctl.errors import UsageError
+from dmlctl.spec import default_cluster
+from tests.unit.test_bench_sparse import FakeLauncher
+
+
+def test_the_wording_gives_the_count_its_reason_and_the_total() -> None:
+    assert planned(10, "5 + a warm-up, × 2 launchers", 4.0) == (
+        "10 runs (5 + a warm-up, × 2 launchers) of about 4 s each on 2 cores: about 0:00:40"
+    )
+    assert planned(1, "", 6.4) == "1 run of about 0:00:06 on 2 cores"
+
+
+@pytest.mark.parametrize(
+    ("plan", "runs"),
+    [
+        (lambda: launch_overhead.plan(5), 12),  # a warm-up round, then 5, each launcher
+        (lambda: recovery.plan(3), 6),
+        (lambda: sparse.plan(2, 100_000, 3), 6),
+        (lambda: logs.plan(1_000_000, 20_000, 1000.0, 3), 7),  # a flood, then 3 × 2 loops
+        (lambda: parallel.plan(list(parallel.LAYOUTS), 16, 2), 2 * len(parallel.LAYOUTS)),
+        (lambda: strategies_bench.plan(400, 3, ("bytes",)), len(strategies_bench.BYTES)),
+        (lambda: comm.plan(["allreduce"], 1 << 10, 16 << 20, 20, 5), 1),
+        (lambda: ps.plan(2, 64 << 10, 16 << 20, 20, 3), 1),
+    ],
+)
+def test_each_plan_counts_the_runs_its_bench_makes(plan: Any, runs: int) -> None:
+    text = plan()
+    assert text.startswith(f"{runs} run{'s' if runs != 1 else ''} "), text
+    assert "on 2 cores" in text
+
+
+def test_every_section_of_the_strategy_bench_counts() -> None:
+    every = strategies_bench.plan(400, 3, strategies_bench.SECTIONS)
+    assert every.startswith("43 runs (8 throughput + 6 bytes + 11 filters + 18 overlap) ")
+
+
+def test_a_longer_straggler_run_is_planned_longer() -> None:
+    ssgd = [straggler.SCENARIOS["ssgd"]]
+    short, long = straggler.plan(ssgd, 60, 0.03, 1), straggler.plan(ssgd, 600, 0.03, 1)
+    assert short.startswith("2 runs (1 scenario × 1 × baseline and straggler) of about ")
+    assert isinstance(ssgd[0], Scenario) and short != long
+
+
+def test_the_plan_comes_before_the_first_run_and_never_for_refused_options(
+    tmp_path: Path,
+) -> None:
+    out = io.StringIO()
+    console = Console(file=out, width=200)
+    said_before: list[str] = []
+    fake = FakeLauncher(tmp_path)
+
+    def launcher(*args: Any, **kw: Any) -> Any:
+        said_before.append(out.getvalue())
+        return fake(*args, **kw)
+
+    sparse.run_sparse_bench(
+        workers=2, samples=5_000, batch_size=4, repeats=1, console=console,
+        cluster=default_cluster(), launcher=launcher,
+    )  # fmt: skip
+    assert said_before[0].startswith("dmlctl bench sparse: 2 runs (1 × 2 strategies) of about ")
+    refused = io.StringIO()
+    with pytest.raises(UsageError):
+        sparse.run_sparse_bench(
+            workers=2, samples=5_000, batch_size=4, repeats=0, console=Console(file=refused),
+            cluster=default_cluster(), launcher=launcher,
+        )  # fmt: skip
+    assert refused.getvalue() == ""
