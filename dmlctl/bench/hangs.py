@@ -33,7 +33,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dmlctl.bench.plan import announce
-from dmlctl.bench.runs import BenchInterrupted, Launcher, launch_quiet
+from dmlctl.bench.runs import BenchInterrupted, Launcher, interrupted_after, launch_quiet
 from dmlctl.errors import UsageError
 from dmlctl.launch.api import launch
 from dmlctl.spec import default_cluster
@@ -192,7 +192,7 @@ def run_hang_bench(
             burner.wait()
     total = runs * len(outcomes)
     return {
-        **({"partial": f"interrupted after {done} of {total} runs"} if done < total else {}),
+        **({"partial": interrupted_after(done, total)} if done < total else {}),
         "runs": runs,
         "seconds": seconds,
         "skew": skew,

@@ -29,7 +29,15 @@ from rich.console import Console
 from dmlctl.bench.parallel_report import RunFigures, parallel_json, run_figures
 from dmlctl.bench.plan import announce, planned
 from dmlctl.bench.ps import local_bench_cluster
-from dmlctl.bench.runs import BenchFailed, Launcher, launch_bench, metric_lines
+from dmlctl.bench.runs import (
+    BenchFailed,
+    BenchInterrupted,
+    BenchPartial,
+    Launcher,
+    interrupted_after,
+    launch_bench,
+    metric_lines,
+)
 from dmlctl.bench.strategies import write_job
 from dmlctl.errors import UsageError
 from dmlctl.launch.api import launch
@@ -183,18 +191,28 @@ def run_parallel_bench(
     """Run every layout of ``names`` ``repeats`` times (rounds alternate through the
     layouts) and return the report (:func:`~dmlctl.bench.parallel_report.parallel_json`,
     with ``failed_runs``: the runs launched once more). Raises UsageError for bad
-    options before launching, and :class:`~dmlctl.bench.runs.BenchFailed` naming a run
-    that failed twice in a row or logged an incomplete record."""
+    options before launching, :class:`~dmlctl.bench.runs.BenchFailed` naming a run
+    that failed twice in a row or logged an incomplete record, and, for a Ctrl-C after
+    a whole round, :class:`~dmlctl.bench.runs.BenchPartial` with the report of the
+    whole rounds (``partial`` in it says how much ran)."""
     check_options(steps, repeats)
     announce(console, "parallel", plan(names, steps, repeats))
     runs: dict[str, list[RunFigures]] = {name: [] for name in names}
+    note = None
     with tempfile.TemporaryDirectory(prefix="dmlctl-bench-parallel-") as tmp:
         runner = _Runner(Path(tmp), console, launcher)
-        for repeat in range(1, repeats + 1):
-            for name in names:
-                console.print(f"[dim]{name} {repeat}/{repeats}[/dim]", highlight=False)
-                runs[name].append(runner.measure(LAYOUTS[name], steps))
-    return parallel_json(
+        try:
+            for repeat in range(1, repeats + 1):
+                for name in names:
+                    console.print(f"[dim]{name} {repeat}/{repeats}[/dim]", highlight=False)
+                    runs[name].append(runner.measure(LAYOUTS[name], steps))
+        except BenchInterrupted:
+            rounds = min(len(r) for r in runs.values())  # whole rounds only
+            if not rounds:
+                raise
+            note = interrupted_after(sum(map(len, runs.values())), len(names) * repeats)
+            runs = {name: r[:rounds] for name, r in runs.items()}
+    report = parallel_json(
         {name: (LAYOUTS[name].title, LAYOUTS[name].goals) for name in names},
         runs,
         baseline=BASELINE,
@@ -207,3 +225,6 @@ def run_parallel_bench(
             "failed_runs": runner.failures,
         },
     )
+    if note is not None:
+        raise BenchPartial(note, {**report, "partial": note})
+    return report

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
@@ -28,6 +29,21 @@ class BenchInterrupted(DmlctlError):
     """Ctrl-C (or SIGTERM) stopped a benchmark run: the whole bench ends there."""
 
     exit_code = ExitCode.INTERRUPTED
+
+
+class BenchPartial(BenchInterrupted):
+    """Ctrl-C (or SIGTERM) ended the bench after some of its runs: ``result`` is what
+    the bench returns, made from the complete part of its work (every side of a
+    comparison measured as often), and ``note`` says how much that is."""
+
+    def __init__(self, note: str, result: Any) -> None:
+        super().__init__(f"benchmark interrupted: {note}")
+        self.note, self.result = note, result
+
+
+def interrupted_after(done: int, total: int) -> str:
+    """``interrupted after 3 of 12 runs``: what a partial report says of itself."""
+    return f"interrupted after {done} of {total} runs"
 
 
 def launch_quiet(

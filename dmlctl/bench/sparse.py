@@ -25,7 +25,15 @@ from rich.table import Table
 from dmlctl.bench.plan import announce, planned
 from dmlctl.bench.ps import local_bench_cluster
 from dmlctl.bench.report import metric_values
-from dmlctl.bench.runs import BenchFailed, Launcher, launch_bench, metric_lines
+from dmlctl.bench.runs import (
+    BenchFailed,
+    BenchInterrupted,
+    BenchPartial,
+    Launcher,
+    interrupted_after,
+    launch_bench,
+    metric_lines,
+)
 from dmlctl.errors import UsageError
 from dmlctl.launch.api import launch
 from dmlctl.spec.models import ClusterSpec, JobSpec, StrategySpec
@@ -109,18 +117,26 @@ def run_sparse_bench(
     launcher: Launcher = launch,
 ) -> list[SparseRun]:
     """Alternate hogwild and cyclades runs ``repeats`` times (so both meet the same
-    machine load); every run's figures, in order. Raises UsageError for bad options
-    and BenchFailed naming a run that failed or logged nothing."""
+    machine load); every run's figures, in order. Raises UsageError for bad options,
+    BenchFailed naming a run that failed or logged nothing, and, for a Ctrl-C after a
+    whole repeat, :class:`BenchPartial` with the whole repeats' runs."""
     check_options(workers, samples, batch_size, repeats)
     announce(console, "sparse", plan(workers, samples, repeats))
     where = local_bench_cluster(cluster, workers)
     out: list[SparseRun] = []
-    for repeat in range(1, repeats + 1):
-        for strategy in STRATEGIES:
-            console.print(f"[dim]{strategy} {repeat}/{repeats}[/dim]", highlight=False)
-            job = sparse_job(strategy, workers=workers, samples=samples, batch_size=batch_size)
-            result = launch_bench(job, where, console=console, home=home, launcher=launcher)
-            out.append(parse_run(strategy, result.run_id, metric_lines(result)))
+    try:
+        for repeat in range(1, repeats + 1):
+            for strategy in STRATEGIES:
+                console.print(f"[dim]{strategy} {repeat}/{repeats}[/dim]", highlight=False)
+                job = sparse_job(strategy, workers=workers, samples=samples, batch_size=batch_size)
+                result = launch_bench(job, where, console=console, home=home, launcher=launcher)
+                out.append(parse_run(strategy, result.run_id, metric_lines(result)))
+    except BenchInterrupted:
+        complete = len(out) // len(STRATEGIES) * len(STRATEGIES)  # whole repeats only
+        if not complete:
+            raise
+        note = interrupted_after(len(out), repeats * len(STRATEGIES))
+        raise BenchPartial(note, out[:complete]) from None
     return out
 
 

@@ -20,7 +20,15 @@ from rich.console import Console
 
 from dmlctl.bench.plan import announce, planned
 from dmlctl.bench.ps import local_bench_cluster
-from dmlctl.bench.runs import BenchFailed, Launcher, launch_bench, metric_lines
+from dmlctl.bench.runs import (
+    BenchFailed,
+    BenchInterrupted,
+    BenchPartial,
+    Launcher,
+    interrupted_after,
+    launch_bench,
+    metric_lines,
+)
 from dmlctl.bench.straggler_report import (
     Scenario,
     ScenarioResult,
@@ -153,7 +161,9 @@ def run_straggler_bench(
 
     Blocks until the last run ends. Raises :class:`UsageError` for bad options (before
     launching) and :class:`BenchFailed` naming the run when one fails or reports no
-    rate for some worker. ``launcher`` runs each job (tests pass a fake).
+    rate for some worker; a Ctrl-C after the first scenario ended raises
+    :class:`BenchPartial` with the scenarios done (and their run ids).
+    ``launcher`` runs each job (tests pass a fake).
     """
     check_options(steps, step_sleep, repeats)
     announce(console, "straggler", plan(scenarios, steps, step_sleep, repeats))
@@ -161,28 +171,47 @@ def run_straggler_bench(
     run_ids: list[str] = []
     for scenario in scenarios:
         where = local_bench_cluster(cluster, scenario.workers + scenario.servers)
-        runs: dict[bool, list[dict[int, float]]] = {False: [], True: []}
-        straggler: int | None = None
-        for repeat in range(1, repeats + 1):
-            for slowed in (False, True):
-                label = "straggler" if slowed else "baseline"
-                console.print(
-                    f"[dim]{scenario.name} {label} {repeat}/{repeats}[/dim]", highlight=False
-                )
-                job = straggler_job(scenario, steps=steps, step_sleep=step_sleep, slowed=slowed)
-                rates, flagged, run_id = _run_once(launcher, job, where, console, home)
-                run_ids.append(run_id)
-                if len(rates) != scenario.workers:
-                    raise BenchFailed(
-                        f"benchmark run {run_id} succeeded but reported steps/s for "
-                        f"{len(rates)} of {scenario.workers} workers; see `dmlctl logs {run_id}`"
-                    )
-                runs[slowed].append(rates)
-                straggler = flagged if slowed else straggler
-        baseline, with_straggler = median_rates(runs[False]), median_rates(runs[True])
+        shape = (steps, step_sleep, repeats)
         try:
-            result = compare(scenario, baseline, with_straggler, straggler, steps=steps)
-        except ValueError as exc:
-            raise BenchFailed(f"{exc} (runs {', '.join(run_ids[-2 * repeats :])})") from None
-        results.append(result)
+            results.append(_scenario(scenario, shape, where, console, home, launcher, run_ids))
+        except BenchInterrupted:
+            if not results:
+                raise
+            note = interrupted_after(len(run_ids), len(scenarios) * repeats * 2)
+            raise BenchPartial(note, (results, run_ids[: len(results) * repeats * 2])) from None
     return results, run_ids
+
+
+def _scenario(
+    scenario: Scenario,
+    shape: tuple[int, float, int],
+    where: ClusterSpec,
+    console: Console,
+    home: Path | None,
+    launcher: Launcher,
+    run_ids: list[str],
+) -> ScenarioResult:
+    """One scenario's runs (baseline, then straggler, ``repeats`` times; each run's id
+    appended to ``run_ids`` as it ends) and its result."""
+    steps, step_sleep, repeats = shape
+    runs: dict[bool, list[dict[int, float]]] = {False: [], True: []}
+    straggler: int | None = None
+    for repeat in range(1, repeats + 1):
+        for slowed in (False, True):
+            label = "straggler" if slowed else "baseline"
+            console.print(f"[dim]{scenario.name} {label} {repeat}/{repeats}[/dim]", highlight=False)
+            job = straggler_job(scenario, steps=steps, step_sleep=step_sleep, slowed=slowed)
+            rates, flagged, run_id = _run_once(launcher, job, where, console, home)
+            run_ids.append(run_id)
+            if len(rates) != scenario.workers:
+                raise BenchFailed(
+                    f"benchmark run {run_id} succeeded but reported steps/s for "
+                    f"{len(rates)} of {scenario.workers} workers; see `dmlctl logs {run_id}`"
+                )
+            runs[slowed].append(rates)
+            straggler = flagged if slowed else straggler
+    baseline, with_straggler = median_rates(runs[False]), median_rates(runs[True])
+    try:
+        return compare(scenario, baseline, with_straggler, straggler, steps=steps)
+    except ValueError as exc:
+        raise BenchFailed(f"{exc} (runs {', '.join(run_ids[-2 * repeats :])})") from None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
@@ -18,6 +18,9 @@ from dmlctl.cli import bench_advise
 from dmlctl.cli.bench_plot import check_plot, plot_option, write_plot
 from dmlctl.cli.common import stderr_console, stdout_console
 from dmlctl.errors import ExitCode, UsageError
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 app = typer.Typer(
     help="Benchmarks: collective bandwidth (comm), parameter-server push+pull against "
@@ -279,6 +282,7 @@ def straggler(
     plot: Optional[Path] = plot_option("relative steps/s per scenario, the goal dashed"),  # noqa: UP045
 ) -> int:
     """Fast workers' steps/s next to a 3× slower worker, relative to no straggler."""
+    from dmlctl.bench.runs import BenchPartial
     from dmlctl.bench.straggler import FACTOR, check_options, parse_scenarios, run_straggler_bench
     from dmlctl.bench.straggler_report import render_straggler_table, straggler_json
     from dmlctl.spec import default_cluster
@@ -287,18 +291,23 @@ def straggler(
     check_options(steps, step_sleep, repeats)
     check_plot(plot)
     err = stderr_console()
+    note = None
     with err.status("running the straggler benchmark…"):
-        results, run_ids = run_straggler_bench(
-            chosen,
-            steps=steps,
-            step_sleep=step_sleep,
-            repeats=repeats,
-            console=err,
-            cluster=default_cluster(),
-        )
+        try:
+            results, run_ids = run_straggler_bench(
+                chosen,
+                steps=steps,
+                step_sleep=step_sleep,
+                repeats=repeats,
+                console=err,
+                cluster=default_cluster(),
+            )
+        except BenchPartial as stop:
+            (results, run_ids), note = stop.result, stop.note
     report = straggler_json(
         results, steps=steps, step_sleep=step_sleep, factor=FACTOR, repeats=repeats, run_ids=run_ids
     )
+    report.update({"partial": note} if note else {})
     if as_json:
         print(json.dumps(report, indent=2))
     else:
@@ -309,7 +318,7 @@ def straggler(
         )
         err.print(f"runs {', '.join(run_ids)}", markup=False)
     write_plot("straggler", report, plot)
-    return 0
+    return ended(err, note)
 
 
 @app.command()
@@ -322,6 +331,7 @@ def sparse(
     plot: Optional[Path] = plot_option("samples/s of every run, the final loss"),  # noqa: UP045
 ) -> int:
     """cyclades against hogwild on sparse logistic regression: samples/s and loss."""
+    from dmlctl.bench.runs import BenchPartial
     from dmlctl.bench.sparse import (
         check_options,
         render_sparse_table,
@@ -333,23 +343,28 @@ def sparse(
     check_options(workers, samples, batch_size, repeats)
     check_plot(plot)
     err = stderr_console()
+    note = None
     with err.status("running the sparse benchmark…"):
-        runs = run_sparse_bench(
-            workers=workers,
-            samples=samples,
-            batch_size=batch_size,
-            repeats=repeats,
-            console=err,
-            cluster=default_cluster(),
-        )
+        try:
+            runs = run_sparse_bench(
+                workers=workers,
+                samples=samples,
+                batch_size=batch_size,
+                repeats=repeats,
+                console=err,
+                cluster=default_cluster(),
+            )
+        except BenchPartial as stop:
+            runs, note = stop.result, stop.note
     report = sparse_json(runs, workers=workers, samples=samples, batch_size=batch_size)
+    report.update({"partial": note} if note else {})
     if as_json:
         print(json.dumps(report, indent=2))
     else:
         stdout_console().print(render_sparse_table(report))
         err.print(f"runs {', '.join(report['run_ids'])}", markup=False)
     write_plot("sparse", report, plot)
-    return 0
+    return ended(err, note)
 
 
 @app.command()
@@ -420,10 +435,7 @@ def hangs(
     else:
         stdout_console().print(render_hang_table(report))
     write_plot("hangs", report, plot)
-    if "partial" in report:
-        err.print(f"partial results: {report['partial']}", highlight=False)
-        return int(ExitCode.INTERRUPTED)
-    return 0
+    return ended(err, report.get("partial"))
 
 
 @app.command()
@@ -445,19 +457,32 @@ def parallel(
     and FSDP layouts on 4 workers, against plain data parallelism."""
     from dmlctl.bench.parallel import check_options, parse_layouts, run_parallel_bench
     from dmlctl.bench.parallel_report import render_parallel_table
+    from dmlctl.bench.runs import BenchPartial
 
     chosen = parse_layouts(layouts)
     check_options(steps, repeats)
     check_plot(plot)
     err = stderr_console()
     with err.status("running the parallelism benchmark…"):
-        report = run_parallel_bench(chosen, steps=steps, repeats=repeats, console=err)
+        try:
+            report = run_parallel_bench(chosen, steps=steps, repeats=repeats, console=err)
+        except BenchPartial as stop:
+            report = stop.result
     if as_json:
         print(json.dumps(report, indent=2))
     else:
         stdout_console().print(render_parallel_table(report))
     write_plot("parallel", report, plot)
-    return 0
+    return ended(err, report.get("partial"))
+
+
+def ended(err: Console, partial: str | None) -> int:
+    """The bench's exit code: 0, or (``partial``: Ctrl-C ended it after that much, its
+    results are printed) 130, saying so."""
+    if partial is None:
+        return 0
+    err.print(f"partial results: {partial}", highlight=False, markup=False)
+    return int(ExitCode.INTERRUPTED)
 
 
 bench_advise.register(app)

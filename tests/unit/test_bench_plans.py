@@ -5,6 +5,7 @@ item 10): the counts match the loops that make the runs, the wording, and the or
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +15,10 @@ from rich.console import Console
 from dmlctl.bench import comm, launch_overhead, logs, parallel, ps, recovery, sparse, straggler
 from dmlctl.bench import strategies as strategies_bench
 from dmlctl.bench.plan import planned
+from dmlctl.bench.runs import BenchInterrupted, BenchPartial
 from dmlctl.bench.straggler_report import Scenario
 from dmlctl.errors import UsageError
+from dmlctl.launch.api import LaunchResult
 from dmlctl.spec import default_cluster
 from tests.unit.test_bench_sparse import FakeLauncher
 
@@ -82,3 +85,92 @@ def test_the_plan_comes_before_the_first_run_and_never_for_refused_options(
             cluster=default_cluster(), launcher=launcher,
         )  # fmt: skip
     assert refused.getvalue() == ""
+
+
+# ------------------------------------------------------------ Ctrl-C: partial results
+
+
+def stopped_at(run: int, fake: Any) -> Any:
+    """A launcher whose ``run``-th run is stopped by Ctrl-C (exit 130), ``fake`` before."""
+    calls: list[int] = []
+
+    def launcher(job: Any, cluster: Any, *, options: Any, console: Any) -> Any:
+        calls.append(1)
+        if len(calls) == run:
+            return LaunchResult(f"run{run}", None, None, 130)
+        return fake(job, cluster, options=options, console=console)
+
+    return launcher
+
+
+def test_a_sparse_bench_stopped_in_its_second_repeat_reports_the_first(tmp_path: Path) -> None:
+    launcher = stopped_at(4, FakeLauncher(tmp_path))
+    with pytest.raises(BenchPartial) as info:
+        sparse.run_sparse_bench(
+            workers=2, samples=5_000, batch_size=4, repeats=3, console=Console(quiet=True),
+            cluster=default_cluster(), launcher=launcher,
+        )  # fmt: skip
+    assert info.value.note == "interrupted after 3 of 6 runs" and info.value.exit_code == 130
+    assert [r.strategy for r in info.value.result] == ["hogwild", "cyclades"]  # whole repeats
+    with pytest.raises(BenchInterrupted) as first:  # nothing whole yet: no partial report
+        sparse.run_sparse_bench(
+            workers=2, samples=5_000, batch_size=4, repeats=3, console=Console(quiet=True),
+            cluster=default_cluster(), launcher=stopped_at(2, FakeLauncher(tmp_path / "b")),
+        )  # fmt: skip
+    assert not isinstance(first.value, BenchPartial)
+
+
+def test_a_straggler_bench_stopped_in_its_second_scenario_reports_the_first(
+    tmp_path: Path,
+) -> None:
+    from tests.unit.test_bench_straggler import FakeLauncher as RatesLauncher
+    from tests.unit.test_bench_straggler import two_slot_cluster
+
+    fake = RatesLauncher(tmp_path, lambda job: {0: 30.0, 1: 30.0, 2: 10.0})
+    with pytest.raises(BenchPartial) as info:
+        straggler.run_straggler_bench(
+            [straggler.SCENARIOS["ssgd"], straggler.SCENARIOS["asgd"]], steps=20,
+            step_sleep=0.02, repeats=1, console=Console(quiet=True),
+            cluster=two_slot_cluster(), launcher=stopped_at(3, fake),
+        )  # fmt: skip
+    results, run_ids = info.value.result
+    assert [r.scenario.name for r in results] == ["ssgd"] and run_ids == ["run1", "run2"]
+    assert info.value.note == "interrupted after 2 of 4 runs"
+
+
+def test_a_parallel_bench_stopped_in_its_second_round_reports_the_first(tmp_path: Path) -> None:
+    from tests.unit.test_bench_parallel import _lines
+
+    def fake(job: Any, cluster: Any, *, options: Any, console: Any) -> LaunchResult:
+        run_dir = tmp_path / job.name / str(len(list(tmp_path.glob("*/*"))))
+        run_dir.mkdir(parents=True)
+        replicas = 4 if job.parallelism is None else 1
+        metrics = "\n".join(_lines(10.0, replicas, [1000] * 4, [600] * 4))
+        (run_dir / "metrics.jsonl").write_text(metrics, encoding="utf-8")
+        return LaunchResult(run_dir.name, run_dir, None, 0)
+
+    with pytest.raises(BenchPartial) as info:
+        parallel.run_parallel_bench(
+            ["dp4", "tp4"], steps=5, repeats=3, console=Console(quiet=True),
+            launcher=stopped_at(4, fake),
+        )  # fmt: skip
+    report = info.value.result
+    assert report["partial"] == "interrupted after 3 of 6 runs"
+    assert [len(report["layouts"][n]["run_ids"]) for n in ("dp4", "tp4")] == [1, 1]
+
+
+def test_the_cli_prints_a_partial_table_and_exits_130(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dmlctl.bench.sparse import SparseRun
+    from dmlctl.cli.app import main
+
+    def stopped(**kw: Any) -> list[SparseRun]:
+        runs = [SparseRun(s, f"run-{s}", 30_000.0, 0.3, 0.86) for s in sparse.STRATEGIES]
+        raise BenchPartial("interrupted after 3 of 6 runs", runs)
+
+    monkeypatch.setattr(sparse, "run_sparse_bench", stopped)
+    assert main(["bench", "sparse", "--json"]) == 130
+    out, err = capsys.readouterr()
+    assert json.loads(out)["partial"] == "interrupted after 3 of 6 runs"
+    assert "partial results: interrupted after 3 of 6 runs" in err
