@@ -32,6 +32,7 @@ from rich.table import Table
 
 from dmlctl.bench.plan import announce, planned
 from dmlctl.bench.proc import bench_env, run_checked
+from dmlctl.bench.runs import BenchInterrupted, BenchPartial, interrupted_after
 from dmlctl.errors import DmlctlError, UsageError
 
 TRIVIAL_DIR = Path(__file__).resolve().parent / "trivial"
@@ -111,8 +112,10 @@ def run_launch_bench(
 
     Report keys: ``repeats``, ``workers``, ``dmlctl_s`` and ``torchrun_s`` (see
     :func:`summarize`), ``ratio`` and ``overhead_s`` (difference of medians).
-    Raises :class:`UsageError` for ``repeats < 5`` or ``workers < 1`` and
-    :class:`LaunchBenchFailed` if any run fails. ``timer`` is injectable for tests.
+    Raises :class:`UsageError` for ``repeats < 5`` or ``workers < 1``,
+    :class:`LaunchBenchFailed` if any run fails, and, for a Ctrl-C after a whole timed
+    round, :class:`BenchPartial` with the report of the whole rounds (``repeats`` is
+    theirs). ``timer`` is injectable for tests.
     """
     if repeats < MIN_REPEATS:
         raise UsageError(f"--repeats must be at least {MIN_REPEATS} (medians of fewer are noise)")
@@ -121,17 +124,26 @@ def run_launch_bench(
     announce(console, "launch", plan(repeats))
     sides = {"dmlctl": dmlctl_command(workers), "torchrun": torchrun_command(workers)}
     times: dict[str, list[float]] = {name: [] for name in sides}
+    done, total, note = 0, 2 * (repeats + 1), None
     with tempfile.TemporaryDirectory(prefix="dmlctl-bench-launch-") as tmp:
         env = bench_env(home if home is not None else Path(tmp))
-        for round_ in range(repeats + 1):
-            for name, argv in sides.items():
-                label = "warm-up" if round_ == 0 else f"{round_}/{repeats}"
-                console.print(f"[dim]{name} {label}[/dim]", highlight=False)
-                elapsed = timer(argv, env, Path(tmp))
-                if round_ > 0:
-                    times[name].append(elapsed)
+        try:
+            for round_ in range(repeats + 1):
+                for name, argv in sides.items():
+                    label = "warm-up" if round_ == 0 else f"{round_}/{repeats}"
+                    console.print(f"[dim]{name} {label}[/dim]", highlight=False)
+                    elapsed = timer(argv, env, Path(tmp))
+                    done += 1
+                    if round_ > 0:
+                        times[name].append(elapsed)
+        except BenchInterrupted:
+            repeats = min(map(len, times.values()))  # whole timed rounds only
+            if not repeats:
+                raise
+            note = interrupted_after(done, total)
+            times = {name: t[:repeats] for name, t in times.items()}
     dml, bare = summarize(times["dmlctl"]), summarize(times["torchrun"])
-    return {
+    report = {
         "repeats": repeats,
         "workers": workers,
         "dmlctl_s": dml,
@@ -140,6 +152,9 @@ def run_launch_bench(
         "overhead_s": dml["median"] - bare["median"],
         "commands": {name: " ".join(argv) for name, argv in sides.items()},
     }
+    if note is not None:
+        raise BenchPartial(note, {**report, "partial": note})
+    return report
 
 
 def render_launch_table(report: Mapping[str, Any]) -> Table:

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from dmlctl.bench.runs import BenchInterrupted
 from dmlctl.errors import DmlctlError
 
 _TAIL = 1500  # characters of output shown when a command fails
+STOP_GRACE_S = 30.0
+"""Seconds a command stopped by Ctrl-C gets to stop its ranks before it is killed."""
 
 
 def bench_env(home: Path, **extra: str) -> dict[str, str]:
@@ -32,21 +36,46 @@ def run_checked(
 ) -> str:
     """Run ``argv`` to its end (stdin closed, output captured) and return its stdout;
     raise ``error`` naming the command, with the tail of its output, when it exits
-    non-zero or runs longer than ``timeout`` seconds."""
+    non-zero or runs longer than ``timeout`` seconds. A Ctrl-C (or a SIGTERM, which ``dmlctl
+    bench`` turns into one) stops the command as Ctrl-C would
+    and raises :class:`~dmlctl.bench.runs.BenchInterrupted`: the bench ends there."""
+    proc = subprocess.Popen(
+        argv,
+        env=dict(env),
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
-        proc = subprocess.run(
-            argv,
-            env=dict(env),
-            cwd=cwd,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
+        out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        _stop(proc)
         raise error(f"`{' '.join(argv)}` ran longer than {timeout:.0f}s") from None
+    except KeyboardInterrupt:
+        _stop(proc)
+        raise BenchInterrupted(f"benchmark interrupted: `{argv_name(argv)}` was stopped") from None
     if proc.returncode != 0:
-        tail = (proc.stdout + proc.stderr)[-_TAIL:].strip()
+        tail = (out + err)[-_TAIL:].strip()
         raise error(f"`{' '.join(argv)}` exited with {proc.returncode}:\n{tail}")
-    return proc.stdout
+    return out
+
+
+def argv_name(argv: Sequence[str]) -> str:
+    """The command ``argv`` runs, short: ``dmlctl launch``, ``torch.distributed.run``."""
+    if len(argv) > 2 and argv[1] == "-m":
+        return " ".join(w for w in argv[2:4] if not w.startswith("-") and "/" not in w)
+    return Path(argv[0]).name if argv else ""
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    """Stop ``proc`` as Ctrl-C would (SIGINT: dmlctl and torchrun stop their ranks),
+    then, after :data:`STOP_GRACE_S`, for good; its output is dropped."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+    try:
+        proc.communicate(timeout=STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()

@@ -60,8 +60,8 @@ from dmlctl.bench.recovery_timing import (
     read_timing_dir,
     torchrun_times,
 )
+from dmlctl.bench.runs import BenchInterrupted, BenchPartial, interrupted_after, launch_quiet
 from dmlctl.errors import UsageError
-from dmlctl.launch.api import LaunchOptions, launch
 from dmlctl.spec import ClusterSpec, HostSpec, JobSpec
 from dmlctl.spec.cluster import LOCAL_ADDRESS
 from dmlctl.spec.restart import RestartSpec
@@ -207,9 +207,8 @@ def run_dmlctl(work: Path, *, backoff: float, home: Path, console: Console) -> R
     the broken connection first, or torchrun can fail on a half-written error file),
     a warning goes to ``console``. Raises :class:`RecoveryBenchFailed` unless the run
     succeeded after exactly one restart."""
-    options = LaunchOptions(ui="quiet", home=home)
     job = recovery_job(work, backoff)
-    result = launch(job, bench_cluster(), options=options, console=console)
+    result = launch_quiet(job, bench_cluster(), console=console, home=home)
     state, run_dir = result.state, result.run_dir
     if state is None or run_dir is None or result.exit_code != 0 or state.restarts != 1:
         root = state.root_cause if state is not None else None
@@ -265,8 +264,9 @@ def run_recovery_bench(
     Each run gets a fresh directory (timing files, checkpoint) under a temporary
     directory; dmlctl's run directories go to ``home`` (default: a temporary
     ``DMLCTL_HOME``). ``measure(side, work_dir)`` replaces the real runs in tests.
-    Raises :class:`UsageError` for ``repeats < 1`` or ``backoff <= 0`` and
-    :class:`RecoveryBenchFailed` if any run fails.
+    Raises :class:`UsageError` for ``repeats < 1`` or ``backoff <= 0``,
+    :class:`RecoveryBenchFailed` if any run fails, and, for a Ctrl-C after a whole
+    round, :class:`BenchPartial` with the report of the whole rounds.
     """
     if repeats < 1:
         raise UsageError(f"--repeats must be at least 1, got {repeats}")
@@ -282,12 +282,20 @@ def run_recovery_bench(
                 return run_dmlctl(work, backoff=backoff, home=dml_home, console=console)
             return run_torchrun(work, dml_home)
 
-        for round_ in range(1, repeats + 1):
-            for side in SIDES:
-                console.print(f"[dim]{side} {round_}/{repeats}[/dim]", highlight=False)
-                work = Path(tmp) / f"{side}-{round_}"
-                work.mkdir()
-                runs[side].append((measure or real)(side, work))
+        try:
+            for round_ in range(1, repeats + 1):
+                for side in SIDES:
+                    console.print(f"[dim]{side} {round_}/{repeats}[/dim]", highlight=False)
+                    work = Path(tmp) / f"{side}-{round_}"
+                    work.mkdir()
+                    runs[side].append((measure or real)(side, work))
+        except BenchInterrupted:
+            whole = min(map(len, runs.values()))  # whole rounds only
+            if not whole:
+                raise
+            note = interrupted_after(sum(map(len, runs.values())), repeats * len(SIDES))
+            kept = {side: tuple(r[:whole]) for side, r in runs.items()}
+            raise BenchPartial(note, RecoveryReport(kept, backoff_s=backoff)) from None
     return RecoveryReport({side: tuple(r) for side, r in runs.items()}, backoff_s=backoff)
 
 

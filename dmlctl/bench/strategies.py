@@ -41,6 +41,7 @@ from rich.console import Console
 
 from dmlctl.bench.plan import announce, planned
 from dmlctl.bench.proc import bench_env, run_checked
+from dmlctl.bench.runs import BenchInterrupted, BenchPartial, interrupted_after
 from dmlctl.bench.strategy_rows import (
     BYTES,
     FILTERS,
@@ -148,6 +149,7 @@ class _Runner:
     def __init__(self, tmp: Path, steps: int, console: Console) -> None:
         self.home, self.dir, self.steps, self.console = tmp / "home", tmp, steps, console
         self.env = bench_env(self.home, OMP_NUM_THREADS="1")
+        self.done = 0  # runs that ended
 
     def say(self, text: str) -> None:
         self.console.print(f"[dim]{text}[/dim]", highlight=False)
@@ -157,7 +159,9 @@ class _Runner:
         if params:
             row = replace(row, params={**row.params, **params})
         job = write_job(job_spec(name, row, self.steps), self.dir)
-        return launch_dmlctl(job, self.env, self.home)
+        got = launch_dmlctl(job, self.env, self.home)
+        self.done += 1
+        return got
 
     def throughput(self, repeats: int) -> dict[str, Any]:
         ssgd = Row("ssgd", model="mlp")
@@ -166,6 +170,7 @@ class _Runner:
             self.say(f"throughput {'warm-up' if round_ == 0 else f'{round_}/{repeats}'}")
             dml = self.launch("ssgd", ssgd)["samples_per_s"]
             bare = run_bare(self.steps, self.env, self.dir)
+            self.done += 1
             if round_ > 0:
                 rates["dmlctl"].append(dml)
                 rates["bare"].append(bare)
@@ -234,17 +239,22 @@ STEP_S = 0.011
 """About one step of the bench's models on 2 workers, 2 cores."""
 
 
-def plan(steps: int, repeats: int, sections: Sequence[str]) -> str:
-    """The runs :func:`run_strategy_bench` makes for ``sections``, and about how long."""
+def runs_of(repeats: int, sections: Sequence[str]) -> dict[str, int]:
+    """The runs each of ``sections`` makes (in the order they run)."""
     count = {
         "throughput": 2 * (repeats + 1),
         "bytes": len(BYTES),
         "filters": len(FILTERS),
         "overlap": 2 * repeats * len(OVERLAP),
     }
-    chosen = [s for s in SECTIONS if s in sections]
-    why = " + ".join(f"{count[s]} {s}" for s in chosen)
-    return planned(sum(count[s] for s in chosen), why, STARTUP_S + steps * STEP_S)
+    return {s: count[s] for s in SECTIONS if s in sections}
+
+
+def plan(steps: int, repeats: int, sections: Sequence[str]) -> str:
+    """The runs :func:`run_strategy_bench` makes for ``sections``, and about how long."""
+    count = runs_of(repeats, sections)
+    why = " + ".join(f"{n} {s}" for s, n in count.items())
+    return planned(sum(count.values()), why, STARTUP_S + steps * STEP_S)
 
 
 def run_strategy_bench(
@@ -265,12 +275,24 @@ def run_strategy_bench(
     }
     with tempfile.TemporaryDirectory(prefix="dmlctl-bench-strategies-") as tmp:
         runner = _Runner(Path(tmp), steps, console)
-        if "throughput" in sections:
-            report.update(runner.throughput(repeats))
-        if "bytes" in sections:
-            report["bytes"] = runner.table("bytes per step", BYTES)
-        if "filters" in sections:
-            report["filters"] = runner.table("filters", FILTERS)
-        if "overlap" in sections:
-            report["overlap"] = runner.overlap(repeats)
+        done: list[str] = []
+        try:
+            for section in (s for s in SECTIONS if s in sections):
+                if section == "throughput":
+                    report.update(runner.throughput(repeats))
+                elif section == "overlap":
+                    report["overlap"] = runner.overlap(repeats)
+                else:
+                    rows = BYTES if section == "bytes" else FILTERS
+                    report[section] = runner.table(_LABELS[section], rows)
+                done.append(section)
+        except BenchInterrupted:
+            if not done:
+                raise
+            note = interrupted_after(runner.done, sum(runs_of(repeats, sections).values()))
+            raise BenchPartial(note, {**report, "sections": done, "partial": note}) from None
     return report
+
+
+_LABELS = {"bytes": "bytes per step", "filters": "filters"}
+"""What the progress lines call each table section."""

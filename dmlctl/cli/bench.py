@@ -9,6 +9,7 @@ commands so ``dmlctl --help`` stays fast; torch is only ever imported by the ran
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
@@ -34,6 +35,17 @@ app = typer.Typer(
     "(advise).",
     no_args_is_help=True,
 )
+
+
+@app.callback()
+def _every_bench() -> None:
+    """A SIGTERM to a bench (``timeout`` around it) is a Ctrl-C from here on: the run
+    under way is stopped as Ctrl-C stops it, and the bench ends there (exit 130)."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
 
 
 @app.command()
@@ -139,17 +151,21 @@ def launch(
 ) -> int:
     """Compare `dmlctl launch` with bare torchrun on a trivial job; print the ratio."""
     from dmlctl.bench.launch_overhead import render_launch_table, run_launch_bench
+    from dmlctl.bench.runs import BenchPartial
 
     check_plot(plot)
     err = stderr_console()
     with err.status("timing dmlctl launch against bare torchrun…"):
-        report = run_launch_bench(repeats, workers, console=err)
+        try:
+            report = run_launch_bench(repeats, workers, console=err)
+        except BenchPartial as stop:
+            report = stop.result
     if as_json:
         print(json.dumps(report, indent=2))
     else:
         stdout_console().print(render_launch_table(report))
     write_plot("launch", report, plot)
-    return 0
+    return ended(err, report.get("partial"))
 
 
 @app.command()
@@ -169,6 +185,7 @@ def strategies(
 ) -> int:
     """Overhead against hand-written DDP, bytes/step of every compression and filter,
     and overlap's throughput ratio."""
+    from dmlctl.bench.runs import BenchPartial
     from dmlctl.bench.strategies import parse_sections, run_strategy_bench
     from dmlctl.bench.strategies_report import render_strategies_table
 
@@ -176,14 +193,17 @@ def strategies(
     chosen = parse_sections(sections)
     err = stderr_console()
     with err.status("running the strategy benchmark…"):
-        report = run_strategy_bench(steps, repeats, console=err, sections=chosen)
+        try:
+            report = run_strategy_bench(steps, repeats, console=err, sections=chosen)
+        except BenchPartial as stop:
+            report = stop.result
     if as_json:
         print(json.dumps(report, indent=2))
     else:
         for table in render_strategies_table(report):
             stdout_console().print(table)
     write_plot("strategies", report, plot)
-    return 0
+    return ended(err, report.get("partial"))
 
 
 @app.command()
@@ -250,18 +270,23 @@ def recovery(
 ) -> int:
     """Seconds from a worker's SIGKILL to its first step after restart: dmlctl vs torchrun."""
     from dmlctl.bench.recovery import render_recovery_tables, run_recovery_bench
+    from dmlctl.bench.runs import BenchPartial
 
     check_plot(plot)
     err = stderr_console()
+    note = None
     with err.status("timing recovery under dmlctl and bare torchrun…"):
-        report = run_recovery_bench(repeats, backoff=backoff, console=err)
+        try:
+            report = run_recovery_bench(repeats, backoff=backoff, console=err)
+        except BenchPartial as stop:
+            report, note = stop.result, stop.note
     if as_json:
-        print(json.dumps(report.to_dict(), indent=2))
+        print(json.dumps({**report.to_dict(), **({"partial": note} if note else {})}, indent=2))
     else:
         for table in render_recovery_tables(report):
             stdout_console().print(table)
     write_plot("recovery", report.to_dict(), plot)
-    return 0
+    return ended(err, note)
 
 
 @app.command()

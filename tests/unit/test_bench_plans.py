@@ -174,3 +174,100 @@ def test_the_cli_prints_a_partial_table_and_exits_130(
     out, err = capsys.readouterr()
     assert json.loads(out)["partial"] == "interrupted after 3 of 6 runs"
     assert "partial results: interrupted after 3 of 6 runs" in err
+
+
+def test_a_launch_bench_stopped_after_two_timed_rounds_reports_them(tmp_path: Path) -> None:
+    calls: list[str] = []
+
+    def timer(argv: Any, env: Any, cwd: Path) -> float:
+        calls.append(argv[2])
+        if len(calls) == 7:  # the third timed round's dmlctl run
+            raise BenchInterrupted("benchmark interrupted: `dmlctl launch` was stopped")
+        return 1.0 + len(calls) / 100
+
+    with pytest.raises(BenchPartial) as info:
+        launch_overhead.run_launch_bench(
+            5, 2, console=Console(quiet=True), home=tmp_path, timer=timer
+        )
+    report = info.value.result
+    assert report["partial"] == "interrupted after 6 of 12 runs" and report["repeats"] == 2
+    assert report["dmlctl_s"]["samples"] == [1.03, 1.05]  # the warm-up is never timed
+    assert report["torchrun_s"]["samples"] == [1.04, 1.06]
+
+
+def test_a_recovery_bench_stopped_in_its_second_round_reports_the_first() -> None:
+    from tests.unit.test_bench_recovery import recovery as timed
+
+    sides: list[str] = []
+
+    def measure(side: str, work: Path) -> Any:
+        sides.append(side)
+        if len(sides) == 4:
+            raise BenchInterrupted("benchmark interrupted: run r4 was stopped")
+        return timed(6.0 if side == "dmlctl" else 5.0)
+
+    with pytest.raises(BenchPartial) as info:
+        recovery.run_recovery_bench(3, console=Console(quiet=True), measure=measure)
+    assert info.value.note == "interrupted after 3 of 6 runs"
+    assert {side: len(r) for side, r in info.value.result.runs.items()} == {
+        "dmlctl": 1,
+        "torchrun": 1,
+    }
+
+
+STOPPABLE = """\
+import signal, sys, time
+from pathlib import Path
+def stop(*_):
+    Path(sys.argv[1]).write_text("stopped as by Ctrl-C")
+    sys.exit(130)
+signal.signal(signal.SIGINT, stop)
+Path(sys.argv[1] + ".up").write_text("up")
+time.sleep(60)
+"""
+
+
+def test_a_command_under_way_is_stopped_as_ctrl_c_stops_it(tmp_path: Path) -> None:
+    """Ctrl-C in the bench's process (here sent by a timer) reaches the command as
+    SIGINT, which it may handle, and ends the bench (a real child process)."""
+    import os
+    import signal
+    import sys
+    import threading
+    import time
+
+    from dmlctl.bench.proc import run_checked
+
+    mark = tmp_path / "mark"
+
+    def ctrl_c_once_up() -> None:
+        while not (tmp_path / "mark.up").exists():
+            time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=ctrl_c_once_up, daemon=True).start()
+    argv = [sys.executable, "-c", STOPPABLE, str(mark)]
+    with pytest.raises(BenchInterrupted, match=r"benchmark interrupted: `python.*` was stopped"):
+        run_checked(argv, {}, tmp_path, timeout=60, error=UsageError)
+    assert mark.read_text() == "stopped as by Ctrl-C"
+
+
+def test_a_strategy_bench_stopped_in_a_section_reports_the_sections_before_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def table(self: Any, label: str, rows: Any) -> dict[str, Any]:
+        if label == "filters":
+            self.done += 2  # two filter runs ended, the third was stopped
+            raise BenchInterrupted("benchmark interrupted: `dmlctl launch` was stopped")
+        self.done += len(rows)
+        return {name: {"bytes_per_step": 1.0} for name in rows}
+
+    monkeypatch.setattr(strategies_bench._Runner, "table", table)
+    with pytest.raises(BenchPartial) as info:
+        strategies_bench.run_strategy_bench(
+            400, 3, console=Console(quiet=True), sections=("bytes", "filters")
+        )
+    report = info.value.result
+    assert report["sections"] == ["bytes"] and "filters" not in report
+    assert set(report["bytes"]) == set(strategies_bench.BYTES)
+    assert report["partial"] == f"interrupted after {len(strategies_bench.BYTES) + 2} of 17 runs"
