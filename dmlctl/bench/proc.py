@@ -36,9 +36,9 @@ def run_checked(
 ) -> str:
     """Run ``argv`` to its end (stdin closed, output captured) and return its stdout;
     raise ``error`` naming the command, with the tail of its output, when it exits
-    non-zero or runs longer than ``timeout`` seconds. A Ctrl-C (or a SIGTERM, which ``dmlctl
-    bench`` turns into one) stops the command as Ctrl-C would
-    and raises :class:`~dmlctl.bench.runs.BenchInterrupted`: the bench ends there."""
+    non-zero or runs longer than ``timeout`` seconds. A Ctrl-C (or a SIGTERM, which
+    ``dmlctl bench`` turns into one) stops the command as Ctrl-C would and raises
+    :class:`~dmlctl.bench.runs.BenchInterrupted`: the bench ends there."""
     proc = subprocess.Popen(
         argv,
         env=dict(env),

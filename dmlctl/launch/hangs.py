@@ -44,6 +44,9 @@ BUSY_CORES = 0.1
 BUSY_IO = 256 * 1024
 """I/O (bytes read and written per second, same window) above which a rank is working:
 far above what an idle rank's own heartbeat writes."""
+RUNNING_STATES = ("R", "D")
+"""Process states (``/proc/PID/stat``) of a process that is under way: runnable, or
+waiting for a disk."""
 STEP_FACTOR = 4.0
 """A rank may take this many times its slowest recent step before it counts as stuck."""
 
@@ -97,7 +100,12 @@ def limit(view: RankView, hang_timeout: float) -> float:
 
 
 def busy(view: RankView) -> bool | None:
-    """Whether ``view``'s process computes or does I/O (None: not known)."""
+    """Whether ``view``'s process computes or does I/O (None: not known). A process the
+    kernel holds runnable (``R``) or in disk I/O (``D``) is busy however little CPU it
+    got: on a machine with far more ranks than cores (64 ranks importing torch on 2)
+    each gets a few hundredths of a core, and is still under way, not hung."""
+    if view.proc_state in RUNNING_STATES:
+        return True
     if view.cpu_rate is None or view.io_rate is None:
         return None
     return view.cpu_rate >= BUSY_CORES or view.io_rate >= BUSY_IO

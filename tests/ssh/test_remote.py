@@ -340,6 +340,63 @@ def test_dropped_connection_stops_the_hosts_processes(
             os.killpg(proc.pid, signal.SIGKILL)
 
 
+def test_kill_9_of_a_remote_host_agent_leaves_no_rank_and_the_run_resumes(
+    lcli: LabCli, ssh_lab: SshLab, tmp_path: Path
+) -> None:
+    """A host agent over SSH dies without a word: its torchrun and ranks end with it on
+    that host (the parent-death chain), and the run resumes from its checkpoint."""
+    resume = Path(__file__).parent.parent / "integration" / "jobs" / "resume"
+    job = tmp_path / "agentkill.yaml"
+    job.write_text(
+        f"name: agentkill\nscript: train.py\nworkdir: {resume}\nworkers: 2\n"
+        f"env:\n  STEP_SLEEP: '0.3'\n  OUT: {tmp_path / 'out.pt'}\n"
+        "restart:\n  max_infra_restarts: 1\n  backoff_initial: 0.2\n"
+        "checkpoint:\n  every_steps: 5\n"
+    )
+    cluster = cluster_file(ssh_lab, tmp_path, **{h.alias: "slots: 1" for h in ssh_lab.hosts})
+    proc = lcli.popen("launch", str(job), "--cluster", str(cluster), "--ui", "plain")
+    try:
+        run_id = _wait_running(lcli)
+        assert wait_until(lambda: _steps(lcli, run_id) >= 6, 60), "no checkpoint yet"
+        forked = [p for p in run_processes(run_id) if "dmlctl.agent" in cmdline(p)]
+        agents = [p for p in forked if parent(p) not in forked]
+        node_b = str(ssh_lab.hosts[1].workdir)
+        victim = next(a for a in agents if os.readlink(f"/proc/{a}/cwd").startswith(node_b))
+        on_b = [p for p in run_processes(run_id) if _under(p, victim) and p != victim]
+        assert len(on_b) >= 2, on_b  # torchrun and its rank
+        os.kill(victim, signal.SIGKILL)
+        assert wait_until(lambda: not set(on_b) & set(run_processes(run_id)), 2), [
+            cmdline(p) for p in set(on_b) & set(run_processes(run_id))
+        ]
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, out
+    starts = [int(x.split()[0]) for x in out.split("attempt 2 starts at step ")[1:]]
+    assert len(starts) == 2 and min(starts) >= 5, out  # from the checkpoint
+    state = lcli.state(run_id)
+    assert (state["phase"], state["restarts"]) == ("succeeded", 1), state
+    assert not run_processes(run_id)
+
+
+def _steps(cli: Cli, run_id: str) -> int:
+    """The fewest steps any rank of ``run_id`` has logged."""
+    return min((r.get("step") or 0) for r in cli.state(run_id)["ranks"])
+
+
+def _under(pid: int, ancestor: int) -> bool:
+    """Whether ``ancestor`` is ``pid`` or one of its parents (False once it is gone)."""
+    try:
+        while pid > 1:
+            if pid == ancestor:
+                return True
+            pid = parent(pid)
+    except OSError:
+        pass
+    return False
+
+
 def test_proxyjump_alias_from_ssh_config(lcli: LabCli, ssh_lab: SshLab, tmp_path: Path) -> None:
     a = ssh_lab.hosts[0]
     cluster = tmp_path / "jump.yaml"

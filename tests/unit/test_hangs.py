@@ -67,6 +67,17 @@ def test_a_silent_rank_that_computes_or_does_io_is_not_frozen() -> None:
     assert find_hang([view(0), view(1, beat_age=45.0, cpu_rate=IDLE, io_rate=5e7)], T) is None
 
 
+def test_a_silent_rank_starved_of_cpu_is_under_way_not_frozen() -> None:
+    """64 ranks importing torch on 2 cores: each gets 0.03 of a core and may hold the
+    interpreter's lock for longer than the hang timeout (loading a library), but the
+    kernel holds it runnable, or in disk I/O: it is under way."""
+    starting = {"armed": False, "beat_age": 45.0, "cpu_rate": 0.03, "coll": {}}
+    for state in ("R", "D"):
+        assert find_hang([view(0), view(1, proc_state=state, **starting)], T) is None
+    verdict = find_hang([view(0), view(1, proc_state="S", **starting)], T)
+    assert verdict is not None and (verdict.rank, verdict.reason) == (1, "frozen")
+
+
 def test_the_rank_that_never_entered_the_collective_is_blamed_not_the_one_that_waits() -> None:
     views = [view(0, coll=waits(11, 41)), view(1, **stuck()), view(2, coll=waits(11, 35))]
     verdict = find_hang(views, T)
@@ -131,7 +142,8 @@ def test_a_rank_that_exited_without_entering_the_collective_is_blamed() -> None:
 
 
 def test_a_collective_everyone_entered_that_never_completes() -> None:
-    views = [view(0, coll=waits(11, 40), cpu_rate=IDLE), view(1, coll=waits(11, 38), cpu_rate=IDLE)]
+    blocked = {"cpu_rate": IDLE, "proc_state": "S"}  # asleep in the collective's receive
+    views = [view(0, coll=waits(11, 40), **blocked), view(1, coll=waits(11, 38), **blocked)]
     verdict = find_hang(views, T)
     assert verdict is not None
     assert (verdict.rank, verdict.reason, verdict.waiting) == (0, "collective", (0, 1))
