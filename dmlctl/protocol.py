@@ -82,6 +82,7 @@ def local_role(environ: Mapping[str, str], local_rank: int, default: str = ROLE_
 
 
 ENV_STRATEGY = "DMLCTL_STRATEGY"
+DEFAULT_STRATEGY = "ssgd"  # a job file that names no strategy trains with this one
 ENV_STRATEGY_PARAMS = "DMLCTL_STRATEGY_PARAMS"
 ENV_SCRIPT = "DMLCTL_SCRIPT"
 #: The job's ``backend:`` (:data:`dmlctl.gpus.BACKENDS`); absent: ``auto``.

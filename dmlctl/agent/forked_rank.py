@@ -162,7 +162,7 @@ def _import_the_runtime() -> None:
     from dmlctl.strategies import registry
 
     with contextlib.suppress(Exception):  # a rank names a bad strategy itself
-        registry.load(os.environ.get(protocol.ENV_STRATEGY) or "ssgd")
+        registry.load(os.environ.get(protocol.ENV_STRATEGY) or protocol.DEFAULT_STRATEGY)
 
 
 _CUDA_QUERIES = ("is_available", "device_count")

@@ -122,7 +122,7 @@ def _arm_guards(role: str) -> None:
     from dmlctl.runtime import guards
     from dmlctl.strategies import registry
 
-    strategy = os.environ.get(protocol.ENV_STRATEGY) or "ssgd"
+    strategy = os.environ.get(protocol.ENV_STRATEGY) or protocol.DEFAULT_STRATEGY
     try:
         module = registry.load(strategy)
         params = module.Params.model_validate_json(

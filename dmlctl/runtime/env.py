@@ -21,6 +21,7 @@ from pydantic import BaseModel, ValidationError
 
 from dmlctl import gpus, mesh
 from dmlctl.protocol import (
+    DEFAULT_STRATEGY,
     ENV_BACKEND,
     ENV_PARALLELISM,
     ENV_PARALLELIZE,
@@ -32,7 +33,6 @@ from dmlctl.protocol import (
 )
 
 DEFAULT_ROLE = ROLE_WORKER
-DEFAULT_STRATEGY = "ssgd"
 
 
 class StrategyParams(Protocol):

@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from dmlctl.errors import SpecError, SpecIssue, UsageError
+from dmlctl.protocol import DEFAULT_STRATEGY
 from dmlctl.spec.advice import AdviceProblem, apply_advice, wants_advice
 from dmlctl.spec.cluster import ClusterSpec, HostKey, duplicate_hosts
 from dmlctl.spec.fields import check_one_line, shown
@@ -330,7 +331,7 @@ _PARAMS: KeyPath = ("strategy", "params")
 def _params_model(raw: Any) -> type[BaseModel] | None:
     """The ``Params`` model of the job's strategy (the raw ``strategy`` value), or
     None when the name is not a registered one."""
-    name = raw.get("name", "ssgd") if isinstance(raw, dict) else raw if raw else "ssgd"
+    name = raw.get("name", DEFAULT_STRATEGY) if isinstance(raw, dict) else raw or DEFAULT_STRATEGY
     if not isinstance(name, str):
         return None
     try:

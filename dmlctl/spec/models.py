@@ -23,7 +23,7 @@ from pydantic import (
     model_validator,
 )
 
-from dmlctl.protocol import ROLE_SERVER
+from dmlctl.protocol import DEFAULT_STRATEGY, ROLE_SERVER
 from dmlctl.spec.cluster import (
     LOCAL_ADDRESS,
     ClusterSpec,
@@ -95,7 +95,7 @@ class StrategySpec(BaseModel):
     model_config = FROZEN
 
     name: str = Field(
-        default="ssgd", description="Registered strategy name (see `dmlctl strategies`)."
+        default=DEFAULT_STRATEGY, description="Registered strategy name (see `dmlctl strategies`)."
     )
     params: SerializeAsAny[BaseModel] = Field(
         default_factory=dict,
