@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
-from dmlctl.cli.bench_plot import check_plot, plot_option, write_plot
+from dmlctl.cli.bench.plot import check_plot, plot_option, write_plot
 from dmlctl.cli.common import stderr_console, stdout_console
 
 if TYPE_CHECKING:

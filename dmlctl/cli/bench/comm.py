@@ -1,0 +1,63 @@
+"""``dmlctl bench comm``: parse the options, run :mod:`dmlctl.bench.comm`, print
+its result."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from dmlctl.cli.bench.common import JSON_TABLE
+from dmlctl.cli.bench.plot import check_plot, plot_option, write_plot
+from dmlctl.cli.common import stderr_console, stdout_console
+
+
+def comm(
+    cluster: Optional[Path] = typer.Option(  # noqa: UP045 - typer needs both
+        None, "--cluster", "-c", help="Cluster spec; default: this machine, one worker per core."
+    ),
+    workers: Optional[int] = typer.Option(  # noqa: UP045
+        None, "--workers", "-n", help="Number of ranks; default: every slot of the cluster."
+    ),
+    ops: str = typer.Option(
+        "allreduce,allgather,broadcast", "--ops", help="Comma-separated collectives."
+    ),
+    min_bytes: str = typer.Option("1K", "--min-bytes", help="Smallest message (e.g. 1K)."),
+    max_bytes: str = typer.Option("16M", "--max-bytes", help="Largest message (e.g. 16M)."),
+    iters: int = typer.Option(20, "--iters", help="Timed calls per size."),
+    warmup: int = typer.Option(5, "--warmup", help="Untimed calls per size before timing."),
+    as_json: bool = JSON_TABLE,
+    plot: Optional[Path] = plot_option("bus bandwidth against message size"),  # noqa: UP045
+) -> int:
+    """Measure allreduce / allgather / broadcast time and bus bandwidth (nccl-tests style)."""
+    from dmlctl.bench.comm import run_comm_bench
+    from dmlctl.bench.report import comm_json, parse_ops, parse_size, render_comm_table
+    from dmlctl.spec import default_cluster, load_cluster_file
+
+    check_plot(plot)
+    op_names = parse_ops(ops)
+    low, high = parse_size(min_bytes), parse_size(max_bytes)
+    spec = load_cluster_file(cluster) if cluster is not None else default_cluster()
+    err = stderr_console()
+    with err.status("running the communication benchmark…"):
+        results, run = run_comm_bench(
+            spec,
+            workers=workers,
+            ops=op_names,
+            min_bytes=low,
+            max_bytes=high,
+            iters=iters,
+            warmup=warmup,
+            console=err,
+        )
+    world = run.state.world_size if run.state is not None else (workers or spec.total_slots)
+    report = {"run_id": run.run_id, **comm_json(results, world)}
+    if as_json:
+        print(json.dumps(report, indent=2))
+    else:
+        stdout_console().print(render_comm_table(results, world))
+        err.print(f"run {run.run_id}", markup=False)
+    write_plot("comm", report, plot)
+    return 0

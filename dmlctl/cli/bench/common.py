@@ -1,0 +1,59 @@
+"""What every ``dmlctl bench`` command shares: the ``--json`` option, a partial report
+kept, the printing of the result and the exit code of a bench that ended whole or in
+part."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+from dmlctl.cli.bench.plot import write_plot
+from dmlctl.cli.common import stderr_console, stdout_console
+from dmlctl.errors import ExitCode
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+JSON_TABLE = typer.Option(False, "--json", help="Print JSON instead of a table.")
+"""``--json`` of a bench that prints one table."""
+JSON_TABLES = typer.Option(False, "--json", help="Print JSON instead of tables.")
+"""``--json`` of a bench that prints several tables."""
+
+
+def ended(err: Console, partial: str | None) -> int:
+    """The bench's exit code: 0, or (``partial``: Ctrl-C ended it after that much, its
+    results are printed) 130, saying so."""
+    if partial is None:
+        return 0
+    err.print(f"partial results: {partial}", highlight=False, markup=False)
+    return int(ExitCode.INTERRUPTED)
+
+
+def whole_or_partial(run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """``run()``'s report, or the partial report of a bench that Ctrl-C ended after
+    some of its runs (:class:`~dmlctl.bench.runs.BenchPartial`)."""
+    from dmlctl.bench.runs import BenchPartial
+
+    try:
+        return run()
+    except BenchPartial as stop:
+        report: dict[str, Any] = stop.result
+        return report
+
+
+def finish(
+    bench: str, report: dict[str, Any], render: Callable[[Any], Any], as_json: bool, plot: Any
+) -> int:
+    """Print ``report`` (JSON, or what ``render`` makes of it: a table or a list of
+    them), draw its ``--plot``, and return the exit code (:func:`ended`)."""
+    if as_json:
+        print(json.dumps(report, indent=2))
+    else:
+        rendered = render(report)
+        for table in rendered if isinstance(rendered, list) else [rendered]:
+            stdout_console().print(table)
+    write_plot(bench, report, plot)
+    return ended(stderr_console(), report.get("partial"))

@@ -1,0 +1,29 @@
+"""``dmlctl bench launch``: parse the options, run :mod:`dmlctl.bench.launch_overhead`, print
+its result."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from dmlctl.cli.bench.common import JSON_TABLE, finish, whole_or_partial
+from dmlctl.cli.bench.plot import check_plot, plot_option
+from dmlctl.cli.common import stderr_console
+
+
+def launch(
+    repeats: int = typer.Option(5, "--repeats", help="Timed runs per launcher (at least 5)."),
+    workers: int = typer.Option(2, "--workers", "-n", help="Local workers per run."),
+    as_json: bool = JSON_TABLE,
+    plot: Optional[Path] = plot_option("seconds per launch, every repeat"),  # noqa: UP045
+) -> int:
+    """Compare `dmlctl launch` with bare torchrun on a trivial job; print the ratio."""
+    from dmlctl.bench.launch_overhead import render_launch_table, run_launch_bench
+
+    check_plot(plot)
+    err = stderr_console()
+    with err.status("timing dmlctl launch against bare torchrun…"):
+        report = whole_or_partial(lambda: run_launch_bench(repeats, workers, console=err))
+    return finish("launch", report, render_launch_table, as_json, plot)

@@ -1,0 +1,57 @@
+"""``dmlctl bench ps``: parse the options, run :mod:`dmlctl.bench.ps`, print
+its result."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from dmlctl.cli.bench.common import JSON_TABLE
+from dmlctl.cli.bench.plot import check_plot, plot_option, write_plot
+from dmlctl.cli.common import stderr_console, stdout_console
+
+
+def ps(
+    workers: int = typer.Option(2, "--workers", "-n", help="Worker ranks (W)."),
+    servers: int = typer.Option(1, "--servers", "-s", help="Parameter-server ranks (S)."),
+    min_bytes: str = typer.Option("64K", "--min-bytes", help="Smallest gradient (e.g. 64K)."),
+    max_bytes: str = typer.Option("16M", "--max-bytes", help="Largest gradient (e.g. 16M)."),
+    iters: int = typer.Option(20, "--iters", help="Timed rounds / all-reduces per size."),
+    warmup: int = typer.Option(3, "--warmup", help="Untimed rounds / all-reduces per size."),
+    as_json: bool = JSON_TABLE,
+    plot: Optional[Path] = plot_option("bytes/s and their ratio by gradient size"),  # noqa: UP045
+) -> int:
+    """PS push+pull throughput against an all-reduce of the same bytes on this machine."""
+    from dmlctl.bench.ps import local_bench_cluster, run_ps_bench
+    from dmlctl.bench.ps_report import ps_json, ps_summary, render_ps_table
+    from dmlctl.bench.report import parse_size
+    from dmlctl.spec import default_cluster
+
+    check_plot(plot)
+    low, high = parse_size(min_bytes), parse_size(max_bytes)
+    spec = local_bench_cluster(default_cluster(), workers + servers)
+    err = stderr_console()
+    with err.status(f"running the parameter-server benchmark ({workers} + {servers} ranks)…"):
+        results, run = run_ps_bench(
+            spec,
+            workers=workers,
+            servers=servers,
+            min_bytes=low,
+            max_bytes=high,
+            iters=iters,
+            warmup=warmup,
+            console=err,
+        )
+    report = {"run_id": run.run_id, **ps_json(results, workers, servers)}
+    if as_json:
+        print(json.dumps(report, indent=2))
+    else:
+        out = stdout_console()
+        out.print(render_ps_table(results, workers, servers))
+        out.print(ps_summary(results), markup=False)
+        err.print(f"run {run.run_id}", markup=False)
+    write_plot("ps", report, plot)
+    return 0

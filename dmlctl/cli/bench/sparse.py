@@ -1,0 +1,59 @@
+"""``dmlctl bench sparse``: parse the options, run :mod:`dmlctl.bench.sparse`, print
+its result."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from dmlctl.cli.bench.common import JSON_TABLE, ended
+from dmlctl.cli.bench.plot import check_plot, plot_option, write_plot
+from dmlctl.cli.common import stderr_console, stdout_console
+
+
+def sparse(
+    workers: int = typer.Option(2, "--workers", "-n", help="Workers sharing the parameters."),
+    samples: int = typer.Option(100_000, "--samples", help="Training samples (one epoch)."),
+    batch_size: int = typer.Option(4, "--batch-size", help="Updates per optimizer step."),
+    repeats: int = typer.Option(3, "--repeats", help="Runs per strategy (medians count)."),
+    as_json: bool = JSON_TABLE,
+    plot: Optional[Path] = plot_option("samples/s of every run, the final loss"),  # noqa: UP045
+) -> int:
+    """cyclades against hogwild on sparse logistic regression: samples/s and loss."""
+    from dmlctl.bench.runs import BenchPartial
+    from dmlctl.bench.sparse import (
+        check_options,
+        render_sparse_table,
+        run_sparse_bench,
+        sparse_json,
+    )
+    from dmlctl.spec import default_cluster
+
+    check_options(workers, samples, batch_size, repeats)
+    check_plot(plot)
+    err = stderr_console()
+    note = None
+    with err.status("running the sparse benchmark…"):
+        try:
+            runs = run_sparse_bench(
+                workers=workers,
+                samples=samples,
+                batch_size=batch_size,
+                repeats=repeats,
+                console=err,
+                cluster=default_cluster(),
+            )
+        except BenchPartial as stop:
+            runs, note = stop.result, stop.note
+    report = sparse_json(runs, workers=workers, samples=samples, batch_size=batch_size)
+    report.update({"partial": note} if note else {})
+    if as_json:
+        print(json.dumps(report, indent=2))
+    else:
+        stdout_console().print(render_sparse_table(report))
+        err.print(f"runs {', '.join(report['run_ids'])}", markup=False)
+    write_plot("sparse", report, plot)
+    return ended(err, note)
