@@ -42,14 +42,16 @@ SLOWER: dict[str, float] = {
     "asgd": 0.12,
     "ssp": 0.12,
     "easgd-async": 0.12,
-    "adadelay": 0.9,
+    "adadelay": 1.5,
 }
 """Rows that end more than 3 % above one process at 3 epochs (with one optimizer at
 least), and the most they may: the largest gap measured in four runs of the table,
 with room for the asynchronous rows' run-to-run spread (AdamW: hogwild 2.1-4.3 %,
 asgd 5.3-6.4 %, ssp 3.7-6.0 %, easgd-async 3.1-6.8 %, adadelay 25-45 %, and adadelay
 slows further when the machine is loaded, as on digits: 69 % with AdamW while three
-pytest workers shared the 2 cores); the synchronous rows are deterministic.
+pytest workers shared the 2 cores, 92 % in a suite run beside other tests; its bound
+still fails a row that stops learning: the uniform guess is about +430 %); the
+synchronous rows are deterministic.
 docs/strategies.md ("A language model") says why each lags and what closes the gap."""
 
 
