@@ -19,7 +19,7 @@ import pytest
 from rich.console import Console
 
 from dmlctl import protocol
-from dmlctl.agent.__main__ import _environment
+from dmlctl.agent.start import environment
 from dmlctl.errors import SpecError
 from dmlctl.launch import api
 from dmlctl.launch.api import LaunchOptions, LaunchResult
@@ -142,7 +142,7 @@ def test_the_agent_gives_torchrun_the_plans_env_attempt_and_strategy_params(
         load_job(job_file), load_cluster(cluster_file), api.RunStore(tmp_path / "home"), port=1
     )
     config = plan.agent_config(plan.hosts[0], attempt=1, stop_grace=2.5)
-    env = _environment(config, "/expanded/rank-dir")
+    env = environment(config, "/expanded/rank-dir")
     assert {k: env[k] for k in plan.hosts[0].env if k != protocol.ENV_RANK_DIR} == {
         k: v for k, v in plan.hosts[0].env.items() if k != protocol.ENV_RANK_DIR
     }

@@ -1,0 +1,108 @@
+"""Starting a host agent's run: its rank directory (:func:`prepare`), torchrun's
+environment (:func:`environment`) and torchrun itself (:func:`start`), forked from the
+warm agent where it can be, and the ``exit`` message of a run that could not start
+(:func:`cannot_start`)."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import math
+import os
+import signal
+import subprocess
+
+from dmlctl import protocol
+from dmlctl.agent import warm
+from dmlctl.agent.messages import Emitter
+from dmlctl.agent.procs import dies_with_parent
+from dmlctl.protocol import AgentConfig
+
+Torchrun = subprocess.Popen[str] | warm.ForkedTorchrun
+
+
+def script_dir(config: AgentConfig, workdir: str) -> str:
+    """The directory of the training script."""
+    return os.path.dirname(os.path.join(workdir, config.torchrun.script))
+
+
+def environment(config: AgentConfig, rank_dir: str) -> dict[str, str]:
+    """torchrun's environment: the agent's, the config's (:meth:`AgentConfig.rank_env`)
+    with the rank directory expanded, this dmlctl first on ``PYTHONPATH`` and the stop
+    grace as torchrun's shutdown timeout."""
+    env = {
+        **os.environ,
+        **config.rank_env(),
+        protocol.ENV_RANK_DIR: rank_dir,
+        protocol.ENV_AGENT_PID: str(os.getpid()),
+    }
+    for key in (protocol.ENV_CHECKPOINT_DIR,):  # remote paths may start with ~/
+        if key in env:
+            env[key] = os.path.expanduser(env[key])
+    # Ranks import the same dmlctl as this agent (on a remote host: the shipped copy).
+    here = os.path.dirname(os.path.dirname(os.path.abspath(protocol.__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH", "")) if p)
+    env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(max(1, math.ceil(config.stop_grace))))
+    return env
+
+
+def start(config: AgentConfig, workdir: str, env: dict[str, str], emit: Emitter) -> Torchrun:
+    """torchrun, forked from this warm process when possible, else a new process."""
+    argv = config.torchrun.argv()
+    if warm.can_fork(argv):
+        forked = warm.ForkedTorchrun(argv, workdir, env)
+        emit.send(protocol.MSG_LOG, r=None, s="agent", l=["dmlctl agent: warm start"])
+        return forked
+    return subprocess.Popen(
+        argv,
+        cwd=workdir,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+        preexec_fn=dies_with_parent(signal.SIGKILL, os.getpid()),
+    )
+
+
+# Errors that come and go (out of processes or memory for a moment): the host's fault.
+_TRANSIENT = (errno.EAGAIN, errno.ENOMEM, errno.EINTR)
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def cannot_start(emit: Emitter, what: str, exc: OSError | ValueError) -> None:
+    """The ``exit`` message of an agent that could not start its run, with the error:
+    ``DiskFull``, ``AgentExit`` (transient) or ``SpecInvalid`` — the planned command,
+    environment or directory cannot work (a restart would fail the same way)."""
+    code = exc.errno if isinstance(exc, OSError) else None
+    kind = "DiskFull" if code in _FULL else "AgentExit" if code in _TRANSIENT else "SpecInvalid"
+    message = f"{what}: {exc}"
+    emit.send(
+        protocol.MSG_EXIT,
+        code=127,
+        tail=[message],
+        stopped=False,
+        error={"type": kind, "message": message},
+    )
+
+
+def prepare(config: AgentConfig, emit: Emitter) -> str | None:
+    """The rank directory (``~`` expanded, made private) holding ``agent.pid``; None
+    (after the ``exit`` message saying why) when it cannot be made. The checkpoint
+    directory is made too when it can be (the ranks never make it again once it was
+    there: see :class:`dmlctl.runtime.checkpoint.CheckpointManager`)."""
+    rank_dir = os.path.expanduser(config.rank_dir)
+    checkpoints = config.rank_env().get(protocol.ENV_CHECKPOINT_DIR)
+    if checkpoints:
+        with contextlib.suppress(OSError):  # the ranks say why, at their first save
+            protocol.make_private_dirs(os.path.expanduser(checkpoints))
+    try:
+        protocol.make_private_dirs(rank_dir)
+        path = os.path.join(rank_dir, "agent.pid")
+        with open(path, "w", encoding="ascii", opener=protocol.private_opener) as f:
+            f.write(f"{os.getpid()}\n")
+    except OSError as e:
+        cannot_start(emit, f"cannot make the rank directory {rank_dir}", e)
+        return None
+    return rank_dir
