@@ -5,7 +5,7 @@ While it runs (all bounded):
 
 * stops follow :mod:`dmlctl.launch.stops` (a user's stop, a failure's stop, agents
   killed once past their grace);
-* a hang (:mod:`dmlctl.launch.hangs`) first has every agent dump every rank's stacks
+* a hang (:mod:`dmlctl.hangs.rules`) first has every agent dump every rank's stacks
   (``stacks/`` in the run directory; at most ``dump_wait`` seconds), then becomes the
   root cause, naming the culprit's frame, and the attempt is stopped as after a failure;
 * an agent whose output ends without an ``exit`` message is reported as lost, and so
@@ -25,10 +25,10 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
+from dmlctl.hangs.watch import CONFIRM_S, HangProbe, HangWatch, Liveness
 from dmlctl.launch.books import RunBooks
 from dmlctl.launch.standby import Standbys
 from dmlctl.launch.stops import AttemptStops, StopRules
-from dmlctl.launch.watch import CONFIRM_S, HangProbe, HangWatch, Liveness
 from dmlctl.plan.model import LaunchPlan
 from dmlctl.provision.replicate import Replicator
 from dmlctl.runs.events import (

@@ -28,6 +28,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Mapping
 
+from dmlctl.hangs.watch import DUMP_WAIT_S
 from dmlctl.launch.attempt import AttemptNotes, AttemptRunner, AttemptSettings
 from dmlctl.launch.books import RunBooks
 from dmlctl.launch.hosts import HostPool, HostsLost
@@ -46,7 +47,6 @@ from dmlctl.launch.policy import (
 )
 from dmlctl.launch.standby import WARM_AFTER, Standbys
 from dmlctl.launch.stops import STOP_MARGIN, StopRules
-from dmlctl.launch.watch import DUMP_WAIT_S
 from dmlctl.plan.elastic import CannotReplan, place
 from dmlctl.plan.model import HostPlan, LaunchPlan
 from dmlctl.provision.replicate import Replicator

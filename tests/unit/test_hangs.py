@@ -1,4 +1,4 @@
-"""The hang rules (dmlctl.launch.hangs) on scripted rank views: who is blamed, and who
+"""The hang rules (dmlctl.hangs.rules) on scripted rank views: who is blamed, and who
 never is — a rank before its first step, after its data, in a phase, or busy."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from dmlctl.launch.hangs import BUSY_CORES, STEP_FACTOR, RankView, find_hang
+from dmlctl.hangs.rules import BUSY_CORES, STEP_FACTOR, RankView, find_hang
 from dmlctl.runs.events import Collective
 
 T = 30.0

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from dmlctl.launch.watch import STALE_BEAT_S, HangWatch
+from dmlctl.hangs.watch import STALE_BEAT_S, HangWatch
 from dmlctl.runs.events import (
     Collective,
     Heartbeat,

@@ -1,5 +1,5 @@
 """Liveness of an attempt, seen from the controller: hosts that stop sending anything
-(cut off), ranks that hang (:mod:`dmlctl.launch.hangs` decides), and the
+(cut off), ranks that hang (:mod:`dmlctl.hangs.rules` decides), and the
 investigation between a hang verdict and the root cause (stack dumps).
 
 Everything is measured on the controller's own clock, so clock skew between hosts
@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from dmlctl.launch.hangs import RankView, Verdict, find_hang
+from dmlctl.hangs.rules import RankView, Verdict, find_hang
 from dmlctl.runs.events import (
     Heartbeat,
     MetricRecord,
@@ -208,7 +208,7 @@ class HangWatch:
         return out
 
     def check(self, state: RunState) -> Verdict | None:
-        """The run's hang (see :mod:`dmlctl.launch.hangs`), reported once per attempt
+        """The run's hang (see :mod:`dmlctl.hangs.rules`), reported once per attempt
         (unless :meth:`confirm` withdraws it)."""
         if self.hang_timeout is None or self._reported:
             return None
