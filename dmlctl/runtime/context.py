@@ -58,6 +58,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from dmlctl.mesh import MeshLayout
 from dmlctl.protocol import ROLE_SERVER
+from dmlctl.runtime import checkpoint as ckpt
 from dmlctl.runtime import divergence, guards
 from dmlctl.runtime.cursor import DataCursor
 from dmlctl.runtime.data import MapDataset, shard_batches
@@ -68,11 +69,10 @@ from dmlctl.runtime.optimizer import StrategyOptimizer
 from dmlctl.runtime.parallel.devmesh import data_parallel_place
 from dmlctl.runtime.parallel.hints import reshape_hint
 from dmlctl.runtime.progress import TRACKER
-from dmlctl.runtime.rank_checkpoints import RankCheckpoints, manager_class
 from dmlctl.runtime.straggler import paced, straggler_factor
 
 if TYPE_CHECKING:
-    pass
+    from dmlctl.runtime.checkpoint_sharded import ShardedCheckpointManager
 
 _THREAD_GRACE_S = 0.05
 
@@ -125,17 +125,16 @@ class Context:
         self._cursor = DataCursor(self._metrics)
         self._closed = False
         self._on_close: list[Callable[[], None]] = []
-        manager = None
-        if not is_server:
-            manager = manager_class(self._laid_out()).from_env(
+        self._ckpt = (
+            None
+            if is_server
+            else self._checkpoint_manager().from_env(
                 self._rank,
                 self._world,
                 env.local_rank,
                 group=self._group,
                 src=membership.workers[0] if membership is not None else 0,
             )
-        self._checkpoints = RankCheckpoints(
-            manager, laid_out=self._laid_out(), cursor=self._cursor, metrics=self._metrics
         )
         self.resumed_extra: dict[str, Any] = {}  # ``extra`` of the checkpoint resumed
         self._notices: set[str] = set()
@@ -404,6 +403,24 @@ class Context:
         """Whether the job has a ``parallelism:`` block and this rank is on its mesh."""
         return self._env.layout is not None and self._mesh is not None
 
+    def _checkpoint_manager(self) -> type[ckpt.CheckpointManager]:
+        """The checkpoint manager class: DCP shards for a laid-out model (imported only
+        then: torch.distributed.checkpoint takes seconds to import), else whole files."""
+        if not self._laid_out():
+            return ckpt.CheckpointManager
+        from dmlctl.runtime.checkpoint_sharded import ShardedCheckpointManager
+
+        return ShardedCheckpointManager
+
+    def _sharded_checkpoints(self) -> ShardedCheckpointManager | None:
+        """This rank's checkpoint manager when it saves through DCP, else None."""
+        if self._ckpt is None or not self._laid_out():
+            return None
+        from dmlctl.runtime.checkpoint_sharded import ShardedCheckpointManager
+
+        assert isinstance(self._ckpt, ShardedCheckpointManager)
+        return self._ckpt
+
     def resume(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
         """Restore the newest checkpoint valid on every rank into ``model``,
         ``optimizer``, the strategy, the RNGs and the :meth:`shard` position; returns
@@ -411,10 +428,24 @@ class Context:
 
         Collective. Call after :meth:`prepare`, before :meth:`shard`.
         """
-        found = self._checkpoints.resume(model, optimizer)
+        sharded = self._sharded_checkpoints()
+        if sharded is not None:
+            sharded.bind(model, optimizer)
+        with TRACKER.phase("resume"):
+            found = self._ckpt.load_latest() if self._ckpt is not None else None
+            if found is not None and sharded is not None:
+                sharded.load_shards(found[0])
         if found is None:
             return 0
-        step, self.resumed_extra = found
+        step, state = found
+        if sharded is not None:
+            from dmlctl.runtime.checkpoint_sharded import restore_small_state
+
+            restore_small_state(state, model, optimizer)
+        else:
+            ckpt.restore_training_state(state, model, optimizer)
+        self._cursor.resume_at = (int(state["data"]["epoch"]), int(state["data"]["batches"]))
+        self.resumed_extra = dict(state.get("extra", {}))
         return step
 
     def checkpoint(
@@ -422,7 +453,33 @@ class Context:
     ) -> str | None:
         """Save after ``step`` completed steps when due (``DMLCTL_CHECKPOINT_EVERY_*``),
         with ``extra`` tensors/numbers; returns the directory or None. Collective."""
-        return self._checkpoints.save(step, model, optimizer, extra)
+        if self._ckpt is None or not self._ckpt.due(step):
+            return None
+        sharded = self._sharded_checkpoints()
+        if sharded is not None:  # shards through DCP
+            from dmlctl.runtime.checkpoint_sharded import small_state
+
+            sharded.bind(model, optimizer)
+            state = small_state(
+                model,
+                optimizer,
+                epoch=self._cursor.epoch,
+                batches=self._cursor.batches,
+                extra=extra,
+            )
+        else:
+            state = ckpt.training_state(
+                model,
+                optimizer,
+                epoch=self._cursor.epoch,
+                batches=self._cursor.batches,
+                extra=extra,
+            )
+        with TRACKER.phase("checkpoint"):
+            directory = self._ckpt.save(step, state)
+        if self._ckpt.committed_here:
+            self._metrics.checkpoint(step, directory)
+        return directory
 
     def log(self, step: int | None = None, **metrics: Any) -> int:
         """Record ``metrics`` (numbers or one-element tensors) for this rank.
