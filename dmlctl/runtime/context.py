@@ -57,11 +57,10 @@ from pydantic import BaseModel
 from torch.distributed.device_mesh import DeviceMesh
 
 from dmlctl.mesh import MeshLayout
-from dmlctl.protocol import ROLE_SERVER
+from dmlctl.protocol import PROGRESS, ROLE_SERVER
 from dmlctl.runtime import checkpoint as ckpt
 from dmlctl.runtime import divergence, guards
-from dmlctl.runtime.cursor import DataCursor
-from dmlctl.runtime.data import MapDataset, shard_batches
+from dmlctl.runtime.data import MapDataset, batches_per_epoch, shard_batches
 from dmlctl.runtime.env import RunEnv
 from dmlctl.runtime.membership import Membership
 from dmlctl.runtime.metrics import MetricLogger, Scalar
@@ -122,7 +121,7 @@ class Context:
         self._metrics = MetricLogger(env.rank, env.rank_dir, check=self._check_logged)
         self._optimizer: torch.optim.Optimizer | None = None
         self._sources: list[Callable[[], dict[str, float]]] = []
-        self._cursor = DataCursor(self._metrics)
+        self._epoch = 0
         self._closed = False
         self._on_close: list[Callable[[], None]] = []
         self._ckpt = (
@@ -136,8 +135,12 @@ class Context:
                 src=membership.workers[0] if membership is not None else 0,
             )
         )
+        self._resume_at: tuple[int, int] | None = None  # (epoch, batches consumed)
+        self._batches = self._skip = 0  # batches yielded in this epoch / left to skip
         self.resumed_extra: dict[str, Any] = {}  # ``extra`` of the checkpoint resumed
+        self._on_data_end: list[Callable[[], None]] = []
         self._notices: set[str] = set()
+        self._plan: tuple[int, int] | None = None  # (batches per epoch, epochs) of shard()
         self.total_steps: int | None = None
         """Set by a script with a loop of its own: progress is then the logged step
         (plus one) over ``total_steps``; ``ctx.shard`` knows it from its epochs."""
@@ -232,7 +235,7 @@ class Context:
     @property
     def epoch(self) -> int:
         """Epoch of the batch :meth:`shard` yielded last (0 before it starts)."""
-        return self._cursor.epoch
+        return self._epoch
 
     def prepare(
         self, model: torch.nn.Module, optimizer: torch.optim.Optimizer
@@ -335,10 +338,14 @@ class Context:
         strategy that plans which samples each worker takes replaces it: cyclades). After
         :meth:`resume` the first call continues at the saved position instead.
         """
-        cursor = self._cursor
-        start_epoch = cursor.begin(
-            len(dataset), self._data_world, batch_size, epochs, drop_last, start_epoch
-        )
+        self._metrics.start_clock()
+        self._skip = 0
+        if len(dataset) > 0 and epochs > 0 and batch_size >= 1:
+            per_epoch = batches_per_epoch(len(dataset), self._data_world, batch_size, drop_last)
+            self._plan = (per_epoch, epochs) if per_epoch > 0 else None
+        if self._resume_at is not None and self._resume_at[0] >= start_epoch:
+            start_epoch, self._skip = self._resume_at
+        self._resume_at = None
         # A strategy that decides which samples a worker takes (cyclades) supplies
         # its own iterator, with shard_batches' arguments.
         source = getattr(self._optimizer, "shard_batches", shard_batches)
@@ -353,11 +360,18 @@ class Context:
             drop_last=drop_last,
             start_epoch=start_epoch,
             device=self._device,
-            on_epoch=cursor.set_epoch,
-            on_batch=cursor.count,
+            on_epoch=self._set_epoch,
+            on_batch=self._count,
         )
         slow = straggler_factor(self._rank, self._world)  # workers only: servers never shard
-        return cursor.ending(paced(itertools.islice(batches, cursor.skip, None), slow))
+        return self._ending(paced(itertools.islice(batches, self._skip, None), slow))
+
+    def _ending(self, batches: Iterator[Any]) -> Iterator[Any]:
+        try:
+            yield from batches
+        finally:  # exhausted, or the loop broke out: no more steps for now
+            TRACKER.data_end()
+        self.finish()  # exhausted (a loop that broke out never gets here)
 
     def finish(self) -> None:
         """Training is over: every worker takes the model the strategy's algorithm
@@ -369,12 +383,14 @@ class Context:
         The end of :meth:`shard`'s data does this by itself; call it after a loop of
         your own (a ``DataLoader``) or one that breaks out early. Collective over the
         workers; again without a training step in between: nothing."""
-        self._cursor.end()
+        TRACKER.data_end()
+        for callback in list(self._on_data_end):
+            callback()
 
     def on_data_end(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` in :meth:`finish` (at the end of :meth:`shard`'s data or
         when the script calls it). :meth:`prepare` registers the strategy's own."""
-        self._cursor.on_end(callback)
+        self._on_data_end.append(callback)
 
     def notice(self, message: str) -> None:
         """Print ``message`` once per run, from the first worker only (a strategy
@@ -398,6 +414,17 @@ class Context:
         (with its stack) like one whose steps stopped.
         """
         return TRACKER.phase(name, limit)
+
+    def _set_epoch(self, epoch: int) -> None:
+        self._epoch, self._batches = epoch, 0
+
+    def _count(self, samples: int) -> None:
+        self._batches += 1
+        TRACKER.step(batch=True)
+        if self._skip:
+            self._skip -= 1  # consumed before the checkpoint: not counted again
+        else:
+            self._metrics.count(samples)
 
     def _laid_out(self) -> bool:
         """Whether the job has a ``parallelism:`` block and this rank is on its mesh."""
@@ -444,7 +471,7 @@ class Context:
             restore_small_state(state, model, optimizer)
         else:
             ckpt.restore_training_state(state, model, optimizer)
-        self._cursor.resume_at = (int(state["data"]["epoch"]), int(state["data"]["batches"]))
+        self._resume_at = (int(state["data"]["epoch"]), int(state["data"]["batches"]))
         self.resumed_extra = dict(state.get("extra", {}))
         return step
 
@@ -461,19 +488,11 @@ class Context:
 
             sharded.bind(model, optimizer)
             state = small_state(
-                model,
-                optimizer,
-                epoch=self._cursor.epoch,
-                batches=self._cursor.batches,
-                extra=extra,
+                model, optimizer, epoch=self._epoch, batches=self._batches, extra=extra
             )
         else:
             state = ckpt.training_state(
-                model,
-                optimizer,
-                epoch=self._cursor.epoch,
-                batches=self._cursor.batches,
-                extra=extra,
+                model, optimizer, epoch=self._epoch, batches=self._batches, extra=extra
             )
         with TRACKER.phase("checkpoint"):
             directory = self._ckpt.save(step, state)
@@ -506,8 +525,14 @@ class Context:
         """``epoch`` and ``progress`` (0 to 1) for a record at ``step``: from
         ``total_steps`` when the script set it, else from :meth:`shard`'s epochs;
         nothing when neither is known."""
-        at = step if step is not None else self._metrics.next_step
-        return self._cursor.progress(self.total_steps, at)
+        if self.total_steps is not None and self.total_steps > 0:
+            at = step if step is not None else self._metrics.next_step
+            return {PROGRESS: min(1.0, max(0.0, (at + 1) / self.total_steps))}
+        if self._plan is None:
+            return {}
+        per_epoch, epochs = self._plan
+        done = self._epoch * per_epoch + self._batches
+        return {"epoch": self._epoch, PROGRESS: min(1.0, done / (per_epoch * epochs))}
 
     def _check_logged(self, step: int, values: Mapping[str, Scalar]) -> None:
         """The divergence guard on one converted record (see :meth:`log`)."""
