@@ -32,7 +32,7 @@ from rich.table import Table
 
 from dmlctl.bench.plan import announce, planned
 from dmlctl.bench.proc import bench_env, run_checked
-from dmlctl.bench.runs import BenchInterrupted, BenchPartial, interrupted_after
+from dmlctl.bench.runs import BenchInterrupted, BenchPartial, interrupted_after, whole_rounds
 from dmlctl.errors import DmlctlError, UsageError
 
 TRIVIAL_DIR = Path(__file__).resolve().parent / "trivial"
@@ -137,11 +137,11 @@ def run_launch_bench(
                     if round_ > 0:
                         times[name].append(elapsed)
         except BenchInterrupted:
-            repeats = min(map(len, times.values()))  # whole timed rounds only
+            times = whole_rounds(times)
+            repeats = len(times["dmlctl"])
             if not repeats:
                 raise
             note = interrupted_after(done, total)
-            times = {name: t[:repeats] for name, t in times.items()}
     dml, bare = summarize(times["dmlctl"]), summarize(times["torchrun"])
     report = {
         "repeats": repeats,

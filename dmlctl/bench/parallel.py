@@ -37,6 +37,7 @@ from dmlctl.bench.runs import (
     interrupted_after,
     launch_bench,
     metric_lines,
+    whole_rounds,
 )
 from dmlctl.bench.strategies import write_job
 from dmlctl.errors import UsageError
@@ -207,11 +208,10 @@ def run_parallel_bench(
                     console.print(f"[dim]{name} {repeat}/{repeats}[/dim]", highlight=False)
                     runs[name].append(runner.measure(LAYOUTS[name], steps))
         except BenchInterrupted:
-            rounds = min(len(r) for r in runs.values())  # whole rounds only
-            if not rounds:
-                raise
             note = interrupted_after(sum(map(len, runs.values())), len(names) * repeats)
-            runs = {name: r[:rounds] for name, r in runs.items()}
+            runs = whole_rounds(runs)
+            if not runs[names[0]]:
+                raise
     report = parallel_json(
         {name: (LAYOUTS[name].title, LAYOUTS[name].goals) for name in names},
         runs,

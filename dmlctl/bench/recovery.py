@@ -60,7 +60,13 @@ from dmlctl.bench.recovery_timing import (
     read_timing_dir,
     torchrun_times,
 )
-from dmlctl.bench.runs import BenchInterrupted, BenchPartial, interrupted_after, launch_quiet
+from dmlctl.bench.runs import (
+    BenchInterrupted,
+    BenchPartial,
+    interrupted_after,
+    launch_quiet,
+    whole_rounds,
+)
 from dmlctl.errors import UsageError
 from dmlctl.spec import ClusterSpec, HostSpec, JobSpec
 from dmlctl.spec.cluster import LOCAL_ADDRESS
@@ -290,11 +296,10 @@ def run_recovery_bench(
                     work.mkdir()
                     runs[side].append((measure or real)(side, work))
         except BenchInterrupted:
-            whole = min(map(len, runs.values()))  # whole rounds only
-            if not whole:
-                raise
             note = interrupted_after(sum(map(len, runs.values())), repeats * len(SIDES))
-            kept = {side: tuple(r[:whole]) for side, r in runs.items()}
+            kept = {side: tuple(r) for side, r in whole_rounds(runs).items()}
+            if not kept[SIDES[0]]:
+                raise
             raise BenchPartial(note, RecoveryReport(kept, backoff_s=backoff)) from None
     return RecoveryReport({side: tuple(r) for side, r in runs.items()}, backoff_s=backoff)
 

@@ -7,9 +7,9 @@ parses the lines :func:`metric_lines` returns. Never imports torch.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from rich.console import Console
 
@@ -17,6 +17,7 @@ from dmlctl.errors import DmlctlError, ExitCode
 from dmlctl.launch.api import LaunchOptions, LaunchResult, launch
 from dmlctl.spec.models import ClusterSpec, JobSpec
 
+T = TypeVar("T")
 Launcher = Callable[..., LaunchResult]
 """``launch``'s shape: ``(job, cluster, *, options, console) -> LaunchResult``."""
 
@@ -39,6 +40,13 @@ class BenchPartial(BenchInterrupted):
     def __init__(self, note: str, result: Any) -> None:
         super().__init__(f"benchmark interrupted: {note}")
         self.note, self.result = note, result
+
+
+def whole_rounds(sides: Mapping[str, list[T]]) -> dict[str, list[T]]:
+    """Each side's results cut to the rounds every side finished, so a bench stopped
+    mid-round compares sides measured as often (empty lists: no round is whole)."""
+    rounds = min(map(len, sides.values()), default=0)
+    return {side: results[:rounds] for side, results in sides.items()}
 
 
 def interrupted_after(done: int, total: int) -> str:
