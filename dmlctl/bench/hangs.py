@@ -5,9 +5,10 @@ keeps a core busy, with the job's default ``restart`` settings unless told other
 Every run is an ordinary dmlctl job of ``hang_job/train.py`` (two workers, SGD with
 momentum, ssgd) with one scenario (see that script):
 
-* healthy — ``prep``, ``gil``, ``compile``, ``eval``: a stretch of ``seconds`` without
-  steps (``skew`` more on rank 1, while rank 0 waits for it in a collective; in
-  ``gil`` rank 1 cannot even beat meanwhile). A *false verdict* is a run in which any
+* healthy — ``prep``, ``gil``, ``starved``, ``compile``, ``eval``: a stretch of
+  ``seconds`` without steps (``skew`` more on rank 1, while rank 0 waits for it in a
+  collective; in ``gil`` rank 1 cannot even beat meanwhile, and in ``starved`` it
+  cannot beat while 30 busy processes share its core). A *false verdict* is a run in which any
   rank was reported hung.
 * hangs — ``deadlock`` (rank 1 blocks forever outside the collective rank 0 waits
   in) and ``sigstop`` (rank 1 stops itself). The *delay* is from the moment rank 1
@@ -42,7 +43,7 @@ from dmlctl.spec.restart import RestartSpec
 from dmlctl.ui.format import format_duration
 
 JOB_DIR = Path(__file__).resolve().parent / "hang_job"
-HEALTHY = ("prep", "gil", "compile", "eval")
+HEALTHY = ("prep", "gil", "starved", "compile", "eval")
 HANGS = ("deadlock", "sigstop")
 SCENARIOS = HEALTHY + HANGS
 _HANG_LINE = re.compile(r"^HANG (\d+\.\d+) (\S+)$", re.M)
@@ -116,9 +117,9 @@ def planned(runs: int, scenarios: Sequence[str], stretch: float, timeout: float)
     """``12 runs (6 scenarios × 2) of about 1 min each: about 0:12:00`` — a healthy
     run lasts its stretch, a hang its timeout, each plus :data:`STARTUP_S`."""
     each = [(stretch if s in HEALTHY else timeout) + STARTUP_S for s in scenarios]
-    count = runs * len(scenarios)
+    count, kinds = runs * len(scenarios), len(scenarios)
     return (
-        f"{count} run{'s' * (count != 1)} ({len(scenarios)} scenarios × {runs}) of about "
+        f"{count} run{'s' * (count != 1)} ({kinds} scenario{'s' * (kinds != 1)} × {runs}) of about "
         f"{sum(each) / len(each):.0f} s each: about {format_duration(runs * sum(each))}; "
         "Ctrl-C ends the bench with what it has"
     )

@@ -6,8 +6,11 @@ rank's stacks were dumped.
 The workload is the benchmark's (``dmlctl/bench/hang_job/train.py``); here with
 hang_timeout 4 s and stretches of 6 s (+5 s on rank 1, while rank 0 waits for it in a
 collective): each healthy case would have been killed by a detector that calls any
-rank without progress for hang_timeout seconds hung. The four healthy runs go side by
-side (they mostly wait); the hangs one at a time, their delays bounded.
+rank without progress for hang_timeout seconds hung, and ``starved`` (a rank that holds
+its interpreter's lock while it gets a hundredth of a core, as each of 64 ranks
+starting on 2 cores does: silent, but runnable) by one that calls a silent rank with
+little CPU frozen. The five healthy runs go side by side (they mostly wait); the hangs
+one at a time, their delays bounded.
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ def _launch(cli: Cli, tmp_path: Path, scenario: str) -> tuple[str, str, dict[str
     return run_id, proc.stdout + proc.stderr, cli.state(run_id)
 
 
-HEALTHY = ("prep", "gil", "compile", "eval")
+HEALTHY = ("prep", "gil", "starved", "compile", "eval")
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,17 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from dmlctl.bench import comm, launch_overhead, logs, parallel, ps, recovery, sparse, straggler
+from dmlctl.bench import (
+    comm,
+    hangs,
+    launch_overhead,
+    logs,
+    parallel,
+    ps,
+    recovery,
+    sparse,
+    straggler,
+)
 from dmlctl.bench import strategies as strategies_bench
 from dmlctl.bench.plan import planned
 from dmlctl.bench.runs import BenchInterrupted, BenchPartial
@@ -28,6 +38,15 @@ def test_the_wording_gives_the_count_its_reason_and_the_total() -> None:
         "10 runs (5 + a warm-up, × 2 launchers) of about 4 s each on 2 cores: about 0:00:40"
     )
     assert planned(1, "", 6.4) == "1 run of about 0:00:06 on 2 cores"
+
+
+def test_the_hang_bench_counts_its_scenarios_in_words() -> None:
+    assert hangs.planned(2, ["starved"], 67.0, 30.0).startswith(
+        "2 runs (1 scenario × 2) of about 77 s each: about 0:02:34"
+    )
+    assert hangs.planned(1, ["prep", "deadlock"], 67.0, 30.0).startswith(
+        "2 runs (2 scenarios × 1) of about 58 s each: about 0:01:57"
+    )
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,9 @@ so they wait for it in a collective meanwhile:
   download), half computing, before the first batch;
 * ``gil`` — the same, but the culprit computes in one long C call that never releases
   the interpreter's lock (as unpickling a big dataset does), so it cannot beat;
+* ``starved`` — before ``dmlctl.init()`` the culprit holds the lock in one C call
+  while 30 busy processes share its core, as each of 64 ranks importing torch on 2
+  cores does: silent, runnable, under way with a few hundredths of a core;
 * ``compile`` — the first training step computes for that long (a compiler's
   warm-up), inside the step loop;
 * ``eval`` — a final evaluation after the last batch, half waiting, half computing,
@@ -18,7 +21,7 @@ so they wait for it in a collective meanwhile:
   (an event nobody sets) and never enters the step's collective;
 * ``sigstop`` — at step ``--at`` the culprit stops itself with SIGSTOP.
 
-The first three are healthy runs (exit 0); the last two hang. Before it hangs, the
+The first four are healthy runs (exit 0); the last two hang. Before it hangs, the
 culprit prints ``HANG <epoch seconds> <file>:<line>`` (where it will be stuck).
 """
 
@@ -26,6 +29,8 @@ import argparse
 import inspect
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -39,7 +44,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument(
         "--scenario",
         required=True,
-        choices=("prep", "gil", "compile", "eval", "deadlock", "sigstop"),
+        choices=("prep", "gil", "starved", "compile", "eval", "deadlock", "sigstop"),
     )
     p.add_argument("--seconds", type=float, default=35.0, help="Length of the long stretch.")
     p.add_argument("--skew", type=float, default=32.0, help="Extra seconds of the culprit.")
@@ -57,12 +62,40 @@ def compute(seconds: float) -> None:
         x = torch.tanh(x @ x)
 
 
-def hold_the_lock(seconds: float) -> None:
-    """Compute for about ``seconds`` in C without releasing the interpreter's lock."""
+def lock_work(seconds: float) -> int:
+    """How many integers :func:`hold_the_lock` sums in ``seconds`` at full speed."""
     start = time.perf_counter()
     sum(range(10**7))
-    n = int(10**7 * seconds / max(time.perf_counter() - start, 1e-6))
+    return int(10**7 * seconds / max(time.perf_counter() - start, 1e-6))
+
+
+def hold_the_lock(n: int) -> None:
+    """Compute in C without releasing the interpreter's lock (``lock_work`` sizes it)."""
     sum(range(n))  # one C call: no other thread of this process runs meanwhile
+
+
+CROWD = 30
+"""Busy processes :func:`starve` puts on the culprit's core: it gets a 31st of it."""
+
+
+def starve(seconds: float) -> None:
+    """Hold the interpreter's lock for about ``seconds`` while nearly starved of CPU,
+    as a rank among many on a small machine is: :data:`CROWD` busy processes share
+    this thread's one core meanwhile (each ends itself after ``seconds``), so the
+    kernel keeps the thread runnable but gives it a few hundredths of a core. They
+    are not this process's children (as other ranks are not): their CPU is not its."""
+    cpus, core, n = os.sched_getaffinity(0), min(os.sched_getaffinity(0)), lock_work(1.0)
+    end = time.monotonic() + seconds
+    spawn = (
+        f"import os, subprocess\nos.sched_setaffinity(0, {{{core}}})\n"
+        f"for _ in range({CROWD}): subprocess.Popen("
+        f"['timeout', '{seconds}', 'sh', '-c', 'while :; do :; done'])"
+    )
+    subprocess.run([sys.executable, "-c", spawn], check=True)  # it exits: they are orphans
+    os.sched_setaffinity(0, {core})
+    hold_the_lock(n)  # a second's work at a 31st of a core: until the crowd is gone
+    os.sched_setaffinity(0, cpus)
+    time.sleep(max(0.0, end - time.monotonic() + 0.5))
 
 
 def stretch(seconds: float) -> None:
@@ -85,13 +118,15 @@ def here() -> str:
 
 def main() -> None:
     args = parse_args()
+    if args.scenario == "starved" and int(os.environ["RANK"]) == args.culprit:
+        starve(args.seconds + args.skew)
     ctx = dmlctl.init()
     extra = args.skew if ctx.rank == args.culprit else 0.0
     if args.scenario == "prep":
         stretch(args.seconds + extra)
     elif args.scenario == "gil":
         if ctx.rank == args.culprit:
-            hold_the_lock(args.seconds + extra)
+            hold_the_lock(lock_work(args.seconds + extra))
         else:
             stretch(args.seconds)
     g = torch.Generator().manual_seed(0)
