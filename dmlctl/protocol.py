@@ -112,6 +112,18 @@ KIND_EXIT = "exit"
 KIND_HEARTBEAT = "heartbeat"  # the rank is alive; BEAT_KEYS say what it is doing
 KIND_CHECKPOINT = "checkpoint"  # {step: int, dir: str}: this rank committed a checkpoint
 KIND_PREPARED = "prepared"  # {strategy: str}: ctx.prepare() applied the job's strategy
+_KIND_PREFIX = '{"kind":"'
+
+
+def record_kind(line: str) -> str | None:
+    """The ``kind`` of a rank record as :class:`RankEventWriter` writes it (its first
+    key), without decoding the rest; None for a line that is not such a record. A
+    value a script logged (``ctx.log(kind="exit")``) is never mistaken for it."""
+    if not line.startswith(_KIND_PREFIX):
+        return None
+    end = line.find('"', len(_KIND_PREFIX))
+    return line[len(_KIND_PREFIX) : end] if end > 0 else None
+
 
 # What a heartbeat record carries besides kind/rank/ts (all optional but progress):
 #   progress  int    batches and log calls so far (grows while the rank trains)
@@ -263,6 +275,7 @@ class RankEventWriter:
         self._lock = threading.Lock()  # the heartbeat thread writes too
 
     def _write(self, record: dict[str, Any]) -> None:
+        """One line: ``kind`` first (:func:`record_kind` reads it there), then the rest."""
         record["rank"] = self.rank
         record["ts"] = time.time()
         line = json.dumps(record, separators=(",", ":")) + "\n"

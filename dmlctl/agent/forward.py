@@ -47,11 +47,12 @@ def emit_ranks(
     for rank in [r for r in held.exits if r not in tailer.behind]:
         records += held.exits.pop(rank)
     for rec in records:
-        exiting = _rank_of(rec) if '"kind":"exit"' in rec else None
+        record = protocol.record_kind(rec)
+        exiting = _rank_of(rec) if record == protocol.KIND_EXIT else None
         if exiting is not None and exiting in tailer.behind:
             held.exits.setdefault(exiting, []).append(rec)
             continue
-        if '"kind":"start"' in rec:
+        if record == protocol.KIND_START:
             with contextlib.suppress(ValueError, KeyError, TypeError):
                 start = json.loads(rec)
                 pids[int(start["rank"])] = int(start["pid"])

@@ -16,6 +16,7 @@ from dmlctl import protocol
 from dmlctl.agent import warm
 from dmlctl.agent.messages import Emitter
 from dmlctl.agent.procs import dies_with_parent
+from dmlctl.failure import Kind
 from dmlctl.protocol import AgentConfig
 
 Torchrun = subprocess.Popen[str] | warm.ForkedTorchrun
@@ -76,14 +77,20 @@ def cannot_start(emit: Emitter, what: str, exc: OSError | ValueError) -> None:
     ``DiskFull``, ``AgentExit`` (transient) or ``SpecInvalid`` — the planned command,
     environment or directory cannot work (a restart would fail the same way)."""
     code = exc.errno if isinstance(exc, OSError) else None
-    kind = "DiskFull" if code in _FULL else "AgentExit" if code in _TRANSIENT else "SpecInvalid"
+    name, kind = (
+        ("DiskFull", Kind.DISK_FULL)
+        if code in _FULL
+        else ("AgentExit", Kind.AGENT)
+        if code in _TRANSIENT
+        else ("SpecInvalid", Kind.SPEC)
+    )
     message = f"{what}: {exc}"
     emit.send(
         protocol.MSG_EXIT,
         code=127,
         tail=[message],
         stopped=False,
-        error={"type": kind, "message": message},
+        error={"type": name, "message": message, "kind": kind.value},
     )
 
 

@@ -36,6 +36,7 @@ from rich.table import Table
 from dmlctl.bench.plan import announce
 from dmlctl.bench.runs import BenchInterrupted, Launcher, interrupted_after, launch_quiet
 from dmlctl.errors import UsageError
+from dmlctl.failure import Kind
 from dmlctl.launch.api import launch
 from dmlctl.spec import default_cluster
 from dmlctl.spec.models import ClusterSpec, JobSpec
@@ -89,7 +90,7 @@ def hang_job(scenario: str, *, seconds: float, skew: float, hang_timeout: float 
 def _judge(outcome: Outcome, run_dir: Path, state: Any) -> None:
     """Count one finished run into ``outcome``."""
     causes = [*state.failures, *([state.root_cause] if state.root_cause else [])]
-    hangs = [c for c in causes if c.exc_type == "Hang"]
+    hangs = [c for c in causes if c.kind is Kind.HANG]
     outcome.runs += 1
     outcome.run_ids.append(state.run_id)
     if not hangs:

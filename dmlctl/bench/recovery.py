@@ -68,6 +68,7 @@ from dmlctl.bench.runs import (
     whole_rounds,
 )
 from dmlctl.errors import UsageError
+from dmlctl.failure import Kind
 from dmlctl.spec import ClusterSpec, HostSpec, JobSpec
 from dmlctl.spec.cluster import LOCAL_ADDRESS
 from dmlctl.spec.restart import RestartSpec
@@ -224,7 +225,7 @@ def run_dmlctl(work: Path, *, backoff: float, home: Path, console: Console) -> R
             f"dmlctl run {result.run_id} did not recover: {why}, {plural(restarts, 'restart')}"
         )
     cause = state.failures[0]
-    if (cause.rank, cause.exc_type) != (KILL_RANK, "Signal"):
+    if (cause.rank, cause.kind) != (KILL_RANK, Kind.KILLED):
         console.print(
             f"[yellow]dmlctl run {result.run_id} recorded the SIGKILL of rank "
             f"{KILL_RANK} as: {cause.headline()}[/yellow]",

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from dmlctl.errors import DmlctlError, UsageError
+from dmlctl.failure import Evidence
 from dmlctl.plan.model import attempt_rank_dir
 from dmlctl.protocol import KIND_START, rank_events
 from dmlctl.runs.store import RunDir
@@ -51,9 +52,6 @@ _SCRIPT_STAGES = {
     "built": "built",
     "resumed_from": "resumed",
 }
-# Causes the controller makes itself (parser.torchrun_failure, state.apply), stamped
-# with its own clock when the agent's exit arrives.
-_CONTROLLER_CAUSES = ("Signal", "ExitCode", "AgentExit")
 _TORCHRUN_STAGES = {"closing signal": "detected", "failed (exitcode": "workers_stopped"}
 # torchrun's log prefix: level, MMDD HH:MM:SS.micro (local time), pid.
 _GLOG = re.compile(r"^[IWEF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d)(\.\d+) +\d+ ")
@@ -222,7 +220,9 @@ def dmlctl_times(run_dir: Path, *, rank: int = KILL_RANK, attempt: int = 1) -> d
     except (OSError, ValueError, KeyError, UsageError):
         return out
     cause = next(iter(state.get("failures", ())), None)
-    if cause and cause.get("exc_type") in _CONTROLLER_CAUSES:
+    # A cause known from an exit status alone (parser.torchrun_failure, state.apply) is
+    # stamped with the controller's clock when the agent's exit arrives.
+    if cause and cause.get("evidence") == Evidence.EXIT.value:
         out["controller_notified"] = float(cause["ts"])
     host = next((h for h in plan.hosts if h.first_rank <= rank < h.first_rank + h.nproc), None)
     if host is None:

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from dmlctl.failure import Evidence, Failure, Kind
 from dmlctl.hangs.rules import RankView, Verdict, find_hang
 from dmlctl.runs.events import (
     Heartbeat,
@@ -22,7 +23,6 @@ from dmlctl.runs.events import (
     ProcSample,
     ProcUsage,
     RankExited,
-    RootCause,
     StackDump,
     StacksDumped,
 )
@@ -253,14 +253,16 @@ class HangProbe:
         ts = self.detected_at
         return RankExited(self.verdict.host, self.verdict.rank, -1, self.cause(ts), ts)
 
-    def cause(self, ts: float) -> RootCause:
+    def cause(self, ts: float) -> Failure:
         v = self.verdict
         dump = self.dumps.get(v.rank)
         where = (dump.where if dump is not None else None) or v.where
         inner = (dump.inner if dump is not None else None) or v.inner
         message = hang_message(v, where, inner)
         trace = _main_thread(dump.lines) if dump is not None else ()
-        return RootCause(v.host, v.rank, "Hang", message, trace, ts)
+        return Failure(
+            v.host, v.rank, "Hang", message, trace, ts, kind=Kind.HANG, evidence=Evidence.SEEN
+        )
 
 
 def hang_message(v: Verdict, where: str | None, inner: str | None) -> str:

@@ -24,13 +24,14 @@ import yaml
 from rich.console import Console
 
 from dmlctl.errors import PlanError, ProvisionError
+from dmlctl.failure import Kind
 from dmlctl.plan.build import JobPlacement, as_run, build_plan, check_gpus, place_job
 from dmlctl.plan.model import LaunchPlan
 from dmlctl.plan.render import render_plan
 from dmlctl.provision.ports import free_port, pick_port
 from dmlctl.redact import Redactor, redact_arg
 from dmlctl.runs import secrets as run_secrets
-from dmlctl.runs.files import DiskFull, StoreError, private_opener, private_umask
+from dmlctl.runs.files import StoreError, private_opener, private_umask
 from dmlctl.runs.state import RunState, new_run_state
 from dmlctl.runs.store import RunDir, RunStore, new_run_id
 from dmlctl.spec.local import count_local_gpus
@@ -386,7 +387,7 @@ def resume(run_id: str, *, options: LaunchOptions, console: Console) -> LaunchRe
     disk_full = (
         state.phase == Phase.FAILED
         and state.root_cause is not None
-        and (state.root_cause.exc_type == DiskFull.kind)
+        and state.root_cause.kind is Kind.DISK_FULL
     )
     if state.phase != Phase.LOST and not disk_full:
         raise UsageError(

@@ -25,6 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
+from dmlctl.failure import Evidence, Failure, Kind
 from dmlctl.hangs.watch import CONFIRM_S, HangProbe, HangWatch, Liveness
 from dmlctl.launch.books import RunBooks
 from dmlctl.launch.standby import Standbys
@@ -42,7 +43,6 @@ from dmlctl.runs.events import (
     Progress,
     RankExited,
     RankStarted,
-    RootCause,
     StackDump,
     StacksDumped,
 )
@@ -222,7 +222,16 @@ class AttemptRunner:
                 warm = self.standbys.take(host.name) if self.standbys is not None else None
                 proc = warm or self.transports[host.name].start(host.agent_argv, cwd=host.agent_cwd)
             except Exception as e:
-                cause = RootCause(host.name, None, type(e).__name__, f"cannot start agent: {e}")
+                cause = Failure(
+                    host.name,
+                    None,
+                    type(e).__name__,
+                    f"cannot start agent: {e}",
+                    (),
+                    self.clock(),
+                    kind=Kind.AGENT,
+                    evidence=Evidence.SEEN,
+                )
                 events.append(AgentExited(host.name, 127, (), self.clock(), cause))
                 self._lost_hosts[host.name] = f"cannot start agent: {e}"
                 continue
@@ -252,8 +261,11 @@ class AttemptRunner:
             return AgentExited(host, code if code is not None else -1, tail, self.clock())
         msg = why or f"host agent ended without reporting (exit code {code})"
         self._lost_hosts[host] = msg
-        cause = RootCause(host, None, "AgentLost", msg, tail)
-        return AgentExited(host, code if code is not None else -1, tail, self.clock(), cause)
+        now = self.clock()
+        cause = Failure(
+            host, None, "AgentLost", msg, tail, now, kind=Kind.AGENT_LOST, evidence=Evidence.SEEN
+        )
+        return AgentExited(host, code if code is not None else -1, tail, now, cause)
 
     def _read_events(self, run: Attempt) -> list[Event]:
         """The events of the agent messages waiting now (at most 0.1 s for the first)."""

@@ -131,6 +131,7 @@ def _collect(
     make the end wait for its timeout: ``dmlctl logs ID --fetch`` tries it later) and
     report the copies that failed."""
     from dmlctl.provision.collect import collect_rank_files
+    from dmlctl.runs.files import RunDirGone
 
     if sup.unrecorded is not None:
         print(f"dmlctl: the end of the run was not recorded: {sup.unrecorded}", file=sys.stderr)
@@ -143,7 +144,7 @@ def _collect(
         )
     reachable = tuple(h for name, h in sup.hosts_used.items() if name not in lost)
     used = dataclasses.replace(plan, hosts=reachable)
-    gone = sup.writer.failure is not None and sup.writer.failure.kind == "RunDirGone"
+    gone = isinstance(sup.writer.failure, RunDirGone)
     for problem in [] if gone else collect_rank_files(used, transports, run.path):
         print(f"dmlctl: could not collect rank files from {problem}", file=sys.stderr)
     for problem in sup.replicator.problems if sup.replicator is not None else ():

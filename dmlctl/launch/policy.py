@@ -42,23 +42,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
-from dmlctl.runs.events import RootCause, StopRequested
+from dmlctl.failure import Failure, Kind
+from dmlctl.runs.events import StopRequested
 from dmlctl.runs.state import Phase
 from dmlctl.spec.restart import RestartSpec
-
-_INFRA_TYPES = frozenset({"Signal", "AgentLost", "AgentExit", "Hang"})
-FATAL_TYPES = frozenset(
-    {
-        "SpecInvalid",
-        "DiskFull",
-        "RunDirGone",
-        "StoreError",
-        "CheckpointCorrupt",
-        "CheckpointForeign",
-        "HostsLost",
-    }
-)
-"""Root causes a restart cannot cure (see :func:`classify`)."""
 
 CONTROLLER_LOST = "ControllerLost"
 """The cause the supervisor records when it resumes a run whose controller died."""
@@ -73,56 +60,30 @@ class FailureKind(str, Enum):
     FATAL = "fatal"
 
 
-def classify(cause: RootCause) -> FailureKind:
-    """The kind of a root cause, from its ``exc_type`` (and rank):
-
-    ===========================================  =====  ==========================
-    cause                                        kind   why
-    ===========================================  =====  ==========================
-    ``Signal``: SIGKILL, SIGTERM, SIGHUP, …       INFRA  killed from outside (OOM
-                                                        killer, preemption, kill)
-    ``Signal``: SIGSEGV, SIGABRT, SIGBUS,        USER   the process crashed itself
-    SIGFPE, SIGILL, SIGTRAP, SIGSYS                     (native code, an abort())
-    ``AgentLost``                                INFRA  host agent / connection gone
-    ``AgentExit``                                INFRA  torchrun or the agent failed
-    ``Hang``                                     INFRA  no progress within the timeout
-    collateral error (``RootCause.collateral``)  INFRA  a collective broke because a
-                                                        peer or the network died
-    any type with ``rank is None``               INFRA  the host side failed (e.g. the
-                                                        agent could not be started)
-    ``ExitCode``                                 USER   a rank exited non-zero itself
-    any other type (``ValueError``,              USER   a rank's own Python exception
-    ``SystemExit``, ``RuntimeError`` …)
-    ``SpecInvalid``: the agent cannot start      FATAL  the run's own spec (its
-    torchrun with the planned command, env or           argv, env, directory) is
-    directory                                           at fault: never restarted,
-                                                        no budget spent
-    ``DiskFull``, ``RunDirGone``,                FATAL  the run cannot keep its
-    ``StoreError``                                      records (a full disk, its
-                                                        directory deleted)
-    ``CheckpointCorrupt``                        FATAL  no checkpoint can be loaded
-    ``CheckpointForeign``                        FATAL  the newest checkpoint is
-                                                        another run's (no warm start)
-    ``HostsLost``: too few hosts answer before   FATAL  the wait for lost hosts is
-    the next attempt (or it cannot be placed            over; a restart would only
-    on them)                                            wait again
-    ===========================================  =====  ==========================
-
-    Restarting a USER failure usually fails the same way, which is why its budget
-    defaults to zero.
-    """
-    if cause.exc_type in FATAL_TYPES:
-        return FailureKind.FATAL
-    if cause.exc_type == "Signal" and any(sig in cause.message for sig in _CRASH_SIGNALS):
-        return FailureKind.USER
-    if cause.exc_type in _INFRA_TYPES or cause.collateral or cause.rank is None:
-        return FailureKind.INFRA
-    return FailureKind.USER
+BUDGETS: dict[Kind, FailureKind] = {
+    Kind.USER: FailureKind.USER,  # a rank's own exception, or a code it exited with
+    Kind.CRASH: FailureKind.USER,  # SIGSEGV, SIGABRT …: the process crashed itself
+    Kind.OOM: FailureKind.USER,  # MemoryError: the job asks for more than there is
+    Kind.KILLED: FailureKind.INFRA,  # SIGKILL, SIGTERM …: the OOM killer, preemption, kill
+    Kind.HANG: FailureKind.INFRA,  # no progress within the timeout
+    Kind.COLLATERAL: FailureKind.INFRA,  # a collective broke: a peer or the network died
+    Kind.AGENT: FailureKind.INFRA,  # torchrun or the agent failed, or could not start
+    Kind.AGENT_LOST: FailureKind.INFRA,  # the host agent or its connection is gone
+    Kind.CONTROLLER: FailureKind.INFRA,  # the controller died (a resumed run)
+    Kind.SPEC: FailureKind.FATAL,  # the planned command, env or directory cannot start
+    Kind.DISK_FULL: FailureKind.FATAL,  # the run cannot write its records or checkpoints
+    Kind.RECORDS: FailureKind.FATAL,  # its directory was deleted, its store fails
+    Kind.CHECKPOINT: FailureKind.FATAL,  # no checkpoint loads, or it is another run's
+    Kind.HOSTS_LOST: FailureKind.FATAL,  # the wait for lost hosts is over
+}
+"""The budget each kind of failure spends (FATAL: none — the same run would fail the
+same way). Restarting a USER failure usually fails the same way, which is why its
+budget defaults to zero."""
 
 
-# Signals a process raises against itself when it crashes: its own fault, not the
-# infrastructure's, so restarting it spends the user-code budget.
-_CRASH_SIGNALS = ("SIGSEGV", "SIGABRT", "SIGBUS", "SIGFPE", "SIGILL", "SIGTRAP", "SIGSYS")
+def classify(cause: Failure) -> FailureKind:
+    """The budget ``cause`` spends, by its kind (:data:`BUDGETS`)."""
+    return BUDGETS[cause.kind]
 
 
 def budget(spec: RestartSpec, kind: FailureKind) -> int:
@@ -165,7 +126,7 @@ class RestartState:
     user_restarts_used: int = 0
     infra_restarts_used: int = 0
     next_start_at: float | None = None
-    last_cause: RootCause | None = None
+    last_cause: Failure | None = None
 
     @property
     def restarts(self) -> int:
@@ -187,7 +148,7 @@ class Succeeded:
 class Failed:
     """The attempt failed, or could not be started; ``cause`` is its root cause."""
 
-    cause: RootCause
+    cause: Failure
 
 
 @dataclass(frozen=True)
@@ -234,7 +195,7 @@ def step(
 
 
 def _on_failure(
-    state: RestartState, cause: RootCause, now: float, spec: RestartSpec
+    state: RestartState, cause: Failure, now: float, spec: RestartSpec
 ) -> tuple[RestartState, Action]:
     kind = classify(cause)
     used = state.user_restarts_used if kind is FailureKind.USER else state.infra_restarts_used
@@ -253,13 +214,13 @@ def _on_failure(
     return restarting, Action.NONE
 
 
-def resumed(failures: Sequence[RootCause], attempt: int) -> RestartState:
+def resumed(failures: Sequence[Failure], attempt: int) -> RestartState:
     """The state in which a resumed run (``dmlctl launch --resume``) starts attempt
     ``attempt``, after the restarts caused by ``failures`` (oldest first): STARTING,
     with the budget each of those restarts spent still spent. A resume itself spends
     nothing: its cause is ``ControllerLost`` (:data:`CONTROLLER_LOST`) or FATAL (a full
     disk), neither of which the policy granted."""
-    kinds = [classify(c) for c in failures if c.exc_type != CONTROLLER_LOST]
+    kinds = [classify(c) for c in failures if c.kind is not Kind.CONTROLLER]
     return RestartState(
         attempt=attempt,
         user_restarts_used=kinds.count(FailureKind.USER),

@@ -28,6 +28,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Mapping
 
+from dmlctl.failure import CONTROLLER, Evidence, Failure, Kind
 from dmlctl.hangs.watch import DUMP_WAIT_S
 from dmlctl.launch.attempt import AttemptNotes, AttemptRunner, AttemptSettings
 from dmlctl.launch.books import RunBooks
@@ -52,14 +53,12 @@ from dmlctl.plan.model import HostPlan, LaunchPlan
 from dmlctl.provision.replicate import Replicator
 from dmlctl.redact import Redactor
 from dmlctl.runs.events import (
-    CONTROLLER,
     AgentExited,
     Event,
     Finished,
     Progress,
     Resized,
     Restarting,
-    RootCause,
     StopRequested,
 )
 from dmlctl.runs.sink import Sink
@@ -188,13 +187,15 @@ class Supervisor:
             return self.books.fold(state, self.writer.start()), RestartState()
         attempt = resume_from.restarts + 1
         policy = resumed(resume_from.failures, attempt)
-        lost = resume_from.root_cause or RootCause(
+        lost = resume_from.root_cause or Failure(
             CONTROLLER,
             None,
             CONTROLLER_LOST,
             "the controller died; resumed with dmlctl launch --resume",
             (),
             self.clock(),
+            kind=Kind.CONTROLLER,
+            evidence=Evidence.SEEN,
         )
         state = dataclasses.replace(
             resume_from, phase=Phase.RUNNING, ended_at=None, exit_code=None, stop_reason=None
@@ -262,7 +263,16 @@ class Supervisor:
             plan = self._place(state, lost)
         except (HostsLost, CannotReplan) as e:
             host = next(iter(lost), self.plan.hosts[0].name)
-            cause = RootCause(host, None, "HostsLost", str(e), (), self.clock())
+            cause = Failure(
+                host,
+                None,
+                "HostsLost",
+                str(e),
+                (),
+                self.clock(),
+                kind=Kind.HOSTS_LOST,
+                evidence=Evidence.SEEN,
+            )
             return self.books.fold(state, [AgentExited(host, 255, (), self.clock(), cause)])
         if plan is None:
             stop = StopRequested(self.stops.reason or "", self.clock())

@@ -1,5 +1,7 @@
 """Typed events: everything that comes back from the hosts, and the controller's own steps.
 
+A failure an event carries is a :class:`dmlctl.failure.Failure`.
+
 Events are immutable values. The supervisor reduces them into a
 :class:`dmlctl.runs.state.RunState` with :func:`dmlctl.runs.state.apply`.
 """
@@ -10,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
-from dmlctl.protocol import DELETED_WHILE_RUNNING
+from dmlctl.failure import Failure
 
 
 class Stream(str, Enum):
@@ -23,53 +25,6 @@ class Stream(str, Enum):
     #: "Root Cause" block): kept in the run's logs, not shown, since dmlctl's root
     #: cause says the same from the rank's own record.
     TORCHRUN = "torchrun"
-
-
-_COLLATERAL = (
-    "Connection closed by peer",
-    "Connection reset by peer",
-    "Broken pipe",
-    "DistNetworkError",
-    "DistBackendError",
-    "Socket Timeout",
-    "Timed out waiting",
-    "collective operation timeout",
-    "NCCL communicator was aborted",
-    "another rank refused",  # dmlctl's checkpoint loader: that rank names the file
-    DELETED_WHILE_RUNNING,  # a checkpoint directory gone with the run directory
-)
-
-
-CONTROLLER = "controller"
-"""The host name of the controller's own failures (a full disk, a lost controller)."""
-
-
-@dataclass(frozen=True)
-class RootCause:
-    """Why a rank (or a host) failed: the first thing a user needs to read."""
-
-    host: str
-    rank: int | None
-    exc_type: str
-    message: str
-    traceback: tuple[str, ...] = ()
-    ts: float = 0.0  # when the failure was recorded (the rank's own clock)
-
-    @property
-    def collateral(self) -> bool:
-        """True for an error that something else causes (a collective whose connection
-        closed or timed out when a peer died, a checkpoint directory deleted with the
-        run directory): a consequence, not a root cause."""
-        text = f"{self.exc_type}: {self.message}"
-        return any(marker in text for marker in _COLLATERAL)
-
-    def headline(self) -> str:
-        """One line: ``rank 1 on host-a: ValueError: bad batch`` (``controller: …`` for
-        the controller's own failures)."""
-        if self.host == CONTROLLER and self.rank is None:
-            return f"controller: {self.exc_type}: {self.message}"
-        who = f"rank {self.rank}" if self.rank is not None else "host agent"
-        return f"{who} on {self.host}: {self.exc_type}: {self.message}"
 
 
 @dataclass(frozen=True)
@@ -127,7 +82,7 @@ class RankExited:
     host: str
     rank: int
     exit_code: int
-    cause: RootCause | None
+    cause: Failure | None
     ts: float
     coll: Mapping[str, Collective] = field(default_factory=dict)
 
@@ -147,7 +102,7 @@ class AgentExited:
     exit_code: int
     tail: tuple[str, ...]
     ts: float
-    cause: RootCause | None = None
+    cause: Failure | None = None
 
 
 @dataclass(frozen=True)
@@ -164,7 +119,7 @@ class Restarting:
     restarts) after ``delay`` seconds, because of ``cause``."""
 
     attempt: int
-    cause: RootCause
+    cause: Failure
     delay: float
     ts: float
 
@@ -286,7 +241,7 @@ class ControllerFailed:
     """The controller cannot carry the run on (its disk is full, its run directory was
     deleted): ``cause`` (host ``controller``) becomes the root cause and the run stops."""
 
-    cause: RootCause
+    cause: Failure
     ts: float
 
 

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dmlctl import protocol
+from dmlctl.failure import Evidence, Failure, Kind, error_kind, exit_kind, named_kind
 from dmlctl.runs.events import (
     AgentExited,
     AgentStarted,
@@ -27,7 +28,6 @@ from dmlctl.runs.events import (
     ProcUsage,
     RankExited,
     RankStarted,
-    RootCause,
     StackDump,
     StacksDumped,
     Stream,
@@ -49,7 +49,7 @@ def _describe_exit(code: int) -> str:
 
 def torchrun_failure(
     host: str, tail: Sequence[str], ts: float = 0.0, summary: Sequence[str] | None = None
-) -> RootCause | None:
+) -> Failure | None:
     """The failed rank torchrun's failure summary names (``rank : N`` / ``exitcode : X``
     lines), for ranks that died without a Python exception: a rank killed by a signal
     other than SIGTERM first (it could not report itself; torchrun's own "Root Cause"
@@ -77,21 +77,41 @@ def torchrun_failure(
     signalled = [f for f in failures if f[2] < 0]
     rooted = [f for f in failures if f[0]]
     _, rank, code = (killed or rooted or signalled or failures)[0]
-    kind = "Signal" if code < 0 else "ExitCode"
-    return RootCause(host, rank, kind, _describe_exit(code), tuple(tail[-15:]), ts)
+    name, kind = "Signal" if code < 0 else "ExitCode", exit_kind(code)
+    return Failure(
+        host,
+        rank,
+        name,
+        _describe_exit(code),
+        tuple(tail[-15:]),
+        ts,
+        kind=kind,
+        evidence=Evidence.EXIT,
+    )
 
 
-def _cause(host: str, rank: int, error: Mapping[str, Any] | None, ts: float) -> RootCause | None:
+def _cause(host: str, rank: int, error: Mapping[str, Any] | None, ts: float) -> Failure | None:
     if not error:
         return None
-    return RootCause(
+    exc_type, message = str(error.get("type", "Error")), str(error.get("message", ""))
+    return Failure(
         host=host,
         rank=rank,
-        exc_type=str(error.get("type", "Error")),
-        message=str(error.get("message", "")),
+        exc_type=exc_type,
+        message=message,
         traceback=tuple(str(x) for x in error.get("traceback", ())),
         ts=ts,
+        kind=_kind(error.get("kind")) or error_kind(exc_type, message),
+        evidence=Evidence.RECORD,
     )
+
+
+def _kind(value: Any) -> Kind | None:
+    """The kind a record carries (None: none, or one this dmlctl does not know)."""
+    try:
+        return Kind(value) if value is not None else None
+    except ValueError:
+        return None
 
 
 def _opt_float(value: Any) -> float | None:
@@ -184,15 +204,12 @@ def parse_line(host: str, line: str, now: float) -> list[Event]:
             tail = tuple(str(x) for x in msg.get("tail", ()))
             summary = [str(x) for x in msg.get("summary", ())]
             error = msg.get("error")
-            cause: RootCause | None
+            cause: Failure | None
             if isinstance(error, dict):  # the agent could not start the run at all
-                cause = RootCause(
-                    host,
-                    None,
-                    str(error.get("type", "AgentExit")),
-                    str(error.get("message", "")),
-                    tail,
-                    now,
+                name, message = str(error.get("type", "AgentExit")), str(error.get("message", ""))
+                kind = _kind(error.get("kind")) or named_kind(name, message, None)
+                cause = Failure(
+                    host, None, name, message, tail, now, kind=kind, evidence=Evidence.RECORD
                 )
             else:
                 cause = torchrun_failure(host, tail, now, summary) if code != 0 else None

@@ -6,9 +6,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from dmlctl.failure import Failure
 from dmlctl.plan.model import LaunchPlan
 from dmlctl.redact import Redactor
-from dmlctl.runs.events import AgentExited, Event, LogLines, RankExited, RootCause, StackDump
+from dmlctl.runs.events import AgentExited, Event, LogLines, RankExited, StackDump
 
 
 def redactor_of(plan: LaunchPlan) -> Redactor:
@@ -36,7 +37,7 @@ def redact_events(redactor: Redactor, events: Sequence[Event]) -> list[Event]:
     return out
 
 
-def _cause(redactor: Redactor, cause: RootCause) -> RootCause:
+def _cause(redactor: Redactor, cause: Failure) -> Failure:
     text = "\n".join((cause.message, *cause.traceback))
     if not redactor.needed(text):
         return cause

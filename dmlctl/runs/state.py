@@ -17,6 +17,7 @@ from enum import Enum
 from typing import Any
 
 from dmlctl.errors import ExitCode
+from dmlctl.failure import Evidence, Failure, Kind, exit_kind, failure_from_dict, pick_root_cause
 from dmlctl.mesh import MeshLayout, layout_from
 from dmlctl.protocol import COMM_TOTALS
 from dmlctl.runs.comm import CommTotals, added
@@ -37,7 +38,6 @@ from dmlctl.runs.events import (
     RankStarted,
     Resized,
     Restarting,
-    RootCause,
     StopRequested,
     Stream,
 )
@@ -127,8 +127,9 @@ class RunState:
     ended_at: float | None = None
     restarts: int = 0
     ranks: tuple[RankState, ...] = ()
-    root_cause: RootCause | None = None
-    failures: tuple[RootCause, ...] = ()  # the cause of every attempt that failed
+    root_cause: Failure | None = None  # of this attempt's failures, the one that explains them
+    failures: tuple[Failure, ...] = ()  # the cause of every attempt that failed
+    seen: tuple[Failure, ...] = ()  # every failure of this attempt, in arrival order
     tail: tuple[TailLine, ...] = ()
     stop_reason: str | None = None
     exit_code: int | None = None
@@ -169,8 +170,9 @@ class RunState:
             ended_at=data.get("ended_at"),
             restarts=int(data.get("restarts", 0)),
             ranks=tuple(_rank_from(r) for r in data["ranks"]),
-            root_cause=_cause_from(cause) if cause else None,
-            failures=tuple(_cause_from(c) for c in data.get("failures", ())),
+            root_cause=failure_from_dict(cause) if cause else None,
+            failures=tuple(failure_from_dict(c) for c in data.get("failures", ())),
+            seen=tuple(failure_from_dict(c) for c in data.get("seen", ())),
             tail=tuple(TailLine(**{**t, "stream": Stream(t["stream"])}) for t in data["tail"]),
             stop_reason=data.get("stop_reason"),
             exit_code=data.get("exit_code"),
@@ -191,10 +193,6 @@ def _rank_from(data: Mapping[str, Any]) -> RankState:
             "comm_before": CommTotals.from_dict(data.get("comm_before")),
         }
     )
-
-
-def _cause_from(data: Mapping[str, Any]) -> RootCause:
-    return RootCause(**{**data, "traceback": tuple(data["traceback"])})
 
 
 def new_run_state(
@@ -222,15 +220,6 @@ def new_run_state(
 
 def _as_float(value: object) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-
-def _explains_better(new: RootCause, old: RootCause | None) -> bool:
-    """Whether ``new`` is a better root cause than ``old``: a rank's own error beats a
-    collateral one (a collective that failed because a peer died), then the earlier
-    failure wins. Arrival order alone would often blame the wrong rank."""
-    if old is None:
-        return True
-    return (new.collateral, new.ts) < (old.collateral, old.ts)
 
 
 class _Fold:
@@ -324,11 +313,18 @@ def _rank_exited(f: _Fold, ev: RankExited) -> None:
         u["status"] = RankStatus.SUCCEEDED
     else:
         u["status"] = RankStatus.FAILED
-        cause = ev.cause or RootCause(
-            ev.host, ev.rank, "ExitCode", f"exited with code {ev.exit_code}", (), ev.ts
+        cause = ev.cause or Failure(
+            ev.host,
+            ev.rank,
+            "ExitCode",
+            f"exited with code {ev.exit_code}",
+            (),
+            ev.ts,
+            kind=exit_kind(ev.exit_code),
+            evidence=Evidence.EXIT,
         )
-        if f.get("phase") != Phase.STOPPING and _explains_better(cause, f.get("root_cause")):
-            f.changed["root_cause"] = cause
+        if f.get("phase") != Phase.STOPPING:
+            _failed(f, cause)
 
 
 def _agent_started(f: _Fold, ev: AgentStarted) -> None:
@@ -355,19 +351,19 @@ def _agent_exited(f: _Fold, ev: AgentExited) -> None:
 
 def _agent_failed(f: _Fold, ev: AgentExited) -> None:
     """The root cause an agent's failed exit gives the run, if it explains better."""
-    cause = ev.cause or RootCause(
-        ev.host, None, "AgentExit", f"torchrun exited with code {ev.exit_code}", ev.tail, ev.ts
+    message = f"torchrun exited with code {ev.exit_code}"
+    cause = ev.cause or Failure(
+        ev.host, None, "AgentExit", message, ev.tail, ev.ts, kind=Kind.AGENT, evidence=Evidence.EXIT
     )
     # A rank killed without a word (SIGKILL) is only named by torchrun's summary, after
     # its peers' collateral errors have arrived.
-    known = f.get("root_cause")
-    if known is None or (
-        ev.cause is not None
-        and known.collateral
-        and not cause.collateral
-        and (cause.rank != known.rank or cause.host != known.host)
-    ):
-        f.changed["root_cause"] = cause
+    _failed(f, cause)
+
+
+def _failed(f: _Fold, failure: Failure) -> None:
+    """One more failure of this attempt; the root cause is the one that explains them."""
+    f.changed["seen"] = seen = (*f.get("seen"), failure)
+    f.changed["root_cause"] = pick_root_cause(seen)
 
 
 def _progress(f: _Fold, ev: Progress) -> None:
@@ -380,7 +376,7 @@ def _restarting(f: _Fold, ev: Restarting) -> None:
     f.changed["phase"] = Phase.RESTARTING
     f.changed["restarts"] = ev.attempt
     f.changed["failures"] = (*f.get("failures"), ev.cause)
-    f.changed["root_cause"] = None
+    f.changed["root_cause"], f.changed["seen"] = None, ()
     f.changed["detail"] = f"restart {ev.attempt} in {ev.delay:.0f} s after {ev.cause.headline()}"
     for rank in list(f.ranks):
         f.upd(rank, f.ranks[rank].host).update(status=RankStatus.PENDING, exit_code=None, pid=None)
@@ -415,9 +411,7 @@ def _stop_requested(f: _Fold, ev: StopRequested) -> None:
 
 def _controller_failed(f: _Fold, ev: ControllerFailed) -> None:
     # Whatever else happened, the run's own records are incomplete: it failed.
-    known = f.get("root_cause")
-    if known is None or known.collateral:
-        f.changed["root_cause"] = ev.cause
+    _failed(f, ev.cause)
 
 
 def _finished(f: _Fold, ev: Finished) -> None:

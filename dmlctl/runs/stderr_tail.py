@@ -6,7 +6,8 @@ import collections
 import dataclasses
 from collections.abc import Sequence
 
-from dmlctl.runs.events import AgentExited, Event, LogLines, RankExited, RootCause, Stream
+from dmlctl.failure import Evidence, Failure
+from dmlctl.runs.events import AgentExited, Event, LogLines, RankExited, Stream
 
 STDERR_TAIL = 20
 
@@ -18,11 +19,11 @@ class StderrTails:
     def __init__(self) -> None:
         self._tails: dict[int, collections.deque[str]] = {}
 
-    def _with_stderr(self, cause: RootCause) -> RootCause:
+    def _with_stderr(self, cause: Failure) -> Failure:
         """A rank's cause without a Python traceback (killed by a signal, SystemExit)
         gets that rank's last stderr lines instead."""
         lines = self._tails.get(cause.rank) if cause.rank is not None else None
-        if not lines or (cause.traceback and cause.exc_type not in ("Signal", "ExitCode")):
+        if not lines or (cause.traceback and cause.evidence is not Evidence.EXIT):
             return cause
         return dataclasses.replace(cause, traceback=tuple(lines))
 

@@ -20,7 +20,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
-from dmlctl.runs.events import CONTROLLER, ControllerFailed, Event, RootCause
+from dmlctl.failure import CONTROLLER, Evidence, Failure, Kind
+from dmlctl.runs.events import ControllerFailed, Event
 from dmlctl.runs.files import DiskFull, RunDirGone, StoreError, store_error
 from dmlctl.runs.recorder import RunRecorder
 from dmlctl.runs.state import RunState
@@ -111,5 +112,8 @@ class RunWriter:
         if isinstance(error, DiskFull | RunDirGone):
             self.recorder.close()  # nothing more can be appended
         now = self.clock()
-        cause = RootCause(CONTROLLER, None, error.kind, str(error), (), now)
+        kind = Kind.DISK_FULL if isinstance(error, DiskFull) else Kind.RECORDS
+        cause = Failure(
+            CONTROLLER, None, error.kind, str(error), (), now, kind=kind, evidence=Evidence.SEEN
+        )
         return [ControllerFailed(cause, now)]

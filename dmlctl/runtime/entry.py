@@ -31,7 +31,6 @@ from __future__ import annotations
 import atexit
 import builtins
 import contextlib
-import errno
 import faulthandler
 import gc
 import io
@@ -50,6 +49,7 @@ from typing import IO, Any, NoReturn
 
 from dmlctl import protocol
 from dmlctl.agent.procs import die_with_parent
+from dmlctl.failure import Kind, exception_kind
 from dmlctl.runtime.heartbeat import Heartbeat
 from dmlctl.runtime.progress import TRACKER
 from dmlctl.runtime.where import FrameNamer
@@ -172,12 +172,13 @@ def _user_frames(exc: BaseException, script: str) -> BaseException:
 
 def _error_record(exc: BaseException) -> dict[str, Any]:
     lines = "".join(traceback.format_exception(exc)).rstrip("\n").split("\n")
-    full = isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    kind = exception_kind(exc)
     return {
         # A full disk is named as such whatever raised it (the policy never restarts it).
-        "type": "DiskFull" if full else type(exc).__qualname__,
+        "type": "DiskFull" if kind is Kind.DISK_FULL else type(exc).__qualname__,
         "message": str(exc),
         "traceback": lines[-TRACEBACK_LINES:],
+        "kind": kind.value,
     }
 
 
@@ -208,7 +209,13 @@ def main(argv: list[str]) -> Outcome:
         if code == 0:
             return Outcome(0)
         return Outcome(
-            code, {"type": "SystemExit", "message": f"exit code {code}", "traceback": []}
+            code,
+            {
+                "type": "SystemExit",
+                "message": f"exit code {code}",
+                "traceback": [],
+                "kind": Kind.USER.value,
+            },
         )
     except BaseException as e:
         e = _user_frames(e, script)

@@ -22,6 +22,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from dmlctl import protocol
+from dmlctl.failure import named_kind
 from dmlctl.transport.base import Process, Result, Transport
 
 STOP = "stop"
@@ -318,7 +319,8 @@ def rank_error(exc_type: str, message: str, traceback: Sequence[str] = ()) -> di
         '  File "train.py", line 1, in <module>',
         f"{exc_type}: {message}",
     ]
-    return {"type": exc_type, "message": message, "traceback": tb}
+    kind = named_kind(exc_type, message, 0).value  # what the names say ("Signal": killed)
+    return {"type": exc_type, "message": message, "traceback": tb, "kind": kind}
 
 
 def agent_exit(code: int = 0, tail: Sequence[str] = (), *, stopped: bool = False) -> str:

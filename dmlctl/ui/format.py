@@ -15,8 +15,9 @@ from rich.console import Group, RenderableType
 from rich.panel import Panel
 from rich.text import Text
 
+from dmlctl.failure import Failure
 from dmlctl.mesh import MeshLayout, worker_ranks
-from dmlctl.runs.events import RootCause, Stream
+from dmlctl.runs.events import Stream
 from dmlctl.runs.state import Phase, RankState, RankStatus, RunState, TailLine
 from dmlctl.ui.metric_columns import COMMON, STRATEGY_COLUMNS, strategy_columns
 from dmlctl.ui.numbers import compact_rate
@@ -274,7 +275,7 @@ def rank_table(
     )
 
 
-def root_cause_panel(cause: RootCause, *, max_lines: int = 15) -> Panel:
+def root_cause_panel(cause: Failure, *, max_lines: int = 15) -> Panel:
     """Red panel: the headline, then the last ``max_lines`` traceback lines verbatim."""
     body = Text()
     body.append(cause.headline(), style="bold red")

@@ -350,3 +350,17 @@ def test_an_agent_still_importing_torchrun_keeps_saying_it_is_alive() -> None:
     # Each is an agent message the controller reads (it counts as hearing the host),
     # not a log line of the agent's.
     assert all(parse_line("h", line, 0.0) == [] for line in lines), lines
+
+
+def test_a_records_kind_is_read_from_its_head_not_from_a_logged_value(tmp_path: Path) -> None:
+    from dmlctl import protocol
+
+    writer = protocol.RankEventWriter(str(tmp_path), 3)
+    writer.start(0, "worker", "local")
+    writer.metric(5, {"kind": "exit", "note": '"kind":"start"'})  # what a script may log
+    writer.exit(0, None)
+    writer.close()
+    lines = Path(protocol.rank_events(str(tmp_path), 3)).read_text().splitlines()
+    assert [protocol.record_kind(line) for line in lines] == ["start", "metric", "exit"]
+    assert protocol.record_kind("not a record") is None
+    assert protocol.record_kind('{"kind":"tru') is None

@@ -175,7 +175,10 @@ def test_dmlctl_times_read_the_run_directory(tmp_path: Path) -> None:
     plan = plan_run(recovery_job(tmp_path, 0.1), bench_cluster(), store, port=29500)
     run = store.create(plan.run_id)
     run.write_plan(plan.to_dict(), {})
-    failure = {"exc_type": "Signal", "rank": 1, "ts": KILL + 0.5, "message": "killed by SIGKILL"}
+    failure = {
+        **{"host": "local", "rank": 1, "exc_type": "Signal", "message": "killed by SIGKILL"},
+        **{"traceback": [], "ts": KILL + 0.5, "kind": "killed from outside", "evidence": "exit"},
+    }
     run.write_json(run.state_file, {"failures": [failure]})
     host = plan.hosts[0]
     attempt_dir = Path(host.rank_dir) / "attempt-1"
@@ -192,10 +195,12 @@ def test_dmlctl_times_read_the_run_directory(tmp_path: Path) -> None:
     assert got["agent_started"] == pytest.approx((attempt_dir / "agent.pid").stat().st_mtime)
     assert got["detected"] == pytest.approx(now + 0.1)
     # torchrun's summary may blame the peer (exit code 1): still the controller's clock.
-    run.write_json(run.state_file, {"failures": [{**failure, "exc_type": "ExitCode"}]})
+    peer = {**failure, "exc_type": "ExitCode", "kind": "user code"}
+    run.write_json(run.state_file, {"failures": [peer]})
     assert dmlctl_times(run.path)["controller_notified"] == KILL + 0.5
     # A cause taken from a rank's own exit record carries the rank's clock: no stage.
-    run.write_json(run.state_file, {"failures": [{**failure, "exc_type": "RuntimeError"}]})
+    own = {**failure, "exc_type": "RuntimeError", "kind": "user code", "evidence": "record"}
+    run.write_json(run.state_file, {"failures": [own]})
     assert "controller_notified" not in dmlctl_times(run.path)
     assert dmlctl_times(tmp_path / "nothing") == {}
 

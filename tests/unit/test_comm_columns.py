@@ -10,16 +10,10 @@ from typing import Any
 import pytest
 from rich.console import Console
 
+from dmlctl.failure import named
 from dmlctl.protocol import COMM_TOTALS
 from dmlctl.runs.comm import CommTotals
-from dmlctl.runs.events import (
-    Finished,
-    MetricRecord,
-    RankExited,
-    RankStarted,
-    Restarting,
-    RootCause,
-)
+from dmlctl.runs.events import Finished, MetricRecord, RankExited, RankStarted, Restarting
 from dmlctl.runs.state import RankState, RunState, apply, new_run_state
 from dmlctl.runtime.metrics import MetricLogger
 from dmlctl.runtime.optimizer import CommMeter
@@ -126,7 +120,7 @@ def test_totals_survive_state_json_and_restarts() -> None:
     first = local_sgd_records(steps=8, log_every=8)
     state = fold(first)
     assert RunState.from_dict(json.loads(json.dumps(state.to_dict()))) == state
-    cause = RootCause("a", 0, "ValueError", "boom")
+    cause = named("a", 0, "ValueError", "boom")
     state = apply(
         state,
         [

@@ -11,9 +11,9 @@ from typing import Any, ClassVar
 import pytest
 import torch
 
+from dmlctl.failure import named
 from dmlctl.launch.policy import FailureKind, classify
 from dmlctl.ps.modes import DeltaPush, ElasticExchange, GradientPush
-from dmlctl.runs.events import RootCause
 from dmlctl.runtime import divergence
 from dmlctl.runtime.divergence import Diverged
 from dmlctl.runtime.metrics import MetricLogger, Scalar
@@ -228,5 +228,5 @@ def test_the_metric_logger_writes_the_record_then_lets_the_check_raise(
 
 
 def test_a_divergence_is_a_user_failure() -> None:
-    cause = RootCause("local", 0, "Diverged", "strategy ssgd, step 3: logged 'loss' is nan")
+    cause = named("local", 0, "Diverged", "strategy ssgd, step 3: logged 'loss' is nan")
     assert classify(cause) is FailureKind.USER

@@ -32,6 +32,7 @@ COMPOSERS = {"dmlctl.runtime.entry", "dmlctl.runtime.session", "dmlctl"}
 #: Shared base modules every layer may import (torch-free, no dmlctl imports above).
 BASE = {
     "dmlctl.errors",
+    "dmlctl.failure",
     "dmlctl.protocol",
     "dmlctl.mesh",
     "dmlctl.gpus",

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from dmlctl.failure import named
 from dmlctl.runs.events import (
     AgentExited,
     AgentStarted,
@@ -18,7 +19,6 @@ from dmlctl.runs.events import (
     ProcUsage,
     RankExited,
     RankStarted,
-    RootCause,
     StackDump,
     StacksDumped,
     Stream,
@@ -117,7 +117,7 @@ def test_rank_exit_with_python_error_is_its_root_cause() -> None:
     ev = one("h", rank_exit(1, 1, error, ts=53.0))
     assert isinstance(ev, RankExited)
     assert ev.exit_code == 1
-    assert ev.cause == RootCause(
+    assert ev.cause == named(
         "h", 1, "ValueError", "bad batch", ("Traceback (most recent call last):", "X"), 53.0
     )
 

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ValidationError
 
+from dmlctl.failure import named
 from dmlctl.launch.policy import (
     Action,
     Failed,
@@ -23,12 +24,12 @@ from dmlctl.launch.policy import (
     classify,
     step,
 )
-from dmlctl.runs.events import RootCause, StopRequested
+from dmlctl.runs.events import StopRequested
 from dmlctl.runs.state import Phase
 from dmlctl.spec.restart import CheckpointSpec, RestartSpec
 
-USER = Failed(RootCause("a", 1, "ValueError", "bad batch"))
-INFRA = Failed(RootCause("a", 1, "Signal", "killed by SIGKILL"))
+USER = Failed(named("a", 1, "ValueError", "bad batch"))
+INFRA = Failed(named("a", 1, "Signal", "killed by SIGKILL"))
 FAR = 1e9  # a tick far enough in the future that any backoff is due
 
 
@@ -64,7 +65,7 @@ def attempt(failure: Failed, now: float = 0.0) -> list[tuple[float, Signal]]:
     ],
 )
 def test_classify(exc_type: str, rank: int | None, kind: FailureKind) -> None:
-    assert classify(RootCause("a", rank, exc_type, "msg")) is kind
+    assert classify(named("a", rank, exc_type, "msg")) is kind
 
 
 def test_success_on_first_try() -> None:
@@ -152,7 +153,7 @@ def test_stop_in_any_live_phase_never_restarts(before: list[tuple[float, Signal]
 def test_later_failures_of_a_failed_attempt_spend_nothing() -> None:
     """Several ranks of one attempt report failures: one restart is spent, not three."""
     policy = RestartSpec(max_infra_restarts=1)
-    other = Failed(RootCause("b", 3, "AgentLost", "gone"))
+    other = Failed(named("b", 3, "AgentLost", "gone"))
     state, actions = run(
         [(0, Started()), (1, INFRA), (1, other), (1, USER), (1, Succeeded())], policy
     )
@@ -263,4 +264,4 @@ def test_checkpoint_spec_defaults_and_values() -> None:
     ],
 )
 def test_a_crash_signal_is_the_codes_fault_a_kill_is_not(message: str, kind: FailureKind) -> None:
-    assert classify(RootCause("h", 1, "Signal", message)) == kind
+    assert classify(named("h", 1, "Signal", message)) == kind

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console, RenderableType
 
+from dmlctl.failure import named
 from dmlctl.mesh import MeshLayout
 from dmlctl.protocol import COMM_TOTALS
 from dmlctl.runs.events import (
@@ -21,7 +22,6 @@ from dmlctl.runs.events import (
     MetricRecord,
     RankExited,
     RankStarted,
-    RootCause,
     Stream,
 )
 from dmlctl.runs.state import RunState, apply, new_run_state
@@ -77,7 +77,7 @@ def _state(
 def _failed() -> RunState:
     """Rank 0 is killed; rank 1 fails on its next all-reduce with gloo's long error."""
     state = _state("ssgd", ["worker", "worker"], COMM, "step 400 epoch 3 loss 0.1235")
-    cause = RootCause("node-0", 1, "RuntimeError", GLOO[len("RuntimeError: ") :], (GLOO,), T0 + 5)
+    cause = named("node-0", 1, "RuntimeError", GLOO[len("RuntimeError: ") :], (GLOO,), T0 + 5)
     return apply(
         state,
         [

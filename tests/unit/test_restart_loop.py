@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from dmlctl.failure import CONTROLLER, Failure, named
 from dmlctl.launch.policy import (
     CONTROLLER_LOST,
     Action,
@@ -25,7 +26,7 @@ from dmlctl.launch.policy import (
 )
 from dmlctl.launch.supervisor import Supervisor
 from dmlctl.protocol import ENV_ATTEMPT, AgentConfig
-from dmlctl.runs.events import CONTROLLER, Event, Progress, Restarting, RootCause, StopRequested
+from dmlctl.runs.events import Event, Progress, Restarting, StopRequested
 from dmlctl.runs.state import Phase, RunState, new_run_state
 from dmlctl.runs.store import RunDir, RunStore
 from dmlctl.spec.restart import RestartSpec
@@ -159,7 +160,7 @@ def test_infra_failures_do_not_spend_the_user_budget(tmp_path: Path) -> None:
     assert state.phase is Phase.SUCCEEDED and state.restarts == 2 and len(t.processes) == 3
 
 
-def _lost_run(failures: tuple[RootCause, ...]) -> RunState:
+def _lost_run(failures: tuple[Failure, ...]) -> RunState:
     """The last state of a run whose controller died after ``failures`` restarts."""
     state = new_run_state(RUN_ID, "job", "ssgd", [(0, "a", "worker")], time.time())
     return dataclasses.replace(
@@ -167,9 +168,9 @@ def _lost_run(failures: tuple[RootCause, ...]) -> RunState:
     )
 
 
-USER_CAUSE = RootCause("a", 0, "ValueError", "bad batch")
-INFRA_CAUSE = RootCause("a", 0, "Signal", "killed by SIGKILL")
-RESUME_CAUSE = RootCause(CONTROLLER, None, CONTROLLER_LOST, "the controller died")
+USER_CAUSE = named("a", 0, "ValueError", "bad batch")
+INFRA_CAUSE = named("a", 0, "Signal", "killed by SIGKILL")
+RESUME_CAUSE = named(CONTROLLER, None, CONTROLLER_LOST, "the controller died")
 
 
 def test_a_resumed_run_keeps_the_budgets_it_spent(tmp_path: Path) -> None:
@@ -198,7 +199,7 @@ def test_a_resume_itself_spends_no_budget(tmp_path: Path) -> None:
 
 
 def test_resumed_seeds_the_budgets_of_earlier_restarts() -> None:
-    fatal = RootCause(CONTROLLER, None, "DiskFull", "no space")
+    fatal = named(CONTROLLER, None, "DiskFull", "no space")
     seeded = resumed((USER_CAUSE, RESUME_CAUSE, INFRA_CAUSE, fatal, INFRA_CAUSE), attempt=6)
     assert seeded == RestartState(
         phase=Phase.STARTING, attempt=6, user_restarts_used=1, infra_restarts_used=2
@@ -218,7 +219,7 @@ def test_resumed_seeds_the_budgets_of_earlier_restarts() -> None:
 @pytest.mark.parametrize("exc_type", ["HostsLost", "DiskFull"])
 def test_a_failure_before_an_attempt_is_never_restarted(exc_type: str) -> None:
     """Too few hosts after the wait for them, a full disk at the start: FATAL."""
-    cause = RootCause("a", None, exc_type, "x")
+    cause = named("a", None, exc_type, "x")
     assert classify(cause) is FailureKind.FATAL
     state, action = step(RestartState(), Failed(cause), 0.0, RestartSpec(max_infra_restarts=9))
     assert (state.phase, action, state.restarts) == (Phase.FAILED, Action.GIVE_UP, 0)

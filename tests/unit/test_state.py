@@ -6,6 +6,7 @@ import copy
 import json
 
 from dmlctl.errors import ExitCode
+from dmlctl.failure import Evidence, Failure, named
 from dmlctl.runs.events import (
     AgentExited,
     AgentStarted,
@@ -17,7 +18,6 @@ from dmlctl.runs.events import (
     Progress,
     RankExited,
     RankStarted,
-    RootCause,
     StopRequested,
     Stream,
 )
@@ -90,7 +90,7 @@ def test_all_ranks_succeed() -> None:
 
 
 def test_rank_failure_with_cause_is_the_root_cause() -> None:
-    cause = RootCause("a", 1, "ValueError", "bad batch", ("Traceback ...", "ValueError: bad"))
+    cause = named("a", 1, "ValueError", "bad batch", ("Traceback ...", "ValueError: bad"))
     state = started(two_hosts())
     state = apply(state, [RankExited("a", 1, 1, cause, T0 + 10)])
     assert state.root_cause == cause
@@ -113,8 +113,8 @@ def test_rank_failure_with_cause_is_the_root_cause() -> None:
 
 
 def test_first_failure_wins() -> None:
-    first = RootCause("b", 2, "RuntimeError", "NCCL timeout")
-    second = RootCause("a", 0, "RuntimeError", "peer gone")
+    first = named("b", 2, "RuntimeError", "NCCL timeout")
+    second = named("a", 0, "RuntimeError", "peer gone")
     state = apply(
         started(two_hosts()),
         [RankExited("b", 2, 1, first, T0 + 10), RankExited("a", 0, 1, second, T0 + 11)],
@@ -124,14 +124,16 @@ def test_first_failure_wins() -> None:
 
 def test_failure_without_cause_reports_exit_code() -> None:
     state = apply(started(two_hosts()), [RankExited("b", 3, 7, None, T0 + 10)])
-    assert state.root_cause == RootCause("b", 3, "ExitCode", "exited with code 7", (), T0 + 10)
+    assert state.root_cause == named(
+        "b", 3, "ExitCode", "exited with code 7", (), T0 + 10, evidence=Evidence.EXIT
+    )
     assert statuses(state)[3] == RankStatus.FAILED
     assert state.ranks[3].exit_code == 7
 
 
 def test_agent_exit_with_signal_cause_from_torchrun_summary() -> None:
     # What the parser makes of torchrun's failure summary for a SIGKILLed rank.
-    cause = RootCause("a", 1, "Signal", "killed by SIGKILL", ("exitcode  : -9",))
+    cause = named("a", 1, "Signal", "killed by SIGKILL", ("exitcode  : -9",))
     state = apply(started(two_hosts()), [AgentExited("a", 1, ("x",), T0 + 10, cause)])
     assert state.root_cause == cause
     # The blamed rank fails, its neighbour on the host was only stopped.
@@ -205,7 +207,7 @@ def test_a_successful_run_without_ctx_prepare_shows_strategy_none() -> None:
 
 
 def test_stop_after_a_rank_failed_is_a_failure() -> None:
-    cause = RootCause("a", 0, "ZeroDivisionError", "division by zero")
+    cause = named("a", 0, "ZeroDivisionError", "division by zero")
     state = apply(started(two_hosts()), [RankExited("a", 0, 1, cause, T0 + 10)])
     state = apply(state, [StopRequested("stopped (dmlctl stop)", T0 + 11), Finished(T0 + 12)])
     assert state.phase == Phase.FAILED
@@ -280,7 +282,7 @@ def test_apply_does_not_mutate_its_input() -> None:
         [
             LogLines("a", 0, Stream.STDOUT, ("x",), T0),
             MetricRecord("a", 0, 3, {"loss": 1.0}, T0),
-            RankExited("a", 1, 1, RootCause("a", 1, "E", "m"), T0),
+            RankExited("a", 1, 1, named("a", 1, "E", "m"), T0),
             StopRequested("why", T0),
             AgentExited("a", 1, (), T0),
             Finished(T0 + 1),
@@ -299,7 +301,7 @@ def test_unplanned_rank_is_added() -> None:
 
 
 def test_state_round_trips_through_json() -> None:
-    cause = RootCause("a", 1, "ValueError", "bad", ("Traceback", "ValueError: bad"))
+    cause = named("a", 1, "ValueError", "bad", ("Traceback", "ValueError: bad"))
     state = apply(
         started(two_hosts()),
         [
@@ -316,7 +318,7 @@ def test_state_round_trips_through_json() -> None:
     assert data["ranks"][1]["status"] == "failed"
     again = RunState.from_dict(data)
     assert again == state
-    assert isinstance(again.root_cause, RootCause)
+    assert isinstance(again.root_cause, Failure)
     assert again.root_cause.traceback == cause.traceback
     assert again.tail[0].stream is Stream.STDERR
 
@@ -327,7 +329,7 @@ def test_pending_state_round_trips_through_json() -> None:
 
 
 def test_a_ranks_own_error_beats_a_collateral_one_that_arrived_first() -> None:
-    peer_died = RootCause(
+    peer_died = named(
         "a",
         0,
         "RuntimeError",
@@ -335,8 +337,8 @@ def test_a_ranks_own_error_beats_a_collateral_one_that_arrived_first() -> None:
         (),
         T0 + 10.2,
     )
-    real = RootCause("a", 1, "RuntimeError", "loss is NaN at step 3", (), T0 + 10.0)
-    later = RootCause("b", 2, "ValueError", "another own error, but later", (), T0 + 12)
+    real = named("a", 1, "RuntimeError", "loss is NaN at step 3", (), T0 + 10.0)
+    later = named("b", 2, "ValueError", "another own error, but later", (), T0 + 12)
     state = apply(
         started(two_hosts()),
         [
@@ -349,9 +351,31 @@ def test_a_ranks_own_error_beats_a_collateral_one_that_arrived_first() -> None:
     assert state.root_cause == real
 
 
+def test_the_root_cause_does_not_depend_on_the_order_the_failures_arrived_in() -> None:
+    """Two hosts: rank 1 on a is SIGKILLed (only torchrun's summary says so), its peers
+    break in their collectives; b's torchrun names its own rank 2 first. Whatever
+    order the agents' and ranks' reports come in, rank 1 is the root cause."""
+    exit_only = {"evidence": Evidence.EXIT}
+    summary_b = named("b", 2, "ExitCode", "exited with code 1", (), T0 + 11, **exit_only)
+    killed = named("a", 1, "Signal", "killed by SIGKILL", (), T0 + 11, **exit_only)
+    gloo = "[gloo/transport/tcp/pair.cc:553] Connection closed by peer"
+    peer_b = named("b", 2, "RuntimeError", gloo, (), T0 + 10.4)
+    peer_a = named("a", 0, "RuntimeError", gloo, (), T0 + 10.2)
+    events: list[Event] = [
+        AgentExited("b", 1, (), T0 + 11, summary_b),
+        AgentExited("a", 1, (), T0 + 11, killed),
+        RankExited("b", 2, 1, peer_b, T0 + 10.4),
+        RankExited("a", 0, 1, peer_a, T0 + 10.2),
+    ]
+    for order in (events, events[::-1], [events[2], events[0], events[3], events[1]]):
+        state = apply(started(two_hosts()), order)
+        assert state.root_cause == killed, order
+        assert len(state.seen) == 4
+
+
 def test_earliest_failure_wins_between_own_errors() -> None:
-    early = RootCause("b", 2, "ValueError", "first", (), T0 + 5)
-    late = RootCause("a", 0, "KeyError", "second", (), T0 + 6)
+    early = named("b", 2, "ValueError", "first", (), T0 + 5)
+    late = named("a", 0, "KeyError", "second", (), T0 + 6)
     state = apply(
         started(two_hosts()),
         [RankExited("a", 0, 1, late, T0 + 6), RankExited("b", 2, 1, early, T0 + 5)],

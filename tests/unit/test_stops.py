@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from dmlctl.failure import named
 from dmlctl.launch.stops import FAIL_STOP_GRACE, STREAMING_S, AttemptStops, StopRules
-from dmlctl.runs.events import RankExited, RootCause, StopRequested
+from dmlctl.runs.events import RankExited, StopRequested
 from dmlctl.runs.state import new_run_state
 from dmlctl.transport.fake import ScriptedProcess, ScriptedTransport
 
@@ -37,7 +38,7 @@ def test_a_users_stop_gives_the_ranks_the_jobs_grace_and_kills_late_agents() -> 
 
 def test_a_failure_stops_the_others_after_the_fail_grace_with_a_short_grace() -> None:
     procs, stops, r = agents("b"), AttemptStops(), rules()
-    cause = RootCause("a", 0, "ValueError", "x")
+    cause = named("a", 0, "ValueError", "x")
     r.apply(stops, procs, {"b"}, STATE, [RankExited("a", 0, 1, cause, 10.0)], 10.0)
     assert procs["b"].sent == []  # the failed host's peers may still report
     failed = dataclasses.replace(STATE, root_cause=cause)

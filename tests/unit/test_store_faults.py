@@ -11,10 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from dmlctl.failure import CONTROLLER, Evidence, Failure, Kind, named
 from dmlctl.launch.policy import Action, Failed, FailureKind, RestartState, classify, step
 from dmlctl.launch.supervisor import Supervisor
-from dmlctl.runs.events import ControllerFailed, Event, LogLines, RankExited, RootCause
+from dmlctl.runs.events import ControllerFailed, Event, LogLines, RankExited
 from dmlctl.runs.files import DiskFull
+from dmlctl.runs.parser import parse_line
 from dmlctl.runs.redaction import redactor_of
 from dmlctl.runs.state import Phase, apply, new_run_state
 from dmlctl.runs.store import RunDir
@@ -138,7 +140,7 @@ def test_a_full_disk_is_a_failure_that_is_never_restarted(
 
 @pytest.mark.parametrize("kind", ["SpecInvalid", "DiskFull", "RunDirGone", "CheckpointCorrupt"])
 def test_fatal_causes_spend_no_budget(kind: str) -> None:
-    cause = RootCause("a", None, kind, "x")
+    cause = named("a", None, kind, "x")
     assert classify(cause) is FailureKind.FATAL
     restart = RestartSpec(max_infra_restarts=3, max_user_restarts=3)
     state, action = step(RestartState(phase=Phase.RUNNING), Failed(cause), 0.0, restart)
@@ -195,11 +197,33 @@ def test_secrets_are_hidden_in_everything_that_comes_back(
 
 def test_controller_failed_is_the_root_cause_unless_a_rank_said_why() -> None:
     state = new_run_state("r", "j", "ssgd", [(0, "a", "worker")], 0.0)
-    cause = RootCause("controller", None, "DiskFull", "no space", (), 1.0)
+    cause = named("controller", None, "DiskFull", "no space", (), 1.0)
     assert apply(state, [ControllerFailed(cause, 1.0)]).root_cause == cause
-    own = RootCause("a", 0, "DiskFull", "no space left writing checkpoint step 5", (), 0.5)
+    own = named("a", 0, "DiskFull", "no space left writing checkpoint step 5", (), 0.5)
     failed = apply(state, [RankExited("a", 0, 1, own, 0.5)])
     assert apply(failed, [ControllerFailed(cause, 1.0)]).root_cause == own
+
+
+def test_a_deleted_run_directory_explains_a_rank_known_only_by_its_exit_code() -> None:
+    """The run directory deleted under a run: the ranks' exit records are lost with it,
+    so torchrun's summary names rank 0's exit code — the controller's RunDirGone, seen
+    after, is the root cause all the same (before: whichever of them came first)."""
+    state = new_run_state("r", "j", "ssgd", [(0, "a", "worker")], 0.0)
+    summary = ["Root Cause (first observed failure):", "  rank      : 0", "  exitcode  : 1"]
+    exited = parse_line("a", agent_exit(1, summary), 1.0)
+    gone = Failure(
+        CONTROLLER,
+        None,
+        "RunDirGone",
+        "deleted",
+        (),
+        2.0,
+        kind=Kind.RECORDS,
+        evidence=Evidence.SEEN,
+    )
+    state = apply(state, exited)
+    assert state.root_cause is not None and state.root_cause.exc_type == "ExitCode"
+    assert apply(state, [ControllerFailed(gone, 2.0)]).root_cause == gone
 
 
 def test_private_folders_are_private_all_the_way_down(tmp_path: Path) -> None:

@@ -11,19 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from dmlctl.failure import named
 from dmlctl.launch.stops import FAIL_STOP_GRACE, STREAMING_S
 from dmlctl.launch.supervisor import Supervisor
 from dmlctl.plan.build import build_plan
 from dmlctl.plan.model import LaunchPlan
 from dmlctl.protocol import AgentConfig
-from dmlctl.runs.events import (
-    AgentExited,
-    AgentStarted,
-    Event,
-    RankExited,
-    RankStarted,
-    RootCause,
-)
+from dmlctl.runs.events import AgentExited, AgentStarted, Event, RankExited, RankStarted
 from dmlctl.runs.parser import parse_line
 from dmlctl.runs.state import Phase, RankStatus, RunState, phase_exit_code
 from dmlctl.runs.store import RunDir, RunStore
@@ -223,7 +217,7 @@ def test_failing_rank_stops_the_other_host_after_fail_grace(
     assert state.phase == Phase.FAILED
     assert phase_exit_code(state) == 1
     assert state.root_cause is not None
-    assert dataclasses.replace(state.root_cause, ts=0.0) == RootCause(
+    assert dataclasses.replace(state.root_cause, ts=0.0) == named(
         "a", 0, "ValueError", "bad batch", tuple(error["traceback"])
     )
     assert {r.rank: r.status for r in state.ranks} == {

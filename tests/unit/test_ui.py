@@ -7,6 +7,7 @@ import time
 
 from rich.console import Console, RenderableType
 
+from dmlctl.failure import named
 from dmlctl.runs.events import (
     AgentExited,
     AgentStarted,
@@ -17,7 +18,6 @@ from dmlctl.runs.events import (
     Progress,
     RankExited,
     RankStarted,
-    RootCause,
     Stream,
 )
 from dmlctl.runs.state import Phase, RunState, apply, new_run_state
@@ -33,7 +33,7 @@ from dmlctl.ui.format import clean_line, format_duration, format_loss, truncate
 
 T0 = 1_700_000_000.0
 HOSTS = {0: "host-a", 1: "host-a", 2: "host-b", 3: "host-b"}
-CAUSE = RootCause(
+CAUSE = named(
     host="host-a",
     rank=1,
     exc_type="ValueError",
