@@ -394,14 +394,32 @@ class TorchrunCommand:
 
 
 @dataclass(frozen=True)
+class StrategyChoice:
+    """The job's strategy as it travels to the ranks: its name and its parameters
+    (JSON data: the keys the job set, validated by the planner), always together. The
+    ranks read them back from :data:`ENV_STRATEGY` and :data:`ENV_STRATEGY_PARAMS`
+    (``dmlctl.runtime.env`` validates them once per process)."""
+
+    name: str = DEFAULT_STRATEGY
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+    def env(self) -> dict[str, str]:
+        """The two variables every rank gets."""
+        return {
+            ENV_STRATEGY: self.name,
+            ENV_STRATEGY_PARAMS: json.dumps(dict(self.params), sort_keys=True),
+        }
+
+
+@dataclass(frozen=True)
 class AgentConfig:
     """What a host agent runs for one attempt: built by the planner
     (``LaunchPlan.agent_config``), sent as the first line of the agent's stdin.
 
     ``attempt`` counts from 0; ``rank_dir`` is this attempt's rank directory and
     ``torchrun.rdzv_id`` its rendezvous id. ``env`` is the host's planned environment;
-    ``strategy_params`` the job's validated strategy parameters as JSON data; the
-    ranks get both through :meth:`rank_env`. ``stop_grace``: seconds the ranks get
+    ``strategy`` the job's strategy with its parameters; the ranks get both through
+    :meth:`rank_env`. ``stop_grace``: seconds the ranks get
     after SIGTERM when the agent stops them.
     """
 
@@ -412,18 +430,18 @@ class AgentConfig:
     rank_dir: str
     torchrun: TorchrunCommand
     env: Mapping[str, str] = field(default_factory=dict)
-    strategy_params: Mapping[str, Any] = field(default_factory=dict)
+    strategy: StrategyChoice = field(default_factory=StrategyChoice)
     stop_grace: float = 30.0
 
     def rank_env(self) -> dict[str, str]:
         """The variables torchrun (and so every rank) gets on top of the agent's own
         environment: ``env``, :data:`ENV_ATTEMPT` (``attempt + 1``, as the dashboard
-        counts), :data:`ENV_RANK_DIR` and :data:`ENV_STRATEGY_PARAMS` (JSON)."""
+        counts), :data:`ENV_RANK_DIR` and the strategy (:meth:`StrategyChoice.env`)."""
         return {
             **self.env,
             ENV_ATTEMPT: str(self.attempt + 1),
             ENV_RANK_DIR: self.rank_dir,
-            ENV_STRATEGY_PARAMS: json.dumps(self.strategy_params, sort_keys=True),
+            **self.strategy.env(),
         }
 
     def to_json(self) -> str:
@@ -436,6 +454,7 @@ class AgentConfig:
         try:
             data = json.loads(text)
             torchrun = TorchrunCommand.from_dict(data.pop("torchrun"))
-            return AgentConfig(**data, torchrun=torchrun)
+            strategy = StrategyChoice(**data.pop("strategy"))
+            return AgentConfig(**data, torchrun=torchrun, strategy=strategy)
         except (TypeError, KeyError, AttributeError) as exc:
             raise ValueError(f"not an agent configuration: {exc}") from exc

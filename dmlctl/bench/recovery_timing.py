@@ -220,7 +220,7 @@ def dmlctl_times(run_dir: Path, *, rank: int = KILL_RANK, attempt: int = 1) -> d
     except (OSError, ValueError, KeyError, UsageError):
         return out
     cause = next(iter(state.get("failures", ())), None)
-    # A cause known from an exit status alone (parser.torchrun_failure, state.apply) is
+    # A cause known from an exit status alone (parser.torchrun_failure, reducer.apply) is
     # stamped with the controller's clock when the agent's exit arrives.
     if cause and cause.get("evidence") == Evidence.EXIT.value:
         out["controller_notified"] = float(cause["ts"])

@@ -14,8 +14,9 @@ from collections.abc import Callable
 from dmlctl.redact import Redactor
 from dmlctl.runs.events import Event
 from dmlctl.runs.redaction import redact_events
+from dmlctl.runs.reducer import apply
 from dmlctl.runs.sink import Sink
-from dmlctl.runs.state import RunState, apply
+from dmlctl.runs.state import RunState
 from dmlctl.runs.store import RunDir
 from dmlctl.runs.writer import RunWriter
 

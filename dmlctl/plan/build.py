@@ -260,7 +260,6 @@ def _host_env(
         protocol.ENV_RANK_DIR: rank_dir,
         protocol.ENV_HOST: host.name,
         protocol.ENV_ROLE: WORKER_ROLE,
-        protocol.ENV_STRATEGY: job.strategy.name,
         protocol.ENV_SCRIPT: job.script,
         **({protocol.ENV_BACKEND: job.backend} if job.backend != gpu_rules.AUTO else {}),
         **_checkpoint_env(job, checkpoints, run_id),

@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from dmlctl.mesh import MeshLayout, layout_from
-from dmlctl.protocol import AgentConfig, TorchrunCommand
+from dmlctl.protocol import AgentConfig, StrategyChoice, TorchrunCommand
 from dmlctl.spec.restart import CheckpointSpec, RestartSpec
 from dmlctl.strategies import registry
 
@@ -128,9 +128,13 @@ class LaunchPlan:
                 host.torchrun, rdzv_id=attempt_rdzv_id(self.run_id, attempt)
             ),
             env=dict(host.env),
-            strategy_params=self.params_data(),
+            strategy=self.strategy_choice(),
             stop_grace=stop_grace,
         )
+
+    def strategy_choice(self) -> StrategyChoice:
+        """The strategy as every rank gets it: the name and the parameters the job set."""
+        return StrategyChoice(self.strategy, self.params_data())
 
     def params_data(self) -> dict[str, Any]:
         """The strategy parameters as JSON data: the keys the job set."""

@@ -72,6 +72,7 @@ def render_plan(
             f"  torchrun: {render_command([redact_arg(a) for a in host.torchrun_argv])}",
             "  env:",
         ]
-        out += [f"    {k}={v}" for k, v in sorted(redact_env(host.env).items())]
+        env = {**host.env, **plan.strategy_choice().env()}  # what every rank gets
+        out += [f"    {k}={v}" for k, v in sorted(redact_env(env).items())]
     # A secret value may also stand in arguments, paths or another variable.
     return Redactor.for_envs(h.env for h in plan.hosts).text("\n".join(out))

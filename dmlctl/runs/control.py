@@ -9,7 +9,8 @@ import signal
 import time
 
 from dmlctl.runs.events import Finished, StopRequested
-from dmlctl.runs.state import Phase, RunState, apply
+from dmlctl.runs.reducer import apply
+from dmlctl.runs.state import Phase, RunState
 from dmlctl.runs.store import RunDir, pid_alive
 
 POLL_S = 0.1

@@ -3,7 +3,7 @@
 A failure an event carries is a :class:`dmlctl.failure.Failure`.
 
 Events are immutable values. The supervisor reduces them into a
-:class:`dmlctl.runs.state.RunState` with :func:`dmlctl.runs.state.apply`.
+:class:`dmlctl.runs.state.RunState` with :func:`dmlctl.runs.reducer.apply`.
 """
 
 from __future__ import annotations

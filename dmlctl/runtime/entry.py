@@ -120,14 +120,11 @@ def setup(rank: int, script: str) -> RankFiles | None:
 
 def _arm_guards(role: str) -> None:
     from dmlctl.runtime import guards
+    from dmlctl.runtime.env import chosen_strategy
     from dmlctl.strategies import registry
 
-    strategy = os.environ.get(protocol.ENV_STRATEGY) or protocol.DEFAULT_STRATEGY
     try:
-        module = registry.load(strategy)
-        params = module.Params.model_validate_json(
-            os.environ.get(protocol.ENV_STRATEGY_PARAMS) or "{}"
-        )
+        strategy, module, params = chosen_strategy(os.environ, registry.load)
     except (KeyError, ValueError):
         return  # an unknown strategy or bad parameters: dmlctl.init() names them
     guards.install(

@@ -74,6 +74,32 @@ def _int(environ: Mapping[str, str], name: str, default: int) -> int:
         raise ValueError(f"environment variable {name}={raw!r} is not an integer") from None
 
 
+_VALIDATED: dict[tuple[str, str, Describe], tuple[StrategyParams, BaseModel]] = {}
+
+
+def chosen_strategy(
+    environ: Mapping[str, str], describe: Describe
+) -> tuple[str, StrategyParams, BaseModel]:
+    """The strategy ``environ`` names (:data:`ENV_STRATEGY`, ``ssgd`` without it), its
+    params module and its validated parameters (:data:`ENV_STRATEGY_PARAMS`): validated
+    once per process, the same instance to every caller (the entry's guards, then
+    ``dmlctl.init()``). Raises ``ValueError`` naming the variable for invalid
+    parameters, and whatever ``describe`` raises for an unknown name."""
+    name = environ.get(ENV_STRATEGY) or DEFAULT_STRATEGY
+    raw = environ.get(ENV_STRATEGY_PARAMS) or "{}"
+    key = (name, raw, describe)
+    if key not in _VALIDATED:
+        module = describe(name)
+        try:
+            _VALIDATED[key] = module, module.Params.model_validate(json.loads(raw))
+        except (json.JSONDecodeError, ValidationError) as exc:
+            raise ValueError(
+                f"{ENV_STRATEGY_PARAMS} is invalid for strategy {name!r}: {exc}"
+            ) from exc
+    module, params = _VALIDATED[key]
+    return name, module, params
+
+
 def read_env(environ: Mapping[str, str], describe: Describe) -> RunEnv:
     """Parse and check ``environ``, with ``describe`` giving the named strategy's
     parameter model and roles.
@@ -88,15 +114,7 @@ def read_env(environ: Mapping[str, str], describe: Describe) -> RunEnv:
     world_size = _int(environ, "WORLD_SIZE", 1)
     if not 0 <= rank < world_size:
         raise ValueError(f"RANK={rank} is outside WORLD_SIZE={world_size}")
-    strategy = environ.get(ENV_STRATEGY) or DEFAULT_STRATEGY
-    module = describe(strategy)
-    raw = environ.get(ENV_STRATEGY_PARAMS) or "{}"
-    try:
-        params = module.Params.model_validate(json.loads(raw))
-    except (json.JSONDecodeError, ValidationError) as exc:
-        raise ValueError(
-            f"{ENV_STRATEGY_PARAMS} is invalid for strategy {strategy!r}: {exc}"
-        ) from exc
+    strategy, module, params = chosen_strategy(environ, describe)
     local_rank = _int(environ, "LOCAL_RANK", rank)
     role = local_role(environ, local_rank, DEFAULT_ROLE)
     if role not in module.ROLES:

@@ -19,7 +19,8 @@ import torch.nn.functional as F
 from pydantic import ValidationError
 
 from dmlctl.runs.events import MetricRecord
-from dmlctl.runs.state import apply, new_run_state
+from dmlctl.runs.reducer import apply
+from dmlctl.runs.state import new_run_state
 from dmlctl.strategies import registry
 from dmlctl.strategies.bmuf import params as bmuf
 from dmlctl.strategies.common import assign_flat

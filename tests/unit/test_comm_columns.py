@@ -14,7 +14,8 @@ from dmlctl.failure import named
 from dmlctl.protocol import COMM_TOTALS
 from dmlctl.runs.comm import CommTotals
 from dmlctl.runs.events import Finished, MetricRecord, RankExited, RankStarted, Restarting
-from dmlctl.runs.state import RankState, RunState, apply, new_run_state
+from dmlctl.runs.reducer import apply
+from dmlctl.runs.state import RankState, RunState, new_run_state
 from dmlctl.runtime.metrics import MetricLogger
 from dmlctl.runtime.optimizer import CommMeter
 from dmlctl.ui.format import rank_table

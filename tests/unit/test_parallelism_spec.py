@@ -537,7 +537,8 @@ def _render(renderable: object, width: int) -> str:
 @pytest.mark.parametrize("width", [80, 160])
 def test_the_rank_table_shows_each_workers_place_in_the_mesh(width: int) -> None:
     from dmlctl.runs.events import MetricRecord
-    from dmlctl.runs.state import apply, new_run_state
+    from dmlctl.runs.reducer import apply
+    from dmlctl.runs.state import new_run_state
     from dmlctl.ui import render_dashboard, render_run_detail
 
     roles = ["worker", "worker", "server", "worker", "worker"]  # asgd, a server on host a

@@ -154,11 +154,16 @@ def test_strategy_params_reach_the_plan_and_every_rank_env() -> None:
     assert plan.strategy == "ssgd"
     assert plan.params_data() == {"bucket_cap_mb": 50, "find_unused_parameters": True}
     assert plan.strategy_params.model_fields_set == {"bucket_cap_mb", "find_unused_parameters"}
-    assert plan.hosts[0].env[protocol.ENV_STRATEGY] == "ssgd"
-    # Carried once, in the plan; every host's agent hands them to its ranks.
+    # Carried once, in the plan, name and parameters together; every host's agent
+    # hands both to its ranks.
+    assert protocol.ENV_STRATEGY not in plan.hosts[0].env
     assert protocol.ENV_STRATEGY_PARAMS not in plan.hosts[0].env
     for host in plan.hosts:
-        env = plan.agent_config(host).rank_env()
+        config = plan.agent_config(host)
+        assert config.strategy == protocol.StrategyChoice("ssgd", plan.params_data())
+        assert protocol.AgentConfig.from_json(config.to_json()) == config
+        env = config.rank_env()
+        assert env[protocol.ENV_STRATEGY] == "ssgd"
         assert json.loads(env[protocol.ENV_STRATEGY_PARAMS]) == plan.params_data()
 
 

@@ -50,7 +50,8 @@ def test_server_stats_window_rates_and_staleness() -> None:
 
 def test_dashboard_shows_clock_staleness_rates_and_spread() -> None:
     from dmlctl.runs.events import MetricRecord
-    from dmlctl.runs.state import apply, new_run_state
+    from dmlctl.runs.reducer import apply
+    from dmlctl.runs.state import new_run_state
     from dmlctl.ui.format import rank_table
 
     ranks = [(0, "a", "worker"), (1, "a", "worker"), (2, "a", "server")]

@@ -24,7 +24,8 @@ from dmlctl.runs.events import (
     RankStarted,
     Stream,
 )
-from dmlctl.runs.state import RunState, apply, new_run_state
+from dmlctl.runs.reducer import apply
+from dmlctl.runs.state import RunState, new_run_state
 from dmlctl.ui import render_dashboard, render_run_detail, render_summary
 from dmlctl.ui.dashboard import fitting_view
 from dmlctl.ui.numbers import compact_bytes, compact_rate

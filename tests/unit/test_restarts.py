@@ -10,7 +10,7 @@ from pathlib import Path
 
 from dmlctl.launch.standby import Standbys
 from dmlctl.launch.supervisor import Supervisor
-from dmlctl.protocol import ENV_ATTEMPT, ENV_RANK_DIR, AgentConfig, TorchrunCommand
+from dmlctl.protocol import ENV_ATTEMPT, ENV_RANK_DIR, AgentConfig, StrategyChoice, TorchrunCommand
 from dmlctl.runs.events import Event, RankStarted, Restarting
 from dmlctl.runs.state import Phase, RankStatus, RunState
 from dmlctl.runs.store import RunDir, RunStore
@@ -153,7 +153,8 @@ def test_attempt_config_numbers_attempts_from_one_and_separates_later_ones(
 
 def test_agent_config_round_trips_through_its_wire_form() -> None:
     torchrun = TorchrunCommand("/py", 2, 3, "h:1", "id.1", "t.py", ("--x", "1"), False, "h")
-    config = AgentConfig("id", "a", 1, "/w", "/r/attempt-1", torchrun, {"A": "1"}, {"lr": 0.5}, 2.0)
+    strategy = StrategyChoice("easgd", {"lr": 0.5})
+    config = AgentConfig("id", "a", 1, "/w", "/r/attempt-1", torchrun, {"A": "1"}, strategy, 2.0)
     assert AgentConfig.from_json(config.to_json()) == config
     assert "\n" not in config.to_json()
 

@@ -28,7 +28,8 @@ from dmlctl.runs.events import (
 )
 from dmlctl.runs.logs import log_path, print_stacks, stream_log
 from dmlctl.runs.recorder import RunRecorder
-from dmlctl.runs.state import Phase, RankStatus, RunState, apply, new_run_state
+from dmlctl.runs.reducer import apply
+from dmlctl.runs.state import Phase, RankStatus, RunState, new_run_state
 from dmlctl.runs.store import RunDir, RunStore, atomic_write, pid_alive
 
 T0 = 1000.0

@@ -21,14 +21,8 @@ from dmlctl.runs.events import (
     StopRequested,
     Stream,
 )
-from dmlctl.runs.state import (
-    TAIL_LINES,
-    Phase,
-    RankStatus,
-    RunState,
-    apply,
-    new_run_state,
-)
+from dmlctl.runs.reducer import apply
+from dmlctl.runs.state import TAIL_LINES, Phase, RankStatus, RunState, new_run_state
 
 T0 = 1000.0
 

@@ -18,7 +18,8 @@ from dmlctl.runs.events import ControllerFailed, Event, LogLines, RankExited
 from dmlctl.runs.files import DiskFull
 from dmlctl.runs.parser import parse_line
 from dmlctl.runs.redaction import redactor_of
-from dmlctl.runs.state import Phase, apply, new_run_state
+from dmlctl.runs.reducer import apply
+from dmlctl.runs.state import Phase, new_run_state
 from dmlctl.runs.store import RunDir
 from dmlctl.spec.restart import RestartSpec
 from dmlctl.transport.fake import (

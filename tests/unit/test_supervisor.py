@@ -187,6 +187,7 @@ def test_agent_gets_its_config_on_stdin_not_on_the_command_line(
         **host.env,
         "DMLCTL_ATTEMPT": "1",
         "DMLCTL_RANK_DIR": host.rank_dir,
+        "DMLCTL_STRATEGY": "ssgd",
         "DMLCTL_STRATEGY_PARAMS": "{}",
     }
     assert config.env["API_TOKEN"] == secret

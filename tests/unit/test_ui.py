@@ -20,7 +20,8 @@ from dmlctl.runs.events import (
     RankStarted,
     Stream,
 )
-from dmlctl.runs.state import Phase, RunState, apply, new_run_state
+from dmlctl.runs.reducer import apply
+from dmlctl.runs.state import Phase, RunState, new_run_state
 from dmlctl.ui import (
     LiveDashboard,
     PlainPrinter,
@@ -318,7 +319,8 @@ def test_run_list_and_detail() -> None:
 
 def test_strategy_metrics_get_their_own_columns() -> None:
     from dmlctl.runs.events import MetricRecord
-    from dmlctl.runs.state import apply, new_run_state
+    from dmlctl.runs.reducer import apply
+    from dmlctl.runs.state import new_run_state
     from dmlctl.ui.format import rank_table
 
     state = new_run_state("r", "job", "bmuf", [(0, "a", "worker"), (1, "a", "worker")], 0.0)
