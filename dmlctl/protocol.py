@@ -20,7 +20,7 @@
   (``stop [GRACE]``, ``dump``).
 
 * **host agent → controller.** The agent prints one JSON object per line on its
-  stdout (see :func:`encode_agent_message`); the controller's parser
+  stdout (:mod:`dmlctl.wire`: one type per message); the controller's parser
   (``dmlctl.runs.parser``) turns them into typed events, adding the host name.
 
 Every record carries ``ts`` (seconds since the epoch, float).
@@ -173,18 +173,6 @@ FR_ENV = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
 FR_DEFAULT_SIZE = "200"
 NCCL_SUFFIX = "/nccl"  # a group's row of NCCL collectives in a heartbeat's "coll"
 
-# Kinds of agent messages (agent stdout).
-# {"k": "log", "r": rank|None, "s": "stdout"|"stderr"|"agent"|"torchrun", "l": [lines]}
-MSG_LOG = "log"
-MSG_RANK = "rank"  # {"k": "rank", "rec": <rank record>}
-MSG_AGENT = "agent"  # {"k": "agent", "state": "started", "pid": int}
-#   | {..., "state": "alive", "procs": {rank: [state, cpu_s, io_bytes]}}: once a second,
-#     each rank's process tree as /proc shows it (state letter, CPU seconds, I/O bytes);
-#     without "procs" while the agent still imports torchrun, before anything started
-#   | {..., "state": "dumped", "stopped": [ranks whose process is stopped]}: stacks are sent
-MSG_STACKS = "stacks"  # {"k": "stacks", "r": rank, "l": [lines]}: a rank's stack dump
-MSG_EXIT = "exit"  # {"k": "exit", "code": int, "tail": [lines]} — the agent's last message
-
 
 def checkpoint_step_dir(step: int) -> str:
     """Name of checkpoint ``step``'s directory."""
@@ -330,12 +318,6 @@ class RankEventWriter:
     def close(self) -> None:
         with self._lock:
             self._file.close()
-
-
-def encode_agent_message(kind: str, **fields: Any) -> str:
-    """One agent → controller message as a single JSON line (without newline)."""
-    fields["k"] = kind
-    return json.dumps(fields, separators=(",", ":"))
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ import threading
 import time
 from types import FrameType
 
-from dmlctl import protocol
+from dmlctl import wire
 from dmlctl.agent import warm
 from dmlctl.agent.forward import Held, drain, dump, emit_ranks, rank_usage
 from dmlctl.agent.messages import Commands, Emitter, Output, forward_torchrun, watch_stdin
@@ -69,7 +69,7 @@ def run(config: AgentConfig, emit: Emitter, commands: Commands) -> int:
     except (OSError, ValueError) as e:
         cannot_start(emit, "cannot start torchrun", e)
         return 127
-    emit.send(protocol.MSG_AGENT, state="started", pid=os.getpid(), torchrun_pid=proc.pid)
+    emit.send(wire.AgentMsg("started", pid=os.getpid(), torchrun_pid=proc.pid))
     assert proc.stdout is not None
     out = Output()
     reader = threading.Thread(
@@ -87,13 +87,7 @@ def run(config: AgentConfig, emit: Emitter, commands: Commands) -> int:
     drain(tailer, emit, pids, held)  # after: nothing writes to the rank files any more
     tailer.close()
     code = int(proc.returncode) if proc.returncode is not None else 1
-    emit.send(
-        protocol.MSG_EXIT,
-        code=code,
-        tail=list(out.tail),
-        summary=list(out.summary),
-        stopped=stopped,
-    )
+    emit.send(wire.ExitMsg(code, tuple(out.tail), tuple(out.summary), stopped))
     return code
 
 
@@ -114,7 +108,7 @@ def _supervise(
     while True:
         busy = emit_ranks(tailer, emit, pids, held=held)
         if time.monotonic() >= alive_at:  # the controller counts a silent host as lost
-            emit.send(protocol.MSG_AGENT, state="alive", procs=rank_usage(pids))
+            emit.send(wire.AgentMsg("alive", procs=rank_usage(pids)))
             alive_at = time.monotonic() + ALIVE_S
         if proc.poll() is not None:
             return kill_at is not None
@@ -131,12 +125,8 @@ def _supervise(
             grace = commands.grace
             grace = config.stop_grace if grace is None else grace
             why = commands.reason[0] if commands.reason else "controller connection lost"
-            emit.send(
-                protocol.MSG_LOG,
-                r=None,
-                s="agent",
-                l=[f"dmlctl agent: {why}; stopping (ranks get {grace:g} s)"],
-            )
+            said = f"dmlctl agent: {why}; stopping (ranks get {grace:g} s)"
+            emit.send(wire.LogMsg(None, "agent", (said,)))
             with contextlib.suppress(ProcessLookupError):
                 os.kill(proc.pid, signal.SIGTERM)  # torchrun passes it on to every rank
             kill_at = time.monotonic() + grace
@@ -167,7 +157,7 @@ def main() -> int:
         return 2
     emit = Emitter(sys.stdout, stop)
     # Never fork while another thread imports; the controller counts a silent host as lost.
-    warm.await_preload(preload, ALIVE_S, lambda: emit.send(protocol.MSG_AGENT, state="alive"))
+    warm.await_preload(preload, ALIVE_S, lambda: emit.send(wire.AgentMsg("alive")))
     config = AgentConfig.from_json(first)
     become_subreaper()
     commands = Commands(stop, reason)

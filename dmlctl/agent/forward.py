@@ -7,9 +7,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from typing import Any
 
-from dmlctl import protocol
+from dmlctl import protocol, wire
 from dmlctl.agent.messages import Emitter
 from dmlctl.agent.procs import descendants
 from dmlctl.agent.stacks import dump_stacks, main_thread_frames
@@ -42,7 +41,7 @@ def emit_ranks(
         if kind == "events.jsonl":
             records += [rec for rec in lines if rec.strip()]
         else:
-            emit.send(protocol.MSG_LOG, r=rank, s=kind, l=lines)
+            emit.send(wire.LogMsg(rank, kind, tuple(lines)))
     held = held if held is not None else Held()
     for rank in [r for r in held.exits if r not in tailer.behind]:
         records += held.exits.pop(rank)
@@ -56,7 +55,7 @@ def emit_ranks(
             with contextlib.suppress(ValueError, KeyError, TypeError):
                 start = json.loads(rec)
                 pids[int(start["rank"])] = int(start["pid"])
-        emit.raw('{"k":"rank","rec":' + rec + "}")
+        emit.raw(wire.encode_rank_record(rec))
     return any_data
 
 
@@ -74,13 +73,13 @@ def drain(tailer: RankDirTailer, emit: Emitter, pids: dict[int, int], held: Held
     emit_ranks(tailer, emit, pids, final=True, held=held)
 
 
-def rank_usage(pids: dict[int, int]) -> dict[int, list[Any]]:
-    """Every rank's ``[state, CPU seconds, I/O bytes]`` (of its process tree), now."""
-    out: dict[int, list[Any]] = {}
+def rank_usage(pids: dict[int, int]) -> dict[int, tuple[str, float, int]]:
+    """Every rank's ``(state, CPU seconds, I/O bytes)`` (of its process tree), now."""
+    out: dict[int, tuple[str, float, int]] = {}
     for rank, pid in pids.items():
         found = usage(pid)
         if found is not None:
-            out[rank] = [found[0], round(found[1], 3), found[2]]
+            out[rank] = (found[0], round(found[1], 3), found[2])
     return out
 
 
@@ -91,5 +90,5 @@ def dump(pids: dict[int, int], rank_dir: str, namer: FrameNamer, emit: Emitter) 
     dumps, stopped = dump_stacks({r: p for r, p in pids.items() if p in mine}, rank_dir)
     for rank, lines in sorted(dumps.items()):
         where, inner = namer.summary(main_thread_frames(lines))
-        emit.send(protocol.MSG_STACKS, r=rank, l=lines, where=where, inner=inner)
-    emit.send(protocol.MSG_AGENT, state="dumped", stopped=stopped)
+        emit.send(wire.StacksMsg(rank, tuple(lines), where, inner))
+    emit.send(wire.AgentMsg("dumped", stopped=tuple(stopped)))

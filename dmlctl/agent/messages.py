@@ -10,9 +10,9 @@ import contextlib
 import re
 import sys
 import threading
-from typing import Any, TextIO
+from typing import TextIO
 
-from dmlctl import protocol
+from dmlctl import protocol, wire
 
 TAIL = 40  # torchrun's last lines, in the exit message
 SUMMARY_LINES = 2000  # at most this much of torchrun's failure summary
@@ -34,8 +34,8 @@ class Emitter:
             except (BrokenPipeError, OSError, ValueError):
                 self._gone.set()
 
-    def send(self, kind: str, **fields: Any) -> None:
-        self.raw(protocol.encode_agent_message(kind, **fields))
+    def send(self, msg: wire.Message) -> None:
+        self.raw(wire.encode(msg))
 
 
 _REPORT_START = re.compile(r"failed \(exitcode: -?\d+\)|Sending process \d+ closing signal")
@@ -61,7 +61,7 @@ def forward_torchrun(
         # Once we stop torchrun ourselves, what it prints is its own shutdown noise
         # (a SignalException traceback): kept in the exit message's tail, not streamed.
         if not stop.is_set():
-            emit.send(protocol.MSG_LOG, r=None, s=source, l=[text])
+            emit.send(wire.LogMsg(None, source, (text,)))
 
 
 class Output:

@@ -12,7 +12,7 @@ import os
 import signal
 import subprocess
 
-from dmlctl import protocol
+from dmlctl import protocol, wire
 from dmlctl.agent import warm
 from dmlctl.agent.messages import Emitter
 from dmlctl.agent.procs import dies_with_parent
@@ -52,7 +52,7 @@ def start(config: AgentConfig, workdir: str, env: dict[str, str], emit: Emitter)
     argv = config.torchrun.argv()
     if warm.can_fork(argv):
         forked = warm.ForkedTorchrun(argv, workdir, env)
-        emit.send(protocol.MSG_LOG, r=None, s="agent", l=["dmlctl agent: warm start"])
+        emit.send(wire.LogMsg(None, "agent", ("dmlctl agent: warm start",)))
         return forked
     return subprocess.Popen(
         argv,
@@ -85,13 +85,8 @@ def cannot_start(emit: Emitter, what: str, exc: OSError | ValueError) -> None:
         else ("SpecInvalid", Kind.SPEC)
     )
     message = f"{what}: {exc}"
-    emit.send(
-        protocol.MSG_EXIT,
-        code=127,
-        tail=[message],
-        stopped=False,
-        error={"type": name, "message": message, "kind": kind.value},
-    )
+    error = {"type": name, "message": message, "kind": kind.value}
+    emit.send(wire.ExitMsg(127, (message,), error=error))
 
 
 def prepare(config: AgentConfig, emit: Emitter) -> str | None:

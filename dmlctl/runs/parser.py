@@ -6,13 +6,12 @@ stray print on a host is shown, never lost and never fatal.
 
 from __future__ import annotations
 
-import json
 import re
 import signal
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dmlctl import protocol
+from dmlctl import protocol, wire
 from dmlctl.failure import Evidence, Failure, Kind, error_kind, exit_kind, named_kind
 from dmlctl.runs.events import (
     AgentExited,
@@ -170,50 +169,48 @@ def _rank_record(host: str, rec: Mapping[str, Any]) -> list[Event]:
     if kind == protocol.KIND_EXIT:
         cause = _cause(host, rank, rec.get("error"), ts)
         return [RankExited(host, rank, int(rec["code"]), cause, ts, _coll(rec.get("coll")))]
-    return []
+    raise ValueError(f"unknown rank record kind {kind!r}")
 
 
 def parse_line(host: str, line: str, now: float) -> list[Event]:
-    """Events carried by one line of host ``host``'s agent output."""
+    """Events carried by one line of host ``host``'s agent output; a line that is no
+    message of this wire (:func:`dmlctl.wire.decode`) is the agent's output, kept with
+    the reason when it looked like a message."""
     try:
-        msg = json.loads(line)
-        kind = msg["k"]
-        if kind == protocol.MSG_LOG:
-            rank = msg["r"]
-            stream = _STREAMS[msg["s"]]
-            return [LogLines(host, rank, stream, tuple(str(x) for x in msg["l"]), now)]
-        if kind == protocol.MSG_RANK:
-            return _rank_record(host, msg["rec"])
-        if kind == protocol.MSG_STACKS:
-            lines = tuple(str(x) for x in msg["l"])
-            where, inner = _opt_str(msg.get("where")), _opt_str(msg.get("inner"))
-            return [StackDump(host, int(msg["r"]), lines, now, where, inner)]
-        if kind == protocol.MSG_AGENT:
-            state = msg.get("state")
-            if state == "alive":  # the keepalive, with the ranks' processes as /proc shows
-                procs = {
-                    int(r): ProcUsage(str(u[0]), float(u[1]), int(u[2]))
-                    for r, u in (msg.get("procs") or {}).items()
-                }
-                return [ProcSample(host, procs, now)] if procs else []
-            if state == "dumped":
-                return [StacksDumped(host, tuple(int(r) for r in msg.get("stopped", ())), now)]
-            return [AgentStarted(host, int(msg["pid"]), now)]
-        if kind == protocol.MSG_EXIT:
-            code = int(msg["code"])
-            tail = tuple(str(x) for x in msg.get("tail", ()))
-            summary = [str(x) for x in msg.get("summary", ())]
-            error = msg.get("error")
-            cause: Failure | None
-            if isinstance(error, dict):  # the agent could not start the run at all
-                name, message = str(error.get("type", "AgentExit")), str(error.get("message", ""))
-                kind = _kind(error.get("kind")) or named_kind(name, message, None)
-                cause = Failure(
-                    host, None, name, message, tail, now, kind=kind, evidence=Evidence.RECORD
-                )
-            else:
-                cause = torchrun_failure(host, tail, now, summary) if code != 0 else None
-            return [AgentExited(host, code, tail, now, cause)]
-    except (ValueError, KeyError, TypeError):
-        pass
+        msg = wire.decode(line)
+        return _events(host, msg, now)
+    except wire.WireError as e:
+        if e.claimed:
+            line = f"dmlctl: not understood ({e}): {line}"
+    except (ValueError, KeyError, TypeError) as e:  # a rank record that is not one
+        line = f"dmlctl: not understood ({type(e).__name__}: {e}): {line}"
     return [LogLines(host, None, Stream.AGENT, (line,), now)]
+
+
+def _events(host: str, msg: wire.Message, now: float) -> list[Event]:
+    """The events one decoded message carries."""
+    if isinstance(msg, wire.LogMsg):
+        return [LogLines(host, msg.rank, _STREAMS[msg.stream], msg.lines, now)]
+    if isinstance(msg, wire.RankMsg):
+        return _rank_record(host, msg.record)
+    if isinstance(msg, wire.StacksMsg):
+        return [StackDump(host, msg.rank, msg.lines, now, msg.where, msg.inner)]
+    if isinstance(msg, wire.AgentMsg):
+        if msg.state == "alive":  # the keepalive, with the ranks' processes as /proc shows
+            procs = {r: ProcUsage(*u) for r, u in msg.procs.items()}
+            return [ProcSample(host, procs, now)] if procs else []
+        if msg.state == "dumped":
+            return [StacksDumped(host, msg.stopped, now)]
+        return [AgentStarted(host, int(msg.pid or 0), now)]
+    return [AgentExited(host, msg.code, msg.tail, now, _exit_cause(host, msg, now))]
+
+
+def _exit_cause(host: str, msg: wire.ExitMsg, now: float) -> Failure | None:
+    """Why the agent's run failed: its own error (it could not start the run at all),
+    else torchrun's summary of the ranks' exit codes."""
+    error = msg.error
+    if error is None:
+        return torchrun_failure(host, msg.tail, now, msg.summary) if msg.code != 0 else None
+    name, message = str(error.get("type", "AgentExit")), str(error.get("message", ""))
+    kind = _kind(error.get("kind")) or named_kind(name, message, None)
+    return Failure(host, None, name, message, msg.tail, now, kind=kind, evidence=Evidence.RECORD)

@@ -21,16 +21,14 @@ import threading
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-from dmlctl import protocol
+from dmlctl import protocol, wire
 from dmlctl.failure import named_kind
 from dmlctl.transport.base import Process, Result, Transport
 
 STOP = "stop"
 """What the controller sends an agent to stop it."""
 
-STOPPED_EXIT_LINE = protocol.encode_agent_message(
-    protocol.MSG_EXIT, code=-15, tail=[], stopped=True
-)
+STOPPED_EXIT_LINE = wire.encode(wire.ExitMsg(-15, stopped=True))
 """The exit message a hanging :class:`ScriptedProcess` prints once told to stop."""
 
 KILLED_CODE = -9
@@ -259,24 +257,22 @@ def _rank_line(kind: str, rank: int, ts: float, **fields: Any) -> str:
     # The agent forwards rank records verbatim; RankEventWriter writes kind first,
     # then the record's fields, then rank and ts.
     record = {"kind": kind, **fields, "rank": rank, "ts": ts}
-    return '{"k":"rank","rec":' + json.dumps(record, separators=(",", ":")) + "}"
+    return wire.encode_rank_record(json.dumps(record, separators=(",", ":")))
 
 
 def agent_started(pid: int = 4242, torchrun_pid: int = 4243) -> str:
     """The agent's first message: torchrun is running."""
-    return protocol.encode_agent_message(
-        protocol.MSG_AGENT, state="started", pid=pid, torchrun_pid=torchrun_pid
-    )
+    return wire.encode(wire.AgentMsg("started", pid=pid, torchrun_pid=torchrun_pid))
 
 
 def agent_log(*lines: str) -> str:
     """Lines torchrun (or the agent itself) printed."""
-    return protocol.encode_agent_message(protocol.MSG_LOG, r=None, s="agent", l=list(lines))
+    return wire.encode(wire.LogMsg(None, "agent", lines))
 
 
 def rank_log(rank: int, *lines: str, stream: str = "stdout") -> str:
     """Lines rank ``rank`` wrote to ``stream`` (``stdout`` or ``stderr``)."""
-    return protocol.encode_agent_message(protocol.MSG_LOG, r=rank, s=stream, l=list(lines))
+    return wire.encode(wire.LogMsg(rank, stream, lines))
 
 
 def rank_start(
@@ -325,9 +321,7 @@ def rank_error(exc_type: str, message: str, traceback: Sequence[str] = ()) -> di
 
 def agent_exit(code: int = 0, tail: Sequence[str] = (), *, stopped: bool = False) -> str:
     """The agent's last message: torchrun's exit code and its last lines."""
-    return protocol.encode_agent_message(
-        protocol.MSG_EXIT, code=code, tail=list(tail), stopped=stopped
-    )
+    return wire.encode(wire.ExitMsg(code, tuple(tail), stopped=stopped))
 
 
 def agent_lines(

@@ -343,7 +343,7 @@ def test_an_agent_still_importing_torchrun_keeps_saying_it_is_alive() -> None:
     warm.await_preload(
         importing,
         0.01,
-        lambda: emit.send(agent_main.protocol.MSG_AGENT, state="alive"),
+        lambda: emit.send(agent_main.wire.AgentMsg("alive")),
     )
     assert heard.is_set(), "the wait ended without three keepalives"
     lines = out.getvalue().splitlines()

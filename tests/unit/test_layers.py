@@ -33,6 +33,7 @@ COMPOSERS = {"dmlctl.runtime.entry", "dmlctl.runtime.session", "dmlctl"}
 BASE = {
     "dmlctl.errors",
     "dmlctl.failure",
+    "dmlctl.wire",
     "dmlctl.protocol",
     "dmlctl.mesh",
     "dmlctl.gpus",

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
+from dmlctl import wire
 from dmlctl.failure import named
 from dmlctl.runs.events import (
     AgentExited,
@@ -195,7 +197,7 @@ def test_the_killed_rank_is_found_above_long_tracebacks_through_the_summary() ->
     # workers that died of the broken connection follow with long tracebacks, so the
     # agent's 40-line tail holds only rank 0's "Root Cause" entry. The agent keeps the
     # summary lines of the whole output apart; the parser reads those.
-    from dmlctl import protocol
+    from dmlctl import protocol, wire
 
     full = torchrun_summary((0, 0, 1, 300), (1, 2, -9, 302), (2, 1, 1, 301))
     traceback = ["  traceback : Traceback (most recent call last):"] + [
@@ -212,9 +214,7 @@ def test_the_killed_rank_is_found_above_long_tracebacks_through_the_summary() ->
     assert cause.traceback == tuple(tail[-15:])  # what the user reads stays the tail
     ev = one(
         "h",
-        protocol.encode_agent_message(
-            protocol.MSG_EXIT, code=1, tail=tail, summary=summary, stopped=False
-        ),
+        wire.encode(wire.ExitMsg(1, tuple(tail), tuple(summary))),
     )
     assert isinstance(ev, AgentExited) and ev.cause is not None and ev.cause.rank == 2
 
@@ -224,27 +224,53 @@ def test_no_summary_no_cause() -> None:
     assert torchrun_failure("h", []) is None
 
 
-@pytest.mark.parametrize(
-    "raw",
-    [
-        "not json at all",
-        '{"k": "log", "r": 0',  # cut off
-        "[1, 2, 3]",  # JSON, not an object
-        '{"no": "kind"}',
-        '{"k": "mystery"}',  # unknown kind
-        '{"k": "log", "r": 0, "s": "sideways", "l": ["x"]}',  # unknown stream
-        '{"k": "rank", "rec": {"kind": "start", "rank": "zero", "ts": 1}}',
-        '{"k": "exit", "code": "boom"}',
-        "",
-    ],
-)
-def test_malformed_lines_are_kept_as_agent_log_lines(raw: str) -> None:
+def msg(fields: dict[str, Any]) -> str:
+    """A message line as an agent of this version writes it, from its fields."""
+    return json.dumps({**fields, "v": wire.VERSION})
+
+
+@pytest.mark.parametrize("raw", ["not json at all", "[1, 2, 3]", '{"no": "kind"}', ""])
+def test_lines_that_are_no_message_are_kept_as_agent_log_lines(raw: str) -> None:
     assert parse_line("a", raw, NOW) == [LogLines("a", None, Stream.AGENT, (raw,), NOW)]
 
 
-def test_unknown_rank_record_kind_is_ignored() -> None:
-    line = json.dumps({"k": "rank", "rec": {"kind": "future", "rank": 0, "ts": 1.0}})
-    assert parse_line("a", line, NOW) == []
+@pytest.mark.parametrize(
+    ("raw", "why"),
+    [
+        ('{"k": "log", "v": 1, "r": 0', "not JSON"),  # cut off: no message at all
+        ('{"k": "mystery", "v": 1}', "not understood (unknown message kind 'mystery')"),
+        ('{"k": "log", "v": 1, "r": 0, "s": "sideways", "l": ["x"]}', "KeyError: 'sideways'"),
+        ('{"k": "rank", "v": 1, "rec": {"kind": "start", "rank": "zero", "ts": 1}}', "zero"),
+        ('{"k": "exit", "v": 1, "code": "boom"}', "bad exit message"),
+        ('{"k": "log", "r": 0, "s": "stdout", "l": ["x"]}', "wire version None, not 1"),
+        ('{"k": "log", "v": 2, "r": 0, "s": "stdout", "l": ["x"]}', "an agent of another dmlctl"),
+        ('{"k": "rank", "v": 1, "rec": {"kind": "future", "rank": 0, "ts": 1.0}}', "'future'"),
+    ],
+)
+def test_a_message_not_understood_is_kept_with_the_reason(raw: str, why: str) -> None:
+    (ev,) = parse_line("a", raw, NOW)
+    assert isinstance(ev, LogLines) and (ev.rank, ev.stream) == (None, Stream.AGENT)
+    assert ev.lines[0].endswith(raw)
+    assert why in ev.lines[0] or (why == "not JSON" and ev.lines[0] == raw), ev.lines[0]
+
+
+def test_every_message_decodes_to_what_was_encoded() -> None:
+    messages: list[wire.Message] = [
+        wire.LogMsg(3, "stderr", ("a", "b")),
+        wire.LogMsg(None, "torchrun", ()),
+        wire.RankMsg({"kind": "metric", "rank": 0, "ts": 1.0, "step": 2, "values": {}}),
+        wire.StacksMsg(1, ("Thread 0x1",), "train.py:3 in main", None),
+        wire.AgentMsg("started", pid=1, torchrun_pid=2),
+        wire.AgentMsg("alive", procs={0: ("S", 1.5, 4096)}),
+        wire.AgentMsg("dumped", stopped=(1,)),
+        wire.ExitMsg(1, ("t",), ("rank : 0",), False, {"type": "SpecInvalid", "message": "m"}),
+    ]
+    for msg in messages:
+        line = wire.encode(msg)
+        assert '"v":1' in line and "\n" not in line
+        assert wire.decode(line) == msg
+    rec = '{"kind":"exit","code":0,"error":null,"rank":0,"ts":1.0}'
+    assert wire.decode(wire.encode_rank_record(rec)) == wire.RankMsg(json.loads(rec))
 
 
 def test_a_heartbeat_carries_what_the_rank_does() -> None:
@@ -263,7 +289,7 @@ def test_a_heartbeat_carries_what_the_rank_does() -> None:
         "limit": 60,
         "coll": {"0": [11, 10, "all_reduce", 1.5, 2], "1": [3, 3, None, None]},
     }
-    beat = one("a", json.dumps({"k": "rank", "rec": rec}))
+    beat = one("a", msg({"k": "rank", "rec": rec}))
     assert beat == Heartbeat(
         "a",
         1,
@@ -282,7 +308,7 @@ def test_a_heartbeat_carries_what_the_rank_does() -> None:
     bare = one(
         "a",
         json.dumps(
-            {"k": "rank", "rec": {"kind": "heartbeat", "rank": 0, "ts": 1.0, "progress": 0}}
+            {"k": "rank", "v": 1, "rec": {"kind": "heartbeat", "rank": 0, "ts": 1.0, "progress": 0}}
         ),
     )
     assert bare == Heartbeat("a", 0, 0, 1.0)
@@ -292,6 +318,7 @@ def test_stack_dumps_and_the_end_of_a_dump_are_events() -> None:
     line = json.dumps(
         {
             "k": "stacks",
+            "v": 1,
             "r": 3,
             "l": ["Thread 0x1:", '  File "t.py", line 2 in f'],
             "where": "t.py:2 in f",
@@ -301,17 +328,22 @@ def test_stack_dumps_and_the_end_of_a_dump_are_events() -> None:
     assert one("b", line) == StackDump(
         "b", 3, ("Thread 0x1:", '  File "t.py", line 2 in f'), NOW, "t.py:2 in f", None
     )
-    assert one("b", json.dumps({"k": "agent", "state": "dumped", "stopped": [1]})) == (
+    assert one("b", msg({"k": "agent", "state": "dumped", "stopped": [1]})) == (
         StacksDumped("b", (1,), NOW)
     )
 
 
 def test_a_keepalive_carries_the_ranks_processes_and_an_exit_its_final_counts() -> None:
-    alive = {"k": "agent", "state": "alive", "procs": {"0": ["S", 1.5, 4096], "1": ["T", 2, 0]}}
-    assert one("a", json.dumps(alive)) == ProcSample(
+    alive = {
+        "k": "agent",
+        "v": 1,
+        "state": "alive",
+        "procs": {"0": ["S", 1.5, 4096], "1": ["T", 2, 0]},
+    }
+    assert one("a", msg(alive)) == ProcSample(
         "a", {0: ProcUsage("S", 1.5, 4096), 1: ProcUsage("T", 2.0, 0)}, NOW
     )
-    assert parse_line("a", json.dumps({"k": "agent", "state": "alive"}), NOW) == []
+    assert parse_line("a", msg({"k": "agent", "state": "alive"}), NOW) == []
     rec = {
         "kind": "exit",
         "rank": 1,
@@ -320,11 +352,11 @@ def test_a_keepalive_carries_the_ranks_processes_and_an_exit_its_final_counts() 
         "error": None,
         "coll": {"0": [12, 12, None, None, 2]},
     }
-    assert one("a", json.dumps({"k": "rank", "rec": rec})) == RankExited(
+    assert one("a", msg({"k": "rank", "rec": rec})) == RankExited(
         "a", 1, 0, None, 3.0, {"0": Collective(12, 12, size=2)}
     )
 
 
 def test_a_prepared_record_names_the_strategy() -> None:
     rec = {"kind": "prepared", "rank": 0, "ts": 2.0, "strategy": "local-sgd"}
-    assert one("a", json.dumps({"k": "rank", "rec": rec})) == Prepared("a", 0, "local-sgd", 2.0)
+    assert one("a", msg({"k": "rank", "rec": rec})) == Prepared("a", 0, "local-sgd", 2.0)

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from dmlctl import wire
 from dmlctl.launch.standby import Standbys
 from dmlctl.launch.supervisor import Supervisor
 from dmlctl.protocol import ENV_ATTEMPT, ENV_RANK_DIR, AgentConfig, StrategyChoice, TorchrunCommand
@@ -92,7 +93,7 @@ def test_a_rank_that_stops_beating_is_hung_after_its_stacks_are_asked_for(
     beat = json.dumps(
         {"kind": "heartbeat", "progress": 7, "rank": 0, "ts": 1.0, "where": "train.py:9 in step"}
     )
-    hanging = [agent_started(), rank_start(0, 0, host="a"), '{"k":"rank","rec":' + beat + "}"]
+    hanging = [agent_started(), rank_start(0, 0, host="a"), wire.encode_rank_record(beat)]
     t = ScriptedTransport("a", hanging, hang=True)
     started = time.monotonic()
     state = _run(tmp_path, {"a": t}, hang_timeout=0.5, dump_wait=0.3)

@@ -153,15 +153,12 @@ def test_an_agent_that_cannot_start_its_run_is_a_spec_failure(
     tmp_path: Path,
     run_dir: RunDir,  # noqa: F811
 ) -> None:
-    from dmlctl import protocol
+    from dmlctl import wire
 
     plan = make_plan(tmp_path, [1])
-    exit_line = protocol.encode_agent_message(
-        protocol.MSG_EXIT,
-        code=127,
-        tail=["cannot start torchrun: embedded null byte"],
-        stopped=False,
-        error={"type": "SpecInvalid", "message": "cannot start torchrun: x"},
+    error = {"type": "SpecInvalid", "message": "cannot start torchrun: x"}
+    exit_line = wire.encode(
+        wire.ExitMsg(127, ("cannot start torchrun: embedded null byte",), error=error)
     )
     restart = RestartSpec(max_infra_restarts=3)
     sup = Supervisor(
