@@ -13,6 +13,7 @@ Torch-free and I/O-free: the rank runtime, the agent and the controller all impo
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import signal
 from collections.abc import Iterable, Mapping
@@ -62,11 +63,10 @@ class Failure:
     ts: float = 0.0  # when it was recorded (wall clock of its producer)
     kind: Kind = field(kw_only=True)
     evidence: Evidence = field(kw_only=True)
-
-    @property
-    def collateral(self) -> bool:
-        """A consequence of another failure, never a root cause while one is known."""
-        return self.kind is Kind.COLLATERAL
+    collateral: bool = field(default=False, kw_only=True)
+    """A consequence of another failure (a collective that broke because a peer died,
+    a checkpoint another rank refused): never the root cause while another is known.
+    Its kind still says what failed (and so which budget it spends)."""
 
     def headline(self) -> str:
         """One line: ``rank 1 on host-a: ValueError: bad batch`` (``controller: …`` for
@@ -87,6 +87,7 @@ class Failure:
             "ts": self.ts,
             "kind": self.kind.value,
             "evidence": self.evidence.value,
+            "collateral": self.collateral,
         }
 
 
@@ -121,12 +122,20 @@ CRASH_SIGNALS = frozenset({"SIGSEGV", "SIGABRT", "SIGBUS", "SIGFPE", "SIGILL", "
 """Signals a process raises against itself when it crashes: its own fault."""
 
 
+def is_collateral(exc_type: str, message: str) -> bool:
+    """Whether a rank's exception says something else caused it (:data:`COLLATERAL_MARKERS`)."""
+    return any(marker in f"{exc_type}: {message}" for marker in COLLATERAL_MARKERS)
+
+
 def error_kind(exc_type: str, message: str) -> Kind:
     """The kind of a rank's exception from its type's name and message (what a rank's
-    exit record carries: :func:`exception_kind` on the rank calls this)."""
-    if any(marker in f"{exc_type}: {message}" for marker in COLLATERAL_MARKERS):
-        return Kind.COLLATERAL
-    return _RANK_TYPES.get(exc_type.rpartition(".")[2], Kind.USER)
+    exit record carries: :func:`exception_kind` on the rank calls this): its type's
+    kind (a corrupt checkpoint is one whatever its text says), else collateral by its
+    text, else the user's code."""
+    known = _RANK_TYPES.get(exc_type.rpartition(".")[2])
+    if known is not None:
+        return known
+    return Kind.COLLATERAL if is_collateral(exc_type, message) else Kind.USER
 
 
 def exception_kind(exc: BaseException) -> Kind:
@@ -175,6 +184,20 @@ def named_kind(exc_type: str, message: str, rank: int | None) -> Kind:
     return error_kind(exc_type, message)
 
 
+_EXIT_NAMES = ("Signal", "ExitCode")
+_SEEN_NAMES = ("Hang", "AgentLost", "HostsLost", "ControllerLost", "RunDirGone", "StoreError")
+
+
+def named_evidence(host: str, exc_type: str, message: str) -> Evidence:
+    """What an older record's failure was known from, by its names (its producer)."""
+    generic = exc_type == "AgentExit" and message.startswith("torchrun exited with code")
+    if exc_type in _EXIT_NAMES or generic:
+        return Evidence.EXIT
+    if exc_type in _SEEN_NAMES or host == CONTROLLER:
+        return Evidence.SEEN
+    return Evidence.RECORD
+
+
 def named(
     host: str,
     rank: int | None,
@@ -183,11 +206,21 @@ def named(
     traceback: tuple[str, ...] = (),
     ts: float = 0.0,
     *,
-    evidence: Evidence = Evidence.RECORD,
+    evidence: Evidence | None = None,
 ) -> Failure:
-    """A failure whose kind its names say (:func:`named_kind`): an older record's."""
-    kind = named_kind(exc_type, message, rank)
-    return Failure(host, rank, exc_type, message, traceback, ts, kind=kind, evidence=evidence)
+    """A failure whose kind, evidence and collateral flag its names and text say
+    (:func:`named_kind`, :func:`named_evidence`): an older record's."""
+    return Failure(
+        host,
+        rank,
+        exc_type,
+        message,
+        traceback,
+        ts,
+        kind=named_kind(exc_type, message, rank),
+        evidence=evidence or named_evidence(host, exc_type, message),
+        collateral=is_collateral(exc_type, message),
+    )
 
 
 def failure_from_dict(data: Mapping[str, Any]) -> Failure:
@@ -195,13 +228,16 @@ def failure_from_dict(data: Mapping[str, Any]) -> Failure:
     the kind its names say (:func:`named`)."""
     exc_type, message = str(data["exc_type"]), str(data["message"])
     rank = None if data.get("rank") is None else int(data["rank"])
-    evidence = Evidence(data.get("evidence", Evidence.RECORD.value))
     traceback = tuple(str(x) for x in data.get("traceback", ()))
-    ts, host = float(data.get("ts", 0.0)), str(data["host"])
+    old = named(str(data["host"]), rank, exc_type, message, traceback, float(data.get("ts", 0.0)))
     if not data.get("kind"):
-        return named(host, rank, exc_type, message, traceback, ts, evidence=evidence)
-    kind = Kind(data["kind"])
-    return Failure(host, rank, exc_type, message, traceback, ts, kind=kind, evidence=evidence)
+        return old
+    return dataclasses.replace(
+        old,
+        kind=Kind(data["kind"]),
+        evidence=Evidence(data["evidence"]),
+        collateral=bool(data.get("collateral", False)),
+    )
 
 
 def pick_root_cause(failures: Iterable[Failure]) -> Failure | None:
@@ -219,19 +255,26 @@ def pick_root_cause(failures: Iterable[Failure]) -> Failure | None:
     4. then the earlier one; of equals, the one that arrived first.
     """
     seen = list(failures)
-    told = [f for f in seen if not any(_supersedes(g, f) for g in seen)]
-    return min(told, key=_order, default=None)
+    told = [
+        (host, rank)
+        for host, rank, ev in ((f.host, f.rank, f.evidence) for f in seen)
+        if ev is not Evidence.EXIT
+    ]
+    ranks, hosts = set(told), {host for host, _ in told}
+    agents = {host for host, rank in told if rank is None}
+
+    def superseded(f: Failure) -> bool:
+        if f.evidence is not Evidence.EXIT:
+            return False
+        about_host = f.rank is None and f.host in hosts
+        return (f.host, f.rank) in ranks or about_host or f.host in agents
+
+    return min((f for f in seen if not superseded(f)), key=_order, default=None)
 
 
 def explains_better(new: Failure, old: Failure | None) -> bool:
     """Whether ``new`` would replace ``old`` as the root cause (:func:`pick_root_cause`)."""
     return old is None or pick_root_cause([old, new]) is new
-
-
-def _supersedes(g: Failure, f: Failure) -> bool:
-    """``g`` says more than ``f`` about the same rank (or its host agent)."""
-    same = g.host == f.host and (g.rank == f.rank or g.rank is None or f.rank is None)
-    return same and f.evidence is Evidence.EXIT and g.evidence is not Evidence.EXIT
 
 
 def _order(f: Failure) -> tuple[bool, bool, float]:

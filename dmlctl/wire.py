@@ -133,7 +133,7 @@ def decode(line: str) -> Message:
     that is no JSON object, has another version, an unknown kind or a bad field."""
     try:
         data = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):
         raise WireError("not JSON", claimed=False) from None
     if not isinstance(data, dict) or "k" not in data:
         raise WireError("not an agent message", claimed=False)
@@ -149,7 +149,7 @@ def decode(line: str) -> Message:
         return decoder(data)
     except KeyError as e:
         raise WireError(f"{kind} message without {e}") from None
-    except (TypeError, ValueError, IndexError) as e:
+    except (TypeError, ValueError, IndexError, AttributeError) as e:
         raise WireError(f"bad {kind} message: {e}") from None
 
 
@@ -173,8 +173,18 @@ def _stacks(d: Mapping[str, Any]) -> StacksMsg:
     return StacksMsg(int(d["r"]), lines, _opt_str(d.get("where")), _opt_str(d.get("inner")))
 
 
+AGENT_STATES = ("started", "alive", "dumped")
+
+
 def _agent(d: Mapping[str, Any]) -> AgentMsg:
-    procs = {int(r): (str(u[0]), float(u[1]), int(u[2])) for r, u in (d.get("procs") or {}).items()}
+    if d["state"] not in AGENT_STATES:
+        raise ValueError(f"unknown agent state {d['state']!r}")
+    if d["state"] == "started" and d.get("pid") is None:
+        raise ValueError("a started agent without its pid")
+    raw = d.get("procs") or {}
+    if not isinstance(raw, Mapping):
+        raise TypeError("procs is not an object")
+    procs = {int(r): (str(u[0]), float(u[1]), int(u[2])) for r, u in raw.items()}
     pid, torchrun_pid = d.get("pid"), d.get("torchrun_pid")
     return AgentMsg(
         str(d["state"]),

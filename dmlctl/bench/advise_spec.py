@@ -174,7 +174,7 @@ def _expand(item: str, job_servers: int) -> list[Candidate]:
     name, _, rest = item.partition(":")
     name = name.strip()
     try:
-        roles = registry.load(name).ROLES
+        roles = registry.capabilities(name).roles
     except registry.UnknownStrategy as exc:
         raise UsageError(f"--strategies {item!r}: {exc}") from None
     choices: list[tuple[str, list[Any]]] = []

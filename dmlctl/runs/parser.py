@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dmlctl import protocol, wire
-from dmlctl.failure import Evidence, Failure, Kind, error_kind, exit_kind, named_kind
+from dmlctl.failure import Evidence, Failure, Kind, error_kind, exit_kind, is_collateral, named_kind
 from dmlctl.runs.events import (
     AgentExited,
     AgentStarted,
@@ -89,10 +89,15 @@ def torchrun_failure(
     )
 
 
-def _cause(host: str, rank: int, error: Mapping[str, Any] | None, ts: float) -> Failure | None:
+def _cause(host: str, rank: int, error: Any, ts: float) -> Failure | None:
+    """The failure a rank's exit record states (``error``: ``{type, message,
+    traceback, kind, collateral}``; anything else is kept as its message)."""
     if not error:
         return None
+    if not isinstance(error, Mapping):
+        error = {"type": "Error", "message": str(error)}
     exc_type, message = str(error.get("type", "Error")), str(error.get("message", ""))
+    collateral = error.get("collateral")
     return Failure(
         host=host,
         rank=rank,
@@ -102,6 +107,7 @@ def _cause(host: str, rank: int, error: Mapping[str, Any] | None, ts: float) -> 
         ts=ts,
         kind=_kind(error.get("kind")) or error_kind(exc_type, message),
         evidence=Evidence.RECORD,
+        collateral=collateral if isinstance(collateral, bool) else is_collateral(exc_type, message),
     )
 
 
@@ -124,7 +130,9 @@ def _opt_str(value: Any) -> str | None:
 def _coll(rows: Mapping[str, Any] | None) -> dict[str, Collective]:
     """``{group: [entered, completed, op, age, size]}`` rows as typed values."""
     out: dict[str, Collective] = {}
-    for group, row in (rows or {}).items():
+    if not isinstance(rows, Mapping):
+        return out
+    for group, row in rows.items():
         size = int(row[4]) if len(row) > 4 else 0
         out[str(group)] = Collective(
             int(row[0]), int(row[1]), _opt_str(row[2]), _opt_float(row[3]), size
@@ -182,7 +190,7 @@ def parse_line(host: str, line: str, now: float) -> list[Event]:
     except wire.WireError as e:
         if e.claimed:
             line = f"dmlctl: not understood ({e}): {line}"
-    except (ValueError, KeyError, TypeError) as e:  # a rank record that is not one
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError) as e:  # a bad record
         line = f"dmlctl: not understood ({type(e).__name__}: {e}): {line}"
     return [LogLines(host, None, Stream.AGENT, (line,), now)]
 

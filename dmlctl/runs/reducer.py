@@ -180,6 +180,8 @@ def _agent_exited(f: _Fold, ev: AgentExited) -> None:
 
 def _agent_failed(f: _Fold, ev: AgentExited) -> None:
     """The root cause an agent's failed exit gives the run, if it explains better."""
+    if ev.cause is None and f.get("seen"):
+        return  # says nothing another failure has not said better (a host the stop killed)
     message = f"torchrun exited with code {ev.exit_code}"
     cause = ev.cause or Failure(
         ev.host, None, "AgentExit", message, ev.tail, ev.ts, kind=Kind.AGENT, evidence=Evidence.EXIT

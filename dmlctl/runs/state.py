@@ -108,7 +108,9 @@ class RunState:
     ranks: tuple[RankState, ...] = ()
     root_cause: Failure | None = None  # of this attempt's failures, the one that explains them
     failures: tuple[Failure, ...] = ()  # the cause of every attempt that failed
-    seen: tuple[Failure, ...] = ()  # every failure of this attempt, in arrival order
+    seen: tuple[Failure, ...] = field(default=(), compare=False)
+    """Every failure of this attempt, in arrival order (the reducer's working set: not
+    stored, not compared)."""
     tail: tuple[TailLine, ...] = ()
     stop_reason: str | None = None
     exit_code: int | None = None
@@ -123,8 +125,9 @@ class RunState:
         return max(0.0, end - self.created_at)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form (enums as strings, tuples as lists)."""
-        out: dict[str, Any] = dataclasses.asdict(self)
+        """JSON-ready form (enums as strings, tuples as lists; without ``seen``)."""
+        out: dict[str, Any] = dataclasses.asdict(dataclasses.replace(self, seen=()))
+        del out["seen"]
         out["phase"] = self.phase.value
         for rank in out["ranks"]:
             rank["status"] = RankStatus(rank["status"]).value
@@ -151,7 +154,6 @@ class RunState:
             ranks=tuple(_rank_from(r) for r in data["ranks"]),
             root_cause=failure_from_dict(cause) if cause else None,
             failures=tuple(failure_from_dict(c) for c in data.get("failures", ())),
-            seen=tuple(failure_from_dict(c) for c in data.get("seen", ())),
             tail=tuple(TailLine(**{**t, "stream": Stream(t["stream"])}) for t in data["tail"]),
             stop_reason=data.get("stop_reason"),
             exit_code=data.get("exit_code"),

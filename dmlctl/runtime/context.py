@@ -223,6 +223,13 @@ class Context:
         return self._env.strategy
 
     @property
+    def fsdp(self) -> bool:
+        """Whether the strategy's data-parallel dimensions are FSDP2 shards (its
+        capabilities say so: ssgd)."""
+        caps = self._env.capabilities
+        return caps is not None and caps.fsdp
+
+    @property
     def strategy_params(self) -> BaseModel:
         """The validated parameters of the strategy (its ``Params`` instance)."""
         return self._env.params

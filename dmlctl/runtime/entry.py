@@ -49,7 +49,7 @@ from typing import IO, Any, NoReturn
 
 from dmlctl import protocol
 from dmlctl.agent.procs import die_with_parent
-from dmlctl.failure import Kind, exception_kind
+from dmlctl.failure import Kind, exception_kind, is_collateral
 from dmlctl.runtime.heartbeat import Heartbeat
 from dmlctl.runtime.progress import TRACKER
 from dmlctl.runtime.where import FrameNamer
@@ -129,8 +129,8 @@ def _arm_guards(role: str) -> None:
         return  # an unknown strategy or bad parameters: dmlctl.init() names them
     guards.install(
         strategy,
-        servers=protocol.ROLE_SERVER in module.ROLES,
-        needs_runtime=registry.needs_runtime(strategy, params),
+        servers=protocol.ROLE_SERVER in module.CAPABILITIES.roles,
+        needs_runtime=module.CAPABILITIES.runtime_needed(params),
     )
 
 
@@ -176,6 +176,7 @@ def _error_record(exc: BaseException) -> dict[str, Any]:
         "message": str(exc),
         "traceback": lines[-TRACEBACK_LINES:],
         "kind": kind.value,
+        "collateral": is_collateral(type(exc).__qualname__, str(exc)),
     }
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from pydantic import BaseModel, ValidationError
 
@@ -32,6 +32,9 @@ from dmlctl.protocol import (
     local_role,
 )
 
+if TYPE_CHECKING:
+    from dmlctl.strategies.params import Capabilities
+
 DEFAULT_ROLE = ROLE_WORKER
 
 
@@ -40,7 +43,7 @@ class StrategyParams(Protocol):
     and the roles it has (a strategy's params module)."""
 
     Params: type[BaseModel]
-    ROLES: tuple[str, ...]
+    CAPABILITIES: Capabilities
 
 
 Describe = Callable[[str], StrategyParams]
@@ -59,6 +62,7 @@ class RunEnv:
     strategy: str
     params: BaseModel
     rank_dir: str | None
+    capabilities: Capabilities | None = None  # the strategy's (None: a test's bare env)
     layout: mesh.MeshLayout | None = None  # the job's parallelism block, resolved
     parallelize: str | None = None  # the job's ``parallelize: FILE:FUNCTION``
     backend: str = gpus.AUTO  # the job's ``backend:`` (:data:`dmlctl.gpus.BACKENDS`)
@@ -117,8 +121,9 @@ def read_env(environ: Mapping[str, str], describe: Describe) -> RunEnv:
     strategy, module, params = chosen_strategy(environ, describe)
     local_rank = _int(environ, "LOCAL_RANK", rank)
     role = local_role(environ, local_rank, DEFAULT_ROLE)
-    if role not in module.ROLES:
-        raise ValueError(f"role {role!r} is not one of strategy {strategy!r}'s: {module.ROLES}")
+    roles = module.CAPABILITIES.roles
+    if role not in roles:
+        raise ValueError(f"role {role!r} is not one of strategy {strategy!r}'s: {roles}")
     return RunEnv(
         rank=rank,
         world_size=world_size,
@@ -131,6 +136,7 @@ def read_env(environ: Mapping[str, str], describe: Describe) -> RunEnv:
         layout=_layout(environ),
         parallelize=environ.get(ENV_PARALLELIZE) or None,
         backend=_backend(environ),
+        capabilities=module.CAPABILITIES,
     )
 
 

@@ -55,7 +55,7 @@ def init(*, backend: str | None = None, seed: int | None = 0) -> Context:
     if seed is not None:
         random.seed(seed)
         torch.manual_seed(seed)
-    servers = ROLE_SERVER in registry.load(env.strategy).ROLES
+    servers = ROLE_SERVER in registry.capabilities(env.strategy).roles
     membership = discover(env.role) if env.world_size > 1 and servers else None
     device_mesh = None
     if env.layout is not None and env.world_size > 1:

@@ -138,7 +138,7 @@ class StrategySpec(BaseModel):
 
 def uses_servers(strategy: str) -> bool:
     """Whether the registered strategy ``strategy`` runs parameter servers."""
-    return ROLE_SERVER in registry.load(strategy).ROLES
+    return ROLE_SERVER in registry.capabilities(strategy).roles
 
 
 class JobSpec(BaseModel):

@@ -22,12 +22,12 @@ from pydantic_core import InitErrorDetails, PydanticCustomError, ValidationError
 
 from dmlctl.mesh import SCHEDULES, MeshLayout, schedule_name
 from dmlctl.spec.fields import FROZEN, MAX_WORKERS, shown
+from dmlctl.strategies import registry
 from dmlctl.strategies.params import changed
 
 __all__ = [
     "DEGREES",
     "MAX_MICROBATCHES",
-    "PARALLEL_STRATEGIES",
     "MeshMismatch",
     "ParallelismSpec",
     "missing_function",
@@ -46,8 +46,6 @@ DEGREES = {
 """The degree keys, in the order a job file lists them, and their mesh dimensions."""
 
 REPLICATE = "data_parallel_replicate_degree"
-PARALLEL_STRATEGIES = ("ssgd", "asgd")
-"""The strategies a device mesh combines with."""
 
 _EXAMPLE = "e.g. 'model.py:parallelize'"
 
@@ -203,7 +201,7 @@ class ParallelismSpec(BaseModel):
         ``compression: none``; ``asgd`` (DistBelief) needs model parallelism inside
         each replica (tensor or pipeline degree > 1) and no FSDP (shard degree 1).
         Raises ValueError (about the block) or a ValidationError at the key at fault."""
-        if strategy not in PARALLEL_STRATEGIES:
+        if not registry.capabilities(strategy).parallelism:
             raise ValueError(
                 "combines only with strategy ssgd (synchronous replicas, FSDP2 shards) or "
                 "asgd (DistBelief: model-parallel replicas, asynchronous through parameter "

@@ -9,6 +9,8 @@ job file cannot ask for a period of ``1e29`` steps.
 from __future__ import annotations
 
 import types
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -37,6 +39,46 @@ WORKERS_ONLY: tuple[str, ...] = (ROLE_WORKER,)
 
 WITH_SERVERS: tuple[str, ...] = (ROLE_WORKER, ROLE_SERVER)
 """``ROLES`` of a parameter-server strategy: workers and server ranks."""
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a strategy is and can do, declared once in its params module as
+    ``CAPABILITIES`` and read from the registry by the spec, the planner, the runtime
+    and the dashboard:
+
+    * ``roles`` — the roles of its ranks (:data:`WORKERS_ONLY` or :data:`WITH_SERVERS`);
+    * ``columns`` — metric keys its ranks report that the dashboard shows as columns
+      of their own (``dmlctl.ui.metric_columns`` says what each means);
+    * ``needs_runtime`` — whether a script must call ``ctx.prepare`` for it to act
+      (False: ``none``, and ``ssgd``'s DDP a plain torchrun script builds itself);
+      ``runtime_rule`` decides it by the parameters where they are known (ssgd with
+      compression needs the runtime);
+    * ``host_memory`` — its workers train on the CPU even on a GPU host (they share
+      parameters through the host's memory);
+    * ``parallelism`` — it combines with a ``parallelism:`` block (tensor, pipeline,
+      sharded replicas); ``fsdp`` — its data-parallel dimensions are FSDP2 shards;
+    * ``check_world`` / ``check_hosts`` — why the job cannot run on that many workers
+      or hosts with these parameters, or None.
+    """
+
+    roles: tuple[str, ...] = (ROLE_WORKER,)
+    columns: tuple[str, ...] = ()
+    needs_runtime: bool = True
+    runtime_rule: Callable[[Any], bool] | None = None
+    host_memory: bool = False
+    parallelism: bool = False
+    fsdp: bool = False
+    check_world: Callable[[Any, int], str | None] | None = None
+    check_hosts: Callable[[Any, int], str | None] | None = None
+
+    def runtime_needed(self, params: BaseModel | None) -> bool:
+        """Whether a script must call ``ctx.prepare`` with ``params`` (None: not known)."""
+        if self.runtime_rule is not None and params is not None:
+            return bool(self.runtime_rule(params))
+        return self.needs_runtime
+
+
 SERVER_COLUMNS: tuple[str, ...] = (
     "clock",
     "staleness_max",

@@ -16,31 +16,22 @@ from __future__ import annotations
 
 import difflib
 import importlib
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel
 
+from dmlctl.strategies.params import Capabilities
+
 
 class ParamsModule(Protocol):
-    """What a strategy's ``params`` module provides (module-level names).
-
-    A module may also set ``NEEDS_RUNTIME = False`` when a script that never calls
-    ``ctx.prepare`` still runs it faithfully (``none``, and ``ssgd`` without parameters,
-    whose DDP a plain torchrun script builds itself), or define
-    ``needs_runtime(params) -> bool`` to decide by its parameters; every other strategy
-    makes such a script fail before its first optimizer step (see :func:`needs_runtime`).
-    It may define ``check_world(params, world_size) -> str | None`` and
-    ``check_hosts(params, n_hosts) -> str | None``: why the job cannot run on that
-    many workers or hosts, or None. ``HOST_MEMORY = True`` says its workers train on
-    the CPU even on a GPU host (they share parameters through the host's memory; see
-    :func:`uses_gpus`). ``COLUMNS`` names the metric keys its ranks report that the
-    dashboard shows as columns of their own (:func:`columns`).
-    """
+    """What a strategy's ``params`` module provides (module-level names): its
+    parameter model, its :class:`~dmlctl.strategies.params.Capabilities` (roles,
+    dashboard columns, whether it needs the runtime, the parallelism it combines with,
+    its world and host checks) and its measured quality."""
 
     Params: type[BaseModel]
-    ROLES: tuple[str, ...]
+    CAPABILITIES: Capabilities
     QUALITY: str
     """What its defaults reach against one process on the bench's two tables (digits,
     the language model), measured, and the setting that closes a gap: printed by
@@ -214,14 +205,15 @@ def entry(name: str) -> StrategyEntry:
         raise UnknownStrategy(name) from None
 
 
+def capabilities(name: str) -> Capabilities:
+    """What strategy ``name`` is and can do (its params module's ``CAPABILITIES``)."""
+    return load(name).CAPABILITIES
+
+
 def needs_runtime(name: str, params: BaseModel | None = None) -> bool:
     """Whether strategy ``name`` with ``params`` only works through ``ctx.prepare``
-    (see :class:`ParamsModule`)."""
-    module = load(name)
-    decide: Callable[[BaseModel], bool] | None = getattr(module, "needs_runtime", None)
-    if callable(decide) and params is not None:
-        return bool(decide(params))
-    return bool(getattr(module, "NEEDS_RUNTIME", True))
+    (:meth:`~dmlctl.strategies.params.Capabilities.runtime_needed`)."""
+    return capabilities(name).runtime_needed(params)
 
 
 def load(name: str) -> ParamsModule:
@@ -233,13 +225,13 @@ def load(name: str) -> ParamsModule:
 def columns(name: str) -> tuple[str, ...]:
     """The dashboard columns strategy ``name``'s ranks add besides comm/step and comm %
     (metric keys; its params module's ``COLUMNS``, none when it sets none)."""
-    return tuple(getattr(load(name), "COLUMNS", ()))
+    return capabilities(name).columns
 
 
 def uses_gpus(name: str) -> bool:
     """Whether strategy ``name``'s workers take a GPU where the host has one (every
     strategy but those that share parameters through host memory)."""
-    return not getattr(load(name), "HOST_MEMORY", False)
+    return not capabilities(name).host_memory
 
 
 def load_runtime(name: str) -> RuntimeModule:

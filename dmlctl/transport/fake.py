@@ -22,7 +22,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from dmlctl import protocol, wire
-from dmlctl.failure import named_kind
+from dmlctl.failure import is_collateral, named_kind
 from dmlctl.transport.base import Process, Result, Transport
 
 STOP = "stop"
@@ -316,7 +316,14 @@ def rank_error(exc_type: str, message: str, traceback: Sequence[str] = ()) -> di
         f"{exc_type}: {message}",
     ]
     kind = named_kind(exc_type, message, 0).value  # what the names say ("Signal": killed)
-    return {"type": exc_type, "message": message, "traceback": tb, "kind": kind}
+    collateral = is_collateral(exc_type, message)
+    return {
+        "type": exc_type,
+        "message": message,
+        "traceback": tb,
+        "kind": kind,
+        "collateral": collateral,
+    }
 
 
 def agent_exit(code: int = 0, tail: Sequence[str] = (), *, stopped: bool = False) -> str:

@@ -69,7 +69,7 @@ def write_job(directory: Path, case: str, backend: str, workers: int) -> Path:
     own = EXAMPLES / name / "train.py"
     shutil.copy(own if own.is_file() else TRAIN, directory / "train.py")
     (directory / "gpu_train.py").write_text(WRAPPER)
-    servers = 1 if "server" in registry.load(name).ROLES else 0
+    servers = 1 if "server" in registry.capabilities(name).roles else 0
     params = CASES[case]
     lines = [
         f"name: gpu-{case}",

@@ -196,7 +196,7 @@ def test_plain_run_prints_metrics(single_plain: tuple[dict[str, Any], str]) -> N
 
 def test_ssgd_params_validate() -> None:
     assert ssgd.Params().bucket_cap_mb == 25.0
-    assert ssgd.ROLES == ("worker",)
+    assert ssgd.CAPABILITIES.roles == ("worker",)
     with pytest.raises(ValidationError, match="extra"):
         ssgd.Params.model_validate({"bucket_cap": 10})
     with pytest.raises(ValidationError):

@@ -219,7 +219,7 @@ def test_params_defaults() -> None:
         "consensus",
     )
     assert registry.entry("ensemble").package == "dmlctl.strategies.ensemble"
-    assert registry.load("ensemble").ROLES == ("worker",)
+    assert registry.capabilities("ensemble").roles == ("worker",)
 
 
 @pytest.mark.parametrize(

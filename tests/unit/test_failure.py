@@ -19,6 +19,7 @@ from dmlctl.failure import (
     exit_kind,
     explains_better,
     failure_from_dict,
+    is_collateral,
     named,
     pick_root_cause,
 )
@@ -28,7 +29,10 @@ from dmlctl.launch.policy import BUDGETS, FailureKind, classify
 def _f(
     host: str, rank: int | None, kind: Kind, evidence: Evidence, ts: float, name: str = "E"
 ) -> Failure:
-    return Failure(host, rank, name, "m", (), ts, kind=kind, evidence=evidence)
+    collateral = kind is Kind.COLLATERAL
+    return Failure(
+        host, rank, name, "m", (), ts, kind=kind, evidence=evidence, collateral=collateral
+    )
 
 
 # (what, new, old, new explains better)
@@ -138,6 +142,13 @@ def test_a_ranks_exception_has_the_kind_its_type_and_text_say() -> None:
     assert error_kind("torch.OutOfMemoryError", "CUDA out of memory") is Kind.OOM
     assert error_kind("CheckpointForeign", "written by run x") is Kind.CHECKPOINT
     assert error_kind("DistNetworkError", "failed to recv") is Kind.COLLATERAL
+    # A corrupt checkpoint another rank refused: a consequence for the root cause, but
+    # still a checkpoint failure for the budget (never restarted).
+    refused = "another rank refused checkpoint step-5"
+    assert error_kind("CheckpointCorrupt", refused) is Kind.CHECKPOINT
+    assert is_collateral("CheckpointCorrupt", refused)
+    peer = named("a", 1, "CheckpointCorrupt", refused)
+    assert peer.collateral and classify(peer) is FailureKind.FATAL
 
 
 @pytest.mark.parametrize(
@@ -168,4 +179,11 @@ def test_a_failure_round_trips_and_an_older_record_gets_its_kind_from_its_names(
     old = {"host": "a", "rank": 1, "exc_type": "Signal", "message": "killed by SIGSEGV"}
     assert failure_from_dict({**old, "traceback": [], "ts": 1.0}).kind is Kind.CRASH
     assert named(CONTROLLER, None, "RunDirGone", "deleted").kind is Kind.RECORDS
+    # What an older record was known from, by its producer's names.
+    assert named("a", 1, "Signal", "killed by SIGKILL").evidence is Evidence.EXIT
+    assert named("a", 1, "ExitCode", "exited with code 1").evidence is Evidence.EXIT
+    assert named("a", None, "AgentExit", "torchrun exited with code 1").evidence is Evidence.EXIT
+    assert named("a", 1, "Hang", "sent no heartbeat").evidence is Evidence.SEEN
+    assert named(CONTROLLER, None, "DiskFull", "no space").evidence is Evidence.SEEN
+    assert named("a", 1, "ValueError", "bad batch").evidence is Evidence.RECORD
     assert named("a", None, "FileNotFoundError", "no ssh").kind is Kind.AGENT

@@ -245,6 +245,11 @@ def test_lines_that_are_no_message_are_kept_as_agent_log_lines(raw: str) -> None
         ('{"k": "log", "r": 0, "s": "stdout", "l": ["x"]}', "wire version None, not 1"),
         ('{"k": "log", "v": 2, "r": 0, "s": "stdout", "l": ["x"]}', "an agent of another dmlctl"),
         ('{"k": "rank", "v": 1, "rec": {"kind": "future", "rank": 0, "ts": 1.0}}', "'future'"),
+        ('{"k": "agent", "v": 1, "state": "alive", "procs": [["R", 1, 2]]}', "procs is not"),
+        ('{"k": "agent", "v": 1, "state": "sleeping"}', "unknown agent state 'sleeping'"),
+        ('{"k": "agent", "v": 1, "state": "started"}', "without its pid"),
+        ('{"k": "rank", "v": 1, "rec": {"kind": "exit", "rank": 0, "ts": 1, "code": "x"}}', "x"),
+        ("[" * 100_000, "not JSON"),  # deeper than the decoder goes
     ],
 )
 def test_a_message_not_understood_is_kept_with_the_reason(raw: str, why: str) -> None:
@@ -252,6 +257,13 @@ def test_a_message_not_understood_is_kept_with_the_reason(raw: str, why: str) ->
     assert isinstance(ev, LogLines) and (ev.rank, ev.stream) == (None, Stream.AGENT)
     assert ev.lines[0].endswith(raw)
     assert why in ev.lines[0] or (why == "not JSON" and ev.lines[0] == raw), ev.lines[0]
+
+
+def test_odd_fields_of_a_rank_record_are_kept_not_fatal() -> None:
+    rec = {"kind": "exit", "rank": 0, "ts": 1.0, "code": 1, "error": "boom", "coll": [1]}
+    (ev,) = parse_line("a", msg({"k": "rank", "rec": rec}), NOW)
+    assert isinstance(ev, RankExited) and ev.cause is not None
+    assert (ev.cause.exc_type, ev.cause.message, ev.coll) == ("Error", "boom", {})
 
 
 def test_every_message_decodes_to_what_was_encoded() -> None:

@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_none_is_registered_and_takes_no_parameters() -> None:
     module = registry.load("none")
-    assert "none" in registry.names() and module.ROLES == ("worker",)
+    assert "none" in registry.names() and module.CAPABILITIES.roles == ("worker",)
     assert module.Params.model_validate({}).model_dump() == {}
     with pytest.raises(ValueError, match="extra"):
         module.Params.model_validate({"period": 4})
@@ -49,7 +49,7 @@ def test_every_strategy_is_a_package_whose_params_module_is_torch_free() -> None
         "for name in registry.names():\n"
         "    module = registry.load(name)\n"
         "    assert module.__name__ == registry.entry(name).package + '.params', name\n"
-        "    assert module.ROLES and 'worker' in module.ROLES, name\n"
+        "    assert module.CAPABILITIES.roles and 'worker' in module.CAPABILITIES.roles, name\n"
         "    registry.needs_runtime(name, module.Params())\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))\n"
     )
@@ -67,7 +67,7 @@ def test_every_strategy_has_a_runtime_module_with_prepare_and_servers_serve() ->
         entry = registry.entry(name)
         assert module.__name__ == entry.module == f"{entry.package}.strategy"
         assert callable(module.prepare), name
-        serves = "server" in registry.load(name).ROLES
+        serves = "server" in registry.capabilities(name).roles
         assert callable(getattr(module, "serve", None)) is serves, name
 
 
@@ -95,3 +95,20 @@ def test_every_params_model_survives_a_dump_and_validate_round_trip() -> None:
             check = getattr(module, "check_world", None)
             if check is not None:
                 assert check(params, 4) is None, name
+
+
+def test_every_strategy_declares_capabilities_the_others_can_read() -> None:
+    from dmlctl.strategies.params import WITH_SERVERS, WORKERS_ONLY, Capabilities
+    from dmlctl.ui.metric_columns import STRATEGY_COLUMNS
+
+    for name in registry.names():
+        caps = registry.capabilities(name)
+        assert isinstance(caps, Capabilities), name
+        assert caps.roles in (WORKERS_ONLY, WITH_SERVERS), name
+        assert set(caps.columns) <= set(STRATEGY_COLUMNS), name  # each has a meaning
+    assert [n for n in registry.names() if registry.capabilities(n).parallelism] == [
+        "asgd",
+        "ssgd",
+    ]
+    assert [n for n in registry.names() if registry.capabilities(n).fsdp] == ["ssgd"]
+    assert not registry.needs_runtime("ssgd") and registry.needs_runtime("local-sgd")

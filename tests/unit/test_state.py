@@ -367,6 +367,20 @@ def test_the_root_cause_does_not_depend_on_the_order_the_failures_arrived_in() -
         assert len(state.seen) == 4
 
 
+def test_a_host_stopped_after_a_failure_does_not_become_the_root_cause() -> None:
+    """After rank 0's collective broke (a peer's fault), host b's agent is killed by the
+    stop rules: its exit, with no cause, says nothing the known failure did not."""
+    gloo = "[gloo/transport/tcp/pair.cc:553] Connection closed by peer"
+    peer = named("a", 0, "RuntimeError", gloo, (), T0 + 10)
+    state = apply(
+        started(two_hosts()),
+        [RankExited("a", 0, 1, peer, T0 + 10), AgentExited("b", -9, (), T0 + 12)],
+    )
+    assert state.root_cause == peer
+    alone = apply(started(two_hosts()), [AgentExited("b", 1, ("x",), T0 + 12)])
+    assert alone.root_cause is not None and alone.root_cause.exc_type == "AgentExit"
+
+
 def test_earliest_failure_wins_between_own_errors() -> None:
     early = named("b", 2, "ValueError", "first", (), T0 + 5)
     late = named("a", 0, "KeyError", "second", (), T0 + 6)

@@ -44,9 +44,6 @@ if TYPE_CHECKING:
     from dmlctl.runtime.context import Context
 
 Parallelize = Callable[[nn.Module, DeviceMesh], Any]
-FSDP_STRATEGIES = ("ssgd",)
-"""The strategies whose data-parallel dimensions FSDP2 shards (DistBelief's asgd
-keeps whole replicas on its parameter servers)."""
 
 
 def lay_out(
@@ -64,7 +61,7 @@ def lay_out(
         mesh=mesh,
         worker=ctx.rank,
         device=ctx.device,
-        fsdp=ctx.strategy in FSDP_STRATEGIES,
+        fsdp=ctx.fsdp,  # ssgd's capabilities; DistBelief's asgd keeps whole replicas
         function=load_function(spec) if spec else None,
     )
     ctx.notice(

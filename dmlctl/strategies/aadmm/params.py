@@ -12,13 +12,12 @@ from dmlctl.strategies.params import (
     PARAMS_CONFIG,
     SERVER_COLUMNS,
     WITH_SERVERS,
+    Capabilities,
     FinalModel,
     Overlap,
     derived,
 )
 
-ROLES: tuple[str, ...] = WITH_SERVERS
-COLUMNS: tuple[str, ...] = (*SERVER_COLUMNS, "primal_res", "delay_max")
 QUALITY = (
     "as admm with every worker in each round: the language model ends +8.1 % with "
     "AdamW and +3.0 % with SGD + Nesterov against one process's validation loss after "
@@ -82,3 +81,10 @@ def check_world(params: BaseModel, world_size: int) -> str | None:
             f"(set min_workers to at most {world_size})"
         )
     return None
+
+
+CAPABILITIES = Capabilities(
+    roles=WITH_SERVERS,
+    columns=(*SERVER_COLUMNS, "primal_res", "delay_max"),
+    check_world=check_world,
+)

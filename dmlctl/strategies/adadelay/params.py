@@ -13,12 +13,11 @@ from dmlctl.strategies.params import (
     PARAMS_CONFIG,
     SERVER_COLUMNS,
     WITH_SERVERS,
+    Capabilities,
     PushCompression,
     derived,
 )
 
-ROLES: tuple[str, ...] = WITH_SERVERS
-COLUMNS: tuple[str, ...] = SERVER_COLUMNS
 QUALITY = (
     "AdaDelay replaces your optimizer with plain SGD steps on the servers, and plain "
     "SGD trains a transformer far slower than AdamW or Nesterov: the language model "
@@ -81,3 +80,6 @@ def resolve_l(params: Params, family: str | None, lr: float, effective: float | 
         f"adadelay: L defaults from the optimizer's lr, but its lr is {lr:g} and its kind"
         f" is {family or 'unknown'}; set strategy.params.L (1/L is the largest SGD step)"
     )
+
+
+CAPABILITIES = Capabilities(roles=WITH_SERVERS, columns=SERVER_COLUMNS)

@@ -12,12 +12,11 @@ from dmlctl.strategies.params import (
     MAX_WEIGHT,
     PARAMS_CONFIG,
     WORKERS_ONLY,
+    Capabilities,
     FinalModel,
     derived,
 )
 
-ROLES: tuple[str, ...] = WORKERS_ONLY
-COLUMNS: tuple[str, ...] = ("primal_res", "dual_res")
 QUALITY = (
     "the language model ends +8.1 % with AdamW and +3.0 % with SGD + Nesterov against "
     "one process's validation loss after 3 epochs: ρ trades each worker's progress "
@@ -106,3 +105,6 @@ def derive_rho(
         f"{strategy}: rho defaults from the optimizer, which is of an unknown kind "
         f"(step {effective}); set strategy.params.rho"
     )
+
+
+CAPABILITIES = Capabilities(roles=WORKERS_ONLY, columns=("primal_res", "dual_res"))

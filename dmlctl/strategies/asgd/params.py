@@ -11,13 +11,12 @@ from dmlctl.strategies.params import (
     PARAMS_CONFIG,
     SERVER_COLUMNS,
     WITH_SERVERS,
+    Capabilities,
     Overlap,
     PushCompression,
     derived,
 )
 
-ROLES: tuple[str, ...] = WITH_SERVERS
-COLUMNS: tuple[str, ...] = SERVER_COLUMNS
 QUALITY = (
     "the language model ends +6.1 % with AdamW and +1.4 % with SGD + Nesterov against "
     "one process's validation loss after 3 epochs (asynchronous: AdamW +5.3 to +6.4 % "
@@ -49,3 +48,6 @@ class Params(PushCompression, Overlap):
         description="Weight the servers give a pushed change; default 1/workers (1: "
         "Downpour's plain sum, p times the step of synchronous SGD).",
     )
+
+
+CAPABILITIES = Capabilities(roles=WITH_SERVERS, columns=SERVER_COLUMNS, parallelism=True)

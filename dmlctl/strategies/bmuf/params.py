@@ -10,13 +10,12 @@ from dmlctl.strategies.params import (
     MAX_WEIGHT,
     PARAMS_CONFIG,
     WORKERS_ONLY,
+    Capabilities,
     FinalModel,
     ModelFilter,
     derived,
 )
 
-ROLES: tuple[str, ...] = WORKERS_ONLY
-COLUMNS: tuple[str, ...] = ("consensus",)
 QUALITY = (
     "the language model (3 epochs) ends +1.6 % with AdamW and −0.0 % with SGD + "
     "Nesterov against one process's validation loss (bound 3 %; the default block "
@@ -92,3 +91,6 @@ def resolve_block_momentum(value: float | None, world_size: int, momentum: bool)
     if momentum:
         return 0.0
     return 1.0 - 1.0 / max(world_size, 1)
+
+
+CAPABILITIES = Capabilities(roles=WORKERS_ONLY, columns=("consensus",))

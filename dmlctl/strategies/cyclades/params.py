@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from dmlctl.strategies.params import MAX_PERIOD, PARAMS_CONFIG, WORKERS_ONLY, derived
+from dmlctl.strategies.params import MAX_PERIOD, PARAMS_CONFIG, WORKERS_ONLY, Capabilities, derived
 
-ROLES: tuple[str, ...] = WORKERS_ONLY
 QUALITY = (
     "for sparse models: on `dmlctl bench sparse` it reaches hogwild's loss without "
     "conflicting updates. Not on the quality tables: their models are dense, and a "
@@ -15,7 +14,6 @@ QUALITY = (
 )
 #: The workers train on the CPU even on a GPU host: they share parameters through
 #: the host's memory.
-HOST_MEMORY = True
 
 MAX_FIELD = 64
 """Largest sample field index ``coordinates`` may name."""
@@ -57,3 +55,6 @@ def check_hosts(params: BaseModel, n_hosts: int) -> str | None:
             "(at most one host's slots)"
         )
     return None
+
+
+CAPABILITIES = Capabilities(roles=WORKERS_ONLY, host_memory=True, check_hosts=check_hosts)

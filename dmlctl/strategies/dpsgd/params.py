@@ -8,10 +8,14 @@ from typing import Literal
 
 from pydantic import Field
 
-from dmlctl.strategies.params import MAX_PERIOD, PARAMS_CONFIG, WORKERS_ONLY, FinalModel
+from dmlctl.strategies.params import (
+    MAX_PERIOD,
+    PARAMS_CONFIG,
+    WORKERS_ONLY,
+    Capabilities,
+    FinalModel,
+)
 
-ROLES: tuple[str, ...] = WORKERS_ONLY
-COLUMNS: tuple[str, ...] = ("consensus",)
 QUALITY = (
     "the language model (3 epochs) ends −0.5 % with AdamW and +1.8 % with SGD + "
     "Nesterov against one process's validation loss (bound 3 %), digits within 0.8 "
@@ -47,3 +51,6 @@ class Params(FinalModel):
         "this many steps (one all-reduce, monitoring only, not counted as training "
         "traffic); 0 = never.",
     )
+
+
+CAPABILITIES = Capabilities(roles=WORKERS_ONLY, columns=("consensus",))

@@ -11,13 +11,12 @@ from dmlctl.strategies.params import (
     MAX_WEIGHT,
     PARAMS_CONFIG,
     WORKERS_ONLY,
+    Capabilities,
     FinalModel,
     ModelFilter,
     derived,
 )
 
-ROLES: tuple[str, ...] = WORKERS_ONLY
-COLUMNS: tuple[str, ...] = ("consensus",)
 QUALITY = (
     "the language model ends +3.2 % with AdamW and +4.3 % with SGD + Nesterov against "
     "one process's validation loss after 3 epochs, more than 3 %: the center moves by "
@@ -93,3 +92,6 @@ def check_world(params: Params, world_size: int) -> str | None:
             "the center update would overshoot"
         )
     return None
+
+
+CAPABILITIES = Capabilities(roles=WORKERS_ONLY, columns=("consensus",), check_world=check_world)

@@ -10,14 +10,13 @@ from dmlctl.strategies.params import (
     PARAMS_CONFIG,
     SERVER_COLUMNS,
     WITH_SERVERS,
+    Capabilities,
     FinalModel,
     Overlap,
     PushCompression,
     derived,
 )
 
-ROLES: tuple[str, ...] = WITH_SERVERS
-COLUMNS: tuple[str, ...] = SERVER_COLUMNS
 QUALITY = (
     "the language model ends +5.3 % with AdamW and +5.8 % with SGD + Nesterov against "
     "one process's validation loss after 3 epochs (asynchronous), more than 3 %: the "
@@ -50,3 +49,6 @@ class Params(FinalModel, PushCompression, Overlap):
         lt=1,
         description="α, the elastic moving rate of one exchange; default β/p.",
     )
+
+
+CAPABILITIES = Capabilities(roles=WITH_SERVERS, columns=SERVER_COLUMNS)

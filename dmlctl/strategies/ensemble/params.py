@@ -7,9 +7,14 @@ from typing import Literal
 
 from pydantic import Field
 
-from dmlctl.strategies.params import MAX_PERIOD, PARAMS_CONFIG, WORKERS_ONLY, FinalModel
+from dmlctl.strategies.params import (
+    MAX_PERIOD,
+    PARAMS_CONFIG,
+    WORKERS_ONLY,
+    Capabilities,
+    FinalModel,
+)
 
-ROLES: tuple[str, ...] = WORKERS_ONLY
 QUALITY = (
     "the language model ends +7.7 % with AdamW and +5.4 % with SGD + Nesterov against "
     "one process's validation loss after 3 epochs, more than 3 %: workers train apart "
@@ -69,3 +74,6 @@ class Params(FinalModel):
         "takes rank 0's distilled model, so every rank saves the same result; 'local' "
         "skips both and keeps each worker's own model.",
     )
+
+
+CAPABILITIES = Capabilities(roles=WORKERS_ONLY)

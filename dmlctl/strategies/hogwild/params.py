@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from dmlctl.strategies.params import WORKERS_ONLY
+from dmlctl.strategies.params import WORKERS_ONLY, Capabilities
 
-ROLES: tuple[str, ...] = WORKERS_ONLY
 QUALITY = (
     "the language model ends +4.3 % with AdamW and −2.9 % with SGD + Nesterov against "
     "one process's validation loss after 3 epochs (asynchronous, so it moves from run "
@@ -18,7 +17,6 @@ QUALITY = (
 )
 #: The workers train on the CPU even on a GPU host: they share parameters through
 #: the host's memory.
-HOST_MEMORY = True
 
 
 class Params(BaseModel):
@@ -37,3 +35,6 @@ def check_hosts(params: BaseModel, n_hosts: int) -> str | None:
             "(at most one host's slots)"
         )
     return None
+
+
+CAPABILITIES = Capabilities(roles=WORKERS_ONLY, host_memory=True, check_hosts=check_hosts)

@@ -10,12 +10,11 @@ from dmlctl.strategies.params import (
     MAX_STEPS,
     PARAMS_CONFIG,
     WORKERS_ONLY,
+    Capabilities,
     FinalModel,
     ModelFilter,
 )
 
-ROLES: tuple[str, ...] = WORKERS_ONLY
-COLUMNS: tuple[str, ...] = ("consensus",)
 QUALITY = (
     "the language model (3 epochs) ends +1.6 % with AdamW and −0.0 % with SGD + "
     "Nesterov against one process's validation loss (bound 3 %), digits within 0.3 "
@@ -79,3 +78,6 @@ class Params(FinalModel, ModelFilter):
                 "threshold filters global rounds only; it cannot be combined with hierarchical"
             )
         return self
+
+
+CAPABILITIES = Capabilities(roles=WORKERS_ONLY, columns=("consensus",))

@@ -11,18 +11,19 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from dmlctl.strategies.params import WORKERS_ONLY
+from dmlctl.strategies.params import WORKERS_ONLY, Capabilities
 
-ROLES: tuple[str, ...] = WORKERS_ONLY
 QUALITY = (
     "nothing to compare: dmlctl applies no strategy. It runs the single-process "
     "baseline of both quality tables (`dmlctl bench accuracy`, digits and `--task "
     "lm`)."
 )
-NEEDS_RUNTIME = False  # the script may bypass ctx.prepare: nothing is lost
 
 
 class Params(BaseModel):
     """``none`` has no parameters."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+CAPABILITIES = Capabilities(roles=WORKERS_ONLY, needs_runtime=False)

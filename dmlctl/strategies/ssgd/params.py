@@ -11,17 +11,16 @@ from dmlctl.strategies.params import (
     MAX_WEIGHT,
     PARAMS_CONFIG,
     WORKERS_ONLY,
+    Capabilities,
     changed,
 )
 
-ROLES: tuple[str, ...] = WORKERS_ONLY
 QUALITY = (
     "matches one process: the language model (3 epochs, 2 workers) ends within 0.01 % "
     "of its validation loss with AdamW and with SGD + Nesterov (bound 0.5 %), digits "
     "within 0.3 points; the compressions within 0.8 points on digits (sign with Adam "
     "1.7 on one seed, 0.6 over three)."
 )
-NEEDS_RUNTIME = False  # a plain torchrun script that builds its own DDP is ssgd already
 COMPRESSIONS: tuple[str, ...] = ("none", "fp16", "bf16", "powersgd", "int8", "topk", "sign")
 _ONLY_WITH: dict[str, tuple[str, ...]] = {
     "powersgd_rank": ("powersgd",),
@@ -140,3 +139,8 @@ def needs_runtime(params: BaseModel) -> bool:
     """A plain DDP script is ssgd with its defaults; any parameter the job sets
     (compression, bucket size, …) only applies through ``ctx.prepare``."""
     return bool(params.model_fields_set)
+
+
+CAPABILITIES = Capabilities(
+    roles=WORKERS_ONLY, needs_runtime=False, runtime_rule=needs_runtime, parallelism=True, fsdp=True
+)

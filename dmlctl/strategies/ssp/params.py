@@ -11,12 +11,11 @@ from dmlctl.strategies.params import (
     PARAMS_CONFIG,
     SERVER_COLUMNS,
     WITH_SERVERS,
+    Capabilities,
     PushCompression,
     derived,
 )
 
-ROLES: tuple[str, ...] = WITH_SERVERS
-COLUMNS: tuple[str, ...] = SERVER_COLUMNS
 QUALITY = (
     "the language model ends +5.0 % with AdamW and +0.1 % with SGD + Nesterov against "
     "one process's validation loss after 3 epochs (asynchronous: AdamW +3.7 to +6.0 % "
@@ -43,3 +42,6 @@ class Params(PushCompression):
         le=MAX_WEIGHT,
         description="Weight the servers give a pushed change; default 1/workers.",
     )
+
+
+CAPABILITIES = Capabilities(roles=WITH_SERVERS, columns=SERVER_COLUMNS)

@@ -11,11 +11,10 @@ from dmlctl.strategies.params import (
     PARAMS_CONFIG,
     SERVER_COLUMNS,
     WITH_SERVERS,
+    Capabilities,
     PushCompression,
 )
 
-ROLES: tuple[str, ...] = WITH_SERVERS
-COLUMNS: tuple[str, ...] = (*SERVER_COLUMNS, "dropped")
 QUALITY = (
     "the language model (3 epochs) ends −0.1 % with AdamW and +0.9 % with SGD + "
     "Nesterov against one process's validation loss (bound 3 %), digits within 0.3 "
@@ -47,3 +46,8 @@ def check_world(params: BaseModel, world_size: int) -> str | None:
             f"gradient must count (set backup_workers below {world_size})"
         )
     return None
+
+
+CAPABILITIES = Capabilities(
+    roles=WITH_SERVERS, columns=(*SERVER_COLUMNS, "dropped"), check_world=check_world
+)
