@@ -5,7 +5,7 @@ The run id on the command line is only a label (``ps`` shows whose agent it is).
 Contract:
 
 * Reads its configuration as the first line of stdin (a
-  :class:`~dmlctl.protocol.AgentConfig` as JSON) — never from its command line, so
+  :class:`~dmlctl.AgentConfig` as JSON) — never from its command line, so
   no secret is visible in ``ps``. The ranks get the config's environment, attempt,
   rank directory and strategy parameters (:meth:`AgentConfig.rank_env`).
 * Runs in a session of its own (the transport starts it so), becomes the child
@@ -51,7 +51,7 @@ from dmlctl.agent.messages import Commands, Emitter, Output, forward_torchrun, w
 from dmlctl.agent.procs import become_subreaper, kill_tree
 from dmlctl.agent.start import Torchrun, cannot_start, environment, prepare, script_dir, start
 from dmlctl.agent.tail import RankDirTailer
-from dmlctl.protocol import AgentConfig
+from dmlctl.agent_config import AgentConfig
 from dmlctl.runtime.where import FrameNamer
 
 POLL_S = 0.05

@@ -16,8 +16,8 @@ from dmlctl import protocol, wire
 from dmlctl.agent import warm
 from dmlctl.agent.messages import Emitter
 from dmlctl.agent.procs import dies_with_parent
+from dmlctl.agent_config import AgentConfig
 from dmlctl.failure import Kind
-from dmlctl.protocol import AgentConfig
 
 Torchrun = subprocess.Popen[str] | warm.ForkedTorchrun
 

@@ -37,7 +37,8 @@ def doctor(
     import sys
 
     from dmlctl.plan.build import as_run
-    from dmlctl.provision.doctor import doctor_json, render_doctor, run_doctor
+    from dmlctl.provision.doctor import run_doctor
+    from dmlctl.provision.doctor_view import doctor_json, render_doctor
     from dmlctl.spec import default_cluster, load_cluster_file
     from dmlctl.transport import close_transports, make_transports
 

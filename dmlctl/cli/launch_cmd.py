@@ -109,7 +109,7 @@ def _started(run_id: str) -> None:
 def _resume(run_id: str, *, detach: bool, ui: str) -> int:
     """``--resume RUN``: continue the run; prints its id when detached."""
     from dmlctl.launch.api import LaunchOptions
-    from dmlctl.launch.api import resume as resume_run
+    from dmlctl.launch.resume import resume as resume_run
 
     options = LaunchOptions(detach=detach, ui=ui)  # type: ignore[arg-type]
     result = resume_run(run_id, options=options, console=stdout_console())

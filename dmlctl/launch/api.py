@@ -24,7 +24,6 @@ import yaml
 from rich.console import Console
 
 from dmlctl.errors import PlanError, ProvisionError
-from dmlctl.failure import Kind
 from dmlctl.plan.build import JobPlacement, as_run, build_plan, check_gpus, place_job
 from dmlctl.plan.model import LaunchPlan
 from dmlctl.plan.render import render_plan
@@ -159,7 +158,7 @@ def create_run(
     return run
 
 
-def _detach(run: RunDir, *, resume: bool = False) -> int:
+def detach(run: RunDir, *, resume: bool = False) -> int:
     with open(run.controller_log, "ab", opener=private_opener) as log:
         proc = subprocess.Popen(
             [
@@ -204,7 +203,8 @@ def _prepare_remote(
     on the first placed host, then plan (once), sync the code and run the setup
     command. ``consoles``: (stdout, stderr)."""
     from dmlctl.provision import ship
-    from dmlctl.provision.doctor import render_doctor, run_doctor
+    from dmlctl.provision.doctor import run_doctor
+    from dmlctl.provision.doctor_view import render_doctor
 
     console, err = consoles
     transports = make_transports(cluster.resolved_hosts(), _ssh_options(options, err))
@@ -309,7 +309,7 @@ def _start(
             raise
         if options.detach:
             close_transports(transports)
-            pid = _detach(run)
+            pid = detach(run)
             return LaunchResult(plan.run_id, run.path, None, 0 if pid else 1)
         run.write_pid(os.getpid())
         sink = make_sink(options.ui, console, str(run.path))
@@ -369,43 +369,3 @@ def launch(
         plan = plan_run(job, cluster, store, port=free_port(), placement=placement)
         transports = make_transports(plan.hosts)
     return _start(plan, transports, job, cluster, store, options, console)
-
-
-def resume(run_id: str, *, options: LaunchOptions, console: Console) -> LaunchResult:
-    """Continue run ``run_id`` whose controller died (``dmlctl status`` says ``lost``),
-    or that failed with ``DiskFull`` once space was freed:
-    the same plan, as its next attempt, in the foreground or detached; the ranks
-    resume from their latest checkpoints. Agents the dead controller left running (a
-    host cut off keeps its agent until the connection times out) are stopped first.
-    Refuses a run that is still controlled or already ended."""
-    from dmlctl.errors import UsageError
-    from dmlctl.launch.controller import run_controller
-    from dmlctl.runs.state import Phase
-
-    run = RunStore(options.home).get(run_id)
-    state = run.read_state()
-    disk_full = (
-        state.phase == Phase.FAILED
-        and state.root_cause is not None
-        and state.root_cause.kind is Kind.DISK_FULL
-    )
-    if state.phase != Phase.LOST and not disk_full:
-        raise UsageError(
-            f"run {run.run_id} is {state.phase.value}; only a run whose controller died"
-            " ('lost' in dmlctl status) or that failed for a full disk can be resumed"
-        )
-    plan = run.read_plan()
-    transports = make_transports(plan.hosts + plan.spares)
-    from dmlctl.provision.agents import stop_stale_agents
-
-    for line in stop_stale_agents(plan.run_id, plan.hosts + plan.spares, transports):
-        console.print(f"dmlctl: {line}", markup=False, highlight=False)
-    with private_umask():
-        if options.detach:
-            close_transports(transports)
-            pid = _detach(run, resume=True)
-            return LaunchResult(plan.run_id, run.path, None, 0 if pid else 1)
-        run.write_pid(os.getpid())
-        sink = make_sink(options.ui, console, str(run.path))
-        final = run_controller(run, plan, sink, transports, resume_from=state)
-    return LaunchResult(plan.run_id, run.path, final, int(final.exit_code or 0))

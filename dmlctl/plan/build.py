@@ -17,13 +17,13 @@ from dataclasses import dataclass
 
 from dmlctl import gpus as gpu_rules
 from dmlctl import protocol
+from dmlctl.agent_config import TorchrunCommand
 from dmlctl.errors import PlanError
 from dmlctl.mesh import MeshLayout, dumps
 from dmlctl.plan.checks import gpus_problem, hosts_problem, world_problem
 from dmlctl.plan.layout import lay_out
 from dmlctl.plan.model import HostPlan, LaunchPlan
 from dmlctl.plan.placement import Demand, HostSlots, Placed, place
-from dmlctl.protocol import TorchrunCommand
 from dmlctl.spec.fields import MAX_WORKERS
 from dmlctl.spec.models import ClusterSpec, JobSpec, ResolvedHost
 from dmlctl.spec.parallelism import MeshMismatch

@@ -15,8 +15,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from dmlctl.agent_config import AgentConfig, StrategyChoice, TorchrunCommand
 from dmlctl.mesh import MeshLayout, layout_from
-from dmlctl.protocol import AgentConfig, StrategyChoice, TorchrunCommand
 from dmlctl.spec.restart import CheckpointSpec, RestartSpec
 from dmlctl.strategies import registry
 

@@ -28,10 +28,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from rich.console import Group, RenderableType
-from rich.table import Table
-from rich.text import Text
-
 from dmlctl.provision import probe
 from dmlctl.provision.requirements import Needed, data_plane_requirements
 from dmlctl.transport import network_address
@@ -103,7 +99,8 @@ def _last_line(*texts: str) -> str:
     return lines[-1] if lines else "no output"
 
 
-def _gib(n: float) -> str:
+def gib(n: float) -> str:
+    """``n`` bytes in GiB, one decimal."""
     return f"{n / (1 << 30):.1f} GiB"
 
 
@@ -158,8 +155,8 @@ def _host_checks(
         else _check(
             DISK,
             free >= min_free,
-            f"{_gib(free)} free in {f['workdir']}",
-            f"{_gib(free)} free in {f['workdir']}, need {_gib(min_free)}",
+            f"{gib(free)} free in {f['workdir']}",
+            f"{gib(free)} free in {f['workdir']}, need {gib(min_free)}",
         ),
         _check(
             CLOCK,
@@ -351,76 +348,3 @@ def _report(
         own_checks = tuple(own[n] for n in names)
         reports.append(HostReport(h.name, h.address, own_checks, facts.get(h.name, {})))
     return DoctorReport(tuple(reports))
-
-
-def _fact(value: Any, fmt: Callable[[Any], str] = str) -> Text:
-    return Text("-" if value is None else fmt(value))
-
-
-def _cuda(f: Mapping[str, Any]) -> Text:
-    """A GPU host's CUDA, NCCL and driver versions in one cell ("-" without GPUs)."""
-    if not f.get("gpus"):
-        return Text("-")
-    parts = [f"CUDA {f.get('cuda_version') or '?'}", f"NCCL {f.get('nccl') or '?'}"]
-    return Text(", ".join([*parts, f"driver {f.get('driver') or '?'}"]))
-
-
-def render_doctor(report: DoctorReport) -> RenderableType:
-    """One row per host (what was found, then ``ready`` or each failed check in red with
-    its detail) and a closing line ``all N hosts ready`` / ``K of N hosts failed``."""
-    table = Table(box=None, pad_edge=False, header_style="bold")
-    gpus = any(h.facts.get("gpus") for h in report.hosts)  # a CUDA column where there are GPUs
-    columns = ("host", "address", "python", "torch", "gpus", *(("cuda",) if gpus else ()))
-    for col in (*columns, "disk free", "clock", "status"):
-        table.add_column(col, no_wrap=col != "status", justify="right" if col == "gpus" else "left")
-    for h in report.hosts:
-        f = h.facts
-        status = Text("ready", style="green") if h.ok else Text(style="red")
-        for c in h.failures():
-            status.append(("\n" if status.plain else "") + f"✗ {c.name}: {c.detail}")
-        table.add_row(
-            Text(h.host, style="bold"),
-            Text(h.address),
-            _fact(f.get("python")),
-            _fact(f.get("torch")),
-            _fact(f.get("gpus")),
-            *((_cuda(f),) if gpus else ()),
-            _fact(f.get("disk_free"), _gib),
-            _fact(f.get("clock_skew"), lambda s: f"{s:+.2f} s"),
-            status,
-        )
-    failed, n = sum(not h.ok for h in report.hosts), len(report.hosts)
-    closing = (
-        Text("the host is ready" if n == 1 else f"all {n} hosts ready", style="bold green")
-        if not failed
-        else Text(
-            "the host failed" if n == 1 else f"{failed} of {n} hosts failed", style="bold red"
-        )
-    )
-    return Group(table, Text(), closing)
-
-
-def doctor_json(report: DoctorReport) -> dict[str, Any]:
-    """``{ok, total, failed, hosts: [{host, address, ok, checks: [{name, ok, skipped,
-    detail}], facts}]}``: checks in :data:`CHECKS` order (``packages``' detail names
-    every missing or out-of-range distribution); facts are the probe's answer
-    (:data:`~dmlctl.provision.probe.PROBE_KEYS`, ``packages`` keyed by import name)
-    plus clock_skew/clock_uncertainty."""
-    return {
-        "ok": report.ok,
-        "total": len(report.hosts),
-        "failed": sum(not h.ok for h in report.hosts),
-        "hosts": [
-            {
-                "host": h.host,
-                "address": h.address,
-                "ok": h.ok,
-                "facts": dict(h.facts),
-                "checks": [
-                    {"name": c.name, "ok": c.ok, "skipped": c.skipped, "detail": c.detail}
-                    for c in h.checks
-                ],
-            }
-            for h in report.hosts
-        ],
-    }

@@ -30,11 +30,10 @@ from dmlctl.errors import SpecError, SpecIssue, UsageError
 from dmlctl.protocol import DEFAULT_STRATEGY
 from dmlctl.spec.advice import AdviceProblem, apply_advice, wants_advice
 from dmlctl.spec.cluster import ClusterSpec, HostKey, duplicate_hosts
-from dmlctl.spec.fields import check_one_line, shown
+from dmlctl.spec.job_paths import check_paths, is_one_line
 from dmlctl.spec.local import PROC_NVIDIA_GPUS, count_local_gpus, default_cluster
 from dmlctl.spec.messages import describe, format_path, is_key_error, issue_parts
 from dmlctl.spec.models import JobSpec
-from dmlctl.spec.parallelism import missing_function, split_parallelize
 from dmlctl.spec.source import MAX_SPEC_BYTES, path_kind, read_text
 from dmlctl.spec.yamlpos import Document, KeyPath, YamlSyntaxError, parse
 from dmlctl.strategies import registry
@@ -74,7 +73,7 @@ def load_job(path: str | os.PathLike[str]) -> JobSpec:
     job_dir = Path(file).absolute().parent
     data, advice = _advised(file, doc, data, job_dir, issues)
     job = _validate(file, doc, JobSpec, data, issues)
-    workdir, script = _check_paths(file, doc, job_dir, data, issues)
+    workdir, script = check_paths(file, doc, job_dir, data, issues)
     if issues or job is None or workdir is None or script is None:
         raise SpecError(_sorted(issues))
     name = job.name if job.name is not None else _name_from_dir(job_dir.name)
@@ -268,7 +267,7 @@ def _key_files(file: str, doc: Document, base: Path, issues: list[SpecIssue]) ->
     for owner in owners:
         mapping = _at(doc.data, owner)
         raw = mapping.get("identity_file") if isinstance(mapping, dict) else None
-        if not isinstance(raw, str) or not _is_one_line(raw):
+        if not isinstance(raw, str) or not is_one_line(raw):
             continue  # absent, or the model reports it
         path, problem = _key_file(base, raw)
         if problem is None:
@@ -317,14 +316,6 @@ def _at(data: Any, path: KeyPath) -> Any:
     return data
 
 
-def _is_one_line(value: str) -> bool:
-    try:
-        check_one_line(value)
-    except ValueError:
-        return False
-    return True
-
-
 _PARAMS: KeyPath = ("strategy", "params")
 
 
@@ -339,103 +330,6 @@ def _params_model(raw: Any) -> type[BaseModel] | None:
     except registry.UnknownStrategy:
         return None
     return registry.load(name).Params
-
-
-def _check_paths(
-    file: str, doc: Document, job_dir: Path, data: Mapping[str, Any], issues: list[SpecIssue]
-) -> tuple[Path | None, str | None]:
-    """Absolute workdir and script relative to it; problems appended to ``issues``.
-
-    The script, and the file of ``parallelize: FILE:FUNCTION``, must be regular files
-    inside the workdir (:func:`_file_inside`).
-    """
-    workdir = _workdir(file, doc, job_dir, data, issues)
-    if workdir is None:
-        return None, None
-    script = _file_inside(file, doc, workdir, "script", data.get("script"), issues)
-    target = _parallelize_target(data.get("parallelize"))
-    if target is not None:
-        found = _file_inside(file, doc, workdir, "parallelize", target[0], issues)
-        why = None if found is None else missing_function(workdir / found, target[1])
-        if why is not None:
-            issues.append(SpecIssue(file, doc.line_of(("parallelize",)), "parallelize", why))
-    return workdir, script
-
-
-def _workdir(
-    file: str, doc: Document, job_dir: Path, data: Mapping[str, Any], issues: list[SpecIssue]
-) -> Path | None:
-    """The job's workdir, absolute, when it is a directory; else None (problems
-    appended to ``issues``, or left to the model)."""
-    raw_workdir = data.get("workdir", ".")
-    if not isinstance(raw_workdir, str) or not _is_one_line(raw_workdir):
-        return None  # the model reports it
-    # os.path, not Path: Path.expanduser/resolve/is_dir raise for '~nobody', symlink
-    # loops or over-long names, and any file content must end as an issue.
-    workdir = Path(os.path.realpath(job_dir / os.path.expanduser(raw_workdir)))
-    line = doc.line_of(("workdir",))
-    if not _is_one_line(str(workdir)):
-        issues.append(
-            SpecIssue(
-                file,
-                line,
-                "workdir",
-                f"resolves to an unusable path "
-                f"(control characters in it): {shown(str(workdir), 120)}",
-            )
-        )
-        return None
-    kind = path_kind(workdir)
-    if kind != "directory":
-        what = "no such directory" if kind == "missing" else "not a directory"
-        issues.append(SpecIssue(file, line, "workdir", f"{what}: {shown(str(workdir), 120)}"))
-        return None
-    return workdir
-
-
-def _file_inside(
-    file: str, doc: Document, workdir: Path, key: str, raw: Any, issues: list[SpecIssue]
-) -> str | None:
-    """``raw`` (the path of job key ``key``) relative to ``workdir``, as a POSIX path,
-    when it is a regular file inside ``workdir`` once symbolic links are resolved (a
-    link pointing out of the workdir would ship and run something else); else None,
-    the problem appended to ``issues`` (or left to the model when ``raw`` is no
-    usable string)."""
-    if not isinstance(raw, str) or not _is_one_line(raw):
-        return None
-    line = doc.line_of((key,))
-    candidate = Path(os.path.normpath(workdir / os.path.expanduser(raw)))
-    real = Path(os.path.realpath(candidate))
-    if not _inside(candidate, workdir) or not _inside(real, workdir):
-        where = "" if _inside(candidate, workdir) else f", got {shown(raw)}"
-        link = f" (a link to {shown(str(real), 120)})" if real != candidate else ""
-        issues.append(
-            SpecIssue(file, line, key, f"must be inside workdir ({workdir}){where}{link}")
-        )
-        return None
-    kind = path_kind(real)
-    if kind != "file":
-        what = {"missing": "no such file", "directory": "is a directory"}.get(
-            kind, "not a regular file"
-        )
-        issues.append(SpecIssue(file, line, key, f"{what}: {shown(str(candidate), 120)}"))
-        return None
-    return candidate.relative_to(workdir).as_posix()
-
-
-def _parallelize_target(raw: Any) -> tuple[str, str] | None:
-    """FILE and FUNCTION of a well-formed ``parallelize: FILE:FUNCTION``, else None
-    (the model reports a malformed one)."""
-    if not isinstance(raw, str) or not _is_one_line(raw):
-        return None
-    try:
-        return split_parallelize(raw)
-    except ValueError:
-        return None
-
-
-def _inside(path: Path, directory: Path) -> bool:
-    return path == directory or directory in path.parents
 
 
 _NOT_NAME = re.compile(r"[^A-Za-z0-9._-]+")

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from dmlctl.agent_config import TorchrunCommand
 from dmlctl.plan.model import HostPlan
-from dmlctl.protocol import TorchrunCommand
 from dmlctl.provision.agents import stop_stale_agents
 from dmlctl.transport.local import LocalTransport
 

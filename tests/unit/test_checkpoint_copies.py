@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 from dmlctl import protocol
+from dmlctl.agent_config import TorchrunCommand
 from dmlctl.plan.model import HostPlan, LaunchPlan
-from dmlctl.protocol import TorchrunCommand
 from dmlctl.provision.replicate import Replicator, replicated
 from dmlctl.spec.restart import CheckpointSpec
 from dmlctl.strategies import registry

@@ -25,14 +25,8 @@ from packaging.specifiers import SpecifierSet
 from rich.console import Console
 
 from dmlctl.provision import probe
-from dmlctl.provision.doctor import (
-    CHECKS,
-    CONNECT_TIMEOUT,
-    DoctorReport,
-    doctor_json,
-    render_doctor,
-    run_doctor,
-)
+from dmlctl.provision.doctor import CHECKS, CONNECT_TIMEOUT, DoctorReport, run_doctor
+from dmlctl.provision.doctor_view import doctor_json, render_doctor
 from dmlctl.provision.probe import PROBE, PROBE_KEYS, connect_argv, probe_argv, read_probe
 from dmlctl.provision.requirements import Needed, data_plane_requirements
 from dmlctl.spec.models import ResolvedHost

@@ -34,6 +34,7 @@ BASE = {
     "dmlctl.errors",
     "dmlctl.failure",
     "dmlctl.wire",
+    "dmlctl.agent_config",
     "dmlctl.protocol",
     "dmlctl.mesh",
     "dmlctl.gpus",

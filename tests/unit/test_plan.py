@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from dmlctl import protocol
+from dmlctl.agent_config import AgentConfig, StrategyChoice
 from dmlctl.errors import DmlctlError, PlanError, UsageError
 from dmlctl.plan.build import build_plan
 from dmlctl.plan.model import LaunchPlan
@@ -160,8 +161,8 @@ def test_strategy_params_reach_the_plan_and_every_rank_env() -> None:
     assert protocol.ENV_STRATEGY_PARAMS not in plan.hosts[0].env
     for host in plan.hosts:
         config = plan.agent_config(host)
-        assert config.strategy == protocol.StrategyChoice("ssgd", plan.params_data())
-        assert protocol.AgentConfig.from_json(config.to_json()) == config
+        assert config.strategy == StrategyChoice("ssgd", plan.params_data())
+        assert AgentConfig.from_json(config.to_json()) == config
         env = config.rank_env()
         assert env[protocol.ENV_STRATEGY] == "ssgd"
         assert json.loads(env[protocol.ENV_STRATEGY_PARAMS]) == plan.params_data()

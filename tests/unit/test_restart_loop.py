@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from dmlctl.agent_config import AgentConfig
 from dmlctl.failure import CONTROLLER, Failure, named
 from dmlctl.launch.policy import (
     CONTROLLER_LOST,
@@ -25,7 +26,7 @@ from dmlctl.launch.policy import (
     step,
 )
 from dmlctl.launch.supervisor import Supervisor
-from dmlctl.protocol import ENV_ATTEMPT, AgentConfig
+from dmlctl.protocol import ENV_ATTEMPT
 from dmlctl.runs.events import Event, Progress, Restarting, StopRequested
 from dmlctl.runs.state import Phase, RunState, new_run_state
 from dmlctl.runs.store import RunDir, RunStore

@@ -9,9 +9,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from dmlctl import wire
+from dmlctl.agent_config import AgentConfig, StrategyChoice, TorchrunCommand
 from dmlctl.launch.standby import Standbys
 from dmlctl.launch.supervisor import Supervisor
-from dmlctl.protocol import ENV_ATTEMPT, ENV_RANK_DIR, AgentConfig, StrategyChoice, TorchrunCommand
+from dmlctl.protocol import ENV_ATTEMPT, ENV_RANK_DIR
 from dmlctl.runs.events import Event, RankStarted, Restarting
 from dmlctl.runs.state import Phase, RankStatus, RunState
 from dmlctl.runs.store import RunDir, RunStore

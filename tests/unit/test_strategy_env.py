@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from dmlctl import protocol
+from dmlctl.agent_config import StrategyChoice
 from dmlctl.runtime.env import StrategyParams, chosen_strategy, read_env
 from dmlctl.strategies import registry
 
@@ -18,7 +19,7 @@ def test_the_strategy_is_validated_once_per_process() -> None:
         calls.append(name)
         return registry.load(name)
 
-    env = protocol.StrategyChoice("local-sgd", {"period": 7}).env()
+    env = StrategyChoice("local-sgd", {"period": 7}).env()
     first = chosen_strategy(env, describe)
     again = chosen_strategy(dict(env), describe)
     assert first[0] == "local-sgd" and first[2] is again[2]
@@ -28,7 +29,7 @@ def test_the_strategy_is_validated_once_per_process() -> None:
 
 
 def test_bad_parameters_are_named_on_every_call() -> None:
-    env = protocol.StrategyChoice("local-sgd", {"period": "often"}).env()
+    env = StrategyChoice("local-sgd", {"period": "often"}).env()
     for _ in range(2):
         with pytest.raises(ValueError, match="DMLCTL_STRATEGY_PARAMS is invalid for strategy"):
             chosen_strategy(env, registry.load)

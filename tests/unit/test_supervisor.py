@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from dmlctl.agent_config import AgentConfig
 from dmlctl.failure import named
 from dmlctl.launch.stops import FAIL_STOP_GRACE, STREAMING_S
 from dmlctl.launch.supervisor import Supervisor
 from dmlctl.plan.build import build_plan
 from dmlctl.plan.model import LaunchPlan
-from dmlctl.protocol import AgentConfig
 from dmlctl.runs.events import AgentExited, AgentStarted, Event, RankExited, RankStarted
 from dmlctl.runs.parser import parse_line
 from dmlctl.runs.state import Phase, RankStatus, RunState, phase_exit_code

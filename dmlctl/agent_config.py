@@ -1,0 +1,141 @@
+"""What the controller sends a host agent for one attempt (the first line of its stdin):
+the :class:`AgentConfig` — its run, attempt, directories, environment, the strategy
+with its parameters (:class:`StrategyChoice`) and its torchrun command
+(:class:`TorchrunCommand`). Standard library only (no torch, no I/O at import)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from dmlctl.protocol import (
+    DEFAULT_STRATEGY,
+    ENV_ATTEMPT,
+    ENV_RANK_DIR,
+    ENV_STRATEGY,
+    ENV_STRATEGY_PARAMS,
+)
+
+
+@dataclass(frozen=True)
+class TorchrunCommand:
+    """One host's torchrun command (the real elastic agent, c10d rendezvous), as fields.
+
+    Each worker runs ``dmlctl.runtime.entry``, which records the rank's start and exit
+    and then runs ``script`` unchanged, as torchrun would. ``is_host`` tells torchrun
+    whether this host serves the c10d store (instead of a guess from host names, which
+    fails on multi-homed machines and loopback test hosts); ``local_addr`` (the first
+    host of a multi-host run) becomes MASTER_ADDR, so ranks meet at the address the
+    preflight checked. ``rdzv_id`` is the rendezvous id of one attempt.
+    """
+
+    python: str
+    nnodes: int
+    nproc: int
+    rdzv_endpoint: str
+    rdzv_id: str
+    script: str
+    args: tuple[str, ...] = ()
+    is_host: bool = True
+    local_addr: str | None = None
+
+    def argv(self) -> tuple[str, ...]:
+        """The exact command line."""
+        return (
+            self.python,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes",
+            str(self.nnodes),
+            "--nproc-per-node",
+            str(self.nproc),
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            self.rdzv_endpoint,
+            "--rdzv-id",
+            self.rdzv_id,
+            "--rdzv-conf",
+            f"is_host={str(self.is_host).lower()}",
+            "--max-restarts",
+            "0",
+            *(("--local-addr", self.local_addr) if self.local_addr else ()),
+            "-m",
+            "dmlctl.runtime.entry",
+            self.script,
+            *self.args,
+        )
+
+    @staticmethod
+    def from_dict(data: Mapping[str, Any]) -> TorchrunCommand:
+        """Inverse of :func:`dataclasses.asdict` (JSON lists become tuples)."""
+        return TorchrunCommand(**{**data, "args": tuple(data.get("args", ()))})
+
+
+@dataclass(frozen=True)
+class StrategyChoice:
+    """The job's strategy as it travels to the ranks: its name and its parameters
+    (JSON data: the keys the job set, validated by the planner), always together. The
+    ranks read them back from :data:`ENV_STRATEGY` and :data:`ENV_STRATEGY_PARAMS`
+    (``dmlctl.runtime.env`` validates them once per process)."""
+
+    name: str = DEFAULT_STRATEGY
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+    def env(self) -> dict[str, str]:
+        """The two variables every rank gets."""
+        return {
+            ENV_STRATEGY: self.name,
+            ENV_STRATEGY_PARAMS: json.dumps(dict(self.params), sort_keys=True),
+        }
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """What a host agent runs for one attempt: built by the planner
+    (``LaunchPlan.agent_config``), sent as the first line of the agent's stdin.
+
+    ``attempt`` counts from 0; ``rank_dir`` is this attempt's rank directory and
+    ``torchrun.rdzv_id`` its rendezvous id. ``env`` is the host's planned environment;
+    ``strategy`` the job's strategy with its parameters; the ranks get both through
+    :meth:`rank_env`. ``stop_grace``: seconds the ranks get
+    after SIGTERM when the agent stops them.
+    """
+
+    run_id: str
+    host: str
+    attempt: int
+    workdir: str
+    rank_dir: str
+    torchrun: TorchrunCommand
+    env: Mapping[str, str] = field(default_factory=dict)
+    strategy: StrategyChoice = field(default_factory=StrategyChoice)
+    stop_grace: float = 30.0
+
+    def rank_env(self) -> dict[str, str]:
+        """The variables torchrun (and so every rank) gets on top of the agent's own
+        environment: ``env``, :data:`ENV_ATTEMPT` (``attempt + 1``, as the dashboard
+        counts), :data:`ENV_RANK_DIR` and the strategy (:meth:`StrategyChoice.env`)."""
+        return {
+            **self.env,
+            ENV_ATTEMPT: str(self.attempt + 1),
+            ENV_RANK_DIR: self.rank_dir,
+            **self.strategy.env(),
+        }
+
+    def to_json(self) -> str:
+        """One line of JSON (the wire form; :meth:`from_json` reads it back)."""
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @staticmethod
+    def from_json(text: str) -> AgentConfig:
+        """Inverse of :meth:`to_json`. Raises ``ValueError`` for anything else."""
+        try:
+            data = json.loads(text)
+            torchrun = TorchrunCommand.from_dict(data.pop("torchrun"))
+            strategy = StrategyChoice(**data.pop("strategy"))
+            return AgentConfig(**data, torchrun=torchrun, strategy=strategy)
+        except (TypeError, KeyError, AttributeError) as exc:
+            raise ValueError(f"not an agent configuration: {exc}") from exc
