@@ -17,6 +17,7 @@ import torch
 from dmlctl.checkpoint_files import sha256_file
 from dmlctl.runtime import checkpoint as ckpt
 from dmlctl.runtime.checkpoint import CheckpointManager, CheckpointRefused, CheckpointWarning
+from dmlctl.runtime.checkpoint_dir import CheckpointForeign
 from tests.mounts import tmpfs
 from tests.strategies.harness import run_ranks
 
@@ -358,7 +359,7 @@ def test_a_new_run_never_resumes_another_runs_checkpoint_unless_warm_started(
     assert manifest["run_id"] == "run-a"
     found = _mgr(tmp_path, run_id="run-a").load_latest()  # a restart of the same run
     assert found is not None and found[0] == 80
-    with pytest.raises(ckpt.CheckpointForeign) as info:
+    with pytest.raises(CheckpointForeign) as info:
         _mgr(tmp_path, run_id="run-b").load_latest()
     message = str(info.value)
     assert "run run-a" in message and "step 80" in message and "warm_start" in message
