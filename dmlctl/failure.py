@@ -118,6 +118,8 @@ _RANK_TYPES = {
     "MemoryError": Kind.OOM,
     "OutOfMemoryError": Kind.OOM,  # torch.OutOfMemoryError (CUDA)
 }
+FULL_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+"""The ``errno`` of a write that found no space (or no quota) left."""
 CRASH_SIGNALS = frozenset({"SIGSEGV", "SIGABRT", "SIGBUS", "SIGFPE", "SIGILL", "SIGTRAP", "SIGSYS"})
 """Signals a process raises against itself when it crashes: its own fault."""
 
@@ -140,7 +142,7 @@ def error_kind(exc_type: str, message: str) -> Kind:
 
 def exception_kind(exc: BaseException) -> Kind:
     """The kind of ``exc``, raised in a rank (a full disk whatever raised it)."""
-    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+    if isinstance(exc, OSError) and exc.errno in FULL_DISK_ERRNOS:
         return Kind.DISK_FULL
     if isinstance(exc, MemoryError):
         return Kind.OOM

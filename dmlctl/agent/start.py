@@ -17,7 +17,7 @@ from dmlctl.agent import warm
 from dmlctl.agent.messages import Emitter
 from dmlctl.agent.procs import dies_with_parent
 from dmlctl.agent_config import AgentConfig
-from dmlctl.failure import Kind
+from dmlctl.failure import FULL_DISK_ERRNOS, Kind
 
 Torchrun = subprocess.Popen[str] | warm.ForkedTorchrun
 
@@ -69,7 +69,6 @@ def start(config: AgentConfig, workdir: str, env: dict[str, str], emit: Emitter)
 
 # Errors that come and go (out of processes or memory for a moment): the host's fault.
 _TRANSIENT = (errno.EAGAIN, errno.ENOMEM, errno.EINTR)
-_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 def cannot_start(emit: Emitter, what: str, exc: OSError | ValueError) -> None:
@@ -79,7 +78,7 @@ def cannot_start(emit: Emitter, what: str, exc: OSError | ValueError) -> None:
     code = exc.errno if isinstance(exc, OSError) else None
     name, kind = (
         ("DiskFull", Kind.DISK_FULL)
-        if code in _FULL
+        if code in FULL_DISK_ERRNOS
         else ("AgentExit", Kind.AGENT)
         if code in _TRANSIENT
         else ("SpecInvalid", Kind.SPEC)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from dmlctl.errors import DmlctlError, UsageError
-from dmlctl.failure import Evidence
+from dmlctl.failure import Evidence, failure_from_dict
 from dmlctl.plan.model import attempt_rank_dir
 from dmlctl.protocol import KIND_START, rank_events
 from dmlctl.runs.store import RunDir
@@ -203,6 +203,15 @@ def torchrun_times(lines: Iterable[str], now: float | None = None) -> dict[str, 
     return out
 
 
+def _known_by_exit_status(data: Mapping[str, Any]) -> bool:
+    """Whether a recorded failure was known from an exit status alone (an older
+    record's evidence comes from its names); False for one that cannot be read."""
+    try:
+        return failure_from_dict(data).evidence is Evidence.EXIT
+    except (KeyError, TypeError, ValueError):
+        return False
+
+
 def dmlctl_times(run_dir: Path, *, rank: int = KILL_RANK, attempt: int = 1) -> dict[str, float]:
     """Absolute times of the dmlctl-side stages of attempt ``attempt`` in ``run_dir``:
     torchrun's log lines (``logs/agent-*.log``), ``controller_notified`` (the first
@@ -222,7 +231,7 @@ def dmlctl_times(run_dir: Path, *, rank: int = KILL_RANK, attempt: int = 1) -> d
     cause = next(iter(state.get("failures", ())), None)
     # A cause known from an exit status alone (parser.torchrun_failure, reducer.apply) is
     # stamped with the controller's clock when the agent's exit arrives.
-    if cause and cause.get("evidence") == Evidence.EXIT.value:
+    if cause and _known_by_exit_status(cause):
         out["controller_notified"] = float(cause["ts"])
     host = next((h for h in plan.hosts if h.first_rank <= rank < h.first_rank + h.nproc), None)
     if host is None:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Literal, TextIO
 
 from dmlctl.errors import DmlctlError
+from dmlctl.failure import FULL_DISK_ERRNOS
 from dmlctl.protocol import PRIVATE_DIR, PRIVATE_FILE, make_private_dirs, private_opener
 
 __all__ = [
@@ -41,7 +42,6 @@ RESERVE_BYTES = 1 << 20
 written into these blocks (nobody else can take them, the ranks' own output on the
 same file system included), see :meth:`Reserve.put`."""
 
-_FULL = (errno.ENOSPC, errno.EDQUOT)
 _GONE = (errno.ENOENT, errno.ESTALE, errno.ENOTDIR)
 
 
@@ -69,7 +69,7 @@ class RunDirGone(StoreError):
 
 def store_error(exc: OSError, path: Path | str, run_dir: Path | None = None) -> StoreError:
     """The typed error for ``exc``, raised writing ``path`` (inside ``run_dir``)."""
-    if exc.errno in _FULL:
+    if exc.errno in FULL_DISK_ERRNOS:
         return DiskFull(path, f"no space left on the device writing {path}")
     if exc.errno in _GONE and run_dir is not None and not run_dir.is_dir():
         return RunDirGone(run_dir, f"the run directory {run_dir} was deleted")

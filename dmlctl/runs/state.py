@@ -125,9 +125,13 @@ class RunState:
         return max(0.0, end - self.created_at)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form (enums as strings, tuples as lists; without ``seen``)."""
-        out: dict[str, Any] = dataclasses.asdict(dataclasses.replace(self, seen=()))
+        """JSON-ready form (enums as strings, tuples as lists; failures as
+        :meth:`Failure.to_dict` writes them; without ``seen``)."""
+        bare = dataclasses.replace(self, root_cause=None, failures=(), seen=())
+        out: dict[str, Any] = dataclasses.asdict(bare)
         del out["seen"]
+        out["root_cause"] = self.root_cause.to_dict() if self.root_cause else None
+        out["failures"] = [f.to_dict() for f in self.failures]
         out["phase"] = self.phase.value
         for rank in out["ranks"]:
             rank["status"] = RankStatus(rank["status"]).value

@@ -10,7 +10,6 @@ collective protocol over these steps.
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import pickle
@@ -25,6 +24,7 @@ from typing import Any
 import torch
 
 from dmlctl.checkpoint_files import fsync_path, point_latest, sha256_file, step_dirs, step_of
+from dmlctl.failure import FULL_DISK_ERRNOS
 from dmlctl.protocol import (
     CHECKPOINT_LATEST,
     CHECKPOINT_MANIFEST,
@@ -42,7 +42,7 @@ def disk_full(exc: BaseException) -> OSError | None:
     for _ in range(8):
         if seen is None:
             return None
-        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+        if isinstance(seen, OSError) and seen.errno in FULL_DISK_ERRNOS:
             return seen
         seen = seen.__cause__ or seen.__context__
     return None

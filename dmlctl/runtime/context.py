@@ -226,8 +226,7 @@ class Context:
     def fsdp(self) -> bool:
         """Whether the strategy's data-parallel dimensions are FSDP2 shards (its
         capabilities say so: ssgd)."""
-        caps = self._env.capabilities
-        return caps is not None and caps.fsdp
+        return self._env.capabilities.fsdp
 
     @property
     def strategy_params(self) -> BaseModel:

@@ -130,7 +130,7 @@ def _arm_guards(role: str) -> None:
     guards.install(
         strategy,
         servers=protocol.ROLE_SERVER in module.CAPABILITIES.roles,
-        needs_runtime=module.CAPABILITIES.runtime_needed(params),
+        needs_runtime=registry.needs_runtime(strategy, params),
     )
 
 

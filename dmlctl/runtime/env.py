@@ -62,7 +62,7 @@ class RunEnv:
     strategy: str
     params: BaseModel
     rank_dir: str | None
-    capabilities: Capabilities | None = None  # the strategy's (None: a test's bare env)
+    capabilities: Capabilities  # the strategy's
     layout: mesh.MeshLayout | None = None  # the job's parallelism block, resolved
     parallelize: str | None = None  # the job's ``parallelize: FILE:FUNCTION``
     backend: str = gpus.AUTO  # the job's ``backend:`` (:data:`dmlctl.gpus.BACKENDS`)
