@@ -1,26 +1,13 @@
-"""The run context a training script gets from ``dmlctl.init()``.
+"""The run context a training script gets from ``dmlctl.init()`` (how a process joins
+the run, its rank, role and device: :mod:`dmlctl.runtime.session`).
 
-Contract:
+:class:`Context` is a facade over parts with one job each: who the rank is
+(:mod:`~dmlctl.runtime.identity`), its data cursor (:mod:`~dmlctl.runtime.cursor`), its
+metric records (:mod:`~dmlctl.runtime.rank_log`), its checkpoints
+(:mod:`~dmlctl.runtime.rank_checkpoints`), one batch's step
+(:mod:`~dmlctl.runtime.steps`) and the workers' collectives
+(:mod:`~dmlctl.runtime.worker_group`). Contract:
 
-* **Where am I.** ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE`` are
-  read as torchrun sets them (:mod:`dmlctl.runtime.env`). Without them (plain
-  ``python train.py``) the script is rank 0 of a world of 1 and no process group is
-  created. With a world larger than 1, ``init()`` joins the default process group
-  through ``MASTER_ADDR``/``MASTER_PORT`` (``cpu:gloo,cuda:nccl`` when CUDA is
-  available, else ``gloo``; the job's ``backend:`` overrides) unless the script
-  already did. A worker's device is the GPU of its index among its host's workers
-  when CUDA is available, else CPU; a parameter server computes on the CPU
-  (:mod:`dmlctl.gpus`).
-* **What am I.** The role comes from ``DMLCTL_ROLE`` (default ``worker``), the
-  strategy from ``DMLCTL_STRATEGY`` (default ``ssgd``) and its parameters from
-  ``DMLCTL_STRATEGY_PARAMS`` (JSON, default ``{}``), validated by the strategy's
-  ``Params`` model before the process group is joined.
-* **Idempotent.** ``init()`` called again returns the same :class:`Context`
-  (its arguments are then ignored) until :meth:`Context.close`, which also runs at
-  interpreter exit and destroys the process group this module created.
-* **Same start everywhere.** ``seed`` seeds ``random`` and torch identically on
-  every rank, so replicas are built identical; data order differs per rank through
-  :meth:`Context.shard`.
 * **Metrics.** :meth:`Context.log` goes to ``rank-<R>.events.jsonl`` under
   ``DMLCTL_RANK_DIR`` when set, else to one printed line on rank 0
   (see :mod:`dmlctl.runtime.metrics`).
@@ -33,45 +20,35 @@ Contract:
   defines (``final: local`` in its params opts out): rank 0's save is the result.
 * **Checkpoints.** With ``DMLCTL_CHECKPOINT_DIR`` set, :meth:`Context.checkpoint` saves
   when due and :meth:`Context.resume` restores exactly (bit for bit at the same world
-  size), see :mod:`dmlctl.runtime.checkpoint`.
-* **Parameter servers.** With a strategy that has a ``server`` role (asgd, ssp, …),
-  ``init()`` finds every rank's role (:mod:`dmlctl.runtime.membership`). On a server rank it
-  never returns: the rank serves until every worker is finished, then exits with
-  code 0 — so the same script runs unchanged under ``ssgd`` and ``asgd``. On a worker,
-  :attr:`Context.rank` / :attr:`Context.world_size` count *workers* only (data
-  sharding, ``all_reduce_mean``, ``barrier`` and checkpoints involve workers only);
-  :attr:`Context.global_rank` is the process-group rank.
-"""
+  size), see :mod:`dmlctl.runtime.checkpoint`."""
 
 from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from pydantic import BaseModel
 from torch.distributed.device_mesh import DeviceMesh
 
-from dmlctl.mesh import MeshLayout
-from dmlctl.protocol import PROGRESS, ROLE_SERVER
-from dmlctl.runtime import checkpoint as ckpt
-from dmlctl.runtime import divergence, guards
-from dmlctl.runtime.data import MapDataset, batches_per_epoch, shard_batches
+from dmlctl.runtime import divergence, guards, steps
+from dmlctl.runtime.cursor import DataCursor
+from dmlctl.runtime.data import MapDataset, shard_batches
 from dmlctl.runtime.env import RunEnv
+from dmlctl.runtime.identity import RankIdentity
 from dmlctl.runtime.membership import Membership
-from dmlctl.runtime.metrics import MetricLogger, Scalar
+from dmlctl.runtime.metrics import MetricLogger
 from dmlctl.runtime.optimizer import StrategyOptimizer
-from dmlctl.runtime.parallel.devmesh import data_parallel_place
-from dmlctl.runtime.parallel.hints import reshape_hint
 from dmlctl.runtime.progress import TRACKER
+from dmlctl.runtime.rank_checkpoints import RankCheckpoints, manager_class
+from dmlctl.runtime.rank_log import RankLog, divergence_check
+from dmlctl.runtime.steps import LossFn
 from dmlctl.runtime.straggler import paced, straggler_factor
-
-if TYPE_CHECKING:
-    from dmlctl.runtime.checkpoint_sharded import ShardedCheckpointManager
+from dmlctl.runtime.worker_group import WorkerGroup
 
 _THREAD_GRACE_S = 0.05
 
@@ -82,7 +59,7 @@ Prepare = Callable[
 """A strategy's ``prepare(ctx, model, optimizer, params)``: the wrapped pair."""
 
 
-class Context:
+class Context(RankIdentity):
     """This process's place in the run, and the helpers that depend on it.
 
     Build it with ``init()``, not directly: the session resolves the strategy and
@@ -101,147 +78,40 @@ class Context:
         membership: Membership | None = None,
         mesh: DeviceMesh | None = None,
     ) -> None:
-        self._env = env
-        self._mesh = mesh
-        self._prepare = prepare
-        self._device = device
-        self._owns_group = owns_group
-        self._members = membership
-        is_server = membership is not None and env.rank in membership.servers
-        if membership is not None and not is_server:
-            self._rank, self._world = membership.worker_index(env.rank), len(membership.workers)
-        else:
-            self._rank, self._world = env.rank, env.world_size
-        # The data-parallel replica this worker belongs to: its pipeline stages and
-        # tensor-parallel peers see the same batches.
-        self._data_rank, self._data_world = self._rank, self._world
-        if env.layout is not None and mesh is not None and not is_server:
-            self._data_rank, self._data_world = data_parallel_place(env.layout, self._rank)
-        self._group: Any = membership.group if membership is not None else None
-        self._metrics = MetricLogger(env.rank, env.rank_dir, check=self._check_logged)
+        super().__init__(env, device=device, membership=membership, mesh=mesh)
+        self._prepare, self._owns_group, at = prepare, owns_group, self._at
+        group = membership.group if membership is not None else None
+        self._workers = WorkerGroup(group, at.world, device)
+        self._metrics = MetricLogger(
+            env.rank, env.rank_dir, check=divergence_check(env.strategy, self._divergence_advice)
+        )
         self._optimizer: torch.optim.Optimizer | None = None
-        self._sources: list[Callable[[], dict[str, float]]] = []
-        self._epoch = 0
+        self._cursor = DataCursor(self._metrics)
+        self._log = RankLog(self._metrics, self._cursor, progress=env.rank_dir is not None)
         self._closed = False
         self._on_close: list[Callable[[], None]] = []
-        self._ckpt = (
-            None
-            if is_server
-            else self._checkpoint_manager().from_env(
-                self._rank,
-                self._world,
+        manager = None
+        if not at.is_server:
+            manager = manager_class(self._laid_out()).from_env(
+                at.rank,
+                at.world,
                 env.local_rank,
-                group=self._group,
+                group=group,
                 src=membership.workers[0] if membership is not None else 0,
             )
+        self._checkpoints = RankCheckpoints(
+            manager, laid_out=self._laid_out(), cursor=self._cursor, metrics=self._metrics
         )
-        self._resume_at: tuple[int, int] | None = None  # (epoch, batches consumed)
-        self._batches = self._skip = 0  # batches yielded in this epoch / left to skip
         self.resumed_extra: dict[str, Any] = {}  # ``extra`` of the checkpoint resumed
-        self._on_data_end: list[Callable[[], None]] = []
         self._notices: set[str] = set()
-        self._plan: tuple[int, int] | None = None  # (batches per epoch, epochs) of shard()
         self.total_steps: int | None = None
         """Set by a script with a loop of its own: progress is then the logged step
         (plus one) over ``total_steps``; ``ctx.shard`` knows it from its epochs."""
 
     @property
-    def rank(self) -> int:
-        """This worker's rank among the training processes, ``0 .. world_size - 1``
-        (the global rank, except with parameter servers: then the index among the
-        workers)."""
-        return self._rank
-
-    @property
-    def world_size(self) -> int:
-        """Number of training processes (workers; parameter servers not counted)."""
-        return self._world
-
-    @property
-    def global_rank(self) -> int:
-        """Rank in the default process group (servers included)."""
-        return self._env.rank
-
-    @property
-    def membership(self) -> Membership | None:
-        """Global ranks of workers and servers and the workers' group (None: no
-        parameter servers in this run)."""
-        return self._members
-
-    @property
-    def data_parallel_rank(self) -> int:
-        """This worker's replica among the data-parallel replicas: :attr:`rank`, except
-        under tensor or pipeline parallelism, where the ranks of one replica (which
-        must see the same batches) share it. Shard data by it, not by :attr:`rank`."""
-        return self._data_rank
-
-    @property
-    def data_parallel_size(self) -> int:
-        """Number of data-parallel replicas: :attr:`world_size` divided by the
-        tensor and pipeline degrees."""
-        return self._data_world
-
-    @property
-    def layout(self) -> MeshLayout | None:
-        """The job's ``parallelism:`` layout (None without one)."""
-        return self._env.layout
-
-    @property
-    def parallelize_function(self) -> str | None:
-        """The job's ``parallelize: FILE:FUNCTION`` (None without one)."""
-        return self._env.parallelize
-
-    @property
-    def mesh(self) -> DeviceMesh | None:
-        """The device mesh over the workers (None without a ``parallelism:`` block or
-        in a world of 1); ``ctx.mesh["tp"]`` is this worker's tensor-parallel group."""
-        return self._mesh
-
-    @property
-    def local_rank(self) -> int:
-        """Rank among the processes on this host."""
-        return self._env.local_rank
-
-    @property
-    def local_world_size(self) -> int:
-        """Number of processes on this host."""
-        return self._env.local_world_size
-
-    @property
-    def role(self) -> str:
-        """``worker`` for training processes; strategies may define others (``server``)."""
-        return self._env.role
-
-    @property
-    def device(self) -> torch.device:
-        """Where this rank's model and batches live."""
-        return self._device
-
-    @property
-    def strategy(self) -> str:
-        """Registered name of the strategy in use."""
-        return self._env.strategy
-
-    @property
-    def fsdp(self) -> bool:
-        """Whether the strategy's data-parallel dimensions are FSDP2 shards (its
-        capabilities say so: ssgd)."""
-        return self._env.capabilities.fsdp
-
-    @property
-    def strategy_params(self) -> BaseModel:
-        """The validated parameters of the strategy (its ``Params`` instance)."""
-        return self._env.params
-
-    @property
-    def is_main(self) -> bool:
-        """True on rank 0: the rank that prints, evaluates once, saves checkpoints."""
-        return self._rank == 0 and self.role != ROLE_SERVER
-
-    @property
     def epoch(self) -> int:
         """Epoch of the batch :meth:`shard` yielded last (0 before it starts)."""
-        return self._epoch
+        return self._cursor.epoch
 
     def prepare(
         self, model: torch.nn.Module, optimizer: torch.optim.Optimizer
@@ -285,19 +155,7 @@ class Context:
         every microbatch through them (the loss then comes from the last stage).
         Works under every layout, so one training loop fits them all. The batch is
         moved to :attr:`device` first (no copy when it is there already)."""
-        inputs, targets = inputs.to(self._device), targets.to(self._device)
-        step = getattr(model, "train_step", None)
-        with reshape_hint(self._tensor_degree()):
-            if callable(step):
-                return step(inputs, targets, loss_fn)  # type: ignore[no-any-return]
-            loss = loss_fn(model(inputs), targets)
-            torch.autograd.backward(loss)
-        return loss.detach()
-
-    def _tensor_degree(self) -> int:
-        """The job's tensor-parallel degree (1 without a ``parallelism:`` block)."""
-        layout = self._env.layout
-        return 1 if layout is None else layout.tp
+        return self._step(model, (inputs, targets), loss_fn, train=True)
 
     def eval_step(
         self,
@@ -309,19 +167,30 @@ class Context:
         """:meth:`train_step` without gradients: the batch's loss on every rank, under
         every layout (collective over a model-parallel replica: all its ranks call it).
         The batch is moved to :attr:`device` first."""
-        inputs, targets = inputs.to(self._device), targets.to(self._device)
-        step = getattr(model, "eval_step", None)
-        with reshape_hint(self._tensor_degree()):
-            if callable(step):
-                return step(inputs, targets, loss_fn)  # type: ignore[no-any-return]
-            with torch.no_grad():
-                return loss_fn(model(inputs), targets).detach()
+        return self._step(model, (inputs, targets), loss_fn, train=False)
+
+    def _step(
+        self,
+        model: torch.nn.Module,
+        batch: tuple[torch.Tensor, torch.Tensor],
+        loss_fn: LossFn,
+        *,
+        train: bool,
+    ) -> torch.Tensor:
+        return steps.run_step(
+            model,
+            batch,
+            loss_fn,
+            device=self._device,
+            tensor_degree=self._tensor_degree(),
+            train=train,
+        )
 
     def add_metrics_source(self, source: Callable[[], dict[str, float]]) -> None:
         """Merge ``source()`` into every :meth:`log` record (values the caller passes
         win). Strategies report ``comm_bytes_per_step``, ``comm_share`` and their own
         measures (``consensus``, residuals) this way."""
-        self._sources.append(source)
+        self._log.add_source(source)
 
     def shard(
         self,
@@ -344,21 +213,17 @@ class Context:
         strategy that plans which samples each worker takes replaces it: cyclades). After
         :meth:`resume` the first call continues at the saved position instead.
         """
-        self._metrics.start_clock()
-        self._skip = 0
-        if len(dataset) > 0 and epochs > 0 and batch_size >= 1:
-            per_epoch = batches_per_epoch(len(dataset), self._data_world, batch_size, drop_last)
-            self._plan = (per_epoch, epochs) if per_epoch > 0 else None
-        if self._resume_at is not None and self._resume_at[0] >= start_epoch:
-            start_epoch, self._skip = self._resume_at
-        self._resume_at = None
+        cursor = self._cursor
+        start_epoch = cursor.begin(
+            len(dataset), self._at.data_world, batch_size, epochs, drop_last, start_epoch
+        )
         # A strategy that decides which samples a worker takes (cyclades) supplies
         # its own iterator, with shard_batches' arguments.
         source = getattr(self._optimizer, "shard_batches", shard_batches)
         batches = source(
             dataset,
-            rank=self._data_rank,
-            world_size=self._data_world,
+            rank=self._at.data_rank,
+            world_size=self._at.data_world,
             batch_size=batch_size,
             epochs=epochs,
             shuffle=shuffle,
@@ -366,18 +231,11 @@ class Context:
             drop_last=drop_last,
             start_epoch=start_epoch,
             device=self._device,
-            on_epoch=self._set_epoch,
-            on_batch=self._count,
+            on_epoch=cursor.set_epoch,
+            on_batch=cursor.count,
         )
-        slow = straggler_factor(self._rank, self._world)  # workers only: servers never shard
-        return self._ending(paced(itertools.islice(batches, self._skip, None), slow))
-
-    def _ending(self, batches: Iterator[Any]) -> Iterator[Any]:
-        try:
-            yield from batches
-        finally:  # exhausted, or the loop broke out: no more steps for now
-            TRACKER.data_end()
-        self.finish()  # exhausted (a loop that broke out never gets here)
+        slow = straggler_factor(self._at.rank, self._at.world)  # workers only: servers never shard
+        return cursor.ending(paced(itertools.islice(batches, cursor.skip, None), slow))
 
     def finish(self) -> None:
         """Training is over: every worker takes the model the strategy's algorithm
@@ -389,14 +247,12 @@ class Context:
         The end of :meth:`shard`'s data does this by itself; call it after a loop of
         your own (a ``DataLoader``) or one that breaks out early. Collective over the
         workers; again without a training step in between: nothing."""
-        TRACKER.data_end()
-        for callback in list(self._on_data_end):
-            callback()
+        self._cursor.end()
 
     def on_data_end(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` in :meth:`finish` (at the end of :meth:`shard`'s data or
         when the script calls it). :meth:`prepare` registers the strategy's own."""
-        self._on_data_end.append(callback)
+        self._cursor.on_end(callback)
 
     def notice(self, message: str) -> None:
         """Print ``message`` once per run, from the first worker only (a strategy
@@ -421,39 +277,6 @@ class Context:
         """
         return TRACKER.phase(name, limit)
 
-    def _set_epoch(self, epoch: int) -> None:
-        self._epoch, self._batches = epoch, 0
-
-    def _count(self, samples: int) -> None:
-        self._batches += 1
-        TRACKER.step(batch=True)
-        if self._skip:
-            self._skip -= 1  # consumed before the checkpoint: not counted again
-        else:
-            self._metrics.count(samples)
-
-    def _laid_out(self) -> bool:
-        """Whether the job has a ``parallelism:`` block and this rank is on its mesh."""
-        return self._env.layout is not None and self._mesh is not None
-
-    def _checkpoint_manager(self) -> type[ckpt.CheckpointManager]:
-        """The checkpoint manager class: DCP shards for a laid-out model (imported only
-        then: torch.distributed.checkpoint takes seconds to import), else whole files."""
-        if not self._laid_out():
-            return ckpt.CheckpointManager
-        from dmlctl.runtime.checkpoint_sharded import ShardedCheckpointManager
-
-        return ShardedCheckpointManager
-
-    def _sharded_checkpoints(self) -> ShardedCheckpointManager | None:
-        """This rank's checkpoint manager when it saves through DCP, else None."""
-        if self._ckpt is None or not self._laid_out():
-            return None
-        from dmlctl.runtime.checkpoint_sharded import ShardedCheckpointManager
-
-        assert isinstance(self._ckpt, ShardedCheckpointManager)
-        return self._ckpt
-
     def resume(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
         """Restore the newest checkpoint valid on every rank into ``model``,
         ``optimizer``, the strategy, the RNGs and the :meth:`shard` position; returns
@@ -461,24 +284,10 @@ class Context:
 
         Collective. Call after :meth:`prepare`, before :meth:`shard`.
         """
-        sharded = self._sharded_checkpoints()
-        if sharded is not None:
-            sharded.bind(model, optimizer)
-        with TRACKER.phase("resume"):
-            found = self._ckpt.load_latest() if self._ckpt is not None else None
-            if found is not None and sharded is not None:
-                sharded.load_shards(found[0])
+        found = self._checkpoints.resume(model, optimizer)
         if found is None:
             return 0
-        step, state = found
-        if sharded is not None:
-            from dmlctl.runtime.checkpoint_sharded import restore_small_state
-
-            restore_small_state(state, model, optimizer)
-        else:
-            ckpt.restore_training_state(state, model, optimizer)
-        self._resume_at = (int(state["data"]["epoch"]), int(state["data"]["batches"]))
-        self.resumed_extra = dict(state.get("extra", {}))
+        step, self.resumed_extra = found
         return step
 
     def checkpoint(
@@ -486,25 +295,7 @@ class Context:
     ) -> str | None:
         """Save after ``step`` completed steps when due (``DMLCTL_CHECKPOINT_EVERY_*``),
         with ``extra`` tensors/numbers; returns the directory or None. Collective."""
-        if self._ckpt is None or not self._ckpt.due(step):
-            return None
-        sharded = self._sharded_checkpoints()
-        if sharded is not None:  # shards through DCP
-            from dmlctl.runtime.checkpoint_sharded import small_state
-
-            sharded.bind(model, optimizer)
-            state = small_state(
-                model, optimizer, epoch=self._epoch, batches=self._batches, extra=extra
-            )
-        else:
-            state = ckpt.training_state(
-                model, optimizer, epoch=self._epoch, batches=self._batches, extra=extra
-            )
-        with TRACKER.phase("checkpoint"):
-            directory = self._ckpt.save(step, state)
-        if self._ckpt.committed_here:
-            self._metrics.checkpoint(step, directory)
-        return directory
+        return self._checkpoints.save(step, model, optimizer, extra)
 
     def log(self, step: int | None = None, **metrics: Any) -> int:
         """Record ``metrics`` (numbers or one-element tensors) for this rank.
@@ -517,34 +308,7 @@ class Context:
         Raises :class:`~dmlctl.runtime.divergence.Diverged` (after writing the
         record) when a loss key's value is NaN or infinite.
         """
-        for source in self._sources:
-            metrics = {**source(), **metrics}
-        if self._env.rank_dir is not None:  # for the controller; a plain run's line stays as it was
-            metrics = {
-                **metrics,
-                **{k: v for k, v in self._progress(step).items() if k not in metrics},
-            }
-        TRACKER.step()
-        return self._metrics.log(step, metrics)
-
-    def _progress(self, step: int | None) -> dict[str, Any]:
-        """``epoch`` and ``progress`` (0 to 1) for a record at ``step``: from
-        ``total_steps`` when the script set it, else from :meth:`shard`'s epochs;
-        nothing when neither is known."""
-        if self.total_steps is not None and self.total_steps > 0:
-            at = step if step is not None else self._metrics.next_step
-            return {PROGRESS: min(1.0, max(0.0, (at + 1) / self.total_steps))}
-        if self._plan is None:
-            return {}
-        per_epoch, epochs = self._plan
-        done = self._epoch * per_epoch + self._batches
-        return {"epoch": self._epoch, PROGRESS: min(1.0, done / (per_epoch * epochs))}
-
-    def _check_logged(self, step: int, values: Mapping[str, Scalar]) -> None:
-        """The divergence guard on one converted record (see :meth:`log`)."""
-        divergence.check_logged(
-            values, strategy=self._env.strategy, step=step, advice=self._divergence_advice
-        )
+        return self._log.log(step, metrics, self.total_steps)
 
     def _divergence_advice(self) -> str:
         optimizer = self._optimizer
@@ -554,25 +318,14 @@ class Context:
 
     def barrier(self) -> None:
         """Wait until every rank gets here (no-op in a world of 1)."""
-        if self._world > 1:
-            dist.barrier(group=self._group)
+        self._workers.barrier()
 
     def all_reduce_mean(self, value: float | torch.Tensor) -> float:
         """Mean of a scalar over all ranks, returned to every rank as a float.
 
         Collective: every rank must call it. Meant for evaluation metrics.
         """
-        if isinstance(value, torch.Tensor):
-            if value.numel() != 1:
-                raise ValueError(f"expected a scalar, got shape {tuple(value.shape)}")
-            tensor = value.detach().reshape(()).to(self._device, torch.float64)
-        else:
-            tensor = torch.tensor(float(value), dtype=torch.float64, device=self._device)
-        if self._world > 1:
-            tensor = tensor.clone()
-            dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self._group)
-            tensor /= self._world
-        return float(tensor.item())
+        return self._workers.mean(value)
 
     def on_close(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` in :meth:`close`, before the process group goes away.

@@ -1,6 +1,35 @@
 """Joining the run: :func:`init` builds the one :class:`~dmlctl.runtime.context.Context`
-of this process, :func:`current` returns it again (see the contract in
+of this process, :func:`current` returns it again (what the context then offers:
 :mod:`dmlctl.runtime.context`).
+
+Contract:
+
+* **Where am I.** ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE`` are
+  read as torchrun sets them (:mod:`dmlctl.runtime.env`). Without them (plain
+  ``python train.py``) the script is rank 0 of a world of 1 and no process group is
+  created. With a world larger than 1, ``init()`` joins the default process group
+  through ``MASTER_ADDR``/``MASTER_PORT`` (``cpu:gloo,cuda:nccl`` when CUDA is
+  available, else ``gloo``; the job's ``backend:`` overrides) unless the script
+  already did. A worker's device is the GPU of its index among its host's workers
+  when CUDA is available, else CPU; a parameter server computes on the CPU
+  (:mod:`dmlctl.gpus`).
+* **What am I.** The role comes from ``DMLCTL_ROLE`` (default ``worker``), the
+  strategy from ``DMLCTL_STRATEGY`` (default ``ssgd``) and its parameters from
+  ``DMLCTL_STRATEGY_PARAMS`` (JSON, default ``{}``), validated by the strategy's
+  ``Params`` model before the process group is joined.
+* **Idempotent.** ``init()`` called again returns the same :class:`Context`
+  (its arguments are then ignored) until :meth:`Context.close`, which also runs at
+  interpreter exit and destroys the process group this module created.
+* **Same start everywhere.** ``seed`` seeds ``random`` and torch identically on
+  every rank, so replicas are built identical; data order differs per rank through
+  :meth:`Context.shard`.
+* **Parameter servers.** With a strategy that has a ``server`` role (asgd, ssp, …),
+  ``init()`` finds every rank's role (:mod:`dmlctl.runtime.membership`). On a server rank it
+  never returns: the rank serves until every worker is finished, then exits with
+  code 0 — so the same script runs unchanged under ``ssgd`` and ``asgd``. On a worker,
+  :attr:`Context.rank` / :attr:`Context.world_size` count *workers* only (data
+  sharding, ``all_reduce_mean``, ``barrier`` and checkpoints involve workers only);
+  :attr:`Context.global_rank` is the process-group rank.
 
 :func:`init` reads the environment, joins the default process group when the world is
 larger than 1, seeds every rank alike, finds the ranks' roles for a strategy with

@@ -1,0 +1,89 @@
+"""Where a rank is in its data (:class:`DataCursor`): the epoch, the batches of it
+yielded, the batches a resume skips, the plan of ``ctx.shard`` (batches per epoch,
+epochs) and the progress it gives, and what runs at the data's end. The part of
+:class:`~dmlctl.runtime.context.Context` behind ``shard``, ``epoch``, ``finish`` and
+``on_data_end``; a checkpoint saves and restores its position."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from dmlctl.protocol import PROGRESS
+from dmlctl.runtime.data import batches_per_epoch
+from dmlctl.runtime.metrics import MetricLogger
+from dmlctl.runtime.progress import TRACKER
+
+
+class DataCursor:
+    """One rank's position in its data (see the module docstring)."""
+
+    def __init__(self, metrics: MetricLogger) -> None:
+        self._metrics = metrics
+        self.epoch = 0
+        self.batches = 0  # yielded in this epoch
+        self.skip = 0  # left to skip: consumed before the checkpoint a resume loaded
+        self.resume_at: tuple[int, int] | None = None  # (epoch, batches consumed)
+        self.plan: tuple[int, int] | None = None  # (batches per epoch, epochs) of shard()
+        self._on_end: list[Callable[[], None]] = []
+
+    def begin(
+        self, size: int, world: int, batch_size: int, epochs: int, drop_last: bool, start: int
+    ) -> int:
+        """A new iteration over ``size`` samples shared by ``world`` replicas: its plan,
+        and the epoch it starts at — a resume's (whose batches consumed are then
+        skipped) when that is not before ``start``."""
+        self._metrics.start_clock()
+        self.skip = 0
+        if size > 0 and epochs > 0 and batch_size >= 1:
+            per_epoch = batches_per_epoch(size, world, batch_size, drop_last)
+            self.plan = (per_epoch, epochs) if per_epoch > 0 else None
+        if self.resume_at is not None and self.resume_at[0] >= start:
+            start, self.skip = self.resume_at
+        self.resume_at = None
+        return start
+
+    def set_epoch(self, epoch: int) -> None:
+        """An epoch begins (the data iterator says so)."""
+        self.epoch, self.batches = epoch, 0
+
+    def count(self, samples: int) -> None:
+        """A batch of ``samples`` was yielded: a step for the hang detector, samples for
+        ``samples_per_s`` unless a resume skips it (counted before the checkpoint)."""
+        self.batches += 1
+        TRACKER.step(batch=True)
+        if self.skip:
+            self.skip -= 1
+        else:
+            self._metrics.count(samples)
+
+    def ending(self, batches: Iterator[Any]) -> Iterator[Any]:
+        """``batches``, then :meth:`end` once they are exhausted (a loop that breaks out
+        ends the steps for now, not the data)."""
+        try:
+            yield from batches
+        finally:
+            TRACKER.data_end()
+        self.end()
+
+    def end(self) -> None:
+        """The data's end: no more steps expected; the callbacks of :meth:`on_end` run."""
+        TRACKER.data_end()
+        for callback in list(self._on_end):
+            callback()
+
+    def on_end(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` at :meth:`end`."""
+        self._on_end.append(callback)
+
+    def progress(self, total_steps: int | None, step: int) -> dict[str, Any]:
+        """``epoch`` and ``progress`` (0 to 1) of a record at ``step``: from
+        ``total_steps`` when the script set it, else from the plan; nothing when
+        neither is known."""
+        if total_steps is not None and total_steps > 0:
+            return {PROGRESS: min(1.0, max(0.0, (step + 1) / total_steps))}
+        if self.plan is None:
+            return {}
+        per_epoch, epochs = self.plan
+        done = self.epoch * per_epoch + self.batches
+        return {"epoch": self.epoch, PROGRESS: min(1.0, done / (per_epoch * epochs))}
