@@ -10,7 +10,9 @@
 * :mod:`dmlctl.ps.bootstrap` — the layout the workers and servers agree on, and a
   worker's joining (:func:`~dmlctl.ps.bootstrap.join_as_worker`).
 * :mod:`dmlctl.ps.worker` — :class:`~dmlctl.ps.worker.PSOptimizer`, the worker's side;
-  :mod:`dmlctl.ps.modes` — what a worker pushes and when (one class per behaviour).
+  :mod:`dmlctl.ps.modes` — the generic push modes shared by several strategies
+  (``DeltaPush``, ``GradientPush``); a strategy's own worker (easgd-async, aadmm,
+  sync-ps) is its package's ``mode`` module.
 
 Importing this package is cheap (no torch); import the submodules you need.
 """

@@ -1,5 +1,5 @@
-"""What a parameter-server worker sends, and when: one :class:`~dmlctl.ps.worker.PSOptimizer`
-per behaviour (runtime side, torch).
+"""What a parameter-server worker sends, and when: the generic push modes, each a
+:class:`~dmlctl.ps.worker.PSOptimizer` shared by several strategies (runtime side, torch).
 
 * :class:`DeltaPush` (asgd, ssp): the user's optimizer steps locally; every ``n_push``
   steps the worker pushes its *delta* — its parameters minus the reference copy taken
@@ -8,25 +8,24 @@ per behaviour (runtime side, torch).
   change not pushed yet. With plain SGD and ``n_push = n_fetch = 1`` the delta is
   ``-lr·g``: Downpour's gradient push. Optimizer state (momentum, Adam moments) stays
   on the worker.
-* :class:`GradientPush` (adadelay): the user's optimizer does not step; the worker
-  pushes its gradients every step and the server's rule makes the step; it pulls every
-  ``n_fetch`` steps.
-* :class:`ElasticExchange` (easgd-async): local steps with the user's optimizer; every
-  ``period`` steps the worker pulls the center ``x̃``, moves ``x ← x − α(x − x̃)`` and
-  pushes ``α(x − x̃)``, which the server adds to the center (the paper's asynchronous
-  elastic exchange).
+* :class:`GradientPush` (adadelay; sync-ps's worker extends it): the user's optimizer
+  does not step; the worker pushes its gradients every step and the server's rule
+  makes the step; it pulls every ``n_fetch`` steps.
 
-With ``overlap: true`` (asgd, easgd-async; aadmm's worker is in
-:mod:`dmlctl.ps.round_modes`) every exchange runs in a communication thread
+A strategy's own worker lives in its package: easgd-async's
+:mod:`dmlctl.strategies.easgd_async.mode`, aadmm's :mod:`dmlctl.strategies.aadmm.mode`,
+sync-ps's :mod:`dmlctl.strategies.sync_ps.mode`.
+
+With ``overlap: true`` (asgd) every exchange runs in a communication thread
 (:mod:`dmlctl.ps.overlap`) while the trainer computes: the double-buffer scheme. The
-model (or center) an exchange pulls is taken at the next exchange, so what a worker
-computes on is one exchange older than without overlap; what it pushes is the same.
+model an exchange pulls is taken at the next exchange, so what a worker computes on
+is one exchange older than without overlap; what it pushes is the same.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -171,62 +170,6 @@ class GradientPush(PSOptimizer):
         if fresh is not None:
             self._adopt(fresh, keep_local=False)
         return loss
-
-
-class ElasticExchange(PSOptimizer):
-    """Local steps; every ``period`` steps an elastic exchange with the center. With
-    ``overlap`` the exchange uses the center the previous exchange pulled (right
-    after its own push) and its push and pull run in the communication thread while
-    the trainer goes on."""
-
-    coupling: ClassVar[dict[str, str]] = {"alpha": "elastic_alpha"}
-
-    def __init__(
-        self,
-        inner: torch.optim.Optimizer,
-        params: Sequence[torch.nn.Parameter],
-        *,
-        ctx: Context,
-        layout: Layout,
-        channel: WorkerChannel | None = None,
-        period: int,
-        alpha: float,
-        overlap: bool = False,
-    ) -> None:
-        super().__init__(inner, params, ctx=ctx, layout=layout, channel=channel, overlap=overlap)
-        self.elastic_period, self.elastic_alpha = period, alpha
-        self._center: list[torch.Tensor] | None = None  # overlap: the latest pulled center
-
-    def step(self, closure: Callable[[], float] | None = None) -> Any:
-        """The local step, then the exchange when due (module docstring)."""
-        loss = self._local_step(closure)
-        if self.local_steps % self.elastic_period == 0:
-            self._exchange()
-        return loss
-
-    def _exchange(self) -> None:
-        if self.comm is not None:
-            self.settle()
-            center = self._center if self._center is not None else self._pull()
-        else:
-            center = self._pull()
-        with torch.no_grad():
-            diff = [
-                self.elastic_alpha * (p.detach() - c)
-                for p, c in zip(self.params, center, strict=True)
-            ]
-            for p, d in zip(self.params, diff, strict=True):
-                p.sub_(d)
-        self.check_finite(self.params, where="after the elastic exchange")
-        if self.comm is not None:
-            self._push_behind(diff, pull=True)
-        else:
-            self._push(diff)
-
-    def settled(self, pulled: list[torch.Tensor] | None) -> None:
-        """Keep the center the background exchange pulled, for the next exchange."""
-        if pulled is not None:
-            self._center = pulled
 
 
 def dense_grad(p: torch.nn.Parameter) -> torch.Tensor:

@@ -2,10 +2,11 @@
 
 :class:`PSOptimizer` wraps the user's optimizer (see
 :class:`~dmlctl.runtime.optimizer.StrategyOptimizer`) and talks to the servers; what
-a worker sends, and when, is its subclass's (:mod:`dmlctl.ps.modes`:
-:class:`~dmlctl.ps.modes.DeltaPush` for asgd and ssp,
-:class:`~dmlctl.ps.modes.GradientPush` for adadelay,
-:class:`~dmlctl.ps.modes.ElasticExchange` for easgd-async).
+a worker sends, and when, is its subclass's (the generic push modes in
+:mod:`dmlctl.ps.modes`: :class:`~dmlctl.ps.modes.DeltaPush` for asgd and ssp,
+:class:`~dmlctl.ps.modes.GradientPush` for adadelay; a strategy's own worker in its
+package's ``mode`` module: ``ElasticExchange`` for easgd-async, ``ConsensusExchange``
+for aadmm, ``SyncGradientPush`` for sync-ps).
 
 A push and a pull carry the worker's **clock**: the number of local steps taken.
 Under ``ssp`` the server answers a pull at clock ``c`` only once every worker still
@@ -50,10 +51,11 @@ if TYPE_CHECKING:
 class PSOptimizer(StrategyOptimizer):
     """The user's optimizer plus push/pull to the parameter servers (module docstring).
 
-    Subclasses (:mod:`dmlctl.ps.modes`) implement :meth:`step` with the helpers
-    below, and :meth:`flush` when they hold changes not pushed yet. ``channel``
-    defaults to the point-to-point :class:`~dmlctl.ps.channel.WorkerChannel` to the
-    layout's servers (tests pass one of their own)."""
+    Subclasses (:mod:`dmlctl.ps.modes`, a strategy's ``mode`` module) implement
+    :meth:`step` with the helpers below, and :meth:`flush` when they hold changes not
+    pushed yet. ``channel`` defaults to the point-to-point
+    :class:`~dmlctl.ps.channel.WorkerChannel` to the layout's servers (tests pass one
+    of their own)."""
 
     def __init__(
         self,

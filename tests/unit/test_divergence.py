@@ -13,11 +13,12 @@ import torch
 
 from dmlctl.failure import named
 from dmlctl.launch.policy import FailureKind, classify
-from dmlctl.ps.modes import DeltaPush, ElasticExchange, GradientPush
+from dmlctl.ps.modes import DeltaPush, GradientPush
 from dmlctl.runtime import divergence
 from dmlctl.runtime.divergence import Diverged
 from dmlctl.runtime.metrics import MetricLogger, Scalar
 from dmlctl.runtime.optimizer import StrategyOptimizer
+from dmlctl.strategies.easgd_async.mode import ElasticExchange
 from tests.unit.test_ps_modes import OneServer, _setup
 
 

@@ -13,8 +13,9 @@ import torch
 
 from dmlctl.ps.bootstrap import Layout
 from dmlctl.ps.channel import Pulled, WorkerChannel
-from dmlctl.ps.modes import DeltaPush, ElasticExchange, GradientPush
+from dmlctl.ps.modes import DeltaPush, GradientPush
 from dmlctl.runtime.membership import Membership
+from dmlctl.strategies.easgd_async.mode import ElasticExchange
 
 LR = 0.5
 

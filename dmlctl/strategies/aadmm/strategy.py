@@ -36,9 +36,9 @@ import torch
 from pydantic import BaseModel
 
 from dmlctl.ps.bootstrap import join_as_worker
-from dmlctl.ps.round_modes import ConsensusExchange
 from dmlctl.ps.serve import serve
 from dmlctl.strategies import optimizers
+from dmlctl.strategies.aadmm.mode import ConsensusExchange
 from dmlctl.strategies.aadmm.params import Params, check_world, resolve_min_workers
 from dmlctl.strategies.admm.params import derive_rho
 from dmlctl.strategies.registry import params_as

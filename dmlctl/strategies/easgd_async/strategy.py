@@ -20,8 +20,8 @@ import torch
 from pydantic import BaseModel
 
 from dmlctl.ps.bootstrap import join_as_worker
-from dmlctl.ps.modes import ElasticExchange
 from dmlctl.ps.serve import serve
+from dmlctl.strategies.easgd_async.mode import ElasticExchange
 from dmlctl.strategies.easgd_async.params import Params
 from dmlctl.strategies.registry import params_as
 

@@ -32,10 +32,10 @@ import torch
 from pydantic import BaseModel
 
 from dmlctl.ps.bootstrap import join_as_worker
-from dmlctl.ps.round_modes import SyncGradientPush
 from dmlctl.ps.serve import serve
 from dmlctl.strategies import optimizers
 from dmlctl.strategies.registry import params_as
+from dmlctl.strategies.sync_ps.mode import SyncGradientPush
 from dmlctl.strategies.sync_ps.params import Params, check_world
 
 if TYPE_CHECKING:

@@ -1,21 +1,15 @@
-"""What a worker sends to servers that apply updates in rounds (runtime side, torch;
-the servers are :mod:`dmlctl.ps.rounds`'s).
+"""``aadmm``'s worker: what it sends, and when (runtime side, torch; the servers are
+:mod:`dmlctl.ps.rounds`'s ``ConsensusRounds``).
 
-* :class:`SyncGradientPush` (``sync-ps``): the user's optimizer does not step here
-  (the servers run it); every step the worker pushes its gradients tagged with the
-  version of the parameters it computed them on, and its optimizer's current ``lr``
-  (so a learning-rate scheduler on the workers drives the servers' steps), waits
-  until that round is over, and continues from the servers' parameters (the servers
-  count the gradients they dropped, per worker).
-* :class:`ConsensusExchange` (``aadmm``): ``local_steps`` steps of the user's
-  optimizer on ``fₖ(w) + λₖᵀ(w − z) + ρ/2‖w − z‖²`` (the penalty's gradient
-  ``ρ(w − z + u)``, ``u = λ/ρ``, is added to the gradients before each step), then a
-  push of ``v = w + u``, a wait for the z-update that includes it, and the dual
-  update ``u ← u + w − z`` (``λ ← λ + ρ(w − z)``). Reported: ``primal_res``, this
-  worker's ``‖w − z‖`` at its latest round. With ``overlap: true`` the push and the
-  wait for z run in the communication thread while the next round's local steps go
-  on; the z (and the dual update with the pushed w) is taken before the first step
-  after it arrived.
+:class:`ConsensusExchange`: ``local_steps`` steps of the user's optimizer on
+``fₖ(w) + λₖᵀ(w − z) + ρ/2‖w − z‖²`` (the penalty's gradient ``ρ(w − z + u)``,
+``u = λ/ρ``, is added to the gradients before each step), then a push of
+``v = w + u``, a wait for the z-update that includes it, and the dual update
+``u ← u + w − z`` (``λ ← λ + ρ(w − z)``). Reported: ``primal_res``, this worker's
+``‖w − z‖`` at its latest round. With ``overlap: true`` the push and the wait for z
+run in the communication thread (:mod:`dmlctl.ps.overlap`) while the next round's
+local steps go on; the z (and the dual update with the pushed w) is taken before the
+first step after it arrived.
 """
 
 from __future__ import annotations
@@ -28,35 +22,10 @@ import torch
 
 from dmlctl.ps.bootstrap import Layout
 from dmlctl.ps.channel import WorkerChannel
-from dmlctl.ps.modes import GradientPush
 from dmlctl.ps.worker import PSOptimizer
 
 if TYPE_CHECKING:
     from dmlctl.runtime.context import Context
-
-
-class SyncGradientPush(GradientPush):
-    """:class:`~dmlctl.ps.modes.GradientPush` with a pull every step and each push
-    tagged with the version its gradients were computed on (module docstring)."""
-
-    def __init__(
-        self,
-        inner: torch.optim.Optimizer,
-        params: Sequence[torch.nn.Parameter],
-        *,
-        ctx: Context,
-        layout: Layout,
-        advice: str | None = None,
-    ) -> None:
-        super().__init__(inner, params, ctx=ctx, layout=layout, n_fetch=1, advice=advice)
-
-    def tags(self) -> dict[int, int]:
-        return dict(self.versions)
-
-    def push_lr(self) -> float:
-        """The user's optimizer's current ``lr`` (a scheduler may have changed it):
-        the servers step with it."""
-        return float(self.param_groups[0]["lr"])
 
 
 class ConsensusExchange(PSOptimizer):
