@@ -35,9 +35,9 @@ def logs(
     if fetch:
         if follow:
             raise UsageError("--fetch and --follow do not go together")
-        from dmlctl.provision.collect import fetch_rank_files
+        from dmlctl.launch.schedulers import scheduler_of
 
-        for problem in fetch_rank_files(run):
+        for problem in scheduler_of(run).logs(run):
             print(f"dmlctl: could not fetch from {problem}", file=sys.stderr)
         print_host_files(run, rank)
         return 0

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
 from dmlctl.cli.common import stdout_console
+
+if TYPE_CHECKING:
+    from dmlctl.runs.store import RunDir
 
 
 def status(
@@ -33,15 +36,11 @@ def status(
     from dmlctl.runs.housekeeping import Filters, select
     from dmlctl.runs.state import Phase
     from dmlctl.runs.store import RunStore
-    from dmlctl.ui.summary import render_run_detail, render_run_list, render_unreadable
+    from dmlctl.ui.summary import render_run_list, render_unreadable
 
     store = RunStore()
     if run_id is not None:
-        state = store.get(run_id).read_state()
-        if as_json:
-            print(json.dumps(state.to_dict(), indent=1))
-        else:
-            stdout_console().print(render_run_detail(state, time.time()))
+        _detail(store.get(run_id), as_json)
         return 0
     if limit < 1:
         raise UsageError(f"--limit must be at least 1, got {limit}")
@@ -70,6 +69,21 @@ def status(
             highlight=False,
         )
     return 0
+
+
+def _detail(run: RunDir, as_json: bool) -> None:
+    """One run: its state (``--json``: as recorded), then where its scheduler ran it."""
+    from dmlctl.launch.schedulers import scheduler_of
+    from dmlctl.ui.summary import render_run_detail
+
+    state = run.read_state()
+    if as_json:
+        print(json.dumps(state.to_dict(), indent=1))
+        return
+    console = stdout_console()
+    console.print(render_run_detail(state, time.time()))
+    for line in scheduler_of(run).describe(run):
+        console.print(line, markup=False, highlight=False)
 
 
 def register(app: typer.Typer) -> None:

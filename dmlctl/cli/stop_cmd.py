@@ -19,12 +19,13 @@ def stop(
 ) -> int:
     """Stop a run: every process of it, and nothing else. Its ranks get SIGTERM and the
     job's restart.stop_grace to save and exit."""
-    from dmlctl.runs.control import default_stop_timeout, stop_run
+    from dmlctl.launch.schedulers import scheduler_of
+    from dmlctl.runs.control import default_stop_timeout
     from dmlctl.runs.store import RunStore
 
     run = RunStore().get(run_id)
     wait = timeout if timeout is not None else default_stop_timeout(run)
-    outcome = stop_run(run, timeout=wait)
+    outcome = scheduler_of(run).cancel(run, timeout=wait)
     stdout_console().print(outcome, markup=False)
     return 0
 

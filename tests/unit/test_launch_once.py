@@ -21,7 +21,7 @@ from rich.console import Console
 from dmlctl import protocol
 from dmlctl.agent.start import environment
 from dmlctl.errors import SpecError
-from dmlctl.launch import api
+from dmlctl.launch import api, request, schedulers
 from dmlctl.launch.api import LaunchOptions, LaunchResult
 from dmlctl.plan.model import LaunchPlan
 from dmlctl.provision import doctor, ship
@@ -53,8 +53,10 @@ def counted(calls: list[str], name: str, real: Callable[..., Any]) -> Callable[.
 @pytest.fixture
 def calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     seen: list[str] = []
-    monkeypatch.setattr(api, "place_job", counted(seen, "place", api.place_job))
-    monkeypatch.setattr(api, "build_plan", counted(seen, "plan", api.build_plan))
+    placing = counted(seen, "place", api.place_job)
+    monkeypatch.setattr(api, "place_job", placing)
+    monkeypatch.setattr(request, "place_job", placing)
+    monkeypatch.setattr(request, "build_plan", counted(seen, "plan", request.build_plan))
     return seen
 
 
@@ -84,7 +86,7 @@ def test_a_dry_run_places_and_plans_once_and_touches_no_host(
             for h in hosts
         }
 
-    monkeypatch.setattr(api, "make_transports", resolve_only)
+    monkeypatch.setattr(schedulers, "make_transports", resolve_only)
     job_file, cluster_file = specs(tmp_path, "script: train.py\nworkers: 3\n")
     assert launch(job_file, cluster_file, tmp_path, dry_run=True).exit_code == 0
     assert calls == ["place", "plan"]
@@ -93,7 +95,7 @@ def test_a_dry_run_places_and_plans_once_and_touches_no_host(
 def test_a_plan_time_refusal_names_the_line_before_any_host_is_touched(
     tmp_path: Path, calls: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(api, "make_transports", no_host)
+    monkeypatch.setattr(schedulers, "make_transports", no_host)
     job_file, cluster_file = specs(tmp_path, "script: train.py\nworkers: 9\n")
     with pytest.raises(SpecError, match=f"{job_file}:2 workers: the job asks for 9 workers"):
         launch(job_file, cluster_file, tmp_path)
@@ -117,10 +119,12 @@ def test_a_remote_launch_plans_once_on_the_port_of_the_first_placed_host(
         seen["port_on"] = transport
         return 4242
 
-    monkeypatch.setattr(api, "make_transports", lambda hosts, _o: {h.name: h.name for h in hosts})
-    monkeypatch.setattr(api, "network_address", lambda _t, address: address)
-    monkeypatch.setattr(api, "pick_port", pick_port)
-    monkeypatch.setattr(api, "_start", start)
+    monkeypatch.setattr(
+        schedulers, "make_transports", lambda hosts, _o: {h.name: h.name for h in hosts}
+    )
+    monkeypatch.setattr(schedulers, "network_address", lambda _t, address: address)
+    monkeypatch.setattr(schedulers, "pick_port", pick_port)
+    monkeypatch.setattr(schedulers, "start_run", start)
     monkeypatch.setattr(doctor, "run_doctor", doctor_run)
     for name in ("sync_code", "run_setup"):
         monkeypatch.setattr(ship, name, lambda *_a: None)
@@ -168,11 +172,15 @@ def remote_up_to_the_plan(monkeypatch: pytest.MonkeyPatch, gpus: int) -> list[st
     """Fakes for every step of a remote launch before the plan (the doctor reporting
     ``gpus`` GPUs per host); returns the steps taken after the doctor."""
     after: list[str] = []
-    monkeypatch.setattr(api, "make_transports", lambda hosts, _o: {h.name: h.name for h in hosts})
-    monkeypatch.setattr(api, "network_address", lambda _t, address: address)
-    monkeypatch.setattr(api, "pick_port", lambda *_a: 4242)
+    monkeypatch.setattr(
+        schedulers, "make_transports", lambda hosts, _o: {h.name: h.name for h in hosts}
+    )
+    monkeypatch.setattr(schedulers, "network_address", lambda _t, address: address)
+    monkeypatch.setattr(schedulers, "pick_port", lambda *_a: 4242)
     monkeypatch.setattr(doctor, "run_doctor", probed(gpus))
-    monkeypatch.setattr(api, "_start", lambda plan, *_a: LaunchResult(plan.run_id, None, None, 0))
+    monkeypatch.setattr(
+        schedulers, "start_run", lambda plan, *_a: LaunchResult(plan.run_id, None, None, 0)
+    )
     for name in ("sync_code", "run_setup"):
         monkeypatch.setattr(ship, name, lambda *_a, _n=name: after.append(_n))
     return after
@@ -228,7 +236,7 @@ def test_a_gpu_hosts_unset_slots_become_its_gpu_count_after_the_preflight(
         return LaunchResult(plan.run_id, None, None, 0)
 
     remote_up_to_the_plan(monkeypatch, gpus=4)
-    monkeypatch.setattr(api, "_start", start)
+    monkeypatch.setattr(schedulers, "start_run", start)
     job_file, cluster_file = specs(tmp_path, "script: train.py\n")  # workers: auto
     cluster_file.write_text(
         "hosts:\n  - {name: a, address: 10.0.0.1, python: /py}\n"

@@ -1,0 +1,113 @@
+"""The request a launch carries out, made by one pure function from the job, the
+cluster, the placement and the facts its scheduler gathered (:func:`make_request`).
+
+``dmlctl launch --dry-run`` prints the request (:func:`render_request`) and a launch
+hands the same request to its scheduler (:mod:`dmlctl.launch.schedulers`), which
+carries out exactly it: so the dry run shows what a launch does, except for what the
+dry run could only assume without connecting (``Facts.assumed`` says which).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from dmlctl.plan.build import JobPlacement, build_plan, check_gpus, place_job, render_command
+from dmlctl.plan.model import LaunchPlan
+from dmlctl.plan.render import render_plan
+from dmlctl.spec.models import ClusterSpec, JobSpec
+from dmlctl.text import plural
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What a plan needs from the hosts, gathered once by the scheduler.
+
+    ``port``: the rendezvous port, free on the first placed host; ``rdzv_host``: that
+    host's network name (None: the local default); ``gpus``: each probed host's GPU
+    count as PyTorch there sees it; ``lib``: the id of the dmlctl code the hosts run
+    (``dev`` on this machine); ``routes``: how each SSH host is reached;
+    ``port_note`` and ``assumed``: what a dry run assumed instead of asking (none
+    at launch)."""
+
+    port: int
+    local_python: str
+    rdzv_host: str | None = None
+    gpus: Mapping[str, int] = field(default_factory=dict)
+    lib: str = "dev"
+    routes: Mapping[str, str] = field(default_factory=dict)
+    assumed: tuple[str, ...] = ()
+    port_note: str | None = None
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    """Everything a scheduler does for one launch: the plan it starts, the hosts whose
+    slots came from their GPU counts (``sized``), and the steps before the start
+    (``ship``: the job directory and dmlctl synced to the remote hosts, then the job's
+    ``setup`` run there)."""
+
+    plan: LaunchPlan
+    facts: Facts
+    sized: Mapping[str, int]
+    ship: tuple[str, ...]
+    setup: str | None
+
+
+def make_request(
+    job: JobSpec,
+    cluster: ClusterSpec,
+    placement: JobPlacement,
+    facts: Facts,
+    *,
+    run_id: str,
+    run_dir: str,
+) -> LaunchRequest:
+    """The request for run ``run_id`` (recorded under ``run_dir`` on this machine):
+    pure. A host whose ``slots`` the cluster file leaves unset and that has more than
+    one GPU gets its GPU count as slots (one worker per GPU); more NCCL workers than a
+    host's GPUs raise :class:`~dmlctl.errors.PlanError`, like every placing refusal."""
+    sized = {
+        name: facts.gpus[name] for name in cluster.unset_slots() if facts.gpus.get(name, 0) > 1
+    }
+    if sized:
+        placement = place_job(cluster.with_slots(sized), job)
+    check_gpus(job, placement.placed, facts.gpus)
+    plan = build_plan(
+        cluster,
+        job,
+        run_id=run_id,
+        rdzv_port=facts.port,
+        local_python=facts.local_python,
+        local_run_dir=run_dir,
+        lib_id=facts.lib,
+        rdzv_host=facts.rdzv_host,
+        placement=placement,
+    )
+    remote = tuple(h.name for h in (*plan.hosts, *plan.spares) if not h.is_local)
+    return LaunchRequest(plan, facts, sized, remote, job.setup if remote else None)
+
+
+def render_request(request: LaunchRequest) -> str:
+    """The request as ``--dry-run`` prints it: the plan (every host's agent and
+    torchrun command, directories, ranks, environment; secrets hidden), then what
+    the launch does before it starts the agents, and what the dry run assumed."""
+    facts = request.facts
+    out = [render_plan(request.plan, facts.routes, facts.port_note)]
+    steps: list[str] = []
+    if request.sized:
+        said = ", ".join(f"{name}: {n}" for name, n in request.sized.items())
+        steps.append(f"slots from the hosts' GPU counts ({said})")
+    if request.ship:
+        hosts = ", ".join(request.ship)
+        steps.append(
+            f"sync the job directory and dmlctl {facts.lib} to {plural(len(request.ship), 'host')} "
+            f"({hosts})"
+        )
+    if request.setup is not None:
+        steps.append(f"run setup on each of them: {render_command(['sh', '-c', request.setup])}")
+    if steps:
+        out += ["", "before the agents start:", *(f"  {s}" for s in steps)]
+    if facts.assumed:
+        out += ["", "assumed (a dry run connects to nothing):", *(f"  {a}" for a in facts.assumed)]
+    return "\n".join(out)

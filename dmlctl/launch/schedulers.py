@@ -1,0 +1,269 @@
+"""Where a run's processes run, behind one small interface (:class:`Scheduler`):
+this machine (:class:`LocalScheduler`) and hosts reached over SSH
+(:class:`SshScheduler`); a batch scheduler is one more implementation.
+
+A launch asks its scheduler for the facts a plan needs (:meth:`Scheduler.gather`),
+makes the request from them with one pure function
+(:func:`~dmlctl.launch.request.make_request`), prints it for ``--dry-run``, and
+otherwise hands exactly it to :meth:`Scheduler.schedule`. A recorded run is
+described, cancelled and its logs fetched through the scheduler of its plan
+(:func:`scheduler_of`).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Protocol
+
+from rich.console import Console
+
+from dmlctl.errors import ProvisionError
+from dmlctl.launch.options import LaunchOptions, LaunchResult
+from dmlctl.launch.request import Facts, LaunchRequest
+from dmlctl.launch.start import start_run
+from dmlctl.plan.build import JobPlacement, as_run
+from dmlctl.provision.ports import free_port, pick_port
+from dmlctl.runs.store import RunDir, RunStore
+from dmlctl.spec.cluster import ResolvedHost
+from dmlctl.spec.models import ClusterSpec, JobSpec
+from dmlctl.text import plural
+from dmlctl.transport import Transport, close_transports, make_transports, network_address
+from dmlctl.transport import ssh_route as _ssh_route
+
+if TYPE_CHECKING:
+    from dmlctl.provision.doctor import DoctorReport
+    from dmlctl.transport.ssh import SshOptions
+
+DRY_RUN_PORT = 29500  # shown by --dry-run for remote clusters: it connects to nothing
+DRY_RUN_NOTE = f"port {DRY_RUN_PORT} shown; the real one is the first free port, chosen at launch"
+
+
+class Scheduler(Protocol):
+    """Runs a request's processes somewhere, and answers for them afterwards."""
+
+    name: str
+
+    def gather(self, job: JobSpec, cluster: ClusterSpec, placement: JobPlacement) -> Facts:
+        """The facts a plan needs (port, GPUs, code id, routes). With
+        ``options.dry_run`` nothing is connected to: what needs a host is assumed, and
+        ``Facts.assumed`` says so. Raises :class:`ProvisionError` when a host is not
+        ready (nothing started)."""
+        ...
+
+    def schedule(
+        self, request: LaunchRequest, job: JobSpec, cluster: ClusterSpec, store: RunStore
+    ) -> LaunchResult:
+        """Carry out ``request``: its steps before the start, then the run (here until
+        it ends, or detached)."""
+        ...
+
+    def describe(self, run: RunDir) -> list[str]:
+        """Where the run's processes are, as lines for ``dmlctl status RUN``."""
+        ...
+
+    def cancel(self, run: RunDir, *, timeout: float) -> str:
+        """Stop every process of the run (ranks get the job's ``stop_grace``); what
+        happened, in one line."""
+        ...
+
+    def logs(self, run: RunDir) -> list[str]:
+        """Copy the rank files kept where the ranks ran into the run directory; the
+        hosts that could not be read, with why."""
+        ...
+
+    def release(self) -> None:
+        """Close what :meth:`gather` opened, when no schedule follows (a refusal)."""
+        ...
+
+
+class _RecordedRun:
+    """What every scheduler does the same with a recorded run."""
+
+    def cancel(self, run: RunDir, *, timeout: float) -> str:
+        from dmlctl.runs.control import stop_run
+
+        return stop_run(run, timeout=timeout)
+
+    def logs(self, run: RunDir) -> list[str]:
+        from dmlctl.provision.collect import fetch_rank_files
+
+        return fetch_rank_files(run)
+
+
+class LocalScheduler(_RecordedRun):
+    """This machine: ranks under a local agent, no SSH, nothing shipped."""
+
+    name = "local"
+
+    def __init__(self, options: LaunchOptions, console: Console) -> None:
+        self._options, self._console = options, console
+
+    def gather(self, job: JobSpec, cluster: ClusterSpec, placement: JobPlacement) -> Facts:
+        del job, cluster, placement  # this machine's GPUs were counted when placing
+        return Facts(port=free_port(), local_python=sys.executable)
+
+    def schedule(
+        self, request: LaunchRequest, job: JobSpec, cluster: ClusterSpec, store: RunStore
+    ) -> LaunchResult:
+        transports = make_transports(request.plan.hosts)
+        plan = request.plan
+        return start_run(plan, transports, job, cluster, store, self._options, self._console)
+
+    def describe(self, run: RunDir) -> list[str]:
+        del run
+        return ["where: this machine (no SSH)"]
+
+    def release(self) -> None:
+        return None  # gather opens nothing here
+
+
+class SshScheduler(_RecordedRun):
+    """Hosts reached over SSH: preflight and port on the hosts, code and setup shipped
+    to them, one agent per host over its SSH connection."""
+
+    name = "ssh"
+
+    def __init__(self, options: LaunchOptions, consoles: tuple[Console, Console]) -> None:
+        self._options, (self._console, self._err) = options, consoles
+        self._transports: dict[str, Transport] = {}
+
+    def gather(self, job: JobSpec, cluster: ClusterSpec, placement: JobPlacement) -> Facts:
+        dry = self._options.dry_run
+        self._transports = make_transports(  # a dry run opens no connection
+            cluster.resolved_hosts(), None if dry else _ssh_options(self._options, self._err)
+        )
+        first = as_run(placement.first, sys.executable)
+        # The rendezvous needs the first host's network name, not an ~/.ssh/config alias.
+        rdzv_host = network_address(self._transports[first.name], first.address)
+        routes = {n: r for n, t in self._transports.items() if (r := _ssh_route(t)) is not None}
+        from dmlctl.provision import ship
+
+        lib = ship.lib_id(ship.package_files())
+        if dry:
+            close_transports(self._transports)
+            return Facts(
+                DRY_RUN_PORT,
+                sys.executable,
+                rdzv_host,
+                {},
+                lib,
+                routes,
+                _unprobed(cluster),
+                DRY_RUN_NOTE,
+            )
+        port, gpus = self._preflight(placement, first)
+        return Facts(port, sys.executable, rdzv_host, gpus, lib, routes)
+
+    def _preflight(
+        self, placement: JobPlacement, first: ResolvedHost
+    ) -> tuple[int, dict[str, int]]:
+        """The rendezvous port free on the first placed host, every host checked with
+        it (refusing with one table), and each host's GPU count."""
+        from dmlctl.provision.doctor import run_doctor
+        from dmlctl.provision.doctor_view import render_doctor
+
+        hosts = [as_run(h, sys.executable) for h in placement.hosts]
+        with self._err.status(f"checking {plural(len(hosts), 'host')}…"):
+            port = (
+                free_port()
+                if first.is_local
+                else pick_port(self._transports[first.name], first.python, self._timeout())
+            )
+            # torch's facts may come from each host's previous probe (unchanged since)
+            report = run_doctor(hosts, self._transports, rdzv_port=port, reuse_torch=True)
+        if not report.ok:
+            self._console.print(render_doctor(report))
+            close_transports(self._transports)
+            raise ProvisionError(
+                f"preflight failed on {len(report.failures())} of "
+                f"{plural(len(hosts), 'host')}; nothing started"
+            )
+        return port, _probed_gpus(report)
+
+    def _timeout(self) -> float:
+        return self._options.connect_timeout
+
+    def schedule(
+        self, request: LaunchRequest, job: JobSpec, cluster: ClusterSpec, store: RunStore
+    ) -> LaunchResult:
+        from dmlctl.provision import ship
+
+        plan, transports = request.plan, self._transports
+        if request.sized:
+            said = ", ".join(f"{name}: {n}" for name, n in request.sized.items())
+            self._err.print(f"dmlctl: slots from the hosts' GPU counts ({said})", markup=False)
+        try:
+            ship.sync_code(plan, job, transports, self._err)
+            ship.run_setup(plan, job, transports, self._err)
+        except BaseException:
+            close_transports(transports)
+            raise
+        return start_run(plan, transports, job, cluster, store, self._options, self._console)
+
+    def release(self) -> None:
+        close_transports(self._transports)
+
+    def describe(self, run: RunDir) -> list[str]:
+        plan = run.read_plan()
+        transports = make_transports(plan.hosts)  # opens no connection
+        try:
+            lines = [f"where: {plural(len(plan.hosts), 'host')} over SSH"]
+            for host in plan.hosts:
+                route = _ssh_route(transports[host.name]) if not host.is_local else None
+                reached = route or ("this machine" if host.is_local else host.address)
+                lines.append(f"  {host.name}: {reached}")
+            return lines
+        finally:
+            close_transports(transports)
+
+
+def _unprobed(cluster: ClusterSpec) -> tuple[str, ...]:
+    """What a dry run cannot know about hosts it does not probe."""
+    unset = cluster.unset_slots()
+    if not unset:
+        return ()
+    return (
+        f"slots of {', '.join(unset)} as the cluster file leaves them; a launch gives a host "
+        "with more than one GPU its GPU count",
+    )
+
+
+def _ssh_options(options: LaunchOptions, console: Console) -> SshOptions:
+    from dmlctl.transport.ssh import SshOptions
+
+    def shown(name: str, key_type: str, fp: str) -> None:
+        console.print(f"added host key of {name} to known_hosts: {key_type} {fp}", markup=False)
+
+    return SshOptions(
+        connect_timeout=options.connect_timeout,
+        accept_new_host_keys=options.accept_new_host_keys,
+        on_new_key=shown,
+    )
+
+
+def _probed_gpus(report: DoctorReport) -> dict[str, int]:
+    """Each probed host's GPU count, as PyTorch there sees it."""
+    return {h.host: int(h.facts.get("gpus") or 0) for h in report.hosts if h.facts}
+
+
+def scheduler_for(cluster: ClusterSpec, options: LaunchOptions, console: Console) -> Scheduler:
+    """The scheduler a launch on ``cluster`` uses: SSH when any host is remote, else
+    this machine."""
+    if any(not h.is_local for h in cluster.resolved_hosts()):
+        return SshScheduler(options, (console, Console(stderr=True, highlight=False)))
+    return LocalScheduler(options, console)
+
+
+def scheduler_of(run: RunDir) -> Scheduler:
+    """The scheduler that ran a recorded run (for describe, cancel and logs): from its
+    plan; this machine's when the plan cannot be read (a stop still works then)."""
+    from dmlctl.errors import DmlctlError
+
+    console = Console(stderr=True, highlight=False)
+    try:
+        plan = run.read_plan()
+    except (DmlctlError, OSError, ValueError):
+        return LocalScheduler(LaunchOptions(), console)
+    if any(not h.is_local for h in (*plan.hosts, *plan.spares)):
+        return SshScheduler(LaunchOptions(), (console, console))
+    return LocalScheduler(LaunchOptions(), console)
