@@ -38,7 +38,25 @@ DRY_RUN_PORT = 29500  # shown by --dry-run for remote clusters: it connects to n
 DRY_RUN_NOTE = f"port {DRY_RUN_PORT} shown; the real one is the first free port, chosen at launch"
 
 
-class Scheduler(Protocol):
+class RecordedRuns(Protocol):
+    """What a scheduler answers for a run it ran."""
+
+    def describe(self, run: RunDir) -> list[str]:
+        """Where the run's processes are, as lines for ``dmlctl status RUN``."""
+        ...
+
+    def cancel(self, run: RunDir, *, timeout: float) -> str:
+        """Stop every process of the run (ranks get the job's ``stop_grace``); what
+        happened, in one line."""
+        ...
+
+    def logs(self, run: RunDir) -> list[str]:
+        """Copy the rank files kept where the ranks ran into the run directory; the
+        hosts that could not be read, with why."""
+        ...
+
+
+class Scheduler(RecordedRuns, Protocol):
     """Runs a request's processes somewhere, and answers for them afterwards."""
 
     name: str
@@ -55,20 +73,6 @@ class Scheduler(Protocol):
     ) -> LaunchResult:
         """Carry out ``request``: its steps before the start, then the run (here until
         it ends, or detached)."""
-        ...
-
-    def describe(self, run: RunDir) -> list[str]:
-        """Where the run's processes are, as lines for ``dmlctl status RUN``."""
-        ...
-
-    def cancel(self, run: RunDir, *, timeout: float) -> str:
-        """Stop every process of the run (ranks get the job's ``stop_grace``); what
-        happened, in one line."""
-        ...
-
-    def logs(self, run: RunDir) -> list[str]:
-        """Copy the rank files kept where the ranks ran into the run directory; the
-        hosts that could not be read, with why."""
         ...
 
     def release(self) -> None:
@@ -254,16 +258,26 @@ def scheduler_for(cluster: ClusterSpec, options: LaunchOptions, console: Console
     return LocalScheduler(options, console)
 
 
-def scheduler_of(run: RunDir) -> Scheduler:
-    """The scheduler that ran a recorded run (for describe, cancel and logs): from its
-    plan; this machine's when the plan cannot be read (a stop still works then)."""
+class _Unplanned(_RecordedRun):
+    """A run whose plan cannot be read: it can still be stopped and its logs read."""
+
+    def __init__(self, why: str) -> None:
+        self._why = why
+
+    def describe(self, run: RunDir) -> list[str]:
+        return [f"where: unknown ({self._why})"]
+
+
+def scheduler_of(run: RunDir) -> RecordedRuns:
+    """The scheduler that ran a recorded run (for describe, cancel and logs), from its
+    plan; one that can still stop it when the plan cannot be read."""
     from dmlctl.errors import DmlctlError
 
     console = Console(stderr=True, highlight=False)
     try:
         plan = run.read_plan()
-    except (DmlctlError, OSError, ValueError):
-        return LocalScheduler(LaunchOptions(), console)
+    except (DmlctlError, OSError, ValueError) as e:
+        return _Unplanned(str(e))
     if any(not h.is_local for h in (*plan.hosts, *plan.spares)):
         return SshScheduler(LaunchOptions(), (console, console))
     return LocalScheduler(LaunchOptions(), console)
