@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping
 from dmlctl.failure import Evidence, Failure, Kind
 from dmlctl.hangs.watch import CONFIRM_S, HangProbe, HangWatch, Liveness
 from dmlctl.launch.books import RunBooks
+from dmlctl.launch.policy import Failed, Succeeded
 from dmlctl.launch.standby import Standbys
 from dmlctl.launch.stops import AttemptStops, StopRules
 from dmlctl.plan.model import LaunchPlan
@@ -45,6 +46,7 @@ from dmlctl.runs.events import (
     RankStarted,
     StackDump,
     StacksDumped,
+    StopRequested,
 )
 from dmlctl.runs.parser import parse_line
 from dmlctl.runs.state import RunState
@@ -99,6 +101,16 @@ class Attempt:
     exited: set[str] = dataclasses.field(default_factory=set)
     stops: AttemptStops = dataclasses.field(default_factory=AttemptStops)
     last_persist: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class AttemptResult:
+    """How an attempt ended, typed once: its last state and its outcome — every rank
+    done (``Succeeded``), the run's root cause (``Failed``), or a stop asked while it
+    ran (``StopRequested``, whatever else happened meanwhile)."""
+
+    state: RunState
+    outcome: Succeeded | Failed | StopRequested
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,8 +176,8 @@ class AttemptRunner:
         self.liveness.reset(run.live)
         return state, run
 
-    def follow(self, state: RunState, run: Attempt) -> RunState:
-        """Follow the started attempt until every agent has exited; its last state."""
+    def follow(self, state: RunState, run: Attempt) -> AttemptResult:
+        """Follow the started attempt until every agent has exited; how it ended."""
         turn = time.monotonic()
         while run.live:
             batch = self.books.take_posted() + self._read_events(run) + self.books.writer.check()
@@ -189,7 +201,15 @@ class AttemptRunner:
             if changed or (batch and now - run.last_persist >= self.settings.persist_interval):
                 state = self.books.persist(state)
                 run.last_persist = now
-        return state
+        return AttemptResult(state, self._outcome(state))
+
+    def _outcome(self, state: RunState) -> Succeeded | Failed | StopRequested:
+        """The ended attempt's outcome (a stop asked for first, then a root cause)."""
+        if self.stops.reason is not None:
+            return StopRequested(self.stops.reason, self.clock())
+        if state.root_cause is not None:
+            return Failed(state.root_cause)
+        return Succeeded()
 
     def _silent_hosts(self, run: Attempt) -> list[Event]:
         """The exits of the agents silent for longer than ``host_timeout`` (killed).

@@ -40,7 +40,6 @@ from dmlctl.launch.policy import (
     RestartState,
     Signal,
     Started,
-    Succeeded,
     Tick,
     backoff,
     resumed,
@@ -163,8 +162,8 @@ class Supervisor:
             if signal is None:  # nothing stands in the way: run the attempt
                 state, attempt = self.attempts.start(state, self.plan, policy.attempt)
                 policy, _ = self._feed(policy, Started())
-                state = self.attempts.follow(state, attempt)
-                signal = self._outcome(state)
+                ended = self.attempts.follow(state, attempt)
+                state, signal = ended.state, ended.outcome
             policy, action = self._feed(policy, signal)
             if policy.phase is Phase.RESTARTING:  # a restart granted: announce, wait for it
                 state = self._restarting(state, policy)
@@ -221,14 +220,6 @@ class Supervisor:
         if state.root_cause is not None:
             return Failed(state.root_cause)
         return None
-
-    def _outcome(self, state: RunState) -> Signal:
-        """How the attempt that just ended went, as the policy's signal."""
-        if self._stopping():
-            return StopRequested(self.stops.reason or "", self.clock())
-        if state.root_cause is not None:
-            return Failed(state.root_cause)
-        return Succeeded()
 
     def _restarting(self, state: RunState, policy: RestartState) -> RunState:
         """Announce the restart the policy granted (and persist the state)."""

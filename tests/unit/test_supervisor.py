@@ -425,3 +425,57 @@ def test_scripted_process_wait_and_kill() -> None:
     assert list(it) == []  # killed: no exit message
     assert proc.wait(1.0) == -9
     assert not proc.send(STOP)
+
+
+def recorded_outcomes(sup: Supervisor) -> list[object]:
+    """The typed result of every attempt ``sup`` follows, in order."""
+    seen: list[object] = []
+    follow = sup.attempts.follow
+
+    def recording(state: RunState, run: object) -> object:
+        result = follow(state, run)  # type: ignore[arg-type]
+        seen.append(result)
+        return result
+
+    sup.attempts.follow = recording  # type: ignore[method-assign,assignment]
+    return seen
+
+
+def test_an_attempt_ends_with_one_typed_outcome(tmp_path: Path) -> None:
+    from dmlctl.launch.attempt import AttemptResult
+    from dmlctl.launch.policy import Failed, Succeeded
+    from dmlctl.runs.events import StopRequested
+
+    def attempt(transports: dict[str, ScriptedTransport], name: str) -> AttemptResult:
+        plan = make_plan(tmp_path / name, [1, 1])
+        run = RunStore(tmp_path / name / "home").create(RUN_ID)
+        holder: list[Supervisor] = []
+
+        def stop_on_start(ev: Event) -> None:
+            if name == "stopped" and isinstance(ev, RankStarted):
+                holder[0].request_stop("asked")
+
+        sup = Supervisor(plan, run, transports, RecordingSink(stop_on_start), fail_grace=0.2)
+        holder.append(sup)
+        seen = recorded_outcomes(sup)
+        final = sup.run()
+        (result,) = seen
+        assert isinstance(result, AttemptResult) and final.phase.terminal
+        return result
+
+    ok = {h: ScriptedTransport(h, agent_lines([r], host=h)) for r, h in enumerate("ab")}
+    assert attempt(ok, "ok").outcome == Succeeded()
+    error = rank_error("ValueError", "bad batch")
+    bad = {
+        "a": ScriptedTransport("a", agent_lines([0], host="a", errors={0: error})),
+        "b": ScriptedTransport("b", agent_lines([1], host="b")),
+    }
+    failed = attempt(bad, "failed")
+    assert isinstance(failed.outcome, Failed)
+    assert failed.outcome.cause == failed.state.root_cause and failed.outcome.cause is not None
+    hang = {
+        h: ScriptedTransport(h, [agent_started(), rank_start(r, host=h)], hang=True)
+        for r, h in enumerate("ab")
+    }
+    stopped = attempt(hang, "stopped")
+    assert isinstance(stopped.outcome, StopRequested) and stopped.outcome.reason == "asked"
