@@ -36,6 +36,11 @@ class RankLog:
         self._metrics, self._cursor, self._with_progress = metrics, cursor, progress
         self._sources: list[Callable[[], dict[str, float]]] = []
 
+    @property
+    def sources(self) -> tuple[Callable[[], dict[str, float]], ...]:
+        """The sources merged into every record, in the order they were added."""
+        return tuple(self._sources)
+
     def add_source(self, source: Callable[[], dict[str, float]]) -> None:
         """Merge ``source()`` into every record."""
         self._sources.append(source)

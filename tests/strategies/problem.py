@@ -64,7 +64,7 @@ def train_on_rank(ctx: Any, steps: int, batch: int, lr: float = 0.05) -> dict[st
         loss.backward()
         opt.step()
     metrics = {}
-    for source in getattr(ctx, "_sources", []):
+    for source in ctx._log.sources:  # what ctx.log would merge into a record
         metrics.update(source())
     module = getattr(net, "module", net)
     return {
