@@ -317,3 +317,17 @@ class RankEventWriter:
     def close(self) -> None:
         with self._lock:
             self._file.close()
+
+
+_RANK_WRITERS: dict[tuple[str, int], RankEventWriter] = {}
+
+
+def rank_event_writer(rank_dir: str, rank: int) -> RankEventWriter:
+    """This process's one writer of rank ``rank``'s records in ``rank_dir`` (opened at
+    the first call): the rank's start, heartbeats, metrics and exit all go through it,
+    under its one lock, so two writers never append to the same file. Whoever started
+    the rank's records (the rank's entry point) closes it, at the very end."""
+    key = (os.path.abspath(rank_dir), rank)
+    if key not in _RANK_WRITERS:
+        _RANK_WRITERS[key] = RankEventWriter(rank_dir, rank)
+    return _RANK_WRITERS[key]

@@ -13,7 +13,7 @@ average per call (an ``all_reduce(MAX)``), so one slow rank cannot hide.
 
 Rank 0 emits one record per (op, size) with values ``op, bytes, count, dtype,
 time_us, algbw_gbps, busbw_gbps`` (see :mod:`dmlctl.bench.report` for the
-definitions): through :class:`dmlctl.protocol.RankEventWriter` when
+definitions): through :func:`dmlctl.protocol.rank_event_writer` when
 ``DMLCTL_RANK_DIR`` is set, else as one JSON line on stdout.
 
 The backend is ``nccl`` when CUDA is available, else ``gloo``. A process group
@@ -34,7 +34,7 @@ import torch.distributed as dist
 
 from dmlctl.bench.report import OPS, bus_factor, parse_ops, parse_size, size_sweep
 from dmlctl.errors import UsageError
-from dmlctl.protocol import ENV_RANK_DIR, RankEventWriter
+from dmlctl.protocol import ENV_RANK_DIR, rank_event_writer
 
 DTYPES = {
     "float32": torch.float32,
@@ -134,7 +134,7 @@ def measure(
 def _emitter(rank: int) -> Callable[[int, dict[str, Any]], None]:
     rank_dir = os.environ.get(ENV_RANK_DIR)
     if rank_dir:
-        writer = RankEventWriter(rank_dir, rank)
+        writer = rank_event_writer(rank_dir, rank)
         return writer.metric
     return lambda step, values: print(json.dumps({"step": step, "values": values}), flush=True)
 

@@ -111,7 +111,7 @@ def setup(rank: int, script: str) -> RankFiles | None:
         return None
     _redirect(rank_dir, rank)
     _stack_dumps(rank_dir, rank)
-    writer = protocol.RankEventWriter(rank_dir, rank)
+    writer = protocol.rank_event_writer(rank_dir, rank)
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     writer.start(local_rank, _role(), os.environ.get(protocol.ENV_HOST, ""))
     namer = FrameNamer(os.path.dirname(os.path.abspath(script)))

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from dmlctl.protocol import COMM_TOTALS, RankEventWriter
+from dmlctl.protocol import COMM_TOTALS, RankEventWriter, rank_event_writer
 
 Scalar = float | int | str
 
@@ -130,9 +130,10 @@ class MetricLogger:
         return step
 
     def _records(self) -> RankEventWriter | None:
-        """The record file's writer (opened on first use), or None without a rank dir."""
+        """The rank's one record writer (:func:`~dmlctl.protocol.rank_event_writer`), or
+        None without a rank dir."""
         if self._rank_dir is not None and self._writer is None:
-            self._writer = RankEventWriter(self._rank_dir, self._rank)
+            self._writer = rank_event_writer(self._rank_dir, self._rank)
         return self._writer
 
     def checkpoint(self, step: int, directory: str) -> None:
@@ -148,7 +149,6 @@ class MetricLogger:
             writer.prepared(strategy)
 
     def close(self) -> None:
-        """Close the record file (a later :meth:`log` reopens it)."""
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+        """Stop using the record file (the rank's entry point closes it, after the exit
+        record; a later :meth:`log` takes it up again)."""
+        self._writer = None
