@@ -21,11 +21,11 @@ from rich.console import Console
 
 from dmlctl.errors import PlanError
 from dmlctl.launch.options import LaunchOptions, LaunchResult
-from dmlctl.launch.request import Facts, LaunchRequest, make_request, render_request
 from dmlctl.launch.schedulers import scheduler_for
 from dmlctl.launch.start import detach
 from dmlctl.plan.build import JobPlacement, place_job
 from dmlctl.plan.model import LaunchPlan
+from dmlctl.plan.request import Facts, LaunchRequest, make_request, render_request
 from dmlctl.runs.store import RunStore, new_run_id
 from dmlctl.spec.local import count_local_gpus
 from dmlctl.spec.locate import locate

@@ -4,7 +4,7 @@ this machine (:class:`LocalScheduler`) and hosts reached over SSH
 
 A launch asks its scheduler for the facts a plan needs (:meth:`Scheduler.gather`),
 makes the request from them with one pure function
-(:func:`~dmlctl.launch.request.make_request`), prints it for ``--dry-run``, and
+(:func:`~dmlctl.plan.request.make_request`), prints it for ``--dry-run``, and
 otherwise hands exactly it to :meth:`Scheduler.schedule`. A recorded run is
 described, cancelled and its logs fetched through the scheduler of its plan
 (:func:`scheduler_of`).
@@ -19,9 +19,9 @@ from rich.console import Console
 
 from dmlctl.errors import ProvisionError
 from dmlctl.launch.options import LaunchOptions, LaunchResult
-from dmlctl.launch.request import Facts, LaunchRequest
 from dmlctl.launch.start import start_run
 from dmlctl.plan.build import JobPlacement, as_run
+from dmlctl.plan.request import Facts, LaunchRequest
 from dmlctl.provision.ports import free_port, pick_port
 from dmlctl.runs.store import RunDir, RunStore
 from dmlctl.spec.cluster import ResolvedHost

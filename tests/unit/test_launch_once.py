@@ -21,8 +21,9 @@ from rich.console import Console
 from dmlctl import protocol
 from dmlctl.agent.start import environment
 from dmlctl.errors import SpecError
-from dmlctl.launch import api, request, schedulers
+from dmlctl.launch import api, schedulers
 from dmlctl.launch.api import LaunchOptions, LaunchResult
+from dmlctl.plan import request
 from dmlctl.plan.model import LaunchPlan
 from dmlctl.provision import doctor, ship
 from dmlctl.spec import load_cluster, load_job

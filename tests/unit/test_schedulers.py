@@ -14,9 +14,9 @@ from rich.console import Console
 
 from dmlctl.launch import api, schedulers
 from dmlctl.launch.options import LaunchOptions, LaunchResult
-from dmlctl.launch.request import Facts, LaunchRequest, make_request, render_request
 from dmlctl.launch.start import create_run
 from dmlctl.plan.build import JobPlacement, place_job
+from dmlctl.plan.request import Facts, LaunchRequest, make_request, render_request
 from dmlctl.runs.store import RunDir, RunStore
 from dmlctl.spec import load_cluster, load_job
 from dmlctl.spec.models import ClusterSpec, JobSpec
