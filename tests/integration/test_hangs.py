@@ -25,12 +25,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, Cli
+from dmlctl.bench import hangs
+from tests.conftest import Cli
 from tests.integration.procs import run_processes
 
 # serial: the delays are bounded against the burner alone (Makefile: after the rest).
 pytestmark = [pytest.mark.integration, pytest.mark.serial]
-JOB_DIR = REPO / "dmlctl" / "bench" / "hang_job"
+JOB_DIR = hangs.JOB_DIR  # the hang bench's workload
 TIMEOUT = 4.0
 
 

@@ -23,12 +23,12 @@ import importlib.util
 import io
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import torch
 
+from dmlctl.bench import accuracy
 from tests.strategies.pool import Task, free_port, pool, run_in_fresh_processes
 
 
@@ -71,7 +71,7 @@ def run_ranks(
     raise AssertionError("unreachable")
 
 
-JOBS = Path(__file__).resolve().parents[2] / "dmlctl" / "bench" / "accuracy_job"
+JOBS = accuracy.JOB_DIR  # the accuracy bench's job scripts
 
 
 def bench_job(name: str) -> ModuleType:

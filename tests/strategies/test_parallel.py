@@ -15,12 +15,13 @@ from typing import Any
 
 import pytest
 
+from dmlctl.bench import parallel
 from dmlctl.mesh import MeshLayout, dumps
 from tests.strategies.harness import run_ranks
 
 pytestmark = pytest.mark.integration
 
-MODEL = Path(__file__).resolve().parents[2] / "dmlctl" / "bench" / "parallel_job" / "model.py"
+MODEL = parallel.JOB_DIR / "model.py"  # the parallel bench's model
 STEPS = 20
 BATCH = 8  # the global batch; each data-parallel replica takes its share
 TOLERANCE = 1e-4
