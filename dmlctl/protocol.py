@@ -314,20 +314,29 @@ class RankEventWriter:
             record["coll"] = dict(coll)
         self._write(record)
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` ran (a closed writer drops what it is given)."""
+        return self._file.closed
+
     def close(self) -> None:
         with self._lock:
             self._file.close()
 
 
 _RANK_WRITERS: dict[tuple[str, int], RankEventWriter] = {}
+_RANK_WRITERS_LOCK = threading.Lock()
 
 
 def rank_event_writer(rank_dir: str, rank: int) -> RankEventWriter:
     """This process's one writer of rank ``rank``'s records in ``rank_dir`` (opened at
-    the first call): the rank's start, heartbeats, metrics and exit all go through it,
-    under its one lock, so two writers never append to the same file. Whoever started
-    the rank's records (the rank's entry point) closes it, at the very end."""
+    the first call, from any thread): the rank's start, heartbeats, metrics and exit
+    all go through it, under its one lock, so two writers never append to the same
+    file. The rank's entry point closes it once its exit record is written; records
+    given after that (an atexit handler that logs) go to a writer opened again."""
     key = (os.path.abspath(rank_dir), rank)
-    if key not in _RANK_WRITERS:
-        _RANK_WRITERS[key] = RankEventWriter(rank_dir, rank)
-    return _RANK_WRITERS[key]
+    with _RANK_WRITERS_LOCK:
+        writer = _RANK_WRITERS.get(key)
+        if writer is None or writer.closed:
+            writer = _RANK_WRITERS[key] = RankEventWriter(rank_dir, rank)
+        return writer

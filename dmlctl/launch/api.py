@@ -25,7 +25,7 @@ from dmlctl.launch.schedulers import scheduler_for
 from dmlctl.launch.start import detach
 from dmlctl.plan.build import JobPlacement, place_job
 from dmlctl.plan.model import LaunchPlan
-from dmlctl.plan.request import Facts, LaunchRequest, make_request, render_request
+from dmlctl.plan.request import Facts, LaunchRequest, make_request, render_request, sized_slots
 from dmlctl.runs.store import RunStore, new_run_id
 from dmlctl.spec.local import count_local_gpus
 from dmlctl.spec.locate import locate
@@ -73,6 +73,10 @@ def _place(job: JobSpec, cluster: ClusterSpec) -> JobPlacement:
     return place_job(cluster, job, gpus=local)
 
 
+def _stderr() -> Console:
+    return Console(stderr=True, highlight=False)
+
+
 @contextlib.contextmanager
 def _located(options: LaunchOptions) -> Iterator[None]:
     """A :class:`PlanError` raised inside becomes the user's error naming the spec
@@ -101,8 +105,11 @@ def launch(
         placement = _place(job, cluster)
     if job.advice is not None:
         console.print(f"dmlctl: {job.advice}", markup=False, highlight=False)
-    facts = scheduler.gather(job, cluster, placement)
     try:
+        facts = scheduler.gather(job, cluster, placement)
+        if sized := sized_slots(cluster, facts):  # said before the job is placed on them
+            said = ", ".join(f"{name}: {n}" for name, n in sized.items())
+            _stderr().print(f"dmlctl: slots from the hosts' GPU counts ({said})", markup=False)
         with _located(options):
             request = _request(job, cluster, store, placement, facts)
     except BaseException:

@@ -12,15 +12,17 @@ described, cancelled and its logs fetched through the scheduler of its plan
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import TYPE_CHECKING, Protocol
 
 from rich.console import Console
 
-from dmlctl.errors import ProvisionError
+from dmlctl.errors import DmlctlError, ProvisionError
 from dmlctl.launch.options import LaunchOptions, LaunchResult
 from dmlctl.launch.start import start_run
 from dmlctl.plan.build import JobPlacement, as_run
+from dmlctl.plan.model import LaunchPlan
 from dmlctl.plan.request import Facts, LaunchRequest
 from dmlctl.provision.ports import free_port, pick_port
 from dmlctl.runs.store import RunDir, RunStore
@@ -127,9 +129,15 @@ class SshScheduler(_RecordedRun):
 
     name = "ssh"
 
-    def __init__(self, options: LaunchOptions, consoles: tuple[Console, Console]) -> None:
+    def __init__(
+        self,
+        options: LaunchOptions,
+        consoles: tuple[Console, Console],
+        plan: LaunchPlan | None = None,
+    ) -> None:
         self._options, (self._console, self._err) = options, consoles
         self._transports: dict[str, Transport] = {}
+        self._plan = plan  # a recorded run's (for describe)
 
     def gather(self, job: JobSpec, cluster: ClusterSpec, placement: JobPlacement) -> Facts:
         dry = self._options.dry_run
@@ -155,7 +163,12 @@ class SshScheduler(_RecordedRun):
                 _unprobed(cluster),
                 DRY_RUN_NOTE,
             )
-        port, gpus = self._preflight(placement, first)
+        try:
+            port, gpus = self._preflight(placement, first)
+        except BaseException:
+            close_transports(self._transports)
+            raise
+        gpus.update(_local_gpus(job, cluster))  # as this machine's ranks will see them
         return Facts(port, sys.executable, rdzv_host, gpus, lib, routes)
 
     def _preflight(
@@ -177,7 +190,6 @@ class SshScheduler(_RecordedRun):
             report = run_doctor(hosts, self._transports, rdzv_port=port, reuse_torch=True)
         if not report.ok:
             self._console.print(render_doctor(report))
-            close_transports(self._transports)
             raise ProvisionError(
                 f"preflight failed on {len(report.failures())} of "
                 f"{plural(len(hosts), 'host')}; nothing started"
@@ -193,9 +205,6 @@ class SshScheduler(_RecordedRun):
         from dmlctl.provision import ship
 
         plan, transports = request.plan, self._transports
-        if request.sized:
-            said = ", ".join(f"{name}: {n}" for name, n in request.sized.items())
-            self._err.print(f"dmlctl: slots from the hosts' GPU counts ({said})", markup=False)
         try:
             ship.sync_code(plan, job, transports, self._err)
             ship.run_setup(plan, job, transports, self._err)
@@ -208,28 +217,45 @@ class SshScheduler(_RecordedRun):
         close_transports(self._transports)
 
     def describe(self, run: RunDir) -> list[str]:
-        plan = run.read_plan()
-        transports = make_transports(plan.hosts)  # opens no connection
-        try:
-            lines = [f"where: {plural(len(plan.hosts), 'host')} over SSH"]
-            for host in plan.hosts:
-                route = _ssh_route(transports[host.name]) if not host.is_local else None
-                reached = route or ("this machine" if host.is_local else host.address)
-                lines.append(f"  {host.name}: {reached}")
-            return lines
-        finally:
-            close_transports(transports)
+        return _where(run, self._plan) if self._plan is not None else []
+
+
+def _where(run: RunDir, plan: LaunchPlan) -> list[str]:
+    """The hosts a run's ranks were on at its last record (a run that moved onto a
+    spare shows it), with the address each is reached at; from the run directory only."""
+    try:
+        names = sorted({r.host for r in run.read_state().ranks})
+    except DmlctlError as e:
+        return [f"where: unknown ({e})"]
+    hosts = {h.name: h for h in (*plan.hosts, *plan.spares)}
+    lines = [f"where: {plural(len(names), 'host')} over SSH"]
+    for name in names:
+        host = hosts.get(name)
+        reached = "unknown" if host is None else host.address
+        lines.append(f"  {name}: {'this machine' if host and host.is_local else reached}")
+    return lines
+
+
+def _local_gpus(job: JobSpec, cluster: ClusterSpec) -> dict[str, int]:
+    """This machine's GPU count for each of its hosts, as its ranks will see them (the
+    job's and the host's environment may hide some)."""
+    from dmlctl.spec.local import count_local_gpus
+
+    hosts = cluster.resolved_hosts()
+    return {
+        h.name: count_local_gpus({**os.environ, **job.env, **h.env}) for h in hosts if h.is_local
+    }
 
 
 def _unprobed(cluster: ClusterSpec) -> tuple[str, ...]:
     """What a dry run cannot know about hosts it does not probe."""
-    unset = cluster.unset_slots()
-    if not unset:
-        return ()
-    return (
-        f"slots of {', '.join(unset)} as the cluster file leaves them; a launch gives a host "
-        "with more than one GPU its GPU count",
-    )
+    notes = ["the remote hosts' GPU counts: a launch refuses more NCCL workers than a host's GPUs"]
+    if unset := cluster.unset_slots():
+        notes.append(
+            f"slots of {', '.join(unset)} as the cluster file leaves them; a launch gives a "
+            "host with more than one GPU its GPU count"
+        )
+    return tuple(notes)
 
 
 def _ssh_options(options: LaunchOptions, console: Console) -> SshOptions:
@@ -271,13 +297,11 @@ class _Unplanned(_RecordedRun):
 def scheduler_of(run: RunDir) -> RecordedRuns:
     """The scheduler that ran a recorded run (for describe, cancel and logs), from its
     plan; one that can still stop it when the plan cannot be read."""
-    from dmlctl.errors import DmlctlError
-
     console = Console(stderr=True, highlight=False)
     try:
         plan = run.read_plan()
     except (DmlctlError, OSError, ValueError) as e:
         return _Unplanned(str(e))
     if any(not h.is_local for h in (*plan.hosts, *plan.spares)):
-        return SshScheduler(LaunchOptions(), (console, console))
+        return SshScheduler(LaunchOptions(), (console, console), plan)
     return LocalScheduler(LaunchOptions(), console)

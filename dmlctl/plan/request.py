@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from dmlctl.plan.build import JobPlacement, build_plan, check_gpus, place_job, render_command
 from dmlctl.plan.model import LaunchPlan
 from dmlctl.plan.render import render_plan
+from dmlctl.redact import Redactor, redact_arg
 from dmlctl.spec.models import ClusterSpec, JobSpec
 from dmlctl.text import plural
 
@@ -54,6 +55,12 @@ class LaunchRequest:
     setup: str | None
 
 
+def sized_slots(cluster: ClusterSpec, facts: Facts) -> dict[str, int]:
+    """The hosts whose ``slots`` the cluster file leaves unset and that have more than
+    one GPU, with their GPU count (their slots in the request)."""
+    return {n: facts.gpus[n] for n in cluster.unset_slots() if facts.gpus.get(n, 0) > 1}
+
+
 def make_request(
     job: JobSpec,
     cluster: ClusterSpec,
@@ -67,9 +74,7 @@ def make_request(
     pure. A host whose ``slots`` the cluster file leaves unset and that has more than
     one GPU gets its GPU count as slots (one worker per GPU); more NCCL workers than a
     host's GPUs raise :class:`~dmlctl.errors.PlanError`, like every placing refusal."""
-    sized = {
-        name: facts.gpus[name] for name in cluster.unset_slots() if facts.gpus.get(name, 0) > 1
-    }
+    sized = sized_slots(cluster, facts)
     if sized:
         placement = place_job(cluster.with_slots(sized), job)
     check_gpus(job, placement.placed, facts.gpus)
@@ -105,9 +110,12 @@ def render_request(request: LaunchRequest) -> str:
             f"({hosts})"
         )
     if request.setup is not None:
-        steps.append(f"run setup on each of them: {render_command(['sh', '-c', request.setup])}")
+        setup = render_command(["sh", "-c", redact_arg(request.setup)])
+        steps.append(f"run setup on each of them: {setup}")
     if steps:
         out += ["", "before the agents start:", *(f"  {s}" for s in steps)]
     if facts.assumed:
         out += ["", "assumed (a dry run connects to nothing):", *(f"  {a}" for a in facts.assumed)]
-    return "\n".join(out)
+    # A secret value may also stand in the setup command or another line.
+    planned = (*request.plan.hosts, *request.plan.spares)
+    return Redactor.for_envs(h.env for h in planned).text("\n".join(out))

@@ -275,7 +275,7 @@ class RunDir:
     def read_plan(self) -> LaunchPlan:
         """``plan.json`` with the real env values put back (UsageError when either
         file cannot be read: a plan without its values must not start)."""
-        from dmlctl.plan.model import LaunchPlan  # not at import: `status` never needs it
+        from dmlctl.plan.model import LaunchPlan  # not at import: `status` lists runs without it
 
         try:
             data = json.loads(self.plan.read_text(encoding="utf-8"))

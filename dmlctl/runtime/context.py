@@ -336,7 +336,7 @@ class Context(RankIdentity):
         self._on_close.append(callback)
 
     def close(self) -> None:
-        """Flush metrics, run :meth:`on_close` callbacks, destroy the process group.
+        """End the metric records, run :meth:`on_close` callbacks, destroy the process group.
 
         Only a group this context created is destroyed. Idempotent; registered with
         ``atexit`` so a script need not call it. A later ``init()`` starts afresh.

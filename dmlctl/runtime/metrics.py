@@ -132,7 +132,7 @@ class MetricLogger:
     def _records(self) -> RankEventWriter | None:
         """The rank's one record writer (:func:`~dmlctl.protocol.rank_event_writer`), or
         None without a rank dir."""
-        if self._rank_dir is not None and self._writer is None:
+        if self._rank_dir is not None and (self._writer is None or self._writer.closed):
             self._writer = rank_event_writer(self._rank_dir, self._rank)
         return self._writer
 

@@ -62,8 +62,8 @@ _current: Context | None = None
 
 
 def init(*, backend: str | None = None, seed: int | None = 0) -> Context:
-    """Join the run (once) and return its :class:`Context`; see
-    :mod:`dmlctl.runtime.context` for the contract.
+    """Join the run (once) and return its :class:`Context`; the contract is this
+    module's docstring, what the context offers :mod:`dmlctl.runtime.context`'s.
 
     ``backend`` overrides the process-group backend; ``seed=None`` skips seeding.
     """

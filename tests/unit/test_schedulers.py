@@ -5,6 +5,7 @@ its plan (no hosts: a fake scheduler through the interface, real run directories
 
 from __future__ import annotations
 
+import dataclasses
 import io
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -156,9 +157,11 @@ def test_a_recorded_run_is_described_by_the_scheduler_of_its_plan(tmp_path: Path
     remote = recorded(tmp_path / "r", REMOTE.replace("python: /py}", "python: /py, slots: 1}"))
     scheduler = schedulers.scheduler_of(remote)
     assert isinstance(scheduler, schedulers.SshScheduler)
-    lines = scheduler.describe(remote)
-    assert lines[0] == "where: 2 hosts over SSH"
-    assert lines[1].startswith("  a: ") and "10.0.0.1" in lines[1]
+    assert scheduler.describe(remote) == [
+        "where: 2 hosts over SSH",
+        "  a: 10.0.0.1",
+        "  b: 10.0.0.2",
+    ]
     # A stop of a run whose controller is gone marks it stopped, through the scheduler.
     assert "controller was gone" in scheduler.cancel(remote, timeout=1)
 
@@ -169,3 +172,37 @@ def test_a_run_whose_plan_cannot_be_read_can_still_be_stopped(tmp_path: Path) ->
     scheduler = schedulers.scheduler_of(run)
     assert scheduler.describe(run)[0].startswith("where: unknown (")
     assert "controller was gone" in scheduler.cancel(run, timeout=1)
+
+
+def test_a_dry_run_hides_secrets_in_the_setup_command_too(tmp_path: Path) -> None:
+    setup = "pip install --extra-index-url https://u:pw-in-url@example.com/simple x"
+    job = (
+        f"script: train.py\nenv:\n  HF_TOKEN: hf_supersecret123\nsetup: {setup} hf_supersecret123\n"
+    )
+    job_spec, cluster = specs(tmp_path, job=job)
+    out = io.StringIO()
+    options = LaunchOptions(home=tmp_path / "home", dry_run=True)
+    api.launch(job_spec, cluster, options=options, console=Console(file=out, width=400))
+    text = out.getvalue()
+    assert "run setup on each of them: sh -c" in text and "HF_TOKEN=<redacted>" in text
+    assert "hf_supersecret123" not in text and "pw-in-url" not in text
+
+
+def test_the_slots_a_launch_takes_from_gpu_counts_are_said_before_a_refusal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dmlctl.errors import DmlctlError
+
+    fake = FakeScheduler(dataclasses.replace(FACTS, gpus={"a": 2, "b": 0}))
+    job = "script: train.py\nworkers: auto\nparallelism: {tensor_parallel_degree: 2}\n"
+    job_spec, cluster = specs(tmp_path, job=job)
+    monkeypatch.setattr(api, "scheduler_for", lambda *_a: fake)
+    with pytest.raises(DmlctlError, match="does not divide the number of workers \\(3\\)"):
+        api.launch(
+            job_spec,
+            cluster,
+            options=LaunchOptions(home=tmp_path / "h"),
+            console=Console(file=io.StringIO()),
+        )
+    assert "slots from the hosts' GPU counts (a: 2)" in capsys.readouterr().err
+    assert fake.released == 1
