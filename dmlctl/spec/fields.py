@@ -17,7 +17,7 @@ import posixpath
 import re
 from typing import Annotated
 
-from pydantic import AfterValidator, ConfigDict, StringConstraints
+from pydantic import AfterValidator, ConfigDict, Field, StringConstraints
 from pydantic_core import InitErrorDetails, PydanticCustomError, ValidationError
 
 from dmlctl.protocol import ENV_STRAGGLER
@@ -66,6 +66,14 @@ MAX_COMMAND_BYTES = 512 * 1024
 """Most bytes of a job's ``env`` and ``args`` together, and of one host's ``env``.
 Both together stay well under Linux's 2 MiB ``ARG_MAX`` (argv + environment of one
 process), leaving room for the inherited environment and dmlctl's own variables."""
+
+Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False, le=MAX_SECONDS)]
+"""A duration in seconds that must be over zero (a timeout, a wait, an interval):
+finite and at most :data:`MAX_SECONDS`."""
+
+SecondsOrZero = Annotated[float, Field(ge=0, allow_inf_nan=False, le=MAX_SECONDS)]
+"""A duration in seconds that may be zero (a grace, a wait, a cooldown): finite and at
+most :data:`MAX_SECONDS`."""
 
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 EnvName = Annotated[str, StringConstraints(pattern=ENV_NAME_PATTERN, max_length=256)]

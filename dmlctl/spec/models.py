@@ -10,7 +10,7 @@ from them. The cluster models live in
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -75,6 +75,9 @@ __all__ = [
     "StrategySpec",
     "duplicate_hosts",
 ]
+
+HostCount = Annotated[int, Field(ge=1, le=MAX_HOSTS)]
+"""A number of hosts a job may run on: 1 to :data:`~dmlctl.spec.fields.MAX_HOSTS`."""
 
 BUILTIN_EXCLUDES = (".git/", "__pycache__/", "*.pyc", ".venv/", ".dmlctl/")
 """Never shipped to the hosts, whatever ``.gitignore`` and ``exclude`` say (gitignore syntax)."""
@@ -232,18 +235,14 @@ class JobSpec(BaseModel):
         description="Periodic checkpoints written by ctx.checkpoint() (every N steps "
         "and/or T seconds), from which a restarted run resumes; default: none.",
     )
-    min_hosts: int | None = Field(
+    min_hosts: HostCount | None = Field(
         default=None,
-        ge=1,
-        le=MAX_HOSTS,
         description="Fewest hosts a restarted run may continue on after losing hosts "
         "(it re-forms with fewer workers); with fewer left it waits up to "
         "restart.host_wait for them, then fails. Default: every host of the first attempt.",
     )
-    max_hosts: int | None = Field(
+    max_hosts: HostCount | None = Field(
         default=None,
-        ge=1,
-        le=MAX_HOSTS,
         description="Most hosts the run uses at once; the cluster's other hosts stand by "
         "and replace lost ones on a restart. Default: as many as 'workers' needs.",
     )

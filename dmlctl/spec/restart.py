@@ -9,18 +9,24 @@ bounds: validated once when the job file is read, carried typed in the plan
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from pydantic import BaseModel, Field
 
 from dmlctl.spec.fields import (
     FROZEN,
     MAX_KEEP,
     MAX_RESTARTS,
-    MAX_SECONDS,
     MAX_STEPS,
     PlaceholderPath,
+    Seconds,
+    SecondsOrZero,
 )
 
 __all__ = ["CheckpointSpec", "RestartSpec"]
+
+Restarts = Annotated[int, Field(ge=0, le=MAX_RESTARTS)]
+"""A restart budget: 0 (never restart) to :data:`~dmlctl.spec.fields.MAX_RESTARTS`."""
 
 
 class RestartSpec(BaseModel):
@@ -34,25 +40,18 @@ class RestartSpec(BaseModel):
 
     model_config = FROZEN
 
-    max_user_restarts: int = Field(
+    max_user_restarts: Restarts = Field(
         default=0,
-        ge=0,
-        le=MAX_RESTARTS,
         description="Restarts allowed after failures of the training code itself "
         "(an exception or a non-zero exit); 0 = never restart those.",
     )
-    max_infra_restarts: int = Field(
+    max_infra_restarts: Restarts = Field(
         default=3,
-        ge=0,
-        le=MAX_RESTARTS,
         description="Restarts allowed after infrastructure failures (a rank killed by a "
         "signal, a lost host, a torchrun failure, a hang).",
     )
-    backoff_initial: float = Field(
+    backoff_initial: Seconds = Field(
         default=1.0,
-        gt=0,
-        allow_inf_nan=False,
-        le=MAX_SECONDS,
         description="Seconds to wait before the first restart.",
     )
     backoff_factor: float = Field(
@@ -62,44 +61,29 @@ class RestartSpec(BaseModel):
         allow_inf_nan=False,
         description="Multiplier applied to the wait after each restart (1 = constant wait).",
     )
-    backoff_max: float = Field(
+    backoff_max: Seconds = Field(
         default=30.0,
-        gt=0,
-        allow_inf_nan=False,
-        le=MAX_SECONDS,
         description="Longest wait before a restart, in seconds.",
     )
-    hang_timeout: float = Field(
+    hang_timeout: Seconds = Field(
         default=30.0,
-        gt=0,
-        allow_inf_nan=False,
-        le=MAX_SECONDS,
         description="Seconds a rank may go without a heartbeat, or with its training "
         "steps stalled and idle while others wait for it in a collective, before it "
         "counts as hung (an infra failure); stretched to 4x its slowest recent step.",
     )
-    stop_grace: float = Field(
+    stop_grace: SecondsOrZero = Field(
         default=30.0,
-        ge=0,
-        allow_inf_nan=False,
-        le=MAX_SECONDS,
         description="On a stop (Ctrl-C, dmlctl stop): seconds the ranks get after "
         "SIGTERM to save and exit before they are killed. After a failure, the ranks "
         "still running get this too, at most 5 s.",
     )
-    host_timeout: float = Field(
+    host_timeout: Seconds = Field(
         default=10.0,
-        gt=0,
-        allow_inf_nan=False,
-        le=MAX_SECONDS,
         description="Seconds without any message from a host before it counts as lost "
         "(an infra failure); its agents send one every second.",
     )
-    host_wait: float = Field(
+    host_wait: SecondsOrZero = Field(
         default=60.0,
-        ge=0,
-        allow_inf_nan=False,
-        le=MAX_SECONDS,
         description="On a restart with fewer than min_hosts hosts answering: seconds to "
         "wait for lost hosts to answer again before the run fails.",
     )
@@ -109,11 +93,8 @@ class RestartSpec(BaseModel):
         "while the run goes on, so a restart skips torchrun's start-up (about 1 s); it "
         "costs one idle Python process with torch loaded per host.",
     )
-    host_cooldown: float = Field(
+    host_cooldown: SecondsOrZero = Field(
         default=30.0,
-        ge=0,
-        allow_inf_nan=False,
-        le=MAX_SECONDS,
         description="Seconds a lost host is set aside before a restart may use it again "
         "(once it answers).",
     )
@@ -135,11 +116,8 @@ class CheckpointSpec(BaseModel):
         le=MAX_STEPS,
         description="Save a checkpoint every this many training steps.",
     )
-    every_seconds: float | None = Field(
+    every_seconds: Seconds | None = Field(
         default=None,
-        gt=0,
-        allow_inf_nan=False,
-        le=MAX_SECONDS,
         description="Save a checkpoint every this many seconds of training.",
     )
     keep: int = Field(
