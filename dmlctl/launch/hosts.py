@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection, Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 from dmlctl.errors import DmlctlError
 from dmlctl.plan.elastic import candidates, enough, pick_hosts
 from dmlctl.plan.model import HostPlan, LaunchPlan
+from dmlctl.transport.fanout import on_every
 
 PROBE_EVERY = 2.0
 
@@ -67,10 +67,7 @@ class HostPool:
         self.why[host] = why
 
     def _probe_all(self, hosts: Sequence[HostPlan]) -> dict[str, str | None]:
-        if not hosts:
-            return {}
-        with ThreadPoolExecutor(max_workers=min(32, len(hosts))) as pool:
-            return dict(zip((h.name for h in hosts), pool.map(self.probe, hosts), strict=True))
+        return dict(zip((h.name for h in hosts), on_every(hosts, self.probe), strict=True))
 
     def available(self, *, ignore_cooldown: bool = False) -> set[str]:
         """Probe the candidate hosts (those set aside only once their cooldown is

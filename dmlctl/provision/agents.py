@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 from dmlctl.plan.model import HostPlan
 from dmlctl.transport.base import Transport
+from dmlctl.transport.fanout import problems
 
 # argv: run_id rank_dir → stops (SIGTERM, then SIGKILL after 5 s) every host agent of
 # this run whose agent.pid is in rank_dir or an attempt-* directory below it and whose
@@ -57,7 +57,4 @@ def stop_stale_agents(
         found = res.stdout.strip()
         return None if found in ("", "{}") else f"{host.name}: stopped agents left running {found}"
 
-    if not hosts:
-        return []
-    with ThreadPoolExecutor(max_workers=min(32, len(hosts))) as pool:
-        return [p for p in pool.map(one, hosts) if p is not None]
+    return problems(hosts, one)

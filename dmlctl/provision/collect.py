@@ -7,12 +7,12 @@ import base64
 import io
 import tarfile
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from dmlctl.plan.model import HostPlan, LaunchPlan
 from dmlctl.runs.store import RunDir
 from dmlctl.transport.base import Transport
+from dmlctl.transport.fanout import problems
 
 # Prints a base64 tar of argv[1] (a rank directory) on stdout.
 _PACK = r"""
@@ -48,10 +48,7 @@ def collect_rank_files(
             return f"{host.name}: cannot unpack rank files: {e}"
         return None
 
-    if not remote:
-        return []
-    with ThreadPoolExecutor(max_workers=min(32, len(remote))) as pool:
-        return [p for p in pool.map(fetch, remote) if p is not None]
+    return problems(remote, fetch)
 
 
 def fetch_rank_files(run: RunDir) -> list[str]:

@@ -34,6 +34,7 @@ from dmlctl import protocol
 from dmlctl.checkpoint_files import fsync_path, point_latest, sha256_file, step_dirs
 from dmlctl.plan.model import HostPlan, LaunchPlan
 from dmlctl.transport.base import Transport
+from dmlctl.transport.fanout import problems
 
 # argv: root step_name → base64 tar.gz of the step directory's plain files (no dotfiles).
 _PACK = r"""
@@ -283,10 +284,7 @@ class Replicator:
                 return f"{host.name}: cannot hand checkpoint step {step} over: {why}"
             return None
 
-        if not hosts:
-            return []
-        with ThreadPoolExecutor(max_workers=min(32, len(hosts))) as pool:
-            return [p for p in pool.map(push, hosts) if p is not None]
+        return problems(hosts, push)
 
 
 def _complete(part: Path) -> bool:

@@ -33,6 +33,7 @@ from dmlctl.provision.sync import (
 from dmlctl.spec.models import JobSpec
 from dmlctl.text import plural
 from dmlctl.transport.base import Transport
+from dmlctl.transport.fanout import MAX_THREADS
 from dmlctl.ui.setup_view import SetupView
 
 
@@ -122,7 +123,7 @@ def run_setup(
     view = SetupView([h.name for h in remote])
     with (
         Live(view.render(), console=console, refresh_per_second=4) as live,
-        ThreadPoolExecutor(max_workers=min(32, len(remote))) as pool,
+        ThreadPoolExecutor(max_workers=min(MAX_THREADS, len(remote))) as pool,
     ):
         futures = {
             h.name: pool.submit(_setup_one, h, transports[h.name], job.setup, view) for h in remote

@@ -16,13 +16,13 @@ import os
 import tarfile
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import pathspec
 
 from dmlctl.transport.base import Transport
+from dmlctl.transport.fanout import on_every
 
 BUILTIN_EXCLUDES = (
     ".git/",
@@ -198,11 +198,8 @@ def sync_all(
     files: Mapping[str, LocalFile], targets: Sequence[SyncTarget], *, timeout: float = 600.0
 ) -> list[SyncResult]:
     """:func:`sync_host` on every target at once; one result per target, in order."""
-    if not targets:
-        return []
-    with ThreadPoolExecutor(max_workers=min(32, len(targets))) as pool:
-        futures = [
-            pool.submit(sync_host, t.transport, t.python, files, t.remote_dir, timeout=timeout)
-            for t in targets
-        ]
-        return [f.result() for f in futures]
+
+    def one(t: SyncTarget) -> SyncResult:
+        return sync_host(t.transport, t.python, files, t.remote_dir, timeout=timeout)
+
+    return on_every(targets, one)

@@ -83,6 +83,7 @@ from dmlctl.runtime.checkpoint_dir import (
 from dmlctl.runtime.checkpoint_load import CheckpointLoading
 from dmlctl.runtime.resume import (
     capture_rng,
+    rank_state,
     restore_rng,
     restore_training_state,
     training_state,
@@ -101,6 +102,7 @@ __all__ = [
     "CheckpointWarning",
     "DiskFull",
     "capture_rng",
+    "rank_state",
     "restore_rng",
     "restore_training_state",
     "training_state",

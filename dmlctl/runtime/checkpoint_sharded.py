@@ -33,7 +33,7 @@ from dmlctl.runtime.checkpoint import CheckpointManager
 from dmlctl.runtime.checkpoint_dir import DiskFull, disk_full
 from dmlctl.runtime.optimizer import StrategyOptimizer
 from dmlctl.runtime.parallel.pipeline import PipelinedModel
-from dmlctl.runtime.resume import capture_rng, restore_rng
+from dmlctl.runtime.resume import restore_rank_state
 
 
 def whole_named(model: nn.Module) -> nn.Module:
@@ -131,28 +131,15 @@ def _disk_full_inside(exc: BaseException) -> OSError | None:
     return None
 
 
-def small_state(
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    *,
-    epoch: int,
-    batches: int,
-    extra: dict[str, Any],
-) -> dict[str, Any]:
+def small_state(optimizer: torch.optim.Optimizer, common: dict[str, Any]) -> dict[str, Any]:
     """What a rank's own file holds next to the shards: the strategy's state (a
-    wrapper's counters and buffers), the model's ``strategy_state()``, RNG states,
-    the data position and ``extra``."""
+    wrapper's counters and buffers), then ``common``
+    (:func:`~dmlctl.runtime.resume.rank_state`: the model's ``strategy_state()``, RNG
+    states, the data position and ``extra``)."""
     strategy: dict[str, Any] = {}
     if isinstance(optimizer, StrategyOptimizer):
         strategy = {"local_steps": optimizer.local_steps, **optimizer.strategy_state()}
-    model_strategy = getattr(model, "strategy_state", None)
-    return {
-        "optimizer_strategy": strategy,
-        "strategy": model_strategy() if callable(model_strategy) else {},
-        "rng": capture_rng(),
-        "data": {"epoch": epoch, "batches": batches},
-        "extra": dict(extra),
-    }
+    return {"optimizer_strategy": strategy, **common}
 
 
 def restore_small_state(
@@ -163,7 +150,4 @@ def restore_small_state(
         strategy = dict(state.get("optimizer_strategy", {}))
         optimizer.local_steps = int(strategy.pop("local_steps", optimizer.local_steps))
         optimizer.load_strategy_state(strategy)
-    load = getattr(model, "load_strategy_state", None)
-    if callable(load):
-        load(state.get("strategy", {}))
-    restore_rng(state.get("rng", {}))
+    restore_rank_state(state, model)

@@ -1,9 +1,12 @@
 """What a checkpoint holds for one rank, and putting it back.
 
 * :func:`training_state` / :func:`restore_training_state` — the model (unwrapped from
-  DDP), the optimizer (with a StrategyOptimizer's strategy state), the model's own
-  ``strategy_state()`` (e.g. PowerSGD's error feedback), the RNG states, the data
-  position and the user's extras;
+  DDP), the optimizer (with a StrategyOptimizer's strategy state), then
+  :func:`rank_state`;
+* :func:`rank_state` / :func:`restore_rank_state` — what every layout saves alike (a
+  sharded checkpoint's own per-rank file too): the model's own ``strategy_state()``
+  (e.g. PowerSGD's error feedback), the RNG states, the data position and the user's
+  extras;
 * :func:`capture_rng` / :func:`restore_rng` — torch (CPU + this rank's GPU), ``random``
   and numpy generators, as values that load with ``weights_only=True``.
 
@@ -71,6 +74,31 @@ def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
     return inner if isinstance(inner, torch.nn.Module) else model
 
 
+def rank_state(
+    model: torch.nn.Module, *, epoch: int, batches: int, extra: dict[str, Any]
+) -> dict[str, Any]:
+    """What every rank's checkpoint holds whatever its layout: the model's
+    ``strategy_state()``, RNG states, the data position (epoch, batches consumed in
+    it) and ``extra``; :func:`restore_rank_state` puts it back."""
+    strategy = getattr(model, "strategy_state", None)
+    return {
+        "strategy": strategy() if callable(strategy) else {},
+        "rng": capture_rng(),
+        "data": {"epoch": epoch, "batches": batches},
+        "extra": dict(extra),
+    }
+
+
+def restore_rank_state(state: dict[str, Any], model: torch.nn.Module) -> None:
+    """Load what :func:`rank_state` captured: the model's strategy state (through its
+    ``load_strategy_state``, when it has one) and the RNG states (the data position
+    and ``extra`` are the caller's)."""
+    load_strategy = getattr(model, "load_strategy_state", None)
+    if callable(load_strategy):
+        load_strategy(state.get("strategy", {}))
+    restore_rng(state.get("rng", {}))
+
+
 def training_state(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -80,16 +108,12 @@ def training_state(
     extra: dict[str, Any],
 ) -> dict[str, Any]:
     """What ``Context.checkpoint`` saves per rank: model (unwrapped), optimizer (with a
-    StrategyOptimizer's strategy state), the model's ``strategy_state()``, RNG states,
-    the data position (epoch, batches consumed in it) and ``extra``."""
-    strategy = getattr(model, "strategy_state", None)
+    StrategyOptimizer's strategy state), then :func:`rank_state` (the model's
+    ``strategy_state()``, RNG states, the data position and ``extra``)."""
     return {
         "model": _unwrap(model).state_dict(),
         "optimizer": optimizer.state_dict(),
-        "strategy": strategy() if callable(strategy) else {},
-        "rng": capture_rng(),
-        "data": {"epoch": epoch, "batches": batches},
-        "extra": dict(extra),
+        **rank_state(model, epoch=epoch, batches=batches, extra=extra),
     }
 
 
@@ -99,7 +123,4 @@ def restore_training_state(
     """Load what :func:`training_state` captured back into the live objects."""
     _unwrap(model).load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
-    load_strategy = getattr(model, "load_strategy_state", None)
-    if callable(load_strategy):
-        load_strategy(state.get("strategy", {}))
-    restore_rng(state.get("rng", {}))
+    restore_rank_state(state, model)
