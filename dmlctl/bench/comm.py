@@ -13,7 +13,7 @@ from pathlib import Path
 from rich.console import Console
 
 from dmlctl.bench.plan import announce, planned
-from dmlctl.bench.report import OPS, CommResult, parse_metrics, size_sweep
+from dmlctl.bench.report import OPS, CommResult, Sweep, parse_metrics
 from dmlctl.bench.runs import BenchFailed, launch_bench, metric_lines
 from dmlctl.errors import UsageError
 from dmlctl.launch.api import LaunchResult
@@ -24,49 +24,23 @@ BENCH_DIR = Path(__file__).resolve().parent
 
 WORKER_SCRIPT = "comm_worker.py"
 JOB_NAME = "bench-comm"
-DEFAULT_FACTOR = 4
 
 
 __all__ = ["BENCH_DIR", "BenchFailed", "comm_job", "run_comm_bench"]
 
 
-def comm_job(
-    *,
-    workers: int | None,
-    ops: Sequence[str],
-    min_bytes: int,
-    max_bytes: int,
-    iters: int,
-    warmup: int,
-    factor: int = DEFAULT_FACTOR,
-) -> JobSpec:
-    """The job spec of one benchmark run (validates the options; no I/O).
+def comm_job(*, workers: int | None, ops: Sequence[str], sweep: Sweep) -> JobSpec:
+    """The job spec of one benchmark run of ``ops`` over ``sweep`` (validates the
+    options; no I/O).
 
-    Raises :class:`UsageError` for unknown ops, a bad size range, ``iters < 1``,
-    ``warmup < 0`` or ``workers < 1``.
+    Raises :class:`UsageError` for unknown ops or ``workers < 1``.
     """
     unknown = [op for op in ops if op not in OPS]
     if unknown or not ops:
         raise UsageError(f"unknown op(s) {', '.join(unknown) or '(none)'}; valid: {', '.join(OPS)}")
-    size_sweep(min_bytes, max_bytes, factor)
-    if iters < 1 or warmup < 0:
-        raise UsageError(f"need --iters >= 1 and --warmup >= 0, got {iters} and {warmup}")
     if workers is not None and workers < 1:
         raise UsageError(f"--workers must be >= 1, got {workers}")
-    args = [
-        "--ops",
-        ",".join(ops),
-        "--min-bytes",
-        str(min_bytes),
-        "--max-bytes",
-        str(max_bytes),
-        "--factor",
-        str(factor),
-        "--iters",
-        str(iters),
-        "--warmup",
-        str(warmup),
-    ]
+    args = ["--ops", ",".join(ops), *sweep.args()]
     return JobSpec(
         name=JOB_NAME, script=WORKER_SCRIPT, args=args, workers=workers, workdir=str(BENCH_DIR)
     )
@@ -78,10 +52,9 @@ BYTES_PER_S = 5.5e8
 """About the bytes per second one collective call moves per rank on 2 cores."""
 
 
-def plan(ops: Sequence[str], min_bytes: int, max_bytes: int, iters: int, warmup: int) -> str:
+def plan(ops: Sequence[str], sweep: Sweep) -> str:
     """The one run :func:`run_comm_bench` makes, and about how long it takes."""
-    moved = sum(size_sweep(min_bytes, max_bytes, DEFAULT_FACTOR)) * len(ops) * (iters + warmup)
-    return planned(1, "", STARTUP_S + moved / BYTES_PER_S)
+    return planned(1, "", STARTUP_S + sweep.bytes_moved() * len(ops) / BYTES_PER_S)
 
 
 def run_comm_bench(
@@ -89,10 +62,7 @@ def run_comm_bench(
     *,
     workers: int | None,
     ops: Sequence[str],
-    min_bytes: int,
-    max_bytes: int,
-    iters: int,
-    warmup: int,
+    sweep: Sweep,
     console: Console,
     home: Path | None = None,
 ) -> tuple[list[CommResult], LaunchResult]:
@@ -101,15 +71,8 @@ def run_comm_bench(
     Blocks until the run ends. Raises :class:`BenchFailed` naming the root cause if
     the run did not succeed, or if it succeeded without results for every op.
     """
-    announce(console, "comm", plan(ops, min_bytes, max_bytes, iters, warmup))
-    job = comm_job(
-        workers=workers,
-        ops=ops,
-        min_bytes=min_bytes,
-        max_bytes=max_bytes,
-        iters=iters,
-        warmup=warmup,
-    )
+    announce(console, "comm", plan(ops, sweep))
+    job = comm_job(workers=workers, ops=ops, sweep=sweep)
     result = launch_bench(job, cluster, console=console, home=home)
     results = parse_metrics(metric_lines(result))
     missing = [op for op in ops if not any(r.op == op for r in results)]

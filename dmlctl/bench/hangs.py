@@ -34,7 +34,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dmlctl.bench.plan import announce
-from dmlctl.bench.runs import BenchInterrupted, Launcher, interrupted_after, launch_quiet
+from dmlctl.bench.runs import BenchInterrupted, Launcher, interrupted_after, launch_bench
 from dmlctl.errors import UsageError
 from dmlctl.failure import Kind
 from dmlctl.launch.api import launch
@@ -145,7 +145,9 @@ def _run_all(
             console.print(f"[dim]{outcome.scenario} {i + 1}/{runs}[/dim]")
             job = hang_job(outcome.scenario, seconds=seconds, skew=skew, hang_timeout=hang_timeout)
             try:
-                result = launch_quiet(job, cluster, console=console, home=where, launcher=launcher)
+                result = launch_bench(
+                    job, cluster, console=console, home=where, launcher=launcher, check=False
+                )
             except BenchInterrupted:
                 return done
             if result.state is not None and result.run_dir is not None:

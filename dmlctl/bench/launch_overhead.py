@@ -31,8 +31,8 @@ from rich.console import Console
 from rich.table import Table
 
 from dmlctl.bench.plan import announce, planned
-from dmlctl.bench.proc import bench_env, run_checked
-from dmlctl.bench.runs import BenchInterrupted, BenchPartial, interrupted_after, whole_rounds
+from dmlctl.bench.proc import bench_env, run_checked, torchrun_argv
+from dmlctl.bench.runs import BenchPartial, alternate
 from dmlctl.errors import DmlctlError, UsageError
 
 TRIVIAL_DIR = Path(__file__).resolve().parent / "trivial"
@@ -63,15 +63,7 @@ def dmlctl_command(workers: int) -> list[str]:
 
 def torchrun_command(workers: int) -> list[str]:
     """argv of the bare torchrun side."""
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        str(workers),
-        str(TRIVIAL_SCRIPT),
-    ]
+    return torchrun_argv(workers, TRIVIAL_SCRIPT)
 
 
 def time_once(argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> float:
@@ -123,25 +115,16 @@ def run_launch_bench(
         raise UsageError(f"--workers must be >= 1, got {workers}")
     announce(console, "launch", plan(repeats))
     sides = {"dmlctl": dmlctl_command(workers), "torchrun": torchrun_command(workers)}
-    times: dict[str, list[float]] = {name: [] for name in sides}
-    done, total, note = 0, 2 * (repeats + 1), None
     with tempfile.TemporaryDirectory(prefix="dmlctl-bench-launch-") as tmp:
         env = bench_env(home if home is not None else Path(tmp))
-        try:
-            for round_ in range(repeats + 1):
-                for name, argv in sides.items():
-                    label = "warm-up" if round_ == 0 else f"{round_}/{repeats}"
-                    console.print(f"[dim]{name} {label}[/dim]", highlight=False)
-                    elapsed = timer(argv, env, Path(tmp))
-                    done += 1
-                    if round_ > 0:
-                        times[name].append(elapsed)
-        except BenchInterrupted:
-            times = whole_rounds(times)
-            repeats = len(times["dmlctl"])
-            if not repeats:
-                raise
-            note = interrupted_after(done, total)
+        times, note = alternate(
+            list(sides),
+            repeats,
+            lambda name, _: timer(sides[name], env, Path(tmp)),
+            console,
+            warmup=True,
+        )
+    repeats = len(times["dmlctl"])
     dml, bare = summarize(times["dmlctl"]), summarize(times["torchrun"])
     report = {
         "repeats": repeats,

@@ -31,13 +31,11 @@ from dmlctl.bench.plan import announce, planned
 from dmlctl.bench.ps import local_bench_cluster
 from dmlctl.bench.runs import (
     BenchFailed,
-    BenchInterrupted,
     BenchPartial,
     Launcher,
-    interrupted_after,
+    alternate,
     launch_bench,
     metric_lines,
-    whole_rounds,
 )
 from dmlctl.bench.strategies import write_job
 from dmlctl.errors import UsageError
@@ -198,20 +196,11 @@ def run_parallel_bench(
     whole rounds (``partial`` in it says how much ran)."""
     check_options(steps, repeats)
     announce(console, "parallel", plan(names, steps, repeats))
-    runs: dict[str, list[RunFigures]] = {name: [] for name in names}
-    note = None
     with tempfile.TemporaryDirectory(prefix="dmlctl-bench-parallel-") as tmp:
         runner = _Runner(Path(tmp), console, launcher)
-        try:
-            for repeat in range(1, repeats + 1):
-                for name in names:
-                    console.print(f"[dim]{name} {repeat}/{repeats}[/dim]", highlight=False)
-                    runs[name].append(runner.measure(LAYOUTS[name], steps))
-        except BenchInterrupted:
-            note = interrupted_after(sum(map(len, runs.values())), len(names) * repeats)
-            runs = whole_rounds(runs)
-            if not runs[names[0]]:
-                raise
+        runs, note = alternate(
+            names, repeats, lambda name, _: runner.measure(LAYOUTS[name], steps), console
+        )
     report = parallel_json(
         {name: (LAYOUTS[name].title, LAYOUTS[name].goals) for name in names},
         runs,

@@ -29,8 +29,8 @@ from typing import Any
 from rich import box
 from rich.table import Table
 
+from dmlctl.bench.launch_overhead import summarize
 from dmlctl.bench.runs import BenchFailed
-from dmlctl.bench.strategies import summary
 
 MEMORY = ("param_bytes", "optim_bytes", "sharded_bytes")
 """What every rank logs of what it holds (bytes)."""
@@ -109,8 +109,8 @@ def layout_row(
         "title": title,
         "replicas": replicas,
         **_memory(runs),
-        "replica_samples_per_s": summary(per_replica),
-        "samples_per_s": summary([replicas * s for s in per_replica]),
+        "replica_samples_per_s": summarize(per_replica),
+        "samples_per_s": summarize([replicas * s for s in per_replica]),
         "run_ids": [r.run_id for r in runs],
     }
     row["goals"] = {

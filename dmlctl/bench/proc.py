@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -24,6 +25,19 @@ def bench_env(home: Path, **extra: str) -> dict[str, str]:
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     return env
+
+
+def torchrun_argv(
+    workers: int, script: Path | str, args: Sequence[str] = (), *, max_restarts: int = 0
+) -> list[str]:
+    """argv of bare torchrun (``python -m torch.distributed.run --standalone``) running
+    ``script`` with ``args`` on ``workers`` local ranks, restarting them up to
+    ``max_restarts`` times (0: ``--max-restarts`` left out)."""
+    restarts = ["--max-restarts", str(max_restarts)] if max_restarts else []
+    return [
+        *(sys.executable, "-m", "torch.distributed.run", "--standalone"),
+        *("--nproc-per-node", str(workers), *restarts, str(script), *args),
+    ]
 
 
 def run_checked(

@@ -15,7 +15,7 @@ from rich.console import Console
 from dmlctl.bench.comm import BENCH_DIR
 from dmlctl.bench.plan import announce, planned
 from dmlctl.bench.ps_report import PsResult, parse_ps_metrics
-from dmlctl.bench.report import size_sweep
+from dmlctl.bench.report import Sweep
 from dmlctl.bench.runs import BenchFailed, launch_bench, metric_lines
 from dmlctl.errors import UsageError
 from dmlctl.launch.api import LaunchResult
@@ -24,55 +24,29 @@ from dmlctl.spec.restart import RestartSpec
 
 WORKER_SCRIPT = "ps_worker.py"
 JOB_NAME = "bench-ps"
-DEFAULT_FACTOR = 4
 
 __all__ = ["BenchFailed", "local_bench_cluster", "ps_job", "run_ps_bench"]
 
 
-def ps_job(
-    *,
-    workers: int,
-    servers: int,
-    min_bytes: int,
-    max_bytes: int,
-    iters: int,
-    warmup: int,
-    factor: int = DEFAULT_FACTOR,
-) -> JobSpec:
-    """The job spec of one benchmark run on ``workers + servers`` ranks (validates the
-    options; no I/O). No restarts: a restarted attempt would mix two measurements.
+def ps_job(*, workers: int, servers: int, sweep: Sweep) -> JobSpec:
+    """The job spec of one benchmark run over ``sweep`` on ``workers + servers``
+    ranks (validates the options; no I/O). No restarts: a restarted attempt would mix
+    two measurements.
 
-    Raises :class:`UsageError` for ``workers < 1``, ``servers < 1``, a bad size range,
-    ``min_bytes`` below 4 bytes per server, ``iters < 1`` or ``warmup < 0``.
+    Raises :class:`UsageError` for ``workers < 1``, ``servers < 1`` or a smallest
+    size below 4 bytes per server.
     """
     if workers < 1 or servers < 1:
         raise UsageError(f"need --workers >= 1 and --servers >= 1, got {workers} and {servers}")
-    size_sweep(min_bytes, max_bytes, factor)
-    if min_bytes < 4 * servers:
+    if sweep.min_bytes < 4 * servers:
         raise UsageError(
             f"--min-bytes must give every server at least one float32 (>= {4 * servers} bytes "
-            f"for {servers} servers), got {min_bytes}"
+            f"for {servers} servers), got {sweep.min_bytes}"
         )
-    if iters < 1 or warmup < 0:
-        raise UsageError(f"need --iters >= 1 and --warmup >= 0, got {iters} and {warmup}")
-    args = [
-        "--servers",
-        str(servers),
-        "--min-bytes",
-        str(min_bytes),
-        "--max-bytes",
-        str(max_bytes),
-        "--factor",
-        str(factor),
-        "--iters",
-        str(iters),
-        "--warmup",
-        str(warmup),
-    ]
     return JobSpec(
         name=JOB_NAME,
         script=WORKER_SCRIPT,
-        args=args,
+        args=["--servers", str(servers), *sweep.args()],
         workers=workers + servers,
         workdir=str(BENCH_DIR),
         strategy=StrategySpec(name="ssgd"),
@@ -96,10 +70,10 @@ BYTES_PER_S = 4e8
 """About the bytes per second a round (push and pull) or an all-reduce moves per worker."""
 
 
-def plan(workers: int, min_bytes: int, max_bytes: int, iters: int, warmup: int) -> str:
+def plan(workers: int, sweep: Sweep) -> str:
     """The one run :func:`run_ps_bench` makes, and about how long it takes (every size
     pushed and pulled, then all-reduced, by every worker)."""
-    moved = sum(size_sweep(min_bytes, max_bytes, DEFAULT_FACTOR)) * 2 * (iters + warmup)
+    moved = sweep.bytes_moved() * 2
     return planned(1, "", STARTUP_S + moved * max(1, workers) / 2 / BYTES_PER_S)
 
 
@@ -108,10 +82,7 @@ def run_ps_bench(
     *,
     workers: int,
     servers: int,
-    min_bytes: int,
-    max_bytes: int,
-    iters: int,
-    warmup: int,
+    sweep: Sweep,
     console: Console,
     home: Path | None = None,
 ) -> tuple[list[PsResult], LaunchResult]:
@@ -121,23 +92,15 @@ def run_ps_bench(
     launching) and :class:`BenchFailed` naming the root cause if the run failed, or
     succeeded without a result for every size of the sweep.
     """
-    announce(console, "ps", plan(workers, min_bytes, max_bytes, iters, warmup))
-    job = ps_job(
-        workers=workers,
-        servers=servers,
-        min_bytes=min_bytes,
-        max_bytes=max_bytes,
-        iters=iters,
-        warmup=warmup,
-    )
+    announce(console, "ps", plan(workers, sweep))
+    job = ps_job(workers=workers, servers=servers, sweep=sweep)
     result = launch_bench(job, cluster, console=console, home=home)
     results = parse_ps_metrics(metric_lines(result))
-    expected = size_sweep(min_bytes, max_bytes, DEFAULT_FACTOR)
     got = {r.bytes for r in results}
-    missing = [size for size in expected if size // 4 * 4 not in got]
+    missing = [size for size in sweep.sizes if size // 4 * 4 not in got]
     if missing:
         raise BenchFailed(
             f"benchmark run {result.run_id} succeeded but reported no result for "
-            f"{len(missing)} of {len(expected)} sizes; see `dmlctl logs {result.run_id}`"
+            f"{len(missing)} of {len(sweep.sizes)} sizes; see `dmlctl logs {result.run_id}`"
         )
     return results, result

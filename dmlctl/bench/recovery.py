@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-import sys
 import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -49,7 +48,7 @@ from rich.table import Table
 
 from dmlctl.bench.launch_overhead import summarize, time_once
 from dmlctl.bench.plan import announce, planned
-from dmlctl.bench.proc import bench_env
+from dmlctl.bench.proc import bench_env, torchrun_argv
 from dmlctl.bench.recovery_timing import (
     KILL_RANK,
     STAGES,
@@ -60,13 +59,7 @@ from dmlctl.bench.recovery_timing import (
     read_timing_dir,
     torchrun_times,
 )
-from dmlctl.bench.runs import (
-    BenchInterrupted,
-    BenchPartial,
-    interrupted_after,
-    launch_quiet,
-    whole_rounds,
-)
+from dmlctl.bench.runs import BenchPartial, alternate, launch_bench
 from dmlctl.errors import UsageError
 from dmlctl.failure import Kind
 from dmlctl.spec import ClusterSpec, HostSpec, JobSpec
@@ -187,19 +180,7 @@ def recovery_job(work: Path, backoff: float) -> JobSpec:
 
 def torchrun_command(work: Path) -> list[str]:
     """argv of the bare torchrun side: the launch benchmark's, with one restart."""
-    script = str(JOB_DIR / SCRIPT)
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        str(WORKERS),
-        "--max-restarts",
-        "1",
-        script,
-        *script_args(work),
-    ]
+    return torchrun_argv(WORKERS, JOB_DIR / SCRIPT, script_args(work), max_restarts=1)
 
 
 def bench_cluster() -> ClusterSpec:
@@ -215,7 +196,7 @@ def run_dmlctl(work: Path, *, backoff: float, home: Path, console: Console) -> R
     a warning goes to ``console``. Raises :class:`RecoveryBenchFailed` unless the run
     succeeded after exactly one restart."""
     job = recovery_job(work, backoff)
-    result = launch_quiet(job, bench_cluster(), console=console, home=home)
+    result = launch_bench(job, bench_cluster(), console=console, home=home, check=False)
     state, run_dir = result.state, result.run_dir
     if state is None or run_dir is None or result.exit_code != 0 or state.restarts != 1:
         root = state.root_cause if state is not None else None
@@ -280,7 +261,6 @@ def run_recovery_bench(
     if not 0 < backoff < float("inf"):
         raise UsageError(f"--backoff must be a positive number of seconds, got {backoff}")
     announce(console, "recovery", plan(repeats))
-    runs: dict[str, list[Recovery]] = {side: [] for side in SIDES}
     with tempfile.TemporaryDirectory(prefix="dmlctl-bench-recovery-") as tmp:
         dml_home = home if home is not None else Path(tmp) / "home"
 
@@ -289,20 +269,16 @@ def run_recovery_bench(
                 return run_dmlctl(work, backoff=backoff, home=dml_home, console=console)
             return run_torchrun(work, dml_home)
 
-        try:
-            for round_ in range(1, repeats + 1):
-                for side in SIDES:
-                    console.print(f"[dim]{side} {round_}/{repeats}[/dim]", highlight=False)
-                    work = Path(tmp) / f"{side}-{round_}"
-                    work.mkdir()
-                    runs[side].append((measure or real)(side, work))
-        except BenchInterrupted:
-            note = interrupted_after(sum(map(len, runs.values())), repeats * len(SIDES))
-            kept = {side: tuple(r) for side, r in whole_rounds(runs).items()}
-            if not kept[SIDES[0]]:
-                raise
-            raise BenchPartial(note, RecoveryReport(kept, backoff_s=backoff)) from None
-    return RecoveryReport({side: tuple(r) for side, r in runs.items()}, backoff_s=backoff)
+        def one(side: str, round_: int) -> Recovery:
+            work = Path(tmp) / f"{side}-{round_}"
+            work.mkdir()
+            return (measure or real)(side, work)
+
+        runs, note = alternate(SIDES, repeats, one, console)
+    report = RecoveryReport({side: tuple(r) for side, r in runs.items()}, backoff_s=backoff)
+    if note is not None:
+        raise BenchPartial(note, report)
+    return report
 
 
 def render_recovery_tables(report: RecoveryReport) -> list[Table]:

@@ -106,6 +106,48 @@ def size_sweep(min_bytes: int, max_bytes: int, factor: int) -> list[int]:
     return sizes
 
 
+DEFAULT_FACTOR = 4
+"""How much larger each size of a sweep is than the one before, by default."""
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """What the ``comm`` and ``ps`` benches measure: every size from ``min_bytes`` to
+    ``max_bytes`` (:func:`size_sweep`), ``warmup`` untimed then ``iters`` timed calls
+    each. Only a valid sweep is made: :class:`UsageError` for a bad size range,
+    ``iters < 1`` or ``warmup < 0``."""
+
+    min_bytes: int
+    max_bytes: int
+    iters: int
+    warmup: int
+    factor: int = DEFAULT_FACTOR
+
+    def __post_init__(self) -> None:
+        size_sweep(self.min_bytes, self.max_bytes, self.factor)
+        if self.iters < 1 or self.warmup < 0:
+            raise UsageError(
+                f"need --iters >= 1 and --warmup >= 0, got {self.iters} and {self.warmup}"
+            )
+
+    @property
+    def sizes(self) -> list[int]:
+        """The sizes measured, smallest first."""
+        return size_sweep(self.min_bytes, self.max_bytes, self.factor)
+
+    def bytes_moved(self) -> int:
+        """Bytes one rank sends over the whole sweep in one kind of call (warm-up included)."""
+        return sum(self.sizes) * (self.iters + self.warmup)
+
+    def args(self) -> list[str]:
+        """The worker script's options for this sweep (``--min-bytes`` … ``--warmup``)."""
+        return [
+            *("--min-bytes", str(self.min_bytes), "--max-bytes", str(self.max_bytes)),
+            *("--factor", str(self.factor), "--iters", str(self.iters)),
+            *("--warmup", str(self.warmup)),
+        ]
+
+
 @dataclass(frozen=True)
 class CommResult:
     """One (op, size) measurement: the slowest rank's average time per call."""

@@ -1,13 +1,14 @@
 """Running a benchmark as an ordinary dmlctl job and reading back what it logged.
 
-Shared by ``dmlctl bench comm``, ``ps`` and ``straggler``: each builds a job, runs it
-with :func:`launch_bench` (a real run: run directory, logs, ``dmlctl status``) and
-parses the lines :func:`metric_lines` returns. Never imports torch.
+Shared by the benches that launch dmlctl jobs: each builds a job, runs it with
+:func:`launch_bench` (a real run: run directory, logs, ``dmlctl status``) and parses
+the lines :func:`metric_lines` returns; the benches that compare sides run them in
+turn with :func:`alternate`. Never imports torch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -54,17 +55,19 @@ def interrupted_after(done: int, total: int) -> str:
     return f"interrupted after {done} of {total} runs"
 
 
-def launch_quiet(
+def launch_bench(
     job: JobSpec,
     cluster: ClusterSpec,
     *,
     console: Console,
     home: Path | None = None,
     launcher: Launcher = launch,
+    check: bool = True,
 ) -> LaunchResult:
-    """Run ``job`` on ``cluster`` to its end without a live view, whatever its outcome;
-    raises :class:`BenchInterrupted` when it was stopped by Ctrl-C or SIGTERM (the
-    bench ends there, it does not go on)."""
+    """Run ``job`` on ``cluster`` to its end without a live view; raises
+    :class:`BenchInterrupted` when it was stopped by Ctrl-C or SIGTERM (the bench ends
+    there, it does not go on) and, with ``check``, :class:`BenchFailed` naming the
+    run's root cause unless it succeeded (without: whatever its outcome)."""
     try:
         result = launcher(
             job, cluster, options=LaunchOptions(ui="quiet", home=home), console=console
@@ -73,27 +76,46 @@ def launch_quiet(
         raise BenchInterrupted("benchmark interrupted (Ctrl-C) while its run started") from None
     if result.exit_code == ExitCode.INTERRUPTED:
         raise BenchInterrupted(f"benchmark interrupted: run {result.run_id} was stopped")
-    return result
-
-
-def launch_bench(
-    job: JobSpec,
-    cluster: ClusterSpec,
-    *,
-    console: Console,
-    home: Path | None = None,
-    launcher: Launcher = launch,
-) -> LaunchResult:
-    """:func:`launch_quiet`, and :class:`BenchFailed` naming the run's root cause
-    unless it succeeded."""
-    result = launch_quiet(job, cluster, console=console, home=home, launcher=launcher)
-    if result.exit_code != 0:
+    if check and result.exit_code != 0:
         cause = result.state.root_cause if result.state is not None else None
         why = cause.headline() if cause is not None else f"exit code {result.exit_code}"
         raise BenchFailed(
             f"benchmark run {result.run_id} failed: {why} (see `dmlctl logs {result.run_id}`)"
         )
     return result
+
+
+def alternate(
+    sides: Sequence[str],
+    repeats: int,
+    measure: Callable[[str, int], T],
+    console: Console,
+    *,
+    warmup: bool = False,
+) -> tuple[dict[str, list[T]], str | None]:
+    """Measure the sides in turn, ``repeats`` rounds (``measure(side, round)``, rounds
+    from 1; with ``warmup`` first an untimed round 0 whose results are dropped), so
+    every side meets the same machine load; each run is said on ``console``
+    (``side 2/3``). Returns each side's results in round order and None; when Ctrl-C
+    stopped a run (:class:`BenchInterrupted`), the whole rounds' results and the note
+    saying how much ran, or :class:`BenchInterrupted` again if no round was whole."""
+    runs: dict[str, list[T]] = {side: [] for side in sides}
+    first, done = (0 if warmup else 1), 0
+    try:
+        for round_ in range(first, repeats + 1):
+            for side in sides:
+                label = f"{round_}/{repeats}" if round_ else "warm-up"
+                console.print(f"[dim]{side} {label}[/dim]", highlight=False)
+                result = measure(side, round_)
+                done += 1
+                if round_:
+                    runs[side].append(result)
+    except BenchInterrupted:
+        kept = whole_rounds(runs)
+        if not kept[sides[0]]:
+            raise
+        return kept, interrupted_after(done, (repeats + 1 - first) * len(sides))
+    return runs, None
 
 
 def metric_lines(result: LaunchResult) -> list[str]:

@@ -27,10 +27,9 @@ from dmlctl.bench.ps import local_bench_cluster
 from dmlctl.bench.report import metric_values
 from dmlctl.bench.runs import (
     BenchFailed,
-    BenchInterrupted,
     BenchPartial,
     Launcher,
-    interrupted_after,
+    alternate,
     launch_bench,
     metric_lines,
 )
@@ -123,20 +122,16 @@ def run_sparse_bench(
     check_options(workers, samples, batch_size, repeats)
     announce(console, "sparse", plan(workers, samples, repeats))
     where = local_bench_cluster(cluster, workers)
-    out: list[SparseRun] = []
-    try:
-        for repeat in range(1, repeats + 1):
-            for strategy in STRATEGIES:
-                console.print(f"[dim]{strategy} {repeat}/{repeats}[/dim]", highlight=False)
-                job = sparse_job(strategy, workers=workers, samples=samples, batch_size=batch_size)
-                result = launch_bench(job, where, console=console, home=home, launcher=launcher)
-                out.append(parse_run(strategy, result.run_id, metric_lines(result)))
-    except BenchInterrupted:
-        complete = len(out) // len(STRATEGIES) * len(STRATEGIES)  # whole repeats only
-        if not complete:
-            raise
-        note = interrupted_after(len(out), repeats * len(STRATEGIES))
-        raise BenchPartial(note, out[:complete]) from None
+
+    def one(strategy: str, _round: int) -> SparseRun:
+        job = sparse_job(strategy, workers=workers, samples=samples, batch_size=batch_size)
+        result = launch_bench(job, where, console=console, home=home, launcher=launcher)
+        return parse_run(strategy, result.run_id, metric_lines(result))
+
+    runs, note = alternate(STRATEGIES, repeats, one, console)
+    out = [run for round_ in zip(*runs.values(), strict=True) for run in round_]
+    if note is not None:
+        raise BenchPartial(note, out)
     return out
 
 

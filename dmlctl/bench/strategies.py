@@ -39,8 +39,9 @@ from typing import Any
 import yaml
 from rich.console import Console
 
+from dmlctl.bench.launch_overhead import summarize
 from dmlctl.bench.plan import announce, planned
-from dmlctl.bench.proc import bench_env, run_checked
+from dmlctl.bench.proc import bench_env, run_checked, torchrun_argv
 from dmlctl.bench.runs import BenchInterrupted, BenchPartial, interrupted_after
 from dmlctl.bench.strategy_rows import (
     BYTES,
@@ -102,33 +103,12 @@ def launch_dmlctl(job: Path, env: Mapping[str, str], home: Path) -> dict[str, fl
 def run_bare(steps: int, env: Mapping[str, str], cwd: Path) -> float:
     """The hand-written DDP loop under bare torchrun; its samples/s."""
     out = _run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node",
-            str(WORKERS),
-            str(JOBS_DIR / "ddp_bare.py"),
-            *script_args("mlp", steps),
-        ],
-        env,
-        cwd,
+        torchrun_argv(WORKERS, JOBS_DIR / "ddp_bare.py", script_args("mlp", steps)), env, cwd
     )
     lines = [ln for ln in out.splitlines() if ln.startswith('{"samples_per_s"')]
     if not lines:
         raise StrategyBenchFailed(f"ddp_bare.py printed no result:\n{out[-1500:]}")
     return float(json.loads(lines[-1])["samples_per_s"])
-
-
-def summary(samples: list[float]) -> dict[str, Any]:
-    """Median, min, max and every sample."""
-    return {
-        "median": statistics.median(samples),
-        "min": min(samples),
-        "max": max(samples),
-        "samples": samples,
-    }
 
 
 def parse_sections(text: str) -> list[str]:
@@ -174,7 +154,7 @@ class _Runner:
             if round_ > 0:
                 rates["dmlctl"].append(dml)
                 rates["bare"].append(bare)
-        dml_s, bare_s = summary(rates["dmlctl"]), summary(rates["bare"])
+        dml_s, bare_s = summarize(rates["dmlctl"]), summarize(rates["bare"])
         return {
             "dmlctl_samples_per_s": dml_s,
             "bare_samples_per_s": bare_s,
@@ -225,8 +205,8 @@ def overlap_row(runs: Mapping[str, Sequence[Mapping[str, float]]]) -> dict[str, 
     row: dict[str, Any] = {}
     for side, results in runs.items():
         row[side] = {
-            "samples_per_s": summary([r["samples_per_s"] for r in results]),
-            "comm_share": summary([r["comm_share"] for r in results]),
+            "samples_per_s": summarize([r["samples_per_s"] for r in results]),
+            "comm_share": summarize([r["comm_share"] for r in results]),
             "bytes_per_step": statistics.median(r["comm_bytes_per_step"] for r in results),
         }
     row["ratio"] = row["true"]["samples_per_s"]["median"] / row["false"]["samples_per_s"]["median"]

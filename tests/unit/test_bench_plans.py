@@ -25,6 +25,7 @@ from dmlctl.bench import (
 )
 from dmlctl.bench import strategies as strategies_bench
 from dmlctl.bench.plan import planned
+from dmlctl.bench.report import Sweep
 from dmlctl.bench.runs import BenchInterrupted, BenchPartial
 from dmlctl.bench.straggler_report import Scenario
 from dmlctl.errors import UsageError
@@ -58,8 +59,8 @@ def test_the_hang_bench_counts_its_scenarios_in_words() -> None:
         (lambda: logs.plan(1_000_000, 20_000, 1000.0, 3), 7),  # a flood, then 3 × 2 loops
         (lambda: parallel.plan(list(parallel.LAYOUTS), 16, 2), 2 * len(parallel.LAYOUTS)),
         (lambda: strategies_bench.plan(400, 3, ("bytes",)), len(strategies_bench.BYTES)),
-        (lambda: comm.plan(["allreduce"], 1 << 10, 16 << 20, 20, 5), 1),
-        (lambda: ps.plan(2, 64 << 10, 16 << 20, 20, 3), 1),
+        (lambda: comm.plan(["allreduce"], Sweep(1 << 10, 16 << 20, 20, 5)), 1),
+        (lambda: ps.plan(2, Sweep(64 << 10, 16 << 20, 20, 3)), 1),
     ],
 )
 def test_each_plan_counts_the_runs_its_bench_makes(plan: Any, runs: int) -> None:

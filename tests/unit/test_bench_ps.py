@@ -22,6 +22,7 @@ from dmlctl.bench.ps_report import (
     record_values,
     render_ps_table,
 )
+from dmlctl.bench.report import Sweep
 from dmlctl.cli.app import main
 from dmlctl.errors import UsageError
 from dmlctl.spec.cluster import ClusterSpec, HostSpec
@@ -175,7 +176,7 @@ def test_json_lists_results_and_the_ratio_at_the_largest_size() -> None:
 
 
 def test_ps_job_runs_the_worker_on_workers_plus_servers_ranks_without_restarts() -> None:
-    job = ps_job(workers=3, servers=2, min_bytes=1024, max_bytes=4096, iters=7, warmup=2)
+    job = ps_job(workers=3, servers=2, sweep=Sweep(1024, 4096, 7, 2))
     assert job.name == "bench-ps" and job.workers == 5 and job.strategy.name == "ssgd"
     assert Path(job.workdir) == BENCH_DIR and job.script == WORKER_SCRIPT
     assert (BENCH_DIR / job.script).is_file()
@@ -218,8 +219,9 @@ def test_ps_job_rejects_bad_options(kwargs: dict[str, int], match: str) -> None:
         "warmup": 0,
         **kwargs,
     }
+    workers, servers = options.pop("workers"), options.pop("servers")
     with pytest.raises(UsageError, match=match):
-        ps_job(**options)
+        ps_job(workers=workers, servers=servers, sweep=Sweep(**options))
 
 
 def test_local_bench_cluster_makes_room_for_every_rank_on_one_host() -> None:

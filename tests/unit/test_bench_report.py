@@ -19,6 +19,7 @@ from dmlctl.bench.launch_overhead import (
 )
 from dmlctl.bench.report import (
     CommResult,
+    Sweep,
     bus_factor,
     comm_json,
     human_size,
@@ -250,9 +251,7 @@ def test_comm_json_lists_results_and_average_bus_bandwidth() -> None:
 
 
 def test_comm_job_runs_the_worker_from_the_package_with_the_options() -> None:
-    job = comm_job(
-        workers=3, ops=("allreduce", "broadcast"), min_bytes=1024, max_bytes=4096, iters=7, warmup=2
-    )
+    job = comm_job(workers=3, ops=("allreduce", "broadcast"), sweep=Sweep(1024, 4096, 7, 2))
     assert job.name == "bench-comm" and job.workers == 3
     assert Path(job.workdir) == BENCH_DIR and (BENCH_DIR / job.script).name == WORKER_SCRIPT
     assert (BENCH_DIR / job.script).is_file()
@@ -294,8 +293,9 @@ def test_comm_job_rejects_bad_options(kwargs: dict[str, object]) -> None:
         "warmup": 0,
         **kwargs,
     }
+    workers, ops = options.pop("workers"), options.pop("ops")
     with pytest.raises(UsageError):
-        comm_job(**options)  # type: ignore[arg-type]
+        comm_job(workers=workers, ops=ops, sweep=Sweep(**options))  # type: ignore[arg-type]
 
 
 def test_launch_bench_alternates_sides_and_reports_medians_and_ratio(tmp_path: Path) -> None:

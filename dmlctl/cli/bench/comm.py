@@ -3,15 +3,14 @@ its result."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Optional
 
 import typer
 
-from dmlctl.cli.bench.common import JSON_TABLE
-from dmlctl.cli.bench.plot import check_plot, plot_option, write_plot
-from dmlctl.cli.common import stderr_console, stdout_console
+from dmlctl.cli.bench.common import JSON_TABLE, finish
+from dmlctl.cli.bench.plot import check_plot, plot_option
+from dmlctl.cli.common import stderr_console
 
 
 def comm(
@@ -33,31 +32,23 @@ def comm(
 ) -> int:
     """Measure allreduce / allgather / broadcast time and bus bandwidth (nccl-tests style)."""
     from dmlctl.bench.comm import run_comm_bench
-    from dmlctl.bench.report import comm_json, parse_ops, parse_size, render_comm_table
+    from dmlctl.bench.report import Sweep, comm_json, parse_ops, parse_size, render_comm_table
     from dmlctl.spec import default_cluster, load_cluster_file
 
     check_plot(plot)
     op_names = parse_ops(ops)
-    low, high = parse_size(min_bytes), parse_size(max_bytes)
+    sweep = Sweep(parse_size(min_bytes), parse_size(max_bytes), iters, warmup)
     spec = load_cluster_file(cluster) if cluster is not None else default_cluster()
     err = stderr_console()
     with err.status("running the communication benchmark…"):
-        results, run = run_comm_bench(
-            spec,
-            workers=workers,
-            ops=op_names,
-            min_bytes=low,
-            max_bytes=high,
-            iters=iters,
-            warmup=warmup,
-            console=err,
-        )
+        results, run = run_comm_bench(spec, workers=workers, ops=op_names, sweep=sweep, console=err)
     world = run.state.world_size if run.state is not None else (workers or spec.total_slots)
     report = {"run_id": run.run_id, **comm_json(results, world)}
-    if as_json:
-        print(json.dumps(report, indent=2))
-    else:
-        stdout_console().print(render_comm_table(results, world))
-        err.print(f"run {run.run_id}", markup=False)
-    write_plot("comm", report, plot)
-    return 0
+    return finish(
+        "comm",
+        report,
+        lambda _: render_comm_table(results, world),
+        as_json,
+        plot,
+        runs=f"run {run.run_id}",
+    )

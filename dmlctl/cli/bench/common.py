@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
 
@@ -16,6 +16,8 @@ from dmlctl.errors import ExitCode
 
 if TYPE_CHECKING:
     from rich.console import Console
+
+T = TypeVar("T")
 
 JSON_TABLE = typer.Option(False, "--json", help="Print JSON instead of a table.")
 """``--json`` of a bench that prints one table."""
@@ -32,28 +34,48 @@ def ended(err: Console, partial: str | None) -> int:
     return int(ExitCode.INTERRUPTED)
 
 
-def whole_or_partial(run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """``run()``'s report, or the partial report of a bench that Ctrl-C ended after
-    some of its runs (:class:`~dmlctl.bench.runs.BenchPartial`)."""
+def kept(run: Callable[[], T]) -> tuple[T, str | None]:
+    """``run()``'s result and None; or, for a bench that Ctrl-C ended after some of its
+    runs (:class:`~dmlctl.bench.runs.BenchPartial`), the result it kept and the note
+    saying how much ran."""
     from dmlctl.bench.runs import BenchPartial
 
     try:
-        return run()
+        return run(), None
     except BenchPartial as stop:
-        report: dict[str, Any] = stop.result
-        return report
+        return stop.result, stop.note
+
+
+def whole_or_partial(run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """``run()``'s report, or the partial report of a bench that Ctrl-C ended after
+    some of its runs (:func:`kept`; the report says ``partial`` itself)."""
+    report, _ = kept(run)
+    return report
 
 
 def finish(
-    bench: str, report: dict[str, Any], render: Callable[[Any], Any], as_json: bool, plot: Any
+    bench: str,
+    report: dict[str, Any],
+    render: Callable[[Any], Any],
+    as_json: bool,
+    plot: Any,
+    *,
+    runs: str | None = None,
 ) -> int:
-    """Print ``report`` (JSON, or what ``render`` makes of it: a table or a list of
-    them), draw its ``--plot``, and return the exit code (:func:`ended`)."""
+    """Print ``report`` (JSON, or what ``render`` makes of it: a table, a line or a list
+    of them, then ``runs`` on stderr: which runs they come from), draw its ``--plot``,
+    and return the exit code (:func:`ended`; partial when the report says ``partial``)."""
     if as_json:
         print(json.dumps(report, indent=2))
     else:
         rendered = render(report)
-        for table in rendered if isinstance(rendered, list) else [rendered]:
-            stdout_console().print(table)
+        out = stdout_console()
+        for shown in rendered if isinstance(rendered, list) else [rendered]:
+            if isinstance(shown, str):  # a line of text, printed as it is
+                out.print(shown, markup=False)
+            else:
+                out.print(shown)
+        if runs is not None:
+            stderr_console().print(runs, markup=False)
     write_plot(bench, report, plot)
     return ended(stderr_console(), report.get("partial"))

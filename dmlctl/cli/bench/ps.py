@@ -3,15 +3,14 @@ its result."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Optional
 
 import typer
 
-from dmlctl.cli.bench.common import JSON_TABLE
-from dmlctl.cli.bench.plot import check_plot, plot_option, write_plot
-from dmlctl.cli.common import stderr_console, stdout_console
+from dmlctl.cli.bench.common import JSON_TABLE, finish
+from dmlctl.cli.bench.plot import check_plot, plot_option
+from dmlctl.cli.common import stderr_console
 
 
 def ps(
@@ -27,31 +26,23 @@ def ps(
     """PS push+pull throughput against an all-reduce of the same bytes on this machine."""
     from dmlctl.bench.ps import local_bench_cluster, run_ps_bench
     from dmlctl.bench.ps_report import ps_json, ps_summary, render_ps_table
-    from dmlctl.bench.report import parse_size
+    from dmlctl.bench.report import Sweep, parse_size
     from dmlctl.spec import default_cluster
 
     check_plot(plot)
-    low, high = parse_size(min_bytes), parse_size(max_bytes)
+    sweep = Sweep(parse_size(min_bytes), parse_size(max_bytes), iters, warmup)
     spec = local_bench_cluster(default_cluster(), workers + servers)
     err = stderr_console()
     with err.status(f"running the parameter-server benchmark ({workers} + {servers} ranks)…"):
         results, run = run_ps_bench(
-            spec,
-            workers=workers,
-            servers=servers,
-            min_bytes=low,
-            max_bytes=high,
-            iters=iters,
-            warmup=warmup,
-            console=err,
+            spec, workers=workers, servers=servers, sweep=sweep, console=err
         )
     report = {"run_id": run.run_id, **ps_json(results, workers, servers)}
-    if as_json:
-        print(json.dumps(report, indent=2))
-    else:
-        out = stdout_console()
-        out.print(render_ps_table(results, workers, servers))
-        out.print(ps_summary(results), markup=False)
-        err.print(f"run {run.run_id}", markup=False)
-    write_plot("ps", report, plot)
-    return 0
+    return finish(
+        "ps",
+        report,
+        lambda _: [render_ps_table(results, workers, servers), ps_summary(results)],
+        as_json,
+        plot,
+        runs=f"run {run.run_id}",
+    )

@@ -3,15 +3,14 @@ its result."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Optional
 
 import typer
 
-from dmlctl.cli.bench.common import JSON_TABLES, ended
-from dmlctl.cli.bench.plot import check_plot, plot_option, write_plot
-from dmlctl.cli.common import stderr_console, stdout_console
+from dmlctl.cli.bench.common import JSON_TABLES, finish, kept
+from dmlctl.cli.bench.plot import check_plot, plot_option
+from dmlctl.cli.common import stderr_console
 
 
 def recovery(
@@ -24,20 +23,10 @@ def recovery(
 ) -> int:
     """Seconds from a worker's SIGKILL to its first step after restart: dmlctl vs torchrun."""
     from dmlctl.bench.recovery import render_recovery_tables, run_recovery_bench
-    from dmlctl.bench.runs import BenchPartial
 
     check_plot(plot)
     err = stderr_console()
-    note = None
     with err.status("timing recovery under dmlctl and bare torchrun…"):
-        try:
-            report = run_recovery_bench(repeats, backoff=backoff, console=err)
-        except BenchPartial as stop:
-            report, note = stop.result, stop.note
-    if as_json:
-        print(json.dumps({**report.to_dict(), **({"partial": note} if note else {})}, indent=2))
-    else:
-        for table in render_recovery_tables(report):
-            stdout_console().print(table)
-    write_plot("recovery", report.to_dict(), plot)
-    return ended(err, note)
+        report, note = kept(lambda: run_recovery_bench(repeats, backoff=backoff, console=err))
+    shown = {**report.to_dict(), **({"partial": note} if note else {})}
+    return finish("recovery", shown, lambda _: render_recovery_tables(report), as_json, plot)

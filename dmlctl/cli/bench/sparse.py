@@ -3,15 +3,14 @@ its result."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Optional
 
 import typer
 
-from dmlctl.cli.bench.common import JSON_TABLE, ended
-from dmlctl.cli.bench.plot import check_plot, plot_option, write_plot
-from dmlctl.cli.common import stderr_console, stdout_console
+from dmlctl.cli.bench.common import JSON_TABLE, finish, kept
+from dmlctl.cli.bench.plot import check_plot, plot_option
+from dmlctl.cli.common import stderr_console
 
 
 def sparse(
@@ -23,7 +22,6 @@ def sparse(
     plot: Optional[Path] = plot_option("samples/s of every run, the final loss"),  # noqa: UP045
 ) -> int:
     """cyclades against hogwild on sparse logistic regression: samples/s and loss."""
-    from dmlctl.bench.runs import BenchPartial
     from dmlctl.bench.sparse import (
         check_options,
         render_sparse_table,
@@ -35,10 +33,9 @@ def sparse(
     check_options(workers, samples, batch_size, repeats)
     check_plot(plot)
     err = stderr_console()
-    note = None
     with err.status("running the sparse benchmark…"):
-        try:
-            runs = run_sparse_bench(
+        runs, note = kept(
+            lambda: run_sparse_bench(
                 workers=workers,
                 samples=samples,
                 batch_size=batch_size,
@@ -46,14 +43,8 @@ def sparse(
                 console=err,
                 cluster=default_cluster(),
             )
-        except BenchPartial as stop:
-            runs, note = stop.result, stop.note
+        )
     report = sparse_json(runs, workers=workers, samples=samples, batch_size=batch_size)
     report.update({"partial": note} if note else {})
-    if as_json:
-        print(json.dumps(report, indent=2))
-    else:
-        stdout_console().print(render_sparse_table(report))
-        err.print(f"runs {', '.join(report['run_ids'])}", markup=False)
-    write_plot("sparse", report, plot)
-    return ended(err, note)
+    said = f"runs {', '.join(report['run_ids'])}"
+    return finish("sparse", report, render_sparse_table, as_json, plot, runs=said)

@@ -3,15 +3,14 @@ its result."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Optional
 
 import typer
 
-from dmlctl.cli.bench.common import JSON_TABLE, ended
-from dmlctl.cli.bench.plot import check_plot, plot_option, write_plot
-from dmlctl.cli.common import stderr_console, stdout_console
+from dmlctl.cli.bench.common import JSON_TABLE, finish, kept
+from dmlctl.cli.bench.plot import check_plot, plot_option
+from dmlctl.cli.common import stderr_console
 
 
 def straggler(
@@ -31,7 +30,6 @@ def straggler(
     plot: Optional[Path] = plot_option("relative steps/s per scenario, the goal dashed"),  # noqa: UP045
 ) -> int:
     """Fast workers' steps/s next to a 3× slower worker, relative to no straggler."""
-    from dmlctl.bench.runs import BenchPartial
     from dmlctl.bench.straggler import FACTOR, check_options, parse_scenarios, run_straggler_bench
     from dmlctl.bench.straggler_report import render_straggler_table, straggler_json
     from dmlctl.spec import default_cluster
@@ -40,10 +38,9 @@ def straggler(
     check_options(steps, step_sleep, repeats)
     check_plot(plot)
     err = stderr_console()
-    note = None
     with err.status("running the straggler benchmark…"):
-        try:
-            results, run_ids = run_straggler_bench(
+        (results, run_ids), note = kept(
+            lambda: run_straggler_bench(
                 chosen,
                 steps=steps,
                 step_sleep=step_sleep,
@@ -51,20 +48,18 @@ def straggler(
                 console=err,
                 cluster=default_cluster(),
             )
-        except BenchPartial as stop:
-            (results, run_ids), note = stop.result, stop.note
+        )
     report = straggler_json(
         results, steps=steps, step_sleep=step_sleep, factor=FACTOR, repeats=repeats, run_ids=run_ids
     )
     report.update({"partial": note} if note else {})
-    if as_json:
-        print(json.dumps(report, indent=2))
-    else:
-        stdout_console().print(
-            render_straggler_table(
-                results, steps=steps, step_sleep=step_sleep, factor=FACTOR, repeats=repeats
-            )
-        )
-        err.print(f"runs {', '.join(run_ids)}", markup=False)
-    write_plot("straggler", report, plot)
-    return ended(err, note)
+    return finish(
+        "straggler",
+        report,
+        lambda _: render_straggler_table(
+            results, steps=steps, step_sleep=step_sleep, factor=FACTOR, repeats=repeats
+        ),
+        as_json,
+        plot,
+        runs=f"runs {', '.join(run_ids)}",
+    )
