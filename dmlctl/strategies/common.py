@@ -3,12 +3,14 @@
 * :func:`flat_params` / :func:`assign_flat` — one contiguous tensor of a model's
   parameters (one collective instead of one per tensor) and back;
 * :func:`model_tensors` — the parameters and floating-point buffers every rank starts
-  with equal; :func:`broadcast_from_rank0` — every rank starts from rank 0's;
+  with equal; :func:`broadcast_from_rank0` — every rank starts from rank 0's
+  (:func:`start_from_rank0`: a whole model's);
   :func:`with_exchanged_buffers` — a round's tensors plus the buffers exchanged
   (:mod:`dmlctl.runtime.buffers`);
 * :func:`mean_and_consensus` — the mean over a group as one flat buffer, and how far
   apart the replicas were; :func:`consensus_distance` — the same distance to a known
-  mean;
+  mean; :func:`average_round` — a global round of the model-averaging strategies (the
+  tensors a :class:`ChangeFilter` picks, or all);
 * :func:`add_to_grads` — a flat term added to the gradients (a penalty's or an
   elastic force's gradient, which then goes through the user's optimizer);
 * :func:`delta_rule` — the parameter servers' rule for pushed changes (asgd, ssp);
@@ -21,13 +23,16 @@ The control plane never imports this module.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
 from dmlctl.runtime.optimizer import CommMeter, StrategyOptimizer
+
+if TYPE_CHECKING:
+    from dmlctl.runtime.context import Context
 
 
 def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
@@ -82,6 +87,17 @@ def broadcast_from_rank0(tensors: Sequence[torch.Tensor]) -> None:
     flat = flat_params(tensors)
     dist.broadcast(flat, src=0)
     assign_flat(tensors, flat)
+
+
+def start_from_rank0(ctx: Context, model: torch.nn.Module) -> list[torch.nn.Parameter] | None:
+    """The model's parameters once every rank holds rank 0's parameters and
+    floating-point buffers (one broadcast, collective); None at world size 1, where
+    nothing is sent (a strategy then leaves model and optimizer as they are)."""
+    if ctx.world_size == 1:
+        return None
+    weights, buffers = model_tensors(model)
+    broadcast_from_rank0([*weights, *buffers])
+    return weights
 
 
 def mean_and_consensus(
@@ -166,6 +182,39 @@ class ChangeFilter:
         """Remember the values the tensors ``indices`` hold now as sent."""
         for i in indices:
             self.sent[i].copy_(tensors[i].detach())
+
+
+def average_round(
+    opt: StrategyOptimizer,
+    tensors: list[torch.Tensor],
+    change: ChangeFilter | None,
+    update: Callable[[list[int], torch.Tensor], None] | None = None,
+    where: str = "after averaging",
+) -> list[int]:
+    """One global round over every worker: the ``tensors`` (``opt``'s parameters first,
+    then buffers) that ``change`` picks, all without a filter, become their mean,
+    which ``update(chosen, mean)`` may first rewrite in place (BMUF's block update).
+    Reports ``consensus`` over the parameters averaged, and with a filter
+    ``sent_share`` (the share of the elements sent), whose references then move to
+    the values sent. Returns the indices averaged. Collective; the divergence guard
+    (``check_finite``, naming ``where``) runs on the result."""
+    chosen = change.select(tensors, opt.meter) if change else list(range(len(tensors)))
+    picked = [tensors[i] for i in chosen]
+    if change is not None:
+        total = sum(t.numel() for t in tensors)
+        opt.meter.extra["sent_share"] = sum(t.numel() for t in picked) / max(total, 1)
+    if not picked:
+        return chosen
+    n_params = sum(tensors[i].numel() for i in chosen if i < len(opt.params))
+    mean, spread = mean_and_consensus(picked, n_params, opt.meter, None, opt.world_size)
+    opt.meter.extra["consensus"] = spread
+    if update is not None:
+        update(chosen, mean)
+    assign_flat(picked, mean)
+    if change is not None:
+        change.mark_sent(chosen, tensors)
+    opt.check_finite(mean, picked, where)
+    return chosen
 
 
 def consensus_distance(

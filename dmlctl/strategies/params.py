@@ -11,7 +11,7 @@ from __future__ import annotations
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.config import JsonDict
@@ -33,6 +33,31 @@ MAX_LOW_RANK = 1024
 
 MAX_WEIGHT = 1e6
 """Largest weight, penalty or rate (ρ, c, scales, compression rates)."""
+
+Steps = Annotated[int, Field(ge=1, le=MAX_PERIOD)]
+"""A parameter counting steps (a period, steps per round, a delay): at least 1, at most
+:data:`MAX_PERIOD`."""
+
+Count = Annotated[int, Field(ge=0, le=MAX_PERIOD)]
+"""A parameter counting steps or workers where 0 means none (staleness, backup
+workers, a measurement's interval): at most :data:`MAX_PERIOD`."""
+
+Share = Annotated[float, Field(gt=0, le=1)]
+"""A parameter that is a share of a whole (a density, β): above 0, at most 1."""
+
+Weight = Annotated[float, Field(gt=0, le=MAX_WEIGHT)]
+"""A positive weight, penalty or rate: above 0, at most :data:`MAX_WEIGHT`."""
+
+FetchEvery = Annotated[
+    int,
+    Field(
+        ge=1,
+        le=MAX_PERIOD,
+        description="Pull fresh parameters from the servers every n_fetch steps.",
+    ),
+]
+"""``n_fetch`` of the parameter-server strategies that pull on a period of their own
+(asgd, adadelay)."""
 
 WORKERS_ONLY: tuple[str, ...] = (ROLE_WORKER,)
 """``ROLES`` of a strategy whose every rank trains."""
@@ -97,6 +122,59 @@ def derived(rule: str) -> JsonDict:
     return {"derived": rule}
 
 
+def derived_weight(rule: str, description: str, *, most: float = MAX_WEIGHT) -> Any:
+    """The ``Field`` of an optional positive weight (ρ, α, a scale): None, the
+    default, is derived at start by ``rule`` (:func:`derived`); a value given must be
+    above 0 and at most ``most``."""
+    return Field(
+        default=None, json_schema_extra=derived(rule), gt=0, le=most, description=description
+    )
+
+
+def derived_steps(rule: str, description: str) -> Any:
+    """The ``Field`` of an optional count of steps or workers: None, the default, is
+    derived at start by ``rule`` (:func:`derived`); a value given must be at least 1
+    and at most :data:`MAX_PERIOD`."""
+    return Field(
+        default=None, json_schema_extra=derived(rule), ge=1, le=MAX_PERIOD, description=description
+    )
+
+
+def at_least(
+    name: str, minimum: int, why: str = "", *, above: bool = False
+) -> Callable[[Any], Any]:
+    """A field validator (``field_validator(name)(at_least(...))``) that refuses a
+    value below ``minimum`` (``above``: at or below it) with "``name`` must be ≥
+    ``minimum`` (``why``), got ``value``" and passes any other value through."""
+    sign = ">" if above else "≥"
+    reason = f" ({why})" if why else ""
+
+    def check(value: Any) -> Any:
+        if value <= minimum if above else value < minimum:
+            raise ValueError(f"{name} must be {sign} {minimum}{reason}, got {value}")
+        return value
+
+    return check
+
+
+def one_host(strategy: str) -> Callable[[BaseModel, int], str | None]:
+    """The host check (:attr:`Capabilities.check_hosts`) of a ``strategy`` whose
+    workers share parameters through the memory of one host: why the job cannot run
+    on that many hosts (more than one), or None."""
+
+    def check_hosts(params: BaseModel, n_hosts: int) -> str | None:
+        del params
+        if n_hosts > 1:
+            return (
+                f"{strategy} shares parameters through the memory of one host, but the job "
+                f"would run on {n_hosts} hosts: set max_hosts: 1 or fewer workers "
+                "(at most one host's slots)"
+            )
+        return None
+
+    return check_hosts
+
+
 class FinalModel(BaseModel):
     """The ``final`` parameter of the strategies whose replicas drift apart during
     training (local-sgd, dpsgd, bmuf, easgd, admm, easgd-async)."""
@@ -139,6 +217,13 @@ class ModelFilter(BaseModel):
     )
 
 
+class Averaging(FinalModel, ModelFilter):
+    """What the model-averaging strategies' parameters share (local-sgd, bmuf, easgd):
+    the ``threshold`` model filter and the ``final`` model."""
+
+    model_config = PARAMS_CONFIG
+
+
 class Overlap(BaseModel):
     """``overlap`` of the asynchronous parameter-server strategies (asgd, easgd-async,
     aadmm; :mod:`dmlctl.ps.overlap`)."""
@@ -168,16 +253,11 @@ class PushCompression(BaseModel):
         "exceeds push_threshold × their norm, plus a 1-bit-per-tensor mask); what an "
         "encoding drops is carried into the worker's next push (error feedback).",
     )
-    push_density: float = Field(
-        default=0.01,
-        gt=0,
-        le=1,
-        description="push_compression topk: share of each shard's entries pushed.",
+    push_density: Share = Field(
+        default=0.01, description="push_compression topk: share of each shard's entries pushed."
     )
-    push_threshold: float = Field(
+    push_threshold: Weight = Field(
         default=0.01,
-        gt=0,
-        le=MAX_WEIGHT,
         description="push_compression threshold: a tensor is pushed once its change "
         "since it was last pushed exceeds this share of its norm.",
     )

@@ -6,16 +6,17 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from dmlctl.strategies.admm.params import RHO_RULE
 from dmlctl.strategies.params import (
-    MAX_PERIOD,
-    MAX_WEIGHT,
     PARAMS_CONFIG,
     SERVER_COLUMNS,
     WITH_SERVERS,
     Capabilities,
     FinalModel,
     Overlap,
-    derived,
+    Steps,
+    derived_steps,
+    derived_weight,
 )
 
 QUALITY = (
@@ -32,36 +33,25 @@ class Params(FinalModel, Overlap):
 
     model_config = PARAMS_CONFIG
 
-    rho: float | None = Field(
-        default=None,
-        json_schema_extra=derived("min(1, 0.5/(k·η)) (SGD, η = lr/(1−μ)); 0.01 (Adam …)"),
-        gt=0,
-        le=MAX_WEIGHT,
-        description="ρ, the penalty on disagreement with the consensus z; derived "
-        "from your optimizer as for admm.",
+    rho: float | None = derived_weight(
+        RHO_RULE,
+        "ρ, the penalty on disagreement with the consensus z; derived from your optimizer "
+        "as for admm.",
     )
-    local_steps: int = Field(
+    local_steps: Steps = Field(
         default=10,
-        ge=1,
-        le=MAX_PERIOD,
         description="Optimizer steps on the proximal problem between two pushes of "
         "(w, λ) to the servers.",
     )
-    min_workers: int | None = Field(
-        default=None,
-        json_schema_extra=derived("workers"),
-        ge=1,
-        le=MAX_PERIOD,
-        description="K₀, the partial barrier: the servers update z once at least this "
-        "many workers reported since the last update. Default: every worker (the "
-        "synchronous z sequence); fewer lets fast workers go on without a straggler, "
-        "at some accuracy (digits, 2 workers, K₀ = 1: 0.953 against 0.969 with "
-        "SGD + momentum).",
+    min_workers: int | None = derived_steps(
+        "workers",
+        "K₀, the partial barrier: the servers update z once at least this many workers "
+        "reported since the last update. Default: every worker (the synchronous z "
+        "sequence); fewer lets fast workers go on without a straggler, at some accuracy "
+        "(digits, 2 workers, K₀ = 1: 0.953 against 0.969 with SGD + momentum).",
     )
-    max_delay: int = Field(
+    max_delay: Steps = Field(
         default=4,
-        ge=1,
-        le=MAX_PERIOD,
         description="τ: a worker may miss at most this many updates of z; one whose "
         "delay reached τ is waited for.",
     )

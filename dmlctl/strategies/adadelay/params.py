@@ -8,14 +8,14 @@ import math
 from pydantic import Field
 
 from dmlctl.strategies.params import (
-    MAX_PERIOD,
     MAX_WEIGHT,
     PARAMS_CONFIG,
     SERVER_COLUMNS,
     WITH_SERVERS,
     Capabilities,
+    FetchEvery,
     PushCompression,
-    derived,
+    derived_weight,
 )
 
 QUALITY = (
@@ -33,21 +33,14 @@ class Params(PushCompression):
 
     model_config = PARAMS_CONFIG
 
-    n_fetch: int = Field(
-        le=MAX_PERIOD,
-        default=1,
-        ge=1,
-        description="Pull fresh parameters from the servers every n_fetch steps.",
-    )
-    L: float | None = Field(
-        default=None,
-        json_schema_extra=derived("1/lr (SGD); √(1−μ)/lr (momentum); 1/(100·lr) (Adam …)"),
-        gt=0,
-        le=1e12,
-        description="L, the smoothness constant: the largest step is 1/L. Default from "
-        "your optimizer, which AdaDelay replaces: 1/lr for SGD; with momentum μ, 1/L is "
-        "lr/√(1 − μ), the geometric mean of lr and the steady-state step lr/(1 − μ); "
-        "1/(100·lr) for Adam and the like (an SGD step 100× their lr: 0.1 for 1e-3).",
+    n_fetch: FetchEvery = 1
+    L: float | None = derived_weight(
+        "1/lr (SGD); √(1−μ)/lr (momentum); 1/(100·lr) (Adam …)",
+        "L, the smoothness constant: the largest step is 1/L. Default from your optimizer, "
+        "which AdaDelay replaces: 1/lr for SGD; with momentum μ, 1/L is lr/√(1 − μ), the "
+        "geometric mean of lr and the steady-state step lr/(1 − μ); 1/(100·lr) for Adam "
+        "and the like (an SGD step 100× their lr: 0.1 for 1e-3).",
+        most=1e12,
     )
     c: float = Field(
         default=0.1,

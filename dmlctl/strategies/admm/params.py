@@ -8,13 +8,12 @@ from typing import Literal
 from pydantic import Field
 
 from dmlctl.strategies.params import (
-    MAX_PERIOD,
-    MAX_WEIGHT,
     PARAMS_CONFIG,
     WORKERS_ONLY,
     Capabilities,
     FinalModel,
-    derived,
+    Steps,
+    derived_weight,
 )
 
 QUALITY = (
@@ -27,26 +26,25 @@ QUALITY = (
 )
 
 
+RHO_RULE = "min(1, 0.5/(k·η)) (SGD, η = lr/(1−μ)); 0.01 (Adam …)"
+"""How ρ is derived when a job leaves it out (:func:`derive_rho`; admm and aadmm)."""
+
+
 class Params(FinalModel):
     """``strategy.params`` of an ``admm`` job (all optional; unknown keys are errors)."""
 
     model_config = PARAMS_CONFIG
 
-    rho: float | None = Field(
-        default=None,
-        json_schema_extra=derived("min(1, 0.5/(k·η)) (SGD, η = lr/(1−μ)); 0.01 (Adam …)"),
-        gt=0,
-        le=MAX_WEIGHT,
-        description="ρ, the penalty on disagreement with the consensus z: larger "
-        "keeps workers closer (smaller primal residual) but slows each one's progress. "
-        "Default from your optimizer: 0.01 for Adam and the like; for SGD "
-        "min(1, 0.5/(k·η)) with k = local_steps and η the steady-state step "
-        "lr/(1 − momentum), so one round's pull removes at most half the disagreement.",
+    rho: float | None = derived_weight(
+        RHO_RULE,
+        "ρ, the penalty on disagreement with the consensus z: larger keeps workers closer "
+        "(smaller primal residual) but slows each one's progress. Default from your "
+        "optimizer: 0.01 for Adam and the like; for SGD min(1, 0.5/(k·η)) with k = "
+        "local_steps and η the steady-state step lr/(1 − momentum), so one round's pull "
+        "removes at most half the disagreement.",
     )
-    local_steps: int = Field(
+    local_steps: Steps = Field(
         default=10,
-        ge=1,
-        le=MAX_PERIOD,
         description="k: optimizer steps per round approximating the x-update; one "
         "all-reduce of the parameters' size per round.",
     )

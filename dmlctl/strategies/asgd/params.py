@@ -6,15 +6,15 @@ from __future__ import annotations
 from pydantic import Field
 
 from dmlctl.strategies.params import (
-    MAX_PERIOD,
-    MAX_WEIGHT,
     PARAMS_CONFIG,
     SERVER_COLUMNS,
     WITH_SERVERS,
     Capabilities,
+    FetchEvery,
     Overlap,
     PushCompression,
-    derived,
+    Steps,
+    derived_weight,
 )
 
 QUALITY = (
@@ -31,22 +31,12 @@ class Params(PushCompression, Overlap):
 
     model_config = PARAMS_CONFIG
 
-    n_push: int = Field(
-        default=1, ge=1, le=MAX_PERIOD, description="Push the local change every n_push steps."
-    )
-    n_fetch: int = Field(
-        le=MAX_PERIOD,
-        default=1,
-        ge=1,
-        description="Pull fresh parameters from the servers every n_fetch steps.",
-    )
-    scale: float | None = Field(
-        default=None,
-        json_schema_extra=derived("1/workers"),
-        gt=0,
-        le=MAX_WEIGHT,
-        description="Weight the servers give a pushed change; default 1/workers (1: "
-        "Downpour's plain sum, p times the step of synchronous SGD).",
+    n_push: Steps = Field(default=1, description="Push the local change every n_push steps.")
+    n_fetch: FetchEvery = 1
+    scale: float | None = derived_weight(
+        "1/workers",
+        "Weight the servers give a pushed change; default 1/workers (1: Downpour's plain "
+        "sum, p times the step of synchronous SGD).",
     )
 
 

@@ -22,7 +22,7 @@ The parameters are :mod:`dmlctl.strategies.asgd.params`'s; this module imports t
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from pydantic import BaseModel
@@ -37,7 +37,7 @@ from dmlctl.strategies.registry import params_as
 if TYPE_CHECKING:
     from dmlctl.runtime.context import Context
 
-__all__ = ["prepare", "serve"]
+__all__ = ["delta_push", "prepare", "serve"]
 
 
 def prepare(
@@ -47,19 +47,49 @@ def prepare(
     p = params_as(Params, params)
     if ctx.layout is not None and ctx.layout.model_parallel and ctx.mesh is not None:
         return model, _distbelief(ctx, model, optimizer, p)
-    weights, layout = join_as_worker(
-        ctx, model, rule=delta_rule(p.scale, ctx.world_size), push=p.push_spec()
-    )
-    opt = DeltaPush(
+    opt = delta_push(
+        ctx,
+        model,
         optimizer,
-        weights,
-        ctx=ctx,
-        layout=layout,
+        p.scale,
+        p.push_spec(),
         n_push=p.n_push,
         n_fetch=p.n_fetch,
         overlap=p.overlap,
     )
     return model, opt
+
+
+def delta_push(
+    ctx: Context,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scale: float | None,
+    push: dict[str, Any] | None,
+    *,
+    n_push: int = 1,
+    n_fetch: int = 1,
+    overlap: bool = False,
+    staleness_bound: int | None = None,
+) -> DeltaPush:
+    """Join the servers (collective with them) with the delta rule, a pushed change
+    weighing ``scale`` (None: 1/workers), the ``push`` filter and ``staleness_bound``
+    (ssp's s; None: none), and wrap ``optimizer`` in a :class:`DeltaPush` that
+    pushes every ``n_push`` and pulls every ``n_fetch`` steps: asgd's worker, and
+    ssp's with a push and a pull every step."""
+    rule = delta_rule(scale, ctx.world_size)
+    weights, layout = join_as_worker(
+        ctx, model, rule=rule, staleness_bound=staleness_bound, push=push
+    )
+    return DeltaPush(
+        optimizer,
+        weights,
+        ctx=ctx,
+        layout=layout,
+        n_push=n_push,
+        n_fetch=n_fetch,
+        overlap=overlap,
+    )
 
 
 def _distbelief(

@@ -10,9 +10,9 @@ from dmlctl.strategies.params import (
     MAX_WEIGHT,
     PARAMS_CONFIG,
     WORKERS_ONLY,
+    Averaging,
     Capabilities,
-    FinalModel,
-    ModelFilter,
+    at_least,
     derived,
 )
 
@@ -24,7 +24,7 @@ QUALITY = (
 )
 
 
-class Params(FinalModel, ModelFilter):
+class Params(Averaging):
     """``strategy.params`` of a ``bmuf`` job (all optional; unknown keys are errors)."""
 
     model_config = PARAMS_CONFIG
@@ -55,12 +55,8 @@ class Params(FinalModel, ModelFilter):
         "momentum) instead of w_g.",
     )
 
-    @field_validator("period")
-    @classmethod
-    def _period(cls, value: int) -> int:
-        if value < 1:
-            raise ValueError(f"period must be ≥ 1 (local steps per block), got {value}")
-        return value
+    _period = field_validator("period")(at_least("period", 1, "local steps per block"))
+    _lr = field_validator("block_lr")(at_least("block_lr", 0, above=True))
 
     @field_validator("block_momentum")
     @classmethod
@@ -69,13 +65,6 @@ class Params(FinalModel, ModelFilter):
             raise ValueError(f"block momentum must be < 1, got {value}")
         if value is not None and value < 0:
             raise ValueError(f"block momentum must be ≥ 0, got {value}")
-        return value
-
-    @field_validator("block_lr")
-    @classmethod
-    def _lr(cls, value: float) -> float:
-        if value <= 0:
-            raise ValueError(f"block_lr must be > 0, got {value}")
         return value
 
 

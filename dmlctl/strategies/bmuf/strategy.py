@@ -53,11 +53,10 @@ from dmlctl.strategies.bmuf.params import Params, resolve_block_momentum
 from dmlctl.strategies.common import (
     ChangeFilter,
     assign_flat,
-    broadcast_from_rank0,
+    average_round,
     flat_params,
-    mean_and_consensus,
-    model_tensors,
     segments,
+    start_from_rank0,
     with_exchanged_buffers,
 )
 from dmlctl.strategies.registry import params_as
@@ -108,19 +107,15 @@ class BMUFOptimizer(StrategyOptimizer):
         """One block: average the tensors (all, or those the ``threshold`` filter
         picks), then the block-momentum update of their part of ``w_g``."""
         with_exchanged_buffers(self, self.tensors, self.filter)
-        every = list(range(len(self.tensors)))
-        chosen = self.filter.select(self.tensors, self.meter) if self.filter else every
-        self.last_sent = chosen
-        picked = [self.tensors[i] for i in chosen]
-        if self.filter is not None:
-            total = sum(t.numel() for t in self.tensors)
-            self.meter.extra["sent_share"] = sum(t.numel() for t in picked) / max(total, 1)
         self._blocked_at = self.local_steps
-        if not picked:
-            return
-        n_params = sum(self.tensors[i].numel() for i in chosen if i < len(self.params))
-        mean, spread = mean_and_consensus(picked, n_params, self.meter, None, self.world_size)
-        self.meter.extra["consensus"] = spread
+        self.last_sent = average_round(
+            self, self.tensors, self.filter, self._block_updates, "after the block update"
+        )
+
+    def _block_updates(self, chosen: list[int], mean: torch.Tensor) -> None:
+        """The block update (:meth:`_block_update`) of each parameter among the
+        ``chosen`` tensors, on its part of ``mean`` (their flat mean, buffers
+        included: those stay plainly averaged)."""
         places = segments(self.params)
         pos = 0
         for i in chosen:
@@ -128,10 +123,6 @@ class BMUFOptimizer(StrategyOptimizer):
             if i < len(self.params):
                 self._block_update(mean[pos : pos + n], *places[i])
             pos += n
-        assign_flat(picked, mean)
-        if self.filter is not None:
-            self.filter.mark_sent(chosen, self.tensors)
-        self.check_finite(mean, picked, "after the block update")
 
     def _block_update(self, averaged: torch.Tensor, offset: int, n: int) -> None:
         """Δ ← η Δ + ζ (averaged − w_g), w_g ← w_g + Δ on one tensor's part of
@@ -179,15 +170,16 @@ class BMUFOptimizer(StrategyOptimizer):
 def prepare(
     ctx: Context, model: torch.nn.Module, optimizer: torch.optim.Optimizer, params: BaseModel
 ) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    """Broadcast rank 0's model and wrap ``optimizer`` in a ``BMUFOptimizer``.
+    """Broadcast rank 0's model and wrap ``optimizer`` in a ``BMUFOptimizer`` whose
+    block momentum, unless the job sets it, follows from whether ``optimizer``
+    carries momentum (:func:`~dmlctl.strategies.bmuf.params.resolve_block_momentum`).
 
-    Promises: see the module docstring. ``model`` must already be on ``ctx.device``;
-    the optimizer must be built on its parameters."""
+    Promises: see the module docstring. ``model`` must already be on ``ctx.device``
+    and ``optimizer`` built on its parameters."""
     p = params_as(Params, params)
-    if ctx.world_size == 1:
+    weights = start_from_rank0(ctx, model)
+    if weights is None:
         return model, optimizer
-    weights, buffers = model_tensors(model)
-    broadcast_from_rank0([*weights, *buffers])
     opt = BMUFOptimizer(
         optimizer,
         weights,

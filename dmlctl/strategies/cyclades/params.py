@@ -5,7 +5,13 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from dmlctl.strategies.params import MAX_PERIOD, PARAMS_CONFIG, WORKERS_ONLY, Capabilities, derived
+from dmlctl.strategies.params import (
+    PARAMS_CONFIG,
+    WORKERS_ONLY,
+    Capabilities,
+    derived_steps,
+    one_host,
+)
 
 QUALITY = (
     "for sparse models: on `dmlctl bench sparse` it reaches hogwild's loss without "
@@ -24,16 +30,13 @@ class Params(BaseModel):
 
     model_config = PARAMS_CONFIG
 
-    sample_size: int | None = Field(
-        default=None,
-        json_schema_extra=derived("features / active², from the data"),
-        ge=1,
-        le=MAX_PERIOD,
-        description="B: updates (samples) sampled per round, split into conflict-free "
-        "components. Small enough that no component takes most of a round: the "
-        "default gives a sampled update about one conflict on average (features = "
-        "the largest coordinate + 1, active = mean coordinates per sample, over the "
-        "first 1,000 samples of each epoch).",
+    sample_size: int | None = derived_steps(
+        "features / active², from the data",
+        "B: updates (samples) sampled per round, split into conflict-free components. "
+        "Small enough that no component takes most of a round: the default gives a "
+        "sampled update about one conflict on average (features = the largest "
+        "coordinate + 1, active = mean coordinates per sample, over the first 1,000 "
+        "samples of each epoch).",
     )
     coordinates: int = Field(
         default=0,
@@ -45,16 +48,8 @@ class Params(BaseModel):
     )
 
 
-def check_hosts(params: BaseModel, n_hosts: int) -> str | None:
-    """Why the job cannot run on ``n_hosts`` hosts (cyclades needs one), or None."""
-    del params
-    if n_hosts > 1:
-        return (
-            "cyclades shares parameters through the memory of one host, but the job "
-            f"would run on {n_hosts} hosts: set max_hosts: 1 or fewer workers "
-            "(at most one host's slots)"
-        )
-    return None
+check_hosts = one_host("cyclades")
+"""Why the job cannot run on that many hosts (cyclades needs one), or None."""
 
 
 CAPABILITIES = Capabilities(roles=WORKERS_ONLY, host_memory=True, check_hosts=check_hosts)

@@ -52,7 +52,7 @@ from torch.utils.data import TensorDataset
 from dmlctl.runtime.data import MapDataset, fetch, to_device
 from dmlctl.strategies.cyclades.params import Params
 from dmlctl.strategies.cyclades.plan import plan_round
-from dmlctl.strategies.hogwild.strategy import HogwildOptimizer, share_parameters
+from dmlctl.strategies.hogwild.strategy import HogwildOptimizer, share_model
 from dmlctl.strategies.registry import params_as
 
 if TYPE_CHECKING:
@@ -236,14 +236,7 @@ def prepare(
     if ctx.world_size == 1:
         return model, optimizer
     check_optimizer(optimizer)
-    if ctx.local_world_size != ctx.world_size:
-        raise RuntimeError(
-            f"cyclades: the {ctx.world_size} workers must all run on one host "
-            f"(this host runs {ctx.local_world_size}): parameters are shared through memory"
-        )
-    weights = list(model.parameters())
-    if weights:
-        share_parameters(ctx, weights)
+    weights = share_model(ctx, model, "cyclades")
     opt = CycladesOptimizer(
         optimizer,
         weights,

@@ -9,11 +9,12 @@ from typing import Literal
 from pydantic import Field
 
 from dmlctl.strategies.params import (
-    MAX_PERIOD,
     PARAMS_CONFIG,
     WORKERS_ONLY,
     Capabilities,
+    Count,
     FinalModel,
+    Steps,
 )
 
 QUALITY = (
@@ -36,17 +37,13 @@ class Params(FinalModel):
         "'exponential' (neighbours at distance ±2^k, O(log n) peers) or 'complete' "
         "(everyone, 1/n: equals global averaging).",
     )
-    period: int = Field(
+    period: Steps = Field(
         default=1,
-        ge=1,
-        le=MAX_PERIOD,
         description="Mix parameters with the neighbours every this many optimizer "
         "steps; the steps in between are local only.",
     )
-    consensus_every: int = Field(
+    consensus_every: Count = Field(
         default=10,
-        ge=0,
-        le=MAX_PERIOD,
         description="Measure the consensus distance sqrt(mean ||x_i - mean||^2) every "
         "this many steps (one all-reduce, monitoring only, not counted as training "
         "traffic); 0 = never.",

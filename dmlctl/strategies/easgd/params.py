@@ -4,17 +4,18 @@
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from pydantic import Field
 
 from dmlctl.strategies.params import (
-    MAX_PERIOD,
-    MAX_WEIGHT,
     PARAMS_CONFIG,
     WORKERS_ONLY,
+    Averaging,
     Capabilities,
-    FinalModel,
-    ModelFilter,
-    derived,
+    Share,
+    Steps,
+    derived_weight,
 )
 
 QUALITY = (
@@ -26,47 +27,46 @@ QUALITY = (
 )
 
 
-class Params(FinalModel, ModelFilter):
+class Params(Averaging):
     """``strategy.params`` of an ``easgd`` job (all optional; unknown keys are errors)."""
 
     model_config = PARAMS_CONFIG
 
-    period: int = Field(
+    period: Steps = Field(
         default=4,
-        ge=1,
-        le=MAX_PERIOD,
         description="τ: local steps between center updates (one all-reduce of the "
         "parameters' size per period).",
     )
-    beta: float = Field(
+    beta: Share = Field(
         default=0.9,
-        gt=0,
-        le=1,
         description="β = pα: how far the center moves towards the workers' mean per "
         "update (β = 1: onto it). Used when alpha is not given.",
     )
-    alpha: float | None = Field(
-        default=None,
-        json_schema_extra=derived("beta/workers"),
-        gt=0,
-        le=MAX_WEIGHT,
-        description="α, the moving rate of the center; default β/p. Must be ≤ 1/p "
-        "(checked against the job's worker count).",
+    alpha: float | None = derived_weight(
+        "beta/workers",
+        "α, the moving rate of the center; default β/p. Must be ≤ 1/p (checked against "
+        "the job's worker count).",
     )
-    rho: float | None = Field(
-        default=None,
-        json_schema_extra=derived("alpha/lr"),
-        gt=0,
-        le=MAX_WEIGHT,
-        description="ρ, the elastic force's strength: on each exchange a worker moves "
-        "ηρ of the way to the center (η: the lr), applied directly, not through the "
-        "optimizer; default α/η with η the lr at start, so the pull equals α for every "
-        "optimizer.",
+    rho: float | None = derived_weight(
+        "alpha/lr",
+        "ρ, the elastic force's strength: on each exchange a worker moves ηρ of the way "
+        "to the center (η: the lr), applied directly, not through the optimizer; default "
+        "α/η with η the lr at start, so the pull equals α for every optimizer.",
     )
 
 
-def resolve_alpha(params: Params, world_size: int) -> float:
-    """α in use: ``params.alpha`` or ``β / p``."""
+class Elastic(Protocol):
+    """The parameters that set α: easgd's and easgd-async's."""
+
+    @property
+    def alpha(self) -> float | None: ...
+
+    @property
+    def beta(self) -> float: ...
+
+
+def resolve_alpha(params: Elastic, world_size: int) -> float:
+    """α in use (easgd, easgd-async): ``params.alpha`` or ``β / p``."""
     return params.alpha if params.alpha is not None else params.beta / world_size
 
 

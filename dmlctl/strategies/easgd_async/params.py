@@ -6,7 +6,6 @@ from __future__ import annotations
 from pydantic import Field
 
 from dmlctl.strategies.params import (
-    MAX_PERIOD,
     PARAMS_CONFIG,
     SERVER_COLUMNS,
     WITH_SERVERS,
@@ -14,6 +13,8 @@ from dmlctl.strategies.params import (
     FinalModel,
     Overlap,
     PushCompression,
+    Share,
+    Steps,
     derived,
 )
 
@@ -30,18 +31,10 @@ class Params(FinalModel, PushCompression, Overlap):
 
     model_config = PARAMS_CONFIG
 
-    period: int = Field(
-        le=MAX_PERIOD,
-        default=4,
-        ge=1,
-        description="τ: local steps between two exchanges with the center.",
+    period: Steps = Field(
+        default=4, description="τ: local steps between two exchanges with the center."
     )
-    beta: float = Field(
-        default=0.9,
-        gt=0,
-        le=1,
-        description="β = pα; used when alpha is not given.",
-    )
+    beta: Share = Field(default=0.9, description="β = pα; used when alpha is not given.")
     alpha: float | None = Field(
         default=None,
         json_schema_extra=derived("beta/workers"),

@@ -21,6 +21,7 @@ from pydantic import BaseModel
 
 from dmlctl.ps.bootstrap import join_as_worker
 from dmlctl.ps.serve import serve
+from dmlctl.strategies.easgd.params import resolve_alpha
 from dmlctl.strategies.easgd_async.mode import ElasticExchange
 from dmlctl.strategies.easgd_async.params import Params
 from dmlctl.strategies.registry import params_as
@@ -37,7 +38,7 @@ def prepare(
     """Bootstrap the servers (the center starts at the first worker's parameters) and
     wrap ``optimizer`` (collective with the servers)."""
     p = params_as(Params, params)
-    alpha = p.alpha if p.alpha is not None else p.beta / ctx.world_size
+    alpha = resolve_alpha(p, ctx.world_size)
     rule = {"kind": "scaled_add", "alpha": 1.0}  # the workers send α(x − x̃) already
     weights, layout = join_as_worker(ctx, model, rule=rule, push=p.push_spec())
     opt = ElasticExchange(

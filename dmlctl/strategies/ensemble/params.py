@@ -8,11 +8,11 @@ from typing import Literal
 from pydantic import Field
 
 from dmlctl.strategies.params import (
-    MAX_PERIOD,
     PARAMS_CONFIG,
     WORKERS_ONLY,
     Capabilities,
     FinalModel,
+    Steps,
 )
 
 QUALITY = (
@@ -38,10 +38,8 @@ class Params(FinalModel):
 
     model_config = PARAMS_CONFIG
 
-    period: int = Field(
+    period: Steps = Field(
         default=50,
-        ge=1,
-        le=MAX_PERIOD,
         description="H: local steps between two ensemble rounds. Each round gathers "
         "every worker's model (an all-gather of the parameters) and distills the "
         "ensemble into each worker's own model.",
@@ -54,10 +52,8 @@ class Params(FinalModel):
         "the workers' models, and each worker matches them with softmax(own/T); the "
         "loss is scaled by T² so its gradients keep their size as T changes.",
     )
-    distill_steps: int = Field(
+    distill_steps: Steps = Field(
         default=20,
-        ge=1,
-        le=MAX_PERIOD,
         description="Steps of your optimizer on the distillation loss per round, "
         "cycling over the remembered batches (not counted as training steps).",
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from dmlctl.strategies.params import WORKERS_ONLY, Capabilities
+from dmlctl.strategies.params import WORKERS_ONLY, Capabilities, one_host
 
 QUALITY = (
     "the language model ends +4.3 % with AdamW and −2.9 % with SGD + Nesterov against "
@@ -25,16 +25,8 @@ class Params(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-def check_hosts(params: BaseModel, n_hosts: int) -> str | None:
-    """Why the job cannot run on ``n_hosts`` hosts (hogwild needs one), or None."""
-    del params
-    if n_hosts > 1:
-        return (
-            "hogwild shares parameters through the memory of one host, but the job "
-            f"would run on {n_hosts} hosts: set max_hosts: 1 or fewer workers "
-            "(at most one host's slots)"
-        )
-    return None
+check_hosts = one_host("hogwild")
+"""Why the job cannot run on that many hosts (hogwild needs one), or None."""
 
 
 CAPABILITIES = Capabilities(roles=WORKERS_ONLY, host_memory=True, check_hosts=check_hosts)

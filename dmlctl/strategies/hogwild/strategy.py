@@ -101,15 +101,23 @@ def prepare(
     params_as(Params, params)
     if ctx.world_size == 1:
         return model, optimizer
+    weights = share_model(ctx, model, "hogwild")
+    return model, HogwildOptimizer(optimizer, weights, world_size=ctx.world_size)
+
+
+def share_model(ctx: Context, model: torch.nn.Module, strategy: str) -> list[torch.nn.Parameter]:
+    """The model's parameters, each made a view into the run's shared tensor filled
+    from rank 0's (:func:`share_parameters`; collective). Raises RuntimeError naming
+    ``strategy`` when the workers do not all run on this host."""
     if ctx.local_world_size != ctx.world_size:
         raise RuntimeError(
-            f"hogwild: the {ctx.world_size} workers must all run on one host "
+            f"{strategy}: the {ctx.world_size} workers must all run on one host "
             f"(this host runs {ctx.local_world_size}): parameters are shared through memory"
         )
     weights = list(model.parameters())
     if weights:
         share_parameters(ctx, weights)
-    return model, HogwildOptimizer(optimizer, weights, world_size=ctx.world_size)
+    return weights
 
 
 def share_parameters(ctx: Context, weights: list[torch.nn.Parameter]) -> None:

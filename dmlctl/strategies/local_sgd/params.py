@@ -10,9 +10,9 @@ from dmlctl.strategies.params import (
     MAX_STEPS,
     PARAMS_CONFIG,
     WORKERS_ONLY,
+    Averaging,
     Capabilities,
-    FinalModel,
-    ModelFilter,
+    at_least,
 )
 
 QUALITY = (
@@ -22,7 +22,7 @@ QUALITY = (
 )
 
 
-class Params(FinalModel, ModelFilter):
+class Params(Averaging):
     """``strategy.params`` of a ``local-sgd`` job (all optional; unknown keys are errors)."""
 
     model_config = PARAMS_CONFIG
@@ -50,26 +50,9 @@ class Params(FinalModel, ModelFilter):
         description="With `hierarchical`: host-level rounds per global round.",
     )
 
-    @field_validator("period")
-    @classmethod
-    def _period(cls, value: int) -> int:
-        if value < 1:
-            raise ValueError(f"period must be ≥ 1 (local steps between averages), got {value}")
-        return value
-
-    @field_validator("warmup_steps")
-    @classmethod
-    def _warmup(cls, value: int) -> int:
-        if value < 0:
-            raise ValueError(f"warmup_steps must be ≥ 0, got {value}")
-        return value
-
-    @field_validator("hierarchy_factor")
-    @classmethod
-    def _factor(cls, value: int) -> int:
-        if value < 1:
-            raise ValueError(f"hierarchy_factor must be ≥ 1, got {value}")
-        return value
+    _period = field_validator("period")(at_least("period", 1, "local steps between averages"))
+    _warmup = field_validator("warmup_steps")(at_least("warmup_steps", 0))
+    _factor = field_validator("hierarchy_factor")(at_least("hierarchy_factor", 1))
 
     @model_validator(mode="after")
     def _threshold_is_global(self) -> Params:

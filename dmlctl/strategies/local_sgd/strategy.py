@@ -48,9 +48,9 @@ from dmlctl.strategies.common import (
     ChangeFilter,
     assign_flat,
     average_in_place,
-    broadcast_from_rank0,
+    average_round,
     mean_and_consensus,
-    model_tensors,
+    start_from_rank0,
     with_exchanged_buffers,
 )
 from dmlctl.strategies.local_sgd.params import Params
@@ -115,42 +115,23 @@ class LocalSGDOptimizer(StrategyOptimizer):
         return since <= 0 or since % (self.period * self.global_every) == 0
 
     def communicate(self) -> None:
+        """The round due now: a global one (the tensors the ``threshold`` filter
+        picks, or all; :func:`~dmlctl.strategies.common.average_round`), else an
+        average over this host's workers (none when it runs one)."""
         with_exchanged_buffers(self, self.tensors, self.filter)
-        if self.is_global_round() and self.filter is not None:
-            self._filtered_round(self.filter)
-            return
         if self.is_global_round():
-            mean, spread = mean_and_consensus(
-                self.tensors, self.n_params, self.meter, None, self.world_size
-            )
-            self.meter.extra["consensus"] = spread
-            where = "after averaging"
-        elif self.host_group is not None and self.host_size > 1:
-            mean, spread = mean_and_consensus(
-                self.tensors, self.n_params, self.meter, self.host_group, self.host_size
-            )
-            self.meter.extra["consensus_host"] = spread
-            where = "after host averaging"
-        else:
-            return  # one worker on this host: a host round is a no-op
-        assign_flat(self.tensors, mean)
-        self.check_finite(mean, self.tensors, where)
-
-    def _filtered_round(self, change: ChangeFilter) -> None:
-        """A global round of the tensors the filter picks; ``sent_share`` = their
-        share of the elements."""
-        chosen = self.last_sent = change.select(self.tensors, self.meter)
-        picked = [self.tensors[i] for i in chosen]
-        total = sum(t.numel() for t in self.tensors)
-        self.meter.extra["sent_share"] = sum(t.numel() for t in picked) / max(total, 1)
-        if not picked:
+            chosen = average_round(self, self.tensors, self.filter)
+            if self.filter is not None:
+                self.last_sent = chosen
             return
-        n_params = sum(self.tensors[i].numel() for i in chosen if i < len(self.params))
-        mean, spread = mean_and_consensus(picked, n_params, self.meter, None, self.world_size)
-        self.meter.extra["consensus"] = spread
-        assign_flat(picked, mean)
-        change.mark_sent(chosen, self.tensors)
-        self.check_finite(mean, picked, "after averaging")
+        if self.host_group is None or self.host_size <= 1:
+            return  # one worker on this host: a host round is a no-op
+        mean, spread = mean_and_consensus(
+            self.tensors, self.n_params, self.meter, self.host_group, self.host_size
+        )
+        self.meter.extra["consensus_host"] = spread
+        assign_flat(self.tensors, mean)
+        self.check_finite(mean, self.tensors, "after host averaging")
 
     def final_model(self) -> None:
         """Every worker ← the mean of all workers' parameters and buffers (one
@@ -175,10 +156,9 @@ def prepare(
     Promises: see the module docstring. ``model`` must already be on ``ctx.device``;
     the optimizer must be built on its parameters."""
     p = params_as(Params, params)
-    if ctx.world_size == 1:
+    weights = start_from_rank0(ctx, model)
+    if weights is None:
         return model, optimizer
-    weights, buffers = model_tensors(model)
-    broadcast_from_rank0([*weights, *buffers])
     host_group, host_size, global_every = None, 1, 1
     if p.hierarchical:
         # torch's HierarchicalModelAverager does not fit the StrategyOptimizer hook: it

@@ -6,14 +6,13 @@ from __future__ import annotations
 from pydantic import Field
 
 from dmlctl.strategies.params import (
-    MAX_PERIOD,
-    MAX_WEIGHT,
     PARAMS_CONFIG,
     SERVER_COLUMNS,
     WITH_SERVERS,
     Capabilities,
+    Count,
     PushCompression,
-    derived,
+    derived_weight,
 )
 
 QUALITY = (
@@ -29,18 +28,12 @@ class Params(PushCompression):
 
     model_config = PARAMS_CONFIG
 
-    staleness: int = Field(
+    staleness: Count = Field(
         default=3,
-        ge=0,
-        le=MAX_PERIOD,
         description="s: the most clocks a worker may be ahead of the slowest one (0: synchronous).",
     )
-    scale: float | None = Field(
-        default=None,
-        json_schema_extra=derived("1/workers"),
-        gt=0,
-        le=MAX_WEIGHT,
-        description="Weight the servers give a pushed change; default 1/workers.",
+    scale: float | None = derived_weight(
+        "1/workers", "Weight the servers give a pushed change; default 1/workers."
     )
 
 

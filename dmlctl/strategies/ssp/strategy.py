@@ -28,10 +28,8 @@ from typing import TYPE_CHECKING
 import torch
 from pydantic import BaseModel
 
-from dmlctl.ps.bootstrap import join_as_worker
-from dmlctl.ps.modes import DeltaPush
 from dmlctl.ps.serve import serve
-from dmlctl.strategies.common import delta_rule
+from dmlctl.strategies.asgd.strategy import delta_push
 from dmlctl.strategies.registry import params_as
 from dmlctl.strategies.ssp.params import Params
 
@@ -44,11 +42,9 @@ __all__ = ["prepare", "serve"]
 def prepare(
     ctx: Context, model: torch.nn.Module, optimizer: torch.optim.Optimizer, params: BaseModel
 ) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    """Bootstrap the servers and wrap ``optimizer`` (collective with the servers)."""
+    """asgd's worker (:func:`~dmlctl.strategies.asgd.strategy.delta_push`, collective
+    with the servers) pushing and pulling every step, its pulls answered once it is
+    at most ``staleness`` clocks ahead of the slowest worker."""
     p = params_as(Params, params)
-    rule = delta_rule(p.scale, ctx.world_size)
-    weights, layout = join_as_worker(
-        ctx, model, rule=rule, staleness_bound=p.staleness, push=p.push_spec()
-    )
-    opt = DeltaPush(optimizer, weights, ctx=ctx, layout=layout, n_push=1, n_fetch=1)
+    opt = delta_push(ctx, model, optimizer, p.scale, p.push_spec(), staleness_bound=p.staleness)
     return model, opt

@@ -7,11 +7,11 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from dmlctl.strategies.params import (
-    MAX_PERIOD,
     PARAMS_CONFIG,
     SERVER_COLUMNS,
     WITH_SERVERS,
     Capabilities,
+    Count,
     PushCompression,
 )
 
@@ -27,10 +27,8 @@ class Params(PushCompression):
 
     model_config = PARAMS_CONFIG
 
-    backup_workers: int = Field(
+    backup_workers: Count = Field(
         default=0,
-        ge=0,
-        le=MAX_PERIOD,
         description="b: the servers step once K − b of the K workers' gradients for "
         "a step are in and drop the late ones (0: wait for every worker, which is "
         "synchronous SGD). Fewer than the workers.",
