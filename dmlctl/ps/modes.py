@@ -29,12 +29,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from dmlctl.ps.bootstrap import Layout
-from dmlctl.ps.channel import WorkerChannel
-from dmlctl.ps.worker import PSOptimizer
+from dmlctl.ps.worker import PSOptimizer, Wiring
 
 if TYPE_CHECKING:
-    from dmlctl.runtime.context import Context
+    pass
 
 
 class DeltaPush(PSOptimizer):
@@ -47,18 +45,12 @@ class DeltaPush(PSOptimizer):
         self,
         inner: torch.optim.Optimizer,
         params: Sequence[torch.nn.Parameter],
+        wiring: Wiring,
         *,
-        ctx: Context,
-        layout: Layout,
-        channel: WorkerChannel | None = None,
         n_push: int = 1,
         n_fetch: int = 1,
-        overlap: bool = False,
-        part: int = 0,
     ) -> None:
-        super().__init__(
-            inner, params, ctx=ctx, layout=layout, channel=channel, overlap=overlap, part=part
-        )
+        super().__init__(inner, params, wiring)
         self.n_push, self.n_fetch = n_push, n_fetch
 
     def _delta(self) -> list[torch.Tensor]:
@@ -133,14 +125,12 @@ class GradientPush(PSOptimizer):
         self,
         inner: torch.optim.Optimizer,
         params: Sequence[torch.nn.Parameter],
+        wiring: Wiring,
         *,
-        ctx: Context,
-        layout: Layout,
-        channel: WorkerChannel | None = None,
         n_fetch: int = 1,
         advice: str | None = None,
     ) -> None:
-        super().__init__(inner, params, ctx=ctx, layout=layout, channel=channel)
+        super().__init__(inner, params, wiring)
         self.n_fetch = n_fetch
         self.advice = advice
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -48,6 +49,21 @@ if TYPE_CHECKING:
     from dmlctl.runtime.context import Context
 
 
+@dataclass(frozen=True)
+class Wiring:
+    """Where a worker's parameter-server optimizer stands, the same for every mode:
+    the run context, the parameters' layout over the servers, the channel to them
+    (None: point-to-point to the layout's servers; tests pass one of their own),
+    whether exchanges run in a communication thread (``overlap``), and the
+    model-parallel part it pushes and pulls (DistBelief; 0: the whole model)."""
+
+    ctx: Context
+    layout: Layout
+    channel: WorkerChannel | None = None
+    overlap: bool = False
+    part: int = 0
+
+
 class PSOptimizer(StrategyOptimizer):
     """The user's optimizer plus push/pull to the parameter servers (module docstring).
 
@@ -58,16 +74,9 @@ class PSOptimizer(StrategyOptimizer):
     of their own)."""
 
     def __init__(
-        self,
-        inner: torch.optim.Optimizer,
-        params: Sequence[torch.nn.Parameter],
-        *,
-        ctx: Context,
-        layout: Layout,
-        channel: WorkerChannel | None = None,
-        overlap: bool = False,
-        part: int = 0,
+        self, inner: torch.optim.Optimizer, params: Sequence[torch.nn.Parameter], wiring: Wiring
     ) -> None:
+        ctx, layout, channel, part = wiring.ctx, wiring.layout, wiring.channel, wiring.part
         super().__init__(inner, params, world_size=ctx.world_size, period=1)
         members = ctx.membership
         assert members is not None
@@ -105,7 +114,7 @@ class PSOptimizer(StrategyOptimizer):
         self._closed = False
         #: ``overlap: true``: the thread that runs each exchange while the trainer
         #: computes the next step(s) (:meth:`_push_behind`, :meth:`settle`).
-        self.comm = CommThread() if overlap else None
+        self.comm = CommThread() if wiring.overlap else None
         ctx.on_close(self.close)
 
     # ------------------------------------------------------------ communication

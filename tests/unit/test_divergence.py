@@ -14,6 +14,7 @@ import torch
 from dmlctl.failure import named
 from dmlctl.launch.policy import FailureKind, classify
 from dmlctl.ps.modes import DeltaPush, GradientPush
+from dmlctl.ps.worker import Wiring
 from dmlctl.runtime import divergence
 from dmlctl.runtime.divergence import Diverged
 from dmlctl.runtime.metrics import MetricLogger, Scalar
@@ -180,7 +181,7 @@ def test_a_strategy_round_raises_with_the_bound_names_and_its_coupling() -> None
 def test_a_parameter_server_pull_that_is_not_finite_stops_the_worker() -> None:
     param, kwargs = _setup([1.0, 2.0])
     server = OneServer(torch.tensor([1.0, math.nan]))
-    opt = DeltaPush(torch.optim.SGD([param], lr=0.5), [param], channel=server, **kwargs)
+    opt = DeltaPush(torch.optim.SGD([param], lr=0.5), [param], Wiring(**kwargs, channel=server))
     param.grad = torch.zeros(2)
     with pytest.raises(Diverged, match=r"step 1: parameter '#0 \(shape \(2,\)\)' is not finite"):
         opt.step()
@@ -191,7 +192,7 @@ def test_every_parameter_server_mode_checks_what_it_pulled() -> None:
     center = OneServer(torch.tensor([math.inf, 0.0]))
     inner = torch.optim.SGD([param], lr=0.5)
     opt: StrategyOptimizer = ElasticExchange(
-        inner, [param], channel=center, period=1, alpha=0.25, **kwargs
+        inner, [param], Wiring(**kwargs, channel=center), period=1, alpha=0.25
     )
     opt.bind_names("easgd-async", torch.nn.ParameterDict({"w": param}))
     param.grad = torch.zeros(2)
@@ -204,7 +205,7 @@ def test_every_parameter_server_mode_checks_what_it_pulled() -> None:
     )
     server = OneServer(torch.tensor([0.0, 0.0]))
     advice = "raise L (L=10: the servers' largest step is 1/L; the optimizer's lr is not used)"
-    opt = GradientPush(inner, [param], channel=server, advice=advice, **kwargs)
+    opt = GradientPush(inner, [param], Wiring(**kwargs, channel=server), advice=advice)
     param.grad = torch.tensor([math.nan, 0.0])  # the server's step makes it NaN
     with pytest.raises(Diverged, match=r"step 1: parameter .* after the pull from the servers"):
         opt.step()

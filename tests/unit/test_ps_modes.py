@@ -14,6 +14,7 @@ import torch
 from dmlctl.ps.bootstrap import Layout
 from dmlctl.ps.channel import Pulled, WorkerChannel
 from dmlctl.ps.modes import DeltaPush, GradientPush
+from dmlctl.ps.worker import Wiring
 from dmlctl.runtime.membership import Membership
 from dmlctl.strategies.easgd_async.mode import ElasticExchange
 
@@ -75,7 +76,7 @@ def test_delta_push_sends_the_change_every_n_push_and_keeps_unpushed_change_on_p
     param, kw = _setup([0.0, 0.0])
     server = OneServer(torch.zeros(2), alpha=1.0)
     opt = DeltaPush(
-        torch.optim.SGD([param], lr=LR), [param], **kw, n_push=2, n_fetch=3, channel=server
+        torch.optim.SGD([param], lr=LR), [param], Wiring(**kw, channel=server), n_push=2, n_fetch=3
     )
     _step(opt, param, [1.0, 0.0])  # local only
     assert server.pushes == [] and server.pulls == []
@@ -96,7 +97,7 @@ def test_delta_push_sends_the_change_every_n_push_and_keeps_unpushed_change_on_p
 def test_delta_push_with_a_pull_on_every_push_reads_in_the_same_message() -> None:
     param, kw = _setup([1.0])
     server = OneServer(torch.tensor([1.0]), alpha=0.5)
-    opt = DeltaPush(torch.optim.SGD([param], lr=LR), [param], **kw, channel=server)
+    opt = DeltaPush(torch.optim.SGD([param], lr=LR), [param], Wiring(**kw, channel=server))
     _step(opt, param, [2.0])  # local 1 → 0; pushes -1, the server (×0.5) holds 0.5
     assert server.pulls == [1] and len(server.pushes) == 1
     assert torch.equal(param.detach(), torch.tensor([0.5]))
@@ -106,7 +107,7 @@ def test_gradient_push_leaves_the_step_to_the_server() -> None:
     param, kw = _setup([3.0])
     server = OneServer(torch.tensor([3.0]), alpha=-0.1)  # the server steps: x − 0.1 g
     inner = torch.optim.SGD([param], lr=LR)
-    opt = GradientPush(inner, [param], **kw, n_fetch=2, channel=server)
+    opt = GradientPush(inner, [param], Wiring(**kw, channel=server), n_fetch=2)
     _step(opt, param, [1.0])
     assert torch.equal(param.detach(), torch.tensor([3.0]))  # the inner optimizer never ran
     assert server.pulls == []
@@ -118,9 +119,8 @@ def test_gradient_push_leaves_the_step_to_the_server() -> None:
 
 def test_gradient_push_refuses_sparse_gradients() -> None:
     param, kw = _setup([1.0, 2.0])
-    opt = GradientPush(
-        torch.optim.SGD([param], lr=LR), [param], **kw, channel=OneServer(torch.zeros(2))
-    )
+    wiring = Wiring(**kw, channel=OneServer(torch.zeros(2)))
+    opt = GradientPush(torch.optim.SGD([param], lr=LR), [param], wiring)
     param.grad = torch.tensor([1.0, 0.0]).to_sparse()
     with pytest.raises(RuntimeError, match="dense"):
         opt.step()
@@ -130,7 +130,7 @@ def test_elastic_exchange_moves_towards_the_center_and_pushes_the_same_amount() 
     param, kw = _setup([4.0])
     server = OneServer(torch.tensor([0.0]), alpha=1.0)
     opt = ElasticExchange(
-        torch.optim.SGD([param], lr=LR), [param], **kw, period=2, alpha=0.25, channel=server
+        torch.optim.SGD([param], lr=LR), [param], Wiring(**kw, channel=server), period=2, alpha=0.25
     )
     _step(opt, param, [0.0])
     assert server.pushes == []

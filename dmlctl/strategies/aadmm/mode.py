@@ -20,12 +20,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from dmlctl.ps.bootstrap import Layout
-from dmlctl.ps.channel import WorkerChannel
-from dmlctl.ps.worker import PSOptimizer
+from dmlctl.ps.worker import PSOptimizer, Wiring
 
 if TYPE_CHECKING:
-    from dmlctl.runtime.context import Context
+    pass
 
 
 class ConsensusExchange(PSOptimizer):
@@ -37,15 +35,12 @@ class ConsensusExchange(PSOptimizer):
         self,
         inner: torch.optim.Optimizer,
         params: Sequence[torch.nn.Parameter],
+        wiring: Wiring,
         *,
-        ctx: Context,
-        layout: Layout,
-        channel: WorkerChannel | None = None,
         rho: float,
         local_steps: int,
-        overlap: bool = False,
     ) -> None:
-        super().__init__(inner, params, ctx=ctx, layout=layout, channel=channel, overlap=overlap)
+        super().__init__(inner, params, wiring)
         self.rho, self.round_steps = rho, local_steps
         self.z = [p.detach().clone() for p in self.params]
         self.u = [torch.zeros_like(p) for p in self.params]

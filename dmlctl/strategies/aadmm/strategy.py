@@ -37,6 +37,7 @@ from pydantic import BaseModel
 
 from dmlctl.ps.bootstrap import join_as_worker
 from dmlctl.ps.serve import serve
+from dmlctl.ps.worker import Wiring
 from dmlctl.strategies import optimizers
 from dmlctl.strategies.aadmm.mode import ConsensusExchange
 from dmlctl.strategies.aadmm.params import Params, check_world, resolve_min_workers
@@ -72,13 +73,6 @@ def prepare(
         "max_delay": p.max_delay,
     }
     weights, layout = join_as_worker(ctx, model, rule=rule)
-    opt = ConsensusExchange(
-        optimizer,
-        weights,
-        ctx=ctx,
-        layout=layout,
-        rho=rho,
-        local_steps=p.local_steps,
-        overlap=p.overlap,
-    )
+    wiring = Wiring(ctx, layout, overlap=p.overlap)
+    opt = ConsensusExchange(optimizer, weights, wiring, rho=rho, local_steps=p.local_steps)
     return model, opt

@@ -32,6 +32,7 @@ from pydantic import BaseModel
 from dmlctl.ps.bootstrap import join_as_worker
 from dmlctl.ps.modes import GradientPush
 from dmlctl.ps.serve import serve
+from dmlctl.ps.worker import Wiring
 from dmlctl.strategies import optimizers
 from dmlctl.strategies.adadelay.params import Params, resolve_l
 from dmlctl.strategies.registry import params_as
@@ -65,5 +66,5 @@ def prepare(
     advice = (
         f"raise L (L={big_l:g}: the servers' largest step is 1/L; the optimizer's lr is not used)"
     )
-    opt = GradientPush(optimizer, weights, ctx=ctx, layout=layout, n_fetch=p.n_fetch, advice=advice)
+    opt = GradientPush(optimizer, weights, Wiring(ctx, layout), n_fetch=p.n_fetch, advice=advice)
     return model, opt

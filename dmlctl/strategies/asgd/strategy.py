@@ -30,6 +30,7 @@ from pydantic import BaseModel
 from dmlctl.ps.bootstrap import join_as_worker
 from dmlctl.ps.modes import DeltaPush
 from dmlctl.ps.serve import serve
+from dmlctl.ps.worker import Wiring
 from dmlctl.strategies.asgd.params import Params
 from dmlctl.strategies.common import delta_rule
 from dmlctl.strategies.registry import params_as
@@ -81,15 +82,8 @@ def delta_push(
     weights, layout = join_as_worker(
         ctx, model, rule=rule, staleness_bound=staleness_bound, push=push
     )
-    return DeltaPush(
-        optimizer,
-        weights,
-        ctx=ctx,
-        layout=layout,
-        n_push=n_push,
-        n_fetch=n_fetch,
-        overlap=overlap,
-    )
+    wiring = Wiring(ctx, layout, overlap=overlap)
+    return DeltaPush(optimizer, weights, wiring, n_push=n_push, n_fetch=n_fetch)
 
 
 def _distbelief(
@@ -109,16 +103,9 @@ def _distbelief(
     layout = join_as_part(
         ctx, mine, part, mesh_layout.pp * mesh_layout.tp, rule=rule, push=p.push_spec()
     )
-    opt = DeltaPush(
-        optimizer,
-        cast("list[torch.nn.Parameter]", mine),
-        ctx=ctx,
-        layout=layout,
-        n_push=p.n_push,
-        n_fetch=p.n_fetch,
-        overlap=p.overlap,
-        part=part,
-    )
+    wiring = Wiring(ctx, layout, overlap=p.overlap, part=part)
+    weights = cast("list[torch.nn.Parameter]", mine)
+    opt = DeltaPush(optimizer, weights, wiring, n_push=p.n_push, n_fetch=p.n_fetch)
     if mesh_layout.tp > 1 and whole:
         opt.after_adopt = WholeTensorSync(whole, mesh.get_group("tp"))
     return opt

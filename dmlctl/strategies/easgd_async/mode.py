@@ -19,12 +19,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from dmlctl.ps.bootstrap import Layout
-from dmlctl.ps.channel import WorkerChannel
-from dmlctl.ps.worker import PSOptimizer
+from dmlctl.ps.worker import PSOptimizer, Wiring
 
 if TYPE_CHECKING:
-    from dmlctl.runtime.context import Context
+    pass
 
 
 class ElasticExchange(PSOptimizer):
@@ -39,15 +37,12 @@ class ElasticExchange(PSOptimizer):
         self,
         inner: torch.optim.Optimizer,
         params: Sequence[torch.nn.Parameter],
+        wiring: Wiring,
         *,
-        ctx: Context,
-        layout: Layout,
-        channel: WorkerChannel | None = None,
         period: int,
         alpha: float,
-        overlap: bool = False,
     ) -> None:
-        super().__init__(inner, params, ctx=ctx, layout=layout, channel=channel, overlap=overlap)
+        super().__init__(inner, params, wiring)
         self.elastic_period, self.elastic_alpha = period, alpha
         self._center: list[torch.Tensor] | None = None  # overlap: the latest pulled center
 

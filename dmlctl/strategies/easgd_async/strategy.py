@@ -21,6 +21,7 @@ from pydantic import BaseModel
 
 from dmlctl.ps.bootstrap import join_as_worker
 from dmlctl.ps.serve import serve
+from dmlctl.ps.worker import Wiring
 from dmlctl.strategies.easgd.params import resolve_alpha
 from dmlctl.strategies.easgd_async.mode import ElasticExchange
 from dmlctl.strategies.easgd_async.params import Params
@@ -41,13 +42,6 @@ def prepare(
     alpha = resolve_alpha(p, ctx.world_size)
     rule = {"kind": "scaled_add", "alpha": 1.0}  # the workers send α(x − x̃) already
     weights, layout = join_as_worker(ctx, model, rule=rule, push=p.push_spec())
-    opt = ElasticExchange(
-        optimizer,
-        weights,
-        ctx=ctx,
-        layout=layout,
-        period=p.period,
-        alpha=alpha,
-        overlap=p.overlap,
-    )
+    wiring = Wiring(ctx, layout, overlap=p.overlap)
+    opt = ElasticExchange(optimizer, weights, wiring, period=p.period, alpha=alpha)
     return model, opt

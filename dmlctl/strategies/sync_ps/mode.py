@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from dmlctl.ps.bootstrap import Layout
 from dmlctl.ps.modes import GradientPush
+from dmlctl.ps.worker import Wiring
 
 if TYPE_CHECKING:
-    from dmlctl.runtime.context import Context
+    pass
 
 
 class SyncGradientPush(GradientPush):
@@ -31,12 +31,11 @@ class SyncGradientPush(GradientPush):
         self,
         inner: torch.optim.Optimizer,
         params: Sequence[torch.nn.Parameter],
+        wiring: Wiring,
         *,
-        ctx: Context,
-        layout: Layout,
         advice: str | None = None,
     ) -> None:
-        super().__init__(inner, params, ctx=ctx, layout=layout, n_fetch=1, advice=advice)
+        super().__init__(inner, params, wiring, n_fetch=1, advice=advice)
 
     def tags(self) -> dict[int, int]:
         return dict(self.versions)

@@ -33,6 +33,7 @@ from pydantic import BaseModel
 
 from dmlctl.ps.bootstrap import join_as_worker
 from dmlctl.ps.serve import serve
+from dmlctl.ps.worker import Wiring
 from dmlctl.strategies import optimizers
 from dmlctl.strategies.registry import params_as
 from dmlctl.strategies.sync_ps.mode import SyncGradientPush
@@ -89,4 +90,4 @@ def prepare(
     rule = {"kind": "backup", "backup": p.backup_workers, "optimizer": name, "settings": settings}
     weights, layout = join_as_worker(ctx, model, rule=rule, push=p.push_spec())
     advice = f"lower the lr of {optimizers.describe(optimizer)} (the servers step it)"
-    return model, SyncGradientPush(optimizer, weights, ctx=ctx, layout=layout, advice=advice)
+    return model, SyncGradientPush(optimizer, weights, Wiring(ctx, layout), advice=advice)
