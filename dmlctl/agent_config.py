@@ -18,6 +18,10 @@ from dmlctl.protocol import (
     ENV_STRATEGY_PARAMS,
 )
 
+TORCHRUN_MODULE = "dmlctl.agent.torchrun"
+"""torchrun as a host runs it: ``torch.distributed.run`` that writes down its failed
+ranks for the agent (:mod:`dmlctl.agent.torchrun`)."""
+
 
 @dataclass(frozen=True)
 class TorchrunCommand:
@@ -46,7 +50,7 @@ class TorchrunCommand:
         return (
             self.python,
             "-m",
-            "torch.distributed.run",
+            TORCHRUN_MODULE,
             "--nnodes",
             str(self.nnodes),
             "--nproc-per-node",

@@ -198,6 +198,12 @@ def rank_stacks(rank_dir: str, rank: int) -> str:
     return os.path.join(rank_dir, f"rank-{rank}.stacks")
 
 
+def torchrun_failures(rank_dir: str, attempt: str) -> str:
+    """Where torchrun writes down its failed ranks in attempt ``attempt`` (1-based, as
+    :data:`ENV_ATTEMPT` says it): :mod:`dmlctl.agent.torchrun`, read by the agent."""
+    return os.path.join(rank_dir, f"torchrun-failures-{attempt}.json")
+
+
 def rank_events(rank_dir: str, rank: int) -> str:
     """Path of rank ``rank``'s record file inside ``rank_dir``."""
     return os.path.join(rank_dir, f"rank-{rank}.events.jsonl")

@@ -13,8 +13,9 @@ Torch-free, standard library only: the agent, the fakes and the controller share
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,16 +76,49 @@ class AgentMsg:
 
 
 @dataclass(frozen=True)
+class RankFailure:
+    """A failed rank as torchrun recorded it: its global rank, exit code (negative:
+    killed by that signal), pid, and when (whole seconds; from the rank's error file
+    when it wrote one)."""
+
+    rank: int
+    exitcode: int
+    pid: int
+    ts: float
+
+
+def encode_failures(failures: Sequence[RankFailure]) -> str:
+    """The failed ranks as one JSON document (the file torchrun's wrapper writes)."""
+    return json.dumps([dataclasses.asdict(f) for f in failures])
+
+
+def decode_failures(raw: object) -> tuple[RankFailure, ...]:
+    """Failed ranks from :func:`encode_failures`'s document (parsed) or an exit
+    message's list; :class:`WireError` when they are not that shape."""
+    if not isinstance(raw, list):
+        raise WireError("failed ranks: not a list")
+    try:
+        return tuple(
+            RankFailure(int(f["rank"]), int(f["exitcode"]), int(f["pid"]), float(f["ts"]))
+            for f in raw
+        )
+    except (KeyError, TypeError, ValueError) as e:
+        raise WireError(f"failed ranks: {e!r}") from None
+
+
+@dataclass(frozen=True)
 class ExitMsg:
     """The agent's last message: torchrun's exit code, its last lines and failure
-    summary, whether the controller stopped it, and the error of an agent that could
-    not start its run at all (``{type, message, kind}``)."""
+    summary, whether the controller stopped it, the error of an agent that could
+    not start its run at all (``{type, message, kind}``), and torchrun's own record
+    of the ranks that failed (empty when it wrote none)."""
 
     code: int
     tail: tuple[str, ...] = ()
     summary: tuple[str, ...] = ()
     stopped: bool = False
     error: Mapping[str, Any] | None = None
+    failures: tuple[RankFailure, ...] = ()
 
 
 Message = LogMsg | RankMsg | StacksMsg | AgentMsg | ExitMsg
@@ -114,6 +148,7 @@ def _fields(msg: Message) -> dict[str, Any]:
         "summary": list(msg.summary),
         "stopped": msg.stopped,
         "error": dict(msg.error) if msg.error is not None else None,
+        "failures": [dataclasses.asdict(f) for f in msg.failures],
     }
 
 
@@ -203,6 +238,7 @@ def _exit(d: Mapping[str, Any]) -> ExitMsg:
         tuple(str(x) for x in d.get("summary") or ()),
         bool(d.get("stopped", False)),
         error if isinstance(error, dict) else None,
+        decode_failures(d.get("failures") or []),
     )
 
 

@@ -51,6 +51,7 @@ from dmlctl.agent.messages import Commands, Emitter, Output, forward_torchrun, w
 from dmlctl.agent.procs import become_subreaper, kill_tree
 from dmlctl.agent.start import Torchrun, cannot_start, environment, prepare, script_dir, start
 from dmlctl.agent.tail import RankDirTailer
+from dmlctl.agent.torchrun import read_failures
 from dmlctl.agent_config import AgentConfig
 from dmlctl.runtime.where import FrameNamer
 
@@ -87,7 +88,8 @@ def run(config: AgentConfig, emit: Emitter, commands: Commands) -> int:
     drain(tailer, emit, pids, held)  # after: nothing writes to the rank files any more
     tailer.close()
     code = int(proc.returncode) if proc.returncode is not None else 1
-    emit.send(wire.ExitMsg(code, tuple(out.tail), tuple(out.summary), stopped))
+    failures = read_failures(rank_dir, str(config.attempt + 1)) if code != 0 else ()
+    emit.send(wire.ExitMsg(code, tuple(out.tail), tuple(out.summary), stopped, None, failures))
     return code
 
 

@@ -25,8 +25,9 @@ from typing import IO, Any
 
 from dmlctl.agent import forked_rank  # its snapshot of the environment: the agent's own
 from dmlctl.agent.procs import die_with_parent, exit_status, name_process
+from dmlctl.agent_config import TORCHRUN_MODULE
 
-TORCHRUN = ("-m", "torch.distributed.run")
+TORCHRUN = ("-m", TORCHRUN_MODULE)
 
 
 def preload() -> bool:
@@ -80,8 +81,8 @@ def await_preload(
 
 
 def can_fork(argv: Sequence[str]) -> bool:
-    """Whether ``argv`` is ``<this python> -m torch.distributed.run …`` (what a warm
-    agent can run in a forked child)."""
+    """Whether ``argv`` is ``<this python> -m dmlctl.agent.torchrun …`` (what a warm
+    agent can run in a forked child, torchrun being imported)."""
     return (
         len(argv) > 3
         and tuple(argv[1:3]) == TORCHRUN
@@ -127,7 +128,7 @@ _kept: list[Any] = []  # the parent's stdio objects, kept so their buffers never
 
 
 def _child(argv: list[str], cwd: str, env: Mapping[str, str], out: int, agent: int) -> None:
-    """Become ``python -m torch.distributed.run argv[3:]`` in ``cwd`` with ``env``; a
+    """Become ``python -m dmlctl.agent.torchrun argv[3:]`` in ``cwd`` with ``env``; a
     SIGKILL when the ``agent`` ends (its ranks follow: see ``runtime.entry``)."""
     code = 1
     try:
@@ -152,11 +153,11 @@ def _child(argv: list[str], cwd: str, env: Mapping[str, str], out: int, agent: i
         try:
             # torchrun's own entry point, called: running the module again with runpy
             # would warn that it is already in sys.modules.
-            from torch.distributed.run import main
+            from dmlctl.agent import torchrun
 
             with contextlib.suppress(Exception):  # else they start as new interpreters
                 forked_rank.install()  # its ranks forked from here too
-            main(argv[3:])
+            torchrun.run(argv[3:])
             code = 0
         except SystemExit as e:
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)

@@ -76,6 +76,27 @@ def torchrun_failure(
     signalled = [f for f in failures if f[2] < 0]
     rooted = [f for f in failures if f[0]]
     _, rank, code = (killed or rooted or signalled or failures)[0]
+    return _exit_failure(host, rank, code, tail, ts)
+
+
+def recorded_failure(
+    host: str, failures: Sequence[wire.RankFailure], tail: Sequence[str], ts: float = 0.0
+) -> Failure | None:
+    """The failed rank torchrun's own record names (:mod:`dmlctl.agent.torchrun`), by
+    the rules :func:`torchrun_failure` applies to its printed report: a rank killed
+    by a signal other than SIGTERM first, else the first to end by itself, else one
+    killed by SIGTERM (how torchrun stops the others once one failed)."""
+    killed = [f for f in failures if f.exitcode < 0 and f.exitcode != -signal.SIGTERM]
+    ended = sorted((f for f in failures if f.exitcode > 0), key=lambda f: f.ts)
+    signalled = [f for f in failures if f.exitcode < 0]
+    ranked = killed or ended or signalled
+    if not ranked:
+        return None
+    return _exit_failure(host, ranked[0].rank, ranked[0].exitcode, tail, ts)
+
+
+def _exit_failure(host: str, rank: int, code: int, tail: Sequence[str], ts: float) -> Failure:
+    """A rank's failure known by its exit status alone."""
     name, kind = "Signal" if code < 0 else "ExitCode", exit_kind(code)
     return Failure(
         host,
@@ -215,10 +236,15 @@ def _events(host: str, msg: wire.Message, now: float) -> list[Event]:
 
 def _exit_cause(host: str, msg: wire.ExitMsg, now: float) -> Failure | None:
     """Why the agent's run failed: its own error (it could not start the run at all),
-    else torchrun's summary of the ranks' exit codes."""
+    else the failed rank of torchrun's own record, else of its printed report (a
+    torchrun that could not write its record)."""
     error = msg.error
     if error is None:
-        return torchrun_failure(host, msg.tail, now, msg.summary) if msg.code != 0 else None
+        if msg.code == 0:
+            return None
+        if msg.failures:
+            return recorded_failure(host, msg.failures, msg.tail, now)
+        return torchrun_failure(host, msg.tail, now, msg.summary)
     name, message = str(error.get("type", "AgentExit")), str(error.get("message", ""))
     kind = _kind(error.get("kind")) or named_kind(name, message, None)
     return Failure(host, None, name, message, msg.tail, now, kind=kind, evidence=Evidence.RECORD)

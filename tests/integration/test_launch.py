@@ -113,7 +113,7 @@ def test_control_characters_a_rank_prints_reach_the_terminal_escaped(cli: Cli) -
 def test_dry_run_prints_plan_and_starts_nothing(cli: Cli) -> None:
     proc = cli.run("launch", str(JOBS / "plain" / "job.yaml"), "--dry-run")
     assert proc.returncode == 0, proc.stderr
-    assert "torch.distributed.run" in proc.stdout
+    assert "-m dmlctl.agent.torchrun" in proc.stdout
     assert "--rdzv-backend c10d" in proc.stdout
     assert "host local" in proc.stdout
     assert cli.runs() == []
@@ -280,7 +280,7 @@ def test_every_strategy_example_plans(cli: Cli, job: str) -> None:
     for key, value in spec.strategy.params.model_dump(exclude_unset=True).items():
         shown = f"{value:g}" if isinstance(value, float) else repr(value)
         assert f"{key}={shown}" in params, (key, value, params)
-    assert "torch.distributed.run" in proc.stdout and str(spec.script) in proc.stdout
+    assert "-m dmlctl.agent.torchrun" in proc.stdout and str(spec.script) in proc.stdout
     assert cli.runs() == []
 
 
@@ -384,6 +384,11 @@ def test_kill_9_of_a_worker_resumes_from_the_last_checkpoint(cli: Cli, tmp_path:
     state = cli.state(run.name)
     assert state["restarts"] == 1
     assert state["failures"][0]["message"] == "killed by SIGKILL"
+    # judged from torchrun's own record of the failed ranks, not from its printed report
+    (recorded,) = (cli.home / "runs" / run.name / "hosts" / "local").glob(
+        "torchrun-failures-1.json"
+    )
+    assert {f["rank"]: f["exitcode"] for f in json.loads(recorded.read_text())}[1] == -9
     a = torch.load(tmp_path / "clean.pt", weights_only=True)
     b = torch.load(tmp_path / "faulty.pt", weights_only=True)
     assert a.keys() == b.keys()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -372,3 +373,49 @@ def test_a_keepalive_carries_the_ranks_processes_and_an_exit_its_final_counts() 
 def test_a_prepared_record_names_the_strategy() -> None:
     rec = {"kind": "prepared", "rank": 0, "ts": 2.0, "strategy": "local-sgd"}
     assert one("a", msg({"k": "rank", "rec": rec})) == Prepared("a", 0, "local-sgd", 2.0)
+
+
+def test_torchruns_own_record_of_the_failed_ranks_names_the_rank_before_its_report() -> None:
+    """The agent sends torchrun's typed record (dmlctl.agent.torchrun); the printed
+    report, which names another rank here, is read only without it."""
+    record = (
+        wire.RankFailure(0, -15, 10, 100.0),  # torchrun stopping the others: weakest
+        wire.RankFailure(2, 3, 12, 101.0),
+        wire.RankFailure(1, 7, 11, 100.0),  # the first to end by itself
+    )
+    report = torchrun_summary((0, 2, 3, 9))
+    line = wire.encode(wire.ExitMsg(1, tuple(report), tuple(report), failures=record))
+    ev = one("h", line)
+    assert isinstance(ev, AgentExited) and ev.cause is not None
+    assert (ev.cause.rank, ev.cause.message) == (1, "exited with code 7")
+    killed = (*record, wire.RankFailure(3, -9, 13, 102.0))  # a kill from outside wins
+    line = wire.encode(wire.ExitMsg(1, failures=killed))
+    ev = one("h", line)
+    assert isinstance(ev, AgentExited) and ev.cause is not None
+    assert (ev.cause.rank, ev.cause.message) == (3, "killed by SIGKILL")
+    only_stopped = wire.encode(wire.ExitMsg(1, failures=record[:1]))
+    ev = one("h", only_stopped)
+    assert isinstance(ev, AgentExited) and ev.cause is not None
+    assert (ev.cause.rank, ev.cause.message) == (0, "killed by SIGTERM")
+
+
+def test_torchruns_record_is_written_and_read_back_per_attempt(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from dmlctl import protocol
+    from dmlctl.agent.torchrun import read_failures, write_failures
+
+    failures = {
+        1: SimpleNamespace(exitcode=-9, pid=42, timestamp=1700000000),
+        0: SimpleNamespace(exitcode=-15, pid=41, timestamp=1700000001),
+    }
+    env = {protocol.ENV_RANK_DIR: str(tmp_path), protocol.ENV_ATTEMPT: "2"}
+    write_failures(failures, env)
+    assert read_failures(str(tmp_path), "2") == (
+        wire.RankFailure(0, -15, 41, 1700000001.0),
+        wire.RankFailure(1, -9, 42, 1700000000.0),
+    )
+    assert read_failures(str(tmp_path), "1") == ()  # another attempt's: none
+    (tmp_path / "torchrun-failures-3.json").write_text('[{"rank": "x"}]')
+    assert read_failures(str(tmp_path), "3") == ()  # unreadable: the report is read instead
+    write_failures(failures, {})  # a plain torchrun (no rank directory): nothing written

@@ -109,7 +109,7 @@ def test_default_local_host_runs_two_workers_with_the_controller_python() -> Non
     assert host.agent_argv == (LOCAL_PYTHON, "-m", "dmlctl.agent", "--run-id", RUN_ID)
     assert plan.rdzv_endpoint == "localhost:29500"
     argv = host.torchrun_argv
-    assert argv[:3] == (LOCAL_PYTHON, "-m", "torch.distributed.run")
+    assert argv[:3] == (LOCAL_PYTHON, "-m", "dmlctl.agent.torchrun")
     assert argv[argv.index("--nproc-per-node") + 1] == "2"
     assert argv[argv.index("--nnodes") + 1] == "1"
     assert argv[argv.index("--rdzv-id") + 1] == RUN_ID
