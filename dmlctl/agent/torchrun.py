@@ -49,10 +49,13 @@ def write_failures(failures: Mapping[int, Any], environ: Mapping[str, str] = os.
         for rank, f in sorted(failures.items())
     ]
     path = protocol.torchrun_failures(rank_dir, environ.get(protocol.ENV_ATTEMPT, "1"))
-    with contextlib.suppress(OSError):
+    try:
         with open(path + ".tmp", "w", encoding="utf-8") as out:
             out.write(wire.encode_failures(records))
         os.replace(path + ".tmp", path)
+    except OSError:  # a full disk: no half-written file left behind
+        with contextlib.suppress(OSError):
+            os.remove(path + ".tmp")
 
 
 def read_failures(rank_dir: str, attempt: str) -> tuple[wire.RankFailure, ...]:

@@ -419,3 +419,6 @@ def test_torchruns_record_is_written_and_read_back_per_attempt(tmp_path: Path) -
     (tmp_path / "torchrun-failures-3.json").write_text('[{"rank": "x"}]')
     assert read_failures(str(tmp_path), "3") == ()  # unreadable: the report is read instead
     write_failures(failures, {})  # a plain torchrun (no rank directory): nothing written
+    gone = {protocol.ENV_RANK_DIR: str(tmp_path / "missing"), protocol.ENV_ATTEMPT: "4"}
+    write_failures(failures, gone)  # cannot be written: nothing raised, nothing left
+    assert not (tmp_path / "missing").exists()
