@@ -18,6 +18,7 @@ reshards on load.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -131,15 +132,18 @@ def _disk_full_inside(exc: BaseException) -> OSError | None:
     return None
 
 
-def small_state(optimizer: torch.optim.Optimizer, common: dict[str, Any]) -> dict[str, Any]:
+def small_state(
+    optimizer: torch.optim.Optimizer, common: Callable[[], dict[str, Any]]
+) -> dict[str, Any]:
     """What a rank's own file holds next to the shards: the strategy's state (a
-    wrapper's counters and buffers), then ``common``
+    wrapper's counters and buffers), then ``common()``
     (:func:`~dmlctl.runtime.resume.rank_state`: the model's ``strategy_state()``, RNG
-    states, the data position and ``extra``)."""
+    states, the data position and ``extra``), taken after it, as a whole-file
+    checkpoint takes them."""
     strategy: dict[str, Any] = {}
     if isinstance(optimizer, StrategyOptimizer):
         strategy = {"local_steps": optimizer.local_steps, **optimizer.strategy_state()}
-    return {"optimizer_strategy": strategy, **common}
+    return {"optimizer_strategy": strategy, **common()}
 
 
 def restore_small_state(

@@ -94,7 +94,7 @@ class RankCheckpoints:
             from dmlctl.runtime.checkpoint_sharded import small_state
 
             sharded.bind(model, optimizer)
-            state = small_state(optimizer, ckpt.rank_state(model, **at, extra=extra))
+            state = small_state(optimizer, lambda: ckpt.rank_state(model, **at, extra=extra))
         else:
             state = ckpt.training_state(model, optimizer, **at, extra=extra)
         with TRACKER.phase("checkpoint"):

@@ -5,7 +5,7 @@ thousands of threads."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -18,11 +18,14 @@ MAX_THREADS = 32
 def on_every(items: Sequence[T], call: Callable[[T], R]) -> list[R]:
     """``call(item)`` for every item at once (at most :data:`MAX_THREADS` threads; none
     for no items), once all are done; the results in the items' order. The first
-    exception a call raised, in that order, is raised here."""
+    exception a call raised, in that order, is raised here, after every call ran (none
+    is cancelled for another's failure)."""
     if not items:
         return []
     with ThreadPoolExecutor(max_workers=min(MAX_THREADS, len(items))) as pool:
-        return list(pool.map(call, items))
+        futures = [pool.submit(call, item) for item in items]
+        wait(futures)
+        return [f.result() for f in futures]
 
 
 def problems(items: Sequence[T], call: Callable[[T], str | None]) -> list[str]:
