@@ -85,14 +85,17 @@ def recorded_failure(
     """The failed rank torchrun's own record names (:mod:`dmlctl.agent.torchrun`), by
     the rules :func:`torchrun_failure` applies to its printed report: a rank killed
     by a signal other than SIGTERM first, else the first to end by itself, else one
-    killed by SIGTERM (how torchrun stops the others once one failed)."""
+    killed by SIGTERM (how torchrun stops the others once one failed). Its lines say
+    how every failed rank ended; torchrun's printed report stays in the agent's log."""
     killed = [f for f in failures if f.exitcode < 0 and f.exitcode != -signal.SIGTERM]
     ended = sorted((f for f in failures if f.exitcode > 0), key=lambda f: f.ts)
     signalled = [f for f in failures if f.exitcode < 0]
     ranked = killed or ended or signalled
     if not ranked:
         return None
-    return _exit_failure(host, ranked[0].rank, ranked[0].exitcode, tail, ts)
+    said = [f"rank {f.rank} (pid {f.pid}) {_describe_exit(f.exitcode)}" for f in failures]
+    said.append(f"torchrun's report: logs/agent-{host}.log")
+    return _exit_failure(host, ranked[0].rank, ranked[0].exitcode, said, ts)
 
 
 def _exit_failure(host: str, rank: int, code: int, tail: Sequence[str], ts: float) -> Failure:

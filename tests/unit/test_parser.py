@@ -388,6 +388,12 @@ def test_torchruns_own_record_of_the_failed_ranks_names_the_rank_before_its_repo
     ev = one("h", line)
     assert isinstance(ev, AgentExited) and ev.cause is not None
     assert (ev.cause.rank, ev.cause.message) == (1, "exited with code 7")
+    assert ev.cause.traceback == (
+        "rank 0 (pid 10) killed by SIGTERM",
+        "rank 2 (pid 12) exited with code 3",
+        "rank 1 (pid 11) exited with code 7",
+        "torchrun's report: logs/agent-h.log",
+    )
     killed = (*record, wire.RankFailure(3, -9, 13, 102.0))  # a kill from outside wins
     line = wire.encode(wire.ExitMsg(1, failures=killed))
     ev = one("h", line)
