@@ -27,7 +27,7 @@ from dmlctl.plan.build import JobPlacement, place_job
 from dmlctl.plan.model import LaunchPlan
 from dmlctl.plan.request import Facts, LaunchRequest, make_request, render_request, sized_slots
 from dmlctl.runs.store import RunStore, new_run_id
-from dmlctl.spec.local import count_local_gpus
+from dmlctl.spec.local import local_gpu_counts
 from dmlctl.spec.locate import locate
 from dmlctl.spec.models import ClusterSpec, JobSpec
 
@@ -65,12 +65,7 @@ def _request(
 def _place(job: JobSpec, cluster: ClusterSpec) -> JobPlacement:
     """Every plan-time check, before any host is touched (this machine's GPUs
     counted, as its ranks will see them)."""
-    local = {
-        h.name: count_local_gpus({**os.environ, **job.env, **h.env})
-        for h in cluster.resolved_hosts()
-        if h.is_local
-    }
-    return place_job(cluster, job, gpus=local)
+    return place_job(cluster, job, gpus=local_gpu_counts(job, cluster))
 
 
 def _stderr() -> Console:

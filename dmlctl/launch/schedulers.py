@@ -12,7 +12,6 @@ described, cancelled and its logs fetched through the scheduler of its plan
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import TYPE_CHECKING, Protocol
 
@@ -27,6 +26,7 @@ from dmlctl.plan.request import Facts, LaunchRequest
 from dmlctl.provision.ports import free_port, pick_port
 from dmlctl.runs.store import RunDir, RunStore
 from dmlctl.spec.cluster import ResolvedHost
+from dmlctl.spec.local import local_gpu_counts
 from dmlctl.spec.models import ClusterSpec, JobSpec
 from dmlctl.text import plural
 from dmlctl.transport import Transport, close_transports, make_transports, network_address
@@ -111,8 +111,8 @@ class LocalScheduler(_RecordedRun):
     def schedule(
         self, request: LaunchRequest, job: JobSpec, cluster: ClusterSpec, store: RunStore
     ) -> LaunchResult:
-        transports = make_transports(request.plan.hosts)
         plan = request.plan
+        transports = make_transports(plan.hosts)
         return start_run(plan, transports, job, cluster, store, self._options, self._console)
 
     def describe(self, run: RunDir) -> list[str]:
@@ -168,7 +168,7 @@ class SshScheduler(_RecordedRun):
         except BaseException:
             close_transports(self._transports)
             raise
-        gpus.update(_local_gpus(job, cluster))  # as this machine's ranks will see them
+        gpus.update(local_gpu_counts(job, cluster))  # as this machine's ranks see them
         return Facts(port, sys.executable, rdzv_host, gpus, lib, routes)
 
     def _preflight(
@@ -180,11 +180,12 @@ class SshScheduler(_RecordedRun):
         from dmlctl.provision.doctor_view import render_doctor
 
         hosts = [as_run(h, sys.executable) for h in placement.hosts]
+        timeout = self._options.connect_timeout
         with self._err.status(f"checking {plural(len(hosts), 'host')}…"):
             port = (
                 free_port()
                 if first.is_local
-                else pick_port(self._transports[first.name], first.python, self._timeout())
+                else pick_port(self._transports[first.name], first.python, timeout)
             )
             # torch's facts may come from each host's previous probe (unchanged since)
             report = run_doctor(hosts, self._transports, rdzv_port=port, reuse_torch=True)
@@ -195,9 +196,6 @@ class SshScheduler(_RecordedRun):
                 f"{plural(len(hosts), 'host')}; nothing started"
             )
         return port, _probed_gpus(report)
-
-    def _timeout(self) -> float:
-        return self._options.connect_timeout
 
     def schedule(
         self, request: LaunchRequest, job: JobSpec, cluster: ClusterSpec, store: RunStore
@@ -234,17 +232,6 @@ def _where(run: RunDir, plan: LaunchPlan) -> list[str]:
         reached = "unknown" if host is None else host.address
         lines.append(f"  {name}: {'this machine' if host and host.is_local else reached}")
     return lines
-
-
-def _local_gpus(job: JobSpec, cluster: ClusterSpec) -> dict[str, int]:
-    """This machine's GPU count for each of its hosts, as its ranks will see them (the
-    job's and the host's environment may hide some)."""
-    from dmlctl.spec.local import count_local_gpus
-
-    hosts = cluster.resolved_hosts()
-    return {
-        h.name: count_local_gpus({**os.environ, **job.env, **h.env}) for h in hosts if h.is_local
-    }
 
 
 def _unprobed(cluster: ClusterSpec) -> tuple[str, ...]:

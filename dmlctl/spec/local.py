@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from dmlctl.spec.cluster import LOCAL_ADDRESS, ClusterSpec, HostSpec
+
+if TYPE_CHECKING:
+    from dmlctl.spec.models import JobSpec
 
 PROC_NVIDIA_GPUS = "/proc/driver/nvidia/gpus"
 """One entry per GPU the NVIDIA driver sees (Linux)."""
@@ -73,3 +77,13 @@ def _usable_cpus() -> int:
     if hasattr(os, "sched_getaffinity"):
         return max(1, len(os.sched_getaffinity(0)))
     return max(1, os.cpu_count() or 1)
+
+
+def local_gpu_counts(job: JobSpec, cluster: ClusterSpec) -> dict[str, int]:
+    """This machine's GPU count for each of the cluster's hosts on it, as its ranks
+    will see them (the job's and the host's environment may hide some)."""
+    return {
+        h.name: count_local_gpus({**os.environ, **job.env, **h.env})
+        for h in cluster.resolved_hosts()
+        if h.is_local
+    }

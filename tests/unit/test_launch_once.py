@@ -26,7 +26,7 @@ from dmlctl.launch.api import LaunchOptions, LaunchResult
 from dmlctl.plan import request
 from dmlctl.plan.model import LaunchPlan
 from dmlctl.provision import doctor, ship
-from dmlctl.spec import load_cluster, load_job
+from dmlctl.spec import load_cluster, load_job, local
 
 CLUSTER = """\
 hosts:
@@ -215,7 +215,7 @@ def test_workers_share_a_hosts_gpus_under_gloo_and_a_cpu_host_takes_any_number(
 def test_on_this_machine_more_workers_than_gpus_is_refused_at_plan_time_naming_the_backend(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(api, "count_local_gpus", lambda env: 1)
+    monkeypatch.setattr(local, "count_local_gpus", lambda env: 1)
     (tmp_path / "train.py").write_text("")
     cluster = tmp_path / "cluster.yaml"
     cluster.write_text("hosts:\n  - {name: here, address: localhost, slots: 2}\n")
