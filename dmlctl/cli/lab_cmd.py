@@ -30,6 +30,12 @@ def up(
     force: bool = typer.Option(
         False, "--force", help="Replace a lab made from another DMLCTL_HOME (its runs are cut off)."
     ),
+    slurm: bool = typer.Option(
+        False,
+        "--slurm",
+        help="Also run a real Slurm over the hosts (munge, slurmctld, a slurmd per host; "
+        "packages slurm-wlm and munge) and write its cluster file, slurm.yaml.",
+    ),
 ) -> int:
     """Make the lab (removing a previous one first) and write its cluster file."""
     from dmlctl.lab import up as lab_up
@@ -42,9 +48,16 @@ def up(
     err = stderr_console()
     with err.status("making the lab…") as status:
         cluster = lab_up(
-            hosts, bits, delay, slots=slots, force=force, progress=lambda m: status.update(m)
+            hosts,
+            bits,
+            delay,
+            slots=slots,
+            force=force,
+            slurm=slurm,
+            progress=lambda m: status.update(m),
         )
     what = f"{hosts} hosts at {bandwidth} each way" + (f", {latency} delay" if latency else "")
+    what += ", Slurm over them (partition lab)" if slurm else ""
     out = stdout_console()
     out.print(f"lab up: {what}; cluster file {cluster}", markup=False)
     out.print(f"next: dmlctl launch job.yaml --cluster {cluster}", markup=False)

@@ -35,7 +35,7 @@ def logs(
     if fetch:
         if follow:
             raise UsageError("--fetch and --follow do not go together")
-        from dmlctl.launch.schedulers import scheduler_of
+        from dmlctl.launch.pick import scheduler_of
 
         for problem in scheduler_of(run).logs(run):
             print(f"dmlctl: could not fetch from {problem}", file=sys.stderr)

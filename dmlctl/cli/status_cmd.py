@@ -73,7 +73,7 @@ def status(
 
 def _detail(run: RunDir, as_json: bool) -> None:
     """One run: its state (``--json``: as recorded), then where its scheduler ran it."""
-    from dmlctl.launch.schedulers import scheduler_of
+    from dmlctl.launch.pick import scheduler_of
     from dmlctl.ui.summary import render_run_detail
 
     state = run.read_state()

@@ -19,7 +19,7 @@ def stop(
 ) -> int:
     """Stop a run: every process of it, and nothing else. Its ranks get SIGTERM and the
     job's restart.stop_grace to save and exit."""
-    from dmlctl.launch.schedulers import scheduler_of
+    from dmlctl.launch.pick import scheduler_of
     from dmlctl.runs.control import default_stop_timeout
     from dmlctl.runs.store import RunStore
 

@@ -17,8 +17,16 @@ from pathlib import Path
 
 from dmlctl.errors import UsageError
 from dmlctl.lab import known_hosts, net, sshd
+from dmlctl.lab import slurm as slurm_lab
 from dmlctl.lab.net import LabError
-from dmlctl.lab.state import LabHost, LabRecord, read_record, write_cluster, write_record
+from dmlctl.lab.state import (
+    LabHost,
+    LabRecord,
+    read_record,
+    write_cluster,
+    write_record,
+    write_slurm_cluster,
+)
 from dmlctl.runs.store import dmlctl_home
 
 __all__ = ["LabError", "default_dir", "down", "lab_network", "status", "up"]
@@ -39,17 +47,21 @@ def up(
     slots: int = 1,
     lab_dir: Path | None = None,
     force: bool = False,
+    slurm: bool = False,
     progress: Progress = lambda _: None,
 ) -> Path:
     """Make the lab (after removing the previous one of ``lab_dir``) and return its
     cluster file. A lab of another directory is up: UsageError unless ``force`` (there
     is one network layout per machine, and its runs would be cut off). On any failure
     what was made is removed and LabError says why (UsageError for a host count out of
-    range, or a delay without netem)."""
+    range, or a delay without netem). With ``slurm``, a real Slurm runs over the
+    hosts too (:mod:`.slurm`) and the returned cluster file is its ``slurm.yaml``."""
     lab_dir = (lab_dir or default_dir()).absolute()
     if not 1 <= n_hosts <= net.MAX_HOSTS:
         raise UsageError(f"--hosts {n_hosts}: a lab has 1 to {net.MAX_HOSTS} hosts")
     sshd.require_tools()
+    if slurm:
+        slurm_lab.require_tools()
     theirs = net.owner()
     if theirs not in (None, str(lab_dir)) and not force:
         whose = f"made for {theirs}" if theirs else "of unknown origin"
@@ -61,7 +73,12 @@ def up(
     if latency_ms is not None and not net.has_netem():
         raise UsageError("--latency needs the kernel's netem qdisc, which this kernel lacks")
     try:
-        return _make(n_hosts, bandwidth_bits, latency_ms, slots, lab_dir, progress)
+        cluster = _make(n_hosts, bandwidth_bits, latency_ms, slots, lab_dir, progress)
+        if not slurm:
+            return cluster
+        progress("Slurm: munge, slurmctld, a slurmd per host")
+        conf = slurm_lab.start(lab_dir, n_hosts)
+        return write_slurm_cluster(lab_dir, n_hosts, slots, conf)
     except BaseException:
         down(lab_dir)
         raise
@@ -101,7 +118,8 @@ def down(lab_dir: Path | None = None) -> list[str]:
     the namespaces, veths and bridge, its known_hosts block and directory. Idempotent;
     what was removed, in words."""
     lab_dir = lab_dir or default_dir()
-    removed = net.remove_network() if shutil.which("ip") else []
+    removed = slurm_lab.stop(lab_dir)
+    removed += net.remove_network() if shutil.which("ip") else []
     hosts_file = known_hosts.default_file()
     if hosts_file.exists() and known_hosts.BEGIN in hosts_file.read_text(errors="replace"):
         known_hosts.set_block(hosts_file, [])

@@ -84,3 +84,29 @@ def write_cluster(lab_dir: Path, record: LabRecord) -> Path:
     path = lab_dir / CLUSTER
     path.write_text(head + yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
     return path
+
+
+SLURM_CLUSTER = "slurm.yaml"
+
+
+def write_slurm_cluster(lab_dir: Path, n: int, slots: int, conf: Path) -> Path:
+    """``<lab dir>/slurm.yaml``: the lab's Slurm (``n`` nodes of ``slots`` slots, this
+    Python, one work directory that every node sees, as on a cluster's shared home)."""
+    doc = {
+        "name": "lab-slurm",
+        "scheduler": "slurm",
+        "slurm": {"nodes": n, "partition": "lab", "conf": str(conf)},
+        "defaults": {
+            "slots": slots,
+            "python": sys.executable,
+            "workdir": str(lab_dir / "slurm-work"),
+            "env": {"GLOO_SOCKET_IFNAME": "eth0"},
+        },
+    }
+    head = (
+        f"# dmlctl lab: Slurm over its {n} hosts (partition lab)\n"
+        "# `dmlctl lab down` removes the lab and this file.\n"
+    )
+    path = lab_dir / SLURM_CLUSTER
+    path.write_text(head + yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+    return path

@@ -21,7 +21,7 @@ from rich.console import Console
 
 from dmlctl.errors import PlanError
 from dmlctl.launch.options import LaunchOptions, LaunchResult
-from dmlctl.launch.schedulers import scheduler_for
+from dmlctl.launch.pick import scheduler_for
 from dmlctl.launch.start import detach
 from dmlctl.plan.build import JobPlacement, place_job
 from dmlctl.plan.model import LaunchPlan

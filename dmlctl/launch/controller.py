@@ -56,10 +56,11 @@ def run_controller(
 ) -> RunState:
     """Supervise ``plan`` in ``run`` and return the final RunState; afterwards, remote
     hosts' rank files are collected into the run directory."""
-    from dmlctl.transport import close_transports, make_transports
+    from dmlctl.slurm.transport import transports_for
+    from dmlctl.transport import close_transports
 
     if transports is None:
-        transports = make_transports(plan.hosts + plan.spares)
+        transports = transports_for(plan.hosts + plan.spares, plan.allocation)
     sup = _supervisor(run, plan, sink, transports)
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
@@ -76,6 +77,10 @@ def run_controller(
         return state
     finally:
         close_transports(dict(transports))
+        if plan.allocation is not None:  # the run's own: it ends with the run
+            from dmlctl.slurm.allocation import finish
+
+            finish(plan.allocation.job_id, plan.allocation.conf)
         for restored, handler in previous.items():
             signal.signal(restored, handler if handler is not None else signal.SIG_DFL)
 

@@ -11,7 +11,8 @@ from dmlctl.failure import Kind
 from dmlctl.launch.api import LaunchOptions, LaunchResult, detach
 from dmlctl.runs.files import private_umask
 from dmlctl.runs.store import RunStore
-from dmlctl.transport import close_transports, make_transports
+from dmlctl.slurm.transport import transports_for
+from dmlctl.transport import close_transports
 from dmlctl.ui.sinks import make_sink
 
 
@@ -39,7 +40,7 @@ def resume(run_id: str, *, options: LaunchOptions, console: Console) -> LaunchRe
             " ('lost' in dmlctl status) or that failed for a full disk can be resumed"
         )
     plan = run.read_plan()
-    transports = make_transports(plan.hosts + plan.spares)
+    transports = transports_for(plan.hosts + plan.spares, plan.allocation)
     from dmlctl.provision.agents import stop_stale_agents
 
     for line in stop_stale_agents(plan.run_id, plan.hosts + plan.spares, transports):

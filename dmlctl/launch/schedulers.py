@@ -82,7 +82,7 @@ class Scheduler(RecordedRuns, Protocol):
         ...
 
 
-class _RecordedRun:
+class RecordedRunBase:
     """What every scheduler does the same with a recorded run."""
 
     def cancel(self, run: RunDir, *, timeout: float) -> str:
@@ -96,7 +96,7 @@ class _RecordedRun:
         return fetch_rank_files(run)
 
 
-class LocalScheduler(_RecordedRun):
+class LocalScheduler(RecordedRunBase):
     """This machine: ranks under a local agent, no SSH, nothing shipped."""
 
     name = "local"
@@ -123,7 +123,7 @@ class LocalScheduler(_RecordedRun):
         return None  # gather opens nothing here
 
 
-class SshScheduler(_RecordedRun):
+class SshScheduler(RecordedRunBase):
     """Hosts reached over SSH: preflight and port on the hosts, code and setup shipped
     to them, one agent per host over its SSH connection."""
 
@@ -261,34 +261,3 @@ def _ssh_options(options: LaunchOptions, console: Console) -> SshOptions:
 def _probed_gpus(report: DoctorReport) -> dict[str, int]:
     """Each probed host's GPU count, as PyTorch there sees it."""
     return {h.host: int(h.facts.get("gpus") or 0) for h in report.hosts if h.facts}
-
-
-def scheduler_for(cluster: ClusterSpec, options: LaunchOptions, console: Console) -> Scheduler:
-    """The scheduler a launch on ``cluster`` uses: SSH when any host is remote, else
-    this machine."""
-    if any(not h.is_local for h in cluster.resolved_hosts()):
-        return SshScheduler(options, (console, Console(stderr=True, highlight=False)))
-    return LocalScheduler(options, console)
-
-
-class _Unplanned(_RecordedRun):
-    """A run whose plan cannot be read: it can still be stopped and its logs read."""
-
-    def __init__(self, why: str) -> None:
-        self._why = why
-
-    def describe(self, run: RunDir) -> list[str]:
-        return [f"where: unknown ({self._why})"]
-
-
-def scheduler_of(run: RunDir) -> RecordedRuns:
-    """The scheduler that ran a recorded run (for describe, cancel and logs), from its
-    plan; one that can still stop it when the plan cannot be read."""
-    console = Console(stderr=True, highlight=False)
-    try:
-        plan = run.read_plan()
-    except (DmlctlError, OSError, ValueError) as e:
-        return _Unplanned(str(e))
-    if any(not h.is_local for h in (*plan.hosts, *plan.spares)):
-        return SshScheduler(LaunchOptions(), (console, console), plan)
-    return LocalScheduler(LaunchOptions(), console)

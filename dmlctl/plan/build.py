@@ -53,6 +53,15 @@ class JobPlacement:
         """Node 0: the host that serves the rendezvous."""
         return next(h for h in self.hosts if h.name == self.placed[0].host)
 
+    def bound(self, addresses: Mapping[str, str]) -> JobPlacement:
+        """This placement with the hosts named in ``addresses`` at those addresses (a
+        batch scheduler's nodes, known once its allocation starts)."""
+        hosts = tuple(
+            dataclasses.replace(h, address=addresses[h.name]) if h.name in addresses else h
+            for h in self.hosts
+        )
+        return dataclasses.replace(self, hosts=hosts)
+
 
 def _check_fixed_hosts(job: JobSpec) -> None:
     """No ``min_hosts``/``max_hosts`` (a re-plan on other hosts) with parameter servers

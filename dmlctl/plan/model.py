@@ -17,6 +17,7 @@ from pydantic import BaseModel
 
 from dmlctl.agent_config import AgentConfig, StrategyChoice, TorchrunCommand
 from dmlctl.mesh import MeshLayout, layout_from
+from dmlctl.slurm.allocation import Allocation
 from dmlctl.spec.restart import CheckpointSpec, RestartSpec
 from dmlctl.strategies import registry
 
@@ -110,6 +111,8 @@ class LaunchPlan:
     #: both (``DMLCTL_PARALLELISM``, ``DMLCTL_PARALLELIZE``); re-plans keep them.
     mesh: MeshLayout | None = None
     parallelize: str | None = None
+    #: The Slurm allocation the hosts are nodes of; None: SSH hosts or this machine.
+    allocation: Allocation | None = None
 
     def agent_config(
         self, host: HostPlan, attempt: int = 0, stop_grace: float = 30.0
@@ -188,4 +191,9 @@ class LaunchPlan:
             server_hosts=tuple(data.get("server_hosts", ())),
             mesh=layout_from(data["mesh"]) if data.get("mesh") else None,
             parallelize=data.get("parallelize"),
+            allocation=_allocation(data.get("allocation")),
         )
+
+
+def _allocation(data: Mapping[str, Any] | None) -> Allocation | None:
+    return Allocation(**{**data, "nodes": dict(data["nodes"])}) if data else None

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 from dmlctl.mesh import describe_over, worker_ranks
 from dmlctl.plan.build import SERVER_ROLE, render_command
-from dmlctl.plan.model import LaunchPlan
+from dmlctl.plan.model import HostPlan, LaunchPlan
 from dmlctl.redact import REDACTED, Redactor, redact_arg, redact_env
 from dmlctl.text import plural
 
@@ -59,8 +59,7 @@ def render_plan(
     for host in plan.hosts:
         last = host.first_rank + host.nproc - 1
         route = (routes or {}).get(host.name)
-        where = "this machine (no SSH)" if host.is_local else f"{host.address} over SSH"
-        where += f" as {route}" if route and not host.is_local else ""
+        where = _where(host, route)
         out += [
             "",
             f"host {host.name} — {where}, node rank {host.node_rank}, "
@@ -76,3 +75,13 @@ def render_plan(
         out += [f"    {k}={v}" for k, v in sorted(redact_env(env).items())]
     # A secret value may also stand in arguments, paths or another variable.
     return Redactor.for_envs(h.env for h in plan.hosts).text("\n".join(out))
+
+
+def _where(host: HostPlan, route: str | None) -> str:
+    """How ``host`` is reached, in words: this machine, a Slurm node through ``srun``,
+    or over SSH (``as`` the route ~/.ssh/config resolves, where known)."""
+    if host.is_local:
+        return "this machine (no SSH)"
+    if route is not None and route.startswith("srun "):
+        return f"{host.address} through {route}"
+    return f"{host.address} over SSH" + (f" as {route}" if route else "")

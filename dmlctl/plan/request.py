@@ -9,6 +9,7 @@ dry run could only assume without connecting (``Facts.assumed`` says which).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -16,6 +17,7 @@ from dmlctl.plan.build import JobPlacement, build_plan, check_gpus, place_job, r
 from dmlctl.plan.model import LaunchPlan
 from dmlctl.plan.render import render_plan
 from dmlctl.redact import Redactor, redact_arg
+from dmlctl.slurm.allocation import Allocation, request_lines
 from dmlctl.spec.models import ClusterSpec, JobSpec
 from dmlctl.text import plural
 
@@ -29,7 +31,8 @@ class Facts:
     count as PyTorch there sees it; ``lib``: the id of the dmlctl code the hosts run
     (``dev`` on this machine); ``routes``: how each SSH host is reached;
     ``port_note`` and ``assumed``: what a dry run assumed instead of asking (none
-    at launch)."""
+    at launch); ``addresses``: where hosts turned out to be (a batch scheduler's
+    nodes) and ``allocation``: the Slurm allocation they are in."""
 
     port: int
     local_python: str
@@ -39,20 +42,24 @@ class Facts:
     routes: Mapping[str, str] = field(default_factory=dict)
     assumed: tuple[str, ...] = ()
     port_note: str | None = None
+    addresses: Mapping[str, str] = field(default_factory=dict)
+    allocation: Allocation | None = None
 
 
 @dataclass(frozen=True)
 class LaunchRequest:
     """Everything a scheduler does for one launch: the plan it starts, the hosts whose
     slots came from their GPU counts (``sized``), and the steps before the start
-    (``ship``: the job directory and dmlctl synced to the remote hosts, then the job's
-    ``setup`` run there)."""
+    (``allocate``: a Slurm allocation asked for, or the one the hosts are in; ``ship``:
+    the job directory and dmlctl synced to the remote hosts, then the job's ``setup``
+    run there)."""
 
     plan: LaunchPlan
     facts: Facts
     sized: Mapping[str, int]
     ship: tuple[str, ...]
     setup: str | None
+    allocate: tuple[str, ...] = ()
 
 
 def sized_slots(cluster: ClusterSpec, facts: Facts) -> dict[str, int]:
@@ -78,6 +85,7 @@ def make_request(
     if sized:
         placement = place_job(cluster.with_slots(sized), job)
     check_gpus(job, placement.placed, facts.gpus)
+    placement = placement.bound(facts.addresses)
     plan = build_plan(
         cluster,
         job,
@@ -89,8 +97,12 @@ def make_request(
         rdzv_host=facts.rdzv_host,
         placement=placement,
     )
+    if facts.allocation is not None:
+        plan = dataclasses.replace(plan, allocation=facts.allocation)
     remote = tuple(h.name for h in (*plan.hosts, *plan.spares) if not h.is_local)
-    return LaunchRequest(plan, facts, sized, remote, job.setup if remote else None)
+    slurm = cluster.slurm_spec
+    allocate = request_lines(slurm, plan.job_name, facts.allocation) if slurm else []
+    return LaunchRequest(plan, facts, sized, remote, job.setup if remote else None, tuple(allocate))
 
 
 def render_request(request: LaunchRequest) -> str:
@@ -99,7 +111,7 @@ def render_request(request: LaunchRequest) -> str:
     the launch does before it starts the agents, and what the dry run assumed."""
     facts = request.facts
     out = [render_plan(request.plan, facts.routes, facts.port_note)]
-    steps: list[str] = []
+    steps = list(request.allocate)
     if request.sized:
         said = ", ".join(f"{name}: {n}" for name, n in request.sized.items())
         steps.append(f"slots from the hosts' GPU counts ({said})")

@@ -54,10 +54,11 @@ def collect_rank_files(
 def fetch_rank_files(run: RunDir) -> list[str]:
     """:func:`collect_rank_files` for a finished run, from its ``plan.json``; local
     hosts' files are already in the run directory."""
-    from dmlctl.transport import close_transports, make_transports
+    from dmlctl.slurm.transport import transports_for
+    from dmlctl.transport import close_transports
 
     plan = run.read_plan()
-    transports = make_transports(h for h in plan.hosts if not h.is_local)
+    transports = transports_for((h for h in plan.hosts if not h.is_local), plan.allocation)
     try:
         return collect_rank_files(plan, transports, run.path)
     finally:

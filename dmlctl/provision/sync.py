@@ -52,19 +52,27 @@ for d, dirs, files in os.walk(root):
 print(json.dumps(out))
 """
 
-# Unpacks a tar from stdin into argv[1], refusing paths that leave it.
+# Unpacks a tar from stdin into argv[1], refusing paths that leave it. Each file is
+# written beside its place and renamed onto it: hosts sharing a filesystem (a Slurm
+# cluster's home) may receive the same files at once, and a reader never sees half.
 RECEIVER = r"""
-import os, sys, tarfile
+import os, shutil, socket, sys, tarfile
 root = os.path.realpath(os.path.expanduser(sys.argv[1])); os.makedirs(root, exist_ok=True)
 with tarfile.open(fileobj=sys.stdin.buffer, mode="r|") as tar:
     for m in tar:
         dest = os.path.realpath(os.path.join(root, m.name))
         if not (m.isfile() or m.isdir()) or not dest.startswith(root + os.sep):
             sys.exit("refusing tar member %r" % m.name)
-        tar.extract(m, root, set_attrs=False)
-        if m.isfile():
-            os.chmod(dest, m.mode & 0o777)
-            os.utime(dest, (int(m.mtime), int(m.mtime)))
+        if m.isdir():
+            os.makedirs(dest, exist_ok=True)
+            continue
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        part = "%s.%s-%d.part" % (dest, socket.gethostname(), os.getpid())
+        with tar.extractfile(m) as src, open(part, "wb") as out:
+            shutil.copyfileobj(src, out)
+        os.chmod(part, m.mode & 0o777)
+        os.utime(part, (int(m.mtime), int(m.mtime)))
+        os.replace(part, dest)
 print("ok")
 """
 

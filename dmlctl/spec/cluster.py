@@ -27,6 +27,7 @@ from dmlctl.spec.fields import (
     check_user,
     is_host_text,
 )
+from dmlctl.spec.slurm import SlurmSpec, placeholder
 
 LOCAL_ADDRESS = "localhost"
 """The one address reached without SSH."""
@@ -234,6 +235,12 @@ def duplicate_hosts(keys: Sequence[HostKey]) -> list[DuplicateHost]:
     return found
 
 
+def _refuse(kind: str, loc: tuple[str, ...], message: str, value: object) -> None:
+    """Raise the ValidationError of one cluster-level problem at ``loc``."""
+    error = InitErrorDetails(type=PydanticCustomError(kind, message), loc=loc, input=value)
+    raise ValidationError.from_exception_data("ClusterSpec", [error])
+
+
 def _name_message(name: str, other: int) -> str:
     # Braces would be read as a template by PydanticCustomError.
     shown = name.replace("{", "(").replace("}", ")")
@@ -258,8 +265,61 @@ class ClusterSpec(BaseModel):
         default_factory=HostDefaults, description="Values for every host that does not set its own."
     )
     hosts: list[HostSpec] = Field(
-        min_length=1, max_length=MAX_HOSTS, description=f"The machines; 1 to {MAX_HOSTS}."
+        min_length=1,
+        max_length=MAX_HOSTS,
+        description=f"The machines; 1 to {MAX_HOSTS}. A Slurm cluster names none: its "
+        "hosts are its allocation's nodes.",
     )
+    scheduler: Literal["ssh", "slurm"] = Field(
+        default="ssh",
+        description="How the hosts are reached: 'ssh' (the hosts listed; 'localhost' "
+        "without SSH) or 'slurm' (one allocation of slurm.nodes nodes, commands through "
+        "srun).",
+    )
+    slurm: SlurmSpec | None = Field(
+        default=None, description="What to ask Slurm for, with scheduler: slurm."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _slurm_hosts(cls, data: Any) -> Any:
+        # A Slurm cluster's hosts are its allocation's nodes (node-0 … node-<n-1>),
+        # bound when the allocation starts; a list the user wrote is refused after.
+        if not isinstance(data, dict) or data.get("scheduler") != "slurm" or "hosts" in data:
+            return data
+        block = data.get("slurm") or {}
+        nodes = block.get("nodes", 1) if isinstance(block, dict) else 1
+        if not isinstance(nodes, int) or isinstance(nodes, bool) or not 1 <= nodes <= MAX_HOSTS:
+            nodes = 1  # the slurm block's own check reports it
+        return {
+            **data,
+            "hosts": [{"name": placeholder(i), "address": placeholder(i)} for i in range(nodes)],
+        }
+
+    @model_validator(mode="after")
+    def _slurm_block(self) -> ClusterSpec:
+        if self.slurm is not None and self.scheduler != "slurm":
+            why = "a slurm block needs 'scheduler: slurm' (it would be ignored)"
+            _refuse("slurm_block", ("slurm",), why, self.slurm)
+        if self.scheduler == "slurm":
+            nodes = self.slurm.nodes if self.slurm is not None else 1
+            names = [placeholder(i) for i in range(nodes)]
+            if [h.name for h in self.hosts] != names or any(
+                h.address != h.name for h in self.hosts
+            ):
+                why = (
+                    "a Slurm cluster's hosts are its allocation's nodes; remove 'hosts' "
+                    "and set slurm.nodes"
+                )
+                _refuse("slurm_hosts", ("hosts",), why, self.hosts)
+        return self
+
+    @property
+    def slurm_spec(self) -> SlurmSpec | None:
+        """The Slurm request of a Slurm cluster (its block, or the defaults); None for SSH."""
+        if self.scheduler != "slurm":
+            return None
+        return self.slurm or SlurmSpec()
 
     @model_validator(mode="after")
     def _unique_hosts(self) -> ClusterSpec:

@@ -9,6 +9,7 @@ hosts, an SSH transport; tests use scripted fakes through the same interface.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -85,3 +86,15 @@ class Transport(Protocol):
     ) -> Result: ...
 
     def start(self, argv: Sequence[str], *, cwd: str | None = None) -> Process: ...
+
+
+def remote_command(argv: Sequence[str], cwd: str | None) -> str:
+    """The shell command line for ``argv`` run in ``cwd`` (``~/`` means the home dir)."""
+    cmd = shlex.join(argv)
+    if cwd is None:
+        return cmd
+    if cwd == "~" or cwd.startswith("~/"):
+        where = '"$HOME"' + (shlex.quote(cwd[1:]) if len(cwd) > 1 else "")
+    else:
+        where = shlex.quote(cwd)
+    return f"cd {where} && exec {cmd}"

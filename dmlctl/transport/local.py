@@ -9,7 +9,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 from dmlctl.agent.procs import descendants, signal_all
 from dmlctl.transport.base import Result
@@ -21,11 +21,18 @@ class LocalProcess:
     """A command started in its own session (so a terminal's Ctrl-C reaches only the
     controller, which then stops the run in order)."""
 
-    def __init__(self, host: str, argv: Sequence[str], cwd: str | None) -> None:
+    def __init__(
+        self,
+        host: str,
+        argv: Sequence[str],
+        cwd: str | None,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         self.host = host
         self._proc = subprocess.Popen(
             list(argv),
             cwd=cwd,
+            env=env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -103,12 +110,15 @@ class LocalTransport:
         timeout: float,
         cwd: str | None = None,
         input: bytes | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> Result:
+        """``argv`` to its end (``env``: the whole environment; default this one's)."""
         start = time.monotonic()
         try:
             proc = subprocess.run(
                 list(argv),
                 cwd=cwd,
+                env=env,
                 input=input,
                 capture_output=True,
                 timeout=timeout,

@@ -19,7 +19,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
-import shlex
 import socket
 import threading
 import time
@@ -31,7 +30,7 @@ from typing import Any, BinaryIO
 import fabric
 import paramiko
 
-from dmlctl.transport.base import Result
+from dmlctl.transport.base import Result, remote_command
 from dmlctl.transport.hostkeys import (
     HostKeyPolicy,
     NewKeyCallback,
@@ -56,18 +55,6 @@ class SshOptions:
 
 class SshConnectError(Exception):
     """A connection could not be opened; ``str()`` is the one-line reason."""
-
-
-def remote_command(argv: Sequence[str], cwd: str | None) -> str:
-    """The shell command line for ``argv`` run in ``cwd`` (``~/`` means the home dir)."""
-    cmd = shlex.join(argv)
-    if cwd is None:
-        return cmd
-    if cwd == "~" or cwd.startswith("~/"):
-        where = '"$HOME"' + (shlex.quote(cwd[1:]) if len(cwd) > 1 else "")
-    else:
-        where = shlex.quote(cwd)
-    return f"cd {where} && exec {cmd}"
 
 
 def _describe(exc: BaseException, where: str, timeout: float) -> str:

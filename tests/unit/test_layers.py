@@ -20,7 +20,19 @@ ROOT = Path(__file__).resolve().parents[2] / "dmlctl"
 
 #: Control-plane packages, lowest first: a module may import its own package and
 #: those listed before it, never one after it.
-CONTROL = ("spec", "transport", "plan", "runs", "ui", "provision", "hangs", "launch", "lab", "cli")
+CONTROL = (
+    "spec",
+    "transport",
+    "slurm",
+    "plan",
+    "runs",
+    "ui",
+    "provision",
+    "hangs",
+    "launch",
+    "lab",
+    "cli",
+)
 #: Above both planes: benchmarks drive launches and run their own rank-side jobs;
 #: only the CLI imports them.
 TOP = "bench"

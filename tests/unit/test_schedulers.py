@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from dmlctl.launch import api, schedulers
+from dmlctl.launch import api, pick, schedulers
 from dmlctl.launch.options import LaunchOptions, LaunchResult
 from dmlctl.launch.start import create_run
 from dmlctl.plan.build import JobPlacement, place_job
@@ -152,10 +152,10 @@ def recorded(tmp_path: Path, cluster: str) -> RunDir:
 
 def test_a_recorded_run_is_described_by_the_scheduler_of_its_plan(tmp_path: Path) -> None:
     local = recorded(tmp_path / "l", "hosts:\n  - {name: here, address: localhost, slots: 2}\n")
-    assert isinstance(schedulers.scheduler_of(local), schedulers.LocalScheduler)
-    assert schedulers.scheduler_of(local).describe(local) == ["where: this machine (no SSH)"]
+    assert isinstance(pick.scheduler_of(local), schedulers.LocalScheduler)
+    assert pick.scheduler_of(local).describe(local) == ["where: this machine (no SSH)"]
     remote = recorded(tmp_path / "r", REMOTE.replace("python: /py}", "python: /py, slots: 1}"))
-    scheduler = schedulers.scheduler_of(remote)
+    scheduler = pick.scheduler_of(remote)
     assert isinstance(scheduler, schedulers.SshScheduler)
     assert scheduler.describe(remote) == [
         "where: 2 hosts over SSH",
@@ -169,7 +169,7 @@ def test_a_recorded_run_is_described_by_the_scheduler_of_its_plan(tmp_path: Path
 def test_a_run_whose_plan_cannot_be_read_can_still_be_stopped(tmp_path: Path) -> None:
     run = recorded(tmp_path, "hosts:\n  - {name: here, address: localhost, slots: 2}\n")
     run.plan.write_text("{")
-    scheduler = schedulers.scheduler_of(run)
+    scheduler = pick.scheduler_of(run)
     assert scheduler.describe(run)[0].startswith("where: unknown (")
     assert "controller was gone" in scheduler.cancel(run, timeout=1)
 

@@ -1,0 +1,154 @@
+"""A Slurm cluster as a scheduler (:class:`SlurmScheduler`): one allocation per run,
+asked for with ``sbatch`` when the launch gathers its facts, its nodes bound to the
+plan's hosts (``node-0`` …), and every command — preflight, code sync, setup, the
+host agents — run on a node as an ``srun`` step (:mod:`dmlctl.slurm.transport`).
+The run's controller cancels the allocation when the run ends; ``dmlctl stop``
+stops the ranks (they get ``stop_grace``) and then cancels it too.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from rich.console import Console
+
+from dmlctl.errors import DmlctlError
+from dmlctl.launch.options import LaunchOptions, LaunchResult
+from dmlctl.launch.schedulers import DRY_RUN_NOTE, DRY_RUN_PORT, SshScheduler
+from dmlctl.plan.build import JobPlacement, as_run
+from dmlctl.plan.model import LaunchPlan
+from dmlctl.plan.request import Facts, LaunchRequest
+from dmlctl.runs.store import RunDir, RunStore
+from dmlctl.slurm import allocation
+from dmlctl.slurm.allocation import Allocation, JobState
+from dmlctl.slurm.transport import Node, transports_for
+from dmlctl.spec.models import ClusterSpec, JobSpec
+from dmlctl.spec.slurm import SlurmSpec
+from dmlctl.text import plural
+from dmlctl.transport import ssh_route
+
+
+class SlurmScheduler(SshScheduler):
+    """The nodes of one Slurm allocation, reached through ``srun`` (no SSH)."""
+
+    name = "slurm"
+
+    def __init__(
+        self,
+        options: LaunchOptions,
+        consoles: tuple[Console, Console],
+        spec: SlurmSpec,
+        plan: LaunchPlan | None = None,
+    ) -> None:
+        super().__init__(options, consoles, plan)
+        self._spec = spec
+        self._job_id: str | None = None
+
+    def gather(self, job: JobSpec, cluster: ClusterSpec, placement: JobPlacement) -> Facts:
+        from dmlctl.provision import ship
+
+        lib = ship.lib_id(ship.package_files())
+        if self._options.dry_run:
+            return Facts(
+                DRY_RUN_PORT,
+                sys.executable,
+                routes=_dry_routes(placement, self._spec.gpus_per_node),
+                lib=lib,
+                assumed=(
+                    "the allocation's nodes: node-0 … are bound to them in the order "
+                    "Slurm lists them, and node-0 serves the rendezvous",
+                ),
+                port_note=DRY_RUN_NOTE,
+            )
+        where = self._allocate(job.name or "job", placement)
+        try:
+            addresses = allocation.node_addresses(list(where.nodes.values()), where.conf)
+            bound = {host: addresses[node] for host, node in where.nodes.items()}
+            self._transports = transports_for(placement.hosts, where)
+            placed = placement.bound(bound)
+            first = as_run(placed.first, sys.executable)
+            port, gpus = self._preflight(placed, first)
+        except BaseException:
+            self.release()
+            raise
+        routes = {h: r for h, t in self._transports.items() if (r := ssh_route(t)) is not None}
+        return Facts(port, sys.executable, first.address, gpus, lib, routes, (), None, bound, where)
+
+    def _allocate(self, name: str, placement: JobPlacement) -> Allocation:
+        """Ask Slurm for the allocation and wait until it runs (as long as it queues;
+        Ctrl-C cancels it); its nodes bound to the placement's hosts in order."""
+        spec = self._spec
+        job_id = allocation.submit(spec, name)
+        self._job_id = job_id
+        try:
+            with self._err.status(f"Slurm job {job_id}: waiting for its allocation…") as shown:
+
+                def waiting(now: JobState) -> None:
+                    why = f" ({now.reason})" if now.reason else ""
+                    shown.update(f"Slurm job {job_id}: {now.state.lower()}{why}…")
+
+                started = allocation.wait_running(job_id, spec.conf, waiting)
+                nodes = allocation.hostnames(started.nodelist, spec.conf)
+        except BaseException:
+            allocation.cancel(job_id, spec.conf)
+            raise
+        self._err.print(
+            f"Slurm job {job_id}: {plural(len(nodes), 'node')} ({', '.join(nodes)})",
+            markup=False,
+        )
+        hosts = [h.name for h in placement.hosts]
+        if len(nodes) < len(hosts):
+            allocation.cancel(job_id, spec.conf)
+            raise DmlctlError(f"Slurm job {job_id} has {len(nodes)} nodes, not {len(hosts)}")
+        paired = dict(zip(hosts, nodes, strict=False))
+        return Allocation(job_id, paired, spec.conf, spec.gpus_per_node, spec.setup)
+
+    def schedule(
+        self, request: LaunchRequest, job: JobSpec, cluster: ClusterSpec, store: RunStore
+    ) -> LaunchResult:
+        try:
+            return super().schedule(request, job, cluster, store)
+        except BaseException:
+            self._cancel()
+            raise
+
+    def release(self) -> None:
+        super().release()
+        self._cancel()
+
+    def _cancel(self) -> None:
+        if self._job_id is not None:
+            allocation.cancel(self._job_id, self._spec.conf)
+
+    def describe(self, run: RunDir) -> list[str]:
+        where = self._plan.allocation if self._plan is not None else None
+        if where is None:
+            return ["where: unknown (the plan names no Slurm allocation)"]
+        try:
+            now = allocation.state(where.job_id, where.conf)
+        except DmlctlError as e:
+            said = f"state unknown: {e}"
+        else:
+            said = now.state.lower() + (f" ({now.reason})" if now.reason else "")
+            if now.state == "RUNNING" and now.time_left not in ("", "UNLIMITED"):
+                said += f", {now.time_left} left"
+        lines = [f"where: Slurm job {where.job_id}, {said}"]
+        lines += [f"  {host}: {node}" for host, node in where.nodes.items()]
+        return lines
+
+    def cancel(self, run: RunDir, *, timeout: float) -> str:
+        """Stop the run (its ranks get ``stop_grace``), then cancel its allocation."""
+        said = super().cancel(run, timeout=timeout)
+        where = self._plan.allocation if self._plan is not None else None
+        if where is not None:
+            allocation.cancel(where.job_id, where.conf)
+            said += f"; Slurm job {where.job_id} cancelled"
+        return said
+
+
+def _dry_routes(placement: JobPlacement, gpus: int) -> dict[str, str]:
+    """How each host would be reached, before the allocation exists."""
+    return {
+        h.name: " ".join(Node("<job>", f"<node {i}>", gpus=gpus).srun(f"dmlctl-agent-{h.name}"))
+        for i, h in enumerate(placement.hosts)
+    }

@@ -1,0 +1,193 @@
+"""One Slurm allocation per run: submitted with ``sbatch`` as a batch script that
+only holds the nodes (the agents run in it as ``srun --overlap`` steps), waited for,
+asked about, and cancelled. Everything through :mod:`dmlctl.slurm.commands`."""
+
+from __future__ import annotations
+
+import shlex
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from dmlctl.slurm.commands import SlurmError, run
+from dmlctl.spec.slurm import SlurmSpec
+
+HOLD_SCRIPT = """#!/bin/sh
+# dmlctl holds this allocation for job {name}: the host agents run in it as
+# `srun --overlap` steps. The run's controller ends it when the run ends (`dmlctl
+# stop` cancels it); so does the time limit, and so does this script once no agent
+# step has run for {idle_checks} checks {check_s}s apart (a controller that died).
+trap 'kill "$nap" 2>/dev/null; exit 0' TERM INT
+seen=0; idle=0
+while :; do
+  sleep {check_s} & nap=$!; wait "$nap"
+  if squeue -h -s -j "$SLURM_JOB_ID" -o %j 2>/dev/null | grep -q '^dmlctl-agent-'; then
+    seen=1; idle=0
+  elif [ "$seen" = 1 ]; then
+    idle=$((idle + 1)); [ "$idle" -ge {idle_checks} ] && exit 0
+  fi
+done
+"""
+CHECK_S = 60
+IDLE_CHECKS = 5
+"""The holding script looks for agent steps every minute and ends the allocation
+after five minutes without one (once it has seen one)."""
+
+
+def hold_script(name: str, check_s: float = CHECK_S, idle_checks: int = IDLE_CHECKS) -> str:
+    """The batch script that holds the allocation of job ``name``."""
+    return HOLD_SCRIPT.format(name=name, check_s=f"{check_s:g}", idle_checks=idle_checks)
+
+
+ENDED = ("COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY")
+"""States after which an allocation holds no node."""
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """A run's Slurm allocation as its plan records it: the job ``job_id`` (Slurm
+    configured by ``conf``), the node each host of the plan is (``node-0`` → ``lab-3``),
+    the GPUs each step asks for and the shell lines run before each command."""
+
+    job_id: str
+    nodes: Mapping[str, str]
+    conf: str | None = None
+    gpus: int = 0
+    setup: str | None = None
+
+
+@dataclass(frozen=True)
+class JobState:
+    """What ``squeue`` says of an allocation: state, why it waits, its nodes (a Slurm
+    node list such as ``lab-[0-1]``) and its time left; ``GONE`` once Slurm forgot it."""
+
+    state: str
+    reason: str = ""
+    nodelist: str = ""
+    time_left: str = ""
+
+    @property
+    def ended(self) -> bool:
+        return self.state in ENDED or self.state == "GONE"
+
+
+def sbatch_argv(spec: SlurmSpec, name: str) -> list[str]:
+    """The ``sbatch`` command that asks for ``spec``'s allocation (the script on stdin)."""
+    argv = [
+        "sbatch",
+        "--parsable",
+        f"--job-name=dmlctl-{name}",
+        f"--nodes={spec.nodes}",
+        "--ntasks-per-node=1",
+        "--output=/dev/null",
+    ]
+    for key, value in (
+        ("partition", spec.partition),
+        ("account", spec.account),
+        ("qos", spec.qos),
+        ("time", spec.time),
+    ):
+        if value is not None:
+            argv.append(f"--{key}={value}")
+    if spec.gpus_per_node:
+        argv.append(f"--gpus-per-node={spec.gpus_per_node}")
+    if spec.exclusive:
+        argv.append("--exclusive")
+    return [*argv, *spec.sbatch_options]
+
+
+def request_lines(spec: SlurmSpec, name: str, where: Allocation | None) -> list[str]:
+    """What a launch does with Slurm, for the dry run: the ``sbatch`` command and its
+    script before the allocation exists, the job and its nodes after."""
+    if where is None:
+        argv = shlex.join(sbatch_argv(spec, name))
+        script = hold_script(name).rstrip("\n").splitlines()
+        return [f"ask Slurm for the allocation: {argv} <<script", *(f"    {ln}" for ln in script)]
+    nodes = ", ".join(f"{host} = {node}" for host, node in where.nodes.items())
+    return [f"in Slurm job {where.job_id}: {nodes}"]
+
+
+def submit(spec: SlurmSpec, name: str) -> str:
+    """Submit the allocation named ``dmlctl-<name>``; its job id. SlurmError (SlurmRefused for
+    options Slurm calls invalid) when sbatch refuses."""
+    argv = sbatch_argv(spec, name)
+    out = run(argv, spec.conf, input=hold_script(name)).stdout.strip()
+    job_id = out.split(";")[0]
+    if not job_id.isdigit():
+        raise SlurmError(f"sbatch answered {out!r}, not a job id")
+    return job_id
+
+
+def state(job_id: str, conf: str | None) -> JobState:
+    """The allocation's state now (``GONE`` when squeue no longer lists it)."""
+    proc = run(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T|%r|%N|%L"], conf, check=False)
+    line = proc.stdout.strip().splitlines()[:1]
+    if proc.returncode != 0 or not line:
+        if proc.returncode != 0 and "Invalid job id" not in proc.stderr:
+            raise SlurmError(f"squeue failed: {proc.stderr.strip() or proc.returncode}")
+        return JobState("GONE")
+    st, reason, nodes, left = [*line[0].split("|"), "", "", ""][:4]
+    return JobState(st, "" if reason == "None" else reason, nodes, left)
+
+
+def wait_running(
+    job_id: str,
+    conf: str | None,
+    on_wait: Callable[[JobState], None] = lambda _: None,
+    poll_s: float = 0.5,
+) -> JobState:
+    """Wait until the allocation runs (however long it queues: Ctrl-C stops the wait);
+    its state then. SlurmError when it ends first (cancelled, failed, refused)."""
+    while True:
+        now = state(job_id, conf)
+        if now.state == "RUNNING":
+            return now
+        if now.ended:
+            why = f" ({now.reason})" if now.reason else ""
+            raise SlurmError(f"Slurm job {job_id} ended before it started: {now.state}{why}")
+        on_wait(now)
+        time.sleep(poll_s)
+
+
+def hostnames(nodelist: str, conf: str | None) -> list[str]:
+    """A Slurm node list (``lab-[0-2]``) as node names, in order."""
+    proc = run(["scontrol", "show", "hostnames", nodelist], conf)
+    return proc.stdout.split()
+
+
+def node_addresses(nodes: list[str], conf: str | None) -> dict[str, str]:
+    """Each node's address (``NodeAddr``; its name where Slurm gives none)."""
+    proc = run(["scontrol", "-o", "show", "node", ",".join(nodes)], conf)
+    found: dict[str, str] = {}
+    for line in proc.stdout.splitlines():
+        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+        if "NodeName" in fields:
+            found[fields["NodeName"]] = fields.get("NodeAddr") or fields["NodeName"]
+    return {n: found.get(n, n) for n in nodes}
+
+
+def finish(job_id: str, conf: str | None, wait_s: float = 5.0) -> None:
+    """End a run's allocation as completed: its holding script is told to exit
+    (SIGTERM to the batch step only), which ends every step in it; cancelled when it
+    still holds its nodes after ``wait_s``."""
+    run(["scancel", "--batch", "--signal=TERM", job_id], conf, check=False)
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        if state(job_id, conf).ended:
+            return
+        time.sleep(0.1)
+    cancel(job_id, conf)
+
+
+def cancel(job_id: str, conf: str | None) -> None:
+    """Cancel the allocation and everything in it (done already: nothing happens)."""
+    run(["scancel", job_id], conf, check=False)
+
+
+def cancel_step(job_id: str, step_name: str, conf: str | None) -> None:
+    """SIGKILL the allocation's steps named ``step_name``."""
+    proc = run(["squeue", "-h", "-s", "-j", job_id, "-o", "%i|%j"], conf, check=False)
+    for line in proc.stdout.splitlines():
+        step, _, name = line.strip().partition("|")
+        if name == step_name:
+            run(["scancel", "--signal=KILL", step], conf, check=False)

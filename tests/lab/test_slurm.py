@@ -1,0 +1,183 @@
+"""A real Slurm (``dmlctl lab up --slurm``: munge, slurmctld, a slurmd per lab
+namespace) and dmlctl on it: the quick start on 2 nodes, parameter servers on a node
+of their own, ``stop`` (no job left in Slurm, no process on any node), a rank killed
+(restarted in the same allocation), bad scheduler options (exit 2, nothing asked of
+Slurm), and the dry run's ``sbatch`` and ``srun`` lines."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import REPO
+from tests.integration.procs import wait_until
+from tests.lab.conftest import LabCli, lab_cli
+
+pytestmark = pytest.mark.integration
+
+JOBS = Path(__file__).parent / "jobs"
+INTEGRATION_JOBS = REPO / "tests" / "integration" / "jobs"
+SLURM_TOOLS = ("slurmctld", "slurmd", "sbatch", "munged")
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabCli]:
+    """A 3-host lab with Slurm over it, shared by this module's tests."""
+    missing = [t for t in SLURM_TOOLS if shutil.which(t) is None]
+    if missing and os.environ.get("CI") != "true":
+        pytest.skip(f"Slurm is not installed here ({', '.join(missing)})")
+    cli = lab_cli(tmp_path_factory.mktemp("slurm"))
+    proc = cli.run("lab", "up", "--hosts", "3", "--slurm")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    try:
+        yield cli
+    finally:
+        cli.run("lab", "down")
+
+
+def cluster(lab: LabCli, where: Path, **slurm: object) -> Path:
+    """The lab's Slurm cluster file with ``slurm`` keys changed, written to ``where``."""
+    doc = yaml.safe_load((lab.lab_dir / "slurm.yaml").read_text())
+    doc["slurm"].update(slurm)
+    path = where / "cluster.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def squeue(lab: LabCli, *args: str) -> str:
+    """``squeue`` on the lab's Slurm (its jobs, one a line: id, state)."""
+    conf = str(lab.lab_dir / "slurm" / "slurm.conf")
+    proc = subprocess.run(
+        ["squeue", "-h", "-o", "%i %T", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "SLURM_CONF": conf},
+        check=True,
+    )
+    return proc.stdout
+
+
+def node_processes(n: int) -> list[str]:
+    """The command lines of what runs in the lab's first ``n`` namespaces besides the
+    lab's own daemons (sshd, slurmd)."""
+    found = []
+    for i in range(n):
+        netns = ["ip", "netns", "pids", f"dmlctl-lab-{i}"]
+        for pid in subprocess.run(netns, capture_output=True, text=True).stdout.split():
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            cmd = b" ".join(argv).decode(errors="replace").strip()
+            if cmd and not any(daemon in cmd for daemon in ("sshd", "slurmd")):
+                found.append(f"{pid}: {cmd}")
+    return found
+
+
+def test_the_quick_start_runs_on_two_slurm_nodes(slurm: LabCli, tmp_path: Path) -> None:
+    path = cluster(slurm, tmp_path, nodes=2)
+    quick = REPO / "examples" / "quickstart"
+    proc = slurm.run("launch", str(quick / "job.yaml"), "--cluster", str(path), "--ui", "plain")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "final accuracy" in proc.stdout
+    assert "2 nodes (lab-0, lab-1)" in proc.stderr, proc.stderr
+    run_id = slurm.runs()[0].name
+    status = slurm.run("status", run_id)
+    lines = status.stdout.splitlines()
+    where = next(line for line in lines if line.startswith("where: Slurm job "))
+    assert where.endswith(", completed"), status.stdout
+    assert "  node-0: lab-0" in lines and "  node-1: lab-1" in lines
+    assert squeue(slurm, "-t", "PENDING,RUNNING") == ""
+
+
+def test_parameter_servers_run_on_a_node_of_their_own(slurm: LabCli, tmp_path: Path) -> None:
+    job = tmp_path / "asgd.yaml"
+    source = yaml.safe_load((REPO / "examples" / "parameter-server" / "asgd.yaml").read_text())
+    source.update(
+        workdir=str(REPO / "examples" / "parameter-server"),
+        server_hosts=["node-2"],
+        args=["--epochs", "1"],
+    )
+    job.write_text(yaml.safe_dump(source))
+    path = cluster(slurm, tmp_path, nodes=3)
+    proc = slurm.run("launch", str(job), "--cluster", str(path), "--ui", "plain", timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    state = slurm.state(slurm.runs()[0].name)
+    placed = {(r["host"], r["role"]) for r in state["ranks"]}
+    assert placed == {("node-0", "worker"), ("node-1", "worker"), ("node-2", "server")}
+
+
+def test_stop_cancels_the_allocation_and_leaves_no_process(slurm: LabCli, tmp_path: Path) -> None:
+    path = cluster(slurm, tmp_path, nodes=2)
+    forever = INTEGRATION_JOBS / "forever" / "job.yaml"
+    started = slurm.run("launch", str(forever), "--cluster", str(path), "--detach")
+    assert started.returncode == 0, started.stdout + started.stderr
+    run_id = slurm.runs()[0].name
+    running = lambda: all(r["status"] == "running" for r in slurm.state(run_id)["ranks"])  # noqa: E731
+    assert wait_until(running, 90), slurm.state(run_id)
+    job_id = squeue(slurm, "-t", "RUNNING").split()[0]
+    stopped = slurm.run("stop", run_id)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert f"Slurm job {job_id} cancelled" in stopped.stdout
+    assert wait_until(lambda: squeue(slurm, "-t", "PENDING,RUNNING") == "", 30)
+    assert wait_until(lambda: node_processes(3) == [], 30), node_processes(3)
+
+
+def test_a_killed_rank_restarts_in_the_same_allocation(slurm: LabCli, tmp_path: Path) -> None:
+    path = cluster(slurm, tmp_path, nodes=2)
+    before = squeue(slurm, "-t", "all")
+    proc = slurm.run("launch", str(JOBS / "killed" / "job.yaml"), "--cluster", str(path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert "rank 0 finished on attempt 2 on lab-0" in out, out
+    assert "rank 1 finished on attempt 2 on lab-1" in out, out
+    new = [line for line in squeue(slurm, "-t", "all").splitlines() if line not in before]
+    assert len(new) == 1 and new[0].endswith(" COMPLETED"), new  # one allocation, both attempts
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"sbatch_options": ["--nodes=5"]}, "slurm.sbatch_options[0]: --nodes is set by dmlctl"),
+        ({"time": "soon"}, "slurm.time: 'soon' is no Slurm time"),
+        ({"partition": "gpu-nowhere"}, "sbatch failed: "),
+    ],
+)
+def test_bad_scheduler_options_exit_2_and_leave_nothing(
+    slurm: LabCli, tmp_path: Path, change: dict[str, object], message: str
+) -> None:
+    path = cluster(slurm, tmp_path, **change)
+    before, runs = squeue(slurm, "-t", "all"), slurm.runs()
+    plain = INTEGRATION_JOBS / "plain" / "job.yaml"
+    proc = slurm.run("launch", str(plain), "--cluster", str(path))
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and message in lines[-1], proc.stderr
+    assert squeue(slurm, "-t", "all") == before
+    assert slurm.runs() == runs
+
+
+def test_the_dry_run_prints_the_batch_script_and_the_srun_lines(
+    slurm: LabCli, tmp_path: Path
+) -> None:
+    path = cluster(slurm, tmp_path, nodes=2, time="10", sbatch_options=["--comment=dry"])
+    before = squeue(slurm, "-t", "all")
+    plain = INTEGRATION_JOBS / "plain" / "job.yaml"
+    proc = slurm.run("launch", str(plain), "--cluster", str(path), "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert (
+        "ask Slurm for the allocation: sbatch --parsable --job-name=dmlctl-plain --nodes=2 "
+        "--ntasks-per-node=1 --output=/dev/null --partition=lab --time=10 --comment=dry <<script"
+    ) in out, out
+    assert "trap 'kill \"$nap\" 2>/dev/null; exit 0' TERM INT" in out
+    assert (
+        "host node-1 — node-1 through srun --jobid=<job> --nodes=1 --ntasks=1 "
+        "--nodelist=<node 1> --overlap --quiet --job-name=dmlctl-agent-node-1"
+    ) in out, out
+    assert squeue(slurm, "-t", "all") == before
