@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
 from dmlctl.errors import UsageError
+
+if TYPE_CHECKING:
+    from dmlctl.spec.models import ClusterSpec
 
 # Pipes and files get wide, untruncated lines (run ids, log lines); a terminal its width.
 PIPE_WIDTH = 200
@@ -35,3 +39,14 @@ def check_connect_timeout(value: float) -> float:
             f"{MAX_CONNECT_TIMEOUT:g}, got {value:g}"
         )
     return value
+
+
+def no_slurm(cluster: ClusterSpec, command: str, path: object) -> ClusterSpec:
+    """``cluster``, unless it is a Slurm cluster, which ``command`` does not run on yet:
+    then a one-line UsageError (exit 2) naming the file."""
+    if cluster.scheduler == "slurm":
+        raise UsageError(
+            f"{path}: {command} does not run on a Slurm cluster yet (scheduler: slurm); "
+            "`dmlctl launch JOB --cluster` does"
+        )
+    return cluster

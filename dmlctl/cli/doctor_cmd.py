@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from dmlctl.cli.common import check_connect_timeout, stderr_console, stdout_console
+from dmlctl.cli.common import check_connect_timeout, no_slurm, stderr_console, stdout_console
 from dmlctl.text import plural
 
 DEFAULT_PORT = 29500
@@ -43,7 +43,11 @@ def doctor(
     from dmlctl.transport import close_transports, make_transports
 
     check_connect_timeout(connect_timeout)
-    spec = load_cluster_file(cluster) if cluster is not None else default_cluster()
+    spec = (
+        no_slurm(load_cluster_file(cluster), "doctor", cluster)
+        if cluster is not None
+        else default_cluster()
+    )
     # Local hosts run with this interpreter at launch time, so that is the one to check.
     hosts = [as_run(h, sys.executable) for h in spec.resolved_hosts()]
     err = stderr_console()

@@ -61,17 +61,17 @@ def run_controller(
 
     if transports is None:
         transports = transports_for(plan.hosts + plan.spares, plan.allocation)
-    sup = _supervisor(run, plan, sink, transports)
-
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        sup.request_stop(_REASONS.get(signal.Signals(signum), "signal"))
-
     previous: dict[signal.Signals, Callable[..., Any] | int | None] = {}
-    for sig in _REASONS:
-        previous[sig] = signal.signal(sig, on_signal)
-    for reason in _pending:
-        sup.request_stop(reason)
     try:
+        sup = _supervisor(run, plan, sink, transports)
+
+        def on_signal(signum: int, _frame: FrameType | None) -> None:
+            sup.request_stop(_REASONS.get(signal.Signals(signum), "signal"))
+
+        for sig in _REASONS:
+            previous[sig] = signal.signal(sig, on_signal)
+        for reason in _pending:
+            sup.request_stop(reason)
         state = sup.run(resume_from)
         _collect(sup, run, plan, transports)
         return state

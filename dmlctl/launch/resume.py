@@ -40,6 +40,10 @@ def resume(run_id: str, *, options: LaunchOptions, console: Console) -> LaunchRe
             " ('lost' in dmlctl status) or that failed for a full disk can be resumed"
         )
     plan = run.read_plan()
+    if plan.allocation is not None:
+        from dmlctl.slurm.allocation import require_live
+
+        require_live(plan.allocation, f"run {run.run_id} cannot be resumed")
     transports = transports_for(plan.hosts + plan.spares, plan.allocation)
     from dmlctl.provision.agents import stop_stale_agents
 

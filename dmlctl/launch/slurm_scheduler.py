@@ -78,7 +78,7 @@ class SlurmScheduler(SshScheduler):
         """Ask Slurm for the allocation and wait until it runs (as long as it queues;
         Ctrl-C cancels it); its nodes bound to the placement's hosts in order."""
         spec = self._spec
-        job_id = allocation.submit(spec, name)
+        job_id = allocation.submit(spec, name, max(h.slots for h in placement.hosts))
         self._job_id = job_id
         try:
             with self._err.status(f"Slurm job {job_id}: waiting for its allocation…") as shown:
@@ -139,11 +139,28 @@ class SlurmScheduler(SshScheduler):
     def cancel(self, run: RunDir, *, timeout: float) -> str:
         """Stop the run (its ranks get ``stop_grace``), then cancel its allocation."""
         said = super().cancel(run, timeout=timeout)
-        where = self._plan.allocation if self._plan is not None else None
-        if where is not None:
-            allocation.cancel(where.job_id, where.conf)
+        plan = self._plan
+        if plan is None or plan.allocation is None:
+            return said
+        where = plan.allocation
+        try:
+            ended = allocation.state(where.job_id, where.conf).ended
+        except DmlctlError:
+            ended = False
+        if not ended:  # by name too: a job id Slurm has since given to another job is left
+            allocation.cancel(where.job_id, where.conf, name=f"dmlctl-{plan.job_name}")
             said += f"; Slurm job {where.job_id} cancelled"
         return said
+
+    def logs(self, run: RunDir) -> list[str]:
+        """The rank files kept on the nodes, while the allocation holds them."""
+        where = self._plan.allocation if self._plan is not None else None
+        if where is not None:
+            try:
+                allocation.require_live(where, "the nodes' rank files cannot be read")
+            except DmlctlError as e:
+                return [str(e)]
+        return super().logs(run)
 
 
 def _dry_routes(placement: JobPlacement, gpus: int) -> dict[str, str]:

@@ -101,7 +101,8 @@ def make_request(
         plan = dataclasses.replace(plan, allocation=facts.allocation)
     remote = tuple(h.name for h in (*plan.hosts, *plan.spares) if not h.is_local)
     slurm = cluster.slurm_spec
-    allocate = request_lines(slurm, plan.job_name, facts.allocation) if slurm else []
+    slots = max(h.slots for h in cluster.resolved_hosts())
+    allocate = request_lines(slurm, plan.job_name, facts.allocation, slots) if slurm else []
     return LaunchRequest(plan, facts, sized, remote, job.setup if remote else None, tuple(allocate))
 
 

@@ -9,37 +9,63 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from dmlctl.slurm.commands import SlurmError, run
+from dmlctl.slurm.commands import SlurmError, best_effort, run
 from dmlctl.spec.slurm import SlurmSpec
 
 HOLD_SCRIPT = """#!/bin/sh
 # dmlctl holds this allocation for job {name}: the host agents run in it as
 # `srun --overlap` steps. The run's controller ends it when the run ends (`dmlctl
-# stop` cancels it); so does the time limit, and so does this script once no agent
-# step has run for {idle_checks} checks {check_s}s apart (a controller that died).
+# stop` cancels it); so does the time limit, and so does this script when no agent
+# step has run for {idle_checks} checks {check_s}s apart after one ran, or for
+# {first_checks} checks before any did (a controller that died). A check Slurm does
+# not answer counts for nothing.
 trap 'kill "$nap" 2>/dev/null; exit 0' TERM INT
 seen=0; idle=0
 while :; do
   sleep {check_s} & nap=$!; wait "$nap"
-  if squeue -h -s -j "$SLURM_JOB_ID" -o %j 2>/dev/null | grep -q '^dmlctl-agent-'; then
+  steps=$(squeue -h -s -j "$SLURM_JOB_ID" -o %j 2>/dev/null) || continue
+  if printf '%s\\n' "$steps" | grep -q '^dmlctl-agent-'; then
     seen=1; idle=0
-  elif [ "$seen" = 1 ]; then
-    idle=$((idle + 1)); [ "$idle" -ge {idle_checks} ] && exit 0
+    continue
   fi
+  idle=$((idle + 1))
+  if [ "$seen" = 1 ] && [ "$idle" -ge {idle_checks} ]; then exit 0; fi
+  if [ "$idle" -ge {first_checks} ]; then exit 0; fi
 done
 """
 CHECK_S = 60
 IDLE_CHECKS = 5
-"""The holding script looks for agent steps every minute and ends the allocation
-after five minutes without one (once it has seen one)."""
+FIRST_CHECKS = 30
+"""The holding script looks for agent steps every minute: it ends the allocation
+after five minutes without one, or half an hour when none has run yet (preflight,
+code sync and the job's setup come first)."""
 
 
-def hold_script(name: str, check_s: float = CHECK_S, idle_checks: int = IDLE_CHECKS) -> str:
+def hold_script(
+    name: str,
+    check_s: float = CHECK_S,
+    idle_checks: int = IDLE_CHECKS,
+    first_checks: int = FIRST_CHECKS,
+) -> str:
     """The batch script that holds the allocation of job ``name``."""
-    return HOLD_SCRIPT.format(name=name, check_s=f"{check_s:g}", idle_checks=idle_checks)
+    return HOLD_SCRIPT.format(
+        name=name, check_s=f"{check_s:g}", idle_checks=idle_checks, first_checks=first_checks
+    )
 
 
-ENDED = ("COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY")
+ENDED = (
+    "COMPLETED",
+    "CANCELLED",
+    "FAILED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "PREEMPTED",
+    "OUT_OF_MEMORY",
+    "BOOT_FAIL",
+    "DEADLINE",
+    "REVOKED",
+    "SPECIAL_EXIT",
+)
 """States after which an allocation holds no node."""
 
 
@@ -71,8 +97,10 @@ class JobState:
         return self.state in ENDED or self.state == "GONE"
 
 
-def sbatch_argv(spec: SlurmSpec, name: str) -> list[str]:
-    """The ``sbatch`` command that asks for ``spec``'s allocation (the script on stdin)."""
+def sbatch_argv(spec: SlurmSpec, name: str, slots: int = 1) -> list[str]:
+    """The ``sbatch`` command that asks for ``spec``'s allocation (the script on stdin),
+    each node with ``slots`` worker slots."""
+    cpus = spec.cpus_per_node or slots
     argv = [
         "sbatch",
         "--parsable",
@@ -80,12 +108,15 @@ def sbatch_argv(spec: SlurmSpec, name: str) -> list[str]:
         f"--nodes={spec.nodes}",
         "--ntasks-per-node=1",
         "--output=/dev/null",
+        f"--cpus-per-task={cpus}",
+        "--no-kill",  # a failed node ends its steps, not the allocation (min_hosts)
     ]
     for key, value in (
         ("partition", spec.partition),
         ("account", spec.account),
         ("qos", spec.qos),
         ("time", spec.time),
+        ("mem", spec.mem),
     ):
         if value is not None:
             argv.append(f"--{key}={value}")
@@ -96,21 +127,23 @@ def sbatch_argv(spec: SlurmSpec, name: str) -> list[str]:
     return [*argv, *spec.sbatch_options]
 
 
-def request_lines(spec: SlurmSpec, name: str, where: Allocation | None) -> list[str]:
+def request_lines(
+    spec: SlurmSpec, name: str, where: Allocation | None, slots: int = 1
+) -> list[str]:
     """What a launch does with Slurm, for the dry run: the ``sbatch`` command and its
     script before the allocation exists, the job and its nodes after."""
     if where is None:
-        argv = shlex.join(sbatch_argv(spec, name))
+        argv = shlex.join(sbatch_argv(spec, name, slots))
         script = hold_script(name).rstrip("\n").splitlines()
         return [f"ask Slurm for the allocation: {argv} <<script", *(f"    {ln}" for ln in script)]
     nodes = ", ".join(f"{host} = {node}" for host, node in where.nodes.items())
     return [f"in Slurm job {where.job_id}: {nodes}"]
 
 
-def submit(spec: SlurmSpec, name: str) -> str:
+def submit(spec: SlurmSpec, name: str, slots: int = 1) -> str:
     """Submit the allocation named ``dmlctl-<name>``; its job id. SlurmError (SlurmRefused for
     options Slurm calls invalid) when sbatch refuses."""
-    argv = sbatch_argv(spec, name)
+    argv = sbatch_argv(spec, name, slots)
     out = run(argv, spec.conf, input=hold_script(name)).stdout.strip()
     job_id = out.split(";")[0]
     if not job_id.isdigit():
@@ -136,17 +169,28 @@ def wait_running(
     on_wait: Callable[[JobState], None] = lambda _: None,
     poll_s: float = 0.5,
 ) -> JobState:
-    """Wait until the allocation runs (however long it queues: Ctrl-C stops the wait);
-    its state then. SlurmError when it ends first (cancelled, failed, refused)."""
+    """Wait until the allocation runs (however long it queues: Ctrl-C stops the wait),
+    asking every ``poll_s`` seconds at first and every 10 s after a minute; its state
+    then. SlurmError when it ends first (cancelled, failed, refused), or when Slurm
+    has not answered five times in a row."""
+    started, unanswered = time.monotonic(), 0
     while True:
-        now = state(job_id, conf)
+        try:
+            now = state(job_id, conf)
+        except SlurmError:
+            unanswered += 1
+            if unanswered >= 5:
+                raise
+            time.sleep(poll_s)
+            continue
+        unanswered = 0
         if now.state == "RUNNING":
             return now
         if now.ended:
             why = f" ({now.reason})" if now.reason else ""
             raise SlurmError(f"Slurm job {job_id} ended before it started: {now.state}{why}")
         on_wait(now)
-        time.sleep(poll_s)
+        time.sleep(poll_s if time.monotonic() - started < 60 else 10.0)
 
 
 def hostnames(nodelist: str, conf: str | None) -> list[str]:
@@ -166,28 +210,47 @@ def node_addresses(nodes: list[str], conf: str | None) -> dict[str, str]:
     return {n: found.get(n, n) for n in nodes}
 
 
+def require_live(where: Allocation, what: str) -> None:
+    """UsageError (one line: ``what``, the job and its state) unless the allocation
+    still holds its nodes: its steps can run only while it does."""
+    from dmlctl.errors import UsageError
+
+    try:
+        now = state(where.job_id, where.conf)
+    except SlurmError as e:
+        raise UsageError(f"{what}: Slurm does not say how job {where.job_id} is: {e}") from None
+    if now.ended:
+        said = "gone" if now.state == "GONE" else now.state
+        raise UsageError(f"{what}: its Slurm job {where.job_id} has ended ({said})")
+
+
 def finish(job_id: str, conf: str | None, wait_s: float = 5.0) -> None:
     """End a run's allocation as completed: its holding script is told to exit
     (SIGTERM to the batch step only), which ends every step in it; cancelled when it
-    still holds its nodes after ``wait_s``."""
-    run(["scancel", "--batch", "--signal=TERM", job_id], conf, check=False)
+    still holds its nodes after ``wait_s`` (a batch node that is gone cannot be told).
+    Never raises."""
+    best_effort(["scancel", "--batch", "--signal=TERM", job_id], conf, timeout=wait_s)
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
-        if state(job_id, conf).ended:
-            return
+        try:
+            if state(job_id, conf).ended:
+                return
+        except SlurmError:
+            break
         time.sleep(0.1)
     cancel(job_id, conf)
 
 
-def cancel(job_id: str, conf: str | None) -> None:
-    """Cancel the allocation and everything in it (done already: nothing happens)."""
-    run(["scancel", job_id], conf, check=False)
+def cancel(job_id: str, conf: str | None, name: str | None = None) -> None:
+    """Cancel the allocation and everything in it (done already: nothing happens; with
+    ``name``, only while the job has that name). Never raises."""
+    best_effort(["scancel", *([f"--name={name}"] if name else []), job_id], conf)
 
 
 def cancel_step(job_id: str, step_name: str, conf: str | None) -> None:
-    """SIGKILL the allocation's steps named ``step_name``."""
-    proc = run(["squeue", "-h", "-s", "-j", job_id, "-o", "%i|%j"], conf, check=False)
-    for line in proc.stdout.splitlines():
+    """SIGKILL the allocation's steps named ``step_name``. Never raises."""
+    steps = best_effort(["squeue", "-h", "-s", "-j", job_id, "-o", "%i|%j"], conf) or ""
+    for line in steps.splitlines():
         step, _, name = line.strip().partition("|")
         if name == step_name:
-            run(["scancel", "--signal=KILL", step], conf, check=False)
+            best_effort(["scancel", "--signal=KILL", step], conf)

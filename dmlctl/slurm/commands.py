@@ -20,6 +20,16 @@ INHERITED_PREFIXES = ("SLURM_", "SRUN_", "SALLOC_", "SBATCH_")
 KEPT = ("SLURM_CONF",)
 
 
+REFUSALS = (
+    "node configuration is not available",
+    "more processors requested than permitted",
+    "requested time limit is invalid",
+    "job violates accounting/qos policy",
+    "invalid account",
+)
+"""sbatch's words (lower case) for a request that can never be met as written."""
+
+
 class SlurmError(DmlctlError):
     """A Slurm command failed or is missing; the message names the command and why."""
 
@@ -84,9 +94,24 @@ def run(
     return proc
 
 
+def best_effort(argv: Sequence[str], conf: str | None, timeout: float = 10.0) -> str | None:
+    """Run a Slurm command that may fail harmlessly (a cancel, a step's end): its
+    stdout, or None when it failed, timed out or is missing. Never raises: it runs on
+    the way out, where Slurm may be slow to answer for a node that is gone."""
+    try:
+        proc = run(argv, conf, timeout=timeout, check=False)
+    except SlurmError:
+        return None
+    return proc.stdout if proc.returncode == 0 else None
+
+
 def failure(argv: Sequence[str], stderr: str, code: int) -> SlurmError:
     """The error of a failed Slurm command, from its stderr."""
     lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
     why = lines[-1] if lines else f"exit code {code}"
-    error = SlurmRefused if "invalid" in why.lower() else SlurmError
+    said = why.lower()
+    asked = ("invalid" in said and "credential" not in said) or any(
+        words in said for words in REFUSALS
+    )
+    error = SlurmRefused if asked else SlurmError
     return error(f"{argv[0]} failed: {why}")

@@ -8,8 +8,10 @@ and code sync run over it exactly as over SSH.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import signal
+import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -19,6 +21,8 @@ from dmlctl.transport import Reachable, Transport, make_transports
 from dmlctl.transport.base import Result, remote_command
 from dmlctl.transport.local import LocalProcess, LocalTransport
 
+SETUP_FAILED = 97
+"""Exit code of a command whose node's ``slurm.setup`` failed (its output on stderr)."""
 KILL_WAIT_S = 10.0
 """How long a stopped step's ``srun`` gets to end its step before it is SIGKILLed."""
 
@@ -52,7 +56,11 @@ class Node:
     def command(self, argv: Sequence[str], cwd: str | None, step_name: str) -> list[str]:
         """The whole command line that runs ``argv`` in ``cwd`` on this node."""
         line = remote_command(argv, cwd)
-        script = f"{self.setup}\n{line}" if self.setup else line
+        if not self.setup:
+            return [*self.srun(step_name), "sh", "-c", line]
+        # setup's output would mix with the command's (a protocol on stdout); a setup
+        # that fails stops the command, with its words on stderr.
+        script = f"{{ {self.setup}\n}} >&2 || exit {SETUP_FAILED}\n{line}"
         return [*self.srun(step_name), "sh", "-c", script]
 
     @staticmethod
@@ -74,11 +82,21 @@ class SrunProcess(LocalProcess):
         return False
 
     def kill(self) -> None:
-        """End the step: ``srun`` SIGTERMed cancels it (the node's ``slurmstepd``
-        signals every process of it); one that does not end in :data:`KILL_WAIT_S` is
-        SIGKILLed and the step cancelled by name."""
+        """End the step, without waiting: ``srun`` SIGTERMed cancels it (the node's
+        ``slurmstepd`` signals every process of it); one that has not ended after
+        :data:`KILL_WAIT_S` (its node may not answer) is SIGKILLed and the step
+        cancelled by its name, unique to it, in the background."""
+        if not self.alive_locally():
+            return
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, signal.SIGTERM)
+        threading.Thread(target=self._finish_kill, daemon=True).start()
+
+    def alive_locally(self) -> bool:
+        """Whether this ``srun`` still runs here (not yet reaped: its pid is its own)."""
+        return super().alive_here()
+
+    def _finish_kill(self) -> None:
         if self.wait(KILL_WAIT_S) is None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGKILL)
@@ -102,20 +120,30 @@ class SrunTransport:
         cwd: str | None = None,
         input: bytes | None = None,
     ) -> Result:
-        step = f"dmlctl-{self.host}"
+        step = _step_name(f"dmlctl-{self.host}")
         full = self.node.command(argv, cwd, step)
         result = self._local.run(full, timeout=timeout, input=input, env=slurm_env(self.node.conf))
         if result.exit_code == 124:  # srun outlived its timeout: its step goes too
-            allocation.cancel_step(self.node.job_id, step, self.node.conf)
+            where = (self.node.job_id, step, self.node.conf)
+            threading.Thread(target=allocation.cancel_step, args=where, daemon=True).start()
         return Result(self.host, tuple(argv), *_outcome(result))
 
     def start(self, argv: Sequence[str], *, cwd: str | None = None) -> SrunProcess:
-        step = f"dmlctl-agent-{self.host}"
+        step = _step_name(f"dmlctl-agent-{self.host}")
         return SrunProcess(self.host, self.node, self.node.command(argv, cwd, step), step)
 
 
 def _outcome(result: Result) -> tuple[int, str, str, float]:
     return result.exit_code, result.stdout, result.stderr, result.duration
+
+
+_steps = itertools.count(1)
+
+
+def _step_name(prefix: str) -> str:
+    """A step name no other step of this controller has (so that ending one step never
+    ends another, such as a host's standby agent beside its agent)."""
+    return f"{prefix}-{os.getpid()}-{next(_steps)}"
 
 
 def transports_for(

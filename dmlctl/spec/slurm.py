@@ -54,21 +54,46 @@ def placeholder(i: int) -> str:
     return f"node-{i}"
 
 
-_SHORT = {o for o in MANAGED_OPTIONS if len(o) == 2}
+REFUSED_OPTIONS = {
+    "--wait": "sbatch would not return until the allocation ends",
+    "-W": "sbatch would not return until the allocation ends",
+    "--hold": "the allocation would never start",
+    "-H": "the allocation would never start",
+    "--array": "it would ask for more than one allocation",
+    "-a": "it would ask for more than one allocation",
+    "--test-only": "no allocation would be made",
+    "--signal": "the holding script would end the run early",
+    "--gres": "steps would not get them; use gpus_per_node",
+    "--gpus": "steps would not get them; use gpus_per_node",
+    "-G": "steps would not get them; use gpus_per_node",
+    "--cpus-per-task": "use cpus_per_node",
+    "-c": "use cpus_per_node",
+    "--mem": "use mem",
+}
+"""Options that would leave dmlctl waiting, holding more than one allocation, or
+steps without what the allocation has: refused with why."""
 
 
 def _check_sbatch_option(value: str) -> str:
     """One sbatch option (``--name=value``, ``--flag`` or ``-Xvalue``) that dmlctl does
-    not set itself; ValueError saying which rule it breaks."""
+    not set itself, nor an abbreviation of one (sbatch takes any unique prefix of a
+    long option); ValueError saying which rule it breaks."""
     one_line(value)
     name = value.split("=", 1)[0]
     if not value.startswith("-") or any(c.isspace() for c in name):
         raise ValueError(
             f"{value!r} is not one sbatch option; write each as '--name=value' or '--flag'"
         )
-    managed = name if name.startswith("--") else name[:2]
-    if managed in MANAGED_OPTIONS:
-        raise ValueError(f"{managed} is set by dmlctl (use the slurm block's own key for it)")
+    if name.startswith("--"):
+        longs = [o for o in (*MANAGED_OPTIONS, *REFUSED_OPTIONS) if o.startswith("--")]
+        hits = [o for o in longs if o == name] or [o for o in longs if o.startswith(name)]
+        option = hits[0] if hits else name
+    else:
+        option = name[:2]
+    if option in MANAGED_OPTIONS:
+        raise ValueError(f"{option} is set by dmlctl (use the slurm block's own key for it)")
+    if option in REFUSED_OPTIONS:
+        raise ValueError(f"{option} is refused: {REFUSED_OPTIONS[option]}")
     return value
 
 
@@ -99,6 +124,18 @@ class SlurmSpec(BaseModel):
         default=0, ge=0, le=1024, description="sbatch --gpus-per-node; every step gets them."
     )
     exclusive: bool = Field(default=False, description="sbatch --exclusive: whole nodes.")
+    cpus_per_node: int | None = Field(
+        default=None,
+        ge=1,
+        le=100_000,
+        description="CPUs of each node for the run (sbatch --cpus-per-task, one task a "
+        "node); default: one per worker slot (defaults.slots).",
+    )
+    mem: str | None = Field(
+        default=None,
+        description="Memory of each node for the run (sbatch --mem, e.g. '64G'; '0': all "
+        "of it); default: the partition's.",
+    )
     sbatch_options: list[SbatchOption] = Field(
         default_factory=list,
         max_length=100,
@@ -119,6 +156,16 @@ class SlurmSpec(BaseModel):
 
     _one_line = field_validator("partition", "account", "qos", "conf")(check_one_line)
     _setup = field_validator("setup")(check_command)
+
+    @field_validator("mem")
+    @classmethod
+    def _mem(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[0-9]+[KMGT]?", value):
+            raise ValueError(
+                f"{value!r} is no Slurm memory size: a number with K, M, G or T ('64G'; "
+                "'0': all of the node's)"
+            )
+        return value
 
     @field_validator("time")
     @classmethod

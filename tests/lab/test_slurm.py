@@ -2,12 +2,15 @@
 namespace) and dmlctl on it: the quick start on 2 nodes, parameter servers on a node
 of their own, ``stop`` (no job left in Slurm, no process on any node), a rank killed
 (restarted in the same allocation), bad scheduler options (exit 2, nothing asked of
-Slurm), and the dry run's ``sbatch`` and ``srun`` lines."""
+Slurm), the dry run's ``sbatch`` and ``srun`` lines, and a node that stops answering
+(the run goes on on the node left)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -94,6 +97,15 @@ def test_the_quick_start_runs_on_two_slurm_nodes(slurm: LabCli, tmp_path: Path) 
     assert where.endswith(", completed"), status.stdout
     assert "  node-0: lab-0" in lines and "  node-1: lab-1" in lines
     assert squeue(slurm, "-t", "PENDING,RUNNING") == ""
+    job_id = where.split()[3].rstrip(",")
+    fetch = slurm.run("logs", run_id, "--fetch")  # the nodes' files went with the job
+    assert f"its Slurm job {job_id} has ended (COMPLETED)" in fetch.stdout + fetch.stderr
+    doctor = slurm.run("doctor", "--cluster", str(path))
+    assert doctor.returncode == 2, doctor.stdout + doctor.stderr
+    assert doctor.stderr.strip() == (
+        f"dmlctl: {path}: doctor does not run on a Slurm cluster yet (scheduler: slurm); "
+        "`dmlctl launch JOB --cluster` does"
+    )
 
 
 def test_parameter_servers_run_on_a_node_of_their_own(slurm: LabCli, tmp_path: Path) -> None:
@@ -173,7 +185,8 @@ def test_the_dry_run_prints_the_batch_script_and_the_srun_lines(
     out = proc.stdout
     assert (
         "ask Slurm for the allocation: sbatch --parsable --job-name=dmlctl-plain --nodes=2 "
-        "--ntasks-per-node=1 --output=/dev/null --partition=lab --time=10 --comment=dry <<script"
+        "--ntasks-per-node=1 --output=/dev/null --cpus-per-task=1 --no-kill --partition=lab "
+        "--time=10 --comment=dry <<script"
     ) in out, out
     assert "trap 'kill \"$nap\" 2>/dev/null; exit 0' TERM INT" in out
     assert (
@@ -181,3 +194,49 @@ def test_the_dry_run_prints_the_batch_script_and_the_srun_lines(
         "--nodelist=<node 1> --overlap --quiet --job-name=dmlctl-agent-node-1"
     ) in out, out
     assert squeue(slurm, "-t", "all") == before
+
+
+# serial: a silence of host_timeout (3 s) is told from a loaded host on an idle machine.
+# Last in the file: its node stays down for a while after it is thawed.
+@pytest.mark.serial
+def test_a_node_that_stops_answering_is_lost_and_the_run_goes_on(
+    slurm: LabCli, tmp_path: Path
+) -> None:
+    """Everything on lab-1 (slurmd, the agent's step, its ranks) stops answering, as a
+    node whose network or kernel hangs: its agent is lost after host_timeout, and with
+    ``min_hosts: 1`` the run goes on on node-0 alone, in the same allocation, from the
+    checkpoint the controller kept."""
+    job = tmp_path / "job.yaml"
+    job.write_text(
+        f"name: elastic\nscript: train.py\nworkdir: {REPO / 'tests' / 'ssh' / 'jobs' / 'elastic'}\n"
+        f"workers: 2\nmin_hosts: 1\nenv:\n  OUT: {tmp_path / 'out.txt'}\n"
+        "checkpoint:\n  every_steps: 5\n"
+        "restart:\n  max_infra_restarts: 2\n  backoff_initial: 0.2\n  host_wait: 3\n"
+        "  host_cooldown: 60\n  stop_grace: 1\n  host_timeout: 3\n"
+    )
+    path = cluster(slurm, tmp_path, nodes=2)
+    runs = set(slurm.runs())
+    proc = slurm.popen("launch", str(job), "--cluster", str(path), "--ui", "plain")
+    frozen: list[str] = []
+    try:
+        assert wait_until(lambda: len(set(slurm.runs()) - runs) == 1, 60), proc.poll()
+        (run,) = set(slurm.runs()) - runs
+        assert wait_until((run / "checkpoints" / "LATEST").is_file, 90), "no checkpoint copy"
+        netns = ["ip", "netns", "pids", "dmlctl-lab-1"]
+        frozen = subprocess.run(netns, capture_output=True, text=True).stdout.split()
+        for pid in frozen:
+            os.kill(int(pid), signal.SIGSTOP)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        for pid in frozen:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGCONT)
+        proc.kill()
+    assert proc.returncode == 0, out
+    state = slurm.state(run.name)
+    lost = state["failures"][0]
+    assert (lost["host"], lost["exc_type"]) == ("node-1", "AgentLost"), lost
+    assert "no message from the host for 3 s" in lost["message"], lost
+    assert state["hosts"] == ["node-0"] and state["world_size"] == 1
+    assert (tmp_path / "out.txt").read_text().startswith("40 ")
+    assert wait_until(lambda: squeue(slurm, "-t", "PENDING,RUNNING") == "", 30)

@@ -41,6 +41,25 @@ SLURM_CASES = [
         "slurm.sbatch_options[0]",
         "is not one sbatch option",
     ),
+    (
+        "scheduler: slurm\nslurm:\n  sbatch_options: ['--part=gpu']\n",
+        3,
+        "slurm.sbatch_options[0]",
+        "--partition is set by dmlctl",
+    ),
+    (
+        "scheduler: slurm\nslurm:\n  sbatch_options: ['--wait']\n",
+        3,
+        "slurm.sbatch_options[0]",
+        "--wait is refused: sbatch would not return",
+    ),
+    (
+        "scheduler: slurm\nslurm:\n  sbatch_options: ['--gres=gpu:4']\n",
+        3,
+        "slurm.sbatch_options[0]",
+        "use gpus_per_node",
+    ),
+    ("scheduler: slurm\nslurm:\n  mem: lots\n", 3, "slurm.mem", "'lots' is no Slurm memory size"),
     ("scheduler: slurm\nslurm:\n  partiton: x\n", 3, "slurm.partiton", "did you mean"),
     ("scheduler: slurm\nhosts:\n  - address: a\n", 2, "hosts", "remove 'hosts'"),
     ("scheduler: pbs\nhosts:\n  - address: a\n", 1, "scheduler", "'ssh' or 'slurm'"),
@@ -80,18 +99,22 @@ def test_sbatch_asks_for_the_block_and_the_script_only_holds_the_nodes() -> None
         gpus_per_node=4,
         exclusive=True,
         sbatch_options=["--constraint=a b"],
+        mem="64G",
     )
-    assert sbatch_argv(spec, "lm") == [
+    assert sbatch_argv(spec, "lm", slots=4) == [
         "sbatch",
         "--parsable",
         "--job-name=dmlctl-lm",
         "--nodes=2",
         "--ntasks-per-node=1",
         "--output=/dev/null",
+        "--cpus-per-task=4",
+        "--no-kill",
         "--partition=gpu",
         "--account=ml",
         "--qos=high",
         "--time=1-00:00:00",
+        "--mem=64G",
         "--gpus-per-node=4",
         "--exclusive",
         "--constraint=a b",
@@ -124,23 +147,27 @@ def test_the_holding_script_exits_on_sigterm_and_takes_its_sleep_with_it(tmp_pat
 
 def test_the_holding_script_ends_once_no_agent_step_has_run_for_a_while(tmp_path: Path) -> None:
     """A controller killed -9 leaves no agent (each sees its stdin close); the script
-    then ends the allocation by itself, but not before it has seen an agent."""
+    then ends the allocation by itself: soon after the last agent, later when none
+    ever ran, never on checks Slurm did not answer."""
     bin_dir, calls = tmp_path / "bin", tmp_path / "calls"
     bin_dir.mkdir()
-    squeue = bin_dir / "squeue"  # agents for the first 3 checks, then none
-    squeue.write_text(
-        f'#!/bin/sh\necho x >> {calls}\n[ "$(wc -l < {calls})" -le 3 ] && '
-        "echo dmlctl-agent-node-0\necho batch\n"
-    )
-    squeue.chmod(0o755)
-    script = tmp_path / "hold.sh"
-    script.write_text(hold_script("t", check_s=0.05, idle_checks=4))
-    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "7"}
-    assert subprocess.run(["sh", str(script)], env=env, timeout=30).returncode == 0
-    assert len(calls.read_text().split()) == 3 + 4
-    squeue.write_text("#!/bin/sh\necho batch\n")  # never an agent: it holds on
+    squeue = bin_dir / "squeue"
+
+    def hold(answer: str, timeout: float = 30) -> int:
+        calls.write_text("")
+        squeue.write_text(f"#!/bin/sh\necho x >> {calls}\n{answer}\n")
+        squeue.chmod(0o755)
+        script = tmp_path / "hold.sh"
+        script.write_text(hold_script("t", check_s=0.05, idle_checks=4, first_checks=6))
+        env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "7"}
+        assert subprocess.run(["sh", str(script)], env=env, timeout=timeout).returncode == 0
+        return len(calls.read_text().split())
+
+    agents_then_none = f'[ "$(wc -l < {calls})" -le 3 ] && echo dmlctl-agent-node-0-1; echo batch'
+    assert hold(agents_then_none) == 3 + 4
+    assert hold("echo batch") == 6  # no agent ever: the longer allowance
     with pytest.raises(subprocess.TimeoutExpired):
-        subprocess.run(["sh", str(script)], env=env, timeout=1)
+        hold("exit 1", timeout=1)  # Slurm does not answer: it holds on
 
 
 def _running(pid: str) -> bool:
@@ -169,15 +196,21 @@ def test_a_step_runs_setup_then_the_command_in_its_directory() -> None:
     ]
     assert argv[10:] == [
         "-c",
-        "module load cuda\ncd \"$HOME\"'/work dir' && exec python -c 'print('\"'\"'a b'\"'\"')'",
+        "{ module load cuda\n} >&2 || exit 97\n"
+        "cd \"$HOME\"'/work dir' && exec python -c 'print('\"'\"'a b'\"'\"')'",
     ]
-    out = subprocess.run(
-        ["sh", "-c", argv[11].replace("module load cuda", "true")],
-        text=True,
-        capture_output=True,
-        env={"HOME": "/nonexistent"},
-    )
-    assert "/work dir" in out.stderr  # the directory is tried before the command runs
+
+    def run(setup: str, home: str) -> subprocess.CompletedProcess[str]:
+        script = argv[11].replace("module load cuda", setup)
+        return subprocess.run(
+            ["sh", "-c", script], text=True, capture_output=True, env={"HOME": home}
+        )
+
+    said = run("echo loaded", "/nonexistent")
+    assert said.stdout == "" and "loaded" in said.stderr  # stdout is the command's alone
+    assert "/work dir" in said.stderr and said.returncode != 0  # tried before the command
+    failed = run("echo no such module >&2; false", "/")
+    assert failed.returncode == 97 and "no such module" in failed.stderr
 
 
 def test_slurm_commands_get_the_clusters_conf_and_not_an_enclosing_allocation() -> None:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import typer
 
 from dmlctl.cli.bench.plot import check_plot, plot_option, write_plot
-from dmlctl.cli.common import stderr_console, stdout_console
+from dmlctl.cli.common import no_slurm, stderr_console, stdout_console
 
 if TYPE_CHECKING:
     from dmlctl.bench.advise import AdviseRequest
@@ -127,7 +127,7 @@ def _advise_request(
 
     job = load_job(job_file)
     if cluster is not None:
-        load_cluster_file(cluster)
+        no_slurm(load_cluster_file(cluster), "bench advise", cluster)
     return AdviseRequest(
         job_file=job_file.resolve(),
         job=job,

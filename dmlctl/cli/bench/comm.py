@@ -10,7 +10,7 @@ import typer
 
 from dmlctl.cli.bench.common import JSON_TABLE, finish
 from dmlctl.cli.bench.plot import check_plot, plot_option
-from dmlctl.cli.common import stderr_console
+from dmlctl.cli.common import no_slurm, stderr_console
 
 
 def comm(
@@ -38,7 +38,11 @@ def comm(
     check_plot(plot)
     op_names = parse_ops(ops)
     sweep = Sweep(parse_size(min_bytes), parse_size(max_bytes), iters, warmup)
-    spec = load_cluster_file(cluster) if cluster is not None else default_cluster()
+    spec = (
+        no_slurm(load_cluster_file(cluster), "bench comm", cluster)
+        if cluster is not None
+        else default_cluster()
+    )
     err = stderr_console()
     with err.status("running the communication benchmark…"):
         results, run = run_comm_bench(spec, workers=workers, ops=op_names, sweep=sweep, console=err)
