@@ -41,6 +41,8 @@ class Kind(str, Enum):
     SPEC = "spec"  # the run's own argv, env or directory cannot be started
     RECORDS = "records"  # the run's directory was deleted, or its records cannot be kept
     CONTROLLER = "controller"  # the controller died (a resumed run)
+    ALLOCATION = "allocation ended"  # the batch scheduler's job ended: time limit, preemption…
+    REQUEUED = "allocation requeued"  # it ended early, and a new one is asked for
 
 
 class Evidence(str, Enum):
@@ -170,6 +172,8 @@ _NAMED = {
     "RunDirGone": Kind.RECORDS,
     "StoreError": Kind.RECORDS,
     "ControllerLost": Kind.CONTROLLER,
+    "AllocationEnded": Kind.ALLOCATION,
+    "AllocationRequeued": Kind.REQUEUED,
 }
 
 
@@ -187,7 +191,16 @@ def named_kind(exc_type: str, message: str, rank: int | None) -> Kind:
 
 
 _EXIT_NAMES = ("Signal", "ExitCode")
-_SEEN_NAMES = ("Hang", "AgentLost", "HostsLost", "ControllerLost", "RunDirGone", "StoreError")
+_SEEN_NAMES = (
+    "Hang",
+    "AgentLost",
+    "HostsLost",
+    "ControllerLost",
+    "RunDirGone",
+    "StoreError",
+    "AllocationEnded",
+    "AllocationRequeued",
+)
 
 
 def named_evidence(host: str, exc_type: str, message: str) -> Evidence:
@@ -246,6 +259,8 @@ def pick_root_cause(failures: Iterable[Failure]) -> Failure | None:
     """The failure among ``failures`` (in arrival order) that explains the others — the
     one rule set, the same whatever order they arrived in:
 
+    0. the end of the run's allocation (a batch scheduler's time limit, preemption,
+       cancel) explains every death in it;
     1. an exit status alone is dropped when a record or an observation is about the
        same rank (a host agent's failure is about each of its host's ranks): torchrun's
        summary names the rank whose record already explained it, and "torchrun exited
@@ -279,5 +294,8 @@ def explains_better(new: Failure, old: Failure | None) -> bool:
     return old is None or pick_root_cause([old, new]) is new
 
 
-def _order(f: Failure) -> tuple[bool, bool, float]:
-    return f.collateral, f.evidence is Evidence.EXIT, f.ts
+_ENDS = {Kind.ALLOCATION: 0, Kind.REQUEUED: 1}  # a requeue that failed says more
+
+
+def _order(f: Failure) -> tuple[int, bool, bool, float]:
+    return _ENDS.get(f.kind, 2), f.collateral, f.evidence is Evidence.EXIT, f.ts

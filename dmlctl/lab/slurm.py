@@ -23,6 +23,9 @@ CTLD_PORT = 6917
 SLURMD_PORT = 6918
 """Not Slurm's own 6817/6818, which a Slurm installed on this machine may hold."""
 PARTITION = "lab"
+URGENT = "urgent"
+"""A partition over the same nodes whose jobs preempt (cancel) the lab partition's:
+how a test meets a preemption."""
 READY_TIMEOUT_S = 30.0
 MUNGE_SOCKET_DIR = Path("/run/munge")
 MUNGE_KEY = Path("/etc/munge/munge.key")
@@ -52,7 +55,8 @@ def node_name(i: int) -> str:
 
 
 def write_conf(lab_dir: Path, n: int, cpus: int) -> Path:
-    """The lab's ``slurm.conf``: one partition of ``n`` nodes of ``cpus`` CPUs each,
+    """The lab's ``slurm.conf``: partition ``lab`` of ``n`` nodes of ``cpus`` CPUs
+    each and partition ``urgent`` over the same nodes, whose jobs preempt lab's;
     processes tracked by their parent (no cgroups needed), no accounting."""
     d = slurm_dir(lab_dir)
     for sub in ("ctld", *(node_name(i) for i in range(n))):
@@ -70,6 +74,7 @@ def write_conf(lab_dir: Path, n: int, cpus: int) -> Path:
         dir=d,
         nodes=nodes,
         partition=PARTITION,
+        urgent=URGENT,
         names=",".join(node_name(i) for i in range(n)),
     )
     path = conf_path(lab_dir)
@@ -97,6 +102,8 @@ TaskPlugin=task/none
 SwitchType=switch/none
 MpiDefault=none
 SchedulerType=sched/backfill
+PreemptType=preempt/partition_prio
+PreemptMode=CANCEL
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 ReturnToService=2
@@ -109,7 +116,8 @@ InactiveLimit=0
 KillWait=5
 MinJobAge=600
 {nodes}
-PartitionName={partition} Nodes={names} Default=YES MaxTime=INFINITE State=UP
+PartitionName={partition} Nodes={names} Default=YES MaxTime=INFINITE State=UP PriorityTier=1
+PartitionName={urgent} Nodes={names} MaxTime=INFINITE State=UP PriorityTier=10
 """
 
 
@@ -160,9 +168,10 @@ def wait_idle(conf: Path, n: int) -> None:
             timeout=30,
             env={**os.environ, "SLURM_CONF": str(conf)},
         )
-        shown = proc.stdout.strip() or proc.stderr.strip()
-        states = [line.split()[-1] for line in proc.stdout.splitlines() if line.strip()]
-        if len(states) == n and all(s == "idle" for s in states):
+        # one line per node and partition: a node of both partitions is listed twice
+        states = dict(line.split()[:2] for line in proc.stdout.splitlines() if line.strip())
+        shown = ", ".join(f"{k} {v}" for k, v in states.items()) or proc.stderr.strip()
+        if len(states) == n and all(s == "idle" for s in states.values()):
             return
         time.sleep(0.2)
     raise LabError(f"Slurm nodes not idle after {READY_TIMEOUT_S:g} s: {shown or 'no answer'}")

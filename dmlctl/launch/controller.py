@@ -22,11 +22,13 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from dmlctl.launch.requeue import Reallocation
     from dmlctl.launch.supervisor import Supervisor
     from dmlctl.plan.model import LaunchPlan
     from dmlctl.runs.sink import Sink
     from dmlctl.runs.state import RunState
     from dmlctl.runs.store import RunDir
+    from dmlctl.slurm.allocation import Allocation
     from dmlctl.transport import Transport
 
 _pending: list[str] = []
@@ -60,7 +62,9 @@ def run_controller(
     from dmlctl.transport import close_transports
 
     if transports is None:
-        transports = transports_for(plan.hosts + plan.spares, plan.allocation)
+        where = _current(run, plan)
+        transports = transports_for(plan.hosts + plan.spares, where)
+    transports = dict(transports)  # the run's own: a new allocation swaps its entries
     previous: dict[signal.Signals, Callable[..., Any] | int | None] = {}
     try:
         sup = _supervisor(run, plan, sink, transports)
@@ -77,16 +81,13 @@ def run_controller(
         return state
     finally:
         close_transports(dict(transports))
-        if plan.allocation is not None:  # the run's own: it ends with the run
-            from dmlctl.slurm.allocation import finish
-
-            finish(plan.allocation.job_id, plan.allocation.conf)
+        _release(run, plan)
         for restored, handler in previous.items():
             signal.signal(restored, handler if handler is not None else signal.SIG_DFL)
 
 
 def _supervisor(
-    run: RunDir, plan: LaunchPlan, sink: Sink, transports: Mapping[str, Transport]
+    run: RunDir, plan: LaunchPlan, sink: Sink, transports: dict[str, Transport]
 ) -> Supervisor:
     """The supervisor of ``plan``, with the job's ``restart:`` settings (the policy's
     budgets and backoff, hangs, lost hosts, standby agents) and checkpoint copies."""
@@ -122,6 +123,7 @@ def _supervisor(
         standby=restart.standby and restart.max_infra_restarts + restart.max_user_restarts > 0,
         rendezvous=lambda h: rendezvous_on(h, transports[h.name]),
         redactor=redactor_of(plan),
+        reallocation=_reallocation(run, plan, transports),
     )
     if replicator is not None:
         replicator.on_copied = lambda step: sup.post(CheckpointCopied(step, time.time()))
@@ -176,6 +178,32 @@ def main(argv: list[str]) -> int:
     state = run_controller(run, plan, NullSink(), resume_from=resume_from)
     console.print(render_summary(state, str(run.path)))
     return int(state.exit_code or 0)
+
+
+def _reallocation(
+    run: RunDir, plan: LaunchPlan, transports: dict[str, Transport]
+) -> Reallocation | None:
+    """The run's Slurm allocation as it may change (None: the run has none)."""
+    from dmlctl.launch.requeue import Reallocation
+
+    where = _current(run, plan)
+    return None if where is None else Reallocation(run.path, where, transports)
+
+
+def _current(run: RunDir, plan: LaunchPlan) -> Allocation | None:
+    """The run's Slurm allocation now (a requeue's, else the planned one)."""
+    from dmlctl.launch.requeue import current
+
+    return current(run.path, plan.allocation)
+
+
+def _release(run: RunDir, plan: LaunchPlan) -> None:
+    """End the run's Slurm allocation, if it has one: it is the run's own."""
+    where = _current(run, plan)
+    if where is not None:
+        from dmlctl.slurm.allocation import finish
+
+        finish(where.job_id, where.conf)
 
 
 if __name__ == "__main__":

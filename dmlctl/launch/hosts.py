@@ -61,6 +61,13 @@ class HostPool:
         self.aside: dict[str, float] = {}  # host → when its cooldown ends
         self.why: dict[str, str] = {}  # host → the last reason it was set aside
 
+    def renew(self, plan: LaunchPlan) -> None:
+        """The run's hosts are new machines (a batch scheduler granted its request
+        again): ``plan``'s, none of them set aside."""
+        self.plan = plan
+        self.aside.clear()
+        self.why.clear()
+
     def lose(self, host: str, why: str) -> None:
         """Set ``host`` aside for the cooldown, remembering ``why``."""
         self.aside[host] = self.clock() + self.cooldown

@@ -3,10 +3,13 @@ answers for a recorded run (:func:`scheduler_of`, from its plan)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from rich.console import Console
 
 from dmlctl.errors import DmlctlError
 from dmlctl.launch.options import LaunchOptions
+from dmlctl.launch.requeue import current
 from dmlctl.launch.schedulers import (
     LocalScheduler,
     RecordedRunBase,
@@ -48,6 +51,7 @@ def scheduler_of(run: RunDir) -> RecordedRuns:
         plan = run.read_plan()
     except (DmlctlError, OSError, ValueError) as e:
         return _Unplanned(str(e))
+    plan = dataclasses.replace(plan, allocation=current(run.path, plan.allocation))
     if plan.allocation is not None:
         spec = SlurmSpec(conf=plan.allocation.conf)
         return SlurmScheduler(LaunchOptions(), (console, console), spec, plan)

@@ -75,6 +75,8 @@ BUDGETS: dict[Kind, FailureKind] = {
     Kind.RECORDS: FailureKind.FATAL,  # its directory was deleted, its store fails
     Kind.CHECKPOINT: FailureKind.FATAL,  # no checkpoint loads, or it is another run's
     Kind.HOSTS_LOST: FailureKind.FATAL,  # the wait for lost hosts is over
+    Kind.ALLOCATION: FailureKind.FATAL,  # the Slurm job is over: no node left to run on
+    Kind.REQUEUED: FailureKind.INFRA,  # it ended early: a new one is asked for
 }
 """The budget each kind of failure spends (FATAL: none — the same run would fail the
 same way). Restarting a USER failure usually fails the same way, which is why its

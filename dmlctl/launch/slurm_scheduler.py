@@ -60,9 +60,8 @@ class SlurmScheduler(SshScheduler):
                 ),
                 port_note=DRY_RUN_NOTE,
             )
-        where = self._allocate(job.name or "job", placement)
+        where, addresses = self._allocate(job.name or "job", placement)
         try:
-            addresses = allocation.node_addresses(list(where.nodes.values()), where.conf)
             bound = {host: addresses[node] for host, node in where.nodes.items()}
             self._transports = transports_for(placement.hosts, where)
             placed = placement.bound(bound)
@@ -74,34 +73,41 @@ class SlurmScheduler(SshScheduler):
         routes = {h: r for h, t in self._transports.items() if (r := ssh_route(t)) is not None}
         return Facts(port, sys.executable, first.address, gpus, lib, routes, (), None, bound, where)
 
-    def _allocate(self, name: str, placement: JobPlacement) -> Allocation:
+    def _allocate(self, name: str, placement: JobPlacement) -> tuple[Allocation, dict[str, str]]:
         """Ask Slurm for the allocation and wait until it runs (as long as it queues;
         Ctrl-C cancels it); its nodes bound to the placement's hosts in order."""
         spec = self._spec
-        job_id = allocation.submit(spec, name, max(h.slots for h in placement.hosts))
-        self._job_id = job_id
-        try:
-            with self._err.status(f"Slurm job {job_id}: waiting for its allocation…") as shown:
+        argv = allocation.sbatch_argv(spec, name, max(h.slots for h in placement.hosts))
+        with self._err.status("asking Slurm for an allocation…") as shown:
 
-                def waiting(now: JobState) -> None:
-                    why = f" ({now.reason})" if now.reason else ""
-                    shown.update(f"Slurm job {job_id}: {now.state.lower()}{why}…")
+            def submitted(job_id: str) -> None:
+                self._job_id = job_id
+                shown.update(f"Slurm job {job_id}: waiting for its allocation…")
 
-                started = allocation.wait_running(job_id, spec.conf, waiting)
-                nodes = allocation.hostnames(started.nodelist, spec.conf)
-        except BaseException:
-            allocation.cancel(job_id, spec.conf)
-            raise
-        self._err.print(
-            f"Slurm job {job_id}: {plural(len(nodes), 'node')} ({', '.join(nodes)})",
-            markup=False,
-        )
+            def waiting(now: JobState) -> None:
+                why = f" ({now.reason})" if now.reason else ""
+                shown.update(f"Slurm job {self._job_id}: {now.state.lower()}{why}…")
+
+            got = allocation.allocate(argv, name, spec.conf, waiting, submitted)
+        said = f"Slurm job {got.job_id}: {plural(len(got.nodes), 'node')} ({', '.join(got.nodes)})"
+        self._err.print(said, markup=False)
         hosts = [h.name for h in placement.hosts]
-        if len(nodes) < len(hosts):
-            allocation.cancel(job_id, spec.conf)
-            raise DmlctlError(f"Slurm job {job_id} has {len(nodes)} nodes, not {len(hosts)}")
-        paired = dict(zip(hosts, nodes, strict=False))
-        return Allocation(job_id, paired, spec.conf, spec.gpus_per_node, spec.setup)
+        if len(got.nodes) < len(hosts):
+            allocation.cancel(got.job_id, spec.conf)
+            raise DmlctlError(
+                f"Slurm job {got.job_id} has {len(got.nodes)} nodes, not {len(hosts)}"
+            )
+        paired = dict(zip(hosts, got.nodes, strict=False))
+        where = Allocation(
+            got.job_id,
+            paired,
+            spec.conf,
+            spec.gpus_per_node,
+            spec.setup,
+            tuple(argv),
+            spec.requeue,
+        )
+        return where, got.addresses
 
     def schedule(
         self, request: LaunchRequest, job: JobSpec, cluster: ClusterSpec, store: RunStore

@@ -27,7 +27,9 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
+from dmlctl.errors import DmlctlError
 from dmlctl.failure import CONTROLLER, Evidence, Failure, Kind
 from dmlctl.hangs.watch import DUMP_WAIT_S
 from dmlctl.launch.attempt import AttemptNotes, AttemptRunner, AttemptSettings
@@ -47,7 +49,7 @@ from dmlctl.launch.policy import (
 )
 from dmlctl.launch.standby import WARM_AFTER, Standbys
 from dmlctl.launch.stops import STOP_MARGIN, StopRules
-from dmlctl.plan.elastic import CannotReplan, place
+from dmlctl.plan.elastic import CannotReplan, place, replan
 from dmlctl.plan.model import HostPlan, LaunchPlan
 from dmlctl.provision.replicate import Replicator
 from dmlctl.redact import Redactor
@@ -66,6 +68,9 @@ from dmlctl.runs.store import RunDir
 from dmlctl.runs.writer import RunWriter
 from dmlctl.spec.restart import RestartSpec
 from dmlctl.transport.base import Transport
+
+if TYPE_CHECKING:
+    from dmlctl.launch.requeue import Reallocation
 
 FINAL_COPY_WAIT = 30.0  # seconds the end of a run waits for a checkpoint copy under way
 TICK_S = 0.1  # the longest sleep between two ticks of a wait before a restart
@@ -100,8 +105,11 @@ class Supervisor:
         standby: bool = False,
         warm_after: float = WARM_AFTER,
         redactor: Redactor | None = None,
+        reallocation: Reallocation | None = None,
     ) -> None:
         self.plan = plan  # the current attempt's plan
+        self.reallocation = reallocation  # the Slurm allocation the hosts are in
+        self._requeue = False  # the last attempt's allocation ended early: ask again
         self.base_plan = plan
         #: Every host an attempt ran on (where rank files are to be collected from).
         self.hosts_used: dict[str, HostPlan] = {h.name: h for h in plan.hosts}
@@ -163,7 +171,7 @@ class Supervisor:
                 state, attempt = self.attempts.start(state, self.plan, policy.attempt)
                 policy, _ = self._feed(policy, Started())
                 ended = self.attempts.follow(state, attempt)
-                state, signal = ended.state, ended.outcome
+                state, signal = self._judged(ended.state, ended.outcome)
             policy, action = self._feed(policy, signal)
             if policy.phase is Phase.RESTARTING:  # a restart granted: announce, wait for it
                 state = self._restarting(state, policy)
@@ -173,6 +181,52 @@ class Supervisor:
             state = self._between_attempts(state)
             signal = self._blocked(state)
         return self._finish(state)
+
+    def _judged(self, state: RunState, outcome: Signal) -> tuple[RunState, Signal]:
+        """A failed attempt whose allocation ended (Slurm's time limit, a preemption, a
+        cancel) failed for that: its root cause; a restart on a new allocation when
+        ``slurm.requeue`` answers that end, else none."""
+        realloc = self.reallocation
+        if not isinstance(outcome, Failed) or realloc is None:
+            return state, outcome
+        end = realloc.ended()
+        if end is None:
+            return state, outcome
+        slurm_state, why = end
+        self._requeue = realloc.may_requeue(slurm_state)
+        if self._requeue:
+            why += "; a new allocation is asked for (slurm.requeue)"
+        state = self._ended(state, Kind.REQUEUED if self._requeue else Kind.ALLOCATION, why)
+        assert state.root_cause is not None  # the allocation's end explains every death
+        return state, Failed(state.root_cause)
+
+    def _ended(self, state: RunState, kind: Kind, why: str) -> RunState:
+        """``state`` with the end of the run's allocation as a failure of ``kind``."""
+        name = "AllocationRequeued" if kind is Kind.REQUEUED else "AllocationEnded"
+        now = self.clock()
+        cause = Failure(CONTROLLER, None, name, why, (), now, kind=kind, evidence=Evidence.SEEN)
+        return self.books.fold(state, [AgentExited(CONTROLLER, 1, (), now, cause)])
+
+    def _requeued(self, state: RunState) -> RunState:
+        """The run on its new allocation (slurm.requeue): the same request granted
+        again, every host on its new node and none set aside; a request Slurm refuses
+        ends the run with that as its root cause."""
+        self._requeue = False
+        assert self.reallocation is not None
+
+        def note(text: str) -> None:
+            self.books.fold(state, [Progress(text, self.clock())])  # shown, not kept
+            self.sink.tick()
+
+        try:
+            base = self.reallocation.again(self.base_plan, note)
+            endpoint = self.rendezvous(base.hosts[0])  # a port free on the new first node
+        except DmlctlError as e:
+            return self._ended(state, Kind.ALLOCATION, f"slurm.requeue: no new allocation: {e}")
+        self.base_plan = self.plan = replan(base, [h.name for h in base.hosts], endpoint)
+        if self.hosts is not None:
+            self.hosts.renew(self.base_plan)
+        return state
 
     def _begin(self, resume_from: RunState | None) -> tuple[RunState, RestartState]:
         """The run's first state and the policy's, before its first attempt (for a
@@ -248,6 +302,11 @@ class Supervisor:
         checkpoint. A run that cannot go on gets its root cause here (``HostsLost``),
         a stop while waiting for hosts its ``StopRequested``."""
         lost = self.attempts.take_lost()
+        if self._requeue:  # new machines: none of the old ones' losses count
+            lost = {}
+            state = self._requeued(state)
+            if state.root_cause is not None:
+                return state
         if self.hosts is None:
             return state
         try:

@@ -13,7 +13,7 @@ interpreter, the job's and host's environment) stays as planned.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 
 from dmlctl.plan.checks import hosts_problem, world_problem
 from dmlctl.plan.layout import lay_out
@@ -21,6 +21,7 @@ from dmlctl.plan.model import HostPlan, LaunchPlan
 from dmlctl.plan.placement import Demand, HostSlots, NoPlacement, Placed
 from dmlctl.plan.placement import place as place_ranks
 from dmlctl.protocol import ROLE_WORKER
+from dmlctl.slurm.allocation import Allocation
 from dmlctl.text import plural
 
 
@@ -143,3 +144,19 @@ def place(
     else:
         endpoint = rendezvous(chosen[0])
     return replan(base, available, endpoint)
+
+
+def rebind(plan: LaunchPlan, where: Allocation, addresses: Mapping[str, str]) -> LaunchPlan:
+    """``plan`` on the allocation ``where`` (a batch scheduler's request granted
+    again): each host named in ``addresses`` at its new address. The rendezvous is
+    not touched: a re-plan (:func:`replan`) gives the endpoint on the new first host."""
+
+    def moved(h: HostPlan) -> HostPlan:
+        return dataclasses.replace(h, address=addresses.get(h.name, h.address))
+
+    return dataclasses.replace(
+        plan,
+        hosts=tuple(moved(h) for h in plan.hosts),
+        spares=tuple(moved(h) for h in plan.spares),
+        allocation=where,
+    )

@@ -196,4 +196,8 @@ class LaunchPlan:
 
 
 def _allocation(data: Mapping[str, Any] | None) -> Allocation | None:
-    return Allocation(**{**data, "nodes": dict(data["nodes"])}) if data else None
+    if not data:
+        return None
+    return Allocation(
+        **{**data, "nodes": dict(data["nodes"]), "sbatch": tuple(data.get("sbatch", ()))}
+    )

@@ -4,6 +4,7 @@ asked about, and cancelled. Everything through :mod:`dmlctl.slurm.commands`."""
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import time
 from collections.abc import Callable, Mapping
@@ -54,6 +55,7 @@ def hold_script(
 
 
 ENDED = (
+    "COMPLETING",
     "COMPLETED",
     "CANCELLED",
     "FAILED",
@@ -66,20 +68,67 @@ ENDED = (
     "REVOKED",
     "SPECIAL_EXIT",
 )
-"""States after which an allocation holds no node."""
+"""States after which an allocation runs nothing more (``COMPLETING``: it is ending)."""
 
 
 @dataclass(frozen=True)
 class Allocation:
     """A run's Slurm allocation as its plan records it: the job ``job_id`` (Slurm
     configured by ``conf``), the node each host of the plan is (``node-0`` → ``lab-3``),
-    the GPUs each step asks for and the shell lines run before each command."""
+    the GPUs each step asks for and the shell lines run before each command; the
+    ``sbatch`` command that asked for it, and whether an early end asks again
+    (``requeue``)."""
 
     job_id: str
     nodes: Mapping[str, str]
     conf: str | None = None
     gpus: int = 0
     setup: str | None = None
+    sbatch: tuple[str, ...] = ()
+    requeue: bool = False
+
+    def moved(self, job_id: str, nodes: Mapping[str, str]) -> Allocation:
+        """The same request, granted again as job ``job_id`` on ``nodes``."""
+        return dataclasses.replace(self, job_id=job_id, nodes=dict(nodes))
+
+
+REQUEUED_STATES = ("TIMEOUT", "PREEMPTED", "NODE_FAIL", "BOOT_FAIL", "DEADLINE")
+"""Ends of an allocation that ``slurm.requeue`` answers with a new one (a cancel, a
+failure of the holding script or an unknown end are not)."""
+
+
+@dataclass(frozen=True)
+class Granted:
+    """An allocation that runs: its job id, its nodes in Slurm's order and each one's
+    address."""
+
+    job_id: str
+    nodes: list[str]
+    addresses: dict[str, str]
+
+
+def allocate(
+    argv: list[str],
+    name: str,
+    conf: str | None,
+    on_wait: Callable[[JobState], None] = lambda _: None,
+    on_submit: Callable[[str], None] = lambda _: None,
+) -> Granted:
+    """Submit ``argv`` (an :func:`sbatch_argv`) with the holding script of job
+    ``name`` and wait until it runs (cancelled when the wait fails or is interrupted).
+    SlurmError (SlurmRefused for a request Slurm calls invalid) when it cannot."""
+    out = run(argv, conf, input=hold_script(name)).stdout.strip()
+    job_id = out.split(";")[0]
+    if not job_id.isdigit():
+        raise SlurmError(f"sbatch answered {out!r}, not a job id")
+    on_submit(job_id)
+    try:
+        started = wait_running(job_id, conf, on_wait)
+        nodes = hostnames(started.nodelist, conf)
+        return Granted(job_id, nodes, node_addresses(nodes, conf))
+    except BaseException:
+        cancel(job_id, conf)
+        raise
 
 
 @dataclass(frozen=True)
@@ -140,17 +189,6 @@ def request_lines(
     return [f"in Slurm job {where.job_id}: {nodes}"]
 
 
-def submit(spec: SlurmSpec, name: str, slots: int = 1) -> str:
-    """Submit the allocation named ``dmlctl-<name>``; its job id. SlurmError (SlurmRefused for
-    options Slurm calls invalid) when sbatch refuses."""
-    argv = sbatch_argv(spec, name, slots)
-    out = run(argv, spec.conf, input=hold_script(name)).stdout.strip()
-    job_id = out.split(";")[0]
-    if not job_id.isdigit():
-        raise SlurmError(f"sbatch answered {out!r}, not a job id")
-    return job_id
-
-
 def state(job_id: str, conf: str | None) -> JobState:
     """The allocation's state now (``GONE`` when squeue no longer lists it)."""
     proc = run(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T|%r|%N|%L"], conf, check=False)
@@ -208,6 +246,42 @@ def node_addresses(nodes: list[str], conf: str | None) -> dict[str, str]:
         if "NodeName" in fields:
             found[fields["NodeName"]] = fields.get("NodeAddr") or fields["NodeName"]
     return {n: found.get(n, n) for n in nodes}
+
+
+ENDINGS = {
+    "TIMEOUT": "reached its time limit (slurm.time)",
+    "DEADLINE": "reached its deadline",
+    "PREEMPTED": "was preempted",
+    "NODE_FAIL": "lost a node (NODE_FAIL)",
+    "BOOT_FAIL": "could not boot a node (BOOT_FAIL)",
+    "CANCELLED": "was cancelled outside dmlctl (scancel)",
+    "OUT_OF_MEMORY": "ran out of memory",
+    "GONE": "is no longer known to Slurm",
+}
+
+
+SETTLE_S = 120.0
+"""Longest wait for an ending allocation (``COMPLETING``: its steps being killed,
+Slurm's ``KillWait``) to say how it ended."""
+
+
+def ended(where: Allocation, settle_s: float = SETTLE_S) -> tuple[str, str] | None:
+    """How the allocation ended (its state, and why in words), or None while it holds
+    its nodes, or when Slurm does not answer (no verdict without an answer). One that
+    is ending is waited for (up to ``settle_s``): only its end says why."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        try:
+            now = state(where.job_id, where.conf)
+        except SlurmError:
+            return None
+        if now.state != "COMPLETING" or time.monotonic() > deadline:
+            break
+        time.sleep(0.25)
+    if not now.ended:
+        return None
+    how = ENDINGS.get(now.state, f"ended ({now.state})")
+    return now.state, f"Slurm job {where.job_id} {how}: every rank in it was stopped by Slurm"
 
 
 def require_live(where: Allocation, what: str) -> None:

@@ -136,6 +136,12 @@ class SlurmSpec(BaseModel):
         description="Memory of each node for the run (sbatch --mem, e.g. '64G'; '0': all "
         "of it); default: the partition's.",
     )
+    requeue: bool = Field(
+        default=False,
+        description="When Slurm ends the allocation early (time limit, preemption, a "
+        "failed node), ask for a new one and go on from the newest checkpoint (it "
+        "spends one of restart.max_infra_restarts).",
+    )
     sbatch_options: list[SbatchOption] = Field(
         default_factory=list,
         max_length=100,

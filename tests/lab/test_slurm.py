@@ -153,6 +153,91 @@ def test_a_killed_rank_restarts_in_the_same_allocation(slurm: LabCli, tmp_path: 
     assert len(new) == 1 and new[0].endswith(" COMPLETED"), new  # one allocation, both attempts
 
 
+def test_a_job_cancelled_outside_dmlctl_is_the_runs_root_cause(
+    slurm: LabCli, tmp_path: Path
+) -> None:
+    """scancel of the run's job (as a time limit or a preemption ends it): every rank
+    dies, the run fails at once with the job's end as its root cause, no restart."""
+    path = cluster(slurm, tmp_path, nodes=2)
+    forever = INTEGRATION_JOBS / "forever" / "job.yaml"
+    runs = set(slurm.runs())
+    proc = slurm.popen("launch", str(forever), "--cluster", str(path), "--ui", "plain")
+    try:
+        assert wait_until(lambda: len(set(slurm.runs()) - runs) == 1, 60), proc.poll()
+        (run,) = set(slurm.runs()) - runs
+        running = lambda: all(r["status"] == "running" for r in slurm.state(run.name)["ranks"])  # noqa: E731
+        assert wait_until(running, 90), slurm.state(run.name)
+        job_id = squeue(slurm, "-t", "RUNNING").split()[0]
+        conf = str(slurm.lab_dir / "slurm" / "slurm.conf")
+        env = {**os.environ, "SLURM_CONF": conf}
+        subprocess.run(["scancel", job_id], env=env, check=True)
+        out, _ = proc.communicate(timeout=90)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1, out
+    state = slurm.state(run.name)
+    cause = state["root_cause"]
+    assert cause["exc_type"] == "AllocationEnded", cause
+    assert cause["message"] == (
+        f"Slurm job {job_id} was cancelled outside dmlctl (scancel): every rank in it "
+        "was stopped by Slurm"
+    )
+    assert state["restarts"] == 0
+    assert wait_until(lambda: node_processes(3) == [], 30), node_processes(3)
+
+
+def elastic_job(tmp_path: Path, extra: str = "") -> Path:
+    """40 steps with a checkpoint every 5 (tests/ssh/jobs/elastic): rank 0 writes the
+    final loss to ``out.txt``."""
+    job = tmp_path / "job.yaml"
+    job.write_text(
+        f"name: elastic\nscript: train.py\nworkdir: {REPO / 'tests' / 'ssh' / 'jobs' / 'elastic'}\n"
+        f"workers: 2\nenv:\n  OUT: {tmp_path / 'out.txt'}\ncheckpoint:\n  every_steps: 5\n"
+        "restart:\n  max_infra_restarts: 2\n  backoff_initial: 0.2\n  host_wait: 3\n"
+        "  stop_grace: 1\n" + extra
+    )
+    return job
+
+
+def test_a_preempted_job_is_requeued_and_resumed_from_its_checkpoint(
+    slurm: LabCli, tmp_path: Path
+) -> None:
+    """With slurm.requeue, a job of the lab's urgent partition preempting the run's
+    (Slurm cancels it) is answered with a new allocation, and the run goes on from the
+    checkpoint the controller kept; status and stop then speak of the new job."""
+    path = cluster(slurm, tmp_path, nodes=2, requeue=True)
+    runs = set(slurm.runs())
+    proc = slurm.popen(
+        "launch", str(elastic_job(tmp_path)), "--cluster", str(path), "--ui", "plain"
+    )
+    conf = str(slurm.lab_dir / "slurm" / "slurm.conf")
+    env = {**os.environ, "SLURM_CONF": conf}
+    try:
+        assert wait_until(lambda: len(set(slurm.runs()) - runs) == 1, 60), proc.poll()
+        (run,) = set(slurm.runs()) - runs
+        assert wait_until((run / "checkpoints" / "LATEST").is_file, 90), "no checkpoint copy"
+        first = squeue(slurm, "-t", "RUNNING").split()[0]
+        urgent = ["sbatch", "-p", "urgent", "-N3", "--exclusive", "--output=/dev/null"]
+        subprocess.run([*urgent, "--wrap=sleep 3"], env=env, check=True, capture_output=True)
+        out, _ = proc.communicate(timeout=150)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, out
+    state = slurm.state(run.name)
+    cause = state["failures"][0]
+    assert cause["exc_type"] == "AllocationRequeued", state["failures"]
+    assert cause["message"].startswith(f"Slurm job {first} was preempted: "), cause
+    assert state["restarts"] == 1
+    starts = [line for line in out.splitlines() if "attempt 2 starts at step" in line]
+    assert starts and int(starts[0].rsplit(" ", 1)[1]) >= 5, out
+    assert (tmp_path / "out.txt").read_text().startswith("40 ")
+    where = next(
+        ln for ln in slurm.run("status", run.name).stdout.splitlines() if "Slurm job" in ln
+    )
+    assert f"Slurm job {first}," not in where and where.endswith(", completed"), where
+    assert wait_until(lambda: squeue(slurm, "-t", "PENDING,RUNNING") == "", 30)
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
@@ -206,14 +291,8 @@ def test_a_node_that_stops_answering_is_lost_and_the_run_goes_on(
     node whose network or kernel hangs: its agent is lost after host_timeout, and with
     ``min_hosts: 1`` the run goes on on node-0 alone, in the same allocation, from the
     checkpoint the controller kept."""
-    job = tmp_path / "job.yaml"
-    job.write_text(
-        f"name: elastic\nscript: train.py\nworkdir: {REPO / 'tests' / 'ssh' / 'jobs' / 'elastic'}\n"
-        f"workers: 2\nmin_hosts: 1\nenv:\n  OUT: {tmp_path / 'out.txt'}\n"
-        "checkpoint:\n  every_steps: 5\n"
-        "restart:\n  max_infra_restarts: 2\n  backoff_initial: 0.2\n  host_wait: 3\n"
-        "  host_cooldown: 60\n  stop_grace: 1\n  host_timeout: 3\n"
-    )
+    extra = "  host_cooldown: 60\n  host_timeout: 3\nmin_hosts: 1\n"
+    job = elastic_job(tmp_path, extra)
     path = cluster(slurm, tmp_path, nodes=2)
     runs = set(slurm.runs())
     proc = slurm.popen("launch", str(job), "--cluster", str(path), "--ui", "plain")

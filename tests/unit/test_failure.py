@@ -106,6 +106,18 @@ CASES = [
         True,
     ),
     (
+        "the end of the run's Slurm job explains the deaths in it that came first",
+        _f(CONTROLLER, None, Kind.ALLOCATION, S, 9.0, "AllocationEnded"),
+        _f("a", 0, Kind.USER, R, 1.0),
+        True,
+    ),
+    (
+        "nothing replaces the end of the run's Slurm job",
+        _f("a", 0, Kind.USER, R, 1.0),
+        _f(CONTROLLER, None, Kind.ALLOCATION, S, 9.0, "AllocationEnded"),
+        False,
+    ),
+    (
         "the same time and strength: the one known first stays",
         _f("b", 2, Kind.USER, R, 5.0),
         _f("a", 0, Kind.USER, R, 5.0),
@@ -168,6 +180,7 @@ def test_every_kind_spends_one_budget() -> None:
         Kind.RECORDS,
         Kind.CHECKPOINT,
         Kind.HOSTS_LOST,
+        Kind.ALLOCATION,
     }
     assert classify(_f("a", 0, Kind.CRASH, X, 0.0, "Signal")) is FailureKind.USER
     assert classify(_f("a", 0, Kind.KILLED, X, 0.0, "Signal")) is FailureKind.INFRA

@@ -1,0 +1,108 @@
+"""The end of a run's Slurm allocation, judged by the supervisor with scripted agents
+and a scripted allocation: the run's root cause, no restart; with ``slurm.requeue`` a
+new allocation, the hosts on its nodes, and the run goes on. And the pure pieces: the
+plan moved to new nodes, the recorded allocation read back."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, MutableMapping
+from pathlib import Path
+
+from dmlctl.failure import CONTROLLER, Kind
+from dmlctl.launch.requeue import CURRENT, Reallocation, current
+from dmlctl.launch.supervisor import Supervisor
+from dmlctl.plan.elastic import rebind
+from dmlctl.plan.model import LaunchPlan
+from dmlctl.runs.state import Phase, RunState
+from dmlctl.runs.store import RunStore
+from dmlctl.slurm.allocation import Allocation
+from dmlctl.spec.restart import RestartSpec
+from dmlctl.transport.base import Transport
+from dmlctl.transport.fake import ScriptedTransport, agent_lines, rank_error
+from tests.unit.test_supervisor import RUN_ID, RecordingSink, make_plan
+
+WHERE = Allocation("10", {"a": "lab-0", "b": "lab-1"}, sbatch=("sbatch", "-N2"), requeue=True)
+
+
+class ScriptedAllocation(Reallocation):
+    """An allocation that has ended in ``state`` once; ``again`` swaps in agents that
+    succeed and moves the plan to ``lab-7``/``lab-8``."""
+
+    def __init__(
+        self, run_dir: Path, transports: MutableMapping[str, Transport], state: str
+    ) -> None:
+        super().__init__(run_dir, WHERE, transports)
+        self.state, self.asked = state, 0
+
+    def ended(self) -> tuple[str, str] | None:
+        why = f"Slurm job {self.where.job_id} {self.state.lower()}: every rank in it was stopped"
+        return None if self.asked else (self.state, why)
+
+    def again(self, plan: LaunchPlan, note: Callable[[str], None]) -> LaunchPlan:
+        self.asked += 1
+        for r, h in enumerate("ab"):
+            self.transports[h] = ScriptedTransport(h, agent_lines([r], host=h))
+        self.where = self.where.moved("11", {"a": "lab-7", "b": "lab-8"})
+        return rebind(plan, self.where, {"a": "10.0.0.7", "b": "10.0.0.8"})
+
+
+def supervise(tmp_path: Path, state: str) -> tuple[ScriptedAllocation, Supervisor, RunState]:
+    plan = dataclasses.replace(make_plan(tmp_path, [1, 1]), allocation=WHERE)
+    run = RunStore(tmp_path / "home").create(RUN_ID)
+    killed = rank_error("RuntimeError", "Connection closed by peer")
+    transports: dict[str, Transport] = {
+        "a": ScriptedTransport("a", agent_lines([0], host="a", errors={0: killed})),
+        "b": ScriptedTransport("b", agent_lines([1], host="b")),
+    }
+    realloc = ScriptedAllocation(run.path, transports, state)
+    sup = Supervisor(
+        plan,
+        run,
+        transports,
+        RecordingSink(),
+        fail_grace=0.2,
+        restart=RestartSpec(max_infra_restarts=1, backoff_initial=0.01),
+        reallocation=realloc,
+    )
+    return realloc, sup, sup.run()
+
+
+def test_an_allocation_preempted_with_requeue_goes_on_on_a_new_one(tmp_path: Path) -> None:
+    realloc, sup, state = supervise(tmp_path, "PREEMPTED")
+    assert state.phase is Phase.SUCCEEDED and realloc.asked == 1 and state.restarts == 1
+    (cause,) = [f for f in state.failures if f.kind is Kind.REQUEUED]
+    assert cause.exc_type == "AllocationRequeued" and cause.host == CONTROLLER
+    assert cause.message == (
+        "Slurm job 10 preempted: every rank in it was stopped; a new allocation is asked "
+        "for (slurm.requeue)"
+    )
+    first = sup.plan
+    assert first.allocation is not None and first.allocation.job_id == "11"
+    assert [h.address for h in first.hosts] == ["10.0.0.7", "10.0.0.8"]
+    assert first.rdzv_endpoint.startswith("10.0.0.7:")
+    assert all("10.0.0.7:" in " ".join(h.torchrun_argv) for h in first.hosts)
+
+
+def test_an_allocation_cancelled_is_the_root_cause_and_no_restart(tmp_path: Path) -> None:
+    realloc, _, state = supervise(tmp_path, "CANCELLED")
+    assert state.phase is Phase.FAILED and realloc.asked == 0 and state.restarts == 0
+    cause = state.root_cause
+    assert cause is not None and cause.kind is Kind.ALLOCATION, state.failures
+    assert cause.message == "Slurm job 10 cancelled: every rank in it was stopped"
+    assert state.exit_code == 1
+
+
+def test_a_plan_moved_to_new_nodes_and_the_allocation_read_back(tmp_path: Path) -> None:
+    plan = dataclasses.replace(make_plan(tmp_path, [1, 1]), allocation=WHERE)
+    moved = WHERE.moved("12", {"a": "lab-3", "b": "lab-4"})
+    assert (moved.sbatch, moved.requeue, moved.job_id) == (WHERE.sbatch, True, "12")
+    rebound = rebind(plan, moved, {"a": "10.0.0.3"})
+    assert [h.address for h in rebound.hosts] == ["10.0.0.3", plan.hosts[1].address]
+    assert rebound.allocation == moved and rebound.ranks == plan.ranks
+    assert current(tmp_path, WHERE) is WHERE  # nothing recorded: the planned one
+    (tmp_path / CURRENT).write_text(
+        '{"job_id": "12", "nodes": {"a": "lab-3", "b": "lab-4"}, "conf": null, "gpus": 0,'
+        ' "setup": null, "sbatch": ["sbatch", "-N2"], "requeue": true}'
+    )
+    assert current(tmp_path, WHERE) == moved
