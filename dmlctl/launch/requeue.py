@@ -49,17 +49,25 @@ class Reallocation:
             self.where.requeue and bool(self.where.sbatch) and state in allocation.REQUEUED_STATES
         )
 
-    def again(self, plan: LaunchPlan, note: Callable[[str], None]) -> LaunchPlan:
+    def again(
+        self,
+        plan: LaunchPlan,
+        note: Callable[[str], None],
+        stopping: Callable[[], bool] = lambda: False,
+    ) -> LaunchPlan:
         """Ask Slurm again with the same request (as long as it queues; ``note`` is
         told how it waits); ``plan`` with its hosts and spares on the new nodes. Raises
-        SlurmError when Slurm refuses or gives fewer nodes."""
+        SlurmError when Slurm refuses or gives fewer nodes, WaitStopped (the job
+        cancelled) when ``stopping()`` turns true while it queues."""
         old = self.where
 
         def waiting(now: JobState) -> None:
             why = f" ({now.reason})" if now.reason else ""
             note(f"slurm.requeue: waiting for the new allocation: {now.state.lower()}{why}")
 
-        got = allocation.allocate(list(old.sbatch), plan.job_name, old.conf, waiting)
+        got = allocation.allocate(
+            list(old.sbatch), plan.job_name, old.conf, waiting, stopping=stopping
+        )
         names = list(old.nodes)
         if len(got.nodes) < len(names):
             allocation.cancel(got.job_id, old.conf)

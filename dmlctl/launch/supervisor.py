@@ -219,9 +219,13 @@ class Supervisor:
             self.sink.tick()
 
         try:
-            base = self.reallocation.again(self.base_plan, note)
+            base = self.reallocation.again(self.base_plan, note, self._stopping)
             endpoint = self.rendezvous(base.hosts[0])  # a port free on the new first node
         except DmlctlError as e:
+            if self._stopping():  # a stop while the new allocation queued: a stop
+                return self.books.fold(
+                    state, [StopRequested(self.stops.reason or "", self.clock())]
+                )
             return self._ended(state, Kind.ALLOCATION, f"slurm.requeue: no new allocation: {e}")
         self.base_plan = self.plan = replan(base, [h.name for h in base.hosts], endpoint)
         if self.hosts is not None:
@@ -305,7 +309,7 @@ class Supervisor:
         if self._requeue:  # new machines: none of the old ones' losses count
             lost = {}
             state = self._requeued(state)
-            if state.root_cause is not None:
+            if state.root_cause is not None or self._stopping():
                 return state
         if self.hosts is None:
             return state

@@ -113,6 +113,7 @@ def allocate(
     conf: str | None,
     on_wait: Callable[[JobState], None] = lambda _: None,
     on_submit: Callable[[str], None] = lambda _: None,
+    stopping: Callable[[], bool] = lambda: False,
 ) -> Granted:
     """Submit ``argv`` (an :func:`sbatch_argv`) with the holding script of job
     ``name`` and wait until it runs (cancelled when the wait fails or is interrupted).
@@ -123,7 +124,7 @@ def allocate(
         raise SlurmError(f"sbatch answered {out!r}, not a job id")
     on_submit(job_id)
     try:
-        started = wait_running(job_id, conf, on_wait)
+        started = wait_running(job_id, conf, on_wait, stopping=stopping)
         nodes = hostnames(started.nodelist, conf)
         return Granted(job_id, nodes, node_addresses(nodes, conf))
     except BaseException:
@@ -201,25 +202,36 @@ def state(job_id: str, conf: str | None) -> JobState:
     return JobState(st, "" if reason == "None" else reason, nodes, left)
 
 
+class WaitStopped(SlurmError):
+    """The wait for an allocation was given up (a stop of the run)."""
+
+
 def wait_running(
     job_id: str,
     conf: str | None,
     on_wait: Callable[[JobState], None] = lambda _: None,
     poll_s: float = 0.5,
+    stopping: Callable[[], bool] = lambda: False,
 ) -> JobState:
-    """Wait until the allocation runs (however long it queues: Ctrl-C stops the wait),
-    asking every ``poll_s`` seconds at first and every 10 s after a minute; its state
-    then. SlurmError when it ends first (cancelled, failed, refused), or when Slurm
-    has not answered five times in a row."""
-    started, unanswered = time.monotonic(), 0
+    """Wait until the allocation runs (however long it queues: Ctrl-C interrupts the
+    wait, ``stopping()`` turning true stops it with :class:`WaitStopped`), asking
+    every ``poll_s`` seconds at first and every 10 s after a minute (answering a stop
+    within ``poll_s``); its state then. SlurmError when it ends first (cancelled,
+    failed, refused), or when Slurm has not answered five times in a row."""
+    started, unanswered, asked = time.monotonic(), 0, 0.0
     while True:
+        if stopping():
+            raise WaitStopped(f"the wait for Slurm job {job_id} was stopped")
+        if time.monotonic() - asked < (poll_s if time.monotonic() - started < 60 else 10.0):
+            time.sleep(poll_s)
+            continue
+        asked = time.monotonic()
         try:
             now = state(job_id, conf)
         except SlurmError:
             unanswered += 1
             if unanswered >= 5:
                 raise
-            time.sleep(poll_s)
             continue
         unanswered = 0
         if now.state == "RUNNING":
@@ -228,7 +240,6 @@ def wait_running(
             why = f" ({now.reason})" if now.reason else ""
             raise SlurmError(f"Slurm job {job_id} ended before it started: {now.state}{why}")
         on_wait(now)
-        time.sleep(poll_s if time.monotonic() - started < 60 else 10.0)
 
 
 def hostnames(nodelist: str, conf: str | None) -> list[str]:

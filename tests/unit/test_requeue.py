@@ -39,7 +39,12 @@ class ScriptedAllocation(Reallocation):
         why = f"Slurm job {self.where.job_id} {self.state.lower()}: every rank in it was stopped"
         return None if self.asked else (self.state, why)
 
-    def again(self, plan: LaunchPlan, note: Callable[[str], None]) -> LaunchPlan:
+    def again(
+        self,
+        plan: LaunchPlan,
+        note: Callable[[str], None],
+        stopping: Callable[[], bool] = lambda: False,
+    ) -> LaunchPlan:
         self.asked += 1
         for r, h in enumerate("ab"):
             self.transports[h] = ScriptedTransport(h, agent_lines([r], host=h))

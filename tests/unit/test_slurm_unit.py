@@ -12,7 +12,15 @@ import pytest
 
 from dmlctl.errors import SpecError
 from dmlctl.plan.model import LaunchPlan
-from dmlctl.slurm.allocation import Allocation, hold_script, request_lines, sbatch_argv
+from dmlctl.slurm.allocation import (
+    Allocation,
+    WaitStopped,
+    ended,
+    hold_script,
+    request_lines,
+    sbatch_argv,
+    wait_running,
+)
 from dmlctl.slurm.commands import SlurmRefused, failure, slurm_env
 from dmlctl.slurm.transport import Node
 from dmlctl.spec.loader import load_cluster
@@ -242,3 +250,55 @@ def test_the_plan_keeps_its_allocation(tmp_path: Path) -> None:
     assert LaunchPlan.from_dict(plan.to_dict()) == plan
     with pytest.raises(SpecError):
         load_cluster(write(tmp_path, "scheduler: slurm\nslurm: 3\n", "c.yaml"))
+
+
+@pytest.mark.parametrize(
+    ("answers", "said"),
+    [
+        (["TIMEOUT"], ("TIMEOUT", "reached its time limit (slurm.time)")),
+        (["COMPLETING", "COMPLETING", "PREEMPTED"], ("PREEMPTED", "was preempted")),
+        (["NODE_FAIL"], ("NODE_FAIL", "lost a node (NODE_FAIL)")),
+        (["RUNNING"], None),
+        ([""], ("GONE", "is no longer known to Slurm")),
+    ],
+)
+def test_how_an_allocation_ended_is_said_once_it_has_settled(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    answers: list[str],
+    said: tuple[str, str] | None,
+) -> None:
+    """squeue's answers in turn (the last one repeated); an ending job (COMPLETING) is
+    waited for: only its end says why."""
+    calls = tmp_path / "calls"
+    calls.write_text("")
+    script = "\n".join(
+        f'[ "$(wc -l < {calls})" -eq {i} ] && {{ echo x >> {calls}; echo "{a}|None||"; exit 0; }}'
+        for i, a in enumerate(answers)
+    )
+    squeue = tmp_path / "squeue"
+    squeue.write_text(
+        f'#!/bin/sh\n{script}\necho "{answers[-1]}|None||"\n'.replace('echo "|None||"', "true")
+    )
+    squeue.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    got = ended(Allocation("7", {}), settle_s=10)
+    if said is None:
+        assert got is None
+    else:
+        assert got == (said[0], f"Slurm job 7 {said[1]}: every rank in it was stopped by Slurm")
+
+
+def test_a_stop_ends_the_wait_for_a_queued_allocation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A requeued run's new allocation may queue for hours: a stop of the run (Ctrl-C,
+    dmlctl stop) ends the wait within a poll, without waiting for Slurm."""
+    squeue = tmp_path / "squeue"
+    squeue.write_text('#!/bin/sh\necho "PENDING|Priority||"\n')
+    squeue.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    seen: list[str] = []
+    with pytest.raises(WaitStopped, match="the wait for Slurm job 7 was stopped"):
+        wait_running("7", None, lambda now: seen.append(now.reason), 0.01, lambda: len(seen) >= 3)
+    assert seen == ["Priority"] * 3
