@@ -111,6 +111,6 @@ def launch(
         scheduler.release()
         raise
     if options.dry_run:
-        console.print(render_request(request), markup=False, highlight=False)
+        console.print(render_request(request), markup=False, highlight=False, soft_wrap=True)
         return LaunchResult("", None, None, 0)
     return scheduler.schedule(request, job, cluster, store)

@@ -173,6 +173,10 @@ def main(argv: list[str]) -> int:
     resume_from = run.read_state() if "--resume" in argv[1:] else None
     run.write_pid(os.getpid())
     plan = run.read_plan()
+    if resume_from is not None:  # on the nodes a requeue moved it to, if it was
+        from dmlctl.launch.requeue import moved_plan
+
+        plan = moved_plan(run.path, plan)
     # The run's lines are already in logs/; controller.log gets only the outcome.
     console = Console(file=sys.stdout, force_terminal=False, width=120)
     state = run_controller(run, plan, NullSink(), resume_from=resume_from)
@@ -192,18 +196,23 @@ def _reallocation(
 
 def _current(run: RunDir, plan: LaunchPlan) -> Allocation | None:
     """The run's Slurm allocation now (a requeue's, else the planned one)."""
-    from dmlctl.launch.requeue import current
+    from dmlctl.slurm.record import recorded
 
-    return current(run.path, plan.allocation)
+    return recorded(run.path, plan.allocation)
 
 
 def _release(run: RunDir, plan: LaunchPlan) -> None:
-    """End the run's Slurm allocation, if it has one: it is the run's own."""
+    """End the run's Slurm allocation, if it has one (it is the run's own), and one it
+    asked for that still queues."""
     where = _current(run, plan)
     if where is not None:
-        from dmlctl.slurm.allocation import finish
+        from dmlctl.slurm.allocation import cancel, finish
+        from dmlctl.slurm.record import note_pending, pending
 
         finish(where.job_id, where.conf)
+        if (queued := pending(run.path)) is not None:
+            cancel(queued, where.conf)
+            note_pending(run.path, None)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ from rich.console import Console
 
 from dmlctl.errors import DmlctlError
 from dmlctl.launch.options import LaunchOptions
-from dmlctl.launch.requeue import current
 from dmlctl.launch.schedulers import (
     LocalScheduler,
     RecordedRunBase,
@@ -19,6 +18,7 @@ from dmlctl.launch.schedulers import (
 )
 from dmlctl.launch.slurm_scheduler import SlurmScheduler
 from dmlctl.runs.store import RunDir
+from dmlctl.slurm.record import recorded
 from dmlctl.spec.models import ClusterSpec
 from dmlctl.spec.slurm import SlurmSpec
 
@@ -51,7 +51,7 @@ def scheduler_of(run: RunDir) -> RecordedRuns:
         plan = run.read_plan()
     except (DmlctlError, OSError, ValueError) as e:
         return _Unplanned(str(e))
-    plan = dataclasses.replace(plan, allocation=current(run.path, plan.allocation))
+    plan = dataclasses.replace(plan, allocation=recorded(run.path, plan.allocation))
     if plan.allocation is not None:
         spec = SlurmSpec(conf=plan.allocation.conf)
         return SlurmScheduler(LaunchOptions(), (console, console), spec, plan)

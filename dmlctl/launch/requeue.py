@@ -2,33 +2,22 @@
 it, and — with ``slurm.requeue``, when it ended early (time limit, preemption, a failed
 node) — the same request granted again, the run's hosts bound to the new nodes, their
 transports swapped in place, and the new allocation recorded in the run directory
-(``allocation.json``, which ``status``, ``stop`` and ``--resume`` read)."""
+(:mod:`dmlctl.slurm.record`, which ``status``, ``stop``, ``--resume`` and ``logs
+--fetch`` read)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, MutableMapping
 from pathlib import Path
 
-from dmlctl.plan.elastic import rebind
+from dmlctl.plan.elastic import rebind, replan
 from dmlctl.plan.model import LaunchPlan
 from dmlctl.slurm import allocation
 from dmlctl.slurm.allocation import Allocation, JobState
 from dmlctl.slurm.commands import SlurmError
+from dmlctl.slurm.record import note_pending, record, recorded
 from dmlctl.slurm.transport import Node, SrunTransport
 from dmlctl.transport.base import Transport
-
-CURRENT = "allocation.json"
-
-
-def current(run_dir: Path, planned: Allocation | None) -> Allocation | None:
-    """The run's allocation now: the one a requeue recorded in ``run_dir``, else the
-    planned one."""
-    try:
-        data = json.loads((run_dir / CURRENT).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return planned
-    return Allocation(**{**data, "nodes": dict(data["nodes"]), "sbatch": tuple(data["sbatch"])})
 
 
 class Reallocation:
@@ -39,9 +28,10 @@ class Reallocation:
     ) -> None:
         self.run_dir, self.where, self.transports = run_dir, where, transports
 
-    def ended(self) -> tuple[str, str] | None:
-        """How the allocation ended (Slurm's state, why in words); None while it runs."""
-        return allocation.ended(self.where)
+    def ended(self, stopping: Callable[[], bool] = lambda: False) -> tuple[str, str] | None:
+        """How the allocation ended (Slurm's state, why in words); None while it runs
+        (an ending one is waited for until it says, or until ``stopping()``)."""
+        return allocation.ended(self.where, stopping=stopping)
 
     def may_requeue(self, state: str) -> bool:
         """Whether an end in ``state`` is answered with a new allocation."""
@@ -66,17 +56,41 @@ class Reallocation:
             note(f"slurm.requeue: waiting for the new allocation: {now.state.lower()}{why}")
 
         got = allocation.allocate(
-            list(old.sbatch), plan.job_name, old.conf, waiting, stopping=stopping
+            list(old.sbatch),
+            plan.job_name,
+            old.conf,
+            waiting,
+            lambda job_id: note_pending(self.run_dir, job_id),
+            stopping,
         )
         names = list(old.nodes)
-        if len(got.nodes) < len(names):
+        try:
+            if len(got.nodes) < len(names):
+                raise SlurmError(
+                    f"Slurm job {got.job_id} has {len(got.nodes)} nodes, not {len(names)}"
+                )
+            where = old.moved(got.job_id, dict(zip(names, got.nodes, strict=False)))
+            record(self.run_dir, where)  # before anything runs there: stop and status see it
+        except (SlurmError, OSError):
             allocation.cancel(got.job_id, old.conf)
-            raise SlurmError(f"Slurm job {got.job_id} has {len(got.nodes)} nodes, not {len(names)}")
-        where = old.moved(got.job_id, dict(zip(names, got.nodes, strict=False)))
+            raise
+        finally:
+            note_pending(self.run_dir, None)
         for name in names:
             self.transports[name] = SrunTransport(name, Node.of(where, name))
         self.where = where
-        record = {**where.__dict__, "nodes": dict(where.nodes), "sbatch": list(where.sbatch)}
-        (self.run_dir / CURRENT).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
         note(f"slurm.requeue: Slurm job {got.job_id} on {', '.join(got.nodes)}")
         return rebind(plan, where, {n: got.addresses[where.nodes[n]] for n in names})
+
+
+def moved_plan(run_dir: Path, plan: LaunchPlan) -> LaunchPlan:
+    """``plan`` on the allocation a requeue recorded in ``run_dir`` (its hosts at the
+    new nodes' addresses, meeting on the new first node at the planned port); ``plan``
+    itself when there is none."""
+    where = recorded(run_dir, plan.allocation)
+    if where is None or where == plan.allocation:
+        return plan
+    addresses = allocation.node_addresses(list(where.nodes.values()), where.conf)
+    moved = rebind(plan, where, {h: addresses[n] for h, n in where.nodes.items()})
+    port = plan.rdzv_endpoint.rpartition(":")[2]
+    return replan(moved, [h.name for h in moved.hosts], f"{moved.hosts[0].address}:{port}")

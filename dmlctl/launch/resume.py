@@ -9,11 +9,9 @@ from rich.console import Console
 
 from dmlctl.failure import Kind
 from dmlctl.launch.api import LaunchOptions, LaunchResult, detach
-from dmlctl.launch.requeue import current
-from dmlctl.plan.model import LaunchPlan
+from dmlctl.launch.requeue import moved_plan
 from dmlctl.runs.files import private_umask
 from dmlctl.runs.store import RunStore
-from dmlctl.slurm.allocation import Allocation
 from dmlctl.slurm.transport import transports_for
 from dmlctl.transport import close_transports
 from dmlctl.ui.sinks import make_sink
@@ -43,8 +41,7 @@ def resume(run_id: str, *, options: LaunchOptions, console: Console) -> LaunchRe
             " ('lost' in dmlctl status) or that failed for a full disk can be resumed"
         )
     plan = run.read_plan()
-    if (where := current(run.path, plan.allocation)) != plan.allocation and where is not None:
-        plan = on_new_allocation(plan, where)
+    plan = moved_plan(run.path, plan)
     if plan.allocation is not None:
         from dmlctl.slurm.allocation import require_live
 
@@ -63,16 +60,3 @@ def resume(run_id: str, *, options: LaunchOptions, console: Console) -> LaunchRe
         sink = make_sink(options.ui, console, str(run.path))
         final = run_controller(run, plan, sink, transports, resume_from=state)
     return LaunchResult(plan.run_id, run.path, final, int(final.exit_code or 0))
-
-
-def on_new_allocation(plan: LaunchPlan, where: Allocation) -> LaunchPlan:
-    """``plan`` on the allocation a requeue recorded: its hosts at the new nodes'
-    addresses, meeting on the new first host at the planned port."""
-    from dmlctl.plan.elastic import rebind, replan
-    from dmlctl.slurm.allocation import node_addresses
-
-    addresses = node_addresses(list(where.nodes.values()), where.conf)
-    moved = rebind(plan, where, {h: addresses[n] for h, n in where.nodes.items()})
-    port = plan.rdzv_endpoint.rpartition(":")[2]
-    endpoint = f"{moved.hosts[0].address}:{port}"
-    return replan(moved, [h.name for h in moved.hosts], endpoint)

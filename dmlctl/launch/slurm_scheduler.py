@@ -21,6 +21,7 @@ from dmlctl.plan.request import Facts, LaunchRequest
 from dmlctl.runs.store import RunDir, RunStore
 from dmlctl.slurm import allocation
 from dmlctl.slurm.allocation import Allocation, JobState
+from dmlctl.slurm.record import pending
 from dmlctl.slurm.transport import Node, transports_for
 from dmlctl.spec.models import ClusterSpec, JobSpec
 from dmlctl.spec.slurm import SlurmSpec
@@ -153,9 +154,13 @@ class SlurmScheduler(SshScheduler):
             ended = allocation.state(where.job_id, where.conf).ended
         except DmlctlError:
             ended = False
+        name = f"dmlctl-{plan.job_name}"
         if not ended:  # by name too: a job id Slurm has since given to another job is left
-            allocation.cancel(where.job_id, where.conf, name=f"dmlctl-{plan.job_name}")
+            allocation.cancel(where.job_id, where.conf, name=name)
             said += f"; Slurm job {where.job_id} cancelled"
+        if (queued := pending(run.path)) is not None:  # a requeue's, not granted yet
+            allocation.cancel(queued, where.conf, name=name)
+            said += f"; queued Slurm job {queued} cancelled"
         return said
 
     def logs(self, run: RunDir) -> list[str]:

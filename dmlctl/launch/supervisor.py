@@ -189,13 +189,13 @@ class Supervisor:
         realloc = self.reallocation
         if not isinstance(outcome, Failed) or realloc is None:
             return state, outcome
-        end = realloc.ended()
+        end = realloc.ended(self._stopping)
         if end is None:
             return state, outcome
         slurm_state, why = end
         self._requeue = realloc.may_requeue(slurm_state)
         if self._requeue:
-            why += "; a new allocation is asked for (slurm.requeue)"
+            why += "; slurm.requeue asks for a new one while restart.max_infra_restarts allows"
         state = self._ended(state, Kind.REQUEUED if self._requeue else Kind.ALLOCATION, why)
         assert state.root_cause is not None  # the allocation's end explains every death
         return state, Failed(state.root_cause)
@@ -220,13 +220,16 @@ class Supervisor:
 
         try:
             base = self.reallocation.again(self.base_plan, note, self._stopping)
+        except (DmlctlError, OSError) as e:
+            if self._stopping():  # a stop while the new allocation queued: a stop
+                stop = StopRequested(self.stops.reason or "", self.clock())
+                return self.books.fold(state, [stop])
+            return self._ended(state, Kind.ALLOCATION, f"slurm.requeue: no new allocation: {e}")
+        try:
             endpoint = self.rendezvous(base.hosts[0])  # a port free on the new first node
         except DmlctlError as e:
-            if self._stopping():  # a stop while the new allocation queued: a stop
-                return self.books.fold(
-                    state, [StopRequested(self.stops.reason or "", self.clock())]
-                )
-            return self._ended(state, Kind.ALLOCATION, f"slurm.requeue: no new allocation: {e}")
+            why = f"slurm.requeue: the new allocation's {base.hosts[0].name} cannot serve: {e}"
+            return self._ended(state, Kind.ALLOCATION, why)
         self.base_plan = self.plan = replan(base, [h.name for h in base.hosts], endpoint)
         if self.hosts is not None:
             self.hosts.renew(self.base_plan)
@@ -316,6 +319,8 @@ class Supervisor:
         try:
             plan = self._place(state, lost)
         except (HostsLost, CannotReplan) as e:
+            if self.reallocation is not None and (end := self.reallocation.ended()):
+                return self._ended(state, Kind.ALLOCATION, end[1])  # Slurm ended it meanwhile
             host = next(iter(lost), self.plan.hosts[0].name)
             cause = Failure(
                 host,

@@ -54,11 +54,13 @@ def collect_rank_files(
 def fetch_rank_files(run: RunDir) -> list[str]:
     """:func:`collect_rank_files` for a finished run, from its ``plan.json``; local
     hosts' files are already in the run directory."""
+    from dmlctl.slurm.record import recorded
     from dmlctl.slurm.transport import transports_for
     from dmlctl.transport import close_transports
 
     plan = run.read_plan()
-    transports = transports_for((h for h in plan.hosts if not h.is_local), plan.allocation)
+    where = recorded(run.path, plan.allocation)  # a requeue's nodes, where it moved
+    transports = transports_for((h for h in plan.hosts if not h.is_local), where)
     try:
         return collect_rank_files(plan, transports, run.path)
     finally:

@@ -160,6 +160,7 @@ def sbatch_argv(spec: SlurmSpec, name: str, slots: int = 1) -> list[str]:
         "--output=/dev/null",
         f"--cpus-per-task={cpus}",
         "--no-kill",  # a failed node ends its steps, not the allocation (min_hosts)
+        "--no-requeue",  # Slurm requeuing it under the same id would hide its end
     ]
     for key, value in (
         ("partition", spec.partition),
@@ -276,17 +277,22 @@ SETTLE_S = 120.0
 Slurm's ``KillWait``) to say how it ended."""
 
 
-def ended(where: Allocation, settle_s: float = SETTLE_S) -> tuple[str, str] | None:
+def ended(
+    where: Allocation,
+    settle_s: float = SETTLE_S,
+    stopping: Callable[[], bool] = lambda: False,
+) -> tuple[str, str] | None:
     """How the allocation ended (its state, and why in words), or None while it holds
     its nodes, or when Slurm does not answer (no verdict without an answer). One that
-    is ending is waited for (up to ``settle_s``): only its end says why."""
+    is ending is waited for (up to ``settle_s``, or until ``stopping()``): only its end
+    says why."""
     deadline = time.monotonic() + settle_s
     while True:
         try:
             now = state(where.job_id, where.conf)
         except SlurmError:
             return None
-        if now.state != "COMPLETING" or time.monotonic() > deadline:
+        if now.state != "COMPLETING" or time.monotonic() > deadline or stopping():
             break
         time.sleep(0.25)
     if not now.ended:

@@ -69,6 +69,8 @@ REFUSED_OPTIONS = {
     "--cpus-per-task": "use cpus_per_node",
     "-c": "use cpus_per_node",
     "--mem": "use mem",
+    "--requeue": "dmlctl asks for a new allocation itself: use slurm.requeue",
+    "--no-requeue": "dmlctl sets it",
 }
 """Options that would leave dmlctl waiting, holding more than one allocation, or
 steps without what the allocation has: refused with why."""

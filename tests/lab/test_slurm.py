@@ -270,7 +270,8 @@ def test_the_dry_run_prints_the_batch_script_and_the_srun_lines(
     out = proc.stdout
     assert (
         "ask Slurm for the allocation: sbatch --parsable --job-name=dmlctl-plain --nodes=2 "
-        "--ntasks-per-node=1 --output=/dev/null --cpus-per-task=1 --no-kill --partition=lab "
+        "--ntasks-per-node=1 --output=/dev/null --cpus-per-task=1 --no-kill --no-requeue "
+        "--partition=lab "
         "--time=10 --comment=dry <<script"
     ) in out, out
     assert "trap 'kill \"$nap\" 2>/dev/null; exit 0' TERM INT" in out

@@ -10,13 +10,14 @@ from collections.abc import Callable, MutableMapping
 from pathlib import Path
 
 from dmlctl.failure import CONTROLLER, Kind
-from dmlctl.launch.requeue import CURRENT, Reallocation, current
+from dmlctl.launch.requeue import Reallocation
 from dmlctl.launch.supervisor import Supervisor
 from dmlctl.plan.elastic import rebind
 from dmlctl.plan.model import LaunchPlan
 from dmlctl.runs.state import Phase, RunState
 from dmlctl.runs.store import RunStore
 from dmlctl.slurm.allocation import Allocation
+from dmlctl.slurm.record import CURRENT, note_pending, pending, record, recorded
 from dmlctl.spec.restart import RestartSpec
 from dmlctl.transport.base import Transport
 from dmlctl.transport.fake import ScriptedTransport, agent_lines, rank_error
@@ -35,7 +36,7 @@ class ScriptedAllocation(Reallocation):
         super().__init__(run_dir, WHERE, transports)
         self.state, self.asked = state, 0
 
-    def ended(self) -> tuple[str, str] | None:
+    def ended(self, stopping: Callable[[], bool] = lambda: False) -> tuple[str, str] | None:
         why = f"Slurm job {self.where.job_id} {self.state.lower()}: every rank in it was stopped"
         return None if self.asked else (self.state, why)
 
@@ -79,8 +80,8 @@ def test_an_allocation_preempted_with_requeue_goes_on_on_a_new_one(tmp_path: Pat
     (cause,) = [f for f in state.failures if f.kind is Kind.REQUEUED]
     assert cause.exc_type == "AllocationRequeued" and cause.host == CONTROLLER
     assert cause.message == (
-        "Slurm job 10 preempted: every rank in it was stopped; a new allocation is asked "
-        "for (slurm.requeue)"
+        "Slurm job 10 preempted: every rank in it was stopped; slurm.requeue asks for a new "
+        "one while restart.max_infra_restarts allows"
     )
     first = sup.plan
     assert first.allocation is not None and first.allocation.job_id == "11"
@@ -105,9 +106,14 @@ def test_a_plan_moved_to_new_nodes_and_the_allocation_read_back(tmp_path: Path) 
     rebound = rebind(plan, moved, {"a": "10.0.0.3"})
     assert [h.address for h in rebound.hosts] == ["10.0.0.3", plan.hosts[1].address]
     assert rebound.allocation == moved and rebound.ranks == plan.ranks
-    assert current(tmp_path, WHERE) is WHERE  # nothing recorded: the planned one
-    (tmp_path / CURRENT).write_text(
-        '{"job_id": "12", "nodes": {"a": "lab-3", "b": "lab-4"}, "conf": null, "gpus": 0,'
-        ' "setup": null, "sbatch": ["sbatch", "-N2"], "requeue": true}'
-    )
-    assert current(tmp_path, WHERE) == moved
+    assert recorded(tmp_path, WHERE) is WHERE  # nothing recorded: the planned one
+    record(tmp_path, moved)
+    assert recorded(tmp_path, WHERE) == moved
+    assert not list(tmp_path.glob("*.part"))  # written whole, by a rename
+    (tmp_path / CURRENT).write_text('{"job_id": "12"}')  # damaged: the planned one
+    assert recorded(tmp_path, WHERE) is WHERE
+    assert pending(tmp_path) is None
+    note_pending(tmp_path, "13")
+    assert pending(tmp_path) == "13"
+    note_pending(tmp_path, None)
+    assert pending(tmp_path) is None

@@ -118,6 +118,7 @@ def test_sbatch_asks_for_the_block_and_the_script_only_holds_the_nodes() -> None
         "--output=/dev/null",
         "--cpus-per-task=4",
         "--no-kill",
+        "--no-requeue",
         "--partition=gpu",
         "--account=ml",
         "--qos=high",
