@@ -204,7 +204,7 @@ def test_a_preempted_job_is_requeued_and_resumed_from_its_checkpoint(
 ) -> None:
     """With slurm.requeue, a job of the lab's urgent partition preempting the run's
     (Slurm cancels it) is answered with a new allocation, and the run goes on from the
-    checkpoint the controller kept; status and stop then speak of the new job."""
+    checkpoint the controller kept; status then speaks of the new job."""
     path = cluster(slurm, tmp_path, nodes=2, requeue=True)
     runs = set(slurm.runs())
     proc = slurm.popen(

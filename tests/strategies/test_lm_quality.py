@@ -38,7 +38,7 @@ SLOWER: dict[str, float] = {
     "admm": 0.10,
     "aadmm": 0.10,
     "ensemble": 0.10,
-    "hogwild": 0.06,
+    "hogwild": 0.08,
     "asgd": 0.12,
     "ssp": 0.12,
     "easgd-async": 0.12,
@@ -46,7 +46,8 @@ SLOWER: dict[str, float] = {
 }
 """Rows that end more than 3 % above one process at 3 epochs (with one optimizer at
 least), and the most they may: the largest gap measured in four runs of the table,
-with room for the asynchronous rows' run-to-run spread (AdamW: hogwild 2.1-4.3 %,
+with room for the asynchronous rows' run-to-run spread (AdamW: hogwild 2.1-4.3 %, and
+6.8 % in a suite run beside the Slurm lab's tests,
 asgd 5.3-6.4 %, ssp 3.7-6.0 %, easgd-async 3.1-6.8 %, adadelay 25-45 %, and adadelay
 slows further when the machine is loaded, as on digits: 69 % with AdamW while three
 pytest workers shared the 2 cores, 92 % in a suite run beside other tests; its bound
