@@ -34,7 +34,8 @@ def up(
         False,
         "--slurm",
         help="Also run a real Slurm over the hosts (munge, slurmctld, a slurmd per host; "
-        "packages slurm-wlm and munge) and write its cluster file, slurm.yaml.",
+        "packages slurmctld, slurmd, slurm-client, munge) and write its cluster file, "
+        "slurm.yaml.",
     ),
 ) -> int:
     """Make the lab (removing a previous one first) and write its cluster file."""

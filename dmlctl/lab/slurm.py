@@ -2,8 +2,8 @@
 authentication, ``slurmctld`` in the root namespace on the bridge's address, and one
 ``slurmd`` per lab namespace (node ``lab-<i>`` at the host's address), all with a
 configuration of their own under ``<lab dir>/slurm`` and ports of their own, so that
-a Slurm of this machine, if any, is left alone. Debian/Ubuntu packages: slurm-wlm,
-munge.
+a Slurm of this machine, if any, is left alone. Debian/Ubuntu packages: slurmctld,
+slurmd, slurm-client, munge.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from dmlctl.lab.net import LabError, address, gateway, namespace
+from dmlctl.lab.net import LabError, address, gateway, namespace, run
+from dmlctl.slurm.commands import run as slurm_command
 
 CTLD_PORT = 6917
 SLURMD_PORT = 6918
@@ -128,11 +129,11 @@ def start_munge(lab_dir: Path) -> bool:
     if _munge_answers():
         return False
     if not MUNGE_KEY.exists():
-        _run(["mungekey", "-c", "-k", str(MUNGE_KEY)])
+        run("mungekey", "-c", "-k", str(MUNGE_KEY))
         shutil.chown(MUNGE_KEY, "munge", "munge")
     MUNGE_SOCKET_DIR.mkdir(parents=True, exist_ok=True)
     shutil.chown(MUNGE_SOCKET_DIR, "munge", "munge")
-    _run(["runuser", "-u", "munge", "--", _sbin("munged")])
+    run("runuser", "-u", "munge", "--", _sbin("munged"))
     deadline = time.monotonic() + 10
     while not _munge_answers():
         if time.monotonic() > deadline:
@@ -147,10 +148,10 @@ def start(lab_dir: Path, n: int) -> Path:
     the configuration's path. LabError (with the daemon's log line) when one fails."""
     conf = write_conf(lab_dir, n, os.cpu_count() or 1)
     start_munge(lab_dir)
-    _run([_sbin("slurmctld"), "-f", str(conf)])
+    run(_sbin("slurmctld"), "-f", str(conf))
     for i in range(n):
         netns = f"--net=/var/run/netns/{namespace(i)}"
-        _run(["nsenter", netns, _sbin("slurmd"), "-N", node_name(i), "-f", str(conf)])
+        run("nsenter", netns, _sbin("slurmd"), "-N", node_name(i), "-f", str(conf))
     wait_idle(conf, n)
     return conf
 
@@ -161,13 +162,7 @@ def wait_idle(conf: Path, n: int) -> None:
     deadline = time.monotonic() + READY_TIMEOUT_S
     shown = ""
     while time.monotonic() < deadline:
-        proc = subprocess.run(
-            ["sinfo", "-h", "-N", "-o", "%N %T"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            env={**os.environ, "SLURM_CONF": str(conf)},
-        )
+        proc = slurm_command(["sinfo", "-h", "-N", "-o", "%N %T"], str(conf), check=False)
         # one line per node and partition: a node of both partitions is listed twice
         states = dict(line.split()[:2] for line in proc.stdout.splitlines() if line.strip())
         shown = ", ".join(f"{k} {v}" for k, v in states.items()) or proc.stderr.strip()
@@ -213,12 +208,3 @@ def _munge_answers() -> bool:
 
 def _sbin(tool: str) -> str:
     return shutil.which(tool) or str(Path("/usr/sbin", tool))
-
-
-def _run(argv: list[str]) -> None:
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
-    if proc.returncode != 0:
-        why = (proc.stderr.strip() or proc.stdout.strip()).splitlines()[-1:] or [
-            f"exit code {proc.returncode}"
-        ]
-        raise LabError(f"`{' '.join(argv)}` failed: {why[0]}")

@@ -14,7 +14,6 @@ from dmlctl.plan.elastic import rebind, replan
 from dmlctl.plan.model import LaunchPlan
 from dmlctl.slurm import allocation
 from dmlctl.slurm.allocation import Allocation, JobState
-from dmlctl.slurm.commands import SlurmError
 from dmlctl.slurm.record import note_pending, record, recorded
 from dmlctl.slurm.transport import Node, SrunTransport
 from dmlctl.transport.base import Transport
@@ -52,8 +51,7 @@ class Reallocation:
         old = self.where
 
         def waiting(now: JobState) -> None:
-            why = f" ({now.reason})" if now.reason else ""
-            note(f"slurm.requeue: waiting for the new allocation: {now.state.lower()}{why}")
+            note(f"slurm.requeue: waiting for the new allocation: {now.said}")
 
         got = allocation.allocate(
             list(old.sbatch),
@@ -62,16 +60,13 @@ class Reallocation:
             waiting,
             lambda job_id: note_pending(self.run_dir, job_id),
             stopping,
+            need=len(old.nodes),
         )
         names = list(old.nodes)
         try:
-            if len(got.nodes) < len(names):
-                raise SlurmError(
-                    f"Slurm job {got.job_id} has {len(got.nodes)} nodes, not {len(names)}"
-                )
             where = old.moved(got.job_id, dict(zip(names, got.nodes, strict=False)))
             record(self.run_dir, where)  # before anything runs there: stop and status see it
-        except (SlurmError, OSError):
+        except OSError:
             allocation.cancel(got.job_id, old.conf)
             raise
         finally:

@@ -86,18 +86,12 @@ class SlurmScheduler(SshScheduler):
                 shown.update(f"Slurm job {job_id}: waiting for its allocation…")
 
             def waiting(now: JobState) -> None:
-                why = f" ({now.reason})" if now.reason else ""
-                shown.update(f"Slurm job {self._job_id}: {now.state.lower()}{why}…")
+                shown.update(f"Slurm job {self._job_id}: {now.said}…")
 
-            got = allocation.allocate(argv, name, spec.conf, waiting, submitted)
+            hosts = [h.name for h in placement.hosts]
+            got = allocation.allocate(argv, name, spec.conf, waiting, submitted, need=len(hosts))
         said = f"Slurm job {got.job_id}: {plural(len(got.nodes), 'node')} ({', '.join(got.nodes)})"
         self._err.print(said, markup=False)
-        hosts = [h.name for h in placement.hosts]
-        if len(got.nodes) < len(hosts):
-            allocation.cancel(got.job_id, spec.conf)
-            raise DmlctlError(
-                f"Slurm job {got.job_id} has {len(got.nodes)} nodes, not {len(hosts)}"
-            )
         paired = dict(zip(hosts, got.nodes, strict=False))
         where = Allocation(
             got.job_id,
@@ -136,7 +130,7 @@ class SlurmScheduler(SshScheduler):
         except DmlctlError as e:
             said = f"state unknown: {e}"
         else:
-            said = now.state.lower() + (f" ({now.reason})" if now.reason else "")
+            said = now.said
             if now.state == "RUNNING" and now.time_left not in ("", "UNLIMITED"):
                 said += f", {now.time_left} left"
         lines = [f"where: Slurm job {where.job_id}, {said}"]

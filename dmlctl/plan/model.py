@@ -196,8 +196,4 @@ class LaunchPlan:
 
 
 def _allocation(data: Mapping[str, Any] | None) -> Allocation | None:
-    if not data:
-        return None
-    return Allocation(
-        **{**data, "nodes": dict(data["nodes"]), "sbatch": tuple(data.get("sbatch", ()))}
-    )
+    return Allocation.from_dict(data) if data else None

@@ -9,6 +9,7 @@ import shlex
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from dmlctl.slurm.commands import SlurmError, best_effort, run
 from dmlctl.spec.slurm import SlurmSpec
@@ -67,8 +68,10 @@ ENDED = (
     "DEADLINE",
     "REVOKED",
     "SPECIAL_EXIT",
+    "GONE",
 )
-"""States after which an allocation runs nothing more (``COMPLETING``: it is ending)."""
+"""States after which an allocation runs nothing more (``COMPLETING``: it is ending;
+``GONE``: Slurm no longer lists it)."""
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,14 @@ class Allocation:
     setup: str | None = None
     sbatch: tuple[str, ...] = ()
     requeue: bool = False
+
+    @staticmethod
+    def from_dict(data: Mapping[str, Any]) -> Allocation:
+        """Inverse of ``dataclasses.asdict`` (as JSON gave it back); KeyError or
+        TypeError when ``data`` is no allocation."""
+        return Allocation(
+            **{**data, "nodes": dict(data["nodes"]), "sbatch": tuple(data.get("sbatch", ()))}
+        )
 
     def moved(self, job_id: str, nodes: Mapping[str, str]) -> Allocation:
         """The same request, granted again as job ``job_id`` on ``nodes``."""
@@ -114,10 +125,12 @@ def allocate(
     on_wait: Callable[[JobState], None] = lambda _: None,
     on_submit: Callable[[str], None] = lambda _: None,
     stopping: Callable[[], bool] = lambda: False,
+    need: int = 1,
 ) -> Granted:
     """Submit ``argv`` (an :func:`sbatch_argv`) with the holding script of job
-    ``name`` and wait until it runs (cancelled when the wait fails or is interrupted).
-    SlurmError (SlurmRefused for a request Slurm calls invalid) when it cannot."""
+    ``name`` and wait until it runs with at least ``need`` nodes (cancelled when the
+    wait fails, is interrupted or gets fewer). SlurmError (SlurmRefused for a request
+    Slurm calls invalid) when it cannot."""
     out = run(argv, conf, input=hold_script(name)).stdout.strip()
     job_id = out.split(";")[0]
     if not job_id.isdigit():
@@ -126,6 +139,8 @@ def allocate(
     try:
         started = wait_running(job_id, conf, on_wait, stopping=stopping)
         nodes = hostnames(started.nodelist, conf)
+        if len(nodes) < need:
+            raise SlurmError(f"Slurm job {job_id} has {len(nodes)} nodes, not {need}")
         return Granted(job_id, nodes, node_addresses(nodes, conf))
     except BaseException:
         cancel(job_id, conf)
@@ -144,7 +159,12 @@ class JobState:
 
     @property
     def ended(self) -> bool:
-        return self.state in ENDED or self.state == "GONE"
+        return self.state in ENDED
+
+    @property
+    def said(self) -> str:
+        """The state in words, with why it waits: ``pending (Priority)``."""
+        return self.state.lower() + (f" ({self.reason})" if self.reason else "")
 
 
 def sbatch_argv(spec: SlurmSpec, name: str, slots: int = 1) -> list[str]:

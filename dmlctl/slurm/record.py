@@ -6,6 +6,7 @@ controller's end cancel it even when the controller dies meanwhile)."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -21,7 +22,7 @@ def recorded(run_dir: Path, planned: Allocation | None) -> Allocation | None:
     planned one (also when the record cannot be read)."""
     try:
         data = json.loads((run_dir / CURRENT).read_text(encoding="utf-8"))
-        return Allocation(**{**data, "nodes": dict(data["nodes"]), "sbatch": tuple(data["sbatch"])})
+        return Allocation.from_dict(data)
     except (OSError, ValueError, KeyError, TypeError):
         return planned
 
@@ -29,8 +30,7 @@ def recorded(run_dir: Path, planned: Allocation | None) -> Allocation | None:
 def record(run_dir: Path, where: Allocation) -> None:
     """Record ``where`` as the run's allocation (replacing the file whole; OSError
     when the run directory cannot take it)."""
-    data = {**where.__dict__, "nodes": dict(where.nodes), "sbatch": list(where.sbatch)}
-    _replace(run_dir / CURRENT, json.dumps(data, indent=2) + "\n")
+    _replace(run_dir / CURRENT, json.dumps(dataclasses.asdict(where), indent=2) + "\n")
 
 
 def note_pending(run_dir: Path, job_id: str | None) -> None:

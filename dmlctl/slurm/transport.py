@@ -8,6 +8,7 @@ and code sync run over it exactly as over SSH.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import os
 import signal
@@ -126,15 +127,11 @@ class SrunTransport:
         if result.exit_code == 124:  # srun outlived its timeout: its step goes too
             where = (self.node.job_id, step, self.node.conf)
             threading.Thread(target=allocation.cancel_step, args=where, daemon=True).start()
-        return Result(self.host, tuple(argv), *_outcome(result))
+        return dataclasses.replace(result, argv=tuple(argv))  # what was asked, not srun's
 
     def start(self, argv: Sequence[str], *, cwd: str | None = None) -> SrunProcess:
         step = _step_name(f"dmlctl-agent-{self.host}")
         return SrunProcess(self.host, self.node, self.node.command(argv, cwd, step), step)
-
-
-def _outcome(result: Result) -> tuple[int, str, str, float]:
-    return result.exit_code, result.stdout, result.stderr, result.duration
 
 
 _steps = itertools.count(1)
@@ -155,6 +152,6 @@ def transports_for(
     nodes = where.nodes if where is not None else {}
     out = make_transports(h for h in hosts if h.name not in nodes)
     for host in hosts:
-        if where is not None and host.name in nodes:
+        if where is not None and host.name in nodes:  # (nodes is empty without where)
             out[host.name] = SrunTransport(host.name, Node.of(where, host.name))
     return out
