@@ -149,7 +149,8 @@ def test_a_killed_rank_restarts_in_the_same_allocation(slurm: LabCli, tmp_path: 
     out = proc.stdout
     assert "rank 0 finished on attempt 2 on lab-0" in out, out
     assert "rank 1 finished on attempt 2 on lab-1" in out, out
-    new = [line for line in squeue(slurm, "-t", "all").splitlines() if line not in before]
+    known = {line.split()[0] for line in before.splitlines()}  # a job may have ended since
+    new = [line for line in squeue(slurm, "-t", "all").splitlines() if line.split()[0] not in known]
     assert len(new) == 1 and new[0].endswith(" COMPLETED"), new  # one allocation, both attempts
 
 
