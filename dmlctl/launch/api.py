@@ -101,7 +101,8 @@ def launch(
     if job.advice is not None:
         console.print(f"dmlctl: {job.advice}", markup=False, highlight=False)
     try:
-        facts = scheduler.gather(job, cluster, placement)
+        with _located(options):  # a Slurm refusal names the key it is about
+            facts = scheduler.gather(job, cluster, placement)
         if sized := sized_slots(cluster, facts):  # said before the job is placed on them
             said = ", ".join(f"{name}: {n}" for name, n in sized.items())
             _stderr().print(f"dmlctl: slots from the hosts' GPU counts ({said})", markup=False)

@@ -9,18 +9,20 @@ stops the ranks (they get ``stop_grace``) and then cancels it too.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 
 from rich.console import Console
 
-from dmlctl.errors import DmlctlError
+from dmlctl.errors import DmlctlError, PlanError
 from dmlctl.launch.options import LaunchOptions, LaunchResult
 from dmlctl.launch.schedulers import DRY_RUN_NOTE, DRY_RUN_PORT, SshScheduler
-from dmlctl.plan.build import JobPlacement, as_run
+from dmlctl.plan.build import JobPlacement, as_run, place_job
 from dmlctl.plan.model import LaunchPlan
 from dmlctl.plan.request import Facts, LaunchRequest
 from dmlctl.runs.store import RunDir, RunStore
 from dmlctl.slurm import allocation
 from dmlctl.slurm.allocation import Allocation, JobState
+from dmlctl.slurm.commands import SlurmRefused, refused_key
 from dmlctl.slurm.record import pending
 from dmlctl.slurm.transport import Node, transports_for
 from dmlctl.spec.models import ClusterSpec, JobSpec
@@ -55,14 +57,16 @@ class SlurmScheduler(SshScheduler):
                 sys.executable,
                 routes=_dry_routes(placement, self._spec.gpus_per_node),
                 lib=lib,
-                assumed=(
-                    "the allocation's nodes: node-0 … are bound to them in the order "
-                    "Slurm lists them, and node-0 serves the rendezvous",
-                ),
+                assumed=_dry_assumed(self._spec),
                 port_note=DRY_RUN_NOTE,
             )
-        where, addresses = self._allocate(job.name or "job", placement)
+        hosts = [h.name for h in placement.hosts]
+        slots = max(h.slots for h in placement.hosts)
+        name = job.name or "job"
+        where, addresses = ask(self._spec, name, hosts, slots, self._err, self._submitted)
         try:
+            if len(where.nodes) < len(placement.hosts):  # a range: fewer nodes granted
+                placement = place_job(cluster.granted(len(where.nodes)), job)
             bound = {host: addresses[node] for host, node in where.nodes.items()}
             self._transports = transports_for(placement.hosts, where)
             placed = placement.bound(bound)
@@ -74,35 +78,8 @@ class SlurmScheduler(SshScheduler):
         routes = {h: r for h, t in self._transports.items() if (r := ssh_route(t)) is not None}
         return Facts(port, sys.executable, first.address, gpus, lib, routes, (), None, bound, where)
 
-    def _allocate(self, name: str, placement: JobPlacement) -> tuple[Allocation, dict[str, str]]:
-        """Ask Slurm for the allocation and wait until it runs (as long as it queues;
-        Ctrl-C cancels it); its nodes bound to the placement's hosts in order."""
-        spec = self._spec
-        argv = allocation.sbatch_argv(spec, name, max(h.slots for h in placement.hosts))
-        with self._err.status("asking Slurm for an allocation…") as shown:
-
-            def submitted(job_id: str) -> None:
-                self._job_id = job_id
-                shown.update(f"Slurm job {job_id}: waiting for its allocation…")
-
-            def waiting(now: JobState) -> None:
-                shown.update(f"Slurm job {self._job_id}: {now.said}…")
-
-            hosts = [h.name for h in placement.hosts]
-            got = allocation.allocate(argv, name, spec.conf, waiting, submitted, need=len(hosts))
-        said = f"Slurm job {got.job_id}: {plural(len(got.nodes), 'node')} ({', '.join(got.nodes)})"
-        self._err.print(said, markup=False)
-        paired = dict(zip(hosts, got.nodes, strict=False))
-        where = Allocation(
-            got.job_id,
-            paired,
-            spec.conf,
-            spec.gpus_per_node,
-            spec.setup,
-            tuple(argv),
-            spec.requeue,
-        )
-        return where, got.addresses
+    def _submitted(self, job_id: str) -> None:
+        self._job_id = job_id
 
     def schedule(
         self, request: LaunchRequest, job: JobSpec, cluster: ClusterSpec, store: RunStore
@@ -166,6 +143,71 @@ class SlurmScheduler(SshScheduler):
             except DmlctlError as e:
                 return [str(e)]
         return super().logs(run)
+
+
+def ask(
+    spec: SlurmSpec,
+    name: str,
+    hosts: list[str],
+    slots: int,
+    err: Console,
+    on_submit: Callable[[str], None] = lambda _: None,
+) -> tuple[Allocation, dict[str, str]]:
+    """Ask Slurm for ``spec``'s allocation for job ``name`` and wait, said on ``err``,
+    until it runs (as long as it queues; Ctrl-C cancels it), each node with ``slots``
+    worker slots; the allocation with its
+    nodes bound to ``hosts`` in order, and each node's address. The allocation
+    remembers its ``sbatch`` command for a requeue, asking for as many nodes as were
+    granted. ``on_submit`` gets the job id as soon as Slurm gives it. A request Slurm
+    refuses is a PlanError at the ``slurm:`` key its words name."""
+    argv = allocation.sbatch_argv(spec, name, slots)
+    with err.status("asking Slurm for an allocation…") as shown:
+        job_id = ""
+
+        def submitted(given: str) -> None:
+            nonlocal job_id
+            job_id = given
+            on_submit(given)
+            shown.update(f"Slurm job {given}: waiting for its allocation…")
+
+        def waiting(now: JobState) -> None:
+            shown.update(f"Slurm job {job_id}: {now.said}…")
+
+        try:
+            got = allocation.allocate(
+                argv, name, spec.conf, waiting, submitted, need=spec.min_nodes
+            )
+        except SlurmRefused as e:  # the cluster file's request: named at its key
+            raise PlanError("cluster", refused_key(str(e)), str(e)) from None
+    said = f"Slurm job {got.job_id}: {plural(len(got.nodes), 'node')} ({', '.join(got.nodes)})"
+    err.print(said, markup=False)
+    paired = dict(zip(hosts, got.nodes, strict=False))
+    again = allocation.sbatch_argv(spec.model_copy(update={"nodes": len(paired)}), name, slots)
+    where = Allocation(
+        got.job_id,
+        paired,
+        spec.conf,
+        spec.gpus_per_node,
+        spec.setup,
+        tuple(again),
+        spec.requeue,
+    )
+    return where, got.addresses
+
+
+def _dry_assumed(spec: SlurmSpec) -> tuple[str, ...]:
+    """What a dry run assumes of the allocation it does not ask for."""
+    said = [
+        "the allocation's nodes: node-0 … are bound to them in the order Slurm lists "
+        "them, and node-0 serves the rendezvous"
+    ]
+    if spec.is_range:
+        said.append(
+            f"Slurm grants {spec.max_nodes} nodes (slurm.nodes: {spec.nodes}); with fewer, "
+            f"the run is planned on those; when nodes are lost, it goes on down to "
+            f"min_hosts (default: {spec.min_nodes})"
+        )
+    return tuple(said)
 
 
 def _dry_routes(placement: JobPlacement, gpus: int) -> dict[str, str]:

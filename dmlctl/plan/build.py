@@ -183,6 +183,28 @@ def place_job(
     hosts = tuple(cluster.resolved_hosts())
     _check_fixed_hosts(job)
     _check_server_hosts(job, hosts)
+    slurm = cluster.slurm_spec
+    if slurm is not None and slurm.is_range and len(hosts) < slurm.max_nodes:
+        job = _fewer_workers(job, hosts)  # granted fewer nodes than the range's most
+    placement = _place_on(hosts, job, gpus or {})
+    if slurm is not None and slurm.is_range and slurm.min_nodes < len(hosts):
+        _check_fewest(job, hosts[: slurm.min_nodes], slurm.nodes)
+    return placement
+
+
+def _fewer_workers(job: JobSpec, hosts: Sequence[ResolvedHost]) -> JobSpec:
+    """``job`` on fewer Slurm nodes than its range's most: at most as many workers as
+    ``hosts`` have slots (``workers`` is then an upper bound, as after a lost host)."""
+    total = sum(h.slots for h in hosts)
+    if job.workers is not None and job.workers > total:
+        return job.model_copy(update={"workers": total})
+    return job
+
+
+def _place_on(
+    hosts: tuple[ResolvedHost, ...], job: JobSpec, gpus: Mapping[str, int]
+) -> JobPlacement:
+    """The placement of ``job`` on ``hosts``, with the checks that depend on them."""
     demand = _demand(job, hosts)
     mesh = _mesh(job, demand.workers)
     problem = world_problem(job.strategy.name, job.strategy.params, demand.workers)
@@ -190,8 +212,28 @@ def place_job(
         raise PlanError("job", ("strategy", "params"), problem)
     placed = place([HostSlots(h.name, h.slots) for h in hosts], demand)
     _check_hosts(job, placed, hosts)
-    check_gpus(job, placed, gpus or {})
+    check_gpus(job, placed, gpus)
     return JobPlacement(hosts, placed, demand.workers, mesh)
+
+
+def _check_fewest(job: JobSpec, fewest: tuple[ResolvedHost, ...], nodes: int | str) -> None:
+    """A Slurm ``nodes`` range: the job must run on its low end too (Slurm may grant
+    no more), and only where a run may change its number of hosts."""
+    at = ("slurm", "nodes")
+    if job.parameter_servers or job.parallelism is not None:
+        what = "parameter_servers" if job.parameter_servers else "parallelism"
+        raise PlanError(
+            "cluster", at, f"a range ({nodes}) is not supported with {what}: give a node count"
+        )
+    try:
+        _place_on(fewest, _fewer_workers(job, fewest), {})
+    except PlanError as e:
+        raise PlanError(
+            "cluster",
+            at,
+            f"Slurm may grant {plural(len(fewest), 'node')} of {nodes}, where the job "
+            f"cannot run: {e.message}",
+        ) from None
 
 
 def check_gpus(job: JobSpec, placed: Sequence[Placed], gpus: Mapping[str, int]) -> None:
@@ -319,6 +361,12 @@ def _pool_host(
     )
 
 
+def _fewest_hosts(cluster: ClusterSpec, hosts: Sequence[HostPlan]) -> int:
+    """A run's default ``min_hosts``: all of its hosts, or a Slurm range's low end."""
+    slurm = cluster.slurm_spec
+    return min(slurm.min_nodes, len(hosts)) if slurm is not None else len(hosts)
+
+
 def build_plan(
     cluster: ClusterSpec,
     job: JobSpec,
@@ -369,7 +417,7 @@ def build_plan(
         hosts=hosts,
         ranks=ranks,
         spares=spares,
-        min_hosts=job.min_hosts if job.min_hosts is not None else len(hosts),
+        min_hosts=job.min_hosts if job.min_hosts is not None else _fewest_hosts(cluster, hosts),
         max_hosts=job.max_hosts if job.max_hosts is not None else len(hosts),
         workers=placement.workers,
         parameter_servers=servers,

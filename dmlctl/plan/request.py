@@ -80,7 +80,12 @@ def make_request(
     """The request for run ``run_id`` (recorded under ``run_dir`` on this machine):
     pure. A host whose ``slots`` the cluster file leaves unset and that has more than
     one GPU gets its GPU count as slots (one worker per GPU); more NCCL workers than a
-    host's GPUs raise :class:`~dmlctl.errors.PlanError`, like every placing refusal."""
+    host's GPUs raise :class:`~dmlctl.errors.PlanError`, like every placing refusal.
+    A Slurm allocation with fewer nodes than the cluster names (``slurm.nodes`` a
+    range) is planned on the nodes it has."""
+    if facts.allocation is not None and len(facts.allocation.nodes) < len(cluster.hosts):
+        cluster = cluster.granted(len(facts.allocation.nodes))  # a range: fewer granted
+        placement = place_job(cluster, job)
     sized = sized_slots(cluster, facts)
     if sized:
         placement = place_job(cluster.with_slots(sized), job)

@@ -176,9 +176,8 @@ def sbatch_argv(spec: SlurmSpec, name: str, slots: int = 1) -> list[str]:
         "--parsable",
         f"--job-name=dmlctl-{name}",
         f"--nodes={spec.nodes}",
-        "--ntasks-per-node=1",
         "--output=/dev/null",
-        f"--cpus-per-task={cpus}",
+        f"--cpus-per-task={cpus}",  # one task a node by default: a range gets its most
         "--no-kill",  # a failed node ends its steps, not the allocation (min_hosts)
         "--no-requeue",  # Slurm requeuing it under the same id would hide its end
     ]
@@ -365,3 +364,22 @@ def cancel_step(job_id: str, step_name: str, conf: str | None) -> None:
         step, _, name = line.strip().partition("|")
         if name == step_name:
             best_effort(["scancel", "--signal=KILL", step], conf)
+
+
+def partition_said(partition: str | None, conf: str | None) -> str:
+    """What ``sinfo`` says of ``partition`` (None: Slurm's default one), in one line:
+    ``partition lab: up, 3 nodes (2 idle, 1 mixed)``. SlurmError when sinfo fails;
+    SlurmRefused when Slurm has no such partition."""
+    from dmlctl.slurm.commands import SlurmRefused
+
+    argv = ["sinfo", "-h", "-o", "%P|%a|%D|%T", *(["-p", partition] if partition else [])]
+    rows = [ln.split("|") for ln in run(argv, conf).stdout.splitlines() if ln.count("|") == 3]
+    if partition is None:
+        rows = [r for r in rows if r[0].endswith("*")]
+    if not rows:
+        which = f"no partition {partition!r}" if partition else "no default partition"
+        raise SlurmRefused(f"sinfo: Slurm has {which}")
+    name, avail = rows[0][0].rstrip("*"), rows[0][1]
+    counts = ", ".join(f"{n} {st}" for _, _, n, st in rows)
+    total = sum(int(r[2]) for r in rows if r[2].isdigit())
+    return f"partition {name}: {avail}, {total} nodes ({counts})"

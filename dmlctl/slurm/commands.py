@@ -115,3 +115,21 @@ def failure(argv: Sequence[str], stderr: str, code: int) -> SlurmError:
     )
     error = SlurmRefused if asked else SlurmError
     return error(f"{argv[0]} failed: {why}")
+
+
+REFUSED_KEYS = (
+    ("account", ("slurm", "account")),  # "account/partition combination": the account
+    ("partition", ("slurm", "partition")),
+    ("qos", ("slurm", "qos")),
+    ("time limit", ("slurm", "time")),
+    ("memory", ("slurm", "mem")),
+    ("node count", ("slurm", "nodes")),
+)
+"""Words of a Slurm refusal, and the cluster file's key it is about."""
+
+
+def refused_key(message: str) -> tuple[str, ...]:
+    """The ``slurm:`` key a refusal's ``message`` is about (``("slurm",)`` when its
+    words name none)."""
+    said = message.lower()
+    return next((key for words, key in REFUSED_KEYS if words in said), ("slurm",))

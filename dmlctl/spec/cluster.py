@@ -27,7 +27,7 @@ from dmlctl.spec.fields import (
     check_user,
     is_host_text,
 )
-from dmlctl.spec.slurm import SlurmSpec, placeholder
+from dmlctl.spec.slurm import SlurmSpec, node_range, placeholder
 
 LOCAL_ADDRESS = "localhost"
 """The one address reached without SSH."""
@@ -288,8 +288,9 @@ class ClusterSpec(BaseModel):
         if not isinstance(data, dict) or data.get("scheduler") != "slurm" or "hosts" in data:
             return data
         block = data.get("slurm") or {}
-        nodes = block.get("nodes", 1) if isinstance(block, dict) else 1
-        if not isinstance(nodes, int) or isinstance(nodes, bool) or not 1 <= nodes <= MAX_HOSTS:
+        try:
+            nodes = node_range(block.get("nodes", 1) if isinstance(block, dict) else 1)[1]
+        except ValueError:
             nodes = 1  # the slurm block's own check reports it
         return {
             **data,
@@ -302,8 +303,7 @@ class ClusterSpec(BaseModel):
             why = "a slurm block needs 'scheduler: slurm' (it would be ignored)"
             _refuse("slurm_block", ("slurm",), why, self.slurm)
         if self.scheduler == "slurm":
-            nodes = self.slurm.nodes if self.slurm is not None else 1
-            names = [placeholder(i) for i in range(nodes)]
+            names = (self.slurm or SlurmSpec()).placeholders()
             if [h.name for h in self.hosts] != names or any(
                 h.address != h.name for h in self.hosts
             ):
@@ -370,6 +370,11 @@ class ClusterSpec(BaseModel):
             for h in self.hosts
         ]
         return self.model_copy(update={"hosts": hosts})
+
+    def granted(self, nodes: int) -> ClusterSpec:
+        """This Slurm cluster with the hosts of an allocation that has ``nodes`` nodes
+        (its first ``nodes`` placeholders; ``slurm.nodes`` may be a range)."""
+        return self.model_copy(update={"hosts": self.hosts[:nodes]})
 
     @property
     def total_slots(self) -> int:

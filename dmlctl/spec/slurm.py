@@ -107,12 +107,12 @@ class SlurmSpec(BaseModel):
 
     model_config = FROZEN
 
-    nodes: int = Field(
+    nodes: int | str = Field(
         default=1,
-        ge=1,
-        le=MAX_HOSTS,
-        description="Nodes of the allocation; each runs one dmlctl agent and the "
-        "cluster's slots (defaults.slots) of workers.",
+        description="Nodes of the allocation, a count (4) or a range ('2-4': the run "
+        "starts on as many as Slurm grants, and goes on down to the low end when nodes "
+        "are lost); each runs one dmlctl agent and the cluster's slots (defaults.slots) "
+        "of workers.",
     )
     partition: str | None = Field(default=None, min_length=1, description="sbatch --partition.")
     account: str | None = Field(default=None, min_length=1, description="sbatch --account.")
@@ -163,6 +163,13 @@ class SlurmSpec(BaseModel):
     )
 
     _one_line = field_validator("partition", "account", "qos", "conf")(check_one_line)
+
+    @field_validator("nodes", mode="before")
+    @classmethod
+    def _nodes(cls, value: object) -> int | str:
+        low, high = node_range(value)
+        return low if low == high else f"{low}-{high}"
+
     _setup = field_validator("setup")(check_command)
 
     @field_validator("mem")
@@ -184,6 +191,47 @@ class SlurmSpec(BaseModel):
             )
         return value
 
+    @property
+    def min_nodes(self) -> int:
+        """The fewest nodes the allocation may have (``nodes``' low end)."""
+        return node_range(self.nodes)[0]
+
+    @property
+    def max_nodes(self) -> int:
+        """The most nodes the allocation may have: the plan names that many hosts."""
+        return node_range(self.nodes)[1]
+
+    @property
+    def is_range(self) -> bool:
+        """Whether Slurm may grant fewer nodes than :attr:`max_nodes`."""
+        return self.min_nodes < self.max_nodes
+
     def placeholders(self) -> list[str]:
-        """The plan's host names of the allocation's nodes."""
-        return [placeholder(i) for i in range(self.nodes)]
+        """The plan's host names of the allocation's nodes (as many as it may have)."""
+        return [placeholder(i) for i in range(self.max_nodes)]
+
+
+def node_range(value: object) -> tuple[int, int]:
+    """``nodes`` as (fewest, most): a count ``4`` or ``'4'`` is (4, 4), a range
+    ``'2-4'`` is (2, 4); ValueError unless 1 <= fewest <= most <= MAX_HOSTS."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        low = high = value
+    elif isinstance(value, str) and (m := re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", value)):
+        low, high = int(m[1]), int(m[2] or m[1])
+    else:
+        raise ValueError(f"{value!r} is no node count: a number (4) or a range ('2-4')")
+    if not 1 <= low <= high <= MAX_HOSTS:
+        raise ValueError(f"{value!r}: nodes must be from 1 to {MAX_HOSTS}, a range's low end first")
+    return low, high
+
+
+def minutes(value: str) -> float:
+    """A Slurm ``--time`` (:data:`SLURM_TIME`, already checked) in minutes."""
+    days, _, rest = value.rpartition("-")
+    parts = [int(p) for p in rest.split(":")]
+    if days:  # days-hours[:minutes[:seconds]]
+        parts += [0] * (3 - len(parts))
+        return int(days) * 1440 + parts[0] * 60 + parts[1] + parts[2] / 60
+    if len(parts) == 3:  # hours:minutes:seconds
+        return parts[0] * 60 + parts[1] + parts[2] / 60
+    return parts[0] + (parts[1] / 60 if len(parts) == 2 else 0)  # minutes[:seconds]

@@ -1,5 +1,6 @@
 """A real Slurm (``dmlctl lab up --slurm``: munge, slurmctld, a slurmd per lab
-namespace) and dmlctl on it: the quick start on 2 nodes, parameter servers on a node
+namespace) and dmlctl on it: the quick start and the doctor on 2 nodes, a node range
+run on the nodes Slurm grants, parameter servers on a node
 of their own, ``stop`` (no job left in Slurm, no process on any node), a rank killed
 (restarted in the same allocation), bad scheduler options (exit 2, nothing asked of
 Slurm), the dry run's ``sbatch`` and ``srun`` lines, and a node that stops answering
@@ -9,9 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -101,11 +104,39 @@ def test_the_quick_start_runs_on_two_slurm_nodes(slurm: LabCli, tmp_path: Path) 
     fetch = slurm.run("logs", run_id, "--fetch")  # the nodes' files went with the job
     assert f"its Slurm job {job_id} has ended (COMPLETED)" in fetch.stdout + fetch.stderr
     doctor = slurm.run("doctor", "--cluster", str(path))
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    assert "Slurm partition lab: up, 3 nodes (3 idle)" in doctor.stderr, doctor.stderr
+    assert "all 2 hosts ready" in doctor.stdout, doctor.stdout
+    doctor_job = doctor.stderr.split("Slurm job ")[1].split(":")[0]
+    state = squeue(slurm, "-t", "all", "-j", doctor_job).split()
+    assert state[1] in ("COMPLETED", "COMPLETING"), state  # the doctor ends its allocation
+
+
+def test_a_node_range_runs_on_the_nodes_slurm_grants(slurm: LabCli, tmp_path: Path) -> None:
+    path = cluster(slurm, tmp_path, nodes="1-3")
+    conf = str(slurm.lab_dir / "slurm" / "slurm.conf")
+    env = {**os.environ, "SLURM_CONF": conf}
+    hold = ["sbatch", "--parsable", "-N1", "--exclusive", "-p", "lab", "-o", "/dev/null"]
+    hold.append("--wrap=sleep 300")
+    blocker = subprocess.run(hold, capture_output=True, text=True, env=env, check=True)
+    blocker_id = blocker.stdout.strip()
+    try:
+        assert wait_until(lambda: f"{blocker_id} RUNNING" in squeue(slurm), 20), "no blocker"
+        quick = REPO / "examples" / "quickstart" / "job.yaml"
+        proc = slurm.run("launch", str(quick), "--cluster", str(path), "--ui", "plain")
+    finally:
+        subprocess.run(["scancel", blocker_id], env=env, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Slurm job" in proc.stderr and ": 2 nodes (" in proc.stderr, proc.stderr
+    run_id = re.search(r"run (\S+) succeeded", proc.stdout)
+    assert run_id is not None, proc.stdout
+    plan = (slurm.home / "runs" / run_id[1] / "plan.json").read_text()
+    assert '"node-2"' not in plan and '"min_hosts": 1' in plan  # as many as were free
+    bad = cluster(slurm, tmp_path, partition="gpu-nowhere")
+    doctor = slurm.run("doctor", "--cluster", str(bad))
     assert doctor.returncode == 2, doctor.stdout + doctor.stderr
-    assert doctor.stderr.strip() == (
-        f"dmlctl: {path}: doctor does not run on a Slurm cluster yet (scheduler: slurm); "
-        "`dmlctl launch JOB --cluster` does"
-    )
+    said = f"dmlctl: {bad}:[0-9]+ slurm.partition: sinfo: Slurm has no partition 'gpu-nowhere'"
+    assert re.fullmatch(said, doctor.stderr.strip()), doctor.stderr
 
 
 def test_parameter_servers_run_on_a_node_of_their_own(slurm: LabCli, tmp_path: Path) -> None:
@@ -187,24 +218,26 @@ def test_a_job_cancelled_outside_dmlctl_is_the_runs_root_cause(
     assert wait_until(lambda: node_processes(3) == [], 30), node_processes(3)
 
 
-def elastic_job(tmp_path: Path, extra: str = "") -> Path:
+def elastic_job(tmp_path: Path, extra: str = "", workers: int = 2) -> Path:
     """40 steps with a checkpoint every 5 (tests/ssh/jobs/elastic): rank 0 writes the
     final loss to ``out.txt``."""
     job = tmp_path / "job.yaml"
     job.write_text(
         f"name: elastic\nscript: train.py\nworkdir: {REPO / 'tests' / 'ssh' / 'jobs' / 'elastic'}\n"
-        f"workers: 2\nenv:\n  OUT: {tmp_path / 'out.txt'}\ncheckpoint:\n  every_steps: 5\n"
+        f"workers: {workers}\nenv:\n  OUT: {tmp_path / 'out.txt'}\ncheckpoint:\n  every_steps: 5\n"
         "restart:\n  max_infra_restarts: 2\n  backoff_initial: 0.2\n  host_wait: 3\n"
         "  stop_grace: 1\n" + extra
     )
     return job
 
 
-def test_a_preempted_job_is_requeued_and_resumed_from_its_checkpoint(
-    slurm: LabCli, tmp_path: Path
+@pytest.mark.parametrize("end", ["was preempted", "reached its time limit (slurm.time)"])
+def test_an_early_end_is_requeued_and_resumed_from_its_checkpoint(
+    slurm: LabCli, tmp_path: Path, end: str
 ) -> None:
     """With slurm.requeue, a job of the lab's urgent partition preempting the run's
-    (Slurm cancels it) is answered with a new allocation, and the run goes on from the
+    (Slurm cancels it), or the run's job reaching its time limit (its end time moved
+    to now), is answered with a new allocation, and the run goes on from the
     checkpoint the controller kept; status then speaks of the new job."""
     path = cluster(slurm, tmp_path, nodes=2, requeue=True)
     runs = set(slurm.runs())
@@ -218,8 +251,13 @@ def test_a_preempted_job_is_requeued_and_resumed_from_its_checkpoint(
         (run,) = set(slurm.runs()) - runs
         assert wait_until((run / "checkpoints" / "LATEST").is_file, 90), "no checkpoint copy"
         first = squeue(slurm, "-t", "RUNNING").split()[0]
-        urgent = ["sbatch", "-p", "urgent", "-N3", "--exclusive", "--output=/dev/null"]
-        subprocess.run([*urgent, "--wrap=sleep 3"], env=env, check=True, capture_output=True)
+        if end == "was preempted":
+            ask = ["sbatch", "-p", "urgent", "-N3", "--exclusive", "--output=/dev/null"]
+            ask.append("--wrap=sleep 3")
+        else:  # Slurm checks time limits every few seconds: a real TIMEOUT soon after
+            now = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() + 1))
+            ask = ["scontrol", "update", f"JobId={first}", f"EndTime={now}"]
+        subprocess.run(ask, env=env, check=True, capture_output=True)
         out, _ = proc.communicate(timeout=150)
     finally:
         proc.kill()
@@ -227,7 +265,7 @@ def test_a_preempted_job_is_requeued_and_resumed_from_its_checkpoint(
     state = slurm.state(run.name)
     cause = state["failures"][0]
     assert cause["exc_type"] == "AllocationRequeued", state["failures"]
-    assert cause["message"].startswith(f"Slurm job {first} was preempted: "), cause
+    assert cause["message"].startswith(f"Slurm job {first} {end}: "), cause
     assert state["restarts"] == 1
     starts = [line for line in out.splitlines() if "attempt 2 starts at step" in line]
     assert starts and int(starts[0].rsplit(" ", 1)[1]) >= 5, out
@@ -244,7 +282,7 @@ def test_a_preempted_job_is_requeued_and_resumed_from_its_checkpoint(
     [
         ({"sbatch_options": ["--nodes=5"]}, "slurm.sbatch_options[0]: --nodes is set by dmlctl"),
         ({"time": "soon"}, "slurm.time: 'soon' is no Slurm time"),
-        ({"partition": "gpu-nowhere"}, "sbatch failed: "),
+        ({"partition": "gpu-nowhere"}, "slurm.partition: sbatch failed: "),
     ],
 )
 def test_bad_scheduler_options_exit_2_and_leave_nothing(
@@ -271,7 +309,7 @@ def test_the_dry_run_prints_the_batch_script_and_the_srun_lines(
     out = proc.stdout
     assert (
         "ask Slurm for the allocation: sbatch --parsable --job-name=dmlctl-plain --nodes=2 "
-        "--ntasks-per-node=1 --output=/dev/null --cpus-per-task=1 --no-kill --no-requeue "
+        "--output=/dev/null --cpus-per-task=1 --no-kill --no-requeue "
         "--partition=lab "
         "--time=10 --comment=dry <<script"
     ) in out, out
@@ -281,6 +319,40 @@ def test_the_dry_run_prints_the_batch_script_and_the_srun_lines(
         "--nodelist=<node 1> --overlap --quiet --job-name=dmlctl-agent-node-1"
     ) in out, out
     assert squeue(slurm, "-t", "all") == before
+
+
+# Last of the tests that share the lab: lab-2 is busy for a minute and more after its
+# slurmd is started again (its job's end is settled late), and no test after needs it.
+def test_a_node_that_dies_is_lost_and_a_range_goes_on_on_the_nodes_left(
+    slurm: LabCli, tmp_path: Path
+) -> None:
+    """Every process on lab-2 is SIGKILLed, slurmd too (a node that dies): with
+    ``nodes: 1-3`` the run goes on on node-0 and node-1, in the same allocation, from
+    the checkpoint the controller kept. lab-2's slurmd is started again after."""
+    path = cluster(slurm, tmp_path, nodes="1-3")
+    runs = set(slurm.runs())
+    job = elastic_job(tmp_path, workers=3)
+    proc = slurm.popen("launch", str(job), "--cluster", str(path), "--ui", "plain")
+    try:
+        assert wait_until(lambda: len(set(slurm.runs()) - runs) == 1, 60), proc.poll()
+        (run,) = set(slurm.runs()) - runs
+        assert wait_until((run / "checkpoints" / "LATEST").is_file, 90), "no checkpoint copy"
+        netns = ["ip", "netns", "pids", "dmlctl-lab-2"]
+        for pid in subprocess.run(netns, capture_output=True, text=True).stdout.split():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+        conf = slurm.lab_dir / "slurm" / "slurm.conf"
+        slurmd = ["nsenter", "--net=/var/run/netns/dmlctl-lab-2", "slurmd", "-N", "lab-2"]
+        subprocess.run([*slurmd, "-f", str(conf)], check=True)
+    assert proc.returncode == 0, out
+    state = slurm.state(run.name)
+    lost = state["failures"][0]
+    assert (lost["host"], lost["exc_type"]) == ("node-2", "AgentLost"), lost
+    assert state["hosts"] == ["node-0", "node-1"] and state["restarts"] == 1
+    assert (tmp_path / "out.txt").read_text().startswith("40 ")
 
 
 # serial: a silence of host_timeout (3 s) is told from a loaded host on an idle machine.

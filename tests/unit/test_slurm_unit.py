@@ -29,7 +29,9 @@ from dmlctl.spec.slurm import SlurmSpec
 from tests.unit.test_spec import issues_of, write
 
 SLURM_CASES = [
-    ("scheduler: slurm\nslurm:\n  nodes: 0\n", 3, "slurm.nodes", "must be >= 1"),
+    ("scheduler: slurm\nslurm:\n  nodes: 0\n", 3, "slurm.nodes", "nodes must be from 1 to"),
+    ("scheduler: slurm\nslurm:\n  nodes: 4-2\n", 3, "slurm.nodes", "a range's low end first"),
+    ("scheduler: slurm\nslurm:\n  nodes: many\n", 3, "slurm.nodes", "or a range ('2-4')"),
     ("scheduler: slurm\nslurm:\n  time: soon\n", 3, "slurm.time", "'soon' is no Slurm time"),
     (
         "scheduler: slurm\nslurm:\n  sbatch_options: ['--time=5']\n",
@@ -114,7 +116,6 @@ def test_sbatch_asks_for_the_block_and_the_script_only_holds_the_nodes() -> None
         "--parsable",
         "--job-name=dmlctl-lm",
         "--nodes=2",
-        "--ntasks-per-node=1",
         "--output=/dev/null",
         "--cpus-per-task=4",
         "--no-kill",
