@@ -92,7 +92,8 @@ def launch(
     Exit code: 0 every rank succeeded, 1 the run failed (or a host could not be made
     ready), 130 stopped; raises DmlctlError (exit 2) for bad input before anything is
     created or started. The job is placed and planned once (again only when probed
-    GPUs set a host's slots). A dry run prints the request and connects to nothing.
+    GPUs set a host's slots, or Slurm grants fewer nodes than a range's most). A dry
+    run prints the request and connects to nothing.
     """
     scheduler = scheduler_for(cluster, options, console)
     store = RunStore(options.home)

@@ -30,7 +30,7 @@ DOCTOR_MINUTES = 10
 def short_request(spec: SlurmSpec) -> SlurmSpec:
     """``spec`` for the doctor: at most :data:`DOCTOR_MINUTES` long, never requeued."""
     time = spec.time
-    if time is None or minutes(time) > DOCTOR_MINUTES:
+    if time is None or not 0 < minutes(time) <= DOCTOR_MINUTES:  # '0': no limit at all
         time = str(DOCTOR_MINUTES)
     return spec.model_copy(update={"time": time, "requeue": False})
 
@@ -48,7 +48,14 @@ def doctor_on_slurm(cluster: ClusterSpec, rdzv_port: int, err: Console) -> Docto
     err.print(f"Slurm {said}", markup=False)
     hosts = cluster.resolved_hosts()
     slots = max(h.slots for h in hosts)
-    where, addresses = ask(short_request(spec), "doctor", [h.name for h in hosts], slots, err)
+    asked: list[str] = []  # the job id, as soon as Slurm gives it
+    try:
+        names = [h.name for h in hosts]
+        where, addresses = ask(short_request(spec), "doctor", names, slots, err, asked.append)
+    except BaseException:
+        for job_id in asked:  # interrupted between the grant and the report: not kept
+            allocation.cancel(job_id, spec.conf)
+        raise
     try:
         bound = [
             dataclasses.replace(h, address=addresses[where.nodes[h.name]])

@@ -177,8 +177,10 @@ def ask(
             got = allocation.allocate(
                 argv, name, spec.conf, waiting, submitted, need=spec.min_nodes
             )
-        except SlurmRefused as e:  # the cluster file's request: named at its key
-            raise PlanError("cluster", refused_key(str(e)), str(e)) from None
+        except SlurmRefused as e:
+            if not str(e).startswith("sbatch"):
+                raise
+            raise PlanError("cluster", refused_key(str(e)), str(e)) from None  # the request
     said = f"Slurm job {got.job_id}: {plural(len(got.nodes), 'node')} ({', '.join(got.nodes)})"
     err.print(said, markup=False)
     paired = dict(zip(hosts, got.nodes, strict=False))

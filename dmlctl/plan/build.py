@@ -25,6 +25,7 @@ from dmlctl.plan.layout import lay_out
 from dmlctl.plan.model import HostPlan, LaunchPlan
 from dmlctl.plan.placement import Demand, HostSlots, Placed, place
 from dmlctl.spec.fields import MAX_WORKERS
+from dmlctl.spec.messages import format_path
 from dmlctl.spec.models import ClusterSpec, JobSpec, ResolvedHost
 from dmlctl.spec.parallelism import MeshMismatch
 from dmlctl.text import plural
@@ -178,7 +179,10 @@ def place_job(
     (``--workers`` and ``workers: auto`` included), when the strategy refuses the
     world size or the number of hosts, for ``server_hosts`` / ``min_hosts`` that
     cannot be met, or when other hosts would have to reach ``localhost`` for the
-    rendezvous.
+    rendezvous. On a Slurm ``nodes`` range: at ``slurm.nodes`` when the job cannot run
+    on the range's low end, or has parameter servers or ``parallelism:``; on fewer
+    nodes than the range's most (an allocation granted), ``workers`` is at most
+    their slots.
     """
     hosts = tuple(cluster.resolved_hosts())
     _check_fixed_hosts(job)
@@ -232,7 +236,8 @@ def _check_fewest(job: JobSpec, fewest: tuple[ResolvedHost, ...], nodes: int | s
             "cluster",
             at,
             f"Slurm may grant {plural(len(fewest), 'node')} of {nodes}, where the job "
-            f"cannot run: {e.message}",
+            f"cannot run ({format_path(e.path)} {e.message}); raise the range's low end",
+            e.involves,
         ) from None
 
 

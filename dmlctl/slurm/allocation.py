@@ -177,10 +177,12 @@ def sbatch_argv(spec: SlurmSpec, name: str, slots: int = 1) -> list[str]:
         f"--job-name=dmlctl-{name}",
         f"--nodes={spec.nodes}",
         "--output=/dev/null",
-        f"--cpus-per-task={cpus}",  # one task a node by default: a range gets its most
+        f"--cpus-per-task={cpus}",
         "--no-kill",  # a failed node ends its steps, not the allocation (min_hosts)
         "--no-requeue",  # Slurm requeuing it under the same id would hide its end
     ]
+    if not spec.is_range:  # with it, Slurm gives a range its low end: one task a node
+        argv.insert(4, "--ntasks-per-node=1")  # is sbatch's default there
     for key, value in (
         ("partition", spec.partition),
         ("account", spec.account),
@@ -372,10 +374,12 @@ def partition_said(partition: str | None, conf: str | None) -> str:
     SlurmRefused when Slurm has no such partition."""
     from dmlctl.slurm.commands import SlurmRefused
 
-    argv = ["sinfo", "-h", "-o", "%P|%a|%D|%T", *(["-p", partition] if partition else [])]
+    argv = ["sinfo", "-a", "-h", "-o", "%P|%a|%D|%T"]  # -a: hidden ones too (-p hides them)
     rows = [ln.split("|") for ln in run(argv, conf).stdout.splitlines() if ln.count("|") == 3]
-    if partition is None:
+    if partition is None:  # Slurm's default one is marked with a star
         rows = [r for r in rows if r[0].endswith("*")]
+    else:
+        rows = [r for r in rows if r[0].rstrip("*") == partition]
     if not rows:
         which = f"no partition {partition!r}" if partition else "no default partition"
         raise SlurmRefused(f"sinfo: Slurm has {which}")

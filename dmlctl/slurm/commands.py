@@ -7,6 +7,7 @@ would pin every command to that allocation instead of the run's own).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
@@ -118,18 +119,20 @@ def failure(argv: Sequence[str], stderr: str, code: int) -> SlurmError:
 
 
 REFUSED_KEYS = (
-    ("account", ("slurm", "account")),  # "account/partition combination": the account
-    ("partition", ("slurm", "partition")),
-    ("qos", ("slurm", "qos")),
-    ("time limit", ("slurm", "time")),
-    ("memory", ("slurm", "mem")),
-    ("node count", ("slurm", "nodes")),
+    (r"accounting/qos policy", ("slurm",)),  # a limit: of the whole request
+    (r"\baccount\b", ("slurm", "account")),  # "account/partition combination" too
+    (r"\bpartition\b", ("slurm", "partition")),
+    (r"\bqos\b", ("slurm", "qos")),
+    (r"\btime limit\b", ("slurm", "time")),
+    (r"\bmemory\b", ("slurm", "mem")),
+    (r"\bnode count\b", ("slurm", "nodes")),
 )
-"""Words of a Slurm refusal, and the cluster file's key it is about."""
+"""Words of a Slurm refusal (a regular expression, lower case), and the cluster
+file's key it is about; the first that matches counts."""
 
 
 def refused_key(message: str) -> tuple[str, ...]:
     """The ``slurm:`` key a refusal's ``message`` is about (``("slurm",)`` when its
     words name none)."""
     said = message.lower()
-    return next((key for words, key in REFUSED_KEYS if words in said), ("slurm",))
+    return next((key for words, key in REFUSED_KEYS if re.search(words, said)), ("slurm",))

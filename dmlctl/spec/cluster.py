@@ -373,7 +373,9 @@ class ClusterSpec(BaseModel):
 
     def granted(self, nodes: int) -> ClusterSpec:
         """This Slurm cluster with the hosts of an allocation that has ``nodes`` nodes
-        (its first ``nodes`` placeholders; ``slurm.nodes`` may be a range)."""
+        (its first ``nodes`` placeholders; ``slurm.nodes`` may be a range). Not
+        validated again: it has fewer hosts than ``slurm.placeholders()`` on purpose,
+        for planning only (a run records the cluster file as written)."""
         return self.model_copy(update={"hosts": self.hosts[:nodes]})
 
     @property

@@ -3,8 +3,8 @@
 partition or account exists is for ``doctor`` and ``sbatch`` to say.
 
 A Slurm cluster names no hosts: its hosts are the allocation's nodes, ``node-0`` …
-``node-<nodes-1>`` in the plan, bound to the nodes Slurm gives when the allocation
-starts.
+``node-<n-1>`` in the plan (``n``: ``nodes``, or a range's most), bound to the nodes
+Slurm gives when the allocation starts.
 """
 
 from __future__ import annotations
@@ -110,8 +110,8 @@ class SlurmSpec(BaseModel):
     nodes: int | str = Field(
         default=1,
         description="Nodes of the allocation, a count (4) or a range ('2-4': the run "
-        "starts on as many as Slurm grants, and goes on down to the low end when nodes "
-        "are lost); each runs one dmlctl agent and the cluster's slots (defaults.slots) "
+        "starts on as many as Slurm grants; the low end is the run's default min_hosts); "
+        "each runs one dmlctl agent and the cluster's slots (defaults.slots) "
         "of workers.",
     )
     partition: str | None = Field(default=None, min_length=1, description="sbatch --partition.")

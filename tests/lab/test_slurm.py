@@ -105,7 +105,7 @@ def test_the_quick_start_runs_on_two_slurm_nodes(slurm: LabCli, tmp_path: Path) 
     assert f"its Slurm job {job_id} has ended (COMPLETED)" in fetch.stdout + fetch.stderr
     doctor = slurm.run("doctor", "--cluster", str(path))
     assert doctor.returncode == 0, doctor.stdout + doctor.stderr
-    assert "Slurm partition lab: up, 3 nodes (3 idle)" in doctor.stderr, doctor.stderr
+    assert "Slurm partition lab: up, 3 nodes (" in doctor.stderr, doctor.stderr
     assert "all 2 hosts ready" in doctor.stdout, doctor.stdout
     doctor_job = doctor.stderr.split("Slurm job ")[1].split(":")[0]
     state = squeue(slurm, "-t", "all", "-j", doctor_job).split()
@@ -218,13 +218,14 @@ def test_a_job_cancelled_outside_dmlctl_is_the_runs_root_cause(
     assert wait_until(lambda: node_processes(3) == [], 30), node_processes(3)
 
 
-def elastic_job(tmp_path: Path, extra: str = "", workers: int = 2) -> Path:
+def elastic_job(tmp_path: Path, extra: str = "", workers: int = 2, env: str = "") -> Path:
     """40 steps with a checkpoint every 5 (tests/ssh/jobs/elastic): rank 0 writes the
-    final loss to ``out.txt``."""
+    final loss to ``out.txt``; ``env``: more lines of its env block."""
     job = tmp_path / "job.yaml"
     job.write_text(
         f"name: elastic\nscript: train.py\nworkdir: {REPO / 'tests' / 'ssh' / 'jobs' / 'elastic'}\n"
-        f"workers: {workers}\nenv:\n  OUT: {tmp_path / 'out.txt'}\ncheckpoint:\n  every_steps: 5\n"
+        f"workers: {workers}\nenv:\n  OUT: {tmp_path / 'out.txt'}\n{env}"
+        "checkpoint:\n  every_steps: 5\n"
         "restart:\n  max_infra_restarts: 2\n  backoff_initial: 0.2\n  host_wait: 3\n"
         "  stop_grace: 1\n" + extra
     )
@@ -241,9 +242,11 @@ def test_an_early_end_is_requeued_and_resumed_from_its_checkpoint(
     checkpoint the controller kept; status then speaks of the new job."""
     path = cluster(slurm, tmp_path, nodes=2, requeue=True)
     runs = set(slurm.runs())
-    proc = slurm.popen(
-        "launch", str(elastic_job(tmp_path)), "--cluster", str(path), "--ui", "plain"
-    )
+    # Slurm looks at time limits every few seconds, up to half a minute: the first
+    # attempt takes a second a step (40 s), so that the limit is seen within it.
+    slow = "" if end == "was preempted" else "  STEP_S_ATTEMPT_1: '1'\n"
+    job = elastic_job(tmp_path, env=slow)
+    proc = slurm.popen("launch", str(job), "--cluster", str(path), "--ui", "plain")
     conf = str(slurm.lab_dir / "slurm" / "slurm.conf")
     env = {**os.environ, "SLURM_CONF": conf}
     try:
@@ -254,7 +257,7 @@ def test_an_early_end_is_requeued_and_resumed_from_its_checkpoint(
         if end == "was preempted":
             ask = ["sbatch", "-p", "urgent", "-N3", "--exclusive", "--output=/dev/null"]
             ask.append("--wrap=sleep 3")
-        else:  # Slurm checks time limits every few seconds: a real TIMEOUT soon after
+        else:  # a real TIMEOUT, seen by Slurm's next check
             now = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() + 1))
             ask = ["scontrol", "update", f"JobId={first}", f"EndTime={now}"]
         subprocess.run(ask, env=env, check=True, capture_output=True)
@@ -309,7 +312,7 @@ def test_the_dry_run_prints_the_batch_script_and_the_srun_lines(
     out = proc.stdout
     assert (
         "ask Slurm for the allocation: sbatch --parsable --job-name=dmlctl-plain --nodes=2 "
-        "--output=/dev/null --cpus-per-task=1 --no-kill --no-requeue "
+        "--ntasks-per-node=1 --output=/dev/null --cpus-per-task=1 --no-kill --no-requeue "
         "--partition=lab "
         "--time=10 --comment=dry <<script"
     ) in out, out
@@ -333,20 +336,23 @@ def test_a_node_that_dies_is_lost_and_a_range_goes_on_on_the_nodes_left(
     runs = set(slurm.runs())
     job = elastic_job(tmp_path, workers=3)
     proc = slurm.popen("launch", str(job), "--cluster", str(path), "--ui", "plain")
+    killed = False
     try:
         assert wait_until(lambda: len(set(slurm.runs()) - runs) == 1, 60), proc.poll()
         (run,) = set(slurm.runs()) - runs
         assert wait_until((run / "checkpoints" / "LATEST").is_file, 90), "no checkpoint copy"
         netns = ["ip", "netns", "pids", "dmlctl-lab-2"]
+        killed = True
         for pid in subprocess.run(netns, capture_output=True, text=True).stdout.split():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(pid), signal.SIGKILL)
         out, _ = proc.communicate(timeout=120)
     finally:
         proc.kill()
-        conf = slurm.lab_dir / "slurm" / "slurm.conf"
-        slurmd = ["nsenter", "--net=/var/run/netns/dmlctl-lab-2", "slurmd", "-N", "lab-2"]
-        subprocess.run([*slurmd, "-f", str(conf)], check=True)
+        if killed:
+            conf = slurm.lab_dir / "slurm" / "slurm.conf"
+            slurmd = ["nsenter", "--net=/var/run/netns/dmlctl-lab-2", "slurmd", "-N", "lab-2"]
+            subprocess.run([*slurmd, "-f", str(conf)], check=False)
     assert proc.returncode == 0, out
     state = slurm.state(run.name)
     lost = state["failures"][0]

@@ -33,7 +33,9 @@ def test_a_node_count_or_range_is_read_once(value: object, fewest: int, most: in
     spec = cluster.slurm_spec
     assert spec is not None and (spec.min_nodes, spec.max_nodes) == (fewest, most)
     assert [h.name for h in cluster.hosts] == [f"node-{i}" for i in range(most)]
-    assert f"--nodes={spec.nodes}" in sbatch_argv(spec, "j")
+    argv = sbatch_argv(spec, "j")
+    assert f"--nodes={spec.nodes}" in argv
+    assert ("--ntasks-per-node=1" in argv) == (fewest == most)  # a range gets its most
     assert spec.is_range == (fewest < most)
 
 
@@ -44,7 +46,9 @@ def test_a_range_the_job_cannot_run_on_at_its_low_end_is_refused_at_slurm_nodes(
     with pytest.raises(PlanError) as e:
         place_job(cluster, job(min_hosts=3))
     assert (e.value.spec, e.value.path) == ("cluster", ("slurm", "nodes"))
-    assert "Slurm may grant 2 nodes of 2-4, where the job cannot run" in e.value.message
+    assert e.value.message.startswith(
+        "Slurm may grant 2 nodes of 2-4, where the job cannot run (min_hosts is 3 but"
+    ), e.value.message
     with pytest.raises(PlanError) as e:
         place_job(cluster, job(parameter_servers=1, strategy={"name": "asgd"}))
     assert e.value.path == ("slurm", "nodes")
@@ -88,6 +92,7 @@ def test_the_doctors_request_is_short_and_never_requeued() -> None:
     assert short_request(SlurmSpec(time="4:00:00", requeue=True)).time == "10"
     assert short_request(SlurmSpec()).time == "10"
     assert short_request(SlurmSpec(time="3")).time == "3"
+    assert short_request(SlurmSpec(time="0")).time == "10"  # '0' is no limit
     assert not short_request(SlurmSpec(requeue=True)).requeue
 
 
@@ -100,6 +105,7 @@ def test_the_doctors_request_is_short_and_never_requeued() -> None:
         ("Requested time limit is invalid (missing or exceeds some limit)", ("slurm", "time")),
         ("Node count specification invalid", ("slurm", "nodes")),
         ("Invalid feature specification", ("slurm",)),
+        ("Job violates accounting/QOS policy (job submit limit, user's size)", ("slurm",)),
     ],
 )
 def test_a_slurm_refusal_is_named_at_the_key_it_is_about(said: str, key: tuple[str, ...]) -> None:

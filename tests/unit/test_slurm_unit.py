@@ -116,6 +116,7 @@ def test_sbatch_asks_for_the_block_and_the_script_only_holds_the_nodes() -> None
         "--parsable",
         "--job-name=dmlctl-lm",
         "--nodes=2",
+        "--ntasks-per-node=1",
         "--output=/dev/null",
         "--cpus-per-task=4",
         "--no-kill",
