@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from dmlctl.launch.end_warning import EndWarning
     from dmlctl.launch.requeue import Reallocation
     from dmlctl.launch.supervisor import Supervisor
     from dmlctl.plan.model import LaunchPlan
@@ -76,7 +77,12 @@ def run_controller(
             previous[sig] = signal.signal(sig, on_signal)
         for reason in _pending:
             sup.request_stop(reason)
-        state = sup.run(resume_from)
+        warning = _end_warning(sup)
+        try:
+            state = sup.run(resume_from)
+        finally:
+            if warning is not None:
+                warning.stop()
         _collect(sup, run, plan, transports)
         return state
     finally:
@@ -128,6 +134,16 @@ def _supervisor(
     if replicator is not None:
         replicator.on_copied = lambda step: sup.post(CheckpointCopied(step, time.time()))
     return sup
+
+
+def _end_warning(sup: Supervisor) -> EndWarning | None:
+    """The watch of a Slurm run's time limit, started (None: none asked for)."""
+    from dmlctl.launch.end_warning import EndWarning
+
+    realloc = sup.reallocation
+    if realloc is None or realloc.where.warn_s <= 0:
+        return None
+    return EndWarning(realloc, sup.post).start()
 
 
 def _collect(
@@ -209,7 +225,7 @@ def _release(run: RunDir, plan: LaunchPlan) -> None:
         from dmlctl.slurm.allocation import cancel, finish
         from dmlctl.slurm.record import note_pending, pending
 
-        finish(where.job_id, where.conf)
+        finish(where)
         if (queued := pending(run.path)) is not None:
             cancel(queued, where.conf)
             note_pending(run.path, None)

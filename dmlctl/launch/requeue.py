@@ -10,8 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable, MutableMapping
 from pathlib import Path
 
+from dmlctl.failure import CONTROLLER, Evidence, Failure, Kind
 from dmlctl.plan.elastic import rebind, replan
 from dmlctl.plan.model import LaunchPlan
+from dmlctl.runs.events import AgentExited
 from dmlctl.slurm import allocation
 from dmlctl.slurm.allocation import Allocation, JobState
 from dmlctl.slurm.record import note_pending, record, recorded
@@ -26,6 +28,12 @@ class Reallocation:
         self, run_dir: Path, where: Allocation, transports: MutableMapping[str, Transport]
     ) -> None:
         self.run_dir, self.where, self.transports = run_dir, where, transports
+        #: The job whose coming time limit stopped the run's ranks (``warn_s``).
+        self.warned: str | None = None
+
+    def warned_now(self) -> bool:
+        """Whether the current allocation's coming time limit stopped the ranks."""
+        return self.warned == self.where.job_id
 
     def ended(self, stopping: Callable[[], bool] = lambda: False) -> tuple[str, str] | None:
         """How the allocation ended (Slurm's state, why in words); None while it runs
@@ -44,11 +52,13 @@ class Reallocation:
         note: Callable[[str], None],
         stopping: Callable[[], bool] = lambda: False,
     ) -> LaunchPlan:
-        """Ask Slurm again with the same request (as long as it queues; ``note`` is
-        told how it waits); ``plan`` with its hosts and spares on the new nodes. Raises
+        """Cancel the allocation (one warned of its time limit still runs) and ask Slurm
+        again with the same request (as long as it queues; ``note`` is told how it
+        waits); ``plan`` with its hosts and spares on the new nodes. Raises
         SlurmError when Slurm refuses or gives fewer nodes, WaitStopped (the job
         cancelled) when ``stopping()`` turns true while it queues."""
         old = self.where
+        allocation.cancel(old.job_id, old.conf)  # one warned of its end still holds nodes
 
         def waiting(now: JobState) -> None:
             note(f"slurm.requeue: waiting for the new allocation: {now.said}")
@@ -76,6 +86,15 @@ class Reallocation:
         self.where = where
         note(f"slurm.requeue: Slurm job {got.job_id} on {', '.join(got.nodes)}")
         return rebind(plan, where, {n: got.addresses[where.nodes[n]] for n in names})
+
+
+def allocation_end(kind: Kind, why: str, now: float) -> AgentExited:
+    """The event of the run's allocation ending (``kind``: ALLOCATION, or REQUEUED
+    when a new one is asked for), said ``why``: the root cause of every death it
+    causes."""
+    name = "AllocationRequeued" if kind is Kind.REQUEUED else "AllocationEnded"
+    cause = Failure(CONTROLLER, None, name, why, (), now, kind=kind, evidence=Evidence.SEEN)
+    return AgentExited(CONTROLLER, 1, (), now, cause)
 
 
 def moved_plan(run_dir: Path, plan: LaunchPlan) -> LaunchPlan:

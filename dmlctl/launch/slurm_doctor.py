@@ -17,6 +17,7 @@ from dmlctl.plan.build import as_run
 from dmlctl.provision.doctor import DoctorReport, run_doctor
 from dmlctl.slurm import allocation
 from dmlctl.slurm.commands import SlurmRefused
+from dmlctl.slurm.info import partition_said
 from dmlctl.slurm.transport import transports_for
 from dmlctl.spec.models import ClusterSpec
 from dmlctl.spec.slurm import SlurmSpec, minutes
@@ -42,7 +43,7 @@ def doctor_on_slurm(cluster: ClusterSpec, rdzv_port: int, err: Console) -> Docto
     spec = cluster.slurm_spec
     assert spec is not None, "a Slurm cluster"
     try:
-        said = allocation.partition_said(spec.partition, spec.conf)
+        said = partition_said(spec.partition, spec.conf)
     except SlurmRefused as e:
         raise PlanError("cluster", ("slurm", "partition"), str(e)) from None
     err.print(f"Slurm {said}", markup=False)
@@ -70,4 +71,4 @@ def doctor_on_slurm(cluster: ClusterSpec, rdzv_port: int, err: Console) -> Docto
         finally:
             close_transports(transports)
     finally:
-        allocation.finish(where.job_id, spec.conf)
+        allocation.finish(where)

@@ -160,7 +160,7 @@ def ask(
     remembers its ``sbatch`` command for a requeue, asking for as many nodes as were
     granted. ``on_submit`` gets the job id as soon as Slurm gives it. A request Slurm
     refuses is a PlanError at the ``slurm:`` key its words name."""
-    argv = allocation.sbatch_argv(spec, name, slots)
+    argv = allocation.request_argv(spec, name, slots)
     with err.status("asking Slurm for an allocation…") as shown:
         job_id = ""
 
@@ -178,13 +178,13 @@ def ask(
                 argv, name, spec.conf, waiting, submitted, need=spec.min_nodes
             )
         except SlurmRefused as e:
-            if not str(e).startswith("sbatch"):
+            if not str(e).startswith(("sbatch", "salloc")):
                 raise
             raise PlanError("cluster", refused_key(str(e)), str(e)) from None  # the request
     said = f"Slurm job {got.job_id}: {plural(len(got.nodes), 'node')} ({', '.join(got.nodes)})"
     err.print(said, markup=False)
     paired = dict(zip(hosts, got.nodes, strict=False))
-    again = allocation.sbatch_argv(spec.model_copy(update={"nodes": len(paired)}), name, slots)
+    again = allocation.request_argv(spec.model_copy(update={"nodes": len(paired)}), name, slots)
     where = Allocation(
         got.job_id,
         paired,
@@ -193,6 +193,7 @@ def ask(
         spec.setup,
         tuple(again),
         spec.requeue,
+        spec.warn_before_end,
     )
     return where, got.addresses
 

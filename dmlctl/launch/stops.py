@@ -23,11 +23,13 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from dmlctl.failure import Kind
 from dmlctl.runs.events import Event, RankExited, StopRequested
 from dmlctl.runs.state import RunState
 from dmlctl.transport.base import Process
 
 FAIL_STOP_GRACE = 5.0  # the most seconds the ranks of a failed attempt get after SIGTERM
+ENDS = (Kind.ALLOCATION, Kind.REQUEUED)  # root causes whose ranks get all of stop_grace
 STOP_MARGIN = 5.0  # seconds past the ranks' grace before an agent is killed
 STREAMING_S = 2.0  # an agent that sent output this recently is draining, not stuck
 
@@ -94,6 +96,8 @@ class StopRules:
                 stops.fail_stop_at = now + self.fail_grace
             elif now >= stops.fail_stop_at:
                 grace = min(FAIL_STOP_GRACE, self.stop_grace)
+                if state.root_cause is not None and state.root_cause.kind in ENDS:
+                    grace = self.stop_grace  # the allocation's end is near: time to save
                 stops.stop_sent, stops.kill_at = now, now + grace + self.stop_margin
                 _send_stop(procs, live, grace)
         if force:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
 
 from dmlctl.errors import DmlctlError
 from dmlctl.failure import CONTROLLER, Evidence, Failure, Kind
@@ -47,6 +46,7 @@ from dmlctl.launch.policy import (
     resumed,
     step,
 )
+from dmlctl.launch.requeue import Reallocation, allocation_end
 from dmlctl.launch.standby import WARM_AFTER, Standbys
 from dmlctl.launch.stops import STOP_MARGIN, StopRules
 from dmlctl.plan.elastic import CannotReplan, place, replan
@@ -68,9 +68,6 @@ from dmlctl.runs.store import RunDir
 from dmlctl.runs.writer import RunWriter
 from dmlctl.spec.restart import RestartSpec
 from dmlctl.transport.base import Transport
-
-if TYPE_CHECKING:
-    from dmlctl.launch.requeue import Reallocation
 
 FINAL_COPY_WAIT = 30.0  # seconds the end of a run waits for a checkpoint copy under way
 TICK_S = 0.1  # the longest sleep between two ticks of a wait before a restart
@@ -190,7 +187,8 @@ class Supervisor:
         if not isinstance(outcome, Failed) or realloc is None:
             return state, outcome
         end = realloc.ended(self._stopping)
-        if end is None:
+        if end is None:  # its time limit near (slurm.warn_before_end): that said it all
+            self._requeue = realloc.warned_now() and realloc.where.requeue
             return state, outcome
         slurm_state, why = end
         self._requeue = realloc.may_requeue(slurm_state)
@@ -202,10 +200,7 @@ class Supervisor:
 
     def _ended(self, state: RunState, kind: Kind, why: str) -> RunState:
         """``state`` with the end of the run's allocation as a failure of ``kind``."""
-        name = "AllocationRequeued" if kind is Kind.REQUEUED else "AllocationEnded"
-        now = self.clock()
-        cause = Failure(CONTROLLER, None, name, why, (), now, kind=kind, evidence=Evidence.SEEN)
-        return self.books.fold(state, [AgentExited(CONTROLLER, 1, (), now, cause)])
+        return self.books.fold(state, [allocation_end(kind, why, self.clock())])
 
     def _requeued(self, state: RunState) -> RunState:
         """The run on its new allocation (slurm.requeue): the same request granted

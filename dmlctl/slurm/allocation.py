@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from dmlctl.slurm import salloc
 from dmlctl.slurm.commands import SlurmError, best_effort, run
 from dmlctl.spec.slurm import SlurmSpec
 
@@ -21,10 +22,16 @@ HOLD_SCRIPT = """#!/bin/sh
 # step has run for {idle_checks} checks {check_s}s apart after one ran, or for
 # {first_checks} checks before any did (a controller that died). A check Slurm does
 # not answer counts for nothing.
-trap 'kill "$nap" 2>/dev/null; exit 0' TERM INT
+# A TERM is taken in any line, and the nap it cuts short never outlives it (KILL: a
+# nap not yet turned into sleep still has this trap).
+stop=; nap=
+trap 'stop=1; kill -9 "$nap" 2>/dev/null' TERM INT
 seen=0; idle=0
 while :; do
-  sleep {check_s} & nap=$!; wait "$nap"
+  sleep {check_s} & nap=$!
+  if [ -n "$stop" ]; then kill -9 "$nap" 2>/dev/null; exit 0; fi
+  wait "$nap"
+  if [ -n "$stop" ]; then exit 0; fi
   steps=$(squeue -h -s -j "$SLURM_JOB_ID" -o %j 2>/dev/null) || continue
   if printf '%s\\n' "$steps" | grep -q '^dmlctl-agent-'; then
     seen=1; idle=0
@@ -79,8 +86,9 @@ class Allocation:
     """A run's Slurm allocation as its plan records it: the job ``job_id`` (Slurm
     configured by ``conf``), the node each host of the plan is (``node-0`` → ``lab-3``),
     the GPUs each step asks for and the shell lines run before each command; the
-    ``sbatch`` command that asked for it, and whether an early end asks again
-    (``requeue``)."""
+    ``sbatch`` command that asked for it, whether an early end asks again
+    (``requeue``), and how many seconds before its time limit the ranks are stopped
+    (``warn_s``; 0: never by dmlctl)."""
 
     job_id: str
     nodes: Mapping[str, str]
@@ -89,6 +97,7 @@ class Allocation:
     setup: str | None = None
     sbatch: tuple[str, ...] = ()
     requeue: bool = False
+    warn_s: float = 0.0
 
     @staticmethod
     def from_dict(data: Mapping[str, Any]) -> Allocation:
@@ -127,14 +136,17 @@ def allocate(
     stopping: Callable[[], bool] = lambda: False,
     need: int = 1,
 ) -> Granted:
-    """Submit ``argv`` (an :func:`sbatch_argv`) with the holding script of job
+    """Submit ``argv`` (an :func:`request_argv`) with the holding script of job
     ``name`` and wait until it runs with at least ``need`` nodes (cancelled when the
     wait fails, is interrupted or gets fewer). SlurmError (SlurmRefused for a request
     Slurm calls invalid) when it cannot."""
-    out = run(argv, conf, input=hold_script(name)).stdout.strip()
-    job_id = out.split(";")[0]
-    if not job_id.isdigit():
-        raise SlurmError(f"sbatch answered {out!r}, not a job id")
+    if argv[0] == "salloc":
+        job_id = salloc.submit(argv, hold_script(name), conf)
+    else:
+        out = run(argv, conf, input=hold_script(name)).stdout.strip()
+        job_id = out.split(";")[0]
+        if not job_id.isdigit():
+            raise SlurmError(f"sbatch answered {out!r}, not a job id")
     on_submit(job_id)
     try:
         started = wait_running(job_id, conf, on_wait, stopping=stopping)
@@ -150,12 +162,15 @@ def allocate(
 @dataclass(frozen=True)
 class JobState:
     """What ``squeue`` says of an allocation: state, why it waits, its nodes (a Slurm
-    node list such as ``lab-[0-1]``) and its time left; ``GONE`` once Slurm forgot it."""
+    node list such as ``lab-[0-1]``), its time left (whole minutes of its limit) and
+    when it ends (``end_time``, local ``YYYY-MM-DDTHH:MM:SS``: an end time moved by an
+    administrator too); ``GONE`` once Slurm forgot it."""
 
     state: str
     reason: str = ""
     nodelist: str = ""
     time_left: str = ""
+    end_time: str = ""
 
     @property
     def ended(self) -> bool:
@@ -167,22 +182,26 @@ class JobState:
         return self.state.lower() + (f" ({self.reason})" if self.reason else "")
 
 
-def sbatch_argv(spec: SlurmSpec, name: str, slots: int = 1) -> list[str]:
-    """The ``sbatch`` command that asks for ``spec``'s allocation (the script on stdin),
-    each node with ``slots`` worker slots."""
+def request_argv(spec: SlurmSpec, name: str, slots: int = 1) -> list[str]:
+    """The command that asks for ``spec``'s allocation, each node with ``slots`` worker
+    slots: ``sbatch`` (the holding script on its stdin), or with ``slurm.salloc``
+    ``salloc`` (the script follows as its command, :func:`dmlctl.slurm.salloc.argv_of`)."""
     cpus = spec.cpus_per_node or slots
+    batch = ["--parsable"] if not spec.salloc else []
     argv = [
-        "sbatch",
-        "--parsable",
+        "salloc" if spec.salloc else "sbatch",
+        *batch,
         f"--job-name=dmlctl-{name}",
         f"--nodes={spec.nodes}",
-        "--output=/dev/null",
+        *(["--output=/dev/null"] if not spec.salloc else []),
         f"--cpus-per-task={cpus}",
         "--no-kill",  # a failed node ends its steps, not the allocation (min_hosts)
-        "--no-requeue",  # Slurm requeuing it under the same id would hide its end
+        # Slurm requeuing it under the same id would hide its end (salloc never does);
+        # salloc tells the holding script when the allocation ends (a cancel, a limit)
+        "--no-requeue" if not spec.salloc else "--kill-command=TERM",
     ]
     if not spec.is_range:  # with it, Slurm gives a range its low end: one task a node
-        argv.insert(4, "--ntasks-per-node=1")  # is sbatch's default there
+        argv.insert(3 + len(batch), "--ntasks-per-node=1")  # is the default there
     for key, value in (
         ("partition", spec.partition),
         ("account", spec.account),
@@ -205,23 +224,25 @@ def request_lines(
     """What a launch does with Slurm, for the dry run: the ``sbatch`` command and its
     script before the allocation exists, the job and its nodes after."""
     if where is None:
-        argv = shlex.join(sbatch_argv(spec, name, slots))
+        argv = shlex.join(request_argv(spec, name, slots))
         script = hold_script(name).rstrip("\n").splitlines()
-        return [f"ask Slurm for the allocation: {argv} <<script", *(f"    {ln}" for ln in script)]
+        how = "sh -c <<script (run here, held by salloc)" if spec.salloc else "<<script"
+        return [f"ask Slurm for the allocation: {argv} {how}", *(f"    {ln}" for ln in script)]
     nodes = ", ".join(f"{host} = {node}" for host, node in where.nodes.items())
     return [f"in Slurm job {where.job_id}: {nodes}"]
 
 
 def state(job_id: str, conf: str | None) -> JobState:
     """The allocation's state now (``GONE`` when squeue no longer lists it)."""
-    proc = run(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T|%r|%N|%L"], conf, check=False)
+    argv = ["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T|%r|%N|%L|%e"]
+    proc = run(argv, conf, check=False)
     line = proc.stdout.strip().splitlines()[:1]
     if proc.returncode != 0 or not line:
         if proc.returncode != 0 and "Invalid job id" not in proc.stderr:
             raise SlurmError(f"squeue failed: {proc.stderr.strip() or proc.returncode}")
         return JobState("GONE")
-    st, reason, nodes, left = [*line[0].split("|"), "", "", ""][:4]
-    return JobState(st, "" if reason == "None" else reason, nodes, left)
+    st, reason, nodes, left, end = [*line[0].split("|"), "", "", "", ""][:5]
+    return JobState(st, "" if reason == "None" else reason, nodes, left, end)
 
 
 class WaitStopped(SlurmError):
@@ -336,11 +357,15 @@ def require_live(where: Allocation, what: str) -> None:
         raise UsageError(f"{what}: its Slurm job {where.job_id} has ended ({said})")
 
 
-def finish(job_id: str, conf: str | None, wait_s: float = 5.0) -> None:
+def finish(where: Allocation, wait_s: float = 5.0) -> None:
     """End a run's allocation as completed: its holding script is told to exit
     (SIGTERM to the batch step only), which ends every step in it; cancelled when it
-    still holds its nodes after ``wait_s`` (a batch node that is gone cannot be told).
-    Never raises."""
+    still holds its nodes after ``wait_s`` (a batch node that is gone cannot be told),
+    and at once when salloc holds it (no batch step). Never raises."""
+    job_id, conf = where.job_id, where.conf
+    if where.sbatch[:1] == ("salloc",):
+        cancel(job_id, conf)
+        return
     best_effort(["scancel", "--batch", "--signal=TERM", job_id], conf, timeout=wait_s)
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
@@ -366,24 +391,3 @@ def cancel_step(job_id: str, step_name: str, conf: str | None) -> None:
         step, _, name = line.strip().partition("|")
         if name == step_name:
             best_effort(["scancel", "--signal=KILL", step], conf)
-
-
-def partition_said(partition: str | None, conf: str | None) -> str:
-    """What ``sinfo`` says of ``partition`` (None: Slurm's default one), in one line:
-    ``partition lab: up, 3 nodes (2 idle, 1 mixed)``. SlurmError when sinfo fails;
-    SlurmRefused when Slurm has no such partition."""
-    from dmlctl.slurm.commands import SlurmRefused
-
-    argv = ["sinfo", "-a", "-h", "-o", "%P|%a|%D|%T"]  # -a: hidden ones too (-p hides them)
-    rows = [ln.split("|") for ln in run(argv, conf).stdout.splitlines() if ln.count("|") == 3]
-    if partition is None:  # Slurm's default one is marked with a star
-        rows = [r for r in rows if r[0].endswith("*")]
-    else:
-        rows = [r for r in rows if r[0].rstrip("*") == partition]
-    if not rows:
-        which = f"no partition {partition!r}" if partition else "no default partition"
-        raise SlurmRefused(f"sinfo: Slurm has {which}")
-    name, avail = rows[0][0].rstrip("*"), rows[0][1]
-    counts = ", ".join(f"{n} {st}" for _, _, n, st in rows)
-    total = sum(int(r[2]) for r in rows if r[2].isdigit())
-    return f"partition {name}: {avail}, {total} nodes ({counts})"

@@ -71,6 +71,7 @@ REFUSED_OPTIONS = {
     "--mem": "use mem",
     "--requeue": "dmlctl asks for a new allocation itself: use slurm.requeue",
     "--no-requeue": "dmlctl sets it",
+    "--no-shell": "dmlctl holds the allocation itself (slurm.salloc)",
 }
 """Options that would leave dmlctl waiting, holding more than one allocation, or
 steps without what the allocation has: refused with why."""
@@ -144,11 +145,25 @@ class SlurmSpec(BaseModel):
         "failed node), ask for a new one and go on from the newest checkpoint (it "
         "spends one of restart.max_infra_restarts).",
     )
+    warn_before_end: float = Field(
+        default=0,
+        ge=0,
+        le=86_400,
+        description="Seconds before the allocation's time limit at which dmlctl stops the "
+        "ranks (SIGTERM, then restart.stop_grace to save), and with requeue asks for a "
+        "new allocation at once; 0: Slurm's own SIGTERM and KillWait at the limit.",
+    )
+    salloc: bool = Field(
+        default=False,
+        description="Ask with salloc instead of sbatch (an interactive allocation, for "
+        "partitions or QOS that take only those); its holding script runs on this "
+        "machine under salloc.",
+    )
     sbatch_options: list[SbatchOption] = Field(
         default_factory=list,
         max_length=100,
-        description="More sbatch options, one per item ('--constraint=a100'); not one "
-        "that a key above sets.",
+        description="More sbatch (or salloc) options, one per item ('--constraint=a100'); "
+        "not one that a key above sets.",
     )
     setup: str | None = Field(
         default=None,

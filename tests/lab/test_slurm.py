@@ -156,20 +156,31 @@ def test_parameter_servers_run_on_a_node_of_their_own(slurm: LabCli, tmp_path: P
     assert placed == {("node-0", "worker"), ("node-1", "worker"), ("node-2", "server")}
 
 
-def test_stop_cancels_the_allocation_and_leaves_no_process(slurm: LabCli, tmp_path: Path) -> None:
-    path = cluster(slurm, tmp_path, nodes=2)
+@pytest.mark.parametrize("salloc", [False, True])
+def test_stop_cancels_the_allocation_and_leaves_no_process(
+    slurm: LabCli, tmp_path: Path, salloc: bool
+) -> None:
+    """A detached run is stopped: its job cancelled, nothing left on the nodes. With
+    ``salloc``, the allocation is held by salloc on this machine, which outlives the
+    launch that started it and goes with the stop."""
+    path = cluster(slurm, tmp_path, nodes=2, salloc=salloc)
     forever = INTEGRATION_JOBS / "forever" / "job.yaml"
+    runs = set(slurm.runs())
     started = slurm.run("launch", str(forever), "--cluster", str(path), "--detach")
     assert started.returncode == 0, started.stdout + started.stderr
-    run_id = slurm.runs()[0].name
+    (run,) = set(slurm.runs()) - runs
+    run_id = run.name
     running = lambda: all(r["status"] == "running" for r in slurm.state(run_id)["ranks"])  # noqa: E731
     assert wait_until(running, 90), slurm.state(run_id)
     job_id = squeue(slurm, "-t", "RUNNING").split()[0]
     stopped = slurm.run("stop", run_id)
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
-    assert f"Slurm job {job_id} cancelled" in stopped.stdout
+    if not salloc:  # a salloc job is cancelled by the run's end, before stop looks
+        assert f"Slurm job {job_id} cancelled" in stopped.stdout
     assert wait_until(lambda: squeue(slurm, "-t", "PENDING,RUNNING") == "", 30)
     assert wait_until(lambda: node_processes(3) == [], 30), node_processes(3)
+    held = ["pgrep", "-f", "bin/salloc .*--job-name=dmlctl-forever"]
+    assert wait_until(lambda: subprocess.run(held, capture_output=True).returncode == 1, 10)
 
 
 def test_a_killed_rank_restarts_in_the_same_allocation(slurm: LabCli, tmp_path: Path) -> None:
@@ -232,15 +243,20 @@ def elastic_job(tmp_path: Path, extra: str = "", workers: int = 2, env: str = ""
     return job
 
 
-@pytest.mark.parametrize("end", ["was preempted", "reached its time limit (slurm.time)"])
+WARNED = "reaches its time limit in"
+
+
+@pytest.mark.parametrize("end", ["was preempted", "reached its time limit (slurm.time)", WARNED])
 def test_an_early_end_is_requeued_and_resumed_from_its_checkpoint(
     slurm: LabCli, tmp_path: Path, end: str
 ) -> None:
     """With slurm.requeue, a job of the lab's urgent partition preempting the run's
-    (Slurm cancels it), or the run's job reaching its time limit (its end time moved
-    to now), is answered with a new allocation, and the run goes on from the
+    (Slurm cancels it), the run's job reaching its time limit (its end time moved to
+    now), or dmlctl's own warning before it (``warn_before_end``, the end time moved to
+    40 s from now) is answered with a new allocation, and the run goes on from the
     checkpoint the controller kept; status then speaks of the new job."""
-    path = cluster(slurm, tmp_path, nodes=2, requeue=True)
+    warned = {"time": "10", "warn_before_end": 30} if end == WARNED else {}
+    path = cluster(slurm, tmp_path, nodes=2, requeue=True, **warned)
     runs = set(slurm.runs())
     # Slurm looks at time limits every few seconds, up to half a minute: the first
     # attempt takes a second a step (40 s), so that the limit is seen within it.
@@ -257,9 +273,10 @@ def test_an_early_end_is_requeued_and_resumed_from_its_checkpoint(
         if end == "was preempted":
             ask = ["sbatch", "-p", "urgent", "-N3", "--exclusive", "--output=/dev/null"]
             ask.append("--wrap=sleep 3")
-        else:  # a real TIMEOUT, seen by Slurm's next check
-            now = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() + 1))
-            ask = ["scontrol", "update", f"JobId={first}", f"EndTime={now}"]
+        else:  # a real TIMEOUT, seen by Slurm's next check; or warned of it 30 s before
+            ahead = 40 if end == WARNED else 1
+            then = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() + ahead))
+            ask = ["scontrol", "update", f"JobId={first}", f"EndTime={then}"]
         subprocess.run(ask, env=env, check=True, capture_output=True)
         out, _ = proc.communicate(timeout=150)
     finally:
@@ -268,7 +285,9 @@ def test_an_early_end_is_requeued_and_resumed_from_its_checkpoint(
     state = slurm.state(run.name)
     cause = state["failures"][0]
     assert cause["exc_type"] == "AllocationRequeued", state["failures"]
-    assert cause["message"].startswith(f"Slurm job {first} {end}: "), cause
+    assert cause["message"].startswith(f"Slurm job {first} {end}"), cause
+    if end == WARNED:  # the ranks stopped before the limit, and dmlctl cancelled the job
+        assert squeue(slurm, "-t", "all", "-j", first).split()[1] == "CANCELLED"
     assert state["restarts"] == 1
     starts = [line for line in out.splitlines() if "attempt 2 starts at step" in line]
     assert starts and int(starts[0].rsplit(" ", 1)[1]) >= 5, out
@@ -316,7 +335,7 @@ def test_the_dry_run_prints_the_batch_script_and_the_srun_lines(
         "--partition=lab "
         "--time=10 --comment=dry <<script"
     ) in out, out
-    assert "trap 'kill \"$nap\" 2>/dev/null; exit 0' TERM INT" in out
+    assert "trap 'stop=1; kill -9 \"$nap\" 2>/dev/null' TERM INT" in out
     assert (
         "host node-1 — node-1 through srun --jobid=<job> --nodes=1 --ntasks=1 "
         "--nodelist=<node 1> --overlap --quiet --job-name=dmlctl-agent-node-1"

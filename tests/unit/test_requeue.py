@@ -6,10 +6,12 @@ plan moved to new nodes, the recorded allocation read back."""
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, MutableMapping
 from pathlib import Path
 
 from dmlctl.failure import CONTROLLER, Kind
+from dmlctl.launch.end_warning import EndWarning
 from dmlctl.launch.requeue import Reallocation
 from dmlctl.launch.supervisor import Supervisor
 from dmlctl.plan.elastic import rebind
@@ -17,13 +19,16 @@ from dmlctl.plan.model import LaunchPlan
 from dmlctl.runs.state import Phase, RunState
 from dmlctl.runs.store import RunStore
 from dmlctl.slurm.allocation import Allocation
+from dmlctl.slurm.info import seconds_until
 from dmlctl.slurm.record import CURRENT, note_pending, pending, record, recorded
 from dmlctl.spec.restart import RestartSpec
 from dmlctl.transport.base import Transport
 from dmlctl.transport.fake import ScriptedTransport, agent_lines, rank_error
 from tests.unit.test_supervisor import RUN_ID, RecordingSink, make_plan
 
-WHERE = Allocation("10", {"a": "lab-0", "b": "lab-1"}, sbatch=("sbatch", "-N2"), requeue=True)
+WHERE = Allocation(
+    "10", {"a": "lab-0", "b": "lab-1"}, sbatch=("sbatch", "-N2"), requeue=True, warn_s=30
+)
 
 
 class ScriptedAllocation(Reallocation):
@@ -53,15 +58,16 @@ class ScriptedAllocation(Reallocation):
         return rebind(plan, self.where, {"a": "10.0.0.7", "b": "10.0.0.8"})
 
 
-def supervise(tmp_path: Path, state: str) -> tuple[ScriptedAllocation, Supervisor, RunState]:
+def supervisor(
+    tmp_path: Path,
+    transports: dict[str, Transport],
+    state: str,
+    kind: type[ScriptedAllocation] = ScriptedAllocation,
+) -> tuple[ScriptedAllocation, Supervisor]:
+    """A supervisor of a 2-host plan in the allocation ``WHERE``, scripted by ``kind``."""
     plan = dataclasses.replace(make_plan(tmp_path, [1, 1]), allocation=WHERE)
     run = RunStore(tmp_path / "home").create(RUN_ID)
-    killed = rank_error("RuntimeError", "Connection closed by peer")
-    transports: dict[str, Transport] = {
-        "a": ScriptedTransport("a", agent_lines([0], host="a", errors={0: killed})),
-        "b": ScriptedTransport("b", agent_lines([1], host="b")),
-    }
-    realloc = ScriptedAllocation(run.path, transports, state)
+    realloc = kind(run.path, transports, state)
     sup = Supervisor(
         plan,
         run,
@@ -71,6 +77,16 @@ def supervise(tmp_path: Path, state: str) -> tuple[ScriptedAllocation, Superviso
         restart=RestartSpec(max_infra_restarts=1, backoff_initial=0.01),
         reallocation=realloc,
     )
+    return realloc, sup
+
+
+def supervise(tmp_path: Path, state: str) -> tuple[ScriptedAllocation, Supervisor, RunState]:
+    killed = rank_error("RuntimeError", "Connection closed by peer")
+    transports: dict[str, Transport] = {
+        "a": ScriptedTransport("a", agent_lines([0], host="a", errors={0: killed})),
+        "b": ScriptedTransport("b", agent_lines([1], host="b")),
+    }
+    realloc, sup = supervisor(tmp_path, transports, state)
     return realloc, sup, sup.run()
 
 
@@ -117,3 +133,39 @@ def test_a_plan_moved_to_new_nodes_and_the_allocation_read_back(tmp_path: Path) 
     assert pending(tmp_path) == "13"
     note_pending(tmp_path, None)
     assert pending(tmp_path) is None
+
+
+class WarnedAllocation(ScriptedAllocation):
+    """An allocation that never ends by itself: its time limit is only near."""
+
+    def ended(self, stopping: Callable[[], bool] = lambda: False) -> tuple[str, str] | None:
+        return None
+
+
+def test_a_time_limit_warned_of_stops_the_ranks_and_asks_again_at_once(tmp_path: Path) -> None:
+    transports: dict[str, Transport] = {
+        h: ScriptedTransport(h, agent_lines([r], host=h)) for r, h in enumerate("ab")
+    }
+    realloc, sup = supervisor(tmp_path, transports, "RUNNING", WarnedAllocation)
+    lefts = iter([600.0, 25.0, 20.0])
+    warning = EndWarning(realloc, sup.post, lambda _: next(lefts))
+    assert warning.check() == 10.0  # 600 s left, warned at 30: look again in 10 s
+    assert warning.check() == 10.0 and realloc.warned == "10"  # 25 s left: posted
+    assert warning.check() == 10.0  # once per job
+    state = sup.run()
+    assert state.phase is Phase.SUCCEEDED and realloc.asked == 1 and state.restarts == 1
+    (cause,) = [f for f in state.failures if f.kind is Kind.REQUEUED]
+    assert cause.exc_type == "AllocationRequeued" and cause.host == CONTROLLER
+    assert cause.message == (
+        "Slurm job 10 reaches its time limit in 25 s (slurm.warn_before_end: 30): its ranks "
+        "were stopped to save; a new allocation is asked for (slurm.requeue)"
+    )
+    assert sup.plan.allocation is not None and sup.plan.allocation.job_id == "11"
+    assert next(lefts) == 20.0  # the new job was not looked at yet
+
+
+def test_the_seconds_until_the_end_time_slurm_says() -> None:
+    now = time.mktime(time.strptime("2026-11-28T12:00:00", "%Y-%m-%dT%H:%M:%S"))
+    assert seconds_until("2026-11-28T12:01:30", now) == 90
+    assert seconds_until("N/A", now) is None and seconds_until("Unknown", now) is None
+    assert seconds_until("", now) is None

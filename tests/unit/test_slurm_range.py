@@ -10,8 +10,9 @@ from dmlctl.errors import PlanError
 from dmlctl.launch.slurm_doctor import short_request
 from dmlctl.plan.build import place_job
 from dmlctl.plan.request import Facts, make_request
-from dmlctl.slurm.allocation import Allocation, sbatch_argv
+from dmlctl.slurm.allocation import Allocation, request_argv
 from dmlctl.slurm.commands import refused_key
+from dmlctl.slurm.salloc import argv_of
 from dmlctl.spec.models import ClusterSpec, JobSpec
 from dmlctl.spec.slurm import SlurmSpec, minutes, node_range
 
@@ -33,7 +34,7 @@ def test_a_node_count_or_range_is_read_once(value: object, fewest: int, most: in
     spec = cluster.slurm_spec
     assert spec is not None and (spec.min_nodes, spec.max_nodes) == (fewest, most)
     assert [h.name for h in cluster.hosts] == [f"node-{i}" for i in range(most)]
-    argv = sbatch_argv(spec, "j")
+    argv = request_argv(spec, "j")
     assert f"--nodes={spec.nodes}" in argv
     assert ("--ntasks-per-node=1" in argv) == (fewest == most)  # a range gets its most
     assert spec.is_range == (fewest < most)
@@ -110,3 +111,13 @@ def test_the_doctors_request_is_short_and_never_requeued() -> None:
 )
 def test_a_slurm_refusal_is_named_at_the_key_it_is_about(said: str, key: tuple[str, ...]) -> None:
     assert refused_key(said) == key
+
+
+def test_an_interactive_allocation_is_asked_with_salloc() -> None:
+    argv = request_argv(SlurmSpec(nodes=2, salloc=True, partition="dev"), "j", 2)
+    assert argv[:4] == ["salloc", "--job-name=dmlctl-j", "--nodes=2", "--ntasks-per-node=1"]
+    assert "--parsable" not in argv and "--output=/dev/null" not in argv
+    assert "--partition=dev" in argv and "--no-kill" in argv
+    assert argv_of(argv, "script")[-3:] == ["sh", "-c", "script"]
+    with pytest.raises(ValueError, match="dmlctl holds the allocation itself"):
+        SlurmSpec(sbatch_options=["--no-shell"])

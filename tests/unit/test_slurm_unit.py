@@ -17,8 +17,8 @@ from dmlctl.slurm.allocation import (
     WaitStopped,
     ended,
     hold_script,
+    request_argv,
     request_lines,
-    sbatch_argv,
     wait_running,
 )
 from dmlctl.slurm.commands import SlurmRefused, failure, slurm_env
@@ -111,7 +111,7 @@ def test_sbatch_asks_for_the_block_and_the_script_only_holds_the_nodes() -> None
         sbatch_options=["--constraint=a b"],
         mem="64G",
     )
-    assert sbatch_argv(spec, "lm", slots=4) == [
+    assert request_argv(spec, "lm", slots=4) == [
         "sbatch",
         "--parsable",
         "--job-name=dmlctl-lm",
@@ -153,6 +153,10 @@ def test_the_holding_script_exits_on_sigterm_and_takes_its_sleep_with_it(tmp_pat
     finally:
         proc.kill()
     sleeps = children.read_text().split()
+    for _ in range(100):  # killed by the script, it dies once it is scheduled
+        if not any(_running(pid) for pid in sleeps):
+            break
+        subprocess.run(["sleep", "0.02"])
     assert sleeps and not any(_running(pid) for pid in sleeps)
 
 
