@@ -204,10 +204,13 @@ def _reallocation(
     run: RunDir, plan: LaunchPlan, transports: dict[str, Transport]
 ) -> Reallocation | None:
     """The run's Slurm allocation as it may change (None: the run has none)."""
+    from dmlctl.launch.reprovision import preparer
     from dmlctl.launch.requeue import Reallocation
 
     where = _current(run, plan)
-    return None if where is None else Reallocation(run.path, where, transports)
+    if where is None:
+        return None
+    return Reallocation(run.path, where, transports, preparer(run, transports))
 
 
 def _current(run: RunDir, plan: LaunchPlan) -> Allocation | None:

@@ -25,9 +25,14 @@ class Reallocation:
     """The allocation of a running run (see the module docstring)."""
 
     def __init__(
-        self, run_dir: Path, where: Allocation, transports: MutableMapping[str, Transport]
+        self,
+        run_dir: Path,
+        where: Allocation,
+        transports: MutableMapping[str, Transport],
+        prepare: Callable[[LaunchPlan], None] | None = None,
     ) -> None:
         self.run_dir, self.where, self.transports = run_dir, where, transports
+        self.prepare = prepare  # readies the new nodes (code, setup) before they run
         #: The job whose coming time limit stopped the run's ranks (``warn_s``).
         self.warned: str | None = None
 
@@ -54,9 +59,10 @@ class Reallocation:
     ) -> LaunchPlan:
         """Cancel the allocation (one warned of its time limit still runs) and ask Slurm
         again with the same request (as long as it queues; ``note`` is told how it
-        waits); ``plan`` with its hosts and spares on the new nodes. Raises
-        SlurmError when Slurm refuses or gives fewer nodes, WaitStopped (the job
-        cancelled) when ``stopping()`` turns true while it queues."""
+        waits), then ready its nodes (``prepare``: the code synced, the setup run);
+        ``plan`` with its hosts and spares on the new nodes. Raises SlurmError when
+        Slurm refuses or gives fewer nodes, WaitStopped (the job cancelled) when
+        ``stopping()`` turns true while it queues, and what ``prepare`` raises."""
         old = self.where
         allocation.cancel(old.job_id, old.conf)  # one warned of its end still holds nodes
 
@@ -85,7 +91,11 @@ class Reallocation:
             self.transports[name] = SrunTransport(name, Node.of(where, name))
         self.where = where
         note(f"slurm.requeue: Slurm job {got.job_id} on {', '.join(got.nodes)}")
-        return rebind(plan, where, {n: got.addresses[where.nodes[n]] for n in names})
+        moved = rebind(plan, where, {n: got.addresses[where.nodes[n]] for n in names})
+        if self.prepare is not None:
+            note("slurm.requeue: syncing the job and running its setup on the new nodes")
+            self.prepare(moved)
+        return moved
 
 
 def allocation_end(kind: Kind, why: str, now: float) -> AgentExited:

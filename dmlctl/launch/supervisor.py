@@ -219,7 +219,7 @@ class Supervisor:
             if self._stopping():  # a stop while the new allocation queued: a stop
                 stop = StopRequested(self.stops.reason or "", self.clock())
                 return self.books.fold(state, [stop])
-            return self._ended(state, Kind.ALLOCATION, f"slurm.requeue: no new allocation: {e}")
+            return self._ended(state, Kind.ALLOCATION, f"slurm.requeue: {e}")
         try:
             endpoint = self.rendezvous(base.hosts[0])  # a port free on the new first node
         except DmlctlError as e:

@@ -251,7 +251,8 @@ def test_an_early_end_is_requeued_and_resumed_from_its_checkpoint(
     slurm: LabCli, tmp_path: Path, end: str
 ) -> None:
     """With slurm.requeue, a job of the lab's urgent partition preempting the run's
-    (Slurm cancels it), the run's job reaching its time limit (its end time moved to
+    (Slurm cancels it; the job's directory on the nodes is removed first, so that the
+    new nodes must be given it again), the run's job reaching its time limit (its end time moved to
     now), or dmlctl's own warning before it (``warn_before_end``, the end time moved to
     40 s from now) is answered with a new allocation, and the run goes on from the
     checkpoint the controller kept; status then speaks of the new job."""
@@ -270,7 +271,8 @@ def test_an_early_end_is_requeued_and_resumed_from_its_checkpoint(
         (run,) = set(slurm.runs()) - runs
         assert wait_until((run / "checkpoints" / "LATEST").is_file, 90), "no checkpoint copy"
         first = squeue(slurm, "-t", "RUNNING").split()[0]
-        if end == "was preempted":
+        if end == "was preempted":  # the new nodes get the job again: as if node-local
+            shutil.rmtree(Path(yaml.safe_load(path.read_text())["defaults"]["workdir"]) / "elastic")
             ask = ["sbatch", "-p", "urgent", "-N3", "--exclusive", "--output=/dev/null"]
             ask.append("--wrap=sleep 3")
         else:  # a real TIMEOUT, seen by Slurm's next check; or warned of it 30 s before

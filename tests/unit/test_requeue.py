@@ -10,7 +10,11 @@ import time
 from collections.abc import Callable, MutableMapping
 from pathlib import Path
 
+import pytest
+
+from dmlctl.errors import ProvisionError
 from dmlctl.failure import CONTROLLER, Kind
+from dmlctl.launch import requeue
 from dmlctl.launch.end_warning import EndWarning
 from dmlctl.launch.requeue import Reallocation
 from dmlctl.launch.supervisor import Supervisor
@@ -18,7 +22,7 @@ from dmlctl.plan.elastic import rebind
 from dmlctl.plan.model import LaunchPlan
 from dmlctl.runs.state import Phase, RunState
 from dmlctl.runs.store import RunStore
-from dmlctl.slurm.allocation import Allocation
+from dmlctl.slurm.allocation import Allocation, Granted
 from dmlctl.slurm.info import seconds_until
 from dmlctl.slurm.record import CURRENT, note_pending, pending, record, recorded
 from dmlctl.spec.restart import RestartSpec
@@ -169,3 +173,30 @@ def test_the_seconds_until_the_end_time_slurm_says() -> None:
     assert seconds_until("2026-11-28T12:01:30", now) == 90
     assert seconds_until("N/A", now) is None and seconds_until("Unknown", now) is None
     assert seconds_until("", now) is None
+
+
+def test_the_new_nodes_are_readied_before_the_run_goes_on_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A requeue cancels the old job, asks again, records the new job, swaps the
+    transports, and has the new nodes readied (the job synced, its setup run) with the
+    moved plan; a node that cannot be readied stops it there."""
+    calls: list[str] = []
+    granted = Granted("11", ["lab-7", "lab-8"], {"lab-7": "10.0.0.7", "lab-8": "10.0.0.8"})
+    monkeypatch.setattr(requeue.allocation, "cancel", lambda job, conf: calls.append(job))
+    monkeypatch.setattr(requeue.allocation, "allocate", lambda *a, **k: granted)
+    readied: list[LaunchPlan] = []
+    plan = dataclasses.replace(make_plan(tmp_path, [1, 1]), allocation=WHERE)
+    transports: dict[str, Transport] = {}
+    realloc = Reallocation(tmp_path, WHERE, transports, readied.append)
+    moved = realloc.again(plan, lambda _: None)
+    assert calls == ["10"] and readied == [moved]
+    assert [h.address for h in moved.hosts] == ["10.0.0.7", "10.0.0.8"]
+    assert set(transports) == {"a", "b"} and recorded(tmp_path, WHERE) == realloc.where
+
+    def broken(_: LaunchPlan) -> None:
+        raise ProvisionError("code sync failed: a: no space left")
+
+    again = Reallocation(tmp_path, WHERE, {}, broken)
+    with pytest.raises(ProvisionError, match="no space left"):
+        again.again(plan, lambda _: None)
