@@ -254,13 +254,14 @@ def test_an_early_end_is_requeued_and_resumed_from_its_checkpoint(
     (Slurm cancels it; the job's directory on the nodes is removed first, so that the
     new nodes must be given it again), the run's job reaching its time limit (its end time moved to
     now), or dmlctl's own warning before it (``warn_before_end``, the end time moved to
-    40 s from now) is answered with a new allocation, and the run goes on from the
+    33 s from now) is answered with a new allocation, and the run goes on from the
     checkpoint the controller kept; status then speaks of the new job."""
     warned = {"time": "10", "warn_before_end": 30} if end == WARNED else {}
     path = cluster(slurm, tmp_path, nodes=2, requeue=True, **warned)
     runs = set(slurm.runs())
     # Slurm looks at time limits every few seconds, up to half a minute: the first
-    # attempt takes a second a step (40 s), so that the limit is seen within it.
+    # attempt takes a second a step after its first checkpoint (35 s), so that the
+    # limit is seen within it.
     slow = "" if end == "was preempted" else "  STEP_S_ATTEMPT_1: '1'\n"
     job = elastic_job(tmp_path, env=slow)
     proc = slurm.popen("launch", str(job), "--cluster", str(path), "--ui", "plain")
@@ -276,7 +277,7 @@ def test_an_early_end_is_requeued_and_resumed_from_its_checkpoint(
             ask = ["sbatch", "-p", "urgent", "-N3", "--exclusive", "--output=/dev/null"]
             ask.append("--wrap=sleep 3")
         else:  # a real TIMEOUT, seen by Slurm's next check; or warned of it 30 s before
-            ahead = 40 if end == WARNED else 1
+            ahead = 33 if end == WARNED else 1
             then = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() + ahead))
             ask = ["scontrol", "update", f"JobId={first}", f"EndTime={then}"]
         subprocess.run(ask, env=env, check=True, capture_output=True)
