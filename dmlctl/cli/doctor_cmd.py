@@ -40,7 +40,7 @@ def doctor(
     Slurm cluster, every node of a short allocation of its request."""
     import sys
 
-    from dmlctl.plan.build import as_run
+    from dmlctl.plan.placing import as_run
     from dmlctl.provision.doctor import run_doctor
     from dmlctl.spec import default_cluster, load_cluster_file
     from dmlctl.transport import close_transports, make_transports

@@ -23,8 +23,8 @@ from dmlctl.errors import PlanError
 from dmlctl.launch.options import LaunchOptions, LaunchResult
 from dmlctl.launch.pick import scheduler_for
 from dmlctl.launch.start import detach
-from dmlctl.plan.build import JobPlacement, place_job
 from dmlctl.plan.model import LaunchPlan
+from dmlctl.plan.placing import JobPlacement, place_job
 from dmlctl.plan.request import Facts, LaunchRequest, make_request, render_request, sized_slots
 from dmlctl.runs.store import RunStore, new_run_id
 from dmlctl.spec.local import local_gpu_counts

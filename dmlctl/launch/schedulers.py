@@ -20,8 +20,8 @@ from rich.console import Console
 from dmlctl.errors import DmlctlError, ProvisionError
 from dmlctl.launch.options import LaunchOptions, LaunchResult
 from dmlctl.launch.start import start_run
-from dmlctl.plan.build import JobPlacement, as_run
 from dmlctl.plan.model import LaunchPlan
+from dmlctl.plan.placing import JobPlacement, as_run
 from dmlctl.plan.request import Facts, LaunchRequest
 from dmlctl.provision.ports import free_port, pick_port
 from dmlctl.runs.store import RunDir, RunStore

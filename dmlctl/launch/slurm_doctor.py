@@ -13,7 +13,7 @@ from rich.console import Console
 
 from dmlctl.errors import PlanError
 from dmlctl.launch.slurm_scheduler import ask
-from dmlctl.plan.build import as_run
+from dmlctl.plan.placing import as_run
 from dmlctl.provision.doctor import DoctorReport, run_doctor
 from dmlctl.slurm import allocation
 from dmlctl.slurm.commands import SlurmRefused

@@ -16,8 +16,8 @@ from rich.console import Console
 from dmlctl.errors import DmlctlError, PlanError
 from dmlctl.launch.options import LaunchOptions, LaunchResult
 from dmlctl.launch.schedulers import DRY_RUN_NOTE, DRY_RUN_PORT, SshScheduler
-from dmlctl.plan.build import JobPlacement, as_run, place_job
 from dmlctl.plan.model import LaunchPlan
+from dmlctl.plan.placing import JobPlacement, as_run, place_job
 from dmlctl.plan.request import Facts, LaunchRequest
 from dmlctl.runs.store import RunDir, RunStore
 from dmlctl.slurm import allocation

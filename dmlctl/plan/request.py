@@ -13,8 +13,9 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from dmlctl.plan.build import JobPlacement, build_plan, check_gpus, place_job, render_command
+from dmlctl.plan.build import build_plan, render_command
 from dmlctl.plan.model import LaunchPlan
+from dmlctl.plan.placing import JobPlacement, check_gpus, place_job
 from dmlctl.plan.render import render_plan
 from dmlctl.redact import Redactor, redact_arg
 from dmlctl.slurm.allocation import Allocation, request_lines

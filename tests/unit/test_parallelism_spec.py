@@ -15,9 +15,10 @@ from dmlctl import protocol
 from dmlctl.cli.app import main
 from dmlctl.errors import PlanError, SpecError
 from dmlctl.mesh import MeshLayout, describe_over, layout_from, loads, worker_ranks
-from dmlctl.plan.build import build_plan, place_job
+from dmlctl.plan.build import build_plan
 from dmlctl.plan.elastic import CannotReplan, replan
 from dmlctl.plan.model import LaunchPlan
+from dmlctl.plan.placing import place_job
 from dmlctl.plan.render import render_plan
 from dmlctl.spec import load_job, with_workers
 from dmlctl.spec.locate import locate

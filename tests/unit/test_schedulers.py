@@ -16,7 +16,7 @@ from rich.console import Console
 from dmlctl.launch import api, pick, schedulers
 from dmlctl.launch.options import LaunchOptions, LaunchResult
 from dmlctl.launch.start import create_run
-from dmlctl.plan.build import JobPlacement, place_job
+from dmlctl.plan.placing import JobPlacement, place_job
 from dmlctl.plan.request import Facts, LaunchRequest, make_request, render_request
 from dmlctl.runs.store import RunDir, RunStore
 from dmlctl.spec import load_cluster, load_job

@@ -8,7 +8,7 @@ import pytest
 
 from dmlctl.errors import PlanError
 from dmlctl.launch.slurm_doctor import short_request
-from dmlctl.plan.build import place_job
+from dmlctl.plan.placing import place_job
 from dmlctl.plan.request import Facts, make_request
 from dmlctl.slurm.allocation import Allocation, request_argv
 from dmlctl.slurm.commands import refused_key
