@@ -4,7 +4,8 @@ A host agent imports torchrun before it reads its configuration
 (:mod:`dmlctl.agent.warm`), so an agent started while an attempt runs has that
 start-up behind it when a restart needs it. :class:`Standbys` starts one per host
 once that host's ranks have run ``warm_after`` seconds (a short run never pays for
-one), hands it to the next attempt, and kills the unused ones when the run ends.
+one), hands it to the next attempt, and kills the unused ones when the run ends —
+or when the run's hosts move to other machines (a Slurm requeue: :meth:`drop`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class Standbys:
         self._ready: dict[str, Process] = {}  # host → warm agent for the next attempt
         self._starting: dict[str, threading.Thread] = {}  # host → the thread starting one
         self._closed = False  # the run ended: a standby that starts now is stopped at once
+        self._generation = 0  # bumped by drop: a standby started before it is stopped
 
     def take(self, host: str) -> Process | None:
         """The warm agent prepared on ``host``, if there is one and it still runs."""
@@ -46,22 +48,36 @@ class Standbys:
             busy = host.name in self._ready or host.name in self._starting
             if busy or self._closed or running_for < self.warm_after:
                 return
-            thread = threading.Thread(target=self._start, args=(host,), daemon=True)
+            args = (host, self._generation)
+            thread = threading.Thread(target=self._start, args=args, daemon=True)
             self._starting[host.name] = thread
         thread.start()
 
-    def _start(self, host: HostPlan) -> None:
+    def _start(self, host: HostPlan, generation: int) -> None:
         try:
             proc = self.transports[host.name].start(host.agent_argv, cwd=host.agent_cwd)
         except Exception:
             proc = None  # no standby: a restart starts a cold agent, as without
         with self._lock:
-            self._starting.pop(host.name, None)
-            late = self._closed
+            if self._starting.get(host.name) is threading.current_thread():
+                del self._starting[host.name]
+            late = self._closed or generation != self._generation
             if proc is not None and not late:
                 self._ready[host.name] = proc
         if proc is not None and late:
             _stop(proc, STOP_WAIT)
+
+    def drop(self) -> None:
+        """Stop every unused standby, and each still being started once it has started
+        (in the background: this never waits), while later ones may start again — for
+        hosts that move to other machines (a Slurm requeue), whose old standbys must
+        never run the next attempt. The transports are read anew for the next ones."""
+        with self._lock:
+            self._generation += 1
+            procs, self._ready = list(self._ready.values()), {}
+            self._starting = {}  # those threads stop what they start (their generation)
+        for proc in procs:
+            threading.Thread(target=_stop, args=(proc, STOP_WAIT), daemon=True).start()
 
     def close(self, wait: float = 3.0) -> None:
         """Stop every unused standby (it runs nothing yet: nothing is lost), those

@@ -204,10 +204,12 @@ class Supervisor:
 
     def _requeued(self, state: RunState) -> RunState:
         """The run on its new allocation (slurm.requeue): the same request granted
-        again, every host on its new node and none set aside; a request Slurm refuses
-        ends the run with that as its root cause."""
+        again, every host on its new node and none set aside, no standby agent of the
+        old nodes kept; a request Slurm refuses ends the run with that as its root cause."""
         self._requeue = False
         assert self.reallocation is not None
+        if self.standbys is not None:  # warm on the old nodes, which are going away
+            self.standbys.drop()
 
         def note(text: str) -> None:
             self.books.fold(state, [Progress(text, self.clock())])  # shown, not kept

@@ -291,7 +291,7 @@ def test_an_early_end_is_requeued_and_resumed_from_its_checkpoint(
     assert cause["message"].startswith(f"Slurm job {first} {end}"), cause
     if end == WARNED:  # the ranks stopped before the limit, and dmlctl cancelled the job
         assert squeue(slurm, "-t", "all", "-j", first).split()[1] == "CANCELLED"
-    assert state["restarts"] == 1
+    assert state["restarts"] == 1, state["failures"]
     starts = [line for line in out.splitlines() if "attempt 2 starts at step" in line]
     assert starts and int(starts[0].rsplit(" ", 1)[1]) >= 5, out
     assert (tmp_path / "out.txt").read_text().startswith("40 ")

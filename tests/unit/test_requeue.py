@@ -6,6 +6,7 @@ plan moved to new nodes, the recorded allocation read back."""
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from collections.abc import Callable, MutableMapping
 from pathlib import Path
@@ -67,8 +68,10 @@ def supervisor(
     transports: dict[str, Transport],
     state: str,
     kind: type[ScriptedAllocation] = ScriptedAllocation,
+    standby: bool = False,
 ) -> tuple[ScriptedAllocation, Supervisor]:
-    """A supervisor of a 2-host plan in the allocation ``WHERE``, scripted by ``kind``."""
+    """A supervisor of a 2-host plan in the allocation ``WHERE``, scripted by ``kind``
+    (``standby``: each host gets a standby agent as soon as its rank runs)."""
     plan = dataclasses.replace(make_plan(tmp_path, [1, 1]), allocation=WHERE)
     run = RunStore(tmp_path / "home").create(RUN_ID)
     realloc = kind(run.path, transports, state)
@@ -80,6 +83,8 @@ def supervisor(
         fail_grace=0.2,
         restart=RestartSpec(max_infra_restarts=1, backoff_initial=0.01),
         reallocation=realloc,
+        standby=standby,
+        warm_after=0.0,
     )
     return realloc, sup
 
@@ -166,6 +171,50 @@ def test_a_time_limit_warned_of_stops_the_ranks_and_asks_again_at_once(tmp_path:
     )
     assert sup.plan.allocation is not None and sup.plan.allocation.job_id == "11"
     assert next(lefts) == 20.0  # the new job was not looked at yet
+
+
+def test_a_standby_agent_warm_on_an_old_node_never_runs_the_next_attempt(
+    tmp_path: Path,
+) -> None:
+    """Warned of its time limit, the old job still runs when the run asks again, and so
+    do the standby agents started in it: they are stopped unused, and the next attempt's
+    agents start on the new nodes (taken, an old one would run it on a node Slurm is
+    cancelling)."""
+    old = {
+        h: ScriptedTransport(
+            h, agent_lines([r], host=h, exits={r: None}, agent_code=None), hang=True
+        )
+        for r, h in enumerate("ab")
+    }
+    transports: dict[str, Transport] = dict(old)
+    realloc, sup = supervisor(tmp_path, transports, "RUNNING", WarnedAllocation, standby=True)
+    lefts = iter([25.0])
+    warning = EndWarning(realloc, sup.post, lambda _: next(lefts))
+
+    def warn_once_warm() -> None:  # both standbys up beside the running ranks: warned
+        deadline = time.monotonic() + 10
+        while any(len(t.processes) < 2 for t in old.values()) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        warning.check()
+
+    threading.Thread(target=warn_once_warm, daemon=True).start()
+    done: list[RunState] = []
+    runner = threading.Thread(target=lambda: done.append(sup.run()), daemon=True)
+    runner.start()
+    runner.join(20)
+    assert done, "the next attempt ran on an old node's standby agent and never ended"
+    state = done[0]
+    assert state.phase is Phase.SUCCEEDED and realloc.asked == 1 and state.restarts == 1
+    for t in old.values():
+        first, spare = t.processes
+        assert first.sent and spare.sent == []  # the standby never got a configuration
+        deadline = time.monotonic() + 5
+        while spare.wait(0) is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert spare.stdin_closed and spare.wait(0) is not None
+    for h in "ab":
+        new = transports[h]
+        assert isinstance(new, ScriptedTransport) and new.processes[0].sent
 
 
 def test_the_seconds_until_the_end_time_slurm_says() -> None:

@@ -17,6 +17,7 @@ from dmlctl.runs.events import Event, RankStarted, Restarting
 from dmlctl.runs.state import Phase, RankStatus, RunState
 from dmlctl.runs.store import RunDir, RunStore
 from dmlctl.spec.restart import RestartSpec
+from dmlctl.transport.base import Transport
 from dmlctl.transport.fake import (
     ScriptedProcess,
     ScriptedTransport,
@@ -237,19 +238,25 @@ def test_a_restart_takes_the_standby_agent_started_during_the_attempt(tmp_path: 
         assert extra.sent == [] and extra.wait(0) is not None
 
 
+class SlowTransport(ScriptedTransport):
+    """Hanging agents; host b's start waits for ``release`` (a slow SSH connection)."""
+
+    def __init__(self, host: str, release: threading.Event) -> None:
+        super().__init__(host, hang=True)
+        self.release = release
+
+    def start(self, argv: Sequence[str], *, cwd: str | None = None) -> ScriptedProcess:
+        if self.host == "b":
+            self.release.wait(5)
+        return super().start(argv, cwd=cwd)
+
+
 def test_a_standby_that_starts_after_the_run_ended_is_stopped(tmp_path: Path) -> None:
     """The run ends while a standby is still being started (a slow SSH connection):
     ``close`` stops the ready one and, once the late one has started, that one too,
     before it returns — no agent outlives its run."""
     release = threading.Event()
-
-    class SlowTransport(ScriptedTransport):
-        def start(self, argv: Sequence[str], *, cwd: str | None = None) -> ScriptedProcess:
-            if self.host == "b":
-                release.wait(5)
-            return super().start(argv, cwd=cwd)
-
-    ta, tb = SlowTransport("a", hang=True), SlowTransport("b", hang=True)
+    ta, tb = SlowTransport("a", release), SlowTransport("b", release)
     hosts = make_plan(tmp_path, [1, 1]).hosts
     standbys = Standbys({"a": ta, "b": tb}, warm_after=0.0)
     for host in hosts:
@@ -264,3 +271,39 @@ def test_a_standby_that_starts_after_the_run_ended_is_stopped(tmp_path: Path) ->
         assert proc.stdin_closed and proc.sent == [] and proc.wait(0) is not None
     standbys.warm_up(hosts[0], 1.0)  # after close: nothing more is started
     assert len(ta.processes) == 1
+
+
+def test_standbys_dropped_are_stopped_and_later_ones_start_on_the_new_transports(
+    tmp_path: Path,
+) -> None:
+    """``drop`` (the hosts moved to new machines) stops the ready standby, and the one
+    still being started once it has started; a later warm-up starts one through the
+    transport now in the mapping, and that one is handed out."""
+    release = threading.Event()
+    ta, tb = SlowTransport("a", release), SlowTransport("b", release)
+    transports: dict[str, Transport] = {"a": ta, "b": tb}
+    hosts = make_plan(tmp_path, [1, 1]).hosts
+    standbys = Standbys(transports, warm_after=0.0)
+    for host in hosts:
+        standbys.warm_up(host, 1.0)
+    deadline = time.monotonic() + 5
+    while not ta.processes and time.monotonic() < deadline:
+        time.sleep(0.01)
+    standbys.drop()  # a's standby ready or nearly, b's still being started
+    release.set()
+
+    def ended() -> bool:
+        procs = ta.processes + tb.processes
+        return len(procs) == 2 and all(p.wait(0) is not None for p in procs)
+
+    while not ended() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    for proc in ta.processes + tb.processes:
+        assert proc.wait(0) is not None and proc.sent == [] and proc.stdin_closed
+    assert standbys.take("a") is None and standbys.take("b") is None
+    transports["a"] = new = ScriptedTransport("a", hang=True)
+    standbys.warm_up(hosts[0], 1.0)
+    while standbys.take("a") is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(new.processes) == 1 and len(ta.processes) == 1
+    standbys.close()
