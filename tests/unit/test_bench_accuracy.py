@@ -121,3 +121,26 @@ def test_the_bench_says_its_runs_and_about_how_long_before_it_starts(
     assert main(["bench", "accuracy", "--task", "lm", "--strategies", "ssgd,bmuf"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("dmlctl bench accuracy: 6 runs (3 rows × 2 optimizers)"), err
+
+
+def test_plain_sgd_runs_only_when_named_and_only_for_the_language_model(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--optimizers sgd`` (the optimizer adadelay runs, to compare it with its own
+    kind) is a language-model choice the default pair leaves out."""
+    from dmlctl.cli.app import main
+
+    asked: list[list[str]] = []
+
+    def record(_rows: object, opts: list[str], *_args: object) -> None:
+        asked.append(list(opts))
+        raise UsageError("(not run here)")
+
+    monkeypatch.setattr(accuracy, "run_accuracy_bench", record)
+    assert main(["bench", "accuracy", "--task", "lm", "--strategies", "adadelay"]) == 2
+    assert main(["bench", "accuracy", "--task", "lm", "--optimizers", "sgd,adamw"]) == 2
+    assert asked == [["adamw", "nesterov"], ["adamw", "sgd"]]
+    assert main(["bench", "accuracy", "--optimizers", "sgd"]) == 2  # digits: no such row
+    err = capsys.readouterr().err
+    assert "unknown optimizer sgd; valid: momentum, adam" in err
+    assert accuracy.TASKS["lm"].labels["sgd"] == "plain SGD"

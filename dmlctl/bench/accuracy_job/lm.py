@@ -45,6 +45,9 @@ from torch import nn
 from dmlctl.bench.accuracy_job.common import digest, run_script
 
 OPTIMIZERS = ("adamw", "nesterov")
+PLAIN_SGD = "sgd"
+"""Plain SGD (lr 2, AdaDelay's step from the AdamW default): asked for by name only,
+to compare adadelay, which replaces the optimizer with plain SGD, with its own kind."""
 VOCAB = " .,abcdefghijklmnopqrstuvwxyz"
 SEQ = 32
 STRIDE = 8
@@ -190,12 +193,15 @@ def model(seed: int) -> CharLM:
 
 def optimizer(name: str, params: Any) -> torch.optim.Optimizer:
     """``adamw``: AdamW lr 2e-2, weight decay 0.01; ``nesterov``: SGD lr 0.5, Nesterov
-    momentum 0.9."""
+    momentum 0.9; ``sgd`` (:data:`PLAIN_SGD`): SGD lr 2, no momentum."""
     if name == "adamw":
         return torch.optim.AdamW(params, lr=2e-2, weight_decay=0.01)
     if name == "nesterov":
         return torch.optim.SGD(params, lr=0.5, momentum=0.9, nesterov=True)
-    raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {name!r}")
+    if name == PLAIN_SGD:
+        return torch.optim.SGD(params, lr=2.0)
+    valid = ", ".join((*OPTIMIZERS, PLAIN_SGD))
+    raise ValueError(f"optimizer must be one of {valid}, got {name!r}")
 
 
 def schedule(opt: torch.optim.Optimizer, steps: int) -> torch.optim.lr_scheduler.LambdaLR:
@@ -259,7 +265,7 @@ def main() -> None:
     run_script(
         __doc__ or "",
         train,
-        OPTIMIZERS,
+        (*OPTIMIZERS, PLAIN_SGD),
         epochs=EPOCHS,
         batch=GLOBAL_BATCH,
         batch_help="global batch (windows)",

@@ -27,7 +27,8 @@ def accuracy(
     optimizers: Optional[str] = typer.Option(  # noqa: UP045
         None,
         "--optimizers",
-        help="Comma-separated (default: both): momentum, adam for digits; adamw, nesterov for lm.",
+        help="Comma-separated (default: both): momentum, adam for digits; adamw, nesterov "
+        "for lm, and sgd (plain SGD, lr 2) by name.",
     ),
     epochs: Optional[int] = typer.Option(  # noqa: UP045
         None, "--epochs", help="Training epochs per run (default: 20 for digits, 3 for lm)."
@@ -46,7 +47,8 @@ def accuracy(
     task = TASKS[task_name]
     by_name = {c.name: c for c in task.candidates}
     chosen = [by_name[n] for n in pick(strategies, list(by_name), "strategy")]
-    opts = pick(optimizers, task.optimizers, "optimizer")
+    named = task.optimizers + task.more_optimizers  # the latter only when named
+    opts = list(task.optimizers) if optimizers is None else pick(optimizers, named, "optimizer")
     err = stderr_console()
     runs = task.planned(1 + len(chosen), len(opts), task.epochs if epochs is None else epochs)
     announce(err, "accuracy", runs)

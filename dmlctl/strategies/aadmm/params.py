@@ -23,8 +23,8 @@ QUALITY = (
     "as admm with every worker in each round: the language model ends +8.1 % with "
     "AdamW and +3.0 % with SGD + Nesterov against one process's validation loss after "
     "3 epochs, more than 3 % with AdamW (see `dmlctl strategies admm`); after 6 "
-    "epochs +3.1 % with AdamW and +2.5 % with SGD + Nesterov, at the bound. Digits "
-    "within 0.3 points."
+    "epochs +3.1 % with AdamW and +2.5 % with SGD + Nesterov, after 9 +0.6 % and "
+    "+0.6 %. Digits within 0.3 points."
 )
 
 

@@ -22,7 +22,8 @@ QUALITY = (
     "the language model ends +5.3 % with AdamW and +5.8 % with SGD + Nesterov against "
     "one process's validation loss after 3 epochs (asynchronous), more than 3 %: the "
     "center trails the workers early, as with easgd; after 6 epochs +1.7 % with AdamW "
-    "and +3.1 % with SGD + Nesterov, at the bound. Digits within 0.3 points."
+    "and +3.1 % with SGD + Nesterov, after 9 −0.6 % and +1.2 %. Digits within 0.3 "
+    "points."
 )
 
 
