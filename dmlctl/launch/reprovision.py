@@ -1,7 +1,8 @@
 """A Slurm run's new nodes made ready after a requeue, as a launch makes its hosts
 ready: the job's directory and dmlctl's library synced to them, and the job's
 ``setup`` run there. The job is read back from the run's record of it
-(``specs/job.yaml``: its directory, excludes and setup as validated at launch)."""
+(``specs/job.yaml``: its directory, excludes and setup as validated at launch; a setup
+stored redacted is taken from ``secrets.json``, as the env values are)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ def preparer(run: RunDir, transports: Mapping[str, Transport]) -> Callable[[Laun
         from dmlctl.spec.loader import load_job
 
         job = load_job(run.specs / "job.yaml")
+        if (real := run.real_setup()) is not None:
+            job = job.model_copy(update={"setup": real})
         quiet = Console(file=io.StringIO(), width=120)
         ship.sync_code(plan, job, transports, quiet)
         ship.run_setup(plan, job, transports, quiet)

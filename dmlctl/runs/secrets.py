@@ -24,6 +24,17 @@ ARGS = ":args"
 (``"job/3"``, ``"host:NAME/3"`` → value; ``:`` is never in a host's name)."""
 
 
+SETUP = ":setup"
+"""The entry of ``secrets.json`` that holds the job's ``setup`` (under ``"commands"``)
+when the stored ``job.yaml`` shows it redacted (a password in a URL, a known secret):
+a Slurm requeue runs it again on the new nodes."""
+
+
+def real_setup(secrets: Mapping[str, Mapping[str, str]]) -> str | None:
+    """The job's real ``setup`` kept in ``secrets`` (None: the stored one is real)."""
+    return secrets.get(SETUP, {}).get("commands")
+
+
 def split(
     plan: Mapping[str, Any], keys: Mapping[str, Collection[str]]
 ) -> tuple[dict[str, Any], Secrets]:

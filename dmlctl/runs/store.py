@@ -264,13 +264,28 @@ class RunDir:
         self.write_text(path, json.dumps(data, indent=1, sort_keys=True))
 
     def write_plan(
-        self, plan: Mapping[str, Any], secret_keys: Mapping[str, Collection[str]]
+        self,
+        plan: Mapping[str, Any],
+        secret_keys: Mapping[str, Collection[str]],
+        setup: str | None = None,
     ) -> None:
         """``plan.json`` with the env values named by ``secret_keys`` (host → variable
-        names) redacted, and those values in ``secrets.json`` (:mod:`dmlctl.runs.secrets`)."""
+        names) redacted, and those values in ``secrets.json`` (:mod:`dmlctl.runs.secrets`),
+        with the job's real ``setup`` when its stored copy shows it redacted."""
         data, hidden = run_secrets.split(plan, secret_keys)
+        if setup is not None:
+            hidden[run_secrets.SETUP] = {"commands": setup}
         self.write_json(self.secrets, hidden)
         self.write_json(self.plan, data)
+
+    def real_setup(self) -> str | None:
+        """The job's real ``setup`` when ``specs/job.yaml`` shows it redacted (None:
+        the stored one is real, or ``secrets.json`` cannot be read)."""
+        try:
+            hidden = json.loads(self.secrets.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return run_secrets.real_setup(hidden) if isinstance(hidden, dict) else None
 
     def read_plan(self) -> LaunchPlan:
         """``plan.json`` with the real env values put back (UsageError when either

@@ -188,6 +188,32 @@ def test_a_dry_run_hides_secrets_in_the_setup_command_too(tmp_path: Path) -> Non
     assert "hf_supersecret123" not in text and "pw-in-url" not in text
 
 
+def test_a_setup_stored_redacted_is_run_whole_on_the_nodes_of_a_requeue(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run's ``specs/job.yaml`` hides the setup's URL password and known secrets;
+    the real command stays in ``secrets.json`` (0600), and the new nodes of a Slurm
+    requeue run that one, not the redacted copy. A setup with nothing to hide is not
+    kept twice."""
+    from dmlctl.launch.reprovision import preparer
+    from dmlctl.provision import ship
+
+    setup = "pip install --extra-index-url https://u:pw-in-url@example.com/simple x"
+    job, spec = specs(tmp_path, job=f"script: train.py\nworkers: 2\nsetup: {setup}\n")
+    store = RunStore(tmp_path / "home")
+    plan = api.plan_run(job, spec, store, port=29500, run_id="job-1")
+    run = create_run(plan, job, spec, store, LaunchOptions(home=tmp_path / "home"))
+    assert "pw-in-url" not in (run.specs / "job.yaml").read_text()
+    assert "pw-in-url" not in run.plan.read_text() and run.real_setup() == setup
+    ran: list[str | None] = []
+    monkeypatch.setattr(ship, "sync_code", lambda *_a: None)
+    monkeypatch.setattr(ship, "run_setup", lambda _plan, job, *_a: ran.append(job.setup))
+    preparer(run, {})(plan)
+    assert ran == [setup]
+    plain = recorded(tmp_path / "plain", REMOTE)
+    assert plain.real_setup() is None
+
+
 def test_the_slots_a_launch_takes_from_gpu_counts_are_said_before_a_refusal(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
