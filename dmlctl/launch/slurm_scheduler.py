@@ -9,6 +9,7 @@ stops the ranks (they get ``stop_grace``) and then cancels it too.
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable
 
 from rich.console import Console
@@ -23,12 +24,14 @@ from dmlctl.runs.store import RunDir, RunStore
 from dmlctl.slurm import allocation
 from dmlctl.slurm.allocation import Allocation, JobState
 from dmlctl.slurm.commands import SlurmRefused, refused_key
+from dmlctl.slurm.info import seconds_until
 from dmlctl.slurm.record import pending
 from dmlctl.slurm.transport import Node, transports_for
 from dmlctl.spec.models import ClusterSpec, JobSpec
 from dmlctl.spec.slurm import SlurmSpec
 from dmlctl.text import plural
 from dmlctl.transport import ssh_route
+from dmlctl.ui.format import format_duration
 
 
 class SlurmScheduler(SshScheduler):
@@ -108,8 +111,9 @@ class SlurmScheduler(SshScheduler):
             said = f"state unknown: {e}"
         else:
             said = now.said
-            if now.state == "RUNNING" and now.time_left not in ("", "UNLIMITED"):
-                said += f", {now.time_left} left"
+            left = seconds_until(now.end_time, time.time()) if now.state == "RUNNING" else None
+            if left is not None:  # from the end time: one an administrator moved too
+                said += f", {format_duration(left)} left (ends {now.end_time})"
         lines = [f"where: Slurm job {where.job_id}, {said}"]
         lines += [f"  {host}: {node}" for host, node in where.nodes.items()]
         return lines

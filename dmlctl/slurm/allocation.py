@@ -162,14 +162,13 @@ def allocate(
 @dataclass(frozen=True)
 class JobState:
     """What ``squeue`` says of an allocation: state, why it waits, its nodes (a Slurm
-    node list such as ``lab-[0-1]``), its time left (whole minutes of its limit) and
-    when it ends (``end_time``, local ``YYYY-MM-DDTHH:MM:SS``: an end time moved by an
-    administrator too); ``GONE`` once Slurm forgot it."""
+    node list such as ``lab-[0-1]``) and when it ends (``end_time``, local
+    ``YYYY-MM-DDTHH:MM:SS``: an end time moved by an administrator too); ``GONE`` once
+    Slurm forgot it."""
 
     state: str
     reason: str = ""
     nodelist: str = ""
-    time_left: str = ""
     end_time: str = ""
 
     @property
@@ -234,15 +233,15 @@ def request_lines(
 
 def state(job_id: str, conf: str | None) -> JobState:
     """The allocation's state now (``GONE`` when squeue no longer lists it)."""
-    argv = ["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T|%r|%N|%L|%e"]
+    argv = ["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T|%r|%N|%e"]
     proc = run(argv, conf, check=False)
     line = proc.stdout.strip().splitlines()[:1]
     if proc.returncode != 0 or not line:
         if proc.returncode != 0 and "Invalid job id" not in proc.stderr:
             raise SlurmError(f"squeue failed: {proc.stderr.strip() or proc.returncode}")
         return JobState("GONE")
-    st, reason, nodes, left, end = [*line[0].split("|"), "", "", "", ""][:5]
-    return JobState(st, "" if reason == "None" else reason, nodes, left, end)
+    st, reason, nodes, end = [*line[0].split("|"), "", "", ""][:4]
+    return JobState(st, "" if reason == "None" else reason, nodes, end)
 
 
 class WaitStopped(SlurmError):

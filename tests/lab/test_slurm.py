@@ -9,6 +9,7 @@ Slurm), the dry run's ``sbatch`` and ``srun`` lines, and a node that stops answe
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -162,8 +163,9 @@ def test_stop_cancels_the_allocation_and_leaves_no_process(
 ) -> None:
     """A detached run is stopped: its job cancelled, nothing left on the nodes. With
     ``salloc``, the allocation is held by salloc on this machine, which outlives the
-    launch that started it and goes with the stop."""
-    path = cluster(slurm, tmp_path, nodes=2, salloc=salloc)
+    launch that started it and goes with the stop. Before it, status says how long the
+    job has left, from its end time."""
+    path = cluster(slurm, tmp_path, nodes=2, salloc=salloc, time="10")
     forever = INTEGRATION_JOBS / "forever" / "job.yaml"
     runs = set(slurm.runs())
     started = slurm.run("launch", str(forever), "--cluster", str(path), "--detach")
@@ -173,6 +175,9 @@ def test_stop_cancels_the_allocation_and_leaves_no_process(
     running = lambda: all(r["status"] == "running" for r in slurm.state(run_id)["ranks"])  # noqa: E731
     assert wait_until(running, 90), slurm.state(run_id)
     job_id = squeue(slurm, "-t", "RUNNING").split()[0]
+    status = slurm.run("status", run_id).stdout
+    left = re.compile(rf"where: Slurm job {job_id}, running, 0:(09|10):\d\d left \(ends 20\d\d-")
+    assert any(left.match(line) for line in status.splitlines()), status
     stopped = slurm.run("stop", run_id)
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     if not salloc:  # a salloc job is cancelled by the run's end, before stop looks
@@ -348,38 +353,39 @@ def test_the_dry_run_prints_the_batch_script_and_the_srun_lines(
 
 # Last of the tests that share the lab: lab-2 is busy for a minute and more after its
 # slurmd is started again (its job's end is settled late), and no test after needs it.
-def test_a_node_that_dies_is_lost_and_a_range_goes_on_on_the_nodes_left(
+def test_the_first_node_dying_is_lost_and_a_range_goes_on_on_the_nodes_left(
     slurm: LabCli, tmp_path: Path
 ) -> None:
-    """Every process on lab-2 is SIGKILLed, slurmd too (a node that dies): with
-    ``nodes: 1-3`` the run goes on on node-0 and node-1, in the same allocation, from
-    the checkpoint the controller kept. lab-2's slurmd is started again after."""
+    """Every process on node-0's machine is SIGKILLed, slurmd too (a node that dies,
+    and the one that held rank 0 and the rendezvous): with ``nodes: 1-3`` the run goes
+    on on node-1 and node-2, in the same allocation, meeting on node-1 now, from the
+    checkpoint the controller kept. The node's slurmd is started again after."""
     path = cluster(slurm, tmp_path, nodes="1-3")
     runs = set(slurm.runs())
     job = elastic_job(tmp_path, workers=3)
     proc = slurm.popen("launch", str(job), "--cluster", str(path), "--ui", "plain")
-    killed = False
+    lab = ""
     try:
         assert wait_until(lambda: len(set(slurm.runs()) - runs) == 1, 60), proc.poll()
         (run,) = set(slurm.runs()) - runs
         assert wait_until((run / "checkpoints" / "LATEST").is_file, 90), "no checkpoint copy"
-        netns = ["ip", "netns", "pids", "dmlctl-lab-2"]
-        killed = True
+        lab = json.loads((run / "plan.json").read_text())["allocation"]["nodes"]["node-0"]
+        netns = ["ip", "netns", "pids", f"dmlctl-{lab}"]
         for pid in subprocess.run(netns, capture_output=True, text=True).stdout.split():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(pid), signal.SIGKILL)
         out, _ = proc.communicate(timeout=120)
     finally:
         proc.kill()
-        if killed:
+        if lab:
             conf = slurm.lab_dir / "slurm" / "slurm.conf"
-            slurmd = ["nsenter", "--net=/var/run/netns/dmlctl-lab-2", "slurmd", "-N", "lab-2"]
+            slurmd = ["nsenter", f"--net=/var/run/netns/dmlctl-{lab}", "slurmd", "-N", lab]
             subprocess.run([*slurmd, "-f", str(conf)], check=False)
     assert proc.returncode == 0, out
     state = slurm.state(run.name)
     lost = state["failures"][0]
-    assert (lost["host"], lost["exc_type"]) == ("node-2", "AgentLost"), lost
-    assert state["hosts"] == ["node-0", "node-1"] and state["restarts"] == 1
+    assert (lost["host"], lost["exc_type"]) == ("node-0", "AgentLost"), lost
+    assert state["hosts"] == ["node-1", "node-2"] and state["restarts"] == 1
     assert (tmp_path / "out.txt").read_text().startswith("40 ")
 
 
