@@ -21,9 +21,10 @@ from dmlctl.plan.model import LaunchPlan
 from dmlctl.plan.placing import JobPlacement, as_run, place_job
 from dmlctl.plan.request import Facts, LaunchRequest
 from dmlctl.runs.store import RunDir, RunStore
-from dmlctl.slurm import allocation
+from dmlctl.slurm import allocation, enclosing
 from dmlctl.slurm.allocation import Allocation, JobState
-from dmlctl.slurm.commands import SlurmRefused, refused_key
+from dmlctl.slurm.commands import SlurmError, SlurmRefused, refused_key
+from dmlctl.slurm.enclosing import enclosing_job
 from dmlctl.slurm.info import seconds_until
 from dmlctl.slurm.record import pending
 from dmlctl.slurm.transport import Node, transports_for
@@ -119,7 +120,8 @@ class SlurmScheduler(SshScheduler):
         return lines
 
     def cancel(self, run: RunDir, *, timeout: float) -> str:
-        """Stop the run (its ranks get ``stop_grace``), then cancel its allocation."""
+        """Stop the run (its ranks get ``stop_grace``), then cancel its allocation (not
+        one dmlctl ran inside); the line says what became of the allocation."""
         said = super().cancel(run, timeout=timeout)
         plan = self._plan
         if plan is None or plan.allocation is None:
@@ -130,7 +132,11 @@ class SlurmScheduler(SshScheduler):
         except DmlctlError:
             ended = False
         name = f"dmlctl-{plan.job_name}"
-        if not ended:  # by name too: a job id Slurm has since given to another job is left
+        if ended:  # the run's end ended it (or Slurm did)
+            said += f"; Slurm job {where.job_id} has ended"
+        elif not where.owned:  # the allocation dmlctl ran inside: its owner's
+            said += f"; Slurm job {where.job_id} (dmlctl ran inside it) left as it is"
+        else:  # by name too: a job id Slurm has since given to another job is left
             allocation.cancel(where.job_id, where.conf, name=name)
             said += f"; Slurm job {where.job_id} cancelled"
         if (queued := pending(run.path)) is not None:  # a requeue's, not granted yet
@@ -163,7 +169,11 @@ def ask(
     nodes bound to ``hosts`` in order, and each node's address. The allocation
     remembers its ``sbatch`` command for a requeue, asking for as many nodes as were
     granted. ``on_submit`` gets the job id as soon as Slurm gives it. A request Slurm
-    refuses is a PlanError at the ``slurm:`` key its words name."""
+    refuses is a PlanError at the ``slurm:`` key its words name. Inside an allocation
+    (``slurm.allocation: enclosing``, the default) that one is taken instead."""
+    inside = enclosing_job() if spec.allocation == "enclosing" else None
+    if inside is not None:
+        return _enclosing(spec, inside, hosts, err)
     argv = allocation.request_argv(spec, name, slots)
     with err.status("asking Slurm for an allocation…") as shown:
         job_id = ""
@@ -189,17 +199,55 @@ def ask(
     err.print(said, markup=False)
     paired = dict(zip(hosts, got.nodes, strict=False))
     again = allocation.request_argv(spec.model_copy(update={"nodes": len(paired)}), name, slots)
-    where = Allocation(
-        got.job_id,
-        paired,
+    return _allocation(spec, got.job_id, paired, tuple(again)), got.addresses
+
+
+def _enclosing(
+    spec: SlurmSpec, job_id: str, hosts: list[str], err: Console
+) -> tuple[Allocation, dict[str, str]]:
+    """The allocation dmlctl runs inside as the run's: its first nodes (as many as
+    ``slurm.nodes`` asks for, fewer within a range) bound to ``hosts``; never requeued
+    (dmlctl runs in it and ends with it) and never ended by dmlctl. PlanError at
+    ``slurm.requeue`` when asked for, at ``slurm.nodes`` when it has too few nodes."""
+    if spec.requeue:
+        raise PlanError(
+            "cluster",
+            ("slurm", "requeue"),
+            f"dmlctl runs inside Slurm job {job_id} and ends when that job ends, so it "
+            "cannot ask for a new allocation then (requeue your batch script with "
+            "sbatch --requeue, or set slurm.allocation: new)",
+        )
+    try:
+        got = enclosing.adopt(job_id, spec.conf, spec.min_nodes)
+    except SlurmError as e:
+        raise PlanError("cluster", ("slurm", "nodes"), str(e)) from None
+    nodes = got.nodes[: spec.max_nodes]
+    err.print(
+        f"Slurm job {got.job_id} (dmlctl runs inside it): {plural(len(nodes), 'node')} "
+        f"({', '.join(nodes)}); slurm.allocation: new asks for an allocation of its own",
+        markup=False,
+    )
+    paired = dict(zip(hosts, nodes, strict=False))
+    return _allocation(spec, got.job_id, paired), got.addresses
+
+
+def _allocation(
+    spec: SlurmSpec, job_id: str, nodes: dict[str, str], again: tuple[str, ...] = ()
+) -> Allocation:
+    """The run's allocation ``job_id`` on ``nodes`` (host → node) as ``spec`` wants it;
+    ``again``: the request that asks for it anew (none: dmlctl did not ask for it, so
+    it never asks again nor ends it)."""
+    return Allocation(
+        job_id,
+        nodes,
         spec.conf,
         spec.gpus_per_node,
         spec.setup,
-        tuple(again),
-        spec.requeue,
+        again,
+        spec.requeue and bool(again),
         spec.warn_before_end,
+        owned=bool(again),
     )
-    return where, got.addresses
 
 
 def _dry_assumed(spec: SlurmSpec) -> tuple[str, ...]:
@@ -208,6 +256,11 @@ def _dry_assumed(spec: SlurmSpec) -> tuple[str, ...]:
         "the allocation's nodes: node-0 … are bound to them in the order Slurm lists "
         "them, and node-0 serves the rendezvous"
     ]
+    if spec.allocation == "enclosing" and (inside := enclosing_job()) is not None:
+        said.append(
+            f"dmlctl runs inside Slurm job {inside}: the run takes its nodes instead of "
+            "the request below (slurm.allocation: new asks for it)"
+        )
     if spec.is_range:
         said.append(
             f"Slurm grants {spec.max_nodes} nodes (slurm.nodes: {spec.nodes}); with fewer, "

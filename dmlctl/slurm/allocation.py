@@ -5,13 +5,14 @@ asked about, and cancelled. Everything through :mod:`dmlctl.slurm.commands`."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import shlex
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dmlctl.slurm import salloc
+from dmlctl.slurm import salloc, steps
 from dmlctl.slurm.commands import SlurmError, best_effort, run
 from dmlctl.spec.slurm import SlurmSpec
 
@@ -87,8 +88,9 @@ class Allocation:
     configured by ``conf``), the node each host of the plan is (``node-0`` → ``lab-3``),
     the GPUs each step asks for and the shell lines run before each command; the
     ``sbatch`` command that asked for it, whether an early end asks again
-    (``requeue``), and how many seconds before its time limit the ranks are stopped
-    (``warn_s``; 0: never by dmlctl)."""
+    (``requeue``), how many seconds before its time limit the ranks are stopped
+    (``warn_s``; 0: never by dmlctl), and whether dmlctl asked for it (``owned``; an
+    enclosing allocation dmlctl runs inside is not, and is never ended by it)."""
 
     job_id: str
     nodes: Mapping[str, str]
@@ -98,6 +100,7 @@ class Allocation:
     sbatch: tuple[str, ...] = ()
     requeue: bool = False
     warn_s: float = 0.0
+    owned: bool = True
 
     @staticmethod
     def from_dict(data: Mapping[str, Any]) -> Allocation:
@@ -360,8 +363,13 @@ def finish(where: Allocation, wait_s: float = 5.0) -> None:
     """End a run's allocation as completed: its holding script is told to exit
     (SIGTERM to the batch step only), which ends every step in it; cancelled when it
     still holds its nodes after ``wait_s`` (a batch node that is gone cannot be told),
-    and at once when salloc holds it (no batch step). Never raises."""
+    and at once when salloc holds it (no batch step). An allocation dmlctl did not ask
+    for (the enclosing one) is left to its owner: only the steps this process started
+    in it are cancelled. Never raises."""
     job_id, conf = where.job_id, where.conf
+    if not where.owned:
+        steps.cancel_steps(job_id, conf, suffix=f"-{os.getpid()}-")
+        return
     if where.sbatch[:1] == ("salloc",):
         cancel(job_id, conf)
         return
@@ -381,12 +389,3 @@ def cancel(job_id: str, conf: str | None, name: str | None = None) -> None:
     """Cancel the allocation and everything in it (done already: nothing happens; with
     ``name``, only while the job has that name). Never raises."""
     best_effort(["scancel", *([f"--name={name}"] if name else []), job_id], conf)
-
-
-def cancel_step(job_id: str, step_name: str, conf: str | None) -> None:
-    """SIGKILL the allocation's steps named ``step_name``. Never raises."""
-    steps = best_effort(["squeue", "-h", "-s", "-j", job_id, "-o", "%i|%j"], conf) or ""
-    for line in steps.splitlines():
-        step, _, name = line.strip().partition("|")
-        if name == step_name:
-            best_effort(["scancel", "--signal=KILL", step], conf)

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from dmlctl.slurm import allocation
+from dmlctl.slurm import allocation, steps
 from dmlctl.slurm.commands import require, slurm_env
 from dmlctl.transport import Reachable, Transport, make_transports
 from dmlctl.transport.base import Result, remote_command
@@ -101,7 +101,7 @@ class SrunProcess(LocalProcess):
         if self.wait(KILL_WAIT_S) is None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGKILL)
-        allocation.cancel_step(self._node.job_id, self._step, self._node.conf)
+        steps.cancel_step(self._node.job_id, self._step, self._node.conf)
 
 
 class SrunTransport:
@@ -126,7 +126,7 @@ class SrunTransport:
         result = self._local.run(full, timeout=timeout, input=input, env=slurm_env(self.node.conf))
         if result.exit_code == 124:  # srun outlived its timeout: its step goes too
             where = (self.node.job_id, step, self.node.conf)
-            threading.Thread(target=allocation.cancel_step, args=where, daemon=True).start()
+            threading.Thread(target=steps.cancel_step, args=where, daemon=True).start()
         return dataclasses.replace(result, argv=tuple(argv))  # what was asked, not srun's
 
     def start(self, argv: Sequence[str], *, cwd: str | None = None) -> SrunProcess:

@@ -10,7 +10,7 @@ Slurm gives when the allocation starts.
 from __future__ import annotations
 
 import re
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, Field, field_validator
 
@@ -152,6 +152,14 @@ class SlurmSpec(BaseModel):
         description="Seconds before the allocation's time limit at which dmlctl stops the "
         "ranks (SIGTERM, then restart.stop_grace to save), and with requeue asks for a "
         "new allocation at once; 0: Slurm's own SIGTERM and KillWait at the limit.",
+    )
+    allocation: Literal["enclosing", "new"] = Field(
+        default="enclosing",
+        description="When dmlctl itself runs inside a Slurm allocation (SLURM_JOB_ID set: "
+        "an sbatch script, an salloc shell): 'enclosing' runs the job on that allocation's "
+        "nodes (nothing is asked for, and the keys of a request do not apply; the "
+        "allocation is left as it was at the end); 'new' asks for an allocation of its own "
+        "all the same.",
     )
     salloc: bool = Field(
         default=False,

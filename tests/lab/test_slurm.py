@@ -15,6 +15,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -140,6 +141,31 @@ def test_a_node_range_runs_on_the_nodes_slurm_grants(slurm: LabCli, tmp_path: Pa
     assert re.fullmatch(said, doctor.stderr.strip()), doctor.stderr
 
 
+def test_a_launch_inside_an_allocation_runs_on_its_nodes_and_leaves_it(
+    slurm: LabCli, tmp_path: Path
+) -> None:
+    """``salloc -N2 dmlctl launch …`` (as a batch script would): the run takes the
+    enclosing allocation's nodes, asks for none of its own, and leaves that allocation
+    to salloc, which ends it when the launch returns; nothing is left on the nodes."""
+    path = cluster(slurm, tmp_path, nodes=2)
+    quick = REPO / "examples" / "quickstart" / "job.yaml"
+    conf = str(slurm.lab_dir / "slurm" / "slurm.conf")
+    env = {**slurm.env, "SLURM_CONF": conf}
+    before = squeue(slurm, "-t", "all")
+    launch = [sys.executable, "-m", "dmlctl", "launch", str(quick), "--cluster", str(path)]
+    argv = ["salloc", "-N2", "-p", "lab", "--job-name=mine", *launch, "--ui", "plain"]
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "final accuracy" in proc.stdout
+    assert re.search(r"Slurm job (\d+) \(dmlctl runs inside it\): 2 nodes", proc.stderr), (
+        proc.stderr
+    )
+    known = {line.split()[0] for line in before.splitlines()}
+    new = [ln for ln in squeue(slurm, "-t", "all").splitlines() if ln.split()[0] not in known]
+    assert len(new) == 1 and new[0].endswith(" COMPLETED"), new  # salloc's, ended by salloc
+    assert wait_until(lambda: node_processes(3) == [], 30), node_processes(3)
+
+
 def test_parameter_servers_run_on_a_node_of_their_own(slurm: LabCli, tmp_path: Path) -> None:
     job = tmp_path / "asgd.yaml"
     source = yaml.safe_load((REPO / "examples" / "parameter-server" / "asgd.yaml").read_text())
@@ -180,8 +206,8 @@ def test_stop_cancels_the_allocation_and_leaves_no_process(
     assert any(left.match(line) for line in status.splitlines()), status
     stopped = slurm.run("stop", run_id)
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
-    if not salloc:  # a salloc job is cancelled by the run's end, before stop looks
-        assert f"Slurm job {job_id} cancelled" in stopped.stdout
+    # The run's end may have ended the job before stop looks (salloc's always).
+    assert re.search(rf"; Slurm job {job_id} (cancelled|has ended)$", stopped.stdout.strip())
     assert wait_until(lambda: squeue(slurm, "-t", "PENDING,RUNNING") == "", 30)
     assert wait_until(lambda: node_processes(3) == [], 30), node_processes(3)
     held = ["pgrep", "-f", "bin/salloc .*--job-name=dmlctl-forever"]

@@ -1,0 +1,27 @@
+"""Ending steps of an allocation by their names (``srun --job-name``): one step whose
+node may not answer, or every step one dmlctl process started."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from dmlctl.slurm.commands import best_effort
+
+
+def cancel_step(job_id: str, step_name: str, conf: str | None) -> None:
+    """SIGKILL the allocation's steps named ``step_name``. Never raises."""
+    _kill_steps(job_id, conf, lambda name: name == step_name)
+
+
+def cancel_steps(job_id: str, conf: str | None, suffix: str) -> None:
+    """SIGKILL the allocation's dmlctl steps whose names hold ``suffix`` (``-PID-``:
+    those of one dmlctl process). Never raises."""
+    _kill_steps(job_id, conf, lambda name: name.startswith("dmlctl-") and suffix in name)
+
+
+def _kill_steps(job_id: str, conf: str | None, chosen: Callable[[str], bool]) -> None:
+    steps = best_effort(["squeue", "-h", "-s", "-j", job_id, "-o", "%i|%j"], conf) or ""
+    for line in steps.splitlines():
+        step, _, name = line.strip().partition("|")
+        if chosen(name):
+            best_effort(["scancel", "--signal=KILL", step], conf)
