@@ -46,6 +46,10 @@ def resume(run_id: str, *, options: LaunchOptions, console: Console) -> LaunchRe
         from dmlctl.slurm.allocation import require_live
 
         require_live(plan.allocation, f"run {run.run_id} cannot be resumed")
+        if not plan.allocation.owned:  # the one dmlctl ran inside: its nodes may be others
+            from dmlctl.slurm.enclosing import require_nodes
+
+            require_nodes(plan.allocation, f"run {run.run_id} cannot be resumed")
     transports = transports_for(plan.hosts + plan.spares, plan.allocation)
     from dmlctl.provision.agents import stop_stale_agents
 

@@ -56,6 +56,8 @@ class SlurmScheduler(SshScheduler):
 
         lib = ship.lib_id(ship.package_files())
         if self._options.dry_run:
+            if self._spec.allocation == "enclosing":  # refused as the launch would
+                _refuse_requeue(self._spec, enclosing_job(self._spec.conf))
             return Facts(
                 DRY_RUN_PORT,
                 sys.executable,
@@ -112,7 +114,8 @@ class SlurmScheduler(SshScheduler):
             said = f"state unknown: {e}"
         else:
             said = now.said
-            left = seconds_until(now.end_time, time.time()) if now.state == "RUNNING" else None
+            limited = now.state == "RUNNING" and now.time_limit != "UNLIMITED"
+            left = seconds_until(now.end_time, time.time()) if limited else None
             if left is not None:  # from the end time: one an administrator moved too
                 said += f", {format_duration(left)} left (ends {now.end_time})"
         lines = [f"where: Slurm job {where.job_id}, {said}"]
@@ -171,7 +174,7 @@ def ask(
     granted. ``on_submit`` gets the job id as soon as Slurm gives it. A request Slurm
     refuses is a PlanError at the ``slurm:`` key its words name. Inside an allocation
     (``slurm.allocation: enclosing``, the default) that one is taken instead."""
-    inside = enclosing_job() if spec.allocation == "enclosing" else None
+    inside = enclosing_job(spec.conf) if spec.allocation == "enclosing" else None
     if inside is not None:
         return _enclosing(spec, inside, hosts, err)
     argv = allocation.request_argv(spec, name, slots)
@@ -202,6 +205,14 @@ def ask(
     return _allocation(spec, got.job_id, paired, tuple(again)), got.addresses
 
 
+NEW = "slurm.allocation: new asks for an allocation of its own"
+REQUEST_KEYS = (
+    *("partition", "account", "qos", "time", "exclusive", "cpus_per_node", "mem"),
+    *("salloc", "sbatch_options"),
+)
+"""The ``slurm:`` keys of a request, which an enclosing allocation has settled."""
+
+
 def _enclosing(
     spec: SlurmSpec, job_id: str, hosts: list[str], err: Console
 ) -> tuple[Allocation, dict[str, str]]:
@@ -209,26 +220,36 @@ def _enclosing(
     ``slurm.nodes`` asks for, fewer within a range) bound to ``hosts``; never requeued
     (dmlctl runs in it and ends with it) and never ended by dmlctl. PlanError at
     ``slurm.requeue`` when asked for, at ``slurm.nodes`` when it has too few nodes."""
-    if spec.requeue:
-        raise PlanError(
-            "cluster",
-            ("slurm", "requeue"),
-            f"dmlctl runs inside Slurm job {job_id} and ends when that job ends, so it "
-            "cannot ask for a new allocation then (requeue your batch script with "
-            "sbatch --requeue, or set slurm.allocation: new)",
-        )
+    _refuse_requeue(spec, job_id)
     try:
         got = enclosing.adopt(job_id, spec.conf, spec.min_nodes)
+    except enclosing.TooFewNodes as e:
+        raise PlanError("cluster", ("slurm", "nodes"), f"{e} ({NEW})") from None
     except SlurmError as e:
-        raise PlanError("cluster", ("slurm", "nodes"), str(e)) from None
+        raise PlanError("cluster", ("slurm", "allocation"), f"{e} ({NEW})") from None
+    if ignored := [k for k in REQUEST_KEYS if k in spec.model_fields_set]:
+        keys = ", ".join(f"slurm.{k}" for k in ignored)
+        err.print(f"{keys}: not used inside Slurm job {job_id} ({NEW})", markup=False)
     nodes = got.nodes[: spec.max_nodes]
     err.print(
         f"Slurm job {got.job_id} (dmlctl runs inside it): {plural(len(nodes), 'node')} "
-        f"({', '.join(nodes)}); slurm.allocation: new asks for an allocation of its own",
+        f"({', '.join(nodes)}); {NEW}",
         markup=False,
     )
     paired = dict(zip(hosts, nodes, strict=False))
     return _allocation(spec, got.job_id, paired), got.addresses
+
+
+def _refuse_requeue(spec: SlurmSpec, job_id: str | None) -> None:
+    """PlanError at ``slurm.requeue`` for a run inside allocation ``job_id`` (None:
+    none) that asks for it."""
+    if spec.requeue and job_id is not None:
+        raise PlanError(
+            "cluster",
+            ("slurm", "requeue"),
+            f"dmlctl runs inside Slurm job {job_id} and ends when that job ends, so it "
+            f"cannot ask for a new allocation then ({NEW})",
+        )
 
 
 def _allocation(
@@ -256,7 +277,7 @@ def _dry_assumed(spec: SlurmSpec) -> tuple[str, ...]:
         "the allocation's nodes: node-0 … are bound to them in the order Slurm lists "
         "them, and node-0 serves the rendezvous"
     ]
-    if spec.allocation == "enclosing" and (inside := enclosing_job()) is not None:
+    if spec.allocation == "enclosing" and (inside := enclosing_job(spec.conf)) is not None:
         said.append(
             f"dmlctl runs inside Slurm job {inside}: the run takes its nodes instead of "
             "the request below (slurm.allocation: new asks for it)"

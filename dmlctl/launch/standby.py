@@ -32,6 +32,7 @@ class Standbys:
         self._starting: dict[str, threading.Thread] = {}  # host → the thread starting one
         self._closed = False  # the run ended: a standby that starts now is stopped at once
         self._generation = 0  # bumped by drop: a standby started before it is stopped
+        self._dropped: list[threading.Thread] = []  # starting when dropped: close joins them
 
     def take(self, host: str) -> Process | None:
         """The warm agent prepared on ``host``, if there is one and it still runs."""
@@ -75,7 +76,8 @@ class Standbys:
         with self._lock:
             self._generation += 1
             procs, self._ready = list(self._ready.values()), {}
-            self._starting = {}  # those threads stop what they start (their generation)
+            self._dropped += self._starting.values()  # each stops what it starts
+            self._starting = {}
         for proc in procs:
             threading.Thread(target=_stop, args=(proc, STOP_WAIT), daemon=True).start()
 
@@ -87,7 +89,7 @@ class Standbys:
         with self._lock:
             self._closed = True
             procs, self._ready = list(self._ready.values()), {}
-            starting = list(self._starting.values())
+            starting = [*self._starting.values(), *self._dropped]
         for proc in procs:
             _stop(proc, max(0.0, deadline - time.monotonic()))
         for thread in starting:  # each stops its own agent once it has one

@@ -165,14 +165,16 @@ def allocate(
 @dataclass(frozen=True)
 class JobState:
     """What ``squeue`` says of an allocation: state, why it waits, its nodes (a Slurm
-    node list such as ``lab-[0-1]``) and when it ends (``end_time``, local
-    ``YYYY-MM-DDTHH:MM:SS``: an end time moved by an administrator too); ``GONE`` once
-    Slurm forgot it."""
+    node list such as ``lab-[0-1]``), when it ends (``end_time``, local
+    ``YYYY-MM-DDTHH:MM:SS``: an end time moved by an administrator too) and its time
+    limit as squeue says it (``UNLIMITED``: the end time is only a year ahead);
+    ``GONE`` once Slurm forgot it."""
 
     state: str
     reason: str = ""
     nodelist: str = ""
     end_time: str = ""
+    time_limit: str = ""
 
     @property
     def ended(self) -> bool:
@@ -236,15 +238,15 @@ def request_lines(
 
 def state(job_id: str, conf: str | None) -> JobState:
     """The allocation's state now (``GONE`` when squeue no longer lists it)."""
-    argv = ["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T|%r|%N|%e"]
+    argv = ["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T|%r|%N|%e|%l"]
     proc = run(argv, conf, check=False)
     line = proc.stdout.strip().splitlines()[:1]
     if proc.returncode != 0 or not line:
         if proc.returncode != 0 and "Invalid job id" not in proc.stderr:
             raise SlurmError(f"squeue failed: {proc.stderr.strip() or proc.returncode}")
         return JobState("GONE")
-    st, reason, nodes, end = [*line[0].split("|"), "", "", ""][:4]
-    return JobState(st, "" if reason == "None" else reason, nodes, end)
+    st, reason, nodes, end, limit = [*line[0].split("|"), "", "", "", ""][:5]
+    return JobState(st, "" if reason == "None" else reason, nodes, end, limit)
 
 
 class WaitStopped(SlurmError):
@@ -342,6 +344,8 @@ def ended(
     if not now.ended:
         return None
     how = ENDINGS.get(now.state, f"ended ({now.state})")
+    if not where.owned:  # its time limit is its owner's, not the cluster file's
+        how = how.replace(" (slurm.time)", "")
     return now.state, f"Slurm job {where.job_id} {how}: every rank in it was stopped by Slurm"
 
 
@@ -368,7 +372,7 @@ def finish(where: Allocation, wait_s: float = 5.0) -> None:
     in it are cancelled. Never raises."""
     job_id, conf = where.job_id, where.conf
     if not where.owned:
-        steps.cancel_steps(job_id, conf, suffix=f"-{os.getpid()}-")
+        steps.cancel_steps(job_id, conf, os.getpid())
         return
     if where.sbatch[:1] == ("salloc",):
         cancel(job_id, conf)

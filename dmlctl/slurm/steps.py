@@ -3,6 +3,7 @@ node may not answer, or every step one dmlctl process started."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 from dmlctl.slurm.commands import best_effort
@@ -13,10 +14,11 @@ def cancel_step(job_id: str, step_name: str, conf: str | None) -> None:
     _kill_steps(job_id, conf, lambda name: name == step_name)
 
 
-def cancel_steps(job_id: str, conf: str | None, suffix: str) -> None:
-    """SIGKILL the allocation's dmlctl steps whose names hold ``suffix`` (``-PID-``:
-    those of one dmlctl process). Never raises."""
-    _kill_steps(job_id, conf, lambda name: name.startswith("dmlctl-") and suffix in name)
+def cancel_steps(job_id: str, conf: str | None, pid: int) -> None:
+    """SIGKILL the allocation's steps that dmlctl process ``pid`` started (named
+    ``dmlctl-…-PID-N``). Never raises."""
+    mine = re.compile(rf"dmlctl-.*-{pid}-\d+")
+    _kill_steps(job_id, conf, lambda name: mine.fullmatch(name) is not None)
 
 
 def _kill_steps(job_id: str, conf: str | None, chosen: Callable[[str], bool]) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from rich.console import Console
 
 from dmlctl.errors import PlanError
 from dmlctl.launch import slurm_scheduler
+from dmlctl.runs.store import RunStore
 from dmlctl.slurm import allocation, enclosing, steps
 from dmlctl.slurm.allocation import Allocation, Granted, JobState
 from dmlctl.spec.slurm import SlurmSpec
@@ -88,7 +90,10 @@ def test_the_end_of_a_run_leaves_the_enclosing_allocation_to_its_owner(
 ) -> None:
     ran: list[list[str]] = []
     me = os.getpid()
-    listed = f"77.1|dmlctl-agent-node-0-{me}-3\n77.2|dmlctl-agent-node-0-1-3\n77.3|train\n"
+    listed = (
+        f"77.1|dmlctl-agent-node-0-{me}-3\n77.2|dmlctl-agent-node-0-1-3\n77.3|train\n"
+        f"77.4|dmlctl-agent-node-{me}-7-2\n"  # another process's, on a node named like the pid
+    )
 
     def best_effort(argv: list[str], conf: str | None, timeout: float = 0) -> str:
         ran.append(argv)
@@ -116,7 +121,6 @@ def test_stop_leaves_the_allocation_dmlctl_ran_inside(
     nothing of the one it ran inside; it says what became of each."""
     from dmlctl.launch.options import LaunchOptions
     from dmlctl.runs import control
-    from dmlctl.runs.store import RunStore
 
     monkeypatch.setattr(control, "stop_run", lambda run, timeout: "run r stopped")
     monkeypatch.setattr(allocation, "state", lambda job, conf: JobState("RUNNING"))
@@ -136,3 +140,79 @@ def test_stop_leaves_the_allocation_dmlctl_ran_inside(
     assert cancelled == []
     own = Allocation("78", {"a": "lab-4"}, sbatch=("sbatch",))
     assert stop(own) == "run r stopped; Slurm job 78 cancelled" and cancelled == ["78"]
+
+
+def test_only_a_job_of_the_cluster_file_s_slurm_is_taken(
+    inside: list[list[str]], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """SLURM_JOB_ID of another cluster (the cluster file names another slurm.conf) is
+    not looked up there: a new allocation is asked for."""
+    mine, other = tmp_path / "mine.conf", tmp_path / "other.conf"
+    monkeypatch.setenv("SLURM_CONF", str(mine))
+    assert enclosing.enclosing_job(str(mine)) == "77" and enclosing.enclosing_job(None) == "77"
+    assert enclosing.enclosing_job(str(other)) is None
+    assert ask(SlurmSpec(nodes=2, conf=str(other)))[0].job_id == "78" and len(inside) == 1
+
+
+def test_a_stale_job_id_is_refused_at_slurm_allocation_and_request_keys_are_said_unused(
+    inside: list[list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, _, said = ask(SlurmSpec(nodes=2, partition="gpu", time="30"))
+    assert "slurm.partition, slurm.time: not used inside Slurm job 77" in said
+    monkeypatch.setattr(enclosing, "state", lambda job, conf: JobState("GONE"))
+    with pytest.raises(PlanError) as gone:
+        ask(SlurmSpec(nodes=2))
+    assert gone.value.path == ("slurm", "allocation")
+    assert "SLURM_JOB_ID says dmlctl runs inside Slurm job 77, which is gone" in str(gone.value)
+    assert "slurm.allocation: new asks for an allocation of its own" in str(gone.value)
+
+
+def test_a_run_inside_a_requeued_allocation_is_not_resumed_on_nodes_it_lost(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from dmlctl.errors import UsageError
+
+    monkeypatch.setattr(enclosing, "state", lambda job, conf: JobState("RUNNING", "", "x"))
+    monkeypatch.setattr(enclosing, "hostnames", lambda nodelist, conf: ["lab-7", "lab-8"])
+    where = Allocation("77", {"node-0": "lab-4", "node-1": "lab-8"}, owned=False)
+    with pytest.raises(UsageError, match=r"runs on lab-7, lab-8 now, without the run's lab-4"):
+        enclosing.require_nodes(where, "run r cannot be resumed")
+    enclosing.require_nodes(dataclasses.replace(where, nodes={"node-0": "lab-8"}), "ok")
+
+
+def test_status_says_no_time_left_for_a_job_without_a_limit(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from dmlctl.launch.options import LaunchOptions
+
+    then = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() + 3605))
+    limit = ["30:00"]
+    monkeypatch.setattr(
+        allocation, "state", lambda job, conf: JobState("RUNNING", "", "x", then, limit[0])
+    )
+    plan = dataclasses.replace(make_plan(tmp_path, [1]), allocation=Allocation("9", {"a": "n"}))
+    consoles = (Console(file=io.StringIO()), Console(file=io.StringIO()))
+    scheduler = slurm_scheduler.SlurmScheduler(LaunchOptions(), consoles, SlurmSpec(), plan)
+    run = RunStore(tmp_path / "home").create("r")
+    where = scheduler.describe(run)[0]
+    assert where.startswith("where: Slurm job 9, running, 1:00:0") and f"(ends {then})" in where
+    limit[0] = "UNLIMITED"  # its end time is a year ahead: nothing said
+    assert scheduler.describe(run)[0] == "where: Slurm job 9, running"
+
+
+def test_requeue_inside_an_allocation_is_refused_by_a_dry_run_too(
+    inside: list[list[str]], tmp_path: Path
+) -> None:
+    from dmlctl.launch.options import LaunchOptions
+    from dmlctl.plan.placing import place_job
+    from dmlctl.spec.models import ClusterSpec, JobSpec
+
+    spec = SlurmSpec(nodes=2, requeue=True)
+    cluster = ClusterSpec.model_validate({"scheduler": "slurm", "slurm": spec.model_dump()})
+    job = JobSpec.model_validate({"script": "train.py"})
+    consoles = (Console(file=io.StringIO()), Console(file=io.StringIO()))
+    scheduler = slurm_scheduler.SlurmScheduler(LaunchOptions(dry_run=True), consoles, spec)
+    with pytest.raises(PlanError) as refused:
+        scheduler.gather(job, cluster, place_job(cluster, job))
+    assert refused.value.path == ("slurm", "requeue")
+    assert inside == []
