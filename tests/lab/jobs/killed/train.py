@@ -8,6 +8,7 @@ import signal
 import dmlctl
 
 ctx = dmlctl.init()
+ctx.barrier()  # both ranks connected: gloo's init lets one finish before the other has
 attempt = int(os.environ.get("DMLCTL_ATTEMPT", "1"))
 for step in range(1, 4):
     ctx.log(step=step, loss=1.0 / step)
