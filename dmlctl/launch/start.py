@@ -61,7 +61,8 @@ def create_run(
             run.specs / "cluster.yaml", _spec_copy(cluster, options.cluster_file, redactor)
         )
         setup = job.setup if job.setup and redactor.text(job.setup) != job.setup else None
-        run.write_plan(plan.to_dict(), {h.name: {*job.env, *h.env} for h in hosts}, setup)
+        keys = {h.name: {*job.env, *h.env} for h in hosts}
+        run.write_plan(plan.to_dict(), keys, setup, redactor.text)
         run.write_state(
             new_run_state(
                 plan.run_id,

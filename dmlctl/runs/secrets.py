@@ -10,7 +10,7 @@ back when it starts from the run directory (``--detach``, ``--resume``).
 from __future__ import annotations
 
 import copy
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from dmlctl.redact import REDACTED, redact_arg
@@ -30,20 +30,32 @@ when the stored ``job.yaml`` shows it redacted (a password in a URL, a known sec
 a Slurm requeue runs it again on the new nodes."""
 
 
+SLURM_SETUP = ":slurm.setup"
+"""The entry that holds the cluster's ``slurm.setup`` (under ``"commands"``) when
+``plan.json``'s allocation shows it redacted."""
+
+
 def real_setup(secrets: Mapping[str, Mapping[str, str]]) -> str | None:
     """The job's real ``setup`` kept in ``secrets`` (None: the stored one is real)."""
     return secrets.get(SETUP, {}).get("commands")
 
 
 def split(
-    plan: Mapping[str, Any], keys: Mapping[str, Collection[str]]
+    plan: Mapping[str, Any],
+    keys: Mapping[str, Collection[str]],
+    redact: Callable[[str], str] = lambda text: text,
 ) -> tuple[dict[str, Any], Secrets]:
     """``plan`` (a plan's JSON data) with the env values named by ``keys`` (host →
-    variable names) replaced by ``<redacted>``, and the script arguments that hold a
+    variable names) replaced by ``<redacted>``, the script arguments that hold a
     secret (:func:`~dmlctl.redact.redact_arg`: ``--token=…``, a bare token, a URL's
-    password) shown redacted; and the real values."""
+    password) shown redacted, and the Slurm allocation's ``setup`` as ``redact``
+    shows it; and the real values."""
     data = copy.deepcopy(dict(plan))
     secrets: Secrets = {}
+    where = data.get("allocation") or {}
+    if (setup := where.get("setup")) and (shown := redact(setup)) != setup:
+        secrets[SLURM_SETUP] = {"commands": setup}
+        where["setup"] = shown
     args = _hide_args("job", data)
     for host in (*data.get("hosts", ()), *data.get("spares", ())):
         env = host.get("env", {})
@@ -74,6 +86,8 @@ def _hide_args(where: str, holder: dict[str, Any]) -> dict[str, str]:
 def merge(plan: Mapping[str, Any], secrets: Mapping[str, Mapping[str, str]]) -> dict[str, Any]:
     """The inverse of :func:`split`."""
     data = copy.deepcopy(dict(plan))
+    if data.get("allocation") and SLURM_SETUP in secrets:
+        data["allocation"]["setup"] = secrets[SLURM_SETUP]["commands"]
     args = secrets.get(ARGS, {})
     _put_args(data, "job", args)
     for host in (*data.get("hosts", ()), *data.get("spares", ())):

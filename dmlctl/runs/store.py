@@ -32,7 +32,7 @@ import re
 import secrets
 import shutil
 import time
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -268,11 +268,13 @@ class RunDir:
         plan: Mapping[str, Any],
         secret_keys: Mapping[str, Collection[str]],
         setup: str | None = None,
+        redact: Callable[[str], str] = lambda text: text,
     ) -> None:
         """``plan.json`` with the env values named by ``secret_keys`` (host → variable
-        names) redacted, and those values in ``secrets.json`` (:mod:`dmlctl.runs.secrets`),
-        with the job's real ``setup`` when its stored copy shows it redacted."""
-        data, hidden = run_secrets.split(plan, secret_keys)
+        names) redacted and the Slurm allocation's setup as ``redact`` shows it, and the
+        real ones in ``secrets.json`` (:mod:`dmlctl.runs.secrets`), with the job's real
+        ``setup`` when its stored copy shows it redacted."""
+        data, hidden = run_secrets.split(plan, secret_keys, redact)
         if setup is not None:
             hidden[run_secrets.SETUP] = {"commands": setup}
         self.write_json(self.secrets, hidden)

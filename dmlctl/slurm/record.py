@@ -19,18 +19,22 @@ PENDING = "allocation.pending"
 
 def recorded(run_dir: Path, planned: Allocation | None) -> Allocation | None:
     """The run's allocation now: the one a requeue recorded in ``run_dir``, else the
-    planned one (also when the record cannot be read)."""
+    planned one (also when the record cannot be read). Its ``setup`` is the planned
+    one's (the record keeps none: it may hold a secret, and a requeue never changes
+    it)."""
     try:
         data = json.loads((run_dir / CURRENT).read_text(encoding="utf-8"))
-        return Allocation.from_dict(data)
+        where = Allocation.from_dict(data)
     except (OSError, ValueError, KeyError, TypeError):
         return planned
+    return dataclasses.replace(where, setup=planned.setup if planned is not None else None)
 
 
 def record(run_dir: Path, where: Allocation) -> None:
-    """Record ``where`` as the run's allocation (replacing the file whole; OSError
-    when the run directory cannot take it)."""
-    _replace(run_dir / CURRENT, json.dumps(dataclasses.asdict(where), indent=2) + "\n")
+    """Record ``where`` as the run's allocation, without its ``setup`` (replacing the
+    file whole; OSError when the run directory cannot take it)."""
+    data = dataclasses.asdict(dataclasses.replace(where, setup=None))
+    _replace(run_dir / CURRENT, json.dumps(data, indent=2) + "\n")
 
 
 def note_pending(run_dir: Path, job_id: str | None) -> None:

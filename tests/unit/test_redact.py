@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from dmlctl.redact import (
@@ -107,3 +109,27 @@ def test_a_plans_secret_arguments_are_stored_redacted_and_put_back_whole() -> No
     back = secrets.merge(shown, hidden)
     assert back["args"] == args and back["hosts"] == plan["hosts"]
     assert back["spares"] == plan["spares"]
+
+
+def test_a_slurm_setup_with_a_secret_is_stored_redacted_and_put_back_whole(
+    tmp_path: Path,
+) -> None:
+    """The allocation's ``slurm.setup`` in ``plan.json`` is shown as the run's redactor
+    shows it, the real one kept in ``secrets.json``; a requeue's ``allocation.json``
+    keeps no setup, and reads the planned one back."""
+    from dmlctl.runs import secrets
+    from dmlctl.slurm.allocation import Allocation
+    from dmlctl.slurm.record import record, recorded
+
+    setup = "pip install --index-url https://u:pw-in-url@pypi.example/simple x"
+    plan = {"hosts": [], "allocation": {"job_id": "7", "nodes": {}, "setup": setup}}
+    shown, hidden = secrets.split(plan, {}, Redactor().text)
+    assert "pw-in-url" not in str(shown) and "u:<redacted>@pypi" in shown["allocation"]["setup"]
+    assert secrets.merge(shown, hidden)["allocation"]["setup"] == setup
+    plain = {"hosts": [], "allocation": {"job_id": "7", "nodes": {}, "setup": "module load x"}}
+    assert secrets.split(plain, {}, Redactor().text)[1] == {}  # nothing to keep apart
+    planned = Allocation("7", {"a": "n1"}, setup=setup)
+    record(tmp_path, planned.moved("8", {"a": "n2"}))
+    assert "pw-in-url" not in (tmp_path / "allocation.json").read_text()
+    back = recorded(tmp_path, planned)
+    assert back is not None and (back.job_id, back.setup) == ("8", setup)
