@@ -105,6 +105,8 @@ class SlurmScheduler(SshScheduler):
             allocation.cancel(self._job_id, self._spec.conf)
 
     def describe(self, run: RunDir) -> list[str]:
+        """The allocation's job, its state and time left, and each node of it, marked
+        when the run no longer uses it (lost, or set aside)."""
         where = self._plan.allocation if self._plan is not None else None
         if where is None:
             return ["where: unknown (the plan names no Slurm allocation)"]
@@ -118,8 +120,13 @@ class SlurmScheduler(SshScheduler):
             left = seconds_until(now.end_time, time.time()) if limited else None
             if left is not None:  # from the end time: one an administrator moved too
                 said += f", {format_duration(left)} left (ends {now.end_time})"
+        try:
+            used = set(run.read_state().hosts)
+        except DmlctlError:  # no state to say: every node as planned
+            used = set(where.nodes)
         lines = [f"where: Slurm job {where.job_id}, {said}"]
-        lines += [f"  {host}: {node}" for host, node in where.nodes.items()]
+        for host, node in where.nodes.items():
+            lines.append(f"  {host}: {node}" + ("" if host in used else " (not in use)"))
         return lines
 
     def cancel(self, run: RunDir, *, timeout: float) -> str:

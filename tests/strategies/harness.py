@@ -31,6 +31,10 @@ import torch
 from dmlctl.bench import accuracy
 from tests.strategies.pool import Task, free_port, pool, run_in_fresh_processes
 
+HANG_S = 240.0
+"""The longest a pooled task may take: under pytest's timeout (300 s), so that a hang
+fails with every rank's stacks (:meth:`~tests.strategies.pool.RankPool.run`)."""
+
 
 def run_ranks(
     fn: Callable[..., Any],
@@ -62,7 +66,8 @@ def run_ranks(
             if fresh:
                 raw = run_in_fresh_processes(world_size, task, timeout)
             else:
-                raw = pool(world_size).run(task, timeout)
+                # below pytest's own timeout, so that a hang's rank stacks are shown
+                raw = pool(world_size).run(task, min(timeout, HANG_S))
         except AssertionError as exc:
             if "EADDRINUSE" not in str(exc) or attempt == 2:
                 raise

@@ -27,10 +27,13 @@ interpreter has imported) ask :func:`tests.strategies.harness.run_ranks` for
 from __future__ import annotations
 
 import atexit
+import contextlib
+import faulthandler
 import io
 import json
 import os
 import queue
+import signal
 import socket
 import threading
 import time
@@ -47,6 +50,9 @@ _JOIN_S = 5.0
 _TASKS_PER_POOL = 40
 #: How often the parent, waiting for answers, checks that every rank process lives.
 _POLL_S = 0.5
+STACKS_SIGNAL = signal.SIGUSR1
+"""Makes a rank process print its threads' stacks (dmlctl's ranks take SIGUSR2)."""
+STACKS_WAIT_S = 2.0
 #: How often a pool process checks that the test process that made it is alive.
 _PARENT_POLL_S = 1.0
 #: What the fork server imports once, before it forks any pool process.
@@ -169,6 +175,7 @@ def _end_with_parent(parent: int) -> None:
 def _serve_tasks(rank: int, world_size: int, inbox: Any, results: Any, parent: int) -> None:
     """A pool process: run tasks from ``inbox`` until it sends None."""
     _end_with_parent(parent)
+    faulthandler.register(STACKS_SIGNAL, all_threads=True)  # a hang's stacks, on stderr
     import torch
 
     import dmlctl  # noqa: F401  (imported once, here)
@@ -260,7 +267,20 @@ class RankPool:
             if dead:
                 raise AssertionError(f"rank processes died (rank: exit code): {dead}")
             if time.monotonic() > deadline:
-                raise AssertionError(f"task not done within {timeout:g} s: a hang")
+                self._dump_stacks()
+                raise AssertionError(
+                    f"task not done within {timeout:g} s: a hang (every rank's stacks are "
+                    "in the captured stderr)"
+                )
+
+    def _dump_stacks(self) -> None:
+        """Have every rank process print its threads' stacks to stderr (captured with
+        the test), and give them a moment to."""
+        for p in self._procs:
+            if p.is_alive() and p.pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p.pid, STACKS_SIGNAL)
+        time.sleep(STACKS_WAIT_S)
 
     def kill(self) -> None:
         """End every process of the pool at once (a task may be stuck in it)."""

@@ -198,6 +198,23 @@ def test_status_says_no_time_left_for_a_job_without_a_limit(
     assert where.startswith("where: Slurm job 9, running, 1:00:0") and f"(ends {then})" in where
     limit[0] = "UNLIMITED"  # its end time is a year ahead: nothing said
     assert scheduler.describe(run)[0] == "where: Slurm job 9, running"
+    assert scheduler.describe(run)[1:] == ["  a: n"]  # no state yet: as planned
+
+
+def test_status_marks_the_nodes_a_run_no_longer_uses(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from dmlctl.launch.options import LaunchOptions
+    from dmlctl.runs.state import new_run_state
+
+    monkeypatch.setattr(allocation, "state", lambda job, conf: JobState("RUNNING"))
+    where = Allocation("9", {"a": "lab-0", "b": "lab-1", "c": "lab-2"})
+    plan = dataclasses.replace(make_plan(tmp_path, [1, 1, 1]), allocation=where)
+    run = RunStore(tmp_path / "home").create("r")
+    run.write_state(new_run_state("r", "j", "ssgd", [(0, "b", "worker"), (1, "c", "worker")], 0.0))
+    consoles = (Console(file=io.StringIO()), Console(file=io.StringIO()))
+    scheduler = slurm_scheduler.SlurmScheduler(LaunchOptions(), consoles, SlurmSpec(), plan)
+    assert scheduler.describe(run)[1:] == ["  a: lab-0 (not in use)", "  b: lab-1", "  c: lab-2"]
 
 
 def test_requeue_inside_an_allocation_is_refused_by_a_dry_run_too(
