@@ -287,7 +287,7 @@ def _dry_assumed(spec: SlurmSpec) -> tuple[str, ...]:
     if spec.allocation == "enclosing" and (inside := enclosing_job(spec.conf)) is not None:
         said.append(
             f"dmlctl runs inside Slurm job {inside}: the run takes its nodes instead of "
-            "the request below (slurm.allocation: new asks for it)"
+            f"the request below ({NEW})"
         )
     if spec.is_range:
         said.append(

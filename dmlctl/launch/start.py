@@ -60,9 +60,8 @@ def create_run(
         run.write_text(
             run.specs / "cluster.yaml", _spec_copy(cluster, options.cluster_file, redactor)
         )
-        setup = job.setup if job.setup and redactor.text(job.setup) != job.setup else None
         keys = {h.name: {*job.env, *h.env} for h in hosts}
-        run.write_plan(plan.to_dict(), keys, setup, redactor.text)
+        run.write_plan(plan.to_dict(), keys, redactor.text, job.setup)
         run.write_state(
             new_run_state(
                 plan.run_id,

@@ -40,22 +40,34 @@ def real_setup(secrets: Mapping[str, Mapping[str, str]]) -> str | None:
     return secrets.get(SETUP, {}).get("commands")
 
 
+def _keep_apart(
+    secrets: Secrets, entry: str, text: str | None, redact: Callable[[str], str]
+) -> str | None:
+    """``text`` as ``redact`` shows it; the real one kept in ``secrets[entry]`` when
+    that differs."""
+    if not text or (shown := redact(text)) == text:
+        return text
+    secrets[entry] = {"commands": text}
+    return shown
+
+
 def split(
     plan: Mapping[str, Any],
     keys: Mapping[str, Collection[str]],
     redact: Callable[[str], str] = lambda text: text,
+    job_setup: str | None = None,
 ) -> tuple[dict[str, Any], Secrets]:
     """``plan`` (a plan's JSON data) with the env values named by ``keys`` (host →
     variable names) replaced by ``<redacted>``, the script arguments that hold a
     secret (:func:`~dmlctl.redact.redact_arg`: ``--token=…``, a bare token, a URL's
     password) shown redacted, and the Slurm allocation's ``setup`` as ``redact``
-    shows it; and the real values."""
+    shows it; and the real values, with the job's ``job_setup`` when ``redact``
+    changes it (the stored job shows it redacted)."""
     data = copy.deepcopy(dict(plan))
     secrets: Secrets = {}
-    where = data.get("allocation") or {}
-    if (setup := where.get("setup")) and (shown := redact(setup)) != setup:
-        secrets[SLURM_SETUP] = {"commands": setup}
-        where["setup"] = shown
+    _keep_apart(secrets, SETUP, job_setup, redact)
+    if where := data.get("allocation"):
+        where["setup"] = _keep_apart(secrets, SLURM_SETUP, where.get("setup"), redact)
     args = _hide_args("job", data)
     for host in (*data.get("hosts", ()), *data.get("spares", ())):
         env = host.get("env", {})

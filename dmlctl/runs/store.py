@@ -267,16 +267,14 @@ class RunDir:
         self,
         plan: Mapping[str, Any],
         secret_keys: Mapping[str, Collection[str]],
-        setup: str | None = None,
         redact: Callable[[str], str] = lambda text: text,
+        job_setup: str | None = None,
     ) -> None:
         """``plan.json`` with the env values named by ``secret_keys`` (host → variable
         names) redacted and the Slurm allocation's setup as ``redact`` shows it, and the
         real ones in ``secrets.json`` (:mod:`dmlctl.runs.secrets`), with the job's real
-        ``setup`` when its stored copy shows it redacted."""
-        data, hidden = run_secrets.split(plan, secret_keys, redact)
-        if setup is not None:
-            hidden[run_secrets.SETUP] = {"commands": setup}
+        ``job_setup`` when ``redact`` changes it."""
+        data, hidden = run_secrets.split(plan, secret_keys, redact, job_setup)
         self.write_json(self.secrets, hidden)
         self.write_json(self.plan, data)
 

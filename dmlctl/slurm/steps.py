@@ -1,12 +1,23 @@
-"""Ending steps of an allocation by their names (``srun --job-name``): one step whose
-node may not answer, or every step one dmlctl process started."""
+"""The names of dmlctl's steps in an allocation (``srun --job-name``:
+``dmlctl-WHAT-PID-N``, unique to one step of one dmlctl process), and ending steps by
+those names: one step whose node may not answer, or every step one process started."""
 
 from __future__ import annotations
 
+import itertools
+import os
 import re
 from collections.abc import Callable
 
 from dmlctl.slurm.commands import best_effort
+
+_numbers = itertools.count(1)
+
+
+def step_name(what: str) -> str:
+    """A step name no other step of this process has (so that ending one step never
+    ends another, such as a host's standby agent beside its agent)."""
+    return f"dmlctl-{what}-{os.getpid()}-{next(_numbers)}"
 
 
 def cancel_step(job_id: str, step_name: str, conf: str | None) -> None:
@@ -15,8 +26,8 @@ def cancel_step(job_id: str, step_name: str, conf: str | None) -> None:
 
 
 def cancel_steps(job_id: str, conf: str | None, pid: int) -> None:
-    """SIGKILL the allocation's steps that dmlctl process ``pid`` started (named
-    ``dmlctl-…-PID-N``). Never raises."""
+    """SIGKILL the allocation's steps that dmlctl process ``pid`` started (named by
+    :func:`step_name` there). Never raises."""
     mine = re.compile(rf"dmlctl-.*-{pid}-\d+")
     _kill_steps(job_id, conf, lambda name: mine.fullmatch(name) is not None)
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import itertools
 import os
 import signal
 import threading
@@ -121,7 +120,7 @@ class SrunTransport:
         cwd: str | None = None,
         input: bytes | None = None,
     ) -> Result:
-        step = _step_name(f"dmlctl-{self.host}")
+        step = steps.step_name(self.host)
         full = self.node.command(argv, cwd, step)
         result = self._local.run(full, timeout=timeout, input=input, env=slurm_env(self.node.conf))
         if result.exit_code == 124:  # srun outlived its timeout: its step goes too
@@ -130,17 +129,8 @@ class SrunTransport:
         return dataclasses.replace(result, argv=tuple(argv))  # what was asked, not srun's
 
     def start(self, argv: Sequence[str], *, cwd: str | None = None) -> SrunProcess:
-        step = _step_name(f"dmlctl-agent-{self.host}")
+        step = steps.step_name(f"agent-{self.host}")
         return SrunProcess(self.host, self.node, self.node.command(argv, cwd, step), step)
-
-
-_steps = itertools.count(1)
-
-
-def _step_name(prefix: str) -> str:
-    """A step name no other step of this controller has (so that ending one step never
-    ends another, such as a host's standby agent beside its agent)."""
-    return f"{prefix}-{os.getpid()}-{next(_steps)}"
 
 
 def transports_for(

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from dmlctl.errors import ProvisionError
-from dmlctl.failure import CONTROLLER, Kind
+from dmlctl.failure import CONTROLLER, Failure, Kind
 from dmlctl.launch import requeue
 from dmlctl.launch.end_warning import EndWarning
 from dmlctl.launch.requeue import Reallocation
@@ -99,11 +99,18 @@ def supervise(tmp_path: Path, state: str) -> tuple[ScriptedAllocation, Superviso
     return realloc, sup, sup.run()
 
 
-def test_an_allocation_preempted_with_requeue_goes_on_on_a_new_one(tmp_path: Path) -> None:
-    realloc, sup, state = supervise(tmp_path, "PREEMPTED")
+def requeued_once(state: RunState, realloc: ScriptedAllocation) -> Failure:
+    """The run succeeded after one restart on one new allocation; the end that asked
+    for it (the controller's ``AllocationRequeued``)."""
     assert state.phase is Phase.SUCCEEDED and realloc.asked == 1 and state.restarts == 1
     (cause,) = [f for f in state.failures if f.kind is Kind.REQUEUED]
     assert cause.exc_type == "AllocationRequeued" and cause.host == CONTROLLER
+    return cause
+
+
+def test_an_allocation_preempted_with_requeue_goes_on_on_a_new_one(tmp_path: Path) -> None:
+    realloc, sup, state = supervise(tmp_path, "PREEMPTED")
+    cause = requeued_once(state, realloc)
     assert cause.message == (
         "Slurm job 10 preempted: every rank in it was stopped; slurm.requeue asks for a new "
         "one while restart.max_infra_restarts allows"
@@ -162,9 +169,7 @@ def test_a_time_limit_warned_of_stops_the_ranks_and_asks_again_at_once(tmp_path:
     assert warning.check() == 10.0 and realloc.warned == "10"  # 25 s left: posted
     assert warning.check() == 10.0  # once per job
     state = sup.run()
-    assert state.phase is Phase.SUCCEEDED and realloc.asked == 1 and state.restarts == 1
-    (cause,) = [f for f in state.failures if f.kind is Kind.REQUEUED]
-    assert cause.exc_type == "AllocationRequeued" and cause.host == CONTROLLER
+    cause = requeued_once(state, realloc)
     assert cause.message == (
         "Slurm job 10 reaches its time limit in 25 s (slurm.warn_before_end: 30): its ranks "
         "were stopped to save; a new allocation is asked for (slurm.requeue)"
@@ -204,7 +209,7 @@ def test_a_standby_agent_warm_on_an_old_node_never_runs_the_next_attempt(
     runner.join(20)
     assert done, "the next attempt ran on an old node's standby agent and never ended"
     state = done[0]
-    assert state.phase is Phase.SUCCEEDED and realloc.asked == 1 and state.restarts == 1
+    requeued_once(state, realloc)
     for t in old.values():
         first, spare = t.processes
         assert first.sent and spare.sent == []  # the standby never got a configuration

@@ -48,6 +48,7 @@ OPTIMIZERS = ("adamw", "nesterov")
 PLAIN_SGD = "sgd"
 """Plain SGD (lr 2, AdaDelay's step from the AdamW default): asked for by name only,
 to compare adadelay, which replaces the optimizer with plain SGD, with its own kind."""
+CHOICES = (*OPTIMIZERS, PLAIN_SGD)
 VOCAB = " .,abcdefghijklmnopqrstuvwxyz"
 SEQ = 32
 STRIDE = 8
@@ -200,8 +201,7 @@ def optimizer(name: str, params: Any) -> torch.optim.Optimizer:
         return torch.optim.SGD(params, lr=0.5, momentum=0.9, nesterov=True)
     if name == PLAIN_SGD:
         return torch.optim.SGD(params, lr=2.0)
-    valid = ", ".join((*OPTIMIZERS, PLAIN_SGD))
-    raise ValueError(f"optimizer must be one of {valid}, got {name!r}")
+    raise ValueError(f"optimizer must be one of {', '.join(CHOICES)}, got {name!r}")
 
 
 def schedule(opt: torch.optim.Optimizer, steps: int) -> torch.optim.lr_scheduler.LambdaLR:
@@ -265,7 +265,7 @@ def main() -> None:
     run_script(
         __doc__ or "",
         train,
-        (*OPTIMIZERS, PLAIN_SGD),
+        CHOICES,
         epochs=EPOCHS,
         batch=GLOBAL_BATCH,
         batch_help="global batch (windows)",
