@@ -79,18 +79,12 @@ class Failure:
         return f"{who} on {self.host}: {self.exc_type}: {self.message}"
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form (:func:`failure_from_dict` reads it back)."""
-        return {
-            "host": self.host,
-            "rank": self.rank,
-            "exc_type": self.exc_type,
-            "message": self.message,
-            "traceback": list(self.traceback),
-            "ts": self.ts,
-            "kind": self.kind.value,
-            "evidence": self.evidence.value,
-            "collateral": self.collateral,
-        }
+        """JSON-ready form (:func:`failure_from_dict` reads it back): every field by its
+        name, the traceback a list and the two enums their values."""
+        out = dataclasses.asdict(self)
+        out.update(traceback=list(self.traceback), kind=self.kind.value)
+        out.update(evidence=self.evidence.value)
+        return out
 
 
 CONTROLLER = "controller"

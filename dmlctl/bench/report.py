@@ -123,6 +123,12 @@ class Sweep:
     warmup: int
     factor: int = DEFAULT_FACTOR
 
+    @classmethod
+    def parse(cls, min_bytes: str, max_bytes: str, iters: int, warmup: int) -> Sweep:
+        """The sweep of a bench's ``--min-bytes``/``--max-bytes`` texts (:func:`parse_size`)
+        and ``--iters``/``--warmup``; :class:`UsageError` for any bad one."""
+        return cls(parse_size(min_bytes), parse_size(max_bytes), iters, warmup)
+
     def __post_init__(self) -> None:
         size_sweep(self.min_bytes, self.max_bytes, self.factor)
         if self.iters < 1 or self.warmup < 0:

@@ -1,16 +1,23 @@
-"""Small helpers shared by the CLI commands (consoles, the run store)."""
+"""Small helpers shared by the CLI commands (consoles, the run store, ``--cluster``)."""
 
 from __future__ import annotations
 
 import sys
 from typing import TYPE_CHECKING
 
+import typer
 from rich.console import Console
 
 from dmlctl.errors import UsageError
 
 if TYPE_CHECKING:
     from dmlctl.spec.models import ClusterSpec
+
+CLUSTER_OPTION = typer.Option(
+    None, "--cluster", "-c", help="Cluster spec; default: this machine, one worker per core."
+)
+"""``--cluster FILE`` of the commands that run on a cluster file or else on this machine
+(``launch``, ``bench comm``, ``bench advise``)."""
 
 # Pipes and files get wide, untruncated lines (run ids, log lines); a terminal its width.
 PIPE_WIDTH = 200

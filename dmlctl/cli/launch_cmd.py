@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Optional
 
 import typer
 
-from dmlctl.cli.common import check_connect_timeout, stderr_console, stdout_console
+from dmlctl.cli.common import CLUSTER_OPTION, check_connect_timeout, stderr_console, stdout_console
 
 if TYPE_CHECKING:
     from dmlctl.spec import ClusterSpec
@@ -25,9 +25,7 @@ def launch(
     resume: Optional[str] = typer.Option(  # noqa: UP045
         None, "--resume", help="Continue RUN, whose controller died, from its checkpoints."
     ),
-    cluster: Optional[Path] = typer.Option(  # noqa: UP045 - typer needs Optional
-        None, "--cluster", "-c", help="Cluster spec; default: this machine, one worker per core."
-    ),
+    cluster: Optional[Path] = CLUSTER_OPTION,  # noqa: UP045 - typer needs Optional
     workers: Optional[int] = typer.Option(  # noqa: UP045
         None, "--workers", "-n", help="Number of workers (overrides the job file)."
     ),

@@ -1,119 +1,63 @@
 """Push/pull messages between worker ranks and parameter-server ranks.
 
-Two roles, two small classes, so the transport can be replaced later without touching
-the server or the worker-side strategy:
+Two roles, two small classes, so the transport can be replaced without touching the
+server or the worker-side strategy:
 
 * :class:`WorkerChannel` — a worker pushes gradients for shards, pulls fresh shard
   parameters, and says DONE.
 * :class:`ServerChannel` — a server receives the next message from *any* worker and
   replies to pulls.
 
-This module's implementation is ``torch.distributed`` point-to-point (gloo; no RPC).
-Wire protocol (all messages of one (sender, receiver) pair arrive in order per tag):
+The messages travel on TCP connections of the channel's own (:mod:`dmlctl.ps.frames`:
+one connection per (worker, server), a server found through the run's store), not on
+the torch.distributed group: a connection can end without breaking anybody else's.
+Every message is one frame, a header ``(op, rank, clock, shard_id, extra, size, lr)``
+and ``size`` payload bytes; the messages of one connection arrive in order.
 
-* **Header**: int64 tensor ``[op, worker_rank, clock, shard_id, extra, size, lr]``, tag
-  :data:`HEADER_TAG`, worker → server. The server receives headers with
-  ``dist.recv(header, tag=HEADER_TAG)`` and no ``src``: gloo receives from any
-  source and returns the sender's rank (checked against gloo in torch 2.13).
-* **PUSH**: the header, then the shard's flat update (the shard's dtype, ``numel``
-  elements; with a push filter its encoded bytes, ``size`` of them, see
-  :mod:`dmlctl.ps.codec`) with tag :func:`push_tag`. The server applies it; with
-  ``extra = 1`` it
-  then treats the header as a PULL too (push and read in one step, see
-  :meth:`WorkerChannel.push`).
-* **PULL**: the header only. The server answers — at once, or for stale synchronous
-  parallel once the slowest worker is close enough — with a reply header
-  ``[PULL_REPLY, server_rank, version, shard_id, min_clock]`` (tag
-  :func:`reply_header_tag`) and the shard's flat parameters (tag
-  :func:`reply_payload_tag`). The worker posts both receives *before* it sends the
-  PULL header, so the server's blocking sends always find a posted receive.
-* **DONE**: the header only: this worker pushes nothing more for now (it no longer
-  holds back stale-synchronous readers); a later PUSH revokes it.
-* **CLOSE**: the header only: this worker sends nothing more at all.
-* **SNAPSHOT**: the header only; the server answers with a header
-  ``[SNAPSHOT_REPLY, server_rank, nbytes, -1, 0]`` (tag :data:`BLOB_HEADER_TAG`) and
-  its state as ``nbytes`` uint8 (tag :data:`BLOB_TAG`).
-* **RESTORE**: the header with ``extra = nbytes``, then the state as uint8 (tag
-  :data:`BLOB_TAG`); the server answers with a SNAPSHOT_REPLY header of 0 bytes
-  once it has loaded the state (an acknowledgement).
+* **HELLO**: a worker's first frame on a connection: its rank (see
+  :mod:`dmlctl.ps.frames`, which also holds the kinds, :class:`Op`).
+* **PUSH**: the shard's flat update as payload (the shard's dtype, ``numel``
+  elements; with a push filter its encoded bytes, see :mod:`dmlctl.ps.codec`). The
+  server applies it; with ``extra = 1`` it then treats the header as a PULL too (push
+  and read in one step, see :meth:`WorkerChannel.push`).
+* **PULL**: no payload. The server answers — at once, or for stale synchronous
+  parallel once the slowest worker is close enough — with ``PULL_REPLY``:
+  ``clock`` = the shard's version, ``extra`` = the slowest unfinished worker's clock,
+  the shard's flat parameters as payload.
+* **DONE**: this worker pushes nothing more for now (it no longer holds back
+  stale-synchronous readers); a later PUSH revokes it.
+* **CLOSE**: this worker sends nothing more at all (its connections then end).
+* **SNAPSHOT**: the server answers ``SNAPSHOT_REPLY`` with its state as payload.
+* **RESTORE**: the state as payload; the server answers an empty ``SNAPSHOT_REPLY``
+  once it has loaded it (an acknowledgement).
 
-Empty shards (``numel == 0``) carry no payload message in either direction.
-Several shards are pushed or pulled concurrently: every send and receive of a call
-is posted with ``isend``/``irecv`` first, then all are waited on.
+A connection that ends before its worker said CLOSE (the worker died) makes the
+server's :meth:`ServerChannel.receive` raise :class:`~dmlctl.ps.frames.ConnectionLost`
+naming that worker; a server that dies does the same to its workers' calls.
 """
 
 from __future__ import annotations
 
-import enum
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 import torch
-import torch.distributed as dist
+
+from dmlctl.ps import frames
+from dmlctl.ps.frames import NO_LR, Connection, ConnectionLost, Fields, Op
 
 if TYPE_CHECKING:
     from dmlctl.ps.codec import PushCodec
 
-HEADER_TAG = 0
-HEADER_LEN = 7
-NO_LR = float("nan")
-"""The ``lr`` slot of a header that carries none."""
-BLOB_HEADER_TAG = 1_000_001
-BLOB_TAG = 1_000_002
+__all__ = ["Message", "Op", "Pulled", "ServerChannel", "ServerTransport", "WorkerChannel"]
 
 
-class Op(enum.IntEnum):
-    """Message kinds (the first element of a header)."""
-
-    PUSH = 1
-    PULL = 2
-    DONE = 3
-    PULL_REPLY = 4
-    CLOSE = 5
-    SNAPSHOT = 6
-    SNAPSHOT_REPLY = 7
-    RESTORE = 8
-
-
-def push_tag(shard_id: int) -> int:
-    """Tag of a PUSH payload for ``shard_id`` (distinct from every other tag)."""
-    return 1 + 3 * shard_id
-
-
-def reply_header_tag(shard_id: int) -> int:
-    """Tag of the reply header the server sends for a PULL of ``shard_id``."""
-    return 2 + 3 * shard_id
-
-
-def reply_payload_tag(shard_id: int) -> int:
-    """Tag of the flat parameters the server sends for a PULL of ``shard_id``."""
-    return 3 + 3 * shard_id
-
-
-def _wait_all(works: Sequence[dist.Work | None]) -> None:
-    """Wait on every started operation (``None`` means this rank is not in the
-    default group, which the channel never does)."""
-    for work in works:
-        if work is None:
-            raise RuntimeError("point-to-point operation outside the process group")
-        work.wait()
-
-
-def _header(
-    op: Op, rank: int, clock: int, shard_id: int, extra: int = 0, lr: float = NO_LR, size: int = 0
-) -> torch.Tensor:
-    """A header; ``lr`` travels as the bits of a float64 in the last slot, ``size`` is
-    an encoded push's byte count."""
-    bits = int(torch.tensor([lr], dtype=torch.float64).view(torch.int64).item())
-    return torch.tensor([int(op), rank, clock, shard_id, extra, size, bits], dtype=torch.int64)
-
-
-def _header_lr(header: torch.Tensor) -> float | None:
-    """The learning rate a header carries (None: none)."""
-    lr = float(header[-1:].view(torch.float64).item())
-    return None if math.isnan(lr) else lr
+def _fields(
+    op: Op, rank: int, clock: int, shard_id: int = -1, extra: int = 0, lr: float = NO_LR
+) -> Fields:
+    return (int(op), rank, clock, shard_id, extra, lr)
 
 
 @dataclass(frozen=True)
@@ -147,7 +91,8 @@ class WorkerChannel:
 
     ``shard_servers[s]`` is the rank of the server that holds shard ``s`` and
     ``shard_numel[s]`` its number of elements; every shard has dtype ``dtype``.
-    ``bytes_sent`` counts payload bytes this worker sent (headers excluded).
+    ``bytes_sent`` counts payload bytes this worker sent (headers excluded). The
+    connection to a server is made at the first message for it.
     """
 
     def __init__(
@@ -173,6 +118,9 @@ class WorkerChannel:
         """The distinct server ranks, sorted."""
         return sorted(set(self.shard_servers))
 
+    def _conn(self, server: int) -> Connection:
+        return frames.connection(self.rank, server)
+
     def push(
         self,
         grads: Mapping[int, torch.Tensor],
@@ -182,20 +130,18 @@ class WorkerChannel:
         lr: float | None = None,
         references: Mapping[int, torch.Tensor] | None = None,
     ) -> dict[int, Pulled]:
-        """Send the flat update ``grads[s]`` for each shard ``s`` to its server, all
-        concurrently; returns once every send completed. Each update must have the
-        shard's ``numel`` elements (it is flattened and cast to ``dtype``). Every
-        header carries ``clock`` (or ``clock[s]``, one per shard) and ``lr`` when given
-        (servers that run the worker's optimizer follow its schedule).
-        ``references[s]``: shard ``s``'s flat parameters, for a push filter that
-        measures changes against them (``threshold``)
+        """Send the flat update ``grads[s]`` for each shard ``s`` to its server;
+        returns once every one is sent. Each update must have the shard's ``numel``
+        elements (it is flattened and cast to ``dtype``). Every header carries
+        ``clock`` (or ``clock[s]``, one per shard) and ``lr`` when given (servers that
+        run the worker's optimizer follow its schedule). ``references[s]``: shard
+        ``s``'s flat parameters, for a push filter that measures changes against them
+        (``threshold``).
 
         With ``pull``, each PUSH also asks for the shard back (header ``extra = 1``):
         the server queues that read the moment it applies the update, exactly as a
         PULL at ``clock`` arriving right then — no other push can slip in between —
         and this returns the replies like :meth:`pull`; else it returns ``{}``."""
-        replies, works = self._post_replies(list(grads) if pull else [])
-        keep: list[torch.Tensor] = []  # buffers must outlive their sends
         for shard_id, grad in grads.items():
             flat = grad.detach().reshape(-1).to(self.dtype).contiguous()
             if flat.numel() != self.shard_numel[shard_id]:
@@ -206,65 +152,47 @@ class WorkerChannel:
             if self.codec is not None:
                 ref = references.get(shard_id) if references is not None else None
                 flat = self.codec.encode(shard_id, flat, ref)
-            dst = self.shard_servers[shard_id]
             tick = clock if isinstance(clock, int) else clock[shard_id]
             rate = NO_LR if lr is None else lr
-            size = flat.numel() * flat.element_size()
-            header = _header(Op.PUSH, self.rank, tick, shard_id, int(pull), rate, size)
-            keep += [header, flat]
-            works.append(dist.isend(header, dst, tag=HEADER_TAG))
-            if flat.numel():
-                works.append(dist.isend(flat, dst, tag=push_tag(shard_id)))
-                self.bytes_sent += flat.numel() * flat.element_size()
-        _wait_all(works)
-        return self._collect(replies)
+            fields = _fields(Op.PUSH, self.rank, tick, shard_id, int(pull), rate)
+            self._conn(self.shard_servers[shard_id]).send(fields, flat)
+            self.bytes_sent += flat.numel() * flat.element_size()
+        return self._collect(list(grads)) if pull else {}
 
     def pull(self, shard_ids: Sequence[int], clock: int) -> dict[int, Pulled]:
-        """Fresh parameters of every shard in ``shard_ids``, all requested
-        concurrently; the result maps shard id → :class:`Pulled`."""
-        replies, works = self._post_replies(shard_ids)
-        requests = [_header(Op.PULL, self.rank, clock, s) for s in shard_ids]
-        for shard_id, request in zip(shard_ids, requests, strict=True):
-            works.append(dist.isend(request, self.shard_servers[shard_id], tag=HEADER_TAG))
-        _wait_all(works)
-        return self._collect(replies)
-
-    def _post_replies(
-        self, shard_ids: Sequence[int]
-    ) -> tuple[dict[int, tuple[torch.Tensor, torch.Tensor]], list[dist.Work | None]]:
-        """Post the receives of the replies for ``shard_ids`` (before any request, so
-        the server's blocking sends always find them)."""
-        replies: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        works = []
+        """Fresh parameters of every shard in ``shard_ids``, all requested before any
+        answer is read; the result maps shard id → :class:`Pulled`."""
         for shard_id in shard_ids:
-            src = self.shard_servers[shard_id]
-            header = torch.empty(HEADER_LEN, dtype=torch.int64)
-            flat = torch.empty(self.shard_numel[shard_id], dtype=self.dtype)
-            replies[shard_id] = (header, flat)
-            works.append(dist.irecv(header, src, tag=reply_header_tag(shard_id)))
-            if flat.numel():
-                works.append(dist.irecv(flat, src, tag=reply_payload_tag(shard_id)))
-        return replies, works
+            request = _fields(Op.PULL, self.rank, clock, shard_id)
+            self._conn(self.shard_servers[shard_id]).send(request)
+        return self._collect(shard_ids)
 
-    def _collect(
-        self, replies: Mapping[int, tuple[torch.Tensor, torch.Tensor]]
-    ) -> dict[int, Pulled]:
+    def _collect(self, shard_ids: Sequence[int]) -> dict[int, Pulled]:
+        """Read the replies for ``shard_ids`` (from each server, in whatever order it
+        answers them)."""
         out: dict[int, Pulled] = {}
-        for shard_id, (header, flat) in replies.items():
-            op, _, version, got, min_clock, _, _ = (int(v) for v in header.tolist())
-            if op != Op.PULL_REPLY or got != shard_id:
-                raise RuntimeError(f"bad pull reply {header.tolist()} for shard {shard_id}")
-            out[shard_id] = Pulled(version, flat, min_clock)
-            self.bytes_received += flat.numel() * flat.element_size()
+        for server in sorted({self.shard_servers[s] for s in shard_ids}):
+            wanted = {s for s in shard_ids if self.shard_servers[s] == server}
+            conn = self._conn(server)
+            while wanted:
+                header = conn.read_header()
+                if header is None:
+                    raise ConnectionLost(f"{conn.peer}: Connection closed by peer")
+                op, _, version, got, min_clock, size, _ = header
+                expected = self.shard_numel[got] * self.dtype.itemsize if got in wanted else -1
+                if op != Op.PULL_REPLY or size != expected:
+                    raise RuntimeError(f"{conn.peer}: bad pull reply {header} for {wanted}")
+                flat = torch.empty(self.shard_numel[got], dtype=self.dtype)
+                if size:
+                    conn.read_into(flat)
+                out[got] = Pulled(version, flat, min_clock)
+                self.bytes_received += size
+                wanted.discard(got)
         return out
 
     def _tell_servers(self, op: Op, clock: int) -> None:
-        headers = [_header(op, self.rank, clock, -1) for _ in self.servers]
-        works = [
-            dist.isend(h, server, tag=HEADER_TAG)
-            for h, server in zip(headers, self.servers, strict=True)
-        ]
-        _wait_all(works)
+        for server in self.servers:
+            self._conn(server).send(_fields(op, self.rank, clock))
 
     def done(self, clock: int) -> None:
         """Tell every server this worker pushes nothing more for now (a later push
@@ -272,34 +200,35 @@ class WorkerChannel:
         self._tell_servers(Op.DONE, clock)
 
     def close(self, clock: int) -> None:
-        """Tell every server this worker sends nothing more at all; a server ends
-        its loop once every worker closed."""
+        """Tell every server this worker sends nothing more at all, and end the
+        connections; a server ends its loop once every worker closed."""
         self._tell_servers(Op.CLOSE, clock)
+        for server in self.servers:
+            frames.disconnect(server)
 
     def snapshot(self, server: int) -> bytes:
         """The state of ``server`` (its :meth:`ParameterServer.state_dict`,
         serialized) at the moment it handles this request."""
-        reply = torch.empty(HEADER_LEN, dtype=torch.int64)
-        work = dist.irecv(reply, server, tag=BLOB_HEADER_TAG)
-        request = _header(Op.SNAPSHOT, self.rank, 0, -1)
-        _wait_all([dist.isend(request, server, tag=HEADER_TAG), work])
-        nbytes = int(reply[2])
-        blob = torch.empty(nbytes, dtype=torch.uint8)
-        if nbytes:
-            dist.recv(blob, server, tag=BLOB_TAG)
-        return blob.numpy().tobytes()
+        conn = self._conn(server)
+        conn.send(_fields(Op.SNAPSHOT, self.rank, 0))
+        return self._blob_reply(conn).numpy().tobytes()
 
     def restore(self, server: int, state: bytes) -> None:
         """Make ``server`` load ``state`` (as :meth:`snapshot` returned it); returns
         once the server acknowledged."""
-        ack = torch.empty(HEADER_LEN, dtype=torch.int64)
-        work = dist.irecv(ack, server, tag=BLOB_HEADER_TAG)
-        blob = torch.frombuffer(bytearray(state), dtype=torch.uint8)
-        request = _header(Op.RESTORE, self.rank, 0, -1, blob.numel())
-        works = [dist.isend(request, server, tag=HEADER_TAG)]
-        if blob.numel():
-            works.append(dist.isend(blob, server, tag=BLOB_TAG))
-        _wait_all([*works, work])
+        conn = self._conn(server)
+        blob = torch.frombuffer(bytearray(state), dtype=torch.uint8) if state else None
+        conn.send(_fields(Op.RESTORE, self.rank, 0), blob)
+        self._blob_reply(conn)
+
+    @staticmethod
+    def _blob_reply(conn: Connection) -> torch.Tensor:
+        header = conn.read_header()
+        if header is None:
+            raise ConnectionLost(f"{conn.peer}: Connection closed by peer")
+        if header[0] != Op.SNAPSHOT_REPLY:
+            raise RuntimeError(f"{conn.peer}: expected a snapshot reply, got {header}")
+        return conn.payload(header[5])
 
 
 class ServerTransport(Protocol):
@@ -324,7 +253,9 @@ class ServerTransport(Protocol):
 class ServerChannel:
     """The server's end: receive the next message from any worker; reply to pulls.
 
-    ``shard_numel`` maps the shard ids this server holds to their element counts.
+    ``shard_numel`` maps the shard ids this server holds to their element counts. The
+    connections are the process's :class:`~dmlctl.ps.frames.Endpoint`, made (and its
+    address published) at the first message received.
     """
 
     def __init__(
@@ -340,12 +271,12 @@ class ServerChannel:
         self.codec = codec  # decodes every push (the job's push_compression), or None
 
     def receive(self) -> Message:
-        """Block until a header arrives from any rank; for a PUSH also receive its
-        payload from that rank. Raises :class:`RuntimeError` on an unknown op or a
-        shard this server does not hold."""
-        header = torch.empty(HEADER_LEN, dtype=torch.int64)
-        sender = dist.recv(header, tag=HEADER_TAG)
-        raw_op, worker, clock, shard_id, extra, size, _ = (int(v) for v in header.tolist())
+        """Block until a message arrives from any worker. Raises
+        :class:`~dmlctl.ps.frames.ConnectionLost` for a worker whose connection ended
+        before its CLOSE, :class:`RuntimeError` on an unknown op, a header that names
+        another rank, or a shard this server does not hold."""
+        header, raw, sender = frames.endpoint(self.rank).get()
+        raw_op, worker, clock, shard_id, extra, _, lr = header
         try:
             op = Op(raw_op)
         except ValueError:
@@ -355,42 +286,38 @@ class ServerChannel:
         if op in (Op.DONE, Op.CLOSE, Op.SNAPSHOT):
             return Message(op, worker, clock, -1)
         if op is Op.RESTORE:
-            blob = torch.empty(extra, dtype=torch.uint8)
-            if extra:
-                dist.recv(blob, sender, tag=BLOB_TAG)
-            return Message(op, worker, clock, -1, blob)
+            return Message(op, worker, clock, -1, raw)
         if shard_id not in self.shard_numel:
             raise RuntimeError(f"rank {sender} sent {op.name} for shard {shard_id}, not held here")
         if op is Op.PULL:
             return Message(op, worker, clock, shard_id)
         if op is not Op.PUSH:
             raise RuntimeError(f"unexpected op {op.name} from rank {sender}")
-        if self.codec is not None and self.shard_numel[shard_id]:
-            if not 0 < size <= self.codec.nbytes(shard_id):
-                raise RuntimeError(f"rank {sender} pushed {size} bytes for shard {shard_id}")
-            encoded = torch.empty(size, dtype=torch.uint8)
-            dist.recv(encoded, sender, tag=push_tag(shard_id))
-            payload = self.codec.decode(shard_id, encoded, self.dtype)
-        else:
-            payload = torch.empty(self.shard_numel[shard_id], dtype=self.dtype)
-            if payload.numel():
-                dist.recv(payload, sender, tag=push_tag(shard_id))
-        lr = _header_lr(header)
-        return Message(op, worker, clock, shard_id, payload, then_pull=extra == 1, lr=lr)
+        payload = self._decode(sender, shard_id, raw)
+        rate = None if math.isnan(lr) else lr
+        return Message(op, worker, clock, shard_id, payload, then_pull=extra == 1, lr=rate)
+
+    def _decode(self, sender: int, shard_id: int, raw: torch.Tensor) -> torch.Tensor:
+        """A PUSH payload as the shard's flat update (decoded by the push filter)."""
+        numel = self.shard_numel[shard_id]
+        if self.codec is not None and numel:
+            if not 0 < raw.numel() <= self.codec.nbytes(shard_id):
+                raise RuntimeError(f"rank {sender} pushed {raw.numel()} bytes for shard {shard_id}")
+            return self.codec.decode(shard_id, raw, self.dtype)
+        if raw.numel() != numel * self.dtype.itemsize:
+            raise RuntimeError(f"rank {sender} pushed {raw.numel()} bytes for shard {shard_id}")
+        return raw.view(self.dtype)
 
     def reply(
         self, worker: int, shard_id: int, version: int, flat: torch.Tensor, min_clock: int = 0
     ) -> None:
-        """Send ``flat`` (the shard's parameters at ``version``) to ``worker``, which
-        has already posted its receives (see the module docstring)."""
-        header = _header(Op.PULL_REPLY, self.rank, version, shard_id, min_clock)
-        dist.send(header, worker, tag=reply_header_tag(shard_id))
-        if flat.numel():
-            dist.send(flat.contiguous(), worker, tag=reply_payload_tag(shard_id))
+        """Send ``flat`` (the shard's parameters at ``version``) to ``worker``."""
+        fields = _fields(Op.PULL_REPLY, self.rank, version, shard_id, min_clock)
+        frames.endpoint(self.rank).send(worker, fields, flat)
 
     def send_blob(self, worker: int, blob: bytes) -> None:
-        """Answer a SNAPSHOT (or acknowledge a RESTORE with ``b""``): a header with the
-        size, then the bytes; ``worker`` has posted its header receive."""
-        dist.send(_header(Op.SNAPSHOT_REPLY, self.rank, len(blob), -1), worker, tag=BLOB_HEADER_TAG)
-        if blob:
-            dist.send(torch.frombuffer(bytearray(blob), dtype=torch.uint8), worker, tag=BLOB_TAG)
+        """Answer a SNAPSHOT (or acknowledge a RESTORE with ``b""``): the bytes as the
+        payload of a SNAPSHOT_REPLY."""
+        payload = torch.frombuffer(bytearray(blob), dtype=torch.uint8) if blob else None
+        reply = _fields(Op.SNAPSHOT_REPLY, self.rank, len(blob))
+        frames.endpoint(self.rank).send(worker, reply, payload)

@@ -16,23 +16,19 @@ A strategy's own worker lives in its package: easgd-async's
 :mod:`dmlctl.strategies.easgd_async.mode`, aadmm's :mod:`dmlctl.strategies.aadmm.mode`,
 sync-ps's :mod:`dmlctl.strategies.sync_ps.mode`.
 
-With ``overlap: true`` (asgd) every exchange runs in a communication thread
-(:mod:`dmlctl.ps.overlap`) while the trainer computes: the double-buffer scheme. The
-model an exchange pulls is taken at the next exchange, so what a worker computes on
-is one exchange older than without overlap; what it pushes is the same.
+With ``overlap: true`` (asgd) every exchange runs in the communication thread of
+:mod:`dmlctl.ps.overlap` while the trainer computes, and the model it pulls is taken
+at the next exchange.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from dmlctl.ps.worker import PSOptimizer, Wiring
-
-if TYPE_CHECKING:
-    pass
 
 
 class DeltaPush(PSOptimizer):

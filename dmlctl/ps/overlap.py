@@ -3,8 +3,10 @@
 The double-buffer scheme of parameter-server systems: while the trainer computes the
 next step on its current model, one background thread pushes the previous update and
 pulls the newest model; at the next exchange the trainer takes what that thread
-pulled and hands it the next update. :class:`CommThread` is that thread: at most one
-job in flight, its result (or its exception) collected by :meth:`CommThread.wait`.
+pulled and hands it the next update. So the model a worker computes on is one exchange
+older than without overlap; what it pushes is the same. :class:`CommThread` is that
+thread: at most one job in flight, its result (or its exception) collected by
+:meth:`CommThread.wait`.
 The thread is a daemon, so a job blocked on a peer that died never keeps the process
 from exiting.
 """

@@ -41,21 +41,15 @@ from dmlctl.ps.server import ParameterServer
 class RoundRule(Protocol):
     """What a :class:`RoundServer` asks of its rule (per shard)."""
 
-    def offer(
-        self,
-        shard_id: int,
-        worker: int,
-        tag: int,
-        version: int,
-        update: torch.Tensor,
-        lr: float | None = None,
-    ) -> bool:
-        """Take ``worker``'s push tagged ``tag`` (and its ``lr``, when it sent one)
-        while the shard is at ``version``; False when it is dropped."""
+    def offer(self, push: Message, version: int) -> bool:
+        """Take the PUSH ``push`` (its worker's update for its shard, tagged with its
+        ``clock``, with its ``lr`` when it sent one) while the shard is at ``version``;
+        False when it is dropped."""
         ...
 
-    def waiting(self, shard_id: int, worker: int, tag: int, version: int) -> bool:
-        """Whether ``worker``'s read after its push tagged ``tag`` must still wait."""
+    def waiting(self, push: Message, version: int) -> bool:
+        """Whether the read that ``push`` asked for (``then_pull``) must still wait
+        while its shard is at ``version``."""
         ...
 
     def ready(self, shard_id: int, active: Collection[int]) -> bool:
@@ -103,6 +97,12 @@ def make_optimizer(
     return cls([torch.nn.Parameter(flat)], **kwargs)
 
 
+def _flat_copy(push: Message) -> torch.Tensor:
+    """A PUSH's payload as a 1-D copy the rule can keep."""
+    assert push.payload is not None
+    return push.payload.detach().reshape(-1).clone()
+
+
 class BackupRounds(_RoundsOnly):
     """Synchronous SGD with ``backup`` backup workers (module docstring): the servers
     step ``torch.optim.<optimizer>`` with ``settings`` on the mean of the first
@@ -123,27 +123,21 @@ class BackupRounds(_RoundsOnly):
         self.lr: float | None = None  # the latest accepted push's lr (the workers' schedule)
         self._pending_state: dict[int, Any] = {}
 
-    def offer(
-        self,
-        shard_id: int,
-        worker: int,
-        tag: int,
-        version: int,
-        update: torch.Tensor,
-        lr: float | None = None,
-    ) -> bool:
-        if tag != version:
+    def offer(self, push: Message, version: int) -> bool:
+        """Keep the gradient when its tag (clock) is the shard's ``version``, else
+        drop and count it."""
+        if push.clock != version:
             self.dropped += 1
-            self.dropped_by[worker] = self.dropped_by.get(worker, 0) + 1
+            self.dropped_by[push.worker] = self.dropped_by.get(push.worker, 0) + 1
             return False
-        self.grads.setdefault(shard_id, {})[worker] = update.detach().reshape(-1).clone()
-        if lr is not None:
-            self.lr = lr
+        self.grads.setdefault(push.shard_id, {})[push.worker] = _flat_copy(push)
+        if push.lr is not None:
+            self.lr = push.lr
         return True
 
-    def waiting(self, shard_id: int, worker: int, tag: int, version: int) -> bool:
-        del shard_id, worker
-        return version <= tag
+    def waiting(self, push: Message, version: int) -> bool:
+        """Until the round the push was tagged for is over."""
+        return version <= push.clock
 
     def ready(self, shard_id: int, active: Collection[int]) -> bool:
         have = len(self.grads.get(shard_id, {}))
@@ -218,23 +212,17 @@ class ConsensusRounds(_RoundsOnly):
         self.worst_delay = 0
         self.rounds = 0
 
-    def offer(
-        self,
-        shard_id: int,
-        worker: int,
-        tag: int,
-        version: int,
-        update: torch.Tensor,
-        lr: float | None = None,
-    ) -> bool:
-        del tag, version, lr
-        self.latest.setdefault(shard_id, {})[worker] = update.detach().reshape(-1).clone()
-        self.reported.setdefault(shard_id, set()).add(worker)
+    def offer(self, push: Message, version: int) -> bool:
+        """Keep the worker's latest ``v_k`` (never dropped)."""
+        del version
+        self.latest.setdefault(push.shard_id, {})[push.worker] = _flat_copy(push)
+        self.reported.setdefault(push.shard_id, set()).add(push.worker)
         return True
 
-    def waiting(self, shard_id: int, worker: int, tag: int, version: int) -> bool:
-        del tag, version
-        return worker in self.reported.get(shard_id, set())
+    def waiting(self, push: Message, version: int) -> bool:
+        """Until the next update of z (the worker has reported since the last one)."""
+        del version
+        return push.worker in self.reported.get(push.shard_id, set())
 
     def ready(self, shard_id: int, active: Collection[int]) -> bool:
         reported = self.reported.get(shard_id, set())
@@ -334,7 +322,7 @@ class RoundServer(ParameterServer):
         self.clocks[msg.worker] = max(self.clocks[msg.worker], msg.clock)
         self.finished.discard(msg.worker)
         version = self.versions[msg.shard_id]
-        self.rounds_rule.offer(msg.shard_id, msg.worker, msg.clock, version, msg.payload, msg.lr)
+        self.rounds_rule.offer(msg, version)
         lag = max(version - msg.clock, 0)
         self.staleness_histogram[lag] = self.staleness_histogram.get(lag, 0) + 1
         self.stats.pushed(msg.payload.numel() * msg.payload.element_size(), lag)
@@ -353,9 +341,7 @@ class RoundServer(ParameterServer):
         low = self.min_clock()
         for msg in self.pending:
             version = self.versions[msg.shard_id]
-            if msg.then_pull and self.rounds_rule.waiting(
-                msg.shard_id, msg.worker, msg.clock, version
-            ):
+            if msg.then_pull and self.rounds_rule.waiting(msg, version):
                 waiting.append(msg)
             else:
                 self._reply(msg, low)

@@ -53,7 +53,8 @@ if TYPE_CHECKING:
 class Wiring:
     """Where a worker's parameter-server optimizer stands, the same for every mode:
     the run context, the parameters' layout over the servers, the channel to them
-    (None: point-to-point to the layout's servers; tests pass one of their own),
+    (None: a :class:`~dmlctl.ps.channel.WorkerChannel` to the layout's servers; tests
+    pass one of their own),
     whether exchanges run in a communication thread (``overlap``), and the
     model-parallel part it pushes and pulls (DistBelief; 0: the whole model)."""
 
@@ -69,7 +70,7 @@ class PSOptimizer(StrategyOptimizer):
 
     Subclasses (:mod:`dmlctl.ps.modes`, a strategy's ``mode`` module) implement
     :meth:`step` with the helpers below, and :meth:`flush` when they hold changes not
-    pushed yet. ``channel`` defaults to the point-to-point
+    pushed yet. ``channel`` defaults to a
     :class:`~dmlctl.ps.channel.WorkerChannel` to the layout's servers (tests pass one
     of their own)."""
 

@@ -218,9 +218,8 @@ class Context(RankIdentity):
             len(dataset), self._at.data_world, batch_size, epochs, drop_last, start_epoch
         )
         # A strategy that decides which samples a worker takes (cyclades) supplies
-        # its own iterator, with shard_batches' arguments.
-        source = getattr(self._optimizer, "shard_batches", shard_batches)
-        batches = source(
+        # its own planner (dmlctl.runtime.data.BatchPlanner).
+        batches = shard_batches(
             dataset,
             rank=self._at.data_rank,
             world_size=self._at.data_world,
@@ -233,6 +232,7 @@ class Context(RankIdentity):
             device=self._device,
             on_epoch=cursor.set_epoch,
             on_batch=cursor.count,
+            planner=getattr(self._optimizer, "batch_plan", None),
         )
         slow = straggler_factor(self._at.rank, self._at.world)  # workers only: servers never shard
         return cursor.ending(paced(itertools.islice(batches, cursor.skip, None), slow))

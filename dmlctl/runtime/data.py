@@ -11,12 +11,17 @@
   order changes per epoch and is the same on every rank for a given ``seed``;
 * batches are collated with ``default_collate`` (a tensor dataset is indexed in one
   shot) and moved to ``device``; nothing here synchronises with the device.
+
+A strategy that decides itself which samples a worker takes (cyclades) passes its own
+``planner`` (:data:`BatchPlanner`): the samples of each batch then come from it, and
+the epochs, the callbacks, the collation and the move to ``device`` stay the same.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
 import torch
@@ -67,6 +72,51 @@ def batches_per_epoch(length: int, world_size: int, batch_size: int, drop_last: 
     return share // batch_size if drop_last else math.ceil(share / batch_size)
 
 
+@dataclass(frozen=True)
+class Sharding:
+    """Which samples a rank takes: the arguments of :func:`shard_batches` that a
+    :data:`BatchPlanner` reads."""
+
+    rank: int
+    world_size: int
+    batch_size: int
+    shuffle: bool
+    seed: int
+    drop_last: bool
+
+
+EpochPlan = Callable[[int], Iterable[list[int]]]
+"""``plan(epoch)``: the dataset indices of each of this rank's batches in ``epoch``."""
+
+BatchPlanner = Callable[[MapDataset, Sharding], EpochPlan]
+"""Makes the :data:`EpochPlan` of a dataset for one :class:`Sharding` (called once per
+:func:`shard_batches` call, before the first epoch)."""
+
+
+def sampler_plan(dataset: MapDataset, sharding: Sharding) -> EpochPlan:
+    """The default plan (module docstring): ``DistributedSampler``'s share of each
+    epoch (``set_epoch`` first), cut into batches of ``batch_size``; with
+    ``drop_last`` a last smaller batch is dropped too."""
+    sampler: DistributedSampler[Any] = DistributedSampler(
+        cast("Dataset[Any]", dataset),
+        num_replicas=sharding.world_size,
+        rank=sharding.rank,
+        shuffle=sharding.shuffle,
+        seed=sharding.seed,
+        drop_last=sharding.drop_last,
+    )
+    size = sharding.batch_size
+
+    def epoch_batches(epoch: int) -> Iterator[list[int]]:
+        sampler.set_epoch(epoch)
+        indices = list(sampler)
+        stop = len(indices) - len(indices) % size if sharding.drop_last else len(indices)
+        for begin in range(0, stop, size):
+            yield indices[begin : begin + size]
+
+    return epoch_batches
+
+
 def shard_batches(
     dataset: MapDataset,
     *,
@@ -81,6 +131,7 @@ def shard_batches(
     device: torch.device | None = None,
     on_epoch: Callable[[int], None] | None = None,
     on_batch: Callable[[int], None] | None = None,
+    planner: BatchPlanner | None = None,
 ) -> Iterator[Any]:
     """Yield this rank's batches for epochs ``start_epoch .. epochs - 1``.
 
@@ -88,28 +139,19 @@ def shard_batches(
     ``start_epoch=3`` with ``epochs=5`` runs epochs 3 and 4. ``drop_last`` also drops a
     last batch smaller than ``batch_size``. ``on_epoch(epoch)`` runs before an
     epoch's first batch, ``on_batch(n)`` before each batch is yielded with its
-    number of samples.
+    number of samples. ``planner`` chooses each batch's samples (default
+    :func:`sampler_plan`).
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if start_epoch < 0:
         raise ValueError(f"start_epoch must be >= 0, got {start_epoch}")
-    sampler: DistributedSampler[Any] = DistributedSampler(
-        cast("Dataset[Any]", dataset),
-        num_replicas=world_size,
-        rank=rank,
-        shuffle=shuffle,
-        seed=seed,
-        drop_last=drop_last,
-    )
+    sharding = Sharding(rank, world_size, batch_size, shuffle, seed, drop_last)
+    plan = (planner or sampler_plan)(dataset, sharding)
     for epoch in range(start_epoch, epochs):
-        sampler.set_epoch(epoch)
         if on_epoch is not None:
             on_epoch(epoch)
-        indices = list(sampler)
-        stop = len(indices) - len(indices) % batch_size if drop_last else len(indices)
-        for begin in range(0, stop, batch_size):
-            chunk = indices[begin : begin + batch_size]
+        for chunk in plan(epoch):
             batch = fetch(dataset, chunk)
             if on_batch is not None:
                 on_batch(len(chunk))

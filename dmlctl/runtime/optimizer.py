@@ -226,5 +226,12 @@ class StrategyOptimizer(torch.optim.Optimizer):
         """What :meth:`dmlctl.runtime.context.Context.log` adds for this strategy."""
         return self.meter.metrics()
 
+    def shown_settings(self) -> dict[str, object]:
+        """The settings :meth:`__repr__` shows after the inner optimizer, in order
+        (name → the value as printed); the base shows ``period``."""
+        return {"period": self.period}
+
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.inner!r}, period={self.period})"
+        """``ClassName(<inner optimizer>, name=value, …)`` with :meth:`shown_settings`."""
+        shown = "".join(f", {name}={value}" for name, value in self.shown_settings().items())
+        return f"{type(self).__name__}({self.inner!r}{shown})"

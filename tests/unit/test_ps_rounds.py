@@ -151,11 +151,3 @@ def test_backup_rounds_step_with_the_lr_the_workers_sent() -> None:
     assert torch.allclose(server.params[0], torch.tensor([-0.1, -0.1]))
     server.handle(push(0, 1, [1.0, 1.0]))  # no lr sent: the last one stays
     assert torch.allclose(server.params[0], torch.tensor([-0.2, -0.2]))
-
-
-def test_header_carries_the_lr_bits_exactly() -> None:
-    from dmlctl.ps.channel import _header, _header_lr
-
-    for lr in (0.0, 1e-4, 0.1 * 3, 2.5e-7):
-        assert _header_lr(_header(Op.PUSH, 1, 2, 3, 1, lr)) == lr
-    assert _header_lr(_header(Op.PUSH, 1, 2, 3)) is None

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import typer
 
 from dmlctl.cli.bench.plot import check_plot, plot_option, write_plot
-from dmlctl.cli.common import no_slurm, stderr_console, stdout_console
+from dmlctl.cli.common import CLUSTER_OPTION, no_slurm, stderr_console, stdout_console
 
 if TYPE_CHECKING:
     from dmlctl.bench.advise import AdviseRequest
@@ -45,9 +45,7 @@ def register(app: typer.Typer) -> None:
 def advise(
     job_file: Path = typer.Argument(..., help="Your job file (job.yaml)."),
     target: str = typer.Option(..., "--target", help=TARGET_HELP),
-    cluster: Optional[Path] = typer.Option(  # noqa: UP045 - typer needs both
-        None, "--cluster", "-c", help="Cluster spec; default: this machine, one worker per core."
-    ),
+    cluster: Optional[Path] = CLUSTER_OPTION,  # noqa: UP045 - typer needs both
     strategies: Optional[str] = typer.Option(  # noqa: UP045
         None,
         "--strategies",

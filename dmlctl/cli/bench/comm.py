@@ -8,15 +8,13 @@ from typing import Optional
 
 import typer
 
-from dmlctl.cli.bench.common import JSON_TABLE, finish
+from dmlctl.cli.bench.common import JSON_TABLE, finish_run, running
 from dmlctl.cli.bench.plot import check_plot, plot_option
-from dmlctl.cli.common import no_slurm, stderr_console
+from dmlctl.cli.common import CLUSTER_OPTION, no_slurm
 
 
 def comm(
-    cluster: Optional[Path] = typer.Option(  # noqa: UP045 - typer needs both
-        None, "--cluster", "-c", help="Cluster spec; default: this machine, one worker per core."
-    ),
+    cluster: Optional[Path] = CLUSTER_OPTION,  # noqa: UP045 - typer needs both
     workers: Optional[int] = typer.Option(  # noqa: UP045
         None, "--workers", "-n", help="Number of ranks; default: every slot of the cluster."
     ),
@@ -32,27 +30,23 @@ def comm(
 ) -> int:
     """Measure allreduce / allgather / broadcast time and bus bandwidth (nccl-tests style)."""
     from dmlctl.bench.comm import run_comm_bench
-    from dmlctl.bench.report import Sweep, comm_json, parse_ops, parse_size, render_comm_table
+    from dmlctl.bench.report import Sweep, comm_json, parse_ops, render_comm_table
     from dmlctl.spec import default_cluster, load_cluster_file
 
     check_plot(plot)
     op_names = parse_ops(ops)
-    sweep = Sweep(parse_size(min_bytes), parse_size(max_bytes), iters, warmup)
+    sweep = Sweep.parse(min_bytes, max_bytes, iters, warmup)
     spec = (
         no_slurm(load_cluster_file(cluster), "bench comm", cluster)
         if cluster is not None
         else default_cluster()
     )
-    err = stderr_console()
-    with err.status("running the communication benchmark…"):
-        results, run = run_comm_bench(spec, workers=workers, ops=op_names, sweep=sweep, console=err)
+    results, run = running(
+        "running the communication benchmark…",
+        lambda err: run_comm_bench(spec, workers=workers, ops=op_names, sweep=sweep, console=err),
+    )
     world = run.state.world_size if run.state is not None else (workers or spec.total_slots)
-    report = {"run_id": run.run_id, **comm_json(results, world)}
-    return finish(
-        "comm",
-        report,
-        lambda _: render_comm_table(results, world),
-        as_json,
-        plot,
-        runs=f"run {run.run_id}",
+    figures = comm_json(results, world)
+    return finish_run(
+        "comm", run.run_id, figures, lambda _: render_comm_table(results, world), as_json, plot
     )

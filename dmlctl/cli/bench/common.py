@@ -1,6 +1,6 @@
-"""What every ``dmlctl bench`` command shares: the ``--json`` option, a partial report
-kept, the printing of the result and the exit code of a bench that ended whole or in
-part."""
+"""What every ``dmlctl bench`` command shares: the ``--json`` option, running the bench
+under a status line, a partial report kept, the printing of the result and the exit
+code of a bench that ended whole or in part."""
 
 from __future__ import annotations
 
@@ -34,6 +34,14 @@ def ended(err: Console, partial: str | None) -> int:
     return int(ExitCode.INTERRUPTED)
 
 
+def running(doing: str, run: Callable[[Console], T]) -> T:
+    """``run(err)``'s result, ``err`` being the stderr console (where a bench says its
+    progress), while a status line ``doing`` stands on it; what ``run`` raises passes."""
+    err = stderr_console()
+    with err.status(doing):
+        return run(err)
+
+
 def kept(run: Callable[[], T]) -> tuple[T, str | None]:
     """``run()``'s result and None; or, for a bench that Ctrl-C ended after some of its
     runs (:class:`~dmlctl.bench.runs.BenchPartial`), the result it kept and the note
@@ -44,6 +52,12 @@ def kept(run: Callable[[], T]) -> tuple[T, str | None]:
         return run(), None
     except BenchPartial as stop:
         return stop.result, stop.note
+
+
+def noted(report: dict[str, Any], note: str | None) -> dict[str, Any]:
+    """``report`` with ``partial``: ``note`` added last when a note says that Ctrl-C
+    ended the bench after part of its runs (:func:`kept`); else ``report``'s items."""
+    return {**report, **({"partial": note} if note else {})}
 
 
 def whole_or_partial(run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
@@ -79,3 +93,17 @@ def finish(
             stderr_console().print(runs, markup=False)
     write_plot(bench, report, plot)
     return ended(stderr_console(), report.get("partial"))
+
+
+def finish_run(
+    bench: str,
+    run_id: str,
+    figures: dict[str, Any],
+    render: Callable[[Any], Any],
+    as_json: bool,
+    plot: Any,
+) -> int:
+    """:func:`finish` for a bench of one dmlctl run: its report is ``run_id`` and
+    ``figures``, and stderr says ``run <run_id>`` after the table."""
+    report = {"run_id": run_id, **figures}
+    return finish(bench, report, render, as_json, plot, runs=f"run {run_id}")

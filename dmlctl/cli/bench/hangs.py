@@ -8,9 +8,8 @@ from typing import Optional
 
 import typer
 
-from dmlctl.cli.bench.common import JSON_TABLE, finish
+from dmlctl.cli.bench.common import JSON_TABLE, finish, running
 from dmlctl.cli.bench.plot import check_plot, plot_option
-from dmlctl.cli.common import stderr_console
 
 
 def hangs(
@@ -34,9 +33,9 @@ def hangs(
 
     check_plot(plot)
     chosen = SCENARIOS if scenarios == "all" else tuple(s.strip() for s in scenarios.split(","))
-    err = stderr_console()
-    with err.status("running the hang benchmark…"):
-        report = run_hang_bench(
+    report = running(
+        "running the hang benchmark…",
+        lambda err: run_hang_bench(
             runs=runs,
             scenarios=chosen,
             seconds=seconds,
@@ -44,5 +43,6 @@ def hangs(
             hang_timeout=hang_timeout,
             burn=burn,
             console=err,
-        )
+        ),
+    )
     return finish("hangs", report, render_hang_table, as_json, plot)

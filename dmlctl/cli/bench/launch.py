@@ -8,9 +8,8 @@ from typing import Optional
 
 import typer
 
-from dmlctl.cli.bench.common import JSON_TABLE, finish, whole_or_partial
+from dmlctl.cli.bench.common import JSON_TABLE, finish, running, whole_or_partial
 from dmlctl.cli.bench.plot import check_plot, plot_option
-from dmlctl.cli.common import stderr_console
 
 
 def launch(
@@ -23,7 +22,8 @@ def launch(
     from dmlctl.bench.launch_overhead import render_launch_table, run_launch_bench
 
     check_plot(plot)
-    err = stderr_console()
-    with err.status("timing dmlctl launch against bare torchrun…"):
-        report = whole_or_partial(lambda: run_launch_bench(repeats, workers, console=err))
+    report = running(
+        "timing dmlctl launch against bare torchrun…",
+        lambda err: whole_or_partial(lambda: run_launch_bench(repeats, workers, console=err)),
+    )
     return finish("launch", report, render_launch_table, as_json, plot)

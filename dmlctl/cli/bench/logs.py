@@ -8,9 +8,8 @@ from typing import Optional
 
 import typer
 
-from dmlctl.cli.bench.common import JSON_TABLE, finish
+from dmlctl.cli.bench.common import JSON_TABLE, finish, running
 from dmlctl.cli.bench.plot import check_plot, plot_option
-from dmlctl.cli.common import stderr_console
 
 
 def logs(
@@ -29,9 +28,10 @@ def logs(
     from dmlctl.bench.logs import render_logs_table, run_logs_bench
 
     check_plot(plot)
-    err = stderr_console()
-    with err.status("running the log benchmark…"):
-        report = run_logs_bench(
+    report = running(
+        "running the log benchmark…",
+        lambda err: run_logs_bench(
             lines=lines, steps=steps, work_us=work_us, repeats=repeats, console=err
-        )
+        ),
+    )
     return finish("logs", report, render_logs_table, as_json, plot)

@@ -8,9 +8,8 @@ from typing import Optional
 
 import typer
 
-from dmlctl.cli.bench.common import JSON_TABLE, finish, whole_or_partial
+from dmlctl.cli.bench.common import JSON_TABLE, finish, running, whole_or_partial
 from dmlctl.cli.bench.plot import check_plot, plot_option
-from dmlctl.cli.common import stderr_console
 
 
 def parallel(
@@ -35,9 +34,10 @@ def parallel(
     chosen = parse_layouts(layouts)
     check_options(steps, repeats)
     check_plot(plot)
-    err = stderr_console()
-    with err.status("running the parallelism benchmark…"):
-        report = whole_or_partial(
+    report = running(
+        "running the parallelism benchmark…",
+        lambda err: whole_or_partial(
             lambda: run_parallel_bench(chosen, steps=steps, repeats=repeats, console=err)
-        )
+        ),
+    )
     return finish("parallel", report, render_parallel_table, as_json, plot)

@@ -8,9 +8,8 @@ from typing import Optional
 
 import typer
 
-from dmlctl.cli.bench.common import JSON_TABLE, finish
+from dmlctl.cli.bench.common import JSON_TABLE, finish_run, running
 from dmlctl.cli.bench.plot import check_plot, plot_option
-from dmlctl.cli.common import stderr_console
 
 
 def ps(
@@ -26,23 +25,22 @@ def ps(
     """PS push+pull throughput against an all-reduce of the same bytes on this machine."""
     from dmlctl.bench.ps import local_bench_cluster, run_ps_bench
     from dmlctl.bench.ps_report import ps_json, ps_summary, render_ps_table
-    from dmlctl.bench.report import Sweep, parse_size
+    from dmlctl.bench.report import Sweep
     from dmlctl.spec import default_cluster
 
     check_plot(plot)
-    sweep = Sweep(parse_size(min_bytes), parse_size(max_bytes), iters, warmup)
+    sweep = Sweep.parse(min_bytes, max_bytes, iters, warmup)
     spec = local_bench_cluster(default_cluster(), workers + servers)
-    err = stderr_console()
-    with err.status(f"running the parameter-server benchmark ({workers} + {servers} ranks)…"):
-        results, run = run_ps_bench(
-            spec, workers=workers, servers=servers, sweep=sweep, console=err
-        )
-    report = {"run_id": run.run_id, **ps_json(results, workers, servers)}
-    return finish(
+    results, run = running(
+        f"running the parameter-server benchmark ({workers} + {servers} ranks)…",
+        lambda err: run_ps_bench(spec, workers=workers, servers=servers, sweep=sweep, console=err),
+    )
+    figures = ps_json(results, workers, servers)
+    return finish_run(
         "ps",
-        report,
+        run.run_id,
+        figures,
         lambda _: [render_ps_table(results, workers, servers), ps_summary(results)],
         as_json,
         plot,
-        runs=f"run {run.run_id}",
     )

@@ -8,9 +8,8 @@ from typing import Optional
 
 import typer
 
-from dmlctl.cli.bench.common import JSON_TABLES, finish, kept
+from dmlctl.cli.bench.common import JSON_TABLES, finish, kept, noted, running
 from dmlctl.cli.bench.plot import check_plot, plot_option
-from dmlctl.cli.common import stderr_console
 
 
 def recovery(
@@ -25,8 +24,9 @@ def recovery(
     from dmlctl.bench.recovery import render_recovery_tables, run_recovery_bench
 
     check_plot(plot)
-    err = stderr_console()
-    with err.status("timing recovery under dmlctl and bare torchrun…"):
-        report, note = kept(lambda: run_recovery_bench(repeats, backoff=backoff, console=err))
-    shown = {**report.to_dict(), **({"partial": note} if note else {})}
+    report, note = running(
+        "timing recovery under dmlctl and bare torchrun…",
+        lambda err: kept(lambda: run_recovery_bench(repeats, backoff=backoff, console=err)),
+    )
+    shown = noted(report.to_dict(), note)
     return finish("recovery", shown, lambda _: render_recovery_tables(report), as_json, plot)

@@ -8,9 +8,8 @@ from typing import Optional
 
 import typer
 
-from dmlctl.cli.bench.common import JSON_TABLE, finish, kept
+from dmlctl.cli.bench.common import JSON_TABLE, finish, kept, noted, running
 from dmlctl.cli.bench.plot import check_plot, plot_option
-from dmlctl.cli.common import stderr_console
 
 
 def sparse(
@@ -32,9 +31,9 @@ def sparse(
 
     check_options(workers, samples, batch_size, repeats)
     check_plot(plot)
-    err = stderr_console()
-    with err.status("running the sparse benchmark…"):
-        runs, note = kept(
+    runs, note = running(
+        "running the sparse benchmark…",
+        lambda err: kept(
             lambda: run_sparse_bench(
                 workers=workers,
                 samples=samples,
@@ -43,8 +42,9 @@ def sparse(
                 console=err,
                 cluster=default_cluster(),
             )
-        )
-    report = sparse_json(runs, workers=workers, samples=samples, batch_size=batch_size)
-    report.update({"partial": note} if note else {})
+        ),
+    )
+    figures = sparse_json(runs, workers=workers, samples=samples, batch_size=batch_size)
+    report = noted(figures, note)
     said = f"runs {', '.join(report['run_ids'])}"
     return finish("sparse", report, render_sparse_table, as_json, plot, runs=said)

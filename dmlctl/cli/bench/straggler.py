@@ -8,9 +8,8 @@ from typing import Optional
 
 import typer
 
-from dmlctl.cli.bench.common import JSON_TABLE, finish, kept
+from dmlctl.cli.bench.common import JSON_TABLE, finish, kept, noted, running
 from dmlctl.cli.bench.plot import check_plot, plot_option
-from dmlctl.cli.common import stderr_console
 
 
 def straggler(
@@ -37,9 +36,9 @@ def straggler(
     chosen = parse_scenarios(scenarios)
     check_options(steps, step_sleep, repeats)
     check_plot(plot)
-    err = stderr_console()
-    with err.status("running the straggler benchmark…"):
-        (results, run_ids), note = kept(
+    (results, run_ids), note = running(
+        "running the straggler benchmark…",
+        lambda err: kept(
             lambda: run_straggler_bench(
                 chosen,
                 steps=steps,
@@ -48,11 +47,12 @@ def straggler(
                 console=err,
                 cluster=default_cluster(),
             )
-        )
-    report = straggler_json(
+        ),
+    )
+    figures = straggler_json(
         results, steps=steps, step_sleep=step_sleep, factor=FACTOR, repeats=repeats, run_ids=run_ids
     )
-    report.update({"partial": note} if note else {})
+    report = noted(figures, note)
     return finish(
         "straggler",
         report,

@@ -8,9 +8,8 @@ from typing import Optional
 
 import typer
 
-from dmlctl.cli.bench.common import JSON_TABLES, finish, whole_or_partial
+from dmlctl.cli.bench.common import JSON_TABLES, finish, running, whole_or_partial
 from dmlctl.cli.bench.plot import check_plot, plot_option
-from dmlctl.cli.common import stderr_console
 
 
 def strategies(
@@ -34,9 +33,10 @@ def strategies(
 
     check_plot(plot)
     chosen = parse_sections(sections)
-    err = stderr_console()
-    with err.status("running the strategy benchmark…"):
-        report = whole_or_partial(
+    report = running(
+        "running the strategy benchmark…",
+        lambda err: whole_or_partial(
             lambda: run_strategy_bench(steps, repeats, console=err, sections=chosen)
-        )
+        ),
+    )
     return finish("strategies", report, render_strategies_table, as_json, plot)

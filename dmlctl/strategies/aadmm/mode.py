@@ -16,14 +16,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 
 from dmlctl.ps.worker import PSOptimizer, Wiring
-
-if TYPE_CHECKING:
-    pass
 
 
 class ConsensusExchange(PSOptimizer):
@@ -124,7 +121,6 @@ class ConsensusExchange(PSOptimizer):
                 setattr(self, name, [t.clone() for t in saved])
         super().load_strategy_state(state)
 
-    def __repr__(self) -> str:
-        return (
-            f"ConsensusExchange({self.inner!r}, rho={self.rho:g}, local_steps={self.round_steps})"
-        )
+    def shown_settings(self) -> dict[str, object]:
+        """ρ and the local steps per round."""
+        return {"rho": f"{self.rho:g}", "local_steps": self.round_steps}

@@ -135,8 +135,9 @@ class ADMMOptimizer(StrategyOptimizer):
                 mine: torch.Tensor = getattr(self, name)
                 setattr(self, name, value.to(mine.device, mine.dtype).clone())
 
-    def __repr__(self) -> str:
-        return f"ADMMOptimizer({self.inner!r}, rho={self.rho:g}, local_steps={self.period})"
+    def shown_settings(self) -> dict[str, object]:
+        """ρ and the local steps per round (the period)."""
+        return {"rho": f"{self.rho:g}", "local_steps": self.period}
 
 
 def prepare(

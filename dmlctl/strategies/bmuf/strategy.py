@@ -159,12 +159,10 @@ class BMUFOptimizer(StrategyOptimizer):
                 )
             target.copy_(value)
 
-    def __repr__(self) -> str:
-        return (
-            f"BMUFOptimizer({self.inner!r}, period={self.period}, "
-            f"block_momentum={self.block_momentum}, block_lr={self.block_lr}, "
-            f"nesterov={self.nesterov})"
-        )
+    def shown_settings(self) -> dict[str, object]:
+        """The period and the block filter's settings."""
+        shown = {"block_momentum": self.block_momentum, "block_lr": self.block_lr}
+        return {**super().shown_settings(), **shown, "nesterov": self.nesterov}
 
 
 def prepare(

@@ -19,7 +19,7 @@ one after the other — exactly (tested bit for bit).
 Promises:
 
 * **Data.** Under cyclades :meth:`~dmlctl.runtime.context.Context.shard` yields this
-  worker's batches of each round (:meth:`CycladesOptimizer.shard_batches`): every
+  worker's batches of each round (:meth:`CycladesOptimizer.batch_plan`): every
   sample once per epoch over all workers; a batch never spans two rounds. Workers
   take different numbers of steps per round (the components' sizes differ).
 * **Updates touch only their coordinates**, which serializability needs: every
@@ -49,7 +49,7 @@ import torch.distributed as dist
 from pydantic import BaseModel
 from torch.utils.data import TensorDataset
 
-from dmlctl.runtime.data import MapDataset, fetch, to_device
+from dmlctl.runtime.data import EpochPlan, MapDataset, Sharding
 from dmlctl.strategies.cyclades.params import Params
 from dmlctl.strategies.cyclades.plan import plan_round
 from dmlctl.strategies.hogwild.strategy import HogwildOptimizer, share_model
@@ -137,49 +137,34 @@ class CycladesOptimizer(HogwildOptimizer):
                 )
         return super().step(closure)
 
-    def shard_batches(
-        self,
-        dataset: MapDataset,
-        *,
-        rank: int,
-        world_size: int,
-        batch_size: int,
-        epochs: int = 1,
-        shuffle: bool = True,
-        seed: int = 0,
-        drop_last: bool = False,
-        start_epoch: int = 0,
-        device: torch.device | None = None,
-        on_epoch: Callable[[int], None] | None = None,
-        on_batch: Callable[[int], None] | None = None,
-    ) -> Iterator[Any]:
-        """This worker's batches, round by round (module docstring); the arguments
-        are :func:`~dmlctl.runtime.data.shard_batches`' (``drop_last`` has no
-        effect: a round's batches end with its components). Collective: a barrier
-        ends every round."""
-        del drop_last
+    def batch_plan(self, dataset: MapDataset, sharding: Sharding) -> EpochPlan:
+        """This worker's batches, round by round (module docstring): the
+        :data:`~dmlctl.runtime.data.BatchPlanner` that
+        :meth:`~dmlctl.runtime.context.Context.shard` passes to
+        :func:`~dmlctl.runtime.data.shard_batches` (``drop_last`` has no effect: a
+        round's batches end with its components). Collective: a barrier ends every
+        round."""
         n = len(dataset)
-        for epoch in range(start_epoch, epochs):
-            if on_epoch is not None:
-                on_epoch(epoch)
-            gen = torch.Generator().manual_seed(seed + epoch)
-            order = torch.randperm(n, generator=gen).tolist() if shuffle else list(range(n))
+
+        def epoch_batches(epoch: int) -> Iterator[list[int]]:
+            gen = torch.Generator().manual_seed(sharding.seed + epoch)
+            order = (
+                torch.randperm(n, generator=gen).tolist() if sharding.shuffle else list(range(n))
+            )
             size = self.sample_size or derive_sample_size(
                 round_coordinates(dataset, order[:PROBE], self.field)
             )
             for begin in range(0, n, size):
                 chosen = order[begin : begin + size]
                 coords = round_coordinates(dataset, chosen, self.field)
-                plan = plan_round(coords, world_size)
+                plan = plan_round(coords, sharding.world_size)
                 self._count(plan, len(chosen))
-                mine = [chosen[j] for part in plan[rank] for j in part]
-                for k in range(0, len(mine), batch_size):
-                    indices = mine[k : k + batch_size]
-                    if on_batch is not None:
-                        on_batch(len(indices))
-                    batch = fetch(dataset, indices)
-                    yield batch if device is None else to_device(batch, device)
+                mine = [chosen[j] for part in plan[sharding.rank] for j in part]
+                for k in range(0, len(mine), sharding.batch_size):
+                    yield mine[k : k + sharding.batch_size]
                 dist.barrier()  # the round's updates are all in before the next one
+
+        return epoch_batches
 
     def _count(self, plan: Sequence[Sequence[Sequence[int]]], updates: int) -> None:
         parts = [len(p) for lists in plan for p in lists]
@@ -204,8 +189,9 @@ class CycladesOptimizer(HogwildOptimizer):
             "job's checkpoint block"
         )
 
-    def __repr__(self) -> str:
-        return f"CycladesOptimizer({self.inner!r}, sample_size={self.sample_size})"
+    def shown_settings(self) -> dict[str, object]:
+        """The sample size of a round (None: derived)."""
+        return {"sample_size": self.sample_size}
 
 
 def check_optimizer(optimizer: torch.optim.Optimizer) -> None:

@@ -135,11 +135,10 @@ class DPSGDOptimizer(StrategyOptimizer):
         mean /= self.world_size
         return consensus_distance(self.params, mean, self.world_size)
 
-    def __repr__(self) -> str:
-        return (
-            f"DPSGDOptimizer({self.inner!r}, topology={self.settings.topology!r}, "
-            f"peers={self.peers}, period={self.period})"
-        )
+    def shown_settings(self) -> dict[str, object]:
+        """The topology, this worker's peers and the period."""
+        shown = {"topology": repr(self.settings.topology), "peers": self.peers}
+        return {**shown, **super().shown_settings()}
 
 
 def prepare(

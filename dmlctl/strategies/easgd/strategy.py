@@ -185,11 +185,9 @@ class EASGDOptimizer(StrategyOptimizer):
             self.center.copy_(center.to(self.center.device, self.center.dtype))
         self._diff = None
 
-    def __repr__(self) -> str:
-        return (
-            f"EASGDOptimizer({self.inner!r}, period={self.period}, "
-            f"alpha={self.alpha:g}, rho={self.rho:g})"
-        )
+    def shown_settings(self) -> dict[str, object]:
+        """The period and the coupling weights α and ρ."""
+        return {**super().shown_settings(), "alpha": f"{self.alpha:g}", "rho": f"{self.rho:g}"}
 
 
 def prepare(

@@ -6,23 +6,19 @@ steps the worker pulls the center ``x̃``, moves ``x ← x − α(x − x̃)`` a
 ``α(x − x̃)``, which the server adds to the center (the paper's asynchronous elastic
 exchange).
 
-With ``overlap: true`` every exchange runs in a communication thread
-(:mod:`dmlctl.ps.overlap`) while the trainer computes: the double-buffer scheme. The
-center an exchange pulls is taken at the next exchange, so what a worker computes on
-is one exchange older than without overlap; what it pushes is the same.
+With ``overlap: true`` every exchange runs in the communication thread of
+:mod:`dmlctl.ps.overlap` while the trainer computes, and the center it pulls is taken
+at the next exchange.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 
 from dmlctl.ps.worker import PSOptimizer, Wiring
-
-if TYPE_CHECKING:
-    pass
 
 
 class ElasticExchange(PSOptimizer):

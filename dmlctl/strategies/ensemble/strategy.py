@@ -252,12 +252,10 @@ class EnsembleOptimizer(StrategyOptimizer):
     def load_strategy_state(self, state: dict[str, Any]) -> None:
         self._round_at = int(state.get("round_at", 0))
 
-    def __repr__(self) -> str:
-        return (
-            f"EnsembleOptimizer({self.inner!r}, period={self.period}, "
-            f"temperature={self.temperature:g}, distill_steps={self.distill_steps}, "
-            f"memory={self.memory.maxlen})"
-        )
+    def shown_settings(self) -> dict[str, object]:
+        """The period and the distillation's settings."""
+        shown = {"temperature": f"{self.temperature:g}", "distill_steps": self.distill_steps}
+        return {**super().shown_settings(), **shown, "memory": self.memory.maxlen}
 
 
 def prepare(

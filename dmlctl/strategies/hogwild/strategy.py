@@ -71,8 +71,9 @@ class HogwildOptimizer(StrategyOptimizer):
         worker reads the same final parameters."""
         dist.barrier()
 
-    def __repr__(self) -> str:
-        return f"HogwildOptimizer({self.inner!r})"
+    def shown_settings(self) -> dict[str, object]:
+        """Nothing: hogwild has no period."""
+        return {}
 
 
 def shm_path() -> Path:

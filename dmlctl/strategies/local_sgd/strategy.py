@@ -141,11 +141,10 @@ class LocalSGDOptimizer(StrategyOptimizer):
         if mean is not None:
             self.check_finite(mean, tensors, "in the final average")
 
-    def __repr__(self) -> str:
-        return (
-            f"LocalSGDOptimizer({self.inner!r}, period={self.period}, "
-            f"warmup={self.warmup}, global_every={self.global_every})"
-        )
+    def shown_settings(self) -> dict[str, object]:
+        """The period, the warm-up and how often a round is global."""
+        shown = {"warmup": self.warmup, "global_every": self.global_every}
+        return {**super().shown_settings(), **shown}
 
 
 def prepare(

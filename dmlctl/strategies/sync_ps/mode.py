@@ -12,15 +12,11 @@ gradients they dropped, per worker).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import torch
 
 from dmlctl.ps.modes import GradientPush
 from dmlctl.ps.worker import Wiring
-
-if TYPE_CHECKING:
-    pass
 
 
 class SyncGradientPush(GradientPush):

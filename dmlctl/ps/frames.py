@@ -1,0 +1,312 @@
+"""The parameter-server channel's own TCP connections: frames, and how the two ends
+find each other.
+
+Every message between a worker and a server is one **frame**: a fixed header of seven
+numbers ``(op, rank, clock, shard_id, extra, size, lr)`` (six little-endian int64 and
+a float64, :data:`HEADER`) followed by ``size`` payload bytes. A worker holds one
+connection to each server; its first frame names it (``HELLO``). The connections are
+the channel's own, not the torch.distributed group's, so that they can end and be
+made again while the others go on.
+
+A server listens on a port of its own and publishes ``host:port`` in the run's
+torch.distributed store (the default group's :class:`torch.distributed.TCPStore`);
+a worker reads it there (waiting until it is set). The host is the address of the
+interface named by ``GLOO_SOCKET_IFNAME`` when that is set, else the one this machine
+uses to reach ``MASTER_ADDR`` (the rendezvous host), so the servers are found on the
+network the collectives use.
+
+Both ends live as long as the process group: a server process has one
+:class:`Endpoint` (the listener, one reader thread per worker, one inbox) whatever
+number of channels it makes over it, and a worker process one connection to each
+server; a new group (a new ``init_process_group``) starts them afresh. A worker that
+connects again (a new process for the same rank) replaces its old connection.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import fcntl
+import os
+import queue
+import socket
+import struct
+import threading
+
+import torch
+import torch.distributed as dist
+
+HEADER = struct.Struct("<qqqqqqd")
+"""op, rank, clock, shard_id, extra, size (payload bytes), lr (NaN: none)."""
+MAX_PAYLOAD = 1 << 40
+"""A header announcing more payload bytes than this is corrupt."""
+_SIOCGIFADDR = 0x8915
+_KEY = "dmlctl/ps"
+NO_LR = float("nan")
+"""The ``lr`` slot of a header that carries none."""
+
+Fields = tuple[int, int, int, int, int, float]
+"""A frame's header as a sender gives it: op, rank, clock, shard_id, extra, lr (the
+size is the payload's)."""
+
+
+class Op(enum.IntEnum):
+    """Message kinds (a header's first number; :mod:`dmlctl.ps.channel` says what
+    each one carries)."""
+
+    PUSH = 1
+    PULL = 2
+    DONE = 3
+    PULL_REPLY = 4
+    CLOSE = 5
+    SNAPSHOT = 6
+    SNAPSHOT_REPLY = 7
+    RESTORE = 8
+    HELLO = 9
+
+
+Header = tuple[int, int, int, int, int, int, float]
+Frame = tuple[Header, torch.Tensor, int]
+"""What a server's endpoint hands on: the header, the payload bytes, the worker."""
+
+
+class ConnectionLost(ConnectionError):
+    """The other end closed the connection or died (the text says which rank)."""
+
+
+class Connection:
+    """One TCP connection that carries frames; sends are serialized by a lock (a
+    worker's communication thread and its trainer may both send)."""
+
+    def __init__(self, sock: socket.socket, peer: str) -> None:
+        if sock.family in (socket.AF_INET, socket.AF_INET6):  # not a Unix socket pair
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock = sock
+        self.peer = peer  # in error messages: 'worker rank 3', 'parameter server rank 4'
+        self._send_lock = threading.Lock()
+
+    def send(self, fields: Fields, payload: torch.Tensor | None = None) -> None:
+        """Send one frame: the header (``size`` is the payload's byte count) and the
+        payload's bytes (any dtype, made contiguous)."""
+        raw = _bytes_of(payload) if payload is not None else None
+        size = raw.nbytes if raw is not None else 0
+        op, rank, clock, shard_id, extra, lr = fields
+        header = HEADER.pack(op, rank, clock, shard_id, extra, size, lr)
+        with self._send_lock:
+            try:
+                self.sock.sendall(header)
+                if raw is not None and size:
+                    self.sock.sendall(raw)
+            except OSError as exc:
+                raise ConnectionLost(f"{self.peer}: Connection closed by peer ({exc})") from exc
+
+    def read_header(self) -> Header | None:
+        """The next frame's header, or None when the peer closed the connection
+        between two frames. Raises :class:`ConnectionLost` on a connection that broke
+        within a frame, or a header whose size is absurd."""
+        raw = self._read(HEADER.size, eof_ok=True)
+        if raw is None:
+            return None
+        fields: Header = HEADER.unpack(raw)
+        if not 0 <= fields[5] <= MAX_PAYLOAD:
+            raise ConnectionLost(f"{self.peer}: corrupt frame header {fields}")
+        return fields
+
+    def read_into(self, out: torch.Tensor) -> None:
+        """Fill ``out`` (contiguous, CPU, any dtype) with the next payload bytes."""
+        view = _bytes_of(out)
+        got = 0
+        while got < view.nbytes:
+            try:
+                n = self.sock.recv_into(view[got:])
+            except OSError as exc:
+                raise ConnectionLost(f"{self.peer}: Connection reset by peer ({exc})") from exc
+            if n == 0:
+                raise ConnectionLost(f"{self.peer}: Connection closed by peer")
+            got += n
+
+    def payload(self, size: int) -> torch.Tensor:
+        """The next ``size`` payload bytes, as uint8."""
+        out = torch.empty(size, dtype=torch.uint8)
+        if size:
+            self.read_into(out)
+        return out
+
+    def close(self) -> None:
+        """Close the connection (the peer reads an end of stream)."""
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
+
+    def _read(self, n: int, *, eof_ok: bool) -> bytes | None:
+        buf = bytearray(n)
+        view = memoryview(buf)
+        got = 0
+        while got < n:
+            try:
+                k = self.sock.recv_into(view[got:])
+            except OSError as exc:
+                raise ConnectionLost(f"{self.peer}: Connection reset by peer ({exc})") from exc
+            if k == 0:
+                if got == 0 and eof_ok:
+                    return None
+                raise ConnectionLost(f"{self.peer}: Connection closed by peer")
+            got += k
+        return bytes(buf)
+
+
+def _bytes_of(tensor: torch.Tensor) -> memoryview:
+    """The bytes of a CPU tensor, without a copy when it is contiguous."""
+    flat = tensor.detach().reshape(-1).contiguous()
+    return flat.view(torch.uint8).numpy().data
+
+
+# ----------------------------------------------------------------- the server's end
+
+
+class Endpoint:
+    """A server process's listener and its workers' connections (module docstring):
+    :meth:`get` takes the frames of all workers in the order they arrived."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.inbox: queue.SimpleQueue[Frame | BaseException] = queue.SimpleQueue()
+        self.conns: dict[int, Connection] = {}
+        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._listener.bind(("0.0.0.0", 0))
+        self._listener.listen(128)
+        port = self._listener.getsockname()[1]
+        store = dist.distributed_c10d._get_default_store()
+        store.set(f"{_prefix()}/{rank}", f"{advertised_host()}:{port}")
+        threading.Thread(target=self._accept, name="dmlctl-ps-accept", daemon=True).start()
+
+    def get(self) -> Frame:
+        """The next frame from any worker (blocking); raises what a reader met (a
+        connection that ended before its worker said CLOSE)."""
+        item = self.inbox.get()
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def send(self, worker: int, fields: Fields, payload: torch.Tensor | None = None) -> None:
+        """Send a frame to ``worker`` (on the connection it made last)."""
+        self.conns[worker].send(fields, payload)
+
+    def close(self) -> None:
+        """Stop listening and end every connection."""
+        with contextlib.suppress(OSError):
+            self._listener.close()
+        for conn in list(self.conns.values()):
+            conn.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                sock, peer = self._listener.accept()
+            except OSError:
+                return  # closed
+            conn = Connection(sock, f"a worker at {peer[0]}")
+            threading.Thread(target=self._read, args=(conn,), daemon=True).start()
+
+    def _read(self, conn: Connection) -> None:
+        """One connection's life: its HELLO, then every frame into the inbox until
+        CLOSE; an end before CLOSE (or a broken frame) goes into the inbox as the
+        error :meth:`get` raises."""
+        try:
+            first = conn.read_header()
+            if first is None or first[0] != Op.HELLO:
+                raise ConnectionLost(f"{conn.peer}: connected without a HELLO ({first})")
+            worker = first[1]
+            conn.peer = f"worker rank {worker}"
+            self.conns[worker] = conn
+            while True:
+                header = conn.read_header()
+                if header is None:
+                    raise ConnectionLost(f"{conn.peer}: Connection closed by peer before CLOSE")
+                self.inbox.put((header, conn.payload(header[5]), worker))
+                if header[0] == Op.CLOSE:
+                    return
+        except BaseException as exc:  # handed to get(), which raises it
+            self.inbox.put(exc)
+
+
+_endpoint: tuple[object, Endpoint] | None = None
+
+
+def endpoint(rank: int) -> Endpoint:
+    """This server process's endpoint in the current process group (made at the
+    first call of the group, which publishes its address)."""
+    global _endpoint
+    group = dist.group.WORLD
+    if _endpoint is None or _endpoint[0] is not group or _endpoint[1].rank != rank:
+        if _endpoint is not None:
+            _endpoint[1].close()
+        _endpoint = (group, Endpoint(rank))
+    return _endpoint[1]
+
+
+# ----------------------------------------------------------------- the worker's end
+
+_connections: tuple[object, dict[int, Connection]] | None = None
+
+
+def connection(worker_rank: int, server_rank: int) -> Connection:
+    """This worker process's connection to ``server_rank`` in the current process
+    group: made at the first call (waiting in the store for the server's address),
+    its first frame a HELLO."""
+    global _connections
+    group = dist.group.WORLD
+    if _connections is None or _connections[0] is not group:
+        for old in _connections[1].values() if _connections is not None else ():
+            old.close()
+        _connections = (group, {})
+    conns = _connections[1]
+    if server_rank not in conns:
+        store = dist.distributed_c10d._get_default_store()
+        address = store.get(f"{_prefix()}/{server_rank}").decode()
+        host, _, port = address.rpartition(":")
+        sock = socket.create_connection((host, int(port)))
+        conn = Connection(sock, f"parameter server rank {server_rank} ({address})")
+        conn.send((int(Op.HELLO), worker_rank, 0, -1, 0, NO_LR))
+        conns[server_rank] = conn
+    return conns[server_rank]
+
+
+def disconnect(server_rank: int) -> None:
+    """End this worker's connection to ``server_rank`` (after its CLOSE)."""
+    if _connections is not None and server_rank in _connections[1]:
+        _connections[1].pop(server_rank).close()
+
+
+def _prefix() -> str:
+    return f"{_KEY}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+
+
+def advertised_host() -> str:
+    """The address other hosts reach this one at (module docstring)."""
+    ifname = os.environ.get("GLOO_SOCKET_IFNAME", "").split(",")[0]
+    if ifname:
+        return interface_address(ifname)
+    master = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect((master, int(os.environ.get("MASTER_PORT", "29500"))))
+        return str(probe.getsockname()[0])
+    except OSError:
+        return "127.0.0.1"
+    finally:
+        probe.close()
+
+
+def interface_address(ifname: str) -> str:
+    """The IPv4 address of network interface ``ifname`` (Linux); raises OSError with
+    the name when it has none."""
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        packed = struct.pack("256s", ifname.encode()[:15])
+        raw = fcntl.ioctl(probe.fileno(), _SIOCGIFADDR, packed)
+    except OSError as exc:
+        raise OSError(f"GLOO_SOCKET_IFNAME={ifname}: no IPv4 address ({exc})") from exc
+    finally:
+        probe.close()
+    return socket.inet_ntoa(raw[20:24])
