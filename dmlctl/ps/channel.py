@@ -20,8 +20,10 @@ and ``size`` payload bytes; the messages of one connection arrive in order.
   elements; with a push filter its encoded bytes, see :mod:`dmlctl.ps.codec`). The
   server applies it; with ``extra = 1`` it then treats the header as a PULL too (push
   and read in one step, see :meth:`WorkerChannel.push`).
-* **PULL**: no payload. The server answers — at once, or for stale synchronous
-  parallel once the slowest worker is close enough — with ``PULL_REPLY``:
+* **PULL**: no payload. The server answers — at once, for stale synchronous
+  parallel once the slowest worker is close enough, and for a *final* read
+  (``extra = 1``, the end of a worker's data) once every worker said DONE — with
+  ``PULL_REPLY``:
   ``clock`` = the shard's version, ``extra`` = the slowest unfinished worker's clock,
   the shard's flat parameters as payload.
 * **DONE**: this worker pushes nothing more for now (it no longer holds back
@@ -73,6 +75,7 @@ class Message:
     payload: torch.Tensor | None = None
     then_pull: bool = False  # a PUSH that asks for the shard back once applied
     lr: float | None = None  # the pushing worker's learning rate, when it sends one
+    final: bool = False  # a PULL answered only once every worker said DONE
 
 
 @dataclass(frozen=True)
@@ -159,11 +162,15 @@ class WorkerChannel:
             self.bytes_sent += flat.numel() * flat.element_size()
         return self._collect(list(grads)) if pull else {}
 
-    def pull(self, shard_ids: Sequence[int], clock: int) -> dict[int, Pulled]:
+    def pull(
+        self, shard_ids: Sequence[int], clock: int, *, final: bool = False
+    ) -> dict[int, Pulled]:
         """Fresh parameters of every shard in ``shard_ids``, all requested before any
-        answer is read; the result maps shard id → :class:`Pulled`."""
+        answer is read; the result maps shard id → :class:`Pulled`. A ``final`` read
+        is answered once every worker said DONE (:meth:`done`): the end of the data,
+        where the workers meet without a collective of their own."""
         for shard_id in shard_ids:
-            request = _fields(Op.PULL, self.rank, clock, shard_id)
+            request = _fields(Op.PULL, self.rank, clock, shard_id, int(final))
             self._conn(self.shard_servers[shard_id]).send(request)
         return self._collect(shard_ids)
 
@@ -290,7 +297,7 @@ class ServerChannel:
         if shard_id not in self.shard_numel:
             raise RuntimeError(f"rank {sender} sent {op.name} for shard {shard_id}, not held here")
         if op is Op.PULL:
-            return Message(op, worker, clock, shard_id)
+            return Message(op, worker, clock, shard_id, final=extra == 1)
         if op is not Op.PUSH:
             raise RuntimeError(f"unexpected op {op.name} from rank {sender}")
         payload = self._decode(sender, shard_id, raw)

@@ -341,7 +341,7 @@ class RoundServer(ParameterServer):
         low = self.min_clock()
         for msg in self.pending:
             version = self.versions[msg.shard_id]
-            if msg.then_pull and self.rounds_rule.waiting(msg, version):
+            if self.held(msg) or (msg.then_pull and self.rounds_rule.waiting(msg, version)):
                 waiting.append(msg)
             else:
                 self._reply(msg, low)

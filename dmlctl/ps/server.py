@@ -158,12 +158,19 @@ class ParameterServer:
         low = self.min_clock()
         waiting: list[Message] = []
         for msg in self.pending:
-            if self.staleness_bound is not None and msg.clock - low > self.staleness_bound:
+            if self.held(msg) or (
+                self.staleness_bound is not None and msg.clock - low > self.staleness_bound
+            ):
                 waiting.append(msg)
                 continue
             self.max_lead = max(self.max_lead, msg.clock - low)
             self._reply(msg, low)
         self.pending = waiting
+
+    def held(self, msg: Message) -> bool:
+        """Whether ``msg`` is a final read (the end of a worker's data) that waits
+        for the workers that have not said DONE yet."""
+        return msg.final and not self.finished.issuperset(self.workers)
 
     def _reply(self, msg: Message, low: int) -> None:
         """Send the shard ``msg`` reads at its current version (remembered as the

@@ -15,9 +15,10 @@ pushing reached ``c − s``; the worker waits in that pull. Metrics: ``clock``,
 ``comm_bytes_per_step`` and ``comm_share`` (time in push/pull, waiting included).
 
 When the data of ``ctx.shard`` ends, the worker pushes what it has not pushed, tells
-the servers it is DONE (it no longer holds back ``ssp`` readers), waits for the other
-workers and pulls: every worker ends with the servers' final parameters, identical on
-all workers, and the mean of the workers' buffers that change in training
+the servers it is DONE (it no longer holds back ``ssp`` readers) and makes a *final*
+pull, which the servers answer once every worker said DONE (the workers meet there,
+not in a collective of their own): every worker ends with the servers' final
+parameters, identical on all workers, and the mean of the workers' buffers that change in training
 (:mod:`dmlctl.runtime.buffers`). ``ctx.close`` sends CLOSE; the servers stop once
 every worker closed.
 
@@ -201,8 +202,9 @@ class PSOptimizer(StrategyOptimizer):
         clock = self.local_steps
         self.comm.submit(lambda: self.channel.pull(self.shard_ids, clock=clock))
 
-    def _pull(self) -> list[torch.Tensor]:
-        pulled = self._timed(lambda: self.channel.pull(self.shard_ids, clock=self.local_steps))
+    def _pull(self, *, final: bool = False) -> list[torch.Tensor]:
+        clock = self.local_steps
+        pulled = self._timed(lambda: self.channel.pull(self.shard_ids, clock, final=final))
         return self._unpacked(pulled)
 
     def _unpacked(self, pulled: Mapping[int, Pulled]) -> list[torch.Tensor]:
@@ -256,8 +258,7 @@ class PSOptimizer(StrategyOptimizer):
         self.settle()
         self.flush()
         self.channel.done(clock=self.local_steps)
-        dist.barrier(group=self.group)
-        self.final_pull(self._pull())
+        self.final_pull(self._pull(final=True))  # answered once every worker is done
         if not self.keep_local:
             self.average_buffers()
 

@@ -151,3 +151,28 @@ def test_backup_rounds_step_with_the_lr_the_workers_sent() -> None:
     assert torch.allclose(server.params[0], torch.tensor([-0.1, -0.1]))
     server.handle(push(0, 1, [1.0, 1.0]))  # no lr sent: the last one stays
     assert torch.allclose(server.params[0], torch.tensor([-0.2, -0.2]))
+
+
+def final_pull(worker: int) -> Message:
+    return Message(Op.PULL, worker, 9, 0, final=True)
+
+
+@pytest.mark.parametrize("kind", ["asgd", "sync-ps"])
+def test_a_final_pull_is_answered_once_every_worker_said_done(kind: str) -> None:
+    """The end of the data: the workers meet at the servers (no barrier of their own)."""
+    from dmlctl.ps.server import ParameterServer
+
+    replies = Replies()
+    server: ParameterServer
+    if kind == "asgd":
+        server = ParameterServer({0: torch.zeros(2)}, range(2), replies, lr=0.1)
+    else:
+        server, replies = sgd_server(backup=0, workers=2)
+    server.handle(Message(Op.DONE, 0, 9, -1))
+    server.handle(final_pull(0))
+    server.handle(Message(Op.PULL, 1, 3, 0))  # an ordinary read is not held
+    assert replies.to(0) == [] and len(replies.to(1)) == 1
+    server.handle(Message(Op.DONE, 1, 9, -1))
+    assert len(replies.to(0)) == 1  # answered the moment the last worker is done
+    server.handle(final_pull(1))
+    assert len(replies.to(1)) == 2
