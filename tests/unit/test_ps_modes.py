@@ -47,7 +47,10 @@ class OneServer(WorkerChannel):
         self.bytes_sent += update.numel() * update.element_size()
         return self.pull([0], clock) if pull else {}
 
-    def pull(self, shard_ids: Sequence[int], clock: int) -> dict[int, Pulled]:
+    def pull(
+        self, shard_ids: Sequence[int], clock: int, *, final: bool = False
+    ) -> dict[int, Pulled]:
+        del final  # one worker: nobody to wait for
         self.pulls.append(clock)
         return {0: Pulled(version=len(self.pushes), flat=self.flat.clone(), min_clock=clock)}
 
