@@ -92,6 +92,13 @@ ENV_PARALLELISM = "DMLCTL_PARALLELISM"
 ENV_PARALLELIZE = "DMLCTL_PARALLELIZE"
 ENV_STRAGGLER = "DMLCTL_STRAGGLER"  # benchmarks: the last worker runs this many times slower
 ENV_ATTEMPT = "DMLCTL_ATTEMPT"  # 1-based attempt: 1 on the first, as the dashboard counts
+#: ``restart.mode: in_place`` (absent: ``full``): a worker killed by SIGKILL is forked
+#: again in place, at most ``DMLCTL_RESPAWNS`` times per rank; the replacement has
+#: ``DMLCTL_REJOIN`` set (to its number, 1 for the first) and joins the running world.
+ENV_RESTART_MODE = "DMLCTL_RESTART_MODE"
+ENV_RESPAWNS = "DMLCTL_RESPAWNS"
+ENV_REJOIN = "DMLCTL_REJOIN"
+IN_PLACE = "in_place"
 ENV_CHECKPOINT_DIR = "DMLCTL_CHECKPOINT_DIR"
 ENV_CHECKPOINT_EVERY_STEPS = "DMLCTL_CHECKPOINT_EVERY_STEPS"
 ENV_CHECKPOINT_EVERY_SECONDS = "DMLCTL_CHECKPOINT_EVERY_SECONDS"
@@ -111,6 +118,7 @@ KIND_EXIT = "exit"
 KIND_HEARTBEAT = "heartbeat"  # the rank is alive; BEAT_KEYS say what it is doing
 KIND_CHECKPOINT = "checkpoint"  # {step: int, dir: str}: this rank committed a checkpoint
 KIND_PREPARED = "prepared"  # {strategy: str}: ctx.prepare() applied the job's strategy
+KIND_RESPAWN = "respawn"  # {code, pid}: the rank's process died (code) and was forked again
 _KIND_PREFIX = '{"kind":"'
 
 
@@ -301,6 +309,11 @@ class RankEventWriter:
     def prepared(self, strategy: str) -> None:
         """Record that the script let ``strategy`` wrap its model and optimizer."""
         self._write({"kind": KIND_PREPARED, "strategy": strategy})
+
+    def respawn(self, code: int, pid: int) -> None:
+        """Record that this rank's process died with ``code`` and was started again
+        in place (written by the torchrun that forks it; ``pid`` the new process)."""
+        self._write({"kind": KIND_RESPAWN, "code": code, "pid": pid})
 
     def checkpoint(self, step: int, directory: str) -> None:
         """Record that this rank committed checkpoint ``step`` in ``directory``."""

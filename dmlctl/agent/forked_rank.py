@@ -41,6 +41,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any, NoReturn
 
+from dmlctl import protocol
+from dmlctl.agent import respawn
 from dmlctl.agent.procs import exit_status, name_process
 
 ENTRY = ("-u", "-m", "dmlctl.runtime.entry")
@@ -91,27 +93,48 @@ def can_fork(args: Sequence[str], env: Mapping[str, str]) -> bool:
 class ForkedRank:
     """One forked rank, with the part of :class:`subprocess.Popen` torchrun uses:
     ``pid``, ``args``, ``returncode``, ``poll``, ``wait`` (raising
-    :class:`subprocess.TimeoutExpired`), ``send_signal``, ``terminate`` and ``kill``."""
+    :class:`subprocess.TimeoutExpired`), ``send_signal``, ``terminate`` and ``kill``.
+
+    With ``restart.mode: in_place`` a worker killed by SIGKILL is forked again
+    (:mod:`dmlctl.agent.respawn`): :meth:`poll` then reports it running, with the new
+    ``pid``; never once torchrun has signalled it (torchrun stops its workers)."""
 
     def __init__(
         self, args: Sequence[str], env: Mapping[str, str], out: IO[Any] | None, err: IO[Any] | None
     ) -> None:
         self.args = list(args)
+        self._env, self._out, self._err = dict(env), out, err
+        self.respawns = 0
+        self._signalled = False
+        self.pid = self._fork(self._env)
+        self.returncode: int | None = None
+
+    def _fork(self, env: Mapping[str, str]) -> int:
         for stream in (sys.stdout, sys.stderr):  # nothing buffered is written twice
             stream.flush()
         pid = os.fork()
         if pid == 0:  # pragma: no cover - runs in the child, which never returns
-            _become_rank(self.args, env, out, err)
-        self.pid = pid
-        self.returncode: int | None = None
+            _become_rank(self.args, env, self._out, self._err)
+        return pid
 
     def poll(self) -> int | None:
         if self.returncode is None:
             try:
-                self.returncode = exit_status(self.pid)
+                code = exit_status(self.pid)
             except ChildProcessError:  # reaped by someone else: its status is lost
-                self.returncode = 255
+                code = 255
+            if code is not None and not self._respawned(code):
+                self.returncode = code
         return self.returncode
+
+    def _respawned(self, code: int) -> bool:
+        """Fork the rank again if :func:`~dmlctl.agent.respawn.may_respawn` lets it."""
+        if self._signalled or not respawn.may_respawn(self._env, code, self.respawns):
+            return False
+        self.respawns += 1
+        self.pid = self._fork(respawn.rejoin_env(self._env, self.respawns))
+        respawn.record(self._env, code, self.pid)
+        return True
 
     def wait(self, timeout: float | None = None) -> int:
         end = None if timeout is None else time.monotonic() + timeout
@@ -122,6 +145,7 @@ class ForkedRank:
         return code
 
     def send_signal(self, sig: int) -> None:
+        self._signalled = True  # torchrun stops it: never forked again
         if self.poll() is None:
             os.kill(self.pid, sig)
 
@@ -147,10 +171,36 @@ def install() -> None:
     def _popen(self: Any, args: tuple[str, ...], env: dict[str, str]) -> Any:
         if can_fork(args, env):
             return ForkedRank(args, env, self._stdout, self._stderr)
+        if env.get(protocol.ENV_RESTART_MODE) == protocol.IN_PLACE:
+            rank = env.get("RANK", "?")
+            print(  # only a forked rank is forked again: this one restarts the run
+                f"dmlctl: rank {rank} starts as a new interpreter, so restart.mode: "
+                "in_place cannot replace it alone; its loss restarts the run",
+                file=sys.stderr,
+                flush=True,
+            )
         return cold(self, args, env)
 
     handler.SubprocessHandler._popen = _popen  # type: ignore[method-assign]
+    _follow_respawns()
     gc.freeze()  # the ranks share these pages; no collection of theirs touches them
+
+
+def _follow_respawns() -> None:
+    """Have torchrun's monitor know a rank forked again in place by its new pid (it
+    checks its workers' pids against its processes' before every look at them)."""
+    from torch.distributed.elastic.agent.server import local_elastic_agent as agent
+
+    own = agent.LocalElasticAgent._monitor_workers
+
+    def _monitor_workers(self: Any, worker_group: Any) -> Any:
+        handlers = getattr(self._pcontext, "subprocess_handlers", None) or {}
+        for local_rank, sub in handlers.items():
+            if isinstance(sub.proc, ForkedRank) and sub.proc.respawns:
+                worker_group.workers[local_rank].id = sub.proc.pid
+        return own(self, worker_group)
+
+    agent.LocalElasticAgent._monitor_workers = _monitor_workers  # type: ignore[method-assign]
 
 
 def _import_the_runtime() -> None:
@@ -158,7 +208,6 @@ def _import_the_runtime() -> None:
     ``dmlctl.init()`` and the job's strategy."""
     import dmlctl.runtime.entry
     import dmlctl.runtime.session  # noqa: F401
-    from dmlctl import protocol
     from dmlctl.strategies import registry
 
     with contextlib.suppress(Exception):  # a rank names a bad strategy itself

@@ -112,7 +112,7 @@ def serve(rank: int, shards: Shards, workers: int) -> None:
             channel.reply(msg.worker, sid, shards.version[sid], shards.flat[sid])
         elif msg.op is Op.DONE:
             finished += 1
-        else:
+        elif msg.op is not Op.HELLO:  # a worker's first message in the run
             raise RuntimeError(f"unexpected {msg.op.name} from rank {msg.worker}")
 
 

@@ -216,6 +216,14 @@ def _on_failure(
     return restarting, Action.NONE
 
 
+def respawned(state: RestartState, count: int) -> RestartState:
+    """``state`` after ``count`` ranks were started again in place during the attempt
+    (``restart.mode: in_place``): each spent one infra restart, as a full restart
+    after a rank killed by a signal would have."""
+    used = state.infra_restarts_used + max(0, count)
+    return dataclasses.replace(state, infra_restarts_used=used)
+
+
 def resumed(failures: Sequence[Failure], attempt: int) -> RestartState:
     """The state in which a resumed run (``dmlctl launch --resume``) starts attempt
     ``attempt``, after the restarts caused by ``failures`` (oldest first): STARTING,

@@ -43,6 +43,7 @@ from dmlctl.launch.policy import (
     Started,
     Tick,
     backoff,
+    respawned,
     resumed,
     step,
 )
@@ -168,6 +169,7 @@ class Supervisor:
                 state, attempt = self.attempts.start(state, self.plan, policy.attempt)
                 policy, _ = self._feed(policy, Started())
                 ended = self.attempts.follow(state, attempt)
+                policy = respawned(policy, ended.state.respawns - state.respawns)
                 state, signal = self._judged(ended.state, ended.outcome)
             policy, action = self._feed(policy, signal)
             if policy.phase is Phase.RESTARTING:  # a restart granted: announce, wait for it

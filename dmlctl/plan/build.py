@@ -96,7 +96,16 @@ def _host_env(
         **({protocol.ENV_BACKEND: job.backend} if job.backend != gpu_rules.AUTO else {}),
         **_checkpoint_env(job, checkpoints, run_id),
         **_parallel_env(job, mesh),
+        **_restart_env(job),
     }
+
+
+def _restart_env(job: JobSpec) -> dict[str, str]:
+    """``DMLCTL_RESTART_MODE`` and ``DMLCTL_RESPAWNS`` with ``restart.mode: in_place``."""
+    if job.restart.mode != protocol.IN_PLACE:
+        return {}
+    restarts = str(job.restart.max_infra_restarts)
+    return {protocol.ENV_RESTART_MODE: protocol.IN_PLACE, protocol.ENV_RESPAWNS: restarts}
 
 
 def _pool_host(

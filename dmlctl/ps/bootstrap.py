@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from dmlctl.ps.server import pack, unpack
 from dmlctl.ps.shards import plan_shards
+from dmlctl.runtime import rejoin
 
 if TYPE_CHECKING:
     from dmlctl.runtime.context import Context
@@ -162,16 +163,47 @@ def start_worker(ctx: Context, params: Sequence[torch.nn.Parameter], layout: Lay
     worker's. Returns the layout in force."""
     members = ctx.membership
     assert members is not None
+    if rejoin.rejoining():
+        return _rejoin(ctx, params)
     src = members.workers[0]
     first = ctx.global_rank == src
     layout = share_layout(layout if first else None, src=src)
+    if first and rejoin.in_place():
+        rejoin.publish_object(_LAYOUT, layout)  # for a worker started again in place
+    _check_shapes(ctx, params, layout)
+    shards = share_initial(layout, src=src, params=list(params) if first else None)
+    fresh = unpack(shards, layout.plan, [torch.Size(s) for s in layout.shapes])
+    with torch.no_grad():
+        for p, value in zip(params, fresh, strict=True):
+            p.copy_(value)
+    return layout
+
+
+_LAYOUT = "ps-layout"
+
+
+def _check_shapes(ctx: Context, params: Sequence[torch.nn.Parameter], layout: Layout) -> None:
     if [tuple(p.shape) for p in params] != [tuple(s) for s in layout.shapes]:
         raise RuntimeError(
             f"worker {ctx.rank}: the model's parameter shapes differ from worker 0's "
             "(every worker must build the same model)"
         )
-    shards = share_initial(layout, src=src, params=list(params) if first else None)
-    fresh = unpack(shards, layout.plan, [torch.Size(s) for s in layout.shapes])
+
+
+def _rejoin(ctx: Context, params: Sequence[torch.nn.Parameter]) -> Layout:
+    """A worker started again in place (:mod:`dmlctl.runtime.rejoin`): the layout the
+    first worker kept in the store, and the servers' current parameters in ``params``
+    (pulled over the channel; no collective). Returns the layout."""
+    from dmlctl.ps.channel import WorkerChannel
+
+    layout: Layout = rejoin.read_object(_LAYOUT)
+    _check_shapes(ctx, params, layout)
+    channel = WorkerChannel(
+        ctx.global_rank, layout.servers_by_shard(), layout.shard_numel(), layout.torch_dtype
+    )
+    pulled = channel.pull(list(range(len(layout.plan))), clock=0)
+    flats = [pulled[s].flat for s in range(len(layout.plan))]
+    fresh = unpack(flats, layout.plan, [torch.Size(s) for s in layout.shapes])
     with torch.no_grad():
         for p, value in zip(params, fresh, strict=True):
             p.copy_(value)

@@ -15,7 +15,9 @@ Every message is one frame, a header ``(op, rank, clock, shard_id, extra, size, 
 and ``size`` payload bytes; the messages of one connection arrive in order.
 
 * **HELLO**: a worker's first frame on a connection: its rank (see
-  :mod:`dmlctl.ps.frames`, which also holds the kinds, :class:`Op`).
+  :mod:`dmlctl.ps.frames`, which also holds the kinds, :class:`Op`). The server's
+  :meth:`ServerChannel.receive` returns it, and a **LEFT** message (never sent) when a
+  worker's connection ends before its CLOSE: the worker died.
 * **PUSH**: the shard's flat update as payload (the shard's dtype, ``numel``
   elements; with a push filter its encoded bytes, see :mod:`dmlctl.ps.codec`). The
   server applies it; with ``extra = 1`` it then treats the header as a PULL too (push
@@ -33,9 +35,9 @@ and ``size`` payload bytes; the messages of one connection arrive in order.
 * **RESTORE**: the state as payload; the server answers an empty ``SNAPSHOT_REPLY``
   once it has loaded it (an acknowledgement).
 
-A connection that ends before its worker said CLOSE (the worker died) makes the
-server's :meth:`ServerChannel.receive` raise :class:`~dmlctl.ps.frames.ConnectionLost`
-naming that worker; a server that dies does the same to its workers' calls.
+A server that dies makes its workers' calls raise
+:class:`~dmlctl.ps.frames.ConnectionLost` naming it; what a LEFT worker means is the
+server's to decide (:class:`~dmlctl.ps.server.ParameterServer`).
 """
 
 from __future__ import annotations
@@ -290,7 +292,7 @@ class ServerChannel:
             raise RuntimeError(f"unknown op {raw_op} from rank {sender}") from None
         if worker != sender:
             raise RuntimeError(f"header names rank {worker} but came from rank {sender}")
-        if op in (Op.DONE, Op.CLOSE, Op.SNAPSHOT):
+        if op in (Op.DONE, Op.CLOSE, Op.SNAPSHOT, Op.HELLO, Op.LEFT):
             return Message(op, worker, clock, -1)
         if op is Op.RESTORE:
             return Message(op, worker, clock, -1, raw)

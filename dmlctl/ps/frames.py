@@ -36,6 +36,8 @@ import threading
 import torch
 import torch.distributed as dist
 
+from dmlctl.runtime import rejoin
+
 HEADER = struct.Struct("<qqqqqqd")
 """op, rank, clock, shard_id, extra, size (payload bytes), lr (NaN: none)."""
 MAX_PAYLOAD = 1 << 40
@@ -63,6 +65,7 @@ class Op(enum.IntEnum):
     SNAPSHOT_REPLY = 7
     RESTORE = 8
     HELLO = 9
+    LEFT = 10  # never sent: what a server's endpoint reads when a connection ends early
 
 
 Header = tuple[int, int, int, int, int, int, float]
@@ -176,20 +179,22 @@ class Endpoint:
         self._listener.bind(("0.0.0.0", 0))
         self._listener.listen(128)
         port = self._listener.getsockname()[1]
-        store = dist.distributed_c10d._get_default_store()
+        store = rejoin.store()
         store.set(f"{_prefix()}/{rank}", f"{advertised_host()}:{port}")
         threading.Thread(target=self._accept, name="dmlctl-ps-accept", daemon=True).start()
 
     def get(self) -> Frame:
-        """The next frame from any worker (blocking); raises what a reader met (a
-        connection that ended before its worker said CLOSE)."""
+        """The next frame from any worker (blocking): a worker's HELLO as it connects,
+        its frames, and a LEFT frame when its connection ends before it said CLOSE;
+        raises what a reader met otherwise (a corrupt frame)."""
         item = self.inbox.get()
         if isinstance(item, BaseException):
             raise item
         return item
 
     def send(self, worker: int, fields: Fields, payload: torch.Tensor | None = None) -> None:
-        """Send a frame to ``worker`` (on the connection it made last)."""
+        """Send a frame to ``worker`` (on the connection it made last); raises
+        :class:`ConnectionLost` when that connection has ended."""
         self.conns[worker].send(fields, payload)
 
     def close(self) -> None:
@@ -209,25 +214,30 @@ class Endpoint:
             threading.Thread(target=self._read, args=(conn,), daemon=True).start()
 
     def _read(self, conn: Connection) -> None:
-        """One connection's life: its HELLO, then every frame into the inbox until
-        CLOSE; an end before CLOSE (or a broken frame) goes into the inbox as the
-        error :meth:`get` raises."""
+        """One connection's life: its HELLO (into the inbox), then every frame until
+        CLOSE; an end before CLOSE, or a broken frame (the worker is gone all the
+        same), becomes a LEFT frame; a connection without a HELLO, the error
+        :meth:`get` raises."""
         try:
             first = conn.read_header()
-            if first is None or first[0] != Op.HELLO:
-                raise ConnectionLost(f"{conn.peer}: connected without a HELLO ({first})")
-            worker = first[1]
-            conn.peer = f"worker rank {worker}"
-            self.conns[worker] = conn
-            while True:
-                header = conn.read_header()
-                if header is None:
-                    raise ConnectionLost(f"{conn.peer}: Connection closed by peer before CLOSE")
+        except ConnectionLost:
+            first = None
+        if first is None or first[0] != Op.HELLO:
+            self.inbox.put(ConnectionLost(f"{conn.peer}: connected without a HELLO ({first})"))
+            return
+        worker = first[1]
+        conn.peer = f"worker rank {worker}"
+        self.conns[worker] = conn
+        self.inbox.put((first, _EMPTY, worker))
+        with contextlib.suppress(ConnectionLost):
+            while (header := conn.read_header()) is not None:
                 self.inbox.put((header, conn.payload(header[5]), worker))
                 if header[0] == Op.CLOSE:
                     return
-        except BaseException as exc:  # handed to get(), which raises it
-            self.inbox.put(exc)
+        self.inbox.put(((int(Op.LEFT), worker, 0, -1, 0, 0, NO_LR), _EMPTY, worker))
+
+
+_EMPTY = torch.empty(0, dtype=torch.uint8)
 
 
 _endpoint: tuple[object, Endpoint] | None = None
@@ -262,7 +272,7 @@ def connection(worker_rank: int, server_rank: int) -> Connection:
         _connections = (group, {})
     conns = _connections[1]
     if server_rank not in conns:
-        store = dist.distributed_c10d._get_default_store()
+        store = rejoin.store()
         address = store.get(f"{_prefix()}/{server_rank}").decode()
         host, _, port = address.rpartition(":")
         sock = socket.create_connection((host, int(port)))

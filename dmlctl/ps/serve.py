@@ -35,6 +35,7 @@ from dmlctl.ps.codec import PushCodec
 from dmlctl.ps.rounds import BackupRounds, ConsensusRounds, RoundRule, RoundServer
 from dmlctl.ps.rules import AdaDelay, ScaledAdd, UpdateRule
 from dmlctl.ps.server import ParameterServer
+from dmlctl.runtime import rejoin
 
 if TYPE_CHECKING:
     from dmlctl.runtime.context import Context
@@ -88,6 +89,8 @@ def server_metrics(server: ParameterServer) -> dict[str, float]:
         out["step_size"] = sum(server.rule.last_step.values()) / len(server.rule.last_step)
     if isinstance(server, RoundServer):
         out.update(server.rounds_rule.metrics())
+    if server.elastic:  # restart.mode: in_place: workers lost, and waited for now
+        out.update(workers_away=float(len(server.away)), departures=float(server.departures))
     return out
 
 
@@ -126,6 +129,7 @@ def run_server(ctx: Context) -> ParameterServer:
             channel,
             rule=make_rule(layout.rule),
             staleness_bound=layout.staleness_bound,
+            elastic=rejoin.in_place(),
         )
     last = time.monotonic()
 

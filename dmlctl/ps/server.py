@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from dmlctl.ps.channel import Message, Op, ServerTransport
+from dmlctl.ps.frames import ConnectionLost
 from dmlctl.ps.rules import ScaledAdd, UpdateRule
 from dmlctl.ps.stats import ServerStats
 
@@ -85,6 +86,7 @@ class ParameterServer:
         lr: float | None = None,
         rule: UpdateRule | None = None,
         staleness_bound: int | None = None,
+        elastic: bool = False,
     ) -> None:
         if rule is None:
             if lr is None:
@@ -97,6 +99,11 @@ class ParameterServer:
         self.channel = channel
         self.rule = rule
         self.staleness_bound = staleness_bound
+        #: ``restart.mode: in_place``: a worker that left (its process died) is waited
+        #: for by nobody until its replacement connects; else its loss fails the server.
+        self.elastic = elastic
+        self.away: set[int] = set()
+        self.departures = 0
         self.versions: dict[int, int] = dict.fromkeys(self.params, 0)
         self.clocks: dict[int, int] = dict.fromkeys(self.workers, 0)
         self.pulled: dict[tuple[int, int], int] = {}
@@ -113,7 +120,9 @@ class ParameterServer:
     def min_clock(self) -> int:
         """The smallest clock among workers still pushing (the largest clock of all
         when none is: nobody holds readers back)."""
-        active = [c for w, c in self.clocks.items() if w not in self.finished]
+        active = [
+            c for w, c in self.clocks.items() if w not in self.finished and w not in self.away
+        ]
         return min(active) if active else max(self.clocks.values(), default=0)
 
     def handle(self, msg: Message) -> None:
@@ -128,7 +137,9 @@ class ParameterServer:
         if msg.worker not in self.clocks:
             raise RuntimeError(f"message from rank {msg.worker}, not a worker of this server")
         self.clocks[msg.worker] = max(self.clocks[msg.worker], msg.clock)
-        if msg.op is Op.DONE:
+        if msg.op in (Op.HELLO, Op.LEFT):
+            self.membership(msg)
+        elif msg.op is Op.DONE:
             self.finished.add(msg.worker)
         elif msg.op is Op.CLOSE:
             self.finished.add(msg.worker)
@@ -150,6 +161,24 @@ class ParameterServer:
         else:
             raise RuntimeError(f"a server cannot handle {msg.op.name}")
         self._answer_ready()
+
+    def membership(self, msg: Message) -> None:
+        """A worker connected (HELLO) or left (LEFT, its connection ended before its
+        CLOSE). Either way the reads of an earlier process of that rank are dropped.
+        A LEFT fails the server (:class:`~dmlctl.ps.frames.ConnectionLost` naming the
+        worker) unless it is :attr:`elastic`; then the worker is away — the slowest
+        clock no longer waits for it — until its replacement says HELLO."""
+        worker = msg.worker
+        self.pending = [m for m in self.pending if m.worker != worker]
+        if msg.op is Op.HELLO:
+            self.away.discard(worker)
+        elif worker not in self.closed:
+            if not self.elastic:
+                raise ConnectionLost(
+                    f"worker rank {worker}: Connection closed by peer before CLOSE"
+                )
+            self.away.add(worker)
+            self.departures += 1
 
     def _answer_ready(self) -> None:
         """Reply to every pending PULL the staleness bound now allows."""
@@ -178,7 +207,12 @@ class ParameterServer:
         version = self.versions[msg.shard_id]
         self.pulled[(msg.worker, msg.shard_id)] = version
         flat = self.params[msg.shard_id]
-        self.channel.reply(msg.worker, msg.shard_id, version, flat, low)
+        try:
+            self.channel.reply(msg.worker, msg.shard_id, version, flat, low)
+        except ConnectionLost:
+            if not self.elastic:
+                raise
+            return  # the worker is gone: its LEFT follows
         self.stats.pulled(flat.numel() * flat.element_size())
 
     def apply(self, worker: int, shard_id: int, update: torch.Tensor) -> int:

@@ -43,6 +43,7 @@ from dmlctl.ps.codec import PushCodec
 from dmlctl.ps.overlap import CommThread
 from dmlctl.ps.server import pack, unpack
 from dmlctl.ps.staging import Staging
+from dmlctl.runtime import rejoin
 from dmlctl.runtime.optimizer import StrategyOptimizer
 from dmlctl.text import plural
 
@@ -112,6 +113,8 @@ class PSOptimizer(StrategyOptimizer):
         self.min_clock = 0
         self.versions: dict[int, int] = dict.fromkeys(self.shard_ids, 0)  # latest read, per shard
         self.pushed_at = 0  # local step of the latest push
+        if rejoin.rejoining():  # started again in place: its clock goes on (a step a batch)
+            self.local_steps = self.pushed_at = ctx.batches_taken
         self._bytes_seen = 0
         self._closed = False
         #: ``overlap: true``: the thread that runs each exchange while the trainer
@@ -267,6 +270,12 @@ class PSOptimizer(StrategyOptimizer):
         :mod:`dmlctl.runtime.buffers`) ← their mean over the workers: the servers
         hold parameters only. Collective over the workers."""
         workers = len(self.ctx.membership.workers) if self.ctx.membership else 1
+        if rejoin.in_place() and self.buffers.candidates:
+            self.ctx.notice(
+                "restart.mode: in_place: the buffers that change in training (BatchNorm "
+                "statistics) stay each worker's own: a replaced worker cannot average them"
+            )
+            return
         began = time.perf_counter()
         mean = self.buffers.average(self.group, workers)
         if mean is not None:

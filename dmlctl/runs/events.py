@@ -63,6 +63,18 @@ class RankStarted:
 
 
 @dataclass(frozen=True)
+class RankRespawned:
+    """A rank's process died (``cause``) and was started again in place while the
+    others went on (``restart.mode: in_place``); ``pid`` is the new process."""
+
+    host: str
+    rank: int
+    cause: Failure
+    pid: int
+    ts: float
+
+
+@dataclass(frozen=True)
 class Collective:
     """A rank's collectives in one process group: the sequence numbers of the last one
     it entered and the last it completed; the oldest pending one's op name and age in
@@ -258,6 +270,7 @@ Event = (
     | MetricRecord
     | RankStarted
     | RankExited
+    | RankRespawned
     | AgentStarted
     | AgentExited
     | Progress

@@ -26,6 +26,7 @@ from dmlctl.runs.events import (
     ProcSample,
     ProcUsage,
     RankExited,
+    RankRespawned,
     RankStarted,
     StackDump,
     StacksDumped,
@@ -184,6 +185,15 @@ def _heartbeat(host: str, rank: int, rec: Mapping[str, Any], ts: float) -> Heart
     )
 
 
+def _respawn_cause(host: str, rank: int, code: int, ts: float) -> Failure:
+    """Why a rank was started again in place: its process ended with ``code``."""
+    name = signal.Signals(-code).name if code < 0 else f"code {code}"
+    message = f"killed by {name}; started again in place" if code < 0 else f"exited with {name}"
+    return Failure(
+        host, rank, "Signal", message, (), ts, kind=exit_kind(code), evidence=Evidence.EXIT
+    )
+
+
 def _rank_record(host: str, rec: Mapping[str, Any]) -> list[Event]:
     kind, rank, ts = rec["kind"], int(rec["rank"]), float(rec["ts"])
     if kind == protocol.KIND_METRIC:
@@ -198,6 +208,12 @@ def _rank_record(host: str, rec: Mapping[str, Any]) -> list[Event]:
         return [Prepared(host, rank, str(rec["strategy"]), ts)]
     if kind == protocol.KIND_CHECKPOINT:
         return [CheckpointSaved(host, rank, int(rec["step"]), str(rec["dir"]), ts)]
+    if kind == protocol.KIND_RESPAWN:
+        return [
+            RankRespawned(
+                host, rank, _respawn_cause(host, rank, int(rec["code"]), ts), int(rec["pid"]), ts
+            )
+        ]
     if kind == protocol.KIND_EXIT:
         cause = _cause(host, rank, rec.get("error"), ts)
         return [RankExited(host, rank, int(rec["code"]), cause, ts, _coll(rec.get("coll")))]

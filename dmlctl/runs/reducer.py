@@ -30,6 +30,7 @@ from dmlctl.runs.events import (
     Prepared,
     Progress,
     RankExited,
+    RankRespawned,
     RankStarted,
     Resized,
     Restarting,
@@ -156,6 +157,14 @@ def _rank_exited(f: _Fold, ev: RankExited) -> None:
             _failed(f, cause)
 
 
+def _rank_respawned(f: _Fold, ev: RankRespawned) -> None:
+    """A rank recovers in place: counted with the run's failures, not this attempt's
+    (the attempt goes on)."""
+    f.upd(ev.rank, ev.host).update(status=RankStatus.RECOVERING, pid=ev.pid, exit_code=None)
+    f.changed["respawns"] = f.get("respawns") + 1
+    f.changed["failures"] = (*f.get("failures"), ev.cause)
+
+
 def _agent_started(f: _Fold, ev: AgentStarted) -> None:
     if f.get("phase") == Phase.PENDING:
         f.changed["phase"] = Phase.STARTING
@@ -279,6 +288,7 @@ _HANDLERS: dict[type, Callable[[_Fold, Any], None]] = {
     MetricRecord: _metric_record,
     RankStarted: _rank_started,
     RankExited: _rank_exited,
+    RankRespawned: _rank_respawned,
     AgentStarted: _agent_started,
     AgentExited: _agent_exited,
     Progress: _progress,

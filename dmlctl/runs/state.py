@@ -44,6 +44,7 @@ class Phase(str, Enum):
 class RankStatus(str, Enum):
     PENDING = "pending"
     RUNNING = "running"
+    RECOVERING = "recovering"  # its process died and a new one joins in place
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     STOPPED = "stopped"
@@ -105,6 +106,7 @@ class RunState:
     started_at: float | None = None
     ended_at: float | None = None
     restarts: int = 0
+    respawns: int = 0  # ranks started again in place (restart.mode: in_place)
     ranks: tuple[RankState, ...] = ()
     root_cause: Failure | None = None  # of this attempt's failures, the one that explains them
     failures: tuple[Failure, ...] = ()  # the cause of every attempt that failed
@@ -155,6 +157,7 @@ class RunState:
             started_at=data.get("started_at"),
             ended_at=data.get("ended_at"),
             restarts=int(data.get("restarts", 0)),
+            respawns=int(data.get("respawns", 0)),
             ranks=tuple(_rank_from(r) for r in data["ranks"]),
             root_cause=failure_from_dict(cause) if cause else None,
             failures=tuple(failure_from_dict(c) for c in data.get("failures", ())),

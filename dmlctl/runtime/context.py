@@ -35,7 +35,7 @@ import torch.distributed as dist
 from pydantic import BaseModel
 from torch.distributed.device_mesh import DeviceMesh
 
-from dmlctl.runtime import divergence, guards, steps
+from dmlctl.runtime import divergence, guards, rejoin, steps
 from dmlctl.runtime.cursor import DataCursor
 from dmlctl.runtime.data import MapDataset, shard_batches
 from dmlctl.runtime.env import RunEnv
@@ -81,12 +81,13 @@ class Context(RankIdentity):
         super().__init__(env, device=device, membership=membership, mesh=mesh)
         self._prepare, self._owns_group, at = prepare, owns_group, self._at
         group = membership.group if membership is not None else None
-        self._workers = WorkerGroup(group, at.world, device)
+        store = rejoin.StoreGroup(at.rank, at.world) if _position(env, at.is_server) else None
+        self._workers = WorkerGroup(group, at.world, device, store)
         self._metrics = MetricLogger(
             env.rank, env.rank_dir, check=divergence_check(env.strategy, self._divergence_advice)
         )
         self._optimizer: torch.optim.Optimizer | None = None
-        self._cursor = DataCursor(self._metrics)
+        self._cursor = DataCursor(self._metrics, position=_position(env, at.is_server))
         self._log = RankLog(self._metrics, self._cursor, progress=env.rank_dir is not None)
         self._closed = False
         self._on_close: list[Callable[[], None]] = []
@@ -112,6 +113,12 @@ class Context(RankIdentity):
     def epoch(self) -> int:
         """Epoch of the batch :meth:`shard` yielded last (0 before it starts)."""
         return self._cursor.epoch
+
+    @property
+    def batches_taken(self) -> int:
+        """Batches :meth:`shard` has yielded in all; in a worker started again in place
+        (``restart.mode: in_place``) its predecessor's count included."""
+        return self._cursor.taken
 
     def prepare(
         self, model: torch.nn.Module, optimizer: torch.optim.Optimizer
@@ -280,13 +287,15 @@ class Context(RankIdentity):
     def resume(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
         """Restore the newest checkpoint valid on every rank into ``model``,
         ``optimizer``, the strategy, the RNGs and the :meth:`shard` position; returns
-        the step to continue from (0: nothing to resume, or no checkpoint dir).
+        the step to continue from (0: nothing to resume, or no checkpoint dir). A
+        worker started again in place (``restart.mode: in_place``) continues from the
+        batches its predecessor took (its model comes from the servers).
 
         Collective. Call after :meth:`prepare`, before :meth:`shard`.
         """
         found = self._checkpoints.resume(model, optimizer)
         if found is None:
-            return 0
+            return self._cursor.taken
         step, self.resumed_extra = found
         return step
 
@@ -363,3 +372,11 @@ class Context(RankIdentity):
             f"global_rank={self.global_rank}, "
             f"device={self._device}, strategy={self.strategy!r})"
         )
+
+
+def _position(env: RunEnv, server: bool) -> rejoin.Position | None:
+    """Where a worker of a run that replaces lost workers in place keeps its data
+    position (None otherwise); a replacement starts its data there."""
+    if server or env.rank_dir is None or not rejoin.in_place():
+        return None
+    return rejoin.Position(env.rank_dir, env.rank)

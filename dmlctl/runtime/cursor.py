@@ -10,20 +10,28 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from dmlctl.protocol import PROGRESS
+from dmlctl.runtime import rejoin
 from dmlctl.runtime.data import batches_per_epoch
 from dmlctl.runtime.metrics import MetricLogger
 from dmlctl.runtime.progress import TRACKER
+from dmlctl.runtime.rejoin import Position
 
 
 class DataCursor:
     """One rank's position in its data (see the module docstring)."""
 
-    def __init__(self, metrics: MetricLogger) -> None:
+    def __init__(self, metrics: MetricLogger, position: Position | None = None) -> None:
         self._metrics = metrics
+        #: ``restart.mode: in_place``: the position is written as each batch is taken,
+        #: and a worker started again in place starts where its predecessor was.
+        self._position = position
         self.epoch = 0
         self.batches = 0  # yielded in this epoch
         self.skip = 0  # left to skip: consumed before the checkpoint a resume loaded
         self.resume_at: tuple[int, int] | None = None  # (epoch, batches consumed)
+        self.taken = 0  # batches yielded in all, a replaced predecessor's included
+        if position is not None and rejoin.rejoining() and (at := position.read()) is not None:
+            self.resume_at, self.taken = (at[0], at[1]), at[2]
         self.plan: tuple[int, int] | None = None  # (batches per epoch, epochs) of shard()
         self._on_end: list[Callable[[], None]] = []
 
@@ -51,6 +59,9 @@ class DataCursor:
         """A batch of ``samples`` was yielded: a step for the hang detector, samples for
         ``samples_per_s`` unless a resume skips it (counted before the checkpoint)."""
         self.batches += 1
+        self.taken += 1
+        if self._position is not None:
+            self._position.write(self.epoch, self.batches, self.taken)
         TRACKER.step(batch=True)
         if self.skip:
             self.skip -= 1

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from dmlctl.protocol import ROLE_SERVER
+from dmlctl.runtime import rejoin
 from dmlctl.text import plural
 
 
@@ -53,4 +54,13 @@ def discover(role: str) -> Membership:
             f"{plural(world, 'rank')}"
         )
     group = dist.new_group(list(workers))
+    if rejoin.in_place() and dist.get_rank() == 0:
+        rejoin.publish_membership(workers, servers)  # for a worker started again in place
     return Membership(workers, servers, group)
+
+
+def rejoined() -> Membership:
+    """The membership of a worker started again in place (:mod:`dmlctl.runtime.rejoin`):
+    the roles the first rank wrote to the store, and no workers' group."""
+    workers, servers = rejoin.read_membership()
+    return Membership(workers, servers, None)

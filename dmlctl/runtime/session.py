@@ -50,10 +50,10 @@ import torch
 import torch.distributed as dist
 
 from dmlctl.protocol import ROLE_SERVER
-from dmlctl.runtime import devices, guards
+from dmlctl.runtime import devices, guards, rejoin
 from dmlctl.runtime.context import Context
 from dmlctl.runtime.env import read_env
-from dmlctl.runtime.membership import discover
+from dmlctl.runtime.membership import discover, rejoined
 from dmlctl.runtime.parallel.devmesh import build_mesh
 from dmlctl.runtime.progress import TRACKER
 from dmlctl.strategies import registry
@@ -76,7 +76,8 @@ def init(*, backend: str | None = None, seed: int | None = 0) -> Context:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     owns_group = False
-    if env.world_size > 1 and not dist.is_initialized():
+    replacing = rejoin.rejoining()  # a worker started again in place: the world has met
+    if env.world_size > 1 and not dist.is_initialized() and not replacing:
         chosen = backend or placed.backend
         with guards.joining():
             dist.init_process_group(backend=chosen, rank=env.rank, world_size=env.world_size)
@@ -85,7 +86,9 @@ def init(*, backend: str | None = None, seed: int | None = 0) -> Context:
         random.seed(seed)
         torch.manual_seed(seed)
     servers = ROLE_SERVER in registry.capabilities(env.strategy).roles
-    membership = discover(env.role) if env.world_size > 1 and servers else None
+    membership = None
+    if env.world_size > 1 and servers:
+        membership = rejoined() if replacing else discover(env.role)
     device_mesh = None
     if env.layout is not None and env.world_size > 1:
         workers = membership.workers if membership is not None else range(env.world_size)

@@ -54,7 +54,7 @@ from dmlctl.spec.fields import (
     shown,
 )
 from dmlctl.spec.parallelism import ParallelismSpec, split_parallelize
-from dmlctl.spec.restart import CheckpointSpec, RestartSpec
+from dmlctl.spec.restart import CheckpointSpec, RestartSpec, check_in_place
 from dmlctl.strategies import registry
 
 __all__ = [
@@ -303,6 +303,25 @@ class JobSpec(BaseModel):
                 f"strategy {strategy.name!r} has no parameter servers to place; remove server_hosts"
             )
         return hosts
+
+    @field_validator("restart")
+    @classmethod
+    def _in_place_fits_strategy(cls, spec: RestartSpec, info: ValidationInfo) -> RestartSpec:
+        strategy = info.data.get("strategy")
+        if spec.mode == "in_place" and isinstance(strategy, StrategySpec):
+            check_in_place(strategy.name)
+        return spec
+
+    @field_validator("checkpoint", "parallelism")
+    @classmethod
+    def _not_in_place(cls, value: Any, info: ValidationInfo) -> Any:
+        restart = info.data.get("restart")
+        if value is not None and isinstance(restart, RestartSpec) and restart.mode == "in_place":
+            raise ValueError(
+                "does not combine with restart.mode: in_place yet (a replaced worker "
+                "cannot join the workers' collectives); remove it or use mode: full"
+            )
+        return value
 
     @field_validator("max_hosts")
     @classmethod

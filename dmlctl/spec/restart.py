@@ -9,7 +9,7 @@ bounds: validated once when the job file is read, carried typed in the plan
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field
 
@@ -23,7 +23,7 @@ from dmlctl.spec.fields import (
     SecondsOrZero,
 )
 
-__all__ = ["CheckpointSpec", "RestartSpec"]
+__all__ = ["CheckpointSpec", "RestartSpec", "check_in_place"]
 
 Restarts = Annotated[int, Field(ge=0, le=MAX_RESTARTS)]
 """A restart budget: 0 (never restart) to :data:`~dmlctl.spec.fields.MAX_RESTARTS`."""
@@ -40,6 +40,15 @@ class RestartSpec(BaseModel):
 
     model_config = FROZEN
 
+    mode: Literal["full", "in_place"] = Field(
+        default="full",
+        description="What a lost rank restarts: 'full' (every rank, from the newest "
+        "checkpoint), or 'in_place' (a parameter-server strategy's worker killed by a "
+        "signal is started again alone, from the servers' model and its own data "
+        "position, while the other workers and the servers go on; strategies asgd, ssp, "
+        "adadelay and easgd-async, without checkpoint: or parallelism: blocks). Each "
+        "replacement spends one of max_infra_restarts.",
+    )
     max_user_restarts: Restarts = Field(
         default=0,
         description="Restarts allowed after failures of the training code itself "
@@ -146,3 +155,24 @@ class CheckpointSpec(BaseModel):
         "fails the run with CheckpointForeign before training: a run only ever resumes "
         "its own checkpoints (launch --resume continues a run under its own id).",
     )
+
+
+def check_in_place(strategy: str) -> None:
+    """Refuse ``restart.mode: in_place`` for a strategy that cannot replace a lost
+    worker while the others go on: a validation error at ``restart.mode``."""
+    from pydantic import ValidationError
+    from pydantic_core import InitErrorDetails, PydanticCustomError
+
+    from dmlctl.strategies import registry
+
+    if registry.capabilities(strategy).in_place:
+        return
+    able = [n for n in registry.names() if registry.capabilities(n).in_place]
+    message = (
+        f"in_place does not apply to strategy {strategy!r}: its workers meet in "
+        f"collectives a replacement cannot join (in place: {', '.join(able)}); use full"
+    )
+    error = InitErrorDetails(
+        type=PydanticCustomError("in_place", message), loc=("mode",), input="in_place"
+    )
+    raise ValidationError.from_exception_data("restart", [error])

@@ -84,7 +84,9 @@ class Capabilities:
     * ``parallelism`` — it combines with a ``parallelism:`` block (tensor, pipeline,
       sharded replicas); ``fsdp`` — its data-parallel dimensions are FSDP2 shards;
     * ``check_world`` / ``check_hosts`` — why the job cannot run on that many workers
-      or hosts with these parameters, or None.
+      or hosts with these parameters, or None;
+    * ``in_place`` — a worker killed by a signal can be started again alone while the
+      others go on (``restart.mode: in_place``): its workers meet only at the servers.
     """
 
     roles: tuple[str, ...] = (ROLE_WORKER,)
@@ -96,6 +98,7 @@ class Capabilities:
     fsdp: bool = False
     check_world: Callable[[Any, int], str | None] | None = None
     check_hosts: Callable[[Any, int], str | None] | None = None
+    in_place: bool = False
 
     def runtime_needed(self, params: BaseModel | None) -> bool:
         """Whether a script must call ``ctx.prepare`` with ``params`` (None: not known)."""

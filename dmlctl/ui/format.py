@@ -42,6 +42,7 @@ PHASE_STYLES: dict[Phase, str] = {
 STATUS_STYLES: dict[RankStatus, str] = {
     RankStatus.PENDING: "dim",
     RankStatus.RUNNING: "blue",
+    RankStatus.RECOVERING: "bold yellow",
     RankStatus.SUCCEEDED: "green",
     RankStatus.FAILED: "bold red",
     RankStatus.STOPPED: "yellow",
@@ -171,6 +172,7 @@ def run_header(state: RunState, now: float, *, marker: str | None = None) -> Ren
         (format_duration(state.elapsed(now)), ""),
         ("  restarts ", "dim"),
         (str(state.restarts), "yellow" if state.restarts else ""),
+        *([(f" (+{state.respawns} in place)", "yellow")] if state.respawns else []),
         ("  world ", "dim"),
         (str(state.world_size), ""),
         ("  hosts ", "dim"),

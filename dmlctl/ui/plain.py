@@ -20,6 +20,7 @@ from dmlctl.runs.events import (
     LogLines,
     Progress,
     RankExited,
+    RankRespawned,
     RankStarted,
     StopRequested,
     Stream,
@@ -78,6 +79,8 @@ class PlainPrinter:
                 emit(f"dmlctl: {ev.text}")
             elif isinstance(ev, RankStarted):
                 emit(f"dmlctl: rank {ev.rank} started on {ev.host} ({ev.role}, pid {ev.pid})")
+            elif isinstance(ev, RankRespawned):
+                emit(f"dmlctl: rank {ev.rank} on {ev.host} {ev.cause.message} (pid {ev.pid})")
             elif isinstance(ev, RankExited):
                 line = f"dmlctl: rank {ev.rank} on {ev.host} exited with code {ev.exit_code}"
                 if ev.cause is not None:

@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -109,31 +110,33 @@ def test_an_example_reaches_the_single_process_loss_through_the_cli(
     assert max(v["clock"] for v in workers) > 0
 
 
-def _server_pid(cli: Cli, run_id: str, rank: int) -> int | None:
+def _logging_pid(cli: Cli, run_id: str, rank: int) -> int | None:
+    """The pid of ``rank``'s latest process once it has logged a metric."""
     path = cli.home / "runs" / run_id / "hosts" / "local" / f"rank-{rank}.events.jsonl"
     try:
-        lines = path.read_text().splitlines()
-    except OSError:
+        records = [json.loads(line) for line in path.read_text().splitlines()]
+    except (OSError, ValueError):  # not there yet, or a line half written
         return None
-    for line in lines:
-        record = json.loads(line)
-        if record.get("kind") == "metric":  # serving (the start record came first)
-            starts = [json.loads(x) for x in lines if '"start"' in x]
-            return int(starts[-1]["pid"]) if starts else None
-    return None
+    if not any(r.get("kind") == "metric" for r in records):  # serving or training yet?
+        return None
+    starts = [r for r in records if r.get("kind") == "start"]
+    return int(starts[-1]["pid"]) if starts else None
 
 
-def _kill_server_mid_run(cli: Cli, job: Path) -> tuple[subprocess.CompletedProcess[str], str]:
+def _kill_mid_run(
+    cli: Cli, job: Path, rank: int, ready: Callable[[], bool] = lambda: True
+) -> tuple[subprocess.CompletedProcess[str], str]:
+    """Launch ``job``, SIGKILL ``rank`` once it logs (and ``ready()``), let the run end."""
     proc = cli.popen("launch", str(job), "--ui", "plain")
     try:
-        assert wait_until(lambda: bool(cli.runs()), 60)
+        assert wait_until(lambda: bool(cli.runs()) and ready(), 90), "the run never got ready"
         run_id = cli.runs()[0].name
-        serving = wait_until(lambda: _server_pid(cli, run_id, 2) is not None, 90)
-        assert serving, "the server never served"
-        pid = _server_pid(cli, run_id, 2)
+        logging = wait_until(lambda: _logging_pid(cli, run_id, rank) is not None, 90)
+        assert logging, f"rank {rank} never logged"
+        pid = _logging_pid(cli, run_id, rank)
         assert pid is not None
         os.kill(pid, signal.SIGKILL)
-        out, _ = proc.communicate(timeout=120)  # never a hang
+        out, _ = proc.communicate(timeout=180)  # never a hang
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -147,7 +150,7 @@ def test_a_killed_server_fails_the_run_with_it_as_root_cause(cli: Cli, tmp_path:
         "args: ['--epochs', '40']\nworkers: 2\nparameter_servers: 1\nstrategy: asgd\n"
         "restart:\n  max_user_restarts: 0\n  max_infra_restarts: 0\n",
     )
-    done, run_id = _kill_server_mid_run(cli, job)
+    done, run_id = _kill_mid_run(cli, job, 2)
     assert done.returncode == 1, done.stdout
     assert "rank 2" in done.stdout and "SIGKILL" in done.stdout, done.stdout
     state = cli.state(run_id)
@@ -173,19 +176,9 @@ def test_a_killed_server_is_restarted_from_the_checkpoint(cli: Cli, tmp_path: Pa
         latest = cli.home / "runs" / runs[0].name / "hosts" / "checkpoints" / "LATEST"
         return latest.is_file()
 
-    proc = cli.popen("launch", str(job), "--ui", "plain")
-    try:
-        assert wait_until(checkpointed, 90), "no checkpoint was written"
-        run_id = cli.runs()[0].name
-        assert wait_until(lambda: _server_pid(cli, run_id, 2) is not None, 30)
-        pid = _server_pid(cli, run_id, 2)
-        assert pid is not None
-        os.kill(pid, signal.SIGKILL)
-        out, _ = proc.communicate(timeout=180)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, out
+    done, run_id = _kill_mid_run(cli, job, 2, ready=checkpointed)
+    out = done.stdout
+    assert done.returncode == 0, out
     assert "resumes at step" in out, out
     state = cli.state(run_id)
     assert state["restarts"] == 1
@@ -198,3 +191,36 @@ def test_a_killed_server_is_restarted_from_the_checkpoint(cli: Cli, tmp_path: Pa
     leads = [m["values"]["version"] - m["step"] for m in served]
     assert leads and all(lead == 0 or lead >= 2 * 200 - 3 for lead in leads), leads
     assert leads[-1] >= 2 * 200 - 3, leads  # the last records are the restored server's
+
+
+def _starts(cli: Cli, run_id: str, rank: int) -> list[dict[str, Any]]:
+    path = cli.home / "runs" / run_id / "hosts" / "local" / f"rank-{rank}.events.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    return [r for r in records if r.get("kind") == "start"]
+
+
+def test_a_killed_worker_is_replaced_in_place_while_the_others_go_on(
+    cli: Cli, tmp_path: Path
+) -> None:
+    """restart.mode: in_place under asgd: kill -9 of a worker mid-run; it alone is
+    forked again, takes the servers' model and its data where it was, and the run
+    ends succeeded without a restart of anybody else."""
+    job = _job(
+        tmp_path,
+        "inplace",
+        "args: ['--epochs', '10']\nworkers: 2\nparameter_servers: 1\nstrategy: asgd\n"
+        "restart: {mode: in_place}\n",
+    )
+    done, run_id = _kill_mid_run(cli, job, 1)
+    out = done.stdout
+    assert done.returncode == 0, out
+    assert "rank 1 on local killed by SIGKILL; started again in place" in out, out
+    state = cli.state(run_id)
+    assert (state["restarts"], state["respawns"]) == (0, 1), state
+    assert [len(_starts(cli, run_id, r)) for r in (0, 1, 2)] == [1, 2, 1]  # nobody else
+    assert not (cli.home / "runs" / run_id / "hosts" / "local" / "attempt-1").exists()
+    steps = {r["rank"]: r["step"] for r in state["ranks"]}
+    assert steps[0] == steps[1] > 0, steps  # the replacement took the batches left
+    pushes = steps[2]  # the server's own step: the updates it applied
+    assert pushes in (2 * steps[0] - 1, 2 * steps[0]), (pushes, steps)  # one in flight
+    assert _final(cli, run_id)["test_acc"] >= 0.9

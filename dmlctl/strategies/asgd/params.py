@@ -40,4 +40,6 @@ class Params(PushCompression, Overlap):
     )
 
 
-CAPABILITIES = Capabilities(roles=WITH_SERVERS, columns=SERVER_COLUMNS, parallelism=True)
+CAPABILITIES = Capabilities(
+    roles=WITH_SERVERS, columns=SERVER_COLUMNS, parallelism=True, in_place=True
+)

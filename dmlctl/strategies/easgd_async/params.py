@@ -45,4 +45,4 @@ class Params(FinalModel, PushCompression, Overlap):
     )
 
 
-CAPABILITIES = Capabilities(roles=WITH_SERVERS, columns=SERVER_COLUMNS)
+CAPABILITIES = Capabilities(roles=WITH_SERVERS, columns=SERVER_COLUMNS, in_place=True)

@@ -38,4 +38,4 @@ class Params(PushCompression):
     )
 
 
-CAPABILITIES = Capabilities(roles=WITH_SERVERS, columns=SERVER_COLUMNS)
+CAPABILITIES = Capabilities(roles=WITH_SERVERS, columns=SERVER_COLUMNS, in_place=True)

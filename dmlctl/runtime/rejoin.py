@@ -1,0 +1,142 @@
+"""A worker started again in place joins the running world (``restart.mode: in_place``).
+
+With ``restart.mode: in_place`` a parameter-server worker killed by SIGKILL is forked
+again by its torchrun (:mod:`dmlctl.agent.respawn`) while every other rank goes on;
+the new process has ``DMLCTL_REJOIN`` set. It cannot call ``init_process_group`` (the
+world has met), so it takes what the collectives of a first start would have given it
+from elsewhere:
+
+* **the run's store**: every rank of such a run reaches torchrun's store
+  (``MASTER_ADDR:MASTER_PORT``) through a client of its own under dmlctl's prefix
+  (:func:`store`), so a replacement reads the keys the others wrote; the
+  parameter-server channel finds the servers there;
+* **the roles**: every rank's role, which the first rank wrote to the store when the
+  world met (:func:`publish_membership`, :func:`read_membership`); its workers' group
+  is none: a replacement takes part in no collective;
+* **the model**: the layout the first worker wrote (:func:`publish_object`) and the
+  servers' current parameters (:mod:`dmlctl.ps.bootstrap`);
+* **the workers' collectives**: in such a run ``ctx.barrier`` and
+  ``ctx.all_reduce_mean`` go through the store (:class:`StoreGroup`), numbered per
+  worker, so a replacement takes part in them where its predecessor stopped;
+* **its data position**: every worker of such a run writes its position in its data
+  (epoch, batches yielded) to ``rank-<R>.position`` in its rank directory as it takes
+  each batch (:class:`Position`); the replacement's ``ctx.shard`` starts there, so it
+  goes on with the batches its predecessor had not taken (the one in flight when it
+  died is lost with its update).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as dist
+from torch._C._distributed_c10d import PrefixStore, Store, TCPStore
+
+from dmlctl import protocol
+
+_KEY = "dmlctl/rejoin"
+_STORE_TIMEOUT = timedelta(seconds=300)
+_store: tuple[tuple[str | None, str | None], Store] | None = None
+
+
+def in_place() -> bool:
+    """Whether this run replaces lost workers in place."""
+    return os.environ.get(protocol.ENV_RESTART_MODE) == protocol.IN_PLACE
+
+
+def rejoining() -> bool:
+    """Whether this process replaces a lost worker (``DMLCTL_REJOIN`` set)."""
+    return bool(os.environ.get(protocol.ENV_REJOIN))
+
+
+def store() -> Store:
+    """The run's store as every rank sees it, a replacement included: a client of
+    torchrun's store (``MASTER_ADDR:MASTER_PORT``) under dmlctl's own prefix (made once
+    per endpoint); the default group's store when there is no such endpoint."""
+    global _store
+    endpoint = (os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT"))
+    if endpoint[0] is None or endpoint[1] is None:
+        return dist.distributed_c10d._get_default_store()
+    if _store is None or _store[0] != endpoint:
+        client = TCPStore(endpoint[0], int(endpoint[1]), is_master=False, timeout=_STORE_TIMEOUT)
+        _store = (endpoint, PrefixStore("dmlctl", client))
+    return _store[1]
+
+
+def key(name: str) -> str:
+    """The store key ``name`` of this run's attempt."""
+    return f"{_KEY}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{name}"
+
+
+def publish_membership(workers: tuple[int, ...], servers: tuple[int, ...]) -> None:
+    """Write every rank's role to the store (the first rank, when the world meets)."""
+    store().set(key("membership"), json.dumps({"workers": workers, "servers": servers}))
+
+
+def read_membership() -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The workers' and the servers' global ranks, as :func:`publish_membership` wrote."""
+    data = json.loads(store().get(key("membership")))
+    return tuple(data["workers"]), tuple(data["servers"])
+
+
+def publish_object(name: str, value: Any) -> None:
+    """Keep ``value`` (picklable) in the store under ``name`` for a replacement."""
+    store().set(key(name), pickle.dumps(value).hex())
+
+
+def read_object(name: str) -> Any:
+    """What :func:`publish_object` kept under ``name`` (waits until it is there)."""
+    return pickle.loads(bytes.fromhex(store().get(key(name)).decode()))
+
+
+class Position:
+    """A worker's position in its data, kept in ``rank-<R>.position`` as it goes: one
+    small write per batch, read back by its replacement."""
+
+    def __init__(self, rank_dir: str, rank: int) -> None:
+        self.path = os.path.join(rank_dir, f"rank-{rank}.position")
+        self._fd: int | None = None
+
+    def write(self, epoch: int, batches: int, taken: int) -> None:
+        """Record that ``batches`` of ``epoch`` have been taken, ``taken`` in all."""
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600)
+        os.pwrite(self._fd, f"{epoch:>12} {batches:>12} {taken:>14}\n".encode(), 0)
+
+    def read(self) -> tuple[int, int, int] | None:
+        """The last position written: (epoch, batches of it, batches in all); None
+        when none was."""
+        try:
+            with open(self.path, encoding="ascii") as f:
+                epoch, batches, taken = f.read().split()
+        except (OSError, ValueError):
+            return None
+        return int(epoch), int(batches), int(taken)
+
+
+class StoreGroup:
+    """The workers' barrier and scalar mean through the run's store, for a run that
+    replaces lost workers in place: worker ``rank`` of ``world`` writes its value
+    under the call's number and waits for every worker's. The number of calls done is
+    kept in the store after each, so a replacement goes on from its predecessor's."""
+
+    def __init__(self, rank: int, world: int) -> None:
+        self.rank, self.world = rank, world
+        self._done = key(f"coll-done/{rank}")
+        found = rejoining() and store().check([self._done])
+        self.calls = int(store().get(self._done)) if found else 0
+
+    def gather(self, value: float) -> list[float]:
+        """Every worker's ``value`` of this call, in rank order (blocks until all are in)."""
+        s, n = store(), self.calls
+        keys = [key(f"coll/{n}/{r}") for r in range(self.world)]
+        s.set(keys[self.rank], repr(float(value)))
+        s.wait(keys)
+        values = [float(s.get(k)) for k in keys]
+        self.calls = n + 1
+        s.set(self._done, str(self.calls))
+        return values

@@ -1,0 +1,237 @@
+"""``restart.mode: in_place`` piece by piece, without processes: the job file's
+checks, the ranks' environment, which dead rank torchrun forks again, the server's
+membership, the respawn record's way to the run's state and budget, and the
+replacement's data position and store collectives (a real TCPStore here)."""
+
+from __future__ import annotations
+
+import signal
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+
+from dmlctl import protocol, wire
+from dmlctl.agent.respawn import may_respawn, record, rejoin_env
+from dmlctl.failure import Kind
+from dmlctl.launch.policy import RestartState, respawned
+from dmlctl.plan.build import build_plan
+from dmlctl.ps.channel import Message, Op
+from dmlctl.ps.frames import ConnectionLost
+from dmlctl.ps.server import ParameterServer
+from dmlctl.runs.events import RankRespawned, RankStarted
+from dmlctl.runs.parser import parse_line
+from dmlctl.runs.reducer import apply
+from dmlctl.runs.state import RankStatus, new_run_state
+from dmlctl.runtime import rejoin
+from dmlctl.spec import load_job
+from dmlctl.spec.cluster import ClusterSpec, HostSpec
+from dmlctl.spec.models import JobSpec
+from dmlctl.spec.restart import RestartSpec
+from tests.unit.test_spec import only_issue, write
+
+# ----------------------------------------------------------------- the job file
+
+
+HEAD = "script: train.py\nworkers: 2\n"
+IN_PLACE = "restart: {mode: in_place}\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "path", "fragment"),
+    [
+        (
+            HEAD + "parameter_servers: 1\nstrategy: sync-ps\n" + IN_PLACE,
+            5,
+            "restart.mode",
+            "does not apply to strategy 'sync-ps'",
+        ),
+        (
+            HEAD + "strategy: ssgd\n" + IN_PLACE,
+            4,
+            "restart.mode",
+            "(in place: adadelay, asgd, easgd-async, ssp)",
+        ),
+        (
+            HEAD + "parameter_servers: 1\nstrategy: asgd\n" + IN_PLACE + "checkpoint: {keep: 2}\n",
+            6,
+            "checkpoint",
+            "does not combine with restart.mode: in_place",
+        ),
+    ],
+)
+def test_in_place_is_refused_where_a_replacement_could_not_join(
+    tmp_path: Path, text: str, line: int, path: str, fragment: str
+) -> None:
+    (tmp_path / "train.py").write_text("")
+    issue = only_issue(load_job, write(tmp_path, text))
+    assert (issue.line, issue.path) == (line, path), issue
+    assert fragment in issue.message
+
+
+def test_in_place_is_taken_for_asgd(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("")
+    job = load_job(write(tmp_path, HEAD + "parameter_servers: 1\nstrategy: asgd\n" + IN_PLACE))
+    assert job.restart.mode == "in_place"
+
+
+def test_the_ranks_learn_the_mode_and_their_budget(tmp_path: Path) -> None:
+    cluster = ClusterSpec(hosts=[HostSpec(name="a", address="localhost", slots=2)])
+
+    def env(restart: RestartSpec) -> dict[str, str]:
+        job = JobSpec(
+            script="train.py",
+            workdir=str(tmp_path),
+            strategy={"name": "asgd"},
+            parameter_servers=1,
+            restart=restart,
+        )
+        plan = build_plan(
+            cluster, job, run_id="r", rdzv_port=1, local_python="python3", local_run_dir="/x"
+        )
+        return dict(plan.hosts[0].env)
+
+    got = env(RestartSpec(mode="in_place", max_infra_restarts=2))
+    assert (got[protocol.ENV_RESTART_MODE], got[protocol.ENV_RESPAWNS]) == ("in_place", "2")
+    assert protocol.ENV_RESTART_MODE not in env(RestartSpec())
+
+
+# ----------------------------------------------------------------- the agent
+
+
+def _env(**extra: str) -> dict[str, str]:
+    return {
+        protocol.ENV_RESTART_MODE: protocol.IN_PLACE,
+        protocol.ENV_RESPAWNS: "2",
+        protocol.ENV_LOCAL_ROLES: "worker,server",
+        "LOCAL_RANK": "0",
+        **extra,
+    }
+
+
+def test_only_a_worker_killed_by_sigkill_within_its_budget_is_forked_again() -> None:
+    killed = -signal.SIGKILL
+    assert may_respawn(_env(), killed, 0) and may_respawn(_env(), killed, 1)
+    assert not may_respawn(_env(), killed, 2)  # the budget is spent
+    assert not may_respawn(_env(), 1, 0)  # it failed by itself
+    assert not may_respawn(_env(), -signal.SIGSEGV, 0)  # it crashed
+    assert not may_respawn(_env(LOCAL_RANK="1"), killed, 0)  # a server
+    assert not may_respawn({**_env(), protocol.ENV_RESTART_MODE: ""}, killed, 0)  # mode: full
+    assert rejoin_env(_env(), 2)[protocol.ENV_REJOIN] == "2"
+
+
+def test_the_respawn_record_reaches_the_state_as_a_rank_recovering(tmp_path: Path) -> None:
+    record({**_env(), protocol.ENV_RANK_DIR: str(tmp_path), "RANK": "1"}, -9, 4242)
+    line = (tmp_path / "rank-1.events.jsonl").read_text().strip()
+    events = parse_line("h", wire.encode_rank_record(line), 0.0)
+    (ev,) = events
+    assert isinstance(ev, RankRespawned) and ev.pid == 4242
+    assert ev.cause.message == "killed by SIGKILL; started again in place"
+    assert ev.cause.kind is Kind.KILLED
+    state = new_run_state("r", "j", "asgd", [(0, "h", "worker"), (1, "h", "worker")], 0.0)
+    state = apply(state, [ev])
+    assert state.ranks[1].status is RankStatus.RECOVERING and state.respawns == 1
+    assert state.restarts == 0 and state.failures == (ev.cause,)
+    state = apply(state, [RankStarted("h", 1, 1, "worker", 4242, 1.0)])
+    assert state.ranks[1].status is RankStatus.RUNNING
+
+
+def test_a_replacement_spends_an_infra_restart() -> None:
+    after = respawned(RestartState(), 1)
+    assert (after.infra_restarts_used, after.user_restarts_used, after.attempt) == (1, 0, 0)
+
+
+# ----------------------------------------------------------------- the server
+
+
+class _Replies:
+    def __init__(self, gone: set[int] | None = None) -> None:
+        self.sent: list[int] = []
+        self.gone = gone or set()
+
+    def receive(self) -> Message:
+        raise AssertionError("messages are handed to handle()")
+
+    def reply(
+        self, worker: int, shard_id: int, version: int, flat: torch.Tensor, min_clock: int = 0
+    ) -> None:
+        if worker in self.gone:
+            raise ConnectionLost(f"worker rank {worker}: Connection closed by peer")
+        self.sent.append(worker)
+
+    def send_blob(self, worker: int, blob: bytes) -> None:
+        del worker, blob
+
+
+def test_a_worker_that_left_is_waited_for_by_nobody_until_it_says_hello() -> None:
+    replies = _Replies()
+    server = ParameterServer(
+        {0: torch.zeros(2)}, [0, 1], replies, lr=0.1, staleness_bound=0, elastic=True
+    )
+    server.handle(Message(Op.PULL, 1, 0, 0))  # answered: everybody at clock 0
+    server.handle(Message(Op.PULL, 0, 5, 0))  # waits for worker 1 (bound 0)
+    assert replies.sent == [1]
+    server.handle(Message(Op.LEFT, 1, 0, -1))  # worker 1 died
+    assert server.away == {1} and server.departures == 1
+    assert replies.sent == [1, 0]  # nobody waits for it any more
+    server.handle(Message(Op.HELLO, 1, 0, -1))  # its replacement connected
+    assert server.away == set()
+    server.handle(Message(Op.PULL, 0, 9, 0))
+    assert replies.sent == [1, 0]  # and it is waited for again
+
+
+def test_without_in_place_a_worker_that_left_fails_the_server() -> None:
+    server = ParameterServer({0: torch.zeros(2)}, [0, 1], _Replies(), lr=0.1)
+    with pytest.raises(ConnectionLost, match="worker rank 1: Connection closed by peer"):
+        server.handle(Message(Op.LEFT, 1, 0, -1))
+    server.handle(Message(Op.CLOSE, 0, 3, -1))
+    server.handle(Message(Op.LEFT, 0, 0, -1))  # after its CLOSE: the normal end
+
+
+def test_a_reply_to_a_worker_gone_is_dropped_in_place() -> None:
+    server = ParameterServer({0: torch.zeros(2)}, [0, 1], _Replies({1}), lr=0.1, elastic=True)
+    server.handle(Message(Op.PULL, 1, 0, 0))  # its LEFT is on the way: nothing raised
+    strict = ParameterServer({0: torch.zeros(2)}, [0, 1], _Replies({1}), lr=0.1)
+    with pytest.raises(ConnectionLost):
+        strict.handle(Message(Op.PULL, 1, 0, 0))
+
+
+# ----------------------------------------------------------------- the replacement
+
+
+def test_the_data_position_survives_its_writer(tmp_path: Path) -> None:
+    position = rejoin.Position(str(tmp_path), 3)
+    assert position.read() is None
+    position.write(2, 17, 517)
+    position.write(2, 18, 518)  # overwritten in place
+    assert rejoin.Position(str(tmp_path), 3).read() == (2, 18, 518)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_store_collectives_go_on_from_the_predecessors_count(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from datetime import timedelta
+
+    from torch._C._distributed_c10d import PrefixStore, TCPStore
+
+    port = _free_port()
+    master = TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=30))
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    monkeypatch.delenv(protocol.ENV_REJOIN, raising=False)
+    other = PrefixStore("dmlctl", master)  # worker 1, as its own client would write
+    other.set(rejoin.key("coll/0/1"), "2.0")
+    assert rejoin.StoreGroup(0, 2).gather(1.0) == [1.0, 2.0]
+    monkeypatch.setenv(protocol.ENV_REJOIN, "1")
+    replacement = rejoin.StoreGroup(0, 2)
+    assert replacement.calls == 1  # its predecessor's one call is not done again
+    other.set(rejoin.key("coll/1/1"), "4.0")
+    assert replacement.gather(2.0) == [2.0, 4.0]
+    del master
