@@ -144,8 +144,12 @@ class ForkedRank:
             time.sleep(0.01)
         return code
 
+    def stopping(self) -> None:
+        """torchrun stops its workers: this rank is never forked again."""
+        self._signalled = True
+
     def send_signal(self, sig: int) -> None:
-        self._signalled = True  # torchrun stops it: never forked again
+        self.stopping()
         if self.poll() is None:
             os.kill(self.pid, sig)
 
@@ -182,6 +186,14 @@ def install() -> None:
         return cold(self, args, env)
 
     handler.SubprocessHandler._popen = _popen  # type: ignore[method-assign]
+    own_close = handler.SubprocessHandler.close
+
+    def close(self: Any, death_sig: Any = None) -> None:
+        if isinstance(self.proc, ForkedRank):
+            self.proc.stopping()  # torchrun kills it (with killpg): never fork it again
+        own_close(self, death_sig)
+
+    handler.SubprocessHandler.close = close  # type: ignore[method-assign]
     _follow_respawns()
     gc.freeze()  # the ranks share these pages; no collection of theirs touches them
 

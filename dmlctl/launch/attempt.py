@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 from dmlctl.failure import Evidence, Failure, Kind
 from dmlctl.hangs.watch import CONFIRM_S, HangProbe, HangWatch, Liveness
 from dmlctl.launch.books import RunBooks
-from dmlctl.launch.policy import Failed, Succeeded
+from dmlctl.launch.policy import Failed, Succeeded, over_budget
 from dmlctl.launch.standby import Standbys
 from dmlctl.launch.stops import AttemptStops, StopRules
 from dmlctl.plan.model import LaunchPlan
@@ -192,7 +192,7 @@ class AttemptRunner:
             before = state.phase
             state = self.books.fold(state, batch)
             if run.stops.stop_sent is None:  # judged on the state with every event so far
-                found = self._watch_hangs(state, run)
+                found = self._watch_hangs(state, run) + over_budget(state, run.plan.restart)
                 state = self.books.fold(state, found)
                 batch += found
                 if state.root_cause is None:

@@ -43,8 +43,8 @@ from dataclasses import dataclass
 from enum import Enum
 
 from dmlctl.failure import Failure, Kind
-from dmlctl.runs.events import StopRequested
-from dmlctl.runs.state import Phase
+from dmlctl.runs.events import RankExited, StopRequested
+from dmlctl.runs.state import Phase, RunState
 from dmlctl.spec.restart import RestartSpec
 
 CONTROLLER_LOST = "ControllerLost"
@@ -222,6 +222,17 @@ def respawned(state: RestartState, count: int) -> RestartState:
     after a rank killed by a signal would have."""
     used = state.infra_restarts_used + max(0, count)
     return dataclasses.replace(state, infra_restarts_used=used)
+
+
+def over_budget(state: RunState, spec: RestartSpec) -> list[RankExited]:
+    """The end of the attempt when ranks replaced in place have spent more than
+    ``max_infra_restarts`` (with the run's earlier restarts): the last replacement's
+    cause as that rank's failed exit; nothing while within the budget."""
+    infra = [f for f in state.failures if classify(f) is FailureKind.INFRA]
+    if not state.respawns or len(infra) <= spec.max_infra_restarts or state.root_cause:
+        return []
+    last = infra[-1]
+    return [RankExited(last.host, last.rank if last.rank is not None else 0, -9, last, last.ts)]
 
 
 def resumed(failures: Sequence[Failure], attempt: int) -> RestartState:

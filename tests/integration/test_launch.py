@@ -302,7 +302,8 @@ def test_a_transient_failure_is_restarted(cli: Cli) -> None:
     proc = cli.run("launch", str(JOBS / "flaky" / "job.yaml"), "--ui", "plain")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     state = cli.state(only_run(cli))
-    assert (state["phase"], state["restarts"]) == ("succeeded", 1)
+    causes = [f"{f['exc_type']}: {f['message']}" for f in state["failures"]]
+    assert (state["phase"], state["restarts"]) == ("succeeded", 1), (causes, proc.stdout)
     assert state["failures"][0]["message"] == "transient failure on the first attempt"
     assert "rank 1 finished on attempt 2" in proc.stdout
     assert not run_processes(state["run_id"])

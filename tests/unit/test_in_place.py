@@ -5,6 +5,7 @@ replacement's data position and store collectives (a real TCPStore here)."""
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 from pathlib import Path
@@ -235,3 +236,24 @@ def test_store_collectives_go_on_from_the_predecessors_count(
     other.set(rejoin.key("coll/1/1"), "4.0")
     assert replacement.gather(2.0) == [2.0, 4.0]
     del master
+
+
+def test_replacements_past_the_infra_budget_end_the_attempt() -> None:
+    from dmlctl.launch.policy import over_budget
+
+    ranks = [(0, "h", "worker"), (1, "h", "worker"), (2, "h", "worker")]
+    state = new_run_state("r", "j", "asgd", ranks, 0.0)
+    spec = RestartSpec(mode="in_place", max_infra_restarts=1)
+    first = parse_line("h", wire.encode_rank_record(_respawn_line(0)), 1.0)
+    state = apply(state, first)
+    assert over_budget(state, spec) == []  # one replacement: within the budget
+    state = apply(state, parse_line("h", wire.encode_rank_record(_respawn_line(1)), 2.0))
+    (ended,) = over_budget(state, spec)
+    assert (ended.rank, ended.exit_code) == (1, -9)
+    assert ended.cause is not None and "started again in place" in ended.cause.message
+    assert over_budget(apply(state, [ended]), spec) == []  # the attempt ends once
+
+
+def _respawn_line(rank: int) -> str:
+    record = {"kind": protocol.KIND_RESPAWN, "code": -9, "pid": 100 + rank, "rank": rank}
+    return json.dumps({**record, "ts": 1.0}, separators=(",", ":"))
