@@ -206,6 +206,18 @@ def rank_stacks(rank_dir: str, rank: int) -> str:
     return os.path.join(rank_dir, f"rank-{rank}.stacks")
 
 
+def rank_position(rank_dir: str, rank: int, attempt: str) -> str:
+    """Where worker ``rank`` keeps its data position in attempt ``attempt`` of a run
+    that replaces workers in place (:class:`dmlctl.runtime.rejoin.Position`)."""
+    return os.path.join(rank_dir, f"rank-{rank}.attempt-{attempt}.position")
+
+
+def rank_finished(rank_dir: str, rank: int, attempt: str) -> str:
+    """The mark worker ``rank`` leaves once its part of attempt ``attempt`` is over
+    (then its death is not replaced in place: :mod:`dmlctl.agent.respawn`)."""
+    return os.path.join(rank_dir, f"rank-{rank}.attempt-{attempt}.finished")
+
+
 def torchrun_failures(rank_dir: str, attempt: str) -> str:
     """Where torchrun writes down its failed ranks in attempt ``attempt`` (1-based, as
     :data:`ENV_ATTEMPT` says it): :mod:`dmlctl.agent.torchrun`, read by the agent."""

@@ -186,33 +186,8 @@ def install() -> None:
         return cold(self, args, env)
 
     handler.SubprocessHandler._popen = _popen  # type: ignore[method-assign]
-    own_close = handler.SubprocessHandler.close
-
-    def close(self: Any, death_sig: Any = None) -> None:
-        if isinstance(self.proc, ForkedRank):
-            self.proc.stopping()  # torchrun kills it (with killpg): never fork it again
-        own_close(self, death_sig)
-
-    handler.SubprocessHandler.close = close  # type: ignore[method-assign]
-    _follow_respawns()
+    respawn.follow_in_torchrun()
     gc.freeze()  # the ranks share these pages; no collection of theirs touches them
-
-
-def _follow_respawns() -> None:
-    """Have torchrun's monitor know a rank forked again in place by its new pid (it
-    checks its workers' pids against its processes' before every look at them)."""
-    from torch.distributed.elastic.agent.server import local_elastic_agent as agent
-
-    own = agent.LocalElasticAgent._monitor_workers
-
-    def _monitor_workers(self: Any, worker_group: Any) -> Any:
-        handlers = getattr(self._pcontext, "subprocess_handlers", None) or {}
-        for local_rank, sub in handlers.items():
-            if isinstance(sub.proc, ForkedRank) and sub.proc.respawns:
-                worker_group.workers[local_rank].id = sub.proc.pid
-        return own(self, worker_group)
-
-    agent.LocalElasticAgent._monitor_workers = _monitor_workers  # type: ignore[method-assign]
 
 
 def _import_the_runtime() -> None:

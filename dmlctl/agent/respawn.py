@@ -11,15 +11,19 @@ again: torchrun sees its end as before.
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 from collections.abc import Mapping
+from typing import Any
 
 from dmlctl import protocol
 
 
 def may_respawn(env: Mapping[str, str], code: int, done: int) -> bool:
     """Whether a rank started with ``env`` that ended with ``code`` (``-N``: signal N)
-    is forked again, ``done`` times already."""
+    is forked again, ``done`` times already: a worker of an in-place run, killed by
+    SIGKILL within its budget, whose part was not over (no ``.finished`` mark)."""
     if env.get(protocol.ENV_RESTART_MODE) != protocol.IN_PLACE or code != -signal.SIGKILL:
         return False
     try:
@@ -27,7 +31,16 @@ def may_respawn(env: Mapping[str, str], code: int, done: int) -> bool:
         limit = int(env.get(protocol.ENV_RESPAWNS, "0"))
     except ValueError:
         return False
-    return role == protocol.ROLE_WORKER and done < limit
+    return role == protocol.ROLE_WORKER and done < limit and not _finished(env)
+
+
+def _finished(env: Mapping[str, str]) -> bool:
+    rank_dir = env.get(protocol.ENV_RANK_DIR)
+    attempt = env.get(protocol.ENV_ATTEMPT, "1")
+    rank = env.get("RANK", "0")
+    return bool(rank_dir) and os.path.exists(
+        protocol.rank_finished(str(rank_dir), int(rank), attempt)
+    )
 
 
 def rejoin_env(env: Mapping[str, str], number: int) -> dict[str, str]:
@@ -37,12 +50,46 @@ def rejoin_env(env: Mapping[str, str], number: int) -> dict[str, str]:
 
 def record(env: Mapping[str, str], code: int, pid: int) -> None:
     """Write the rank's ``respawn`` record (its old process ended with ``code``, the
-    new one is ``pid``) where the host agent reads the rank's records."""
+    new one is ``pid``) where the host agent reads the rank's records; one that
+    cannot be written is said on stderr (torchrun goes on)."""
     rank_dir = env.get(protocol.ENV_RANK_DIR)
     if not rank_dir:
         return
-    writer = protocol.RankEventWriter(rank_dir, int(env.get("RANK", "0")))
     try:
-        writer.respawn(code, pid)
-    finally:
-        writer.close()
+        writer = protocol.RankEventWriter(rank_dir, int(env.get("RANK", "0")))
+        try:
+            writer.respawn(code, pid)
+        finally:
+            writer.close()
+    except (OSError, ValueError) as exc:
+        print(f"dmlctl: the respawn record of rank {env.get('RANK')}: {exc}", file=sys.stderr)
+
+
+def follow_in_torchrun() -> None:
+    """Patch the warm torchrun so that it knows the ranks forked again: every rank
+    of a closing context is marked stopping before torchrun looks at it (its
+    ``poll`` must not fork one it is about to kill), and its monitor updates a
+    worker's pid to its replacement's (it checks them before every look)."""
+    from torch.distributed.elastic.agent.server import local_elastic_agent as agent
+    from torch.distributed.elastic.multiprocessing import api
+
+    own_close = api.SubprocessContext._close
+
+    def _close(self: Any, death_sig: Any, timeout: int = 30) -> None:
+        for sub in (getattr(self, "subprocess_handlers", None) or {}).values():
+            stopping = getattr(sub.proc, "stopping", None)
+            if stopping is not None:
+                stopping()
+        own_close(self, death_sig, timeout)
+
+    api.SubprocessContext._close = _close  # type: ignore[method-assign]
+    own_monitor = agent.LocalElasticAgent._monitor_workers
+
+    def _monitor_workers(self: Any, worker_group: Any) -> Any:
+        handlers = getattr(self._pcontext, "subprocess_handlers", None) or {}
+        for local_rank, sub in handlers.items():
+            if getattr(sub.proc, "respawns", 0):
+                worker_group.workers[local_rank].id = sub.proc.pid
+        return own_monitor(self, worker_group)
+
+    agent.LocalElasticAgent._monitor_workers = _monitor_workers  # type: ignore[method-assign]

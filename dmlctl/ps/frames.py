@@ -31,6 +31,7 @@ import os
 import queue
 import socket
 import struct
+import sys
 import threading
 
 import torch
@@ -71,6 +72,8 @@ class Op(enum.IntEnum):
 Header = tuple[int, int, int, int, int, int, float]
 Frame = tuple[Header, torch.Tensor, int]
 """What a server's endpoint hands on: the header, the payload bytes, the worker."""
+_Item = tuple[Header, torch.Tensor, int, "Connection"] | BaseException
+"""What a reader puts in the inbox: a frame and the connection it came on."""
 
 
 class ConnectionLost(ConnectionError):
@@ -173,28 +176,39 @@ class Endpoint:
 
     def __init__(self, rank: int) -> None:
         self.rank = rank
-        self.inbox: queue.SimpleQueue[Frame | BaseException] = queue.SimpleQueue()
+        self.inbox: queue.SimpleQueue[_Item] = queue.SimpleQueue()
         self.conns: dict[int, Connection] = {}
+        host = advertised_host()
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._listener.bind(("0.0.0.0", 0))
+        self._listener.bind((host, 0))
         self._listener.listen(128)
         port = self._listener.getsockname()[1]
-        store = rejoin.store()
-        store.set(f"{_prefix()}/{rank}", f"{advertised_host()}:{port}")
+        rejoin.store().set(f"{_prefix()}/{rank}", f"{host}:{port}")
         threading.Thread(target=self._accept, name="dmlctl-ps-accept", daemon=True).start()
 
     def get(self) -> Frame:
-        """The next frame from any worker (blocking): a worker's HELLO as it connects,
-        its frames, and a LEFT frame when its connection ends before it said CLOSE;
-        raises what a reader met otherwise (a corrupt frame)."""
-        item = self.inbox.get()
-        if isinstance(item, BaseException):
-            raise item
-        return item
+        """The next frame from any worker (blocking): a worker's HELLO as it connects
+        (its connection then replaces, and closes, one an earlier process of that rank
+        made), its frames, and a LEFT frame when its connection ends before it said
+        CLOSE; frames and a LEFT of a connection already replaced are dropped.
+        Raises what a reader met otherwise (a corrupt frame)."""
+        while True:
+            item = self.inbox.get()
+            if isinstance(item, BaseException):
+                raise item
+            header, payload, worker, conn = item
+            if header[0] == Op.HELLO:
+                old = self.conns.get(worker)
+                self.conns[worker] = conn
+                if old is not None:
+                    old.close()
+            elif self.conns.get(worker) is not conn:
+                continue  # an earlier process's, read after its replacement's HELLO
+            return header, payload, worker
 
     def send(self, worker: int, fields: Fields, payload: torch.Tensor | None = None) -> None:
-        """Send a frame to ``worker`` (on the connection it made last); raises
-        :class:`ConnectionLost` when that connection has ended."""
+        """Send a frame to ``worker`` (on the connection of the last HELLO :meth:`get`
+        returned); raises :class:`ConnectionLost` when that connection has ended."""
         self.conns[worker].send(fields, payload)
 
     def close(self) -> None:
@@ -216,25 +230,30 @@ class Endpoint:
     def _read(self, conn: Connection) -> None:
         """One connection's life: its HELLO (into the inbox), then every frame until
         CLOSE; an end before CLOSE, or a broken frame (the worker is gone all the
-        same), becomes a LEFT frame; a connection without a HELLO, the error
-        :meth:`get` raises."""
+        same), becomes a LEFT frame. A connection whose first frame is no HELLO (not a
+        worker of this run) is closed, and said on stderr."""
         try:
             first = conn.read_header()
         except ConnectionLost:
             first = None
         if first is None or first[0] != Op.HELLO:
-            self.inbox.put(ConnectionLost(f"{conn.peer}: connected without a HELLO ({first})"))
+            print(
+                f"dmlctl: parameter server rank {self.rank}: {conn.peer} connected without "
+                f"a HELLO ({first}); closed",
+                file=sys.stderr,
+                flush=True,
+            )
+            conn.close()
             return
         worker = first[1]
         conn.peer = f"worker rank {worker}"
-        self.conns[worker] = conn
-        self.inbox.put((first, _EMPTY, worker))
+        self.inbox.put((first, _EMPTY, worker, conn))
         with contextlib.suppress(ConnectionLost):
             while (header := conn.read_header()) is not None:
-                self.inbox.put((header, conn.payload(header[5]), worker))
+                self.inbox.put((header, conn.payload(header[5]), worker, conn))
                 if header[0] == Op.CLOSE:
                     return
-        self.inbox.put(((int(Op.LEFT), worker, 0, -1, 0, 0, NO_LR), _EMPTY, worker))
+        self.inbox.put(((int(Op.LEFT), worker, 0, -1, 0, 0, NO_LR), _EMPTY, worker, conn))
 
 
 _EMPTY = torch.empty(0, dtype=torch.uint8)

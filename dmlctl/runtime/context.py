@@ -81,13 +81,14 @@ class Context(RankIdentity):
         super().__init__(env, device=device, membership=membership, mesh=mesh)
         self._prepare, self._owns_group, at = prepare, owns_group, self._at
         group = membership.group if membership is not None else None
-        store = rejoin.StoreGroup(at.rank, at.world) if _position(env, at.is_server) else None
-        self._workers = WorkerGroup(group, at.world, device, store)
         self._metrics = MetricLogger(
             env.rank, env.rank_dir, check=divergence_check(env.strategy, self._divergence_advice)
         )
+        position = _position(env, at.is_server)
+        self._cursor = DataCursor(self._metrics, position=position)
+        store = rejoin.StoreGroup(at.rank, at.world, self._cursor.started) if position else None
+        self._workers = WorkerGroup(group, at.world, device, store)
         self._optimizer: torch.optim.Optimizer | None = None
-        self._cursor = DataCursor(self._metrics, position=_position(env, at.is_server))
         self._log = RankLog(self._metrics, self._cursor, progress=env.rank_dir is not None)
         self._closed = False
         self._on_close: list[Callable[[], None]] = []
@@ -357,6 +358,7 @@ class Context(RankIdentity):
             self._metrics.close()
             while self._on_close:
                 self._on_close.pop()()
+            self._cursor.close()
         finally:
             if self._owns_group and dist.is_initialized():
                 dist.destroy_process_group()

@@ -32,8 +32,13 @@ class DataCursor:
         self.taken = 0  # batches yielded in all, a replaced predecessor's included
         if position is not None and rejoin.rejoining() and (at := position.read()) is not None:
             self.resume_at, self.taken = (at[0], at[1]), at[2]
+        self._taken_before = self.taken  # by a replaced predecessor
         self.plan: tuple[int, int] | None = None  # (batches per epoch, epochs) of shard()
         self._on_end: list[Callable[[], None]] = []
+
+    def started(self) -> bool:
+        """Whether this process has taken a batch of its own."""
+        return self.taken > self._taken_before
 
     def begin(
         self, size: int, world: int, batch_size: int, epochs: int, drop_last: bool, start: int
@@ -56,17 +61,18 @@ class DataCursor:
         self.epoch, self.batches = epoch, 0
 
     def count(self, samples: int) -> None:
-        """A batch of ``samples`` was yielded: a step for the hang detector, samples for
-        ``samples_per_s`` unless a resume skips it (counted before the checkpoint)."""
+        """A batch of ``samples`` was yielded: a step for the hang detector; unless a
+        resume skips it (consumed before), one batch taken, the position written and
+        samples for ``samples_per_s``."""
         self.batches += 1
+        TRACKER.step(batch=True)
+        if self.skip:  # consumed before: neither taken again nor written again
+            self.skip -= 1
+            return
         self.taken += 1
         if self._position is not None:
             self._position.write(self.epoch, self.batches, self.taken)
-        TRACKER.step(batch=True)
-        if self.skip:
-            self.skip -= 1
-        else:
-            self._metrics.count(samples)
+        self._metrics.count(samples)
 
     def ending(self, batches: Iterator[Any]) -> Iterator[Any]:
         """``batches``, then :meth:`end` once they are exhausted (a loop that breaks out
@@ -82,6 +88,12 @@ class DataCursor:
         TRACKER.data_end()
         for callback in list(self._on_end):
             callback()
+
+    def close(self) -> None:
+        """This rank's part is over: a position kept says so (its death is then not
+        replaced in place)."""
+        if self._position is not None:
+            self._position.finish()
 
     def on_end(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` at :meth:`end`."""

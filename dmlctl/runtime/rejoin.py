@@ -19,10 +19,11 @@ from elsewhere:
   ``ctx.all_reduce_mean`` go through the store (:class:`StoreGroup`), numbered per
   worker, so a replacement takes part in them where its predecessor stopped;
 * **its data position**: every worker of such a run writes its position in its data
-  (epoch, batches yielded) to ``rank-<R>.position`` in its rank directory as it takes
-  each batch (:class:`Position`); the replacement's ``ctx.shard`` starts there, so it
-  goes on with the batches its predecessor had not taken (the one in flight when it
-  died is lost with its update).
+  (epoch, batches yielded) to ``rank-<R>.attempt-<A>.position`` in its rank directory
+  as it takes each batch (:class:`Position`); the replacement's ``ctx.shard`` starts
+  there, so it goes on with the batches its predecessor had not taken (the one in
+  flight when it died is lost with its update). A worker whose context closed leaves
+  a ``.finished`` mark beside it: its death after that is not replaced.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -40,6 +42,9 @@ from dmlctl import protocol
 
 _KEY = "dmlctl/rejoin"
 _STORE_TIMEOUT = timedelta(seconds=300)
+COLLECTIVE_TIMEOUT = timedelta(minutes=30)
+"""How long a worker waits in a store collective for the others (the default
+process group's timeout)."""
 _store: tuple[tuple[str | None, str | None], Store] | None = None
 
 
@@ -54,12 +59,15 @@ def rejoining() -> bool:
 
 
 def store() -> Store:
-    """The run's store as every rank sees it, a replacement included: a client of
-    torchrun's store (``MASTER_ADDR:MASTER_PORT``) under dmlctl's own prefix (made once
-    per endpoint); the default group's store when there is no such endpoint."""
+    """The run's store: the default group's in a process that met the world, unless
+    the run replaces workers in place; then (and in a replacement, which has no group)
+    a client of torchrun's store (``MASTER_ADDR:MASTER_PORT``) under dmlctl's own
+    prefix, made once per endpoint, so that every process of the run reads the same
+    keys."""
     global _store
     endpoint = (os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT"))
-    if endpoint[0] is None or endpoint[1] is None:
+    shared = in_place() or not dist.is_initialized()
+    if not shared or endpoint[0] is None or endpoint[1] is None:
         return dist.distributed_c10d._get_default_store()
     if _store is None or _store[0] != endpoint:
         client = TCPStore(endpoint[0], int(endpoint[1]), is_master=False, timeout=_STORE_TIMEOUT)
@@ -94,11 +102,14 @@ def read_object(name: str) -> Any:
 
 
 class Position:
-    """A worker's position in its data, kept in ``rank-<R>.position`` as it goes: one
-    small write per batch, read back by its replacement."""
+    """A worker's position in its data, kept in its rank directory as it goes
+    (:func:`dmlctl.protocol.rank_position`): one small write per batch, read back by
+    its replacement."""
 
     def __init__(self, rank_dir: str, rank: int) -> None:
-        self.path = os.path.join(rank_dir, f"rank-{rank}.position")
+        attempt = os.environ.get(protocol.ENV_ATTEMPT, "1")
+        self.path = protocol.rank_position(rank_dir, rank, attempt)
+        self._finished = protocol.rank_finished(rank_dir, rank, attempt)
         self._fd: int | None = None
 
     def write(self, epoch: int, batches: int, taken: int) -> None:
@@ -106,6 +117,12 @@ class Position:
         if self._fd is None:
             self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600)
         os.pwrite(self._fd, f"{epoch:>12} {batches:>12} {taken:>14}\n".encode(), 0)
+
+    def finish(self) -> None:
+        """Mark this worker's part of the attempt over: a death after it is not
+        replaced (the servers expect nothing more of it)."""
+        with open(self._finished, "w", encoding="ascii", opener=protocol.private_opener):
+            pass
 
     def read(self) -> tuple[int, int, int] | None:
         """The last position written: (epoch, batches of it, batches in all); None
@@ -122,21 +139,28 @@ class StoreGroup:
     """The workers' barrier and scalar mean through the run's store, for a run that
     replaces lost workers in place: worker ``rank`` of ``world`` writes its value
     under the call's number and waits for every worker's. The number of calls done is
-    kept in the store after each, so a replacement goes on from its predecessor's."""
+    kept in the store after each, so a replacement goes on from its predecessor's;
+    the calls a replacement makes before its first batch (``joined()`` false) are its
+    own alone (the others made them long ago) and return its value."""
 
-    def __init__(self, rank: int, world: int) -> None:
-        self.rank, self.world = rank, world
+    def __init__(self, rank: int, world: int, joined: Callable[[], bool]) -> None:
+        self.rank, self.world, self._joined = rank, world, joined
         self._done = key(f"coll-done/{rank}")
         found = rejoining() and store().check([self._done])
         self.calls = int(store().get(self._done)) if found else 0
 
     def gather(self, value: float) -> list[float]:
-        """Every worker's ``value`` of this call, in rank order (blocks until all are in)."""
+        """Every worker's ``value`` of this call, in rank order (blocks until all are
+        in, at most :data:`COLLECTIVE_TIMEOUT`)."""
+        if rejoining() and not self._joined():
+            return [float(value)] * self.world
         s, n = store(), self.calls
         keys = [key(f"coll/{n}/{r}") for r in range(self.world)]
         s.set(keys[self.rank], repr(float(value)))
-        s.wait(keys)
+        s.wait(keys, COLLECTIVE_TIMEOUT)
         values = [float(s.get(k)) for k in keys]
+        if n > 0:  # every worker has read call n-1's values: it set its key of call n
+            s.delete_key(key(f"coll/{n - 1}/{self.rank}"))
         self.calls = n + 1
         s.set(self._done, str(self.calls))
         return values

@@ -229,12 +229,17 @@ def test_store_collectives_go_on_from_the_predecessors_count(
     monkeypatch.delenv(protocol.ENV_REJOIN, raising=False)
     other = PrefixStore("dmlctl", master)  # worker 1, as its own client would write
     other.set(rejoin.key("coll/0/1"), "2.0")
-    assert rejoin.StoreGroup(0, 2).gather(1.0) == [1.0, 2.0]
+    assert rejoin.StoreGroup(0, 2, lambda: True).gather(1.0) == [1.0, 2.0]
     monkeypatch.setenv(protocol.ENV_REJOIN, "1")
-    replacement = rejoin.StoreGroup(0, 2)
+    started = False
+    replacement = rejoin.StoreGroup(0, 2, lambda: started)
     assert replacement.calls == 1  # its predecessor's one call is not done again
+    assert replacement.gather(5.0) == [5.0, 5.0]  # before its first batch: its own
+    assert replacement.calls == 1
+    started = True
     other.set(rejoin.key("coll/1/1"), "4.0")
     assert replacement.gather(2.0) == [2.0, 4.0]
+    assert not other.check([rejoin.key("coll/0/0")])  # read by all: deleted
     del master
 
 

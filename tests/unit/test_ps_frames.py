@@ -77,3 +77,48 @@ def test_a_corrupt_size_is_refused(pair: tuple[Connection, Connection]) -> None:
     out.sock.sendall(HEADER.pack(1, 1, 0, 0, 0, -5, 0.0))
     with pytest.raises(ConnectionLost, match="corrupt frame header"):
         into.read_header()
+
+
+def test_a_replacements_hello_takes_over_and_the_old_connections_end_is_dropped(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    from datetime import timedelta
+
+    from torch._C._distributed_c10d import TCPStore
+
+    from dmlctl.ps.frames import Endpoint
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    master = TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=30))
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    server = Endpoint(2)
+    address = server._listener.getsockname()
+
+    def connect(hello: bool) -> Connection:
+        conn = Connection(socket.create_connection(address), "parameter server rank 2")
+        if hello:
+            conn.send((int(Op.HELLO), 1, 0, -1, 0, NO_LR))
+        return conn
+
+    stranger = connect(hello=False)
+    stranger.sock.sendall(b"GET / HTTP/1.0\r\n\r\n" + bytes(60))
+    assert stranger.read_header() is None  # closed by the server, which goes on
+    old = connect(hello=True)
+    old.send((int(Op.PULL), 1, 3, 0, 0, NO_LR))
+    assert [server.get()[0][0] for _ in range(2)] == [Op.HELLO, Op.PULL]
+    new = connect(hello=True)
+    assert server.get()[0][0] == Op.HELLO
+    assert old.read_header() is None  # the replaced connection was closed
+    new.send((int(Op.DONE), 1, 4, -1, 0, NO_LR))
+    header, _, worker = server.get()  # not the old connection's LEFT
+    assert (header[0], header[2], worker) == (Op.DONE, 4, 1)
+    server.send(1, (int(Op.PULL_REPLY), 2, 0, 0, 0, NO_LR))
+    assert new.read_header() is not None  # replies go to the replacement
+    new.close()
+    assert server.get()[0][0] == Op.LEFT  # its own end before CLOSE is one
+    assert "connected without a HELLO" in capfd.readouterr().err
+    server.close()
+    del master
