@@ -49,6 +49,7 @@ from rich.table import Table
 from dmlctl.bench.launch_overhead import summarize, time_once
 from dmlctl.bench.plan import announce, planned
 from dmlctl.bench.proc import bench_env, torchrun_argv
+from dmlctl.bench.recovery_in_place import run_in_place
 from dmlctl.bench.recovery_timing import (
     KILL_RANK,
     STAGES,
@@ -79,15 +80,21 @@ DEFAULT_REPEATS = 3
 DEFAULT_BACKOFF_S = 0.1
 RATIO_GOAL = 1.2
 SIDES = ("dmlctl", "torchrun")
+IN_PLACE = "in_place"
+"""The side of ``--mode in_place`` (:mod:`dmlctl.bench.recovery_in_place`)."""
+IN_PLACE_GOAL = 0.3  # in_place ÷ torchrun, kill → the killed rank's first step
+SURVIVOR_GOAL = 0.8  # the other workers' steps/s after the kill ÷ before
+MODES = ("full", IN_PLACE)
 TORCHRUN_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "OMP_NUM_THREADS": "1"}
 """Environment of the bare torchrun side (see the module docstring)."""
 
 
 @dataclass(frozen=True)
 class RecoveryReport:
-    """Every measured recovery of both sides, and what they were measured under.
+    """Every measured recovery of every side, and what they were measured under.
 
-    ``runs`` maps each of :data:`SIDES` to its recoveries, in run order (at least one).
+    ``runs`` maps each of :data:`SIDES` (and :data:`IN_PLACE` for ``--mode
+    in_place``) to its recoveries, in run order (at least one each).
     """
 
     runs: Mapping[str, tuple[Recovery, ...]]
@@ -106,6 +113,19 @@ class RecoveryReport:
     def ratio(self) -> float:
         """median(dmlctl) / median(torchrun); the goal is at most :data:`RATIO_GOAL`."""
         return self.median("dmlctl") / self.median("torchrun")
+
+    @property
+    def in_place_ratio(self) -> float | None:
+        """median(in_place) / median(torchrun) (goal: at most :data:`IN_PLACE_GOAL`);
+        None without the in-place side."""
+        return self.median(IN_PLACE) / self.median("torchrun") if IN_PLACE in self.runs else None
+
+    @property
+    def survivor_rate(self) -> float | None:
+        """The median over the in-place runs of the other worker's steps/s after the
+        kill ÷ before (goal: at least :data:`SURVIVOR_GOAL`); None without them."""
+        rates = [r.survivor_rate for r in self.runs.get(IN_PLACE, ()) if r.survivor_rate]
+        return statistics.median(rates) if rates else None
 
     def steps_lost(self, side: str) -> int:
         """The most steps ``side`` lost in one failure."""
@@ -141,7 +161,19 @@ class RecoveryReport:
             "default_backoff_s": RestartSpec().backoff_initial,
             "ratio": self.ratio,
             "ratio_goal": RATIO_GOAL,
+            **self._in_place_dict(),
             **sides,
+        }
+
+    def _in_place_dict(self) -> dict[str, Any]:
+        if IN_PLACE not in self.runs:
+            return {"mode": "full"}
+        return {
+            "mode": IN_PLACE,
+            "in_place_ratio": self.in_place_ratio,
+            "in_place_ratio_goal": IN_PLACE_GOAL,
+            "survivor_rate": self.survivor_rate,
+            "survivor_rate_goal": SURVIVOR_GOAL,
         }
 
 
@@ -234,25 +266,40 @@ RUN_S = 15.0
 """About one timed failure and recovery, by either launcher, on 2 cores."""
 
 
-def plan(repeats: int) -> str:
+IN_PLACE_RUN_S = 28.0
+"""One in-place run: about 10 s of training on either side of the kill."""
+
+
+def sides(mode: str) -> tuple[str, ...]:
+    """The sides ``mode`` measures (raises :class:`UsageError` for an unknown one)."""
+    if mode not in MODES:
+        raise UsageError(f"--mode must be one of {', '.join(MODES)}, got {mode!r}")
+    return SIDES if mode == "full" else (*SIDES, IN_PLACE)
+
+
+def plan(repeats: int, mode: str = "full") -> str:
     """The runs :func:`run_recovery_bench` makes, and about how long they take."""
-    return planned(2 * repeats, f"{repeats} × 2 launchers", RUN_S)
+    count = len(sides(mode))
+    each = (RUN_S * len(SIDES) + (IN_PLACE_RUN_S if mode == IN_PLACE else 0.0)) / count
+    return planned(count * repeats, f"{repeats} × {count} launchers", each)
 
 
 def run_recovery_bench(
     repeats: int = DEFAULT_REPEATS,
     *,
     backoff: float = DEFAULT_BACKOFF_S,
+    mode: str = "full",
     console: Console,
     home: Path | None = None,
     measure: Callable[[str, Path], Recovery] | None = None,
 ) -> RecoveryReport:
-    """Run both sides ``repeats`` times each, alternating (dmlctl first), and report.
+    """Run every side of ``mode`` (:func:`sides`) ``repeats`` times, alternating
+    (dmlctl first), and report.
 
     Each run gets a fresh directory (timing files, checkpoint) under a temporary
     directory; dmlctl's run directories go to ``home`` (default: a temporary
     ``DMLCTL_HOME``). ``measure(side, work_dir)`` replaces the real runs in tests.
-    Raises :class:`UsageError` for ``repeats < 1`` or ``backoff <= 0``,
+    Raises :class:`UsageError` for ``repeats < 1``, ``backoff <= 0`` or another mode,
     :class:`RecoveryBenchFailed` if any run fails, and, for a Ctrl-C after a whole
     round, :class:`BenchPartial` with the report of the whole rounds.
     """
@@ -260,13 +307,16 @@ def run_recovery_bench(
         raise UsageError(f"--repeats must be at least 1, got {repeats}")
     if not 0 < backoff < float("inf"):
         raise UsageError(f"--backoff must be a positive number of seconds, got {backoff}")
-    announce(console, "recovery", plan(repeats))
+    measured = sides(mode)
+    announce(console, "recovery", plan(repeats, mode))
     with tempfile.TemporaryDirectory(prefix="dmlctl-bench-recovery-") as tmp:
         dml_home = home if home is not None else Path(tmp) / "home"
 
         def real(side: str, work: Path) -> Recovery:
             if side == "dmlctl":
                 return run_dmlctl(work, backoff=backoff, home=dml_home, console=console)
+            if side == IN_PLACE:
+                return run_in_place(work, home=dml_home, console=console)
             return run_torchrun(work, dml_home)
 
         def one(side: str, round_: int) -> Recovery:
@@ -274,7 +324,7 @@ def run_recovery_bench(
             work.mkdir()
             return (measure or real)(side, work)
 
-        runs, note = alternate(SIDES, repeats, one, console)
+        runs, note = alternate(measured, repeats, one, console)
     report = RecoveryReport({side: tuple(r) for side, r in runs.items()}, backoff_s=backoff)
     if note is not None:
         raise BenchPartial(note, report)
@@ -282,11 +332,12 @@ def run_recovery_bench(
 
 
 def render_recovery_tables(report: RecoveryReport) -> list[Table]:
-    """Two tables: recovery seconds (median/min/max) and steps lost per launcher with
-    the ratio row; then the median end of every stage, in seconds after the kill."""
-    runs = report.runs
+    """Two tables: recovery seconds (median/min/max) and steps lost per side with the
+    ratio rows (and, with the in-place side, the survivors' rate); then the median
+    end of every stage, in seconds after the kill."""
+    names = tuple(report.runs)
     t = Table(
-        title=f"recovery from a SIGKILL, {plural(len(runs['dmlctl']), 'run')} each, "
+        title=f"recovery from a SIGKILL, {plural(len(report.runs['dmlctl']), 'run')} each, "
         f"dmlctl backoff {report.backoff_s:g} s",
         title_justify="left",
         show_edge=False,
@@ -294,15 +345,15 @@ def render_recovery_tables(report: RecoveryReport) -> list[Table]:
     )
     for name in ("launcher", "median (s)", "min (s)", "max (s)", "steps lost (max)"):
         t.add_column(name, justify="left" if name == "launcher" else "right")
-    for side in SIDES:
-        secs = [r.seconds for r in runs[side]]
+    for side in names:
+        secs = [r.seconds for r in report.runs[side]]
         t.add_row(
-            side,
+            "dmlctl in_place" if side == IN_PLACE else side,
             f"{report.median(side):.3f}",
             f"{min(secs):.3f}",
             f"{max(secs):.3f}",
             str(report.steps_lost(side)),
-            end_section=side == SIDES[-1],
+            end_section=side == names[-1],
         )
     t.add_row(
         "[bold]dmlctl/torchrun[/bold]",
@@ -311,6 +362,24 @@ def render_recovery_tables(report: RecoveryReport) -> list[Table]:
         "",
         f"goal ≤ {report.checkpoint_every}",
     )
+    if report.in_place_ratio is not None:
+        t.add_row(
+            "[bold]in_place/torchrun[/bold]",
+            f"[bold]{report.in_place_ratio:.3f}[/bold]",
+            f"goal ≤ {IN_PLACE_GOAL}",
+            "",
+            "goal 0",
+        )
+        rate = report.survivor_rate
+        t.add_row(
+            "survivor steps/s after ÷ before",
+            "[bold]-[/bold]" if rate is None else f"[bold]{rate:.3f}[/bold]",
+            f"goal ≥ {SURVIVOR_GOAL}",
+        )
+    return [t, _stage_table(report, names)]
+
+
+def _stage_table(report: RecoveryReport, names: tuple[str, ...]) -> Table:
     s = Table(
         title="where the time goes (median seconds after the kill when each stage ended)",
         title_justify="left",
@@ -318,11 +387,11 @@ def render_recovery_tables(report: RecoveryReport) -> list[Table]:
         pad_edge=False,
     )
     s.add_column("stage")
-    for side in SIDES:
+    for side in names:
         s.add_column(side, justify="right")
-    stages = {side: report.stages(side) for side in SIDES}
+    stages = {side: report.stages(side) for side in names}
     for key, meaning in STAGES:
-        cells = [f"{stages[side][key]:.3f}" if key in stages[side] else "" for side in SIDES]
+        cells = [f"{stages[side][key]:.3f}" if key in stages[side] else "" for side in names]
         if any(cells):
             s.add_row(meaning, *cells)
-    return [t, s]
+    return s

@@ -110,6 +110,7 @@ class Recovery:
     resumed_from: int
     stages: Mapping[str, float] = field(default_factory=dict)
     cause: str = ""  # what the launcher recorded as the failure (dmlctl: its root cause)
+    survivor_rate: float | None = None  # in place: the others' steps/s after ÷ before
 
     @property
     def seconds(self) -> float:
@@ -132,6 +133,7 @@ class Recovery:
             "steps_lost": self.steps_lost,
             "stages_s": dict(self.stages),
             "cause": self.cause,
+            **({} if self.survivor_rate is None else {"survivor_rate": self.survivor_rate}),
         }
 
 
@@ -140,13 +142,16 @@ def measure_recovery(
     *,
     killed_rank: int = KILL_RANK,
     launcher_times: Mapping[str, float] | None = None,
+    in_place: bool = False,
 ) -> Recovery:
     """The recovery in ``records`` (every rank's timing lines of one run).
 
     The kill is ``killed_rank``'s ``kill`` record; the restart is the first later
-    attempt in which ``killed_rank`` completed a step. ``steps_done`` is the highest
-    step any rank completed in the killed attempt; ``resumed_from`` is
-    ``killed_rank``'s ``resumed_from`` in the restart. Stages come from the killed
+    attempt in which ``killed_rank`` completed a step (``in_place``: its replacement,
+    which counts as one). ``steps_done`` is the highest step any rank completed in
+    the killed attempt (``in_place``: the killed rank's, the others went on), and
+    ``in_place`` also measures the others' :func:`survivor_rate`; ``resumed_from``
+    is ``killed_rank``'s ``resumed_from`` in the restart. Stages come from the killed
     rank's records of the restart plus ``launcher_times`` (absolute times keyed by
     :data:`STAGES` keys). Raises :class:`RecoveryBenchFailed` naming what is missing.
     """
@@ -172,7 +177,32 @@ def measure_recovery(
     times = {stage: r.time for r in reversed(mine) if (stage := _SCRIPT_STAGES.get(r.kind))}
     times.update(launcher_times or {}, first_step=first.time)
     stages = {key: times[key] - kill.time for key, _ in STAGES if key in times}
+    if in_place:
+        rate = survivor_rate(records, kill)
+        return Recovery(kill.time, first.time, kill.step, resumed[0].step, stages, "", rate)
     return Recovery(kill.time, first.time, done, resumed[0].step, stages)
+
+
+SURVIVOR_WINDOW_S = 10.0
+"""The seconds before and after a kill over which :func:`survivor_rate` counts."""
+
+
+def survivor_rate(
+    records: Sequence[TimingRecord], kill: TimingRecord, window: float = SURVIVOR_WINDOW_S
+) -> float | None:
+    """The steps per second the other ranks completed in the ``window`` seconds after
+    ``kill`` ÷ in the ``window`` seconds before it (each window cut to the steps they
+    have on that side); None when either side has no steps."""
+    times = [r.time for r in records if r.kind == "step" and r.rank != kill.rank]
+    if not times:
+        return None
+    before = min(window, kill.time - min(times))
+    after = min(window, max(times) - kill.time)
+    if before <= 0 or after <= 0:
+        return None
+    n_before = sum(kill.time - before < t <= kill.time for t in times)
+    n_after = sum(kill.time < t <= kill.time + after for t in times)
+    return (n_after / after) / (n_before / before) if n_before else None
 
 
 def _glog_time(line: str, near: float) -> float | None:

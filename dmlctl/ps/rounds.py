@@ -301,8 +301,9 @@ class RoundServer(ParameterServer):
         channel: ServerTransport,
         *,
         rule: RoundRule,
+        elastic: bool = False,
     ) -> None:
-        super().__init__(shards, worker_ranks, channel, rule=rule)
+        super().__init__(shards, worker_ranks, channel, rule=rule, elastic=elastic)
         self.rounds_rule = rule
         if isinstance(rule, ConsensusRounds):
             for s, flat in self.params.items():
@@ -331,8 +332,11 @@ class RoundServer(ParameterServer):
         self._answer_ready()
 
     def _answer_ready(self) -> None:
-        """Close every round the rule allows, then answer the reads no longer waiting."""
-        active = [w for w in self.workers if w not in self.finished]
+        """Close every round the rule allows, then answer the reads no longer waiting.
+        A worker away (``restart.mode: in_place``: lost, its replacement not yet
+        there) is not waited for: sync-ps closes its rounds with the others'
+        gradients, as with a backup worker; aadmm counts no delay for it."""
+        active = [w for w in self.workers if w not in self.finished and w not in self.away]
         for s, flat in self.params.items():
             if self.rounds_rule.ready(s, active):
                 self.rounds_rule.close(s, flat, active)

@@ -121,7 +121,7 @@ def run_server(ctx: Context) -> ParameterServer:
     server: ParameterServer
     if layout.rule.get("kind") in ROUND_RULES:
         rule = make_round_rule(layout.rule, layout.workers)
-        server = RoundServer(mine, layout.workers, channel, rule=rule)
+        server = RoundServer(mine, layout.workers, channel, rule=rule, elastic=rejoin.in_place())
     else:
         server = ParameterServer(
             mine,

@@ -113,9 +113,11 @@ class PSOptimizer(StrategyOptimizer):
         self.min_clock = 0
         self.versions: dict[int, int] = dict.fromkeys(self.shard_ids, 0)  # latest read, per shard
         self.pushed_at = 0  # local step of the latest push
+        self._bytes_seen = 0
         if rejoin.rejoining():  # started again in place: its clock goes on (a step a batch)
             self.local_steps = self.pushed_at = ctx.batches_taken
-        self._bytes_seen = 0
+            # the servers' model and the versions it is at (sync-ps tags pushes with them)
+            self._adopt(self._pull(), keep_local=False)
         self._closed = False
         #: ``overlap: true``: the thread that runs each exchange while the trainer
         #: computes the next step(s) (:meth:`_push_behind`, :meth:`settle`).

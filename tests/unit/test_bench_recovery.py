@@ -3,6 +3,7 @@ torchrun's log times, the run directory's times, the report, its tables and the 
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import math
@@ -302,3 +303,105 @@ def test_both_sides_run_the_same_shipped_script(tmp_path: Path) -> None:
 def test_stage_keys_are_unique() -> None:
     keys = [key for key, _ in STAGES]
     assert len(keys) == len(set(keys)) and keys[-1] == "first_step"
+
+
+# ----------------------------------------------------------------- --mode in_place
+
+
+def in_place_records(after_s: float = 0.1) -> list[TimingRecord]:
+    """Rank 0 steps every 0.1 s from KILL - 10 on, every ``after_s`` after the kill,
+    for 10 s; rank 1 is killed after its step 12 and its replacement (attempt 1) goes
+    on from 12 at KILL + 0.2."""
+    survivor = [f"step {s} {KILL - 10 + 0.1 * s:.6f} 0" for s in range(1, 101)]
+    survivor += [f"step {100 + s} {KILL + after_s * s:.6f} 0" for s in range(1, int(10 / after_s))]
+    killed = [f"step {s} {KILL - 1.2 + 0.1 * s:.6f} 0" for s in range(1, 13)]
+    killed += [f"kill 12 {KILL:.6f} 0", f"start -1 {KILL + 0.05:.6f} 1"]
+    killed += [f"resumed_from 12 {KILL + 0.1:.6f} 1", f"step 13 {KILL + 0.2:.6f} 1"]
+    return parse_timing(survivor, 0) + parse_timing(killed, 1)
+
+
+def test_in_place_counts_the_killed_ranks_steps_and_the_survivors_rate() -> None:
+    from dmlctl.bench.recovery_timing import survivor_rate
+
+    found = measure_recovery(in_place_records(), in_place=True)
+    assert found.seconds == pytest.approx(0.2)
+    assert (found.steps_done, found.resumed_from, found.steps_lost) == (12, 12, 0)
+    assert found.survivor_rate == pytest.approx(1.0, rel=0.02)
+    assert found.to_dict()["survivor_rate"] == found.survivor_rate
+    assert measure_recovery(in_place_records(0.2), in_place=True).survivor_rate == (
+        pytest.approx(0.5, rel=0.03)
+    )
+    full = measure_recovery(in_place_records())  # the furthest rank, as after a restart
+    assert full.steps_done == 199 and full.survivor_rate is None
+    records = in_place_records()
+    kill = next(r for r in records if r.kind == "kill")
+    assert survivor_rate([r for r in records if r.time <= KILL or r.rank == 1], kill) is None
+
+
+def test_the_in_place_side_is_reported_against_torchrun() -> None:
+    from dmlctl.bench.recovery import IN_PLACE
+
+    rates = (0.9, 0.85, None)
+    in_place = tuple(
+        dataclasses.replace(recovery(s, lost=0), survivor_rate=r)
+        for s, r in zip((0.3, 0.2, 0.5), rates, strict=True)
+    )
+    report = RecoveryReport(
+        {"dmlctl": (recovery(3.0),), "torchrun": (recovery(4.0),), IN_PLACE: in_place},
+        backoff_s=0.1,
+    )
+    assert report.in_place_ratio == pytest.approx(0.3 / 4.0)
+    assert report.survivor_rate == pytest.approx(0.875)  # over the runs that measured one
+    data = json.loads(json.dumps(report.to_dict()))
+    assert (data["mode"], data["in_place_ratio_goal"], data["survivor_rate_goal"]) == (
+        "in_place",
+        0.3,
+        0.8,
+    )
+    assert data[IN_PLACE]["steps_lost"] == 0 and len(data[IN_PLACE]["runs"]) == 3
+    console = Console(file=io.StringIO(), width=120, color_system=None, highlight=False)
+    for table in render_recovery_tables(report):
+        console.print(table)
+    lines = console.file.getvalue().splitlines()  # type: ignore[attr-defined]
+    row = next(line for line in lines if "in_place/torchrun" in line)
+    assert [c.strip() for c in row.split("│")] == [
+        "in_place/torchrun",
+        "0.075",
+        "goal ≤ 0.3",
+        "",
+        "goal 0",
+    ]
+    rate = next(line for line in lines if "survivor steps/s" in line)
+    assert [c.strip() for c in rate.split("│")][1:3] == ["0.875", "goal ≥ 0.8"]
+    assert any(line.startswith("dmlctl in_place ") for line in lines)
+    without = RecoveryReport({"dmlctl": (recovery(3.0),), "torchrun": (recovery(4.0),)}, 0.1)
+    assert without.in_place_ratio is None and without.to_dict()["mode"] == "full"
+
+
+def test_mode_in_place_alternates_three_sides() -> None:
+    from dmlctl.bench.recovery import plan
+
+    calls: list[str] = []
+
+    def measure(side: str, work: Path) -> Recovery:
+        calls.append(side)
+        return recovery(0.2 if side == "in_place" else 4.0)
+
+    quiet = Console(file=io.StringIO())
+    report = run_recovery_bench(1, mode="in_place", console=quiet, measure=measure)
+    assert calls == ["dmlctl", "torchrun", "in_place"]
+    assert report.in_place_ratio == pytest.approx(0.05)
+    assert plan(2, "in_place").startswith("6 runs (2 × 3 launchers)")
+    with pytest.raises(UsageError, match="--mode must be one of full, in_place"):
+        run_recovery_bench(1, mode="partial", console=quiet, measure=measure)
+
+
+def test_the_in_place_job_is_a_valid_parameter_server_job(tmp_path: Path) -> None:
+    from dmlctl.bench import recovery_in_place as ip
+
+    assert (ip.JOB_DIR / ip.SCRIPT).is_file()
+    job = ip.in_place_job(tmp_path)
+    assert (job.strategy.name, job.workers, job.parameter_servers) == ("asgd", 2, 1)
+    assert job.restart.mode == "in_place" and job.checkpoint is None
+    assert job.args[job.args.index("--kill-at") + 1] == str(ip.KILL_AT)
+    assert sum(h.slots for h in ip.in_place_cluster().hosts) == 3

@@ -43,16 +43,16 @@ IN_PLACE = "restart: {mode: in_place}\n"
     ("text", "line", "path", "fragment"),
     [
         (
-            HEAD + "parameter_servers: 1\nstrategy: sync-ps\n" + IN_PLACE,
-            5,
+            HEAD + "strategy: local-sgd\n" + IN_PLACE,
+            4,
             "restart.mode",
-            "does not apply to strategy 'sync-ps'",
+            "does not apply to strategy 'local-sgd'",
         ),
         (
             HEAD + "strategy: ssgd\n" + IN_PLACE,
             4,
             "restart.mode",
-            "(in place: adadelay, asgd, easgd-async, ssp)",
+            "(in place: aadmm, adadelay, asgd, easgd-async, ssp, sync-ps)",
         ),
         (
             HEAD + "parameter_servers: 1\nstrategy: asgd\n" + IN_PLACE + "checkpoint: {keep: 2}\n",
@@ -120,6 +120,19 @@ def test_only_a_worker_killed_by_sigkill_within_its_budget_is_forked_again() -> 
     assert not may_respawn(_env(LOCAL_RANK="1"), killed, 0)  # a server
     assert not may_respawn({**_env(), protocol.ENV_RESTART_MODE: ""}, killed, 0)  # mode: full
     assert rejoin_env(_env(), 2)[protocol.ENV_REJOIN] == "2"
+
+
+def test_a_worker_whose_part_was_over_is_not_forked_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = _env(**{protocol.ENV_RANK_DIR: str(tmp_path), "RANK": "3", protocol.ENV_ATTEMPT: "2"})
+    assert may_respawn(env, -signal.SIGKILL, 0)
+    monkeypatch.setenv(protocol.ENV_ATTEMPT, "1")  # another attempt's mark is not its own
+    rejoin.Position(str(tmp_path), 3).finish()
+    assert may_respawn(env, -signal.SIGKILL, 0)
+    monkeypatch.setenv(protocol.ENV_ATTEMPT, "2")
+    rejoin.Position(str(tmp_path), 3).finish()  # its context closed (the servers let it go)
+    assert not may_respawn(env, -signal.SIGKILL, 0)
 
 
 def test_the_respawn_record_reaches_the_state_as_a_rank_recovering(tmp_path: Path) -> None:
@@ -262,3 +275,22 @@ def test_replacements_past_the_infra_budget_end_the_attempt() -> None:
 def _respawn_line(rank: int) -> str:
     record = {"kind": protocol.KIND_RESPAWN, "code": -9, "pid": 100 + rank, "rank": rank}
     return json.dumps({**record, "ts": 1.0}, separators=(",", ":"))
+
+
+def test_sync_ps_closes_its_rounds_without_a_worker_away() -> None:
+    from dmlctl.ps.rounds import BackupRounds, RoundServer
+
+    replies = _Replies()
+    rule = BackupRounds(2, 0, "SGD", {"lr": 1.0})
+    server = RoundServer({0: torch.zeros(2)}, [0, 1], replies, rule=rule, elastic=True)
+    grad = torch.ones(2)
+    server.handle(Message(Op.PUSH, 0, 0, 0, grad, then_pull=True))
+    assert server.versions[0] == 0 and replies.sent == []  # waits for worker 1's gradient
+    server.handle(Message(Op.LEFT, 1, 0, -1))  # worker 1 died: counted as a backup
+    assert server.versions[0] == 1 and replies.sent == [0]
+    assert torch.equal(server.params[0], -grad)  # the round's mean is worker 0's alone
+    server.handle(Message(Op.HELLO, 1, 0, -1))  # its replacement is waited for again
+    server.handle(Message(Op.PUSH, 0, 1, 0, grad, then_pull=True))
+    assert server.versions[0] == 1
+    server.handle(Message(Op.PUSH, 1, 1, 0, grad * 3, then_pull=True))
+    assert server.versions[0] == 2 and torch.equal(server.params[0], -3 * grad)

@@ -44,17 +44,19 @@ IMPORTED = time.time()
 FEATURES = 16
 
 
-def parse_args() -> argparse.Namespace:
-    """The command line (the defaults are the benchmark's settings)."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def arguments(doc: str, *, checkpoints: bool = True) -> argparse.ArgumentParser:
+    """The command line of this script (of ``train_ps.py`` without ``checkpoints``);
+    the defaults are the benchmark's settings."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     p.add_argument("--timing-dir", required=True, help="Where rank-<R>.timing files go.")
-    p.add_argument("--ckpt-dir", required=True, help="Where ckpt.pt is saved and loaded.")
+    if checkpoints:
+        p.add_argument("--ckpt-dir", required=True, help="Where ckpt.pt is saved and loaded.")
+        p.add_argument("--every", type=int, default=5, help="Checkpoint every this many steps.")
     p.add_argument("--steps", type=int, default=25, help="Steps of the whole training.")
-    p.add_argument("--every", type=int, default=5, help="Checkpoint every this many steps.")
     p.add_argument("--kill-at", type=int, default=12, help="Step after which the kill comes.")
     p.add_argument("--kill-rank", type=int, default=1, help="Rank that kills itself.")
     p.add_argument("--sleep", type=float, default=0.05, help="Seconds of 'compute' per step.")
-    return p.parse_args()
+    return p
 
 
 def attempt() -> int:
@@ -106,7 +108,7 @@ def batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def main() -> None:
     """Train, checkpoint, record timings; kill ``--kill-rank`` on the first attempt."""
-    args = parse_args()
+    args = arguments(__doc__ or "").parse_args()
     this_attempt = attempt()
     rank = int(os.environ["RANK"])
     timing = Timing(args.timing_dir, rank, this_attempt)

@@ -17,16 +17,26 @@ def recovery(
     backoff: float = typer.Option(
         0.1, "--backoff", help="dmlctl's restart backoff_initial in seconds (its default: 1.0)."
     ),
+    mode: str = typer.Option(
+        "full",
+        "--mode",
+        help="'full' (dmlctl's restart of the run vs torchrun's), or 'in_place': also a "
+        "parameter-server run whose killed worker is replaced alone (restart.mode: "
+        "in_place), with the other worker's steps/s around the kill.",
+    ),
     as_json: bool = JSON_TABLES,
     plot: Optional[Path] = plot_option("recovery seconds of every repeat, stage times"),  # noqa: UP045
 ) -> int:
-    """Seconds from a worker's SIGKILL to its first step after restart: dmlctl vs torchrun."""
+    """Seconds from a worker's SIGKILL to its first step after restart: dmlctl vs torchrun
+    (with --mode in_place, also dmlctl replacing the worker alone)."""
     from dmlctl.bench.recovery import render_recovery_tables, run_recovery_bench
 
     check_plot(plot)
     report, note = running(
         "timing recovery under dmlctl and bare torchrun…",
-        lambda err: kept(lambda: run_recovery_bench(repeats, backoff=backoff, console=err)),
+        lambda err: kept(
+            lambda: run_recovery_bench(repeats, backoff=backoff, mode=mode, console=err)
+        ),
     )
     shown = noted(report.to_dict(), note)
     return finish("recovery", shown, lambda _: render_recovery_tables(report), as_json, plot)

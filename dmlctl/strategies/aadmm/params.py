@@ -77,4 +77,5 @@ CAPABILITIES = Capabilities(
     roles=WITH_SERVERS,
     columns=(*SERVER_COLUMNS, "primal_res", "delay_max"),
     check_world=check_world,
+    in_place=True,
 )

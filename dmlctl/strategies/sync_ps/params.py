@@ -47,5 +47,8 @@ def check_world(params: BaseModel, world_size: int) -> str | None:
 
 
 CAPABILITIES = Capabilities(
-    roles=WITH_SERVERS, columns=(*SERVER_COLUMNS, "dropped"), check_world=check_world
+    roles=WITH_SERVERS,
+    columns=(*SERVER_COLUMNS, "dropped"),
+    check_world=check_world,
+    in_place=True,
 )

@@ -1,0 +1,99 @@
+"""The in-place side of ``dmlctl bench recovery --mode in_place``.
+
+A real run through :func:`dmlctl.launch.api.launch` of ``recovery_job/train_ps.py``
+(the recovery benchmark's tiny model and per-step sleep, under ``asgd``: 2 workers,
+1 parameter server) with ``restart: {mode: in_place}``, :data:`STEPS` steps per
+worker. On the first attempt worker rank :data:`~dmlctl.bench.recovery_timing.KILL_RANK`
+records the time and SIGKILLs itself right after step :data:`KILL_AT` (about 8 s
+into training, so that :data:`~dmlctl.bench.recovery_timing.SURVIVOR_WINDOW_S`
+seconds of the other worker's steps lie on either side of the kill). Its torchrun
+forks it again alone; the replacement pulls the servers' model and goes on from its
+data position. The run must succeed with one rank replaced and no restart.
+
+Measured from the script's timing lines (:func:`measure_recovery` with
+``in_place``): the seconds from the kill to the replacement's first step, the steps
+the killed worker lost (its step at the kill − where its replacement went on) and
+the other worker's steps/s in the 10 s after the kill ÷ the 10 s before.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from rich.console import Console
+
+from dmlctl.bench.recovery_timing import (
+    KILL_RANK,
+    Recovery,
+    RecoveryBenchFailed,
+    measure_recovery,
+    read_timing_dir,
+)
+from dmlctl.bench.runs import launch_bench
+from dmlctl.spec import ClusterSpec, HostSpec, JobSpec
+from dmlctl.spec.cluster import LOCAL_ADDRESS
+from dmlctl.text import plural
+
+JOB_DIR = Path(__file__).resolve().parent / "recovery_job"
+SCRIPT = "train_ps.py"
+JOB_NAME = "bench-recovery-in-place"
+STRATEGY = "asgd"
+WORKERS, SERVERS = 2, 1
+STEPS = 450
+KILL_AT = 150
+STEP_SLEEP_S = 0.05
+
+
+def in_place_job(work: Path) -> JobSpec:
+    """The job of one in-place run whose timing files go under ``work``."""
+    args = {
+        "--timing-dir": work / "timing",
+        "--steps": STEPS,
+        "--kill-at": KILL_AT,
+        "--kill-rank": KILL_RANK,
+        "--sleep": STEP_SLEEP_S,
+    }
+    return JobSpec.model_validate(
+        {
+            "name": JOB_NAME,
+            "script": SCRIPT,
+            "args": [str(part) for option in args.items() for part in option],
+            "workers": WORKERS,
+            "parameter_servers": SERVERS,
+            "strategy": STRATEGY,
+            "workdir": str(JOB_DIR),
+            "restart": {"mode": "in_place"},
+        }
+    )
+
+
+def in_place_cluster() -> ClusterSpec:
+    """This machine as host ``local`` with a slot for every worker and server."""
+    return ClusterSpec(
+        hosts=[HostSpec(name="local", address=LOCAL_ADDRESS, slots=WORKERS + SERVERS)]
+    )
+
+
+def run_in_place(work: Path, *, home: Path, console: Console) -> Recovery:
+    """One in-place run of :func:`in_place_job`; its recovery. Raises
+    :class:`RecoveryBenchFailed` unless the run succeeded with exactly one rank
+    replaced in place and no restart."""
+    result = launch_bench(
+        in_place_job(work), in_place_cluster(), console=console, home=home, check=False
+    )
+    state = result.state
+    if state is None or result.exit_code != 0 or (state.restarts, state.respawns) != (0, 1):
+        root = state.root_cause if state is not None else None
+        why = root.headline() if root is not None else f"exit code {result.exit_code}"
+        counts = (
+            f"{plural(state.respawns, 'rank')} replaced, {plural(state.restarts, 'restart')}"
+            if state is not None
+            else "no state"
+        )
+        raise RecoveryBenchFailed(
+            f"dmlctl run {result.run_id} did not recover in place: {why}, {counts}"
+        )
+    found = measure_recovery(read_timing_dir(work / "timing"), in_place=True)
+    cause = state.failures[0].headline() if state.failures else ""
+    return dataclasses.replace(found, cause=cause)
