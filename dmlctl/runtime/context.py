@@ -87,6 +87,7 @@ class Context(RankIdentity):
         position = _position(env, at.is_server)
         self._cursor = DataCursor(self._metrics, position=position)
         store = rejoin.StoreGroup(at.rank, at.world, self._cursor.started) if position else None
+        self._store_group = store  # restart.mode: in_place: the workers' collectives
         self._workers = WorkerGroup(group, at.world, device, store)
         self._optimizer: torch.optim.Optimizer | None = None
         self._log = RankLog(self._metrics, self._cursor, progress=env.rank_dir is not None)
@@ -141,6 +142,8 @@ class Context(RankIdentity):
             optimizer.bind_names(self._env.strategy, unwrapped)
             optimizer.keep_local = getattr(self._env.params, "final", None) == "local"
             self.on_data_end(optimizer.finish)
+            if self._store_group is not None and not optimizer.keep_local:
+                self.on_data_end(lambda: self._check_one_model(optimizer))
         self._optimizer = optimizer
         guards.mark_prepared()
         self._metrics.prepared(self._env.strategy)
@@ -256,6 +259,13 @@ class Context(RankIdentity):
         your own (a ``DataLoader``) or one that breaks out early. Collective over the
         workers; again without a training step in between: nothing."""
         self._cursor.end()
+
+    def _check_one_model(self, optimizer: torch.optim.Optimizer) -> None:
+        """In a run that replaced workers in place: every worker ends with the same
+        parameters (:func:`~dmlctl.runtime.rejoin.check_one_model`)."""
+        assert self._store_group is not None
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        rejoin.check_one_model(params, self._store_group)
 
     def on_data_end(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` in :meth:`finish` (at the end of :meth:`shard`'s data or

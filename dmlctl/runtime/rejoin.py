@@ -31,10 +31,12 @@ from __future__ import annotations
 import json
 import os
 import pickle
-from collections.abc import Callable
+import zlib
+from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import Any
 
+import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, Store, TCPStore
 
@@ -133,6 +135,24 @@ class Position:
         except (OSError, ValueError):
             return None
         return int(epoch), int(batches), int(taken)
+
+
+def check_one_model(params: Iterable[torch.Tensor], group: StoreGroup) -> None:
+    """After the data of a run that replaces workers in place: every worker's final
+    parameters must be the same (a CRC-32 of their bytes, compared through the
+    store), since the servers' model is what each one took. Raises RuntimeError
+    naming the workers whose parameters differ from the first worker's."""
+    digest = 0
+    for p in params:
+        digest = zlib.crc32(p.detach().cpu().contiguous().view(torch.uint8).numpy().data, digest)
+    values = group.gather(float(digest))
+    differ = [rank for rank, value in enumerate(values) if value != values[0]]
+    if differ:
+        raise RuntimeError(
+            "restart.mode: in_place: the workers' final parameters differ (worker "
+            f"{', '.join(map(str, differ))} against worker 0) although each took the "
+            "servers' model: a replacement did not rejoin the same model"
+        )
 
 
 class StoreGroup:

@@ -294,3 +294,29 @@ def test_sync_ps_closes_its_rounds_without_a_worker_away() -> None:
     assert server.versions[0] == 1
     server.handle(Message(Op.PUSH, 1, 1, 0, grad * 3, then_pull=True))
     assert server.versions[0] == 2 and torch.equal(server.params[0], -3 * grad)
+
+
+def test_the_final_models_are_compared_through_the_store(monkeypatch: pytest.MonkeyPatch) -> None:
+    from datetime import timedelta
+
+    from torch._C._distributed_c10d import PrefixStore, TCPStore
+
+    port = _free_port()
+    master = TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=30))
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    monkeypatch.delenv(protocol.ENV_REJOIN, raising=False)
+    other = PrefixStore("dmlctl", master)  # worker 1 publishes its digest
+    params = [torch.arange(4.0), torch.ones(2, dtype=torch.bfloat16)]
+    import zlib
+
+    digest = 0
+    for p in params:
+        digest = zlib.crc32(p.view(torch.uint8).numpy().tobytes(), digest)
+    other.set(rejoin.key("coll/0/1"), repr(float(digest)))
+    group = rejoin.StoreGroup(0, 2, lambda: True)
+    rejoin.check_one_model(params, group)  # alike
+    other.set(rejoin.key("coll/1/1"), repr(float(digest ^ 1)))
+    with pytest.raises(RuntimeError, match=r"final parameters differ \(worker 1 against"):
+        rejoin.check_one_model(params, group)
+    del master
