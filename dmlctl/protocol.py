@@ -97,6 +97,8 @@ ENV_ATTEMPT = "DMLCTL_ATTEMPT"  # 1-based attempt: 1 on the first, as the dashbo
 #: ``DMLCTL_REJOIN`` set (to its number, 1 for the first) and joins the running world.
 ENV_RESTART_MODE = "DMLCTL_RESTART_MODE"
 ENV_RESPAWNS = "DMLCTL_RESPAWNS"
+ENV_RESPAWN_SERVERS = "DMLCTL_RESPAWN_SERVERS"  # "1": in place, servers replaced too
+ENV_PS_SNAPSHOT_EVERY = "DMLCTL_PS_SNAPSHOT_EVERY"  # a replaceable server's snapshot, pushes
 ENV_REJOIN = "DMLCTL_REJOIN"
 IN_PLACE = "in_place"
 ENV_CHECKPOINT_DIR = "DMLCTL_CHECKPOINT_DIR"
@@ -216,6 +218,12 @@ def rank_finished(rank_dir: str, rank: int, attempt: str) -> str:
     """The mark worker ``rank`` leaves once its part of attempt ``attempt`` is over
     (then its death is not replaced in place: :mod:`dmlctl.agent.respawn`)."""
     return os.path.join(rank_dir, f"rank-{rank}.attempt-{attempt}.finished")
+
+
+def rank_snapshot(rank_dir: str, rank: int, attempt: str) -> str:
+    """Where parameter server ``rank`` keeps its state in attempt ``attempt`` for its
+    replacement in place (:mod:`dmlctl.ps.snapshots`)."""
+    return os.path.join(rank_dir, f"rank-{rank}.attempt-{attempt}.snapshot")
 
 
 def torchrun_failures(rank_dir: str, attempt: str) -> str:

@@ -4,9 +4,11 @@ A worker of a parameter-server strategy that the system killed (SIGKILL: the OOM
 killer, ``kill -9``) is forked again by :class:`~dmlctl.agent.forked_rank.ForkedRank`
 while torchrun and every other rank go on, at most ``DMLCTL_RESPAWNS`` times per
 rank; the replacement has ``DMLCTL_REJOIN`` set and joins the running world
-(:mod:`dmlctl.runtime.rejoin`). A rank that failed by itself (an exception, a crash
-signal), a server, or any rank while torchrun stops its workers is never forked
-again: torchrun sees its end as before.
+(:mod:`dmlctl.runtime.rejoin`). So is a parameter server where its strategy applies
+each push as it comes (``DMLCTL_RESPAWN_SERVERS``): it starts from its newest
+snapshot (:mod:`dmlctl.ps.serve`). A rank that failed by itself (an exception, a
+crash signal), any other server, or any rank while torchrun stops its workers is
+never forked again: torchrun sees its end as before.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from dmlctl import protocol
 
 def may_respawn(env: Mapping[str, str], code: int, done: int) -> bool:
     """Whether a rank started with ``env`` that ended with ``code`` (``-N``: signal N)
-    is forked again, ``done`` times already: a worker of an in-place run, killed by
-    SIGKILL within its budget, whose part was not over (no ``.finished`` mark)."""
+    is forked again, ``done`` times already: a worker of an in-place run (or a server,
+    where ``DMLCTL_RESPAWN_SERVERS`` says they can be), killed by SIGKILL within its
+    budget, whose part was not over (no ``.finished`` mark)."""
     if env.get(protocol.ENV_RESTART_MODE) != protocol.IN_PLACE or code != -signal.SIGKILL:
         return False
     try:
@@ -31,7 +34,9 @@ def may_respawn(env: Mapping[str, str], code: int, done: int) -> bool:
         limit = int(env.get(protocol.ENV_RESPAWNS, "0"))
     except ValueError:
         return False
-    return role == protocol.ROLE_WORKER and done < limit and not _finished(env)
+    servers = env.get(protocol.ENV_RESPAWN_SERVERS) == "1"
+    replaceable = role == protocol.ROLE_WORKER or (servers and role == protocol.ROLE_SERVER)
+    return replaceable and done < limit and not _finished(env)
 
 
 def _finished(env: Mapping[str, str]) -> bool:

@@ -169,7 +169,7 @@ def start_worker(ctx: Context, params: Sequence[torch.nn.Parameter], layout: Lay
     first = ctx.global_rank == src
     layout = share_layout(layout if first else None, src=src)
     if first and rejoin.in_place():
-        rejoin.publish_object(_LAYOUT, layout)  # for a worker started again in place
+        rejoin.publish_object(LAYOUT_KEY, layout)  # for a worker started again in place
     _check_shapes(ctx, params, layout)
     shards = share_initial(layout, src=src, params=list(params) if first else None)
     fresh = unpack(shards, layout.plan, [torch.Size(s) for s in layout.shapes])
@@ -179,7 +179,8 @@ def start_worker(ctx: Context, params: Sequence[torch.nn.Parameter], layout: Lay
     return layout
 
 
-_LAYOUT = "ps-layout"
+LAYOUT_KEY = "ps-layout"
+"""The store key of the layout, for a worker or server started again in place."""
 
 
 def _check_shapes(ctx: Context, params: Sequence[torch.nn.Parameter], layout: Layout) -> None:
@@ -196,7 +197,7 @@ def _rejoin(ctx: Context, params: Sequence[torch.nn.Parameter]) -> Layout:
     (pulled over the channel; no collective). Returns the layout."""
     from dmlctl.ps.channel import WorkerChannel
 
-    layout: Layout = rejoin.read_object(_LAYOUT)
+    layout: Layout = rejoin.read_object(LAYOUT_KEY)
     _check_shapes(ctx, params, layout)
     channel = WorkerChannel(
         ctx.global_rank, layout.servers_by_shard(), layout.shard_numel(), layout.torch_dtype

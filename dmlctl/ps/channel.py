@@ -43,7 +43,7 @@ server's to decide (:class:`~dmlctl.ps.server.ParameterServer`).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -51,6 +51,7 @@ import torch
 
 from dmlctl.ps import frames
 from dmlctl.ps.frames import NO_LR, Connection, ConnectionLost, Fields, Op
+from dmlctl.runtime import rejoin
 
 if TYPE_CHECKING:
     from dmlctl.ps.codec import PushCodec
@@ -78,6 +79,7 @@ class Message:
     then_pull: bool = False  # a PUSH that asks for the shard back once applied
     lr: float | None = None  # the pushing worker's learning rate, when it sends one
     final: bool = False  # a PULL answered only once every worker said DONE
+    sent: int = 0  # HELLO: the pushes this worker's process sent this server before
 
 
 @dataclass(frozen=True)
@@ -117,6 +119,8 @@ class WorkerChannel:
         self.codec = codec  # encodes every push (the job's push_compression), or None
         self.bytes_sent = 0
         self.bytes_received = 0
+        self.pushes_to: dict[int, int] = {}  # server rank → pushes sent it (HELLO says it)
+        self.done_at: int | None = None  # the clock of a DONE no push revoked yet
 
     @property
     def servers(self) -> list[int]:
@@ -124,7 +128,27 @@ class WorkerChannel:
         return sorted(set(self.shard_servers))
 
     def _conn(self, server: int) -> Connection:
-        return frames.connection(self.rank, server)
+        return frames.connection(self.rank, server, self.pushes_to.get(server, 0))
+
+    def _send(self, server: int, fields: Fields, payload: torch.Tensor | None = None) -> None:
+        """Send one frame to ``server``; to its replacement when its connection broke
+        (:meth:`_reconnect`)."""
+        try:
+            self._conn(server).send(fields, payload)
+        except ConnectionLost as exc:
+            self._reconnect(server, exc).send(fields, payload)
+
+    def _reconnect(self, server: int, lost: ConnectionLost) -> Connection:
+        """The connection to ``server``'s replacement when servers are replaced in
+        place (``restart.mode: in_place``), after which this worker's DONE, if it
+        said one, is said again; re-raises ``lost`` otherwise. What the dead server
+        had not answered is asked again by the caller."""
+        if not rejoin.servers_replaced():
+            raise lost
+        conn = frames.reconnect(self.rank, server, self.pushes_to.get(server, 0))
+        if self.done_at is not None:
+            conn.send(_fields(Op.DONE, self.rank, self.done_at))
+        return conn
 
     def push(
         self,
@@ -160,9 +184,15 @@ class WorkerChannel:
             tick = clock if isinstance(clock, int) else clock[shard_id]
             rate = NO_LR if lr is None else lr
             fields = _fields(Op.PUSH, self.rank, tick, shard_id, int(pull), rate)
-            self._conn(self.shard_servers[shard_id]).send(fields, flat)
+            server = self.shard_servers[shard_id]
+            self._send(server, fields, flat)
+            self.pushes_to[server] = self.pushes_to.get(server, 0) + 1
             self.bytes_sent += flat.numel() * flat.element_size()
-        return self._collect(list(grads)) if pull else {}
+        self.done_at = None
+        if not pull:
+            return {}
+        ticks = {s: clock if isinstance(clock, int) else clock[s] for s in grads}
+        return self._collect(list(grads), lambda s: _fields(Op.PULL, self.rank, ticks[s], s))
 
     def pull(
         self, shard_ids: Sequence[int], clock: int, *, final: bool = False
@@ -171,46 +201,66 @@ class WorkerChannel:
         answer is read; the result maps shard id → :class:`Pulled`. A ``final`` read
         is answered once every worker said DONE (:meth:`done`): the end of the data,
         where the workers meet without a collective of their own."""
-        for shard_id in shard_ids:
-            request = _fields(Op.PULL, self.rank, clock, shard_id, int(final))
-            self._conn(self.shard_servers[shard_id]).send(request)
-        return self._collect(shard_ids)
 
-    def _collect(self, shard_ids: Sequence[int]) -> dict[int, Pulled]:
+        def request(shard_id: int) -> Fields:
+            return _fields(Op.PULL, self.rank, clock, shard_id, int(final))
+
+        for shard_id in shard_ids:
+            self._send(self.shard_servers[shard_id], request(shard_id))
+        return self._collect(shard_ids, request)
+
+    def _collect(
+        self, shard_ids: Sequence[int], request: Callable[[int], Fields]
+    ) -> dict[int, Pulled]:
         """Read the replies for ``shard_ids`` (from each server, in whatever order it
-        answers them)."""
+        answers them); a server lost meanwhile and replaced in place is sent
+        ``request(shard)`` again for the shards it had not answered."""
         out: dict[int, Pulled] = {}
         for server in sorted({self.shard_servers[s] for s in shard_ids}):
             wanted = {s for s in shard_ids if self.shard_servers[s] == server}
-            conn = self._conn(server)
             while wanted:
-                header = conn.read_header()
-                if header is None:
-                    raise ConnectionLost(f"{conn.peer}: Connection closed by peer")
-                op, _, version, got, min_clock, size, _ = header
-                expected = self.shard_numel[got] * self.dtype.itemsize if got in wanted else -1
-                if op != Op.PULL_REPLY or size != expected:
-                    raise RuntimeError(f"{conn.peer}: bad pull reply {header} for {wanted}")
-                flat = torch.empty(self.shard_numel[got], dtype=self.dtype)
-                if size:
-                    conn.read_into(flat)
-                out[got] = Pulled(version, flat, min_clock)
-                self.bytes_received += size
+                try:
+                    got, pulled = self._reply(self._conn(server), wanted)
+                except ConnectionLost as exc:
+                    conn = self._reconnect(server, exc)
+                    for s in sorted(wanted):
+                        conn.send(request(s))
+                    continue
+                out[got] = pulled
                 wanted.discard(got)
         return out
 
+    def _reply(self, conn: Connection, wanted: set[int]) -> tuple[int, Pulled]:
+        """The next PULL_REPLY on ``conn``, for one of the ``wanted`` shards."""
+        header = conn.read_header()
+        if header is None:
+            raise ConnectionLost(f"{conn.peer}: Connection closed by peer")
+        op, _, version, got, min_clock, size, _ = header
+        expected = self.shard_numel[got] * self.dtype.itemsize if got in wanted else -1
+        if op != Op.PULL_REPLY or size != expected:
+            raise RuntimeError(f"{conn.peer}: bad pull reply {header} for {wanted}")
+        flat = torch.empty(self.shard_numel[got], dtype=self.dtype)
+        if size:
+            conn.read_into(flat)
+        self.bytes_received += size
+        return got, Pulled(version, flat, min_clock)
+
     def _tell_servers(self, op: Op, clock: int) -> None:
         for server in self.servers:
-            self._conn(server).send(_fields(op, self.rank, clock))
+            self._send(server, _fields(op, self.rank, clock))
 
     def done(self, clock: int) -> None:
         """Tell every server this worker pushes nothing more for now (a later push
         revokes it); stale-synchronous readers no longer wait for this worker."""
+        self.done_at = clock
         self._tell_servers(Op.DONE, clock)
 
     def close(self, clock: int) -> None:
         """Tell every server this worker sends nothing more at all, and end the
-        connections; a server ends its loop once every worker closed."""
+        connections; a server ends its loop once every worker closed (one replaced
+        in place learns from the run's store who closed before it started)."""
+        if rejoin.servers_replaced():
+            rejoin.store().set(rejoin.key(f"ps-closed/{self.rank}"), "1")
         self._tell_servers(Op.CLOSE, clock)
         for server in self.servers:
             frames.disconnect(server)
@@ -292,7 +342,9 @@ class ServerChannel:
             raise RuntimeError(f"unknown op {raw_op} from rank {sender}") from None
         if worker != sender:
             raise RuntimeError(f"header names rank {worker} but came from rank {sender}")
-        if op in (Op.DONE, Op.CLOSE, Op.SNAPSHOT, Op.HELLO, Op.LEFT):
+        if op is Op.HELLO:
+            return Message(op, worker, clock, -1, sent=extra)
+        if op in (Op.DONE, Op.CLOSE, Op.SNAPSHOT, Op.LEFT):
             return Message(op, worker, clock, -1)
         if op is Op.RESTORE:
             return Message(op, worker, clock, -1, raw)

@@ -33,6 +33,7 @@ import socket
 import struct
 import sys
 import threading
+import time
 
 import torch
 import torch.distributed as dist
@@ -183,7 +184,9 @@ class Endpoint:
         self._listener.bind((host, 0))
         self._listener.listen(128)
         port = self._listener.getsockname()[1]
-        rejoin.store().set(f"{_prefix()}/{rank}", f"{host}:{port}")
+        store = rejoin.store()
+        generation = store.add(f"{_prefix()}/{rank}/generation", 1)  # 2 for a replacement
+        store.set(f"{_prefix()}/{rank}", f"{host}:{port} {generation}")
         threading.Thread(target=self._accept, name="dmlctl-ps-accept", daemon=True).start()
 
     def get(self) -> Frame:
@@ -279,26 +282,74 @@ def endpoint(rank: int) -> Endpoint:
 _connections: tuple[object, dict[int, Connection]] | None = None
 
 
-def connection(worker_rank: int, server_rank: int) -> Connection:
+RECONNECT_TIMEOUT_S = 300.0
+"""How long a worker waits for a lost server's replacement."""
+_generations: dict[int, int] = {}  # server rank → generation of the server connected to
+
+
+def connection(worker_rank: int, server_rank: int, sent: int = 0) -> Connection:
     """This worker process's connection to ``server_rank`` in the current process
     group: made at the first call (waiting in the store for the server's address),
-    its first frame a HELLO."""
+    its first frame a HELLO carrying ``sent``, the pushes this worker process sent
+    that server so far."""
+    conns = _worker_connections()
+    if server_rank not in conns:
+        conns[server_rank] = _connect(worker_rank, server_rank, _server_address(server_rank), sent)
+    return conns[server_rank]
+
+
+def reconnect(
+    worker_rank: int, server_rank: int, sent: int, timeout: float = RECONNECT_TIMEOUT_S
+) -> Connection:
+    """A connection to the replacement of ``server_rank`` (``restart.mode: in_place``),
+    whose old connection broke: waits until a newer server than the one connected to
+    published its address (at most ``timeout`` seconds; then :class:`ConnectionLost`),
+    then connects as :func:`connection` does."""
+    conns = _worker_connections()
+    old = conns.pop(server_rank, None)
+    if old is not None:
+        old.close()
+    seen = _generations.get(server_rank, 0)
+    end = time.monotonic() + timeout
+    while (found := _server_address(server_rank))[1] <= seen:
+        if time.monotonic() > end:
+            raise ConnectionLost(
+                f"parameter server rank {server_rank}: no replacement within {timeout:.0f} s"
+            )
+        time.sleep(0.05)
+    conns[server_rank] = _connect(worker_rank, server_rank, found, sent)
+    return conns[server_rank]
+
+
+def _worker_connections() -> dict[int, Connection]:
+    """This worker process's connections of the current process group (a new group
+    ends those of the old one)."""
     global _connections
     group = dist.group.WORLD
     if _connections is None or _connections[0] is not group:
         for old in _connections[1].values() if _connections is not None else ():
             old.close()
         _connections = (group, {})
-    conns = _connections[1]
-    if server_rank not in conns:
-        store = rejoin.store()
-        address = store.get(f"{_prefix()}/{server_rank}").decode()
-        host, _, port = address.rpartition(":")
-        sock = socket.create_connection((host, int(port)))
-        conn = Connection(sock, f"parameter server rank {server_rank} ({address})")
-        conn.send((int(Op.HELLO), worker_rank, 0, -1, 0, NO_LR))
-        conns[server_rank] = conn
-    return conns[server_rank]
+    return _connections[1]
+
+
+def _server_address(server_rank: int) -> tuple[str, int]:
+    """The address ``server_rank``'s latest process published, and its generation
+    (waits until one did)."""
+    value = rejoin.store().get(f"{_prefix()}/{server_rank}").decode()
+    address, _, generation = value.partition(" ")
+    return address, int(generation or 1)
+
+
+def _connect(worker_rank: int, server_rank: int, found: tuple[str, int], sent: int) -> Connection:
+    """Connect to the server at ``found`` (address, generation) and say HELLO."""
+    address, generation = found
+    host, _, port = address.rpartition(":")
+    sock = socket.create_connection((host, int(port)))
+    conn = Connection(sock, f"parameter server rank {server_rank} ({address})")
+    conn.send((int(Op.HELLO), worker_rank, 0, -1, sent, NO_LR))
+    _generations[server_rank] = generation
+    return conn
 
 
 def disconnect(server_rank: int) -> None:

@@ -27,14 +27,16 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+import torch
 from pydantic import BaseModel
 
-from dmlctl.ps.bootstrap import Layout, share_initial, share_layout
+from dmlctl.ps.bootstrap import LAYOUT_KEY, Layout, share_initial, share_layout
 from dmlctl.ps.channel import ServerChannel
 from dmlctl.ps.codec import PushCodec
 from dmlctl.ps.rounds import BackupRounds, ConsensusRounds, RoundRule, RoundServer
 from dmlctl.ps.rules import AdaDelay, ScaledAdd, UpdateRule
 from dmlctl.ps.server import ParameterServer
+from dmlctl.ps.snapshots import Snapshots
 from dmlctl.runtime import rejoin
 
 if TYPE_CHECKING:
@@ -91,6 +93,7 @@ def server_metrics(server: ParameterServer) -> dict[str, float]:
         out.update(server.rounds_rule.metrics())
     if server.elastic:  # restart.mode: in_place: workers lost, and waited for now
         out.update(workers_away=float(len(server.away)), departures=float(server.departures))
+        out["pushes_lost"] = float(server.pushes_lost)
     return out
 
 
@@ -103,34 +106,24 @@ def serve(ctx: Context, params: BaseModel) -> None:
 
 def run_server(ctx: Context) -> ParameterServer:
     """Serve this rank's shard until every worker closed; returns the server (its
-    final state) after logging the last window."""
+    final state) after logging the last window. A server that can be replaced in
+    place (:mod:`dmlctl.ps.snapshots`) writes its snapshots as it goes; its
+    replacement starts from the newest."""
     members = ctx.membership
     if members is None:
         raise RuntimeError("run_server needs a run with parameter servers")
-    layout: Layout = share_layout(None, src=members.workers[0])
-    if layout.parts:  # DistBelief: each part's values come from its first worker
-        from dmlctl.ps.parts import share_initial_parts  # imports DTensor
-
-        starts = share_initial_parts(layout, None, ctx.global_rank)
+    snapshots = Snapshots.of_this_rank(ctx.global_rank) if rejoin.servers_replaced() else None
+    state: dict[str, Any] | None = None
+    if snapshots is not None and rejoin.rejoining():
+        layout: Layout = rejoin.read_object(LAYOUT_KEY)
+        state = snapshots.read()
+        mine = {int(k): t.reshape(-1).clone() for k, t in state["params"].items()}
     else:
-        starts = dict(enumerate(share_initial(layout, src=members.workers[0])))
-    mine = {k: starts[k] for k in range(len(layout.plan)) if layout.server_of(k) == ctx.global_rank}
-    codec = PushCodec(layout.push, layout.shard_sizes()) if layout.push else None
-    numel = {k: t.numel() for k, t in mine.items()}
-    channel = ServerChannel(ctx.global_rank, numel, layout.torch_dtype, codec)
-    server: ParameterServer
-    if layout.rule.get("kind") in ROUND_RULES:
-        rule = make_round_rule(layout.rule, layout.workers)
-        server = RoundServer(mine, layout.workers, channel, rule=rule, elastic=rejoin.in_place())
-    else:
-        server = ParameterServer(
-            mine,
-            layout.workers,
-            channel,
-            rule=make_rule(layout.rule),
-            staleness_bound=layout.staleness_bound,
-            elastic=rejoin.in_place(),
-        )
+        layout = share_layout(None, src=members.workers[0])
+        mine = _initial_shards(ctx, layout, members.workers[0])
+    server = _make_server(ctx, layout, mine)
+    if state is not None:
+        _restore(server, state)
     last = time.monotonic()
 
     def report() -> None:
@@ -139,7 +132,52 @@ def run_server(ctx: Context) -> ParameterServer:
         if now - last >= layout.log_every_s:
             ctx.log(step=server.stats.total_pushes, **server_metrics(server))
             last = now
+        if snapshots is not None and snapshots.due(server.stats.total_pushes):
+            snapshots.write(server.state_dict(), server.stats.total_pushes)
 
+    report()  # the first snapshot, before any push
     server.serve(on_message=report)
     ctx.log(step=server.stats.total_pushes, **server_metrics(server))
     return server
+
+
+def _initial_shards(ctx: Context, layout: Layout, src: int) -> dict[int, torch.Tensor]:
+    """This server's shards as the first worker's model has them (the bootstrap's
+    collectives)."""
+    if layout.parts:  # DistBelief: each part's values come from its first worker
+        from dmlctl.ps.parts import share_initial_parts  # imports DTensor
+
+        starts = share_initial_parts(layout, None, ctx.global_rank)
+    else:
+        starts = dict(enumerate(share_initial(layout, src=src)))
+    return {k: starts[k] for k in range(len(layout.plan)) if layout.server_of(k) == ctx.global_rank}
+
+
+def _make_server(ctx: Context, layout: Layout, mine: dict[int, torch.Tensor]) -> ParameterServer:
+    """The server of ``layout``'s rule over the shards ``mine``."""
+    codec = PushCodec(layout.push, layout.shard_sizes()) if layout.push else None
+    numel = {k: t.numel() for k, t in mine.items()}
+    channel = ServerChannel(ctx.global_rank, numel, layout.torch_dtype, codec)
+    if layout.rule.get("kind") in ROUND_RULES:
+        rule = make_round_rule(layout.rule, layout.workers)
+        return RoundServer(mine, layout.workers, channel, rule=rule, elastic=rejoin.in_place())
+    return ParameterServer(
+        mine,
+        layout.workers,
+        channel,
+        rule=make_rule(layout.rule),
+        staleness_bound=layout.staleness_bound,
+        elastic=rejoin.in_place(),
+    )
+
+
+def _restore(server: ParameterServer, state: dict[str, Any]) -> None:
+    """A replacement server: its predecessor's snapshot, its push count, and the
+    workers that closed before it started (they said so in the run's store)."""
+    server.load_state_dict(state)
+    server.stats.total_pushes = int(state.get("total_pushes", 0))
+    store = rejoin.store()
+    for worker in server.workers:
+        if store.check([rejoin.key(f"ps-closed/{worker}")]):
+            server.closed.add(worker)
+            server.finished.add(worker)

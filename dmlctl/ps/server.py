@@ -104,6 +104,11 @@ class ParameterServer:
         self.elastic = elastic
         self.away: set[int] = set()
         self.departures = 0
+        #: Pushes applied per worker (as its process counts them, see :meth:`membership`)
+        #: and those a worker sent that this server never applied (a predecessor of
+        #: this server, replaced in place, died with them after its snapshot).
+        self.pushes_from: dict[int, int] = {}
+        self.pushes_lost = 0
         self.versions: dict[int, int] = dict.fromkeys(self.params, 0)
         self.clocks: dict[int, int] = dict.fromkeys(self.workers, 0)
         self.pulled: dict[tuple[int, int], int] = {}
@@ -148,6 +153,7 @@ class ParameterServer:
             self.pending.append(msg)
         elif msg.op is Op.PUSH:
             assert msg.payload is not None
+            self.pushes_from[msg.worker] = self.pushes_from.get(msg.worker, 0) + 1
             self.finished.discard(msg.worker)
             self.apply(msg.worker, msg.shard_id, msg.payload)
             if msg.then_pull:
@@ -170,8 +176,10 @@ class ParameterServer:
         clock no longer waits for it — until its replacement says HELLO."""
         worker = msg.worker
         self.pending = [m for m in self.pending if m.worker != worker]
-        if msg.op is Op.HELLO:
+        if msg.op is Op.HELLO:  # its pushes so far, as its process counts: lost if more
             self.away.discard(worker)
+            self.pushes_lost += max(0, msg.sent - self.pushes_from.get(worker, 0))
+            self.pushes_from[worker] = msg.sent
         elif worker not in self.closed:
             if not self.elastic:
                 raise ConnectionLost(
@@ -250,6 +258,8 @@ class ParameterServer:
             "staleness_histogram": dict(self.staleness_histogram),
             "shard_staleness_max": dict(self.shard_staleness_max),
             "rule": self.rule.state_dict(),
+            "pushes_from": dict(self.pushes_from),
+            "pushes_lost": self.pushes_lost,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -279,6 +289,8 @@ class ParameterServer:
         self.shard_staleness_max = {s: saved_max.get(s, 0) for s in self.params}
         if "rule" in state:
             self.rule.load_state_dict(state["rule"])
+        self.pushes_from = {int(w): int(n) for w, n in state.get("pushes_from", {}).items()}
+        self.pushes_lost = int(state.get("pushes_lost", 0))
         self.finished = set()
 
 

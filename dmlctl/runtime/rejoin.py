@@ -55,6 +55,12 @@ def in_place() -> bool:
     return os.environ.get(protocol.ENV_RESTART_MODE) == protocol.IN_PLACE
 
 
+def servers_replaced() -> bool:
+    """Whether this run's lost parameter servers are replaced in place too (their
+    strategy applies every push as it comes: ``DMLCTL_RESPAWN_SERVERS``)."""
+    return in_place() and os.environ.get(protocol.ENV_RESPAWN_SERVERS) == "1"
+
+
 def rejoining() -> bool:
     """Whether this process replaces a lost worker (``DMLCTL_REJOIN`` set)."""
     return bool(os.environ.get(protocol.ENV_REJOIN))

@@ -46,8 +46,17 @@ class RestartSpec(BaseModel):
         "checkpoint), or 'in_place' (a parameter-server strategy's worker killed by a "
         "signal is started again alone, from the servers' model and its own data "
         "position, while the other workers and the servers go on; strategies asgd, ssp, "
-        "adadelay and easgd-async, without checkpoint: or parallelism: blocks). Each "
-        "replacement spends one of max_infra_restarts.",
+        "adadelay, easgd-async, sync-ps and aadmm, without checkpoint: or parallelism: "
+        "blocks; with asgd, ssp, adadelay and easgd-async a killed server too, from its "
+        "newest snapshot). Each replacement spends one of max_infra_restarts.",
+    )
+    ps_snapshot_every: int = Field(
+        default=500,
+        ge=1,
+        description="With mode: in_place, a parameter server that can be replaced in "
+        "place writes its state to its host's run directory every this many pushes "
+        "(and as it starts); its replacement starts from the newest one, and the "
+        "pushes since are lost (counted as pushes_lost).",
     )
     max_user_restarts: Restarts = Field(
         default=0,

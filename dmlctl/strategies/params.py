@@ -99,6 +99,7 @@ class Capabilities:
     check_world: Callable[[Any, int], str | None] | None = None
     check_hosts: Callable[[Any, int], str | None] | None = None
     in_place: bool = False
+    in_place_servers: bool = False  # a lost server is replaced from its snapshot too
 
     def runtime_needed(self, params: BaseModel | None) -> bool:
         """Whether a script must call ``ctx.prepare`` with ``params`` (None: not known)."""

@@ -80,11 +80,11 @@ def test_in_place_is_taken_for_asgd(tmp_path: Path) -> None:
 def test_the_ranks_learn_the_mode_and_their_budget(tmp_path: Path) -> None:
     cluster = ClusterSpec(hosts=[HostSpec(name="a", address="localhost", slots=2)])
 
-    def env(restart: RestartSpec) -> dict[str, str]:
+    def env(restart: RestartSpec, strategy: str = "asgd") -> dict[str, str]:
         job = JobSpec(
             script="train.py",
             workdir=str(tmp_path),
-            strategy={"name": "asgd"},
+            strategy={"name": strategy},
             parameter_servers=1,
             restart=restart,
         )
@@ -93,9 +93,12 @@ def test_the_ranks_learn_the_mode_and_their_budget(tmp_path: Path) -> None:
         )
         return dict(plan.hosts[0].env)
 
-    got = env(RestartSpec(mode="in_place", max_infra_restarts=2))
+    got = env(RestartSpec(mode="in_place", max_infra_restarts=2, ps_snapshot_every=70))
     assert (got[protocol.ENV_RESTART_MODE], got[protocol.ENV_RESPAWNS]) == ("in_place", "2")
+    assert (got[protocol.ENV_RESPAWN_SERVERS], got[protocol.ENV_PS_SNAPSHOT_EVERY]) == ("1", "70")
     assert protocol.ENV_RESTART_MODE not in env(RestartSpec())
+    rounds = env(RestartSpec(mode="in_place"), "sync-ps")  # its servers are not replaced
+    assert protocol.ENV_RESTART_MODE in rounds and protocol.ENV_RESPAWN_SERVERS not in rounds
 
 
 # ----------------------------------------------------------------- the agent
@@ -118,6 +121,8 @@ def test_only_a_worker_killed_by_sigkill_within_its_budget_is_forked_again() -> 
     assert not may_respawn(_env(), 1, 0)  # it failed by itself
     assert not may_respawn(_env(), -signal.SIGSEGV, 0)  # it crashed
     assert not may_respawn(_env(LOCAL_RANK="1"), killed, 0)  # a server
+    servers = _env(LOCAL_RANK="1", **{protocol.ENV_RESPAWN_SERVERS: "1"})
+    assert may_respawn(servers, killed, 0)  # ... where its strategy's servers can be
     assert not may_respawn({**_env(), protocol.ENV_RESTART_MODE: ""}, killed, 0)  # mode: full
     assert rejoin_env(_env(), 2)[protocol.ENV_REJOIN] == "2"
 
@@ -319,4 +324,62 @@ def test_the_final_models_are_compared_through_the_store(monkeypatch: pytest.Mon
     other.set(rejoin.key("coll/1/1"), repr(float(digest ^ 1)))
     with pytest.raises(RuntimeError, match=r"final parameters differ \(worker 1 against"):
         rejoin.check_one_model(params, group)
+    del master
+
+
+# ----------------------------------------------------------------- a server replaced
+
+
+def test_a_replacement_server_counts_the_pushes_its_predecessor_died_with(
+    tmp_path: Path,
+) -> None:
+    from dmlctl.ps.snapshots import Snapshots
+
+    snapshots = Snapshots(str(tmp_path), 2, every=3)
+    with pytest.raises(RuntimeError, match="no usable server snapshot"):
+        snapshots.read()
+    first = ParameterServer({0: torch.zeros(2)}, [0, 1], _Replies(), lr=1.0, elastic=True)
+    assert snapshots.due(0)
+    snapshots.write(first.state_dict(), 0)
+    for n in range(1, 6):  # worker 0 pushes five times; a snapshot after the third
+        first.handle(Message(Op.PUSH, 0, n, 0, torch.ones(2)))
+        first.stats.total_pushes = n
+        if snapshots.due(n):
+            snapshots.write(first.state_dict(), n)
+    assert not snapshots.due(5) and snapshots.due(6)
+    state = Snapshots(str(tmp_path), 2, every=3).read()
+    second = ParameterServer({0: torch.zeros(2)}, [0, 1], _Replies(), lr=1.0, elastic=True)
+    second.load_state_dict(state)
+    assert torch.equal(second.params[0], torch.full((2,), -3.0)) and state["total_pushes"] == 3
+    second.handle(Message(Op.HELLO, 0, 0, -1, sent=5))  # it sent five: two died with the first
+    second.handle(Message(Op.HELLO, 1, 0, -1, sent=0))
+    assert second.pushes_lost == 2 and second.pushes_from == {0: 5, 1: 0}
+    second.handle(Message(Op.PUSH, 0, 6, 0, torch.ones(2)))
+    assert second.pushes_from[0] == 6 and second.state_dict()["pushes_lost"] == 2
+
+
+def test_a_worker_reconnects_to_the_servers_replacement(monkeypatch: pytest.MonkeyPatch) -> None:
+    from datetime import timedelta
+
+    from torch._C._distributed_c10d import TCPStore
+
+    from dmlctl.ps import frames
+
+    port = _free_port()
+    master = TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=30))
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    first = frames.Endpoint(2)
+    frames.connection(0, 2, sent=0)
+    assert first.get()[0][0] == Op.HELLO
+    with pytest.raises(ConnectionLost, match="no replacement within"):
+        frames.reconnect(0, 2, sent=4, timeout=0.2)  # the same server: not a new one
+    first.close()
+    second = frames.Endpoint(2)  # the replacement publishes generation 2
+    conn = frames.reconnect(0, 2, sent=4)
+    header, _, worker = second.get()
+    assert (header[0], header[4], worker) == (Op.HELLO, 4, 0)  # HELLO says its pushes
+    assert frames.connection(0, 2) is conn
+    frames.disconnect(2)
+    second.close()
     del master

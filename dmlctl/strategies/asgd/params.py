@@ -41,5 +41,9 @@ class Params(PushCompression, Overlap):
 
 
 CAPABILITIES = Capabilities(
-    roles=WITH_SERVERS, columns=SERVER_COLUMNS, parallelism=True, in_place=True
+    roles=WITH_SERVERS,
+    columns=SERVER_COLUMNS,
+    parallelism=True,
+    in_place=True,
+    in_place_servers=True,
 )
