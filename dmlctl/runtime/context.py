@@ -260,6 +260,11 @@ class Context(RankIdentity):
         workers; again without a training step in between: nothing."""
         self._cursor.end()
 
+    def go_on_at(self, step: int) -> None:
+        """For a strategy whose replacement (``restart.mode: in_place``) joined its
+        peers at their ``step``: its data and :meth:`resume`'s answer go on there."""
+        self._cursor.go_on_at(step)
+
     def _check_one_model(self, optimizer: torch.optim.Optimizer) -> None:
         """In a run that replaced workers in place: every worker ends with the same
         parameters (:func:`~dmlctl.runtime.rejoin.check_one_model`)."""

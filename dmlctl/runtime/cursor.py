@@ -33,8 +33,16 @@ class DataCursor:
         if position is not None and rejoin.rejoining() and (at := position.read()) is not None:
             self.resume_at, self.taken = (at[0], at[1]), at[2]
         self._taken_before = self.taken  # by a replaced predecessor
+        self._advance = 0  # batches a replacement skips beyond that (go_on_at)
         self.plan: tuple[int, int] | None = None  # (batches per epoch, epochs) of shard()
         self._on_end: list[Callable[[], None]] = []
+
+    def go_on_at(self, taken: int) -> None:
+        """A replacement that joined its peers at their step ``taken`` (one batch a
+        step): its data goes on there, the batches from its predecessor's position up
+        to it skipped (their samples are not seen in this epoch)."""
+        self._advance = max(0, taken - self.taken)
+        self.taken = self._taken_before = taken
 
     def started(self) -> bool:
         """Whether this process has taken a batch of its own."""
@@ -51,10 +59,20 @@ class DataCursor:
         if size > 0 and epochs > 0 and batch_size >= 1:
             per_epoch = batches_per_epoch(size, world, batch_size, drop_last)
             self.plan = (per_epoch, epochs) if per_epoch > 0 else None
+        if self._advance:
+            self.resume_at = self._advanced(self.resume_at or (start, 0))
         if self.resume_at is not None and self.resume_at[0] >= start:
             start, self.skip = self.resume_at
         self.resume_at = None
         return start
+
+    def _advanced(self, at: tuple[int, int]) -> tuple[int, int]:
+        """``at`` (epoch, batches) moved on by the batches :meth:`go_on_at` skips."""
+        epoch, batches = at[0], at[1] + self._advance
+        self._advance = 0
+        if self.plan is not None:
+            epoch, batches = epoch + batches // self.plan[0], batches % self.plan[0]
+        return epoch, batches
 
     def set_epoch(self, epoch: int) -> None:
         """An epoch begins (the data iterator says so)."""

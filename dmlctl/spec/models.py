@@ -309,7 +309,7 @@ class JobSpec(BaseModel):
     def _in_place_fits_strategy(cls, spec: RestartSpec, info: ValidationInfo) -> RestartSpec:
         strategy = info.data.get("strategy")
         if spec.mode == "in_place" and isinstance(strategy, StrategySpec):
-            check_in_place(strategy.name)
+            check_in_place(strategy.name, strategy.params)
         return spec
 
     @field_validator("checkpoint", "parallelism")

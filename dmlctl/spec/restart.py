@@ -9,7 +9,7 @@ bounds: validated once when the job file is read, carried typed in the plan
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -166,21 +166,27 @@ class CheckpointSpec(BaseModel):
     )
 
 
-def check_in_place(strategy: str) -> None:
+def check_in_place(strategy: str, params: Any = None) -> None:
     """Refuse ``restart.mode: in_place`` for a strategy that cannot replace a lost
-    worker while the others go on: a validation error at ``restart.mode``."""
+    worker while the others go on, or not with ``params`` (its validated params): a
+    validation error at ``restart.mode``."""
     from pydantic import ValidationError
     from pydantic_core import InitErrorDetails, PydanticCustomError
 
     from dmlctl.strategies import registry
 
-    if registry.capabilities(strategy).in_place:
-        return
-    able = [n for n in registry.names() if registry.capabilities(n).in_place]
-    message = (
-        f"in_place does not apply to strategy {strategy!r}: its workers meet in "
-        f"collectives a replacement cannot join (in place: {', '.join(able)}); use full"
-    )
+    caps = registry.capabilities(strategy)
+    if caps.in_place:
+        why = caps.in_place_rule(params) if caps.in_place_rule and params is not None else None
+        if why is None:
+            return
+        message = f"in_place does not apply to strategy {strategy!r} {why}; use full"
+    else:
+        able = [n for n in registry.names() if registry.capabilities(n).in_place]
+        message = (
+            f"in_place does not apply to strategy {strategy!r}: its workers meet in "
+            f"collectives a replacement cannot join (in place: {', '.join(able)}); use full"
+        )
     error = InitErrorDetails(
         type=PydanticCustomError("in_place", message), loc=("mode",), input="in_place"
     )

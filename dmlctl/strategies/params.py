@@ -99,6 +99,8 @@ class Capabilities:
     check_world: Callable[[Any, int], str | None] | None = None
     check_hosts: Callable[[Any, int], str | None] | None = None
     in_place: bool = False
+    #: With ``in_place``: why these params cannot be replaced in place (None: they can).
+    in_place_rule: Callable[[Any], str | None] | None = None
     in_place_servers: bool = False  # a lost server is replaced from its snapshot too
 
     def runtime_needed(self, params: BaseModel | None) -> bool:

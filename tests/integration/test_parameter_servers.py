@@ -280,3 +280,29 @@ def test_a_killed_server_is_replaced_in_place_from_its_snapshot(cli: Cli, tmp_pa
     assert lost and 0 <= lost[-1] <= 200 + 2, lost  # since the snapshot, and in flight
     assert steps[2] + lost[-1] == 2 * steps[0], (steps, lost)  # every push applied or lost
     assert _final(cli, run_id)["test_acc"] >= 0.9
+
+
+def test_a_killed_local_sgd_worker_rejoins_its_peers_at_their_next_round(
+    cli: Cli, tmp_path: Path
+) -> None:
+    """restart.mode: in_place under local-sgd (a synchronous strategy, no servers):
+    kill -9 of a worker mid-run; the other one's next averaging round fails, it forms
+    the next generation's group with the replacement, which takes the survivor's
+    model and step there, and both end with the same model (checked by the run)."""
+    job = _job(
+        tmp_path,
+        "localinplace",
+        "args: ['--epochs', '10']\nworkers: 2\nstrategy: local-sgd\nrestart: {mode: in_place}\n",
+    )
+    done, run_id = _kill_mid_run(cli, job, 1)
+    out = done.stdout
+    assert done.returncode == 0, out
+    assert "rank 1 on local killed by SIGKILL; started again in place" in out, out
+    state = cli.state(run_id)
+    assert (state["restarts"], state["respawns"]) == (0, 1), state
+    assert [len(_starts(cli, run_id, r)) for r in (0, 1)] == [1, 2]
+    steps = {r["rank"]: r["step"] for r in state["ranks"]}
+    assert steps[0] == steps[1] > 0, steps  # the replacement went on at its peer's step
+    generations = [m["values"].get("generation") for m in _metrics(cli, run_id)]
+    assert max(g for g in generations if g is not None) == 1, generations
+    assert _final(cli, run_id)["test_acc"] >= 0.9

@@ -43,16 +43,22 @@ IN_PLACE = "restart: {mode: in_place}\n"
     ("text", "line", "path", "fragment"),
     [
         (
-            HEAD + "strategy: local-sgd\n" + IN_PLACE,
+            HEAD + "strategy: dpsgd\n" + IN_PLACE,
             4,
             "restart.mode",
-            "does not apply to strategy 'local-sgd'",
+            "does not apply to strategy 'dpsgd'",
+        ),
+        (
+            HEAD + "strategy: {name: local-sgd, params: {hierarchical: true}}\n" + IN_PLACE,
+            4,
+            "restart.mode",
+            "'local-sgd' with hierarchical: true (its host rounds run in subgroups); use full",
         ),
         (
             HEAD + "strategy: ssgd\n" + IN_PLACE,
             4,
             "restart.mode",
-            "(in place: aadmm, adadelay, asgd, easgd-async, ssp, sync-ps)",
+            "(in place: aadmm, adadelay, asgd, easgd-async, local-sgd, ssp, sync-ps)",
         ),
         (
             HEAD + "parameter_servers: 1\nstrategy: asgd\n" + IN_PLACE + "checkpoint: {keep: 2}\n",
@@ -383,3 +389,38 @@ def test_a_worker_reconnects_to_the_servers_replacement(monkeypatch: pytest.Monk
     frames.disconnect(2)
     second.close()
     del master
+
+
+# ----------------------------------------------------------------- local-sgd
+
+
+def test_a_replacement_goes_on_at_its_peers_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dmlctl.runtime.cursor import DataCursor
+    from dmlctl.runtime.metrics import MetricLogger
+
+    monkeypatch.setenv(protocol.ENV_REJOIN, "1")
+
+    def replacement(epoch: int, batches: int, taken: int, peers_step: int) -> DataCursor:
+        rejoin.Position(str(tmp_path), 1).write(epoch, batches, taken)  # its predecessor's
+        cursor = DataCursor(MetricLogger(1, None), position=rejoin.Position(str(tmp_path), 1))
+        assert cursor.taken == taken
+        cursor.go_on_at(peers_step)
+        assert cursor.taken == peers_step and not cursor.started()
+        return cursor
+
+    # 640 samples, 2 workers, batches of 32: 10 batches an epoch.
+    cursor = replacement(1, 3, 13, 16)  # three batches short of its peers' round
+    assert cursor.begin(640, 2, 32, 3, False, 0) == 1 and cursor.skip == 6
+    cursor = replacement(1, 8, 18, 24)  # the round was in the next epoch
+    assert cursor.begin(640, 2, 32, 3, False, 0) == 2 and cursor.skip == 4
+
+
+def test_only_a_broken_connection_makes_a_new_generation() -> None:
+    from dmlctl.strategies.local_sgd.elastic import member_lost
+
+    reset = "[pair.cc:537] Read error [127.0.0.1]:43706: Connection reset by peer"
+    assert member_lost(RuntimeError(reset))
+    assert member_lost(RuntimeError("[pair.cc:553] Connection closed by peer [127.0.0.1]:40088"))
+    assert not member_lost(RuntimeError("Tensors must be contiguous"))

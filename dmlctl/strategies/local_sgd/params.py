@@ -63,4 +63,15 @@ class Params(Averaging):
         return self
 
 
-CAPABILITIES = Capabilities(roles=WORKERS_ONLY, columns=("consensus",))
+def _in_place_rule(params: Params) -> str | None:
+    """Why ``restart.mode: in_place`` cannot take these params (None: it can)."""
+    if params.hierarchical:
+        return "with hierarchical: true (its host rounds run in subgroups)"
+    if params.threshold > 0:
+        return "with a threshold (its filter's flags are one more collective)"
+    return None
+
+
+CAPABILITIES = Capabilities(
+    roles=WORKERS_ONLY, columns=("consensus",), in_place=True, in_place_rule=_in_place_rule
+)

@@ -36,6 +36,7 @@ torch (hosts only).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -43,6 +44,7 @@ import torch
 import torch.distributed as dist
 from pydantic import BaseModel
 
+from dmlctl.runtime import rejoin
 from dmlctl.runtime.optimizer import StrategyOptimizer
 from dmlctl.strategies.common import (
     ChangeFilter,
@@ -53,6 +55,7 @@ from dmlctl.strategies.common import (
     start_from_rank0,
     with_exchanged_buffers,
 )
+from dmlctl.strategies.local_sgd.elastic import ElasticAverager
 from dmlctl.strategies.local_sgd.params import Params
 from dmlctl.strategies.registry import params_as
 
@@ -99,8 +102,12 @@ class LocalSGDOptimizer(StrategyOptimizer):
         host_size: int = 1,
         global_every: int = 1,
         threshold: float = 0.0,
+        elastic: ElasticAverager | None = None,
     ) -> None:
         super().__init__(inner, params, world_size=world_size, period=period, warmup=warmup)
+        #: ``restart.mode: in_place``: the rounds go over groups that outlive a lost
+        #: worker (:mod:`dmlctl.strategies.local_sgd.elastic`); parameters only.
+        self.elastic = elastic
         self.tensors: list[torch.Tensor] = list(self.params)  # + buffers, first round
         self.n_params = sum(p.numel() for p in self.params)
         self.host_group = host_group
@@ -118,6 +125,9 @@ class LocalSGDOptimizer(StrategyOptimizer):
         """The round due now: a global one (the tensors the ``threshold`` filter
         picks, or all; :func:`~dmlctl.strategies.common.average_round`), else an
         average over this host's workers (none when it runs one)."""
+        if self.elastic is not None:
+            self._elastic_round("after averaging")
+            return
         with_exchanged_buffers(self, self.tensors, self.filter)
         if self.is_global_round():
             chosen = average_round(self, self.tensors, self.filter)
@@ -136,10 +146,22 @@ class LocalSGDOptimizer(StrategyOptimizer):
     def final_model(self) -> None:
         """Every worker ← the mean of all workers' parameters and buffers (one
         all-reduce over all workers, hosts included)."""
+        if self.elastic is not None:
+            self._elastic_round("in the final average")
+            return
         tensors = with_exchanged_buffers(self, self.tensors, self.filter)
         mean = average_in_place(tensors, self.meter, self.world_size)
         if mean is not None:
             self.check_finite(mean, tensors, "in the final average")
+
+    def _elastic_round(self, where: str) -> None:
+        """A round over the elastic group: the parameters become their mean."""
+        assert self.elastic is not None
+        start, sent = time.perf_counter(), self.elastic.bytes
+        mean, _ = self.elastic.average(self.params, self.local_steps)
+        self.meter.add(self.elastic.bytes - sent, time.perf_counter() - start)
+        self.meter.extra["generation"] = self.elastic.generation
+        self.check_finite(mean, self.params, where)
 
     def shown_settings(self) -> dict[str, object]:
         """The period, the warm-up and how often a round is global."""
@@ -155,7 +177,9 @@ def prepare(
     Promises: see the module docstring. ``model`` must already be on ``ctx.device``;
     the optimizer must be built on its parameters."""
     p = params_as(Params, params)
-    weights = start_from_rank0(ctx, model)
+    in_place = rejoin.in_place() and ctx.world_size > 1  # never hierarchical: the spec
+    rejoining = in_place and rejoin.rejoining()
+    weights = list(model.parameters()) if rejoining else start_from_rank0(ctx, model)
     if weights is None:
         return model, optimizer
     host_group, host_size, global_every = None, 1, 1
@@ -179,5 +203,27 @@ def prepare(
         host_size=host_size,
         global_every=global_every,
         threshold=p.threshold,
+        elastic=ElasticAverager(ctx.rank, ctx.world_size) if in_place else None,
     )
+    if opt.elastic is not None:
+        _in_place(ctx, opt, opt.elastic, rejoining)
     return model, opt
+
+
+def _in_place(
+    ctx: Context, opt: LocalSGDOptimizer, elastic: ElasticAverager, rejoining: bool
+) -> None:
+    """``restart.mode: in_place``: the rounds go over ``elastic``. A first start began
+    from rank 0's model (the default group's broadcast); a replacement joins the round
+    its peers retry, takes their mean and step, and its data goes on at that step
+    (the batches its predecessor had not reached the round with are skipped). The
+    buffers that change in training stay each worker's own."""
+    if rejoining:
+        _, step = elastic.average(opt.params, 0, joining=True)
+        opt.local_steps = step
+        ctx.go_on_at(step)
+    if opt.buffers.candidates:
+        ctx.notice(
+            "restart.mode: in_place: local-sgd averages the parameters only; the buffers "
+            "that change in training (BatchNorm statistics) stay each worker's own"
+        )

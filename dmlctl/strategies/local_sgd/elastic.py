@@ -1,0 +1,105 @@
+"""Model averaging over a group that outlives a lost worker (``restart.mode:
+in_place`` under ``local-sgd``).
+
+The workers average over a gloo process group of their own, made from the run's store
+(:func:`dmlctl.runtime.rejoin.store`) under a prefix per **generation**, not over the
+default group: that one cannot lose a member. When a worker dies, the next collective
+of the others fails (gloo reads the broken connection); each of them then makes the
+next generation's group — same ranks, same size — which waits, as gloo's rendezvous
+does, until every rank is there: the survivors and the lost worker's replacement,
+forked again by its torchrun (:mod:`dmlctl.agent.respawn`). The replacement knows its
+generation from the store, where every worker writes the one it joined.
+
+A round is one all-reduce of the flat tensors, each times a weight, and one of the
+weights and the weighted step: a replacement joins with weight 0 at the round the
+others retry, so the mean is the survivors' and it receives it — the model — and the
+round's step from live peers, nothing from disk. The round is then complete on every
+member and the world whole again.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import PrefixStore
+
+from dmlctl.runtime import rejoin
+from dmlctl.strategies.common import assign_flat, flat_params
+
+GROUP_TIMEOUT = timedelta(minutes=10)
+"""How long a round, or the forming of a generation, waits for every member."""
+
+
+_LOST = ("Connection reset by peer", "Connection closed by peer", "Read error", "Broken pipe")
+
+
+def member_lost(exc: BaseException) -> bool:
+    """Whether ``exc``, raised by a collective, says a member's connection broke (its
+    process died) rather than something else going wrong."""
+    return any(mark in str(exc) for mark in _LOST)
+
+
+class ElasticAverager:
+    """Worker ``rank`` of ``world``'s rounds over the generations' groups (module
+    docstring)."""
+
+    def __init__(self, rank: int, world: int, timeout: timedelta = GROUP_TIMEOUT) -> None:
+        self.rank, self.world, self.timeout = rank, world, timeout
+        self.store = rejoin.store()
+        self._mine = rejoin.key(f"elastic-generation/{rank}")
+        found = rejoin.rejoining() and self.store.check([self._mine])
+        self.generation = int(self.store.get(self._mine)) + 1 if found else 0
+        self.reforms = 0  # generations this process formed after a loss
+        self.bytes = 0
+        self.group = self._form()
+
+    def _form(self) -> Any:
+        """This generation's group (blocks until every rank made it); a gloo process
+        group of its own, used through its methods (not registered with
+        torch.distributed's world)."""
+        prefix = rejoin.key(f"elastic/{self.generation}")
+        group = dist.ProcessGroupGloo(
+            PrefixStore(prefix, self.store), self.rank, self.world, self.timeout
+        )
+        self.store.set(self._mine, str(self.generation))
+        return group
+
+    def average(
+        self, tensors: Sequence[torch.Tensor], step: int, *, joining: bool = False
+    ) -> tuple[torch.Tensor, int]:
+        """Every member's ``tensors`` ← their mean over the members that bring a
+        model (a replacement ``joining`` brings none), in place; returns the mean and
+        the round's step (the others' ``step`` for a replacement). A member lost in
+        the round: the next generation is formed and the round done again there."""
+        while True:
+            flat = flat_params(tensors)
+            weight = 0.0 if joining else 1.0
+            flat.mul_(weight)
+            meta = torch.tensor([weight, weight * step], dtype=torch.float64)
+            try:
+                self.group.allreduce([flat]).wait()
+                self.group.allreduce([meta]).wait()
+            except RuntimeError as exc:
+                if not member_lost(exc):
+                    raise
+                self._next_generation()
+                continue
+            if meta[0] <= 0:
+                raise RuntimeError("an averaging round with no member bringing a model")
+            flat /= float(meta[0])
+            assign_flat(list(tensors), flat)
+            self.bytes += flat.numel() * flat.element_size()
+            return flat, round(float(meta[1] / meta[0]))
+
+    def _next_generation(self) -> None:
+        """A member was lost: form the next generation's group (with its replacement)."""
+        started = time.monotonic()
+        self.generation += 1
+        self.reforms += 1
+        self.group = self._form()
+        self.last_reform_s = time.monotonic() - started
