@@ -13,6 +13,7 @@ before it serves.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -202,10 +203,16 @@ def _rejoin(ctx: Context, params: Sequence[torch.nn.Parameter]) -> Layout:
     channel = WorkerChannel(
         ctx.global_rank, layout.servers_by_shard(), layout.shard_numel(), layout.torch_dtype
     )
+    started = time.perf_counter()
     pulled = channel.pull(list(range(len(layout.plan))), clock=0)
     flats = [pulled[s].flat for s in range(len(layout.plan))]
     fresh = unpack(flats, layout.plan, [torch.Size(s) for s in layout.shapes])
     with torch.no_grad():
         for p, value in zip(params, fresh, strict=True):
             p.copy_(value)
+    servers = ", ".join(map(str, sorted(set(layout.servers_by_shard()))))
+    rejoin.say(
+        f"rank {ctx.global_rank} rejoined: the model from parameter server rank {servers} "
+        f"({channel.bytes_received / 2**10:.1f} KiB in {time.perf_counter() - started:.2f} s)"
+    )
     return layout

@@ -105,6 +105,8 @@ def _log_lines(f: _Fold, ev: LogLines) -> None:
 def _metric_record(f: _Fold, ev: MetricRecord) -> None:
     u = f.upd(ev.rank, ev.host)
     u["step"] = ev.step
+    if f.current(ev.rank, "status") is RankStatus.RECOVERING:
+        u["status"] = RankStatus.RUNNING  # replaced in place, and at work again
     values = {k: v for k, v in ev.values.items() if k not in COMM_TOTALS}
     u["metrics"] = {**f.current(ev.rank, "metrics"), **values}
     if (totals := CommTotals.from_values(ev.values)) is not None:
@@ -120,12 +122,13 @@ def _rank_started(f: _Fold, ev: RankStarted) -> None:
     if (comm := f.current(ev.rank, "comm")) is not None:
         # A new process, whose meter counts from zero: keep the earlier ones' totals.
         u.update(comm=None, comm_before=added(f.current(ev.rank, "comm_before"), comm))
+    recovering = f.current(ev.rank, "status") is RankStatus.RECOVERING  # until it logs
     u.update(
         host=ev.host,
         local_rank=ev.local_rank,
         role=ev.role,
         pid=ev.pid,
-        status=RankStatus.RUNNING,
+        status=RankStatus.RECOVERING if recovering else RankStatus.RUNNING,
     )
     if f.get("started_at") is None:
         f.changed["started_at"] = ev.ts

@@ -83,6 +83,12 @@ def store() -> Store:
     return _store[1]
 
 
+def say(message: str) -> None:
+    """Print ``message`` on this rank's stdout as dmlctl's (the dashboard's log
+    pane and ``dmlctl logs`` show it)."""
+    print(f"dmlctl: {message}", flush=True)
+
+
 def key(name: str) -> str:
     """The store key ``name`` of this run's attempt."""
     return f"{_KEY}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{name}"

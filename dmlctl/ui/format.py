@@ -151,6 +151,12 @@ def tail_text(line: TailLine) -> Text:
     return out
 
 
+def _rejoining(state: RunState) -> list[tuple[str, str]]:
+    """`` (1 rejoining)`` while ranks replaced in place have not trained yet."""
+    n = sum(r.status is RankStatus.RECOVERING for r in state.ranks)
+    return [(f" ({n} rejoining)", "bold yellow")] if n else []
+
+
 def run_header(state: RunState, now: float, *, marker: str | None = None) -> RenderableType:
     """Two lines: identity (run, job, strategy) then phase, elapsed, restarts, world,
     hosts and the newest checkpoint (with the controller's copy, when there is one).
@@ -175,6 +181,7 @@ def run_header(state: RunState, now: float, *, marker: str | None = None) -> Ren
         *([(f" (+{state.respawns} in place)", "yellow")] if state.respawns else []),
         ("  world ", "dim"),
         (str(state.world_size), ""),
+        *_rejoining(state),
         ("  hosts ", "dim"),
         (str(len(state.hosts)), ""),
     )

@@ -21,7 +21,7 @@ from dmlctl.plan.build import build_plan
 from dmlctl.ps.channel import Message, Op
 from dmlctl.ps.frames import ConnectionLost
 from dmlctl.ps.server import ParameterServer
-from dmlctl.runs.events import RankRespawned, RankStarted
+from dmlctl.runs.events import MetricRecord, RankRespawned, RankStarted
 from dmlctl.runs.parser import parse_line
 from dmlctl.runs.reducer import apply
 from dmlctl.runs.state import RankStatus, new_run_state
@@ -158,8 +158,21 @@ def test_the_respawn_record_reaches_the_state_as_a_rank_recovering(tmp_path: Pat
     state = apply(state, [ev])
     assert state.ranks[1].status is RankStatus.RECOVERING and state.respawns == 1
     assert state.restarts == 0 and state.failures == (ev.cause,)
+    from rich.console import Console
+
+    from dmlctl.ui.format import run_header
+
+    def header() -> str:
+        console = Console(width=160, color_system=None, record=True)
+        console.print(run_header(state, 2.0))
+        return console.export_text()
+
+    assert "restarts 0 (+1 in place)  world 2 (1 rejoining)" in header()
     state = apply(state, [RankStarted("h", 1, 1, "worker", 4242, 1.0)])
+    assert state.ranks[1].status is RankStatus.RECOVERING  # started, not training yet
+    state = apply(state, [MetricRecord("h", 1, 50, {"loss": 0.5}, 1.5)])
     assert state.ranks[1].status is RankStatus.RUNNING
+    assert "world 2  hosts" in header()  # trained again: whole
 
 
 def test_a_replacement_spends_an_infra_restart() -> None:

@@ -219,9 +219,15 @@ def _in_place(
     (the batches its predecessor had not reached the round with are skipped). The
     buffers that change in training stay each worker's own."""
     if rejoining:
+        started = time.perf_counter()
         _, step = elastic.average(opt.params, 0, joining=True)
         opt.local_steps = step
         ctx.go_on_at(step)
+        rejoin.say(
+            f"rank {ctx.rank} rejoined at step {step}: the mean of the other workers' "
+            f"models (generation {elastic.generation}, {elastic.bytes / 2**10:.1f} KiB, "
+            f"{time.perf_counter() - started:.2f} s)"
+        )
     if opt.buffers.candidates:
         ctx.notice(
             "restart.mode: in_place: local-sgd averages the parameters only; the buffers "
