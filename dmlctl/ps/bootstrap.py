@@ -212,7 +212,7 @@ def _rejoin(ctx: Context, params: Sequence[torch.nn.Parameter]) -> Layout:
             p.copy_(value)
     servers = ", ".join(map(str, sorted(set(layout.servers_by_shard()))))
     rejoin.say(
-        f"rank {ctx.global_rank} rejoined: the model from parameter server rank {servers} "
-        f"({channel.bytes_received / 2**10:.1f} KiB in {time.perf_counter() - started:.2f} s)"
+        f"rank {ctx.global_rank} rejoined: model from server rank {servers} "
+        f"({channel.bytes_received / 2**10:.1f} KiB, {time.perf_counter() - started:.2f} s)"
     )
     return layout

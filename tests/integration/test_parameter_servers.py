@@ -243,7 +243,7 @@ def test_a_killed_worker_is_replaced_in_place_while_the_others_go_on(
     out = done.stdout
     assert done.returncode == 0, out
     assert "rank 1 on local killed by SIGKILL; started again in place" in out, out
-    assert "rank 1 rejoined: the model from parameter server rank 2 (" in out, out
+    assert "rank 1 rejoined: model from server rank 2 (" in out, out
     state = cli.state(run_id)
     assert (state["restarts"], state["respawns"]) == (0, kills), state
     starts = [len(_starts(cli, run_id, r)) for r in (0, 1, 2)]
@@ -299,7 +299,7 @@ def test_a_killed_local_sgd_worker_rejoins_its_peers_at_their_next_round(
     out = done.stdout
     assert done.returncode == 0, out
     assert "rank 1 on local killed by SIGKILL; started again in place" in out, out
-    assert "the mean of the other workers' models (generation 1," in out, out
+    assert "peers' mean (generation 1," in out, out
     state = cli.state(run_id)
     assert (state["restarts"], state["respawns"]) == (0, 1), state
     assert [len(_starts(cli, run_id, r)) for r in (0, 1)] == [1, 2]

@@ -224,8 +224,8 @@ def _in_place(
         opt.local_steps = step
         ctx.go_on_at(step)
         rejoin.say(
-            f"rank {ctx.rank} rejoined at step {step}: the mean of the other workers' "
-            f"models (generation {elastic.generation}, {elastic.bytes / 2**10:.1f} KiB, "
+            f"rank {ctx.rank} rejoined at step {step}: peers' mean (generation "
+            f"{elastic.generation}, {elastic.bytes / 2**10:.1f} KiB, "
             f"{time.perf_counter() - started:.2f} s)"
         )
     if opt.buffers.candidates:
