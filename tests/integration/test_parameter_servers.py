@@ -283,17 +283,19 @@ def test_a_killed_server_is_replaced_in_place_from_its_snapshot(cli: Cli, tmp_pa
     assert _final(cli, run_id)["test_acc"] >= 0.9
 
 
-def test_a_killed_local_sgd_worker_rejoins_its_peers_at_their_next_round(
-    cli: Cli, tmp_path: Path
+@pytest.mark.parametrize("strategy", ["local-sgd", "bmuf"])
+def test_a_killed_averaging_worker_rejoins_its_peers_at_their_next_round(
+    cli: Cli, tmp_path: Path, strategy: str
 ) -> None:
-    """restart.mode: in_place under local-sgd (a synchronous strategy, no servers):
+    """restart.mode: in_place under local-sgd and bmuf (synchronous, no servers):
     kill -9 of a worker mid-run; the other one's next averaging round fails, it forms
     the next generation's group with the replacement, which takes the survivor's
-    model and step there, and both end with the same model (checked by the run)."""
+    model (bmuf: and its global model and block momentum) and step there, and both
+    end with the same model (checked by the run)."""
     job = _job(
         tmp_path,
-        "localinplace",
-        "args: ['--epochs', '5']\nworkers: 2\nstrategy: local-sgd\nrestart: {mode: in_place}\n",
+        "averaginginplace",
+        f"args: ['--epochs', '5']\nworkers: 2\nstrategy: {strategy}\nrestart: {{mode: in_place}}\n",
     )
     done, run_id = _kill_mid_run(cli, job, 1)
     out = done.stdout

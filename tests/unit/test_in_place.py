@@ -58,7 +58,7 @@ IN_PLACE = "restart: {mode: in_place}\n"
             HEAD + "strategy: ssgd\n" + IN_PLACE,
             4,
             "restart.mode",
-            "(in place: aadmm, adadelay, asgd, easgd-async, local-sgd, ssp, sync-ps)",
+            "(in place: aadmm, adadelay, asgd, bmuf, easgd-async, local-sgd, ssp, sync-ps)",
         ),
         (
             HEAD + "parameter_servers: 1\nstrategy: asgd\n" + IN_PLACE + "checkpoint: {keep: 2}\n",
@@ -431,7 +431,7 @@ def test_a_replacement_goes_on_at_its_peers_step(
 
 
 def test_only_a_broken_connection_makes_a_new_generation() -> None:
-    from dmlctl.strategies.local_sgd.elastic import member_lost
+    from dmlctl.strategies.elastic import member_lost
 
     reset = "[pair.cc:537] Read error [127.0.0.1]:43706: Connection reset by peer"
     assert member_lost(RuntimeError(reset))

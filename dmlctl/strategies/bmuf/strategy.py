@@ -41,12 +41,14 @@ The parameters are :mod:`dmlctl.strategies.bmuf.params`'s; this module imports t
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from pydantic import BaseModel
 
+from dmlctl.runtime import rejoin
 from dmlctl.runtime.optimizer import StrategyOptimizer
 from dmlctl.strategies import optimizers
 from dmlctl.strategies.bmuf.params import Params, resolve_block_momentum
@@ -59,6 +61,7 @@ from dmlctl.strategies.common import (
     start_from_rank0,
     with_exchanged_buffers,
 )
+from dmlctl.strategies.elastic import ElasticAverager, buffers_stay_local, join
 from dmlctl.strategies.registry import params_as
 
 if TYPE_CHECKING:
@@ -87,8 +90,12 @@ class BMUFOptimizer(StrategyOptimizer):
         block_lr: float = 1.0,
         nesterov: bool = False,
         threshold: float = 0.0,
+        elastic: ElasticAverager | None = None,
     ) -> None:
         super().__init__(inner, params, world_size=world_size, period=period)
+        #: ``restart.mode: in_place``: blocks over groups that outlive a lost worker
+        #: (:mod:`dmlctl.strategies.elastic`); parameters only.
+        self.elastic = elastic
         self.tensors: list[torch.Tensor] = list(self.params)  # + buffers, first block
         self.filter = ChangeFilter(self.tensors, threshold) if threshold > 0 else None
         self.last_sent: list[int] = []  # tensors the latest block update averaged
@@ -106,11 +113,31 @@ class BMUFOptimizer(StrategyOptimizer):
     def communicate(self) -> None:
         """One block: average the tensors (all, or those the ``threshold`` filter
         picks), then the block-momentum update of their part of ``w_g``."""
+        if self.elastic is not None:
+            self.elastic_block()
+            return
         with_exchanged_buffers(self, self.tensors, self.filter)
         self._blocked_at = self.local_steps
         self.last_sent = average_round(
             self, self.tensors, self.filter, self._block_updates, "after the block update"
         )
+
+    def elastic_block(self, *, joining: bool = False) -> int:
+        """A block over the elastic group: the parameters' mean, with ``w_g`` and Δ
+        (alike on every member: a replacement ``joining`` receives them), then the
+        block update of all of them. Returns the block's step."""
+        assert self.elastic is not None
+        start, sent = time.perf_counter(), self.elastic.bytes
+        tensors = [*self.params, self.global_params, self.delta]
+        _, step = self.elastic.average(tensors, self.local_steps, joining=joining)
+        self._blocked_at = step
+        averaged = flat_params(self.params)
+        self._block_update(averaged, 0, self.n_params)
+        assign_flat(self.params, averaged)
+        self.meter.add(self.elastic.bytes - sent, time.perf_counter() - start)
+        self.meter.extra["generation"] = self.elastic.generation
+        self.check_finite(averaged, self.params, "after the block update")
+        return step
 
     def _block_updates(self, chosen: list[int], mean: torch.Tensor) -> None:
         """The block update (:meth:`_block_update`) of each parameter among the
@@ -175,7 +202,9 @@ def prepare(
     Promises: see the module docstring. ``model`` must already be on ``ctx.device``
     and ``optimizer`` built on its parameters."""
     p = params_as(Params, params)
-    weights = start_from_rank0(ctx, model)
+    in_place = rejoin.in_place() and ctx.world_size > 1  # never with a threshold: the spec
+    rejoining = in_place and rejoin.rejoining()
+    weights = list(model.parameters()) if rejoining else start_from_rank0(ctx, model)
     if weights is None:
         return model, optimizer
     opt = BMUFOptimizer(
@@ -189,5 +218,10 @@ def prepare(
         block_lr=p.block_lr,
         nesterov=p.nesterov,
         threshold=p.threshold,
+        elastic=ElasticAverager(ctx.rank, ctx.world_size) if in_place else None,
     )
+    if opt.elastic is not None:  # restart.mode: in_place
+        if rejoining:
+            join(ctx, opt, opt.elastic, lambda: opt.elastic_block(joining=True))
+        buffers_stay_local(ctx, opt, "bmuf")
     return model, opt

@@ -55,7 +55,7 @@ from dmlctl.strategies.common import (
     start_from_rank0,
     with_exchanged_buffers,
 )
-from dmlctl.strategies.local_sgd.elastic import ElasticAverager
+from dmlctl.strategies.elastic import ElasticAverager, buffers_stay_local, join
 from dmlctl.strategies.local_sgd.params import Params
 from dmlctl.strategies.registry import params_as
 
@@ -106,7 +106,7 @@ class LocalSGDOptimizer(StrategyOptimizer):
     ) -> None:
         super().__init__(inner, params, world_size=world_size, period=period, warmup=warmup)
         #: ``restart.mode: in_place``: the rounds go over groups that outlive a lost
-        #: worker (:mod:`dmlctl.strategies.local_sgd.elastic`); parameters only.
+        #: worker (:mod:`dmlctl.strategies.elastic`); parameters only.
         self.elastic = elastic
         self.tensors: list[torch.Tensor] = list(self.params)  # + buffers, first round
         self.n_params = sum(p.numel() for p in self.params)
@@ -215,21 +215,8 @@ def _in_place(
 ) -> None:
     """``restart.mode: in_place``: the rounds go over ``elastic``. A first start began
     from rank 0's model (the default group's broadcast); a replacement joins the round
-    its peers retry, takes their mean and step, and its data goes on at that step
-    (the batches its predecessor had not reached the round with are skipped). The
-    buffers that change in training stay each worker's own."""
+    its peers retry (:func:`~dmlctl.strategies.elastic.join`). The buffers that change
+    in training stay each worker's own."""
     if rejoining:
-        started = time.perf_counter()
-        _, step = elastic.average(opt.params, 0, joining=True)
-        opt.local_steps = step
-        ctx.go_on_at(step)
-        rejoin.say(
-            f"rank {ctx.rank} rejoined at step {step}: peers' mean (generation "
-            f"{elastic.generation}, {elastic.bytes / 2**10:.1f} KiB, "
-            f"{time.perf_counter() - started:.2f} s)"
-        )
-    if opt.buffers.candidates:
-        ctx.notice(
-            "restart.mode: in_place: local-sgd averages the parameters only; the buffers "
-            "that change in training (BatchNorm statistics) stay each worker's own"
-        )
+        join(ctx, opt, elastic, lambda: elastic.average(opt.params, 0, joining=True)[1])
+    buffers_stay_local(ctx, opt, "local-sgd")

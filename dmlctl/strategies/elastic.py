@@ -1,5 +1,5 @@
 """Model averaging over a group that outlives a lost worker (``restart.mode:
-in_place`` under ``local-sgd``).
+in_place`` under ``local-sgd`` and ``bmuf``).
 
 The workers average over a gloo process group of their own, made from the run's store
 (:func:`dmlctl.runtime.rejoin.store`) under a prefix per **generation**, not over the
@@ -14,15 +14,17 @@ A round is one all-reduce of the flat tensors, each times a weight, and one of t
 weights and the weighted step: a replacement joins with weight 0 at the round the
 others retry, so the mean is the survivors' and it receives it — the model — and the
 round's step from live peers, nothing from disk. The round is then complete on every
-member and the world whole again.
+member and the world whole again (:func:`join`). Tensors every member holds alike
+(BMUF's global model and block momentum) ride along in the same round: their mean
+over the members with weight 1 is their value, which the replacement receives too.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -30,6 +32,10 @@ from torch._C._distributed_c10d import PrefixStore
 
 from dmlctl.runtime import rejoin
 from dmlctl.strategies.common import assign_flat, flat_params
+
+if TYPE_CHECKING:
+    from dmlctl.runtime.context import Context
+    from dmlctl.runtime.optimizer import StrategyOptimizer
 
 GROUP_TIMEOUT = timedelta(minutes=10)
 """How long a round, or the forming of a generation, waits for every member."""
@@ -103,3 +109,30 @@ class ElasticAverager:
         self.reforms += 1
         self.group = self._form()
         self.last_reform_s = time.monotonic() - started
+
+
+def join(
+    ctx: Context, opt: StrategyOptimizer, elastic: ElasticAverager, round_: Callable[[], int]
+) -> None:
+    """A replacement's first round: ``round_()`` runs the round its peers retry with
+    weight 0 and returns the round's step; this worker's step count and data go on
+    there, and it says where its model came from."""
+    started = time.perf_counter()
+    step = round_()
+    opt.local_steps = step
+    ctx.go_on_at(step)
+    rejoin.say(
+        f"rank {ctx.rank} rejoined at step {step}: peers' mean (generation "
+        f"{elastic.generation}, {elastic.bytes / 2**10:.1f} KiB, "
+        f"{time.perf_counter() - started:.2f} s)"
+    )
+
+
+def buffers_stay_local(ctx: Context, opt: StrategyOptimizer, strategy: str) -> None:
+    """Say once that such a run averages parameters only (when the model has
+    floating-point buffers)."""
+    if opt.buffers.candidates:
+        ctx.notice(
+            f"restart.mode: in_place: {strategy} averages the parameters only; the "
+            "buffers that change in training (BatchNorm statistics) stay each worker's own"
+        )
