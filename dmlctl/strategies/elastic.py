@@ -62,6 +62,7 @@ class ElasticAverager:
         self.generation = int(self.store.get(self._mine)) + 1 if found else 0
         self.reforms = 0  # generations this process formed after a loss
         self.bytes = 0
+        self.weight = 0.0  # the latest round's members that brought a model
         self.group = self._form()
 
     def _form(self) -> Any:
@@ -97,7 +98,8 @@ class ElasticAverager:
                 continue
             if meta[0] <= 0:
                 raise RuntimeError("an averaging round with no member bringing a model")
-            flat /= float(meta[0])
+            self.weight = float(meta[0])
+            flat /= self.weight
             assign_flat(list(tensors), flat)
             self.bytes += flat.numel() * flat.element_size()
             return flat, round(float(meta[1] / meta[0]))

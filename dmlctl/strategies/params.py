@@ -110,6 +110,14 @@ class Capabilities:
         return self.needs_runtime
 
 
+def threshold_in_place(params: Any) -> str | None:
+    """Why ``restart.mode: in_place`` cannot take a model filter's ``threshold`` (the
+    filter's flags are a collective of their own); None without one."""
+    if getattr(params, "threshold", 0) > 0:
+        return "with a threshold (its filter's flags are one more collective)"
+    return None
+
+
 SERVER_COLUMNS: tuple[str, ...] = (
     "clock",
     "staleness_max",

@@ -14,6 +14,7 @@ from dmlctl.strategies.params import (
     Capabilities,
     at_least,
     derived,
+    threshold_in_place,
 )
 
 QUALITY = (
@@ -82,13 +83,6 @@ def resolve_block_momentum(value: float | None, world_size: int, momentum: bool)
     return 1.0 - 1.0 / max(world_size, 1)
 
 
-def _in_place_rule(params: Params) -> str | None:
-    """Why ``restart.mode: in_place`` cannot take these params (None: it can)."""
-    if params.threshold > 0:
-        return "with a threshold (its filter's flags are one more collective)"
-    return None
-
-
 CAPABILITIES = Capabilities(
-    roles=WORKERS_ONLY, columns=("consensus",), in_place=True, in_place_rule=_in_place_rule
+    roles=WORKERS_ONLY, columns=("consensus",), in_place=True, in_place_rule=threshold_in_place
 )

@@ -16,6 +16,7 @@ from dmlctl.strategies.params import (
     Share,
     Steps,
     derived_weight,
+    threshold_in_place,
 )
 
 QUALITY = (
@@ -95,4 +96,10 @@ def check_world(params: Params, world_size: int) -> str | None:
     return None
 
 
-CAPABILITIES = Capabilities(roles=WORKERS_ONLY, columns=("consensus",), check_world=check_world)
+CAPABILITIES = Capabilities(
+    roles=WORKERS_ONLY,
+    columns=("consensus",),
+    check_world=check_world,
+    in_place=True,
+    in_place_rule=threshold_in_place,
+)

@@ -60,6 +60,7 @@ import torch
 import torch.distributed as dist
 from pydantic import BaseModel
 
+from dmlctl.runtime import rejoin
 from dmlctl.runtime.optimizer import StrategyOptimizer
 from dmlctl.strategies.common import (
     ChangeFilter,
@@ -69,6 +70,7 @@ from dmlctl.strategies.common import (
     segments,
 )
 from dmlctl.strategies.easgd.params import Params, check_world, resolve_alpha, resolve_rho
+from dmlctl.strategies.elastic import ElasticAverager, buffers_stay_local, join
 from dmlctl.strategies.optimizers import first_lr
 from dmlctl.strategies.registry import params_as
 
@@ -91,12 +93,17 @@ class EASGDOptimizer(StrategyOptimizer):
         alpha: float,
         rho: float,
         threshold: float = 0.0,
+        elastic: ElasticAverager | None = None,
     ) -> None:
         super().__init__(inner, params, world_size=world_size, period=period)
         self.alpha = alpha
         self.rho = rho
+        #: ``restart.mode: in_place``: exchanges over groups that outlive a lost worker
+        #: (:mod:`dmlctl.strategies.elastic`); a replacement takes the center there.
+        self.elastic = elastic
         start = flat_params(self.params)
-        dist.broadcast(start, src=0)
+        if elastic is None or not rejoin.rejoining():
+            dist.broadcast(start, src=0)
         assign_flat(self.params, start)
         self.center: torch.Tensor = start
         self.places = segments(self.params)
@@ -130,6 +137,9 @@ class EASGDOptimizer(StrategyOptimizer):
     def communicate(self) -> None:
         """x̃ ← x̃ + α Σᵢ (xᵢ − x̃) on the chosen tensors (one all-reduce), and the
         consensus distance."""
+        if self.elastic is not None:
+            self.elastic_exchange()
+            return
         diff = self._diff
         if diff is None:  # step() always runs before_step first; be safe anyway
             diff = flat_params(self.params) - self.center
@@ -149,6 +159,25 @@ class EASGDOptimizer(StrategyOptimizer):
         sq = max(float(buf[-1].item()), 0.0)
         self.meter.extra["consensus"] = math.sqrt(sq / self.world_size)
         self._exchanged_at = self.local_steps
+
+    def elastic_exchange(self, *, joining: bool = False) -> int:
+        """x̃ ← x̃ + α Σᵢ (xᵢ − x̃) over the elastic group: the round's mean of the
+        differences times the members that brought one, the center riding along (alike
+        on every member: a replacement ``joining`` receives it and starts there).
+        Returns the round's step."""
+        assert self.elastic is not None
+        diff = self._diff if self._diff is not None else flat_params(self.params) - self.center
+        self._diff = None
+        began, sent = time.perf_counter(), self.elastic.bytes
+        _, step = self.elastic.average([diff, self.center], self.local_steps, joining=joining)
+        self.center.add_(diff, alpha=self.alpha * self.elastic.weight)
+        if joining:
+            assign_flat(self.params, self.center)
+        self.meter.add(self.elastic.bytes - sent, time.perf_counter() - began)
+        self.meter.extra["generation"] = self.elastic.generation
+        self.check_finite(self.center, where="in the center after the elastic update")
+        self._exchanged_at = step
+        return step
 
     def _choose(self, diff: torch.Tensor, *, everything: bool = False) -> list[int]:
         """The tensors an exchange includes: all (``everything``, or without the
@@ -174,7 +203,8 @@ class EASGDOptimizer(StrategyOptimizer):
             self._chosen = self._choose(self._diff, everything=True)
             self.communicate()
         assign_flat(self.params, self.center)
-        average_in_place(self.exchanged_buffers(), self.meter, self.world_size)
+        if self.elastic is None:  # in place: the buffers stay each worker's own
+            average_in_place(self.exchanged_buffers(), self.meter, self.world_size)
 
     def strategy_state(self) -> dict[str, Any]:
         return {"center": self.center.clone()}
@@ -209,6 +239,7 @@ def prepare(
         raise ValueError(f"easgd: {message}")
     alpha = resolve_alpha(p, ctx.world_size)
     rho = resolve_rho(p, alpha, first_lr(optimizer))
+    in_place = rejoin.in_place()  # never with a threshold: the spec
     wrapped = EASGDOptimizer(
         optimizer,
         [q for q in model.parameters() if q.requires_grad],
@@ -217,5 +248,10 @@ def prepare(
         alpha=alpha,
         rho=rho,
         threshold=p.threshold,
+        elastic=ElasticAverager(ctx.rank, ctx.world_size) if in_place else None,
     )
+    if wrapped.elastic is not None:
+        if rejoin.rejoining():
+            join(ctx, wrapped, wrapped.elastic, lambda: wrapped.elastic_exchange(joining=True))
+        buffers_stay_local(ctx, wrapped, "easgd")
     return model, wrapped

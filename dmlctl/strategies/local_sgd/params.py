@@ -13,6 +13,7 @@ from dmlctl.strategies.params import (
     Averaging,
     Capabilities,
     at_least,
+    threshold_in_place,
 )
 
 QUALITY = (
@@ -67,9 +68,7 @@ def _in_place_rule(params: Params) -> str | None:
     """Why ``restart.mode: in_place`` cannot take these params (None: it can)."""
     if params.hierarchical:
         return "with hierarchical: true (its host rounds run in subgroups)"
-    if params.threshold > 0:
-        return "with a threshold (its filter's flags are one more collective)"
-    return None
+    return threshold_in_place(params)
 
 
 CAPABILITIES = Capabilities(
