@@ -283,7 +283,7 @@ def test_a_killed_server_is_replaced_in_place_from_its_snapshot(cli: Cli, tmp_pa
     assert _final(cli, run_id)["test_acc"] >= 0.9
 
 
-@pytest.mark.parametrize("strategy", ["local-sgd", "bmuf", "easgd"])
+@pytest.mark.parametrize("strategy", ["local-sgd", "bmuf", "easgd", "admm"])
 def test_a_killed_averaging_worker_rejoins_its_peers_at_their_next_round(
     cli: Cli, tmp_path: Path, strategy: str
 ) -> None:

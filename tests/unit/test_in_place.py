@@ -58,7 +58,8 @@ IN_PLACE = "restart: {mode: in_place}\n"
             HEAD + "strategy: ssgd\n" + IN_PLACE,
             4,
             "restart.mode",
-            "(in place: aadmm, adadelay, asgd, bmuf, easgd, easgd-async, local-sgd, ssp, sync-ps)",
+            "(in place: aadmm, adadelay, admm, asgd, bmuf, easgd, easgd-async, local-sgd, "
+            "ssp, sync-ps)",
         ),
         (
             HEAD + "parameter_servers: 1\nstrategy: asgd\n" + IN_PLACE + "checkpoint: {keep: 2}\n",

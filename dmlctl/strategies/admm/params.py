@@ -105,4 +105,4 @@ def derive_rho(
     )
 
 
-CAPABILITIES = Capabilities(roles=WORKERS_ONLY, columns=("primal_res", "dual_res"))
+CAPABILITIES = Capabilities(roles=WORKERS_ONLY, columns=("primal_res", "dual_res"), in_place=True)

@@ -55,10 +55,12 @@ import torch
 import torch.distributed as dist
 from pydantic import BaseModel
 
+from dmlctl.runtime import rejoin
 from dmlctl.runtime.optimizer import StrategyOptimizer
 from dmlctl.strategies import optimizers
 from dmlctl.strategies.admm.params import Params, resolve_rho
 from dmlctl.strategies.common import add_to_grads, assign_flat, average_in_place, flat_params
+from dmlctl.strategies.elastic import ElasticAverager, buffers_stay_local, join
 from dmlctl.strategies.registry import params_as
 
 if TYPE_CHECKING:
@@ -79,14 +81,20 @@ class ADMMOptimizer(StrategyOptimizer):
         rho: float,
         local_steps: int,
         init: str,
+        elastic: ElasticAverager | None = None,
     ) -> None:
         super().__init__(inner, params, world_size=world_size, period=local_steps)
         self.rho = rho
+        #: ``restart.mode: in_place``: rounds over groups that outlive a lost worker
+        #: (:mod:`dmlctl.strategies.elastic`); a replacement takes z there.
+        self.elastic = elastic
         x = flat_params(self.params)
-        if init == "broadcast":
+        self.z: torch.Tensor = x  # a replacement's, until its first round brings z
+        if elastic is not None and rejoin.rejoining():
+            pass
+        elif init == "broadcast":
             dist.broadcast(x, src=0)
             assign_flat(self.params, x)
-            self.z: torch.Tensor = x
         else:
             dist.all_reduce(x, op=dist.ReduceOp.SUM)
             self.z = x / world_size
@@ -99,6 +107,9 @@ class ADMMOptimizer(StrategyOptimizer):
 
     def communicate(self) -> None:
         """z ← mean(xᵢ + uᵢ), uᵢ ← uᵢ + xᵢ − z, and the residuals."""
+        if self.elastic is not None:
+            self.elastic_round()
+            return
         x = flat_params(self.params)
         w = x + self.u
         began = time.perf_counter()
@@ -117,13 +128,37 @@ class ADMMOptimizer(StrategyOptimizer):
         self.meter.extra["dual_res"] = self.rho * math.sqrt(self.world_size) * float(dual)
         self._round_at = self.local_steps
 
+    def elastic_round(self, *, joining: bool = False) -> int:
+        """z ← mean(xᵢ + uᵢ) over the elastic group's members that bring a model; a
+        replacement ``joining`` brings none, takes z as its x (its u stays 0).
+        ``dual_res`` as usual; ``primal_res`` is left out (one more collective).
+        Returns the round's step."""
+        assert self.elastic is not None
+        x = flat_params(self.params)
+        w = x + self.u
+        began, sent = time.perf_counter(), self.elastic.bytes
+        _, step = self.elastic.average([w], self.local_steps, joining=joining)
+        z_prev, self.z = self.z, w
+        self.check_finite(self.z, where="in z after the consensus round")
+        if joining:
+            assign_flat(self.params, self.z)
+            x = self.z.clone()
+        self.u += x - self.z
+        self.meter.add(self.elastic.bytes - sent, time.perf_counter() - began)
+        dual = torch.linalg.vector_norm((self.z - z_prev).double())
+        self.meter.extra["dual_res"] = self.rho * math.sqrt(self.world_size) * float(dual)
+        self.meter.extra["generation"] = self.elastic.generation
+        self._round_at = step
+        return step
+
     def final_model(self) -> None:
         """A last round (z and u updates) when steps were taken since the previous
         one; then every worker ← z, buffers exchanged ← their mean. Collective."""
         if self._round_at != self.local_steps:
             self.communicate()
         assign_flat(self.params, self.z)
-        average_in_place(self.exchanged_buffers(), self.meter, self.world_size)
+        if self.elastic is None:  # in place: the buffers stay each worker's own
+            average_in_place(self.exchanged_buffers(), self.meter, self.world_size)
 
     def strategy_state(self) -> dict[str, Any]:
         return {"z": self.z.clone(), "u": self.u.clone()}
@@ -159,5 +194,10 @@ def prepare(
         rho=resolve_rho(p, optimizers.family(optimizer), optimizers.effective_lr(optimizer)),
         local_steps=p.local_steps,
         init=p.init,
+        elastic=ElasticAverager(ctx.rank, ctx.world_size) if rejoin.in_place() else None,
     )
+    if wrapped.elastic is not None:  # restart.mode: in_place
+        if rejoin.rejoining():
+            join(ctx, wrapped, wrapped.elastic, lambda: wrapped.elastic_round(joining=True))
+        buffers_stay_local(ctx, wrapped, "admm")
     return model, wrapped
