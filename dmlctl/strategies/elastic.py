@@ -7,7 +7,10 @@ default group: that one cannot lose a member. When a worker dies, the next colle
 of the others fails (gloo reads the broken connection); each of them then makes the
 next generation's group — same ranks, same size — which waits, as gloo's rendezvous
 does, until every rank is there: the survivors and the lost worker's replacement,
-forked again by its torchrun (:mod:`dmlctl.agent.respawn`). The replacement knows its
+forked again by its torchrun (:mod:`dmlctl.agent.respawn`). gloo tells only the dead
+worker's ring neighbours (the others would wait out the whole timeout), so the first
+member to see the loss marks the generation broken in the store, and every member
+waits in its collectives in short slices, looking at that mark in between. The replacement knows its
 generation from the store, where every worker writes the one it joined.
 
 A round is one all-reduce of the flat tensors, each times a weight, and one of the
@@ -50,6 +53,14 @@ def member_lost(exc: BaseException) -> bool:
     return any(mark in str(exc) for mark in _LOST)
 
 
+POLL_S = 0.25
+"""How often a member waiting in a collective looks whether its generation broke."""
+
+
+class MemberLost(Exception):
+    """Another member found this generation's group broken."""
+
+
 class ElasticAverager:
     """Worker ``rank`` of ``world``'s rounds over the generations' groups (module
     docstring)."""
@@ -89,10 +100,10 @@ class ElasticAverager:
             flat.mul_(weight)
             meta = torch.tensor([weight, weight * step], dtype=torch.float64)
             try:
-                self.group.allreduce([flat]).wait()
-                self.group.allreduce([meta]).wait()
-            except RuntimeError as exc:
-                if not member_lost(exc):
+                self._wait(self.group.allreduce([flat]))
+                self._wait(self.group.allreduce([meta]))
+            except (RuntimeError, MemberLost) as exc:
+                if not isinstance(exc, MemberLost) and not member_lost(exc):
                     raise
                 self._next_generation()
                 continue
@@ -104,8 +115,28 @@ class ElasticAverager:
             self.bytes += flat.numel() * flat.element_size()
             return flat, round(float(meta[1] / meta[0]))
 
+    def _wait(self, work: Any) -> None:
+        """Wait for ``work``, looking every :data:`POLL_S` seconds whether another
+        member has found this generation broken: a member whose ring neighbours
+        died is not told by gloo (it would wait out the whole timeout). Raises
+        :class:`MemberLost` then; what the collective raised otherwise."""
+        while True:
+            try:
+                work.wait(timedelta(seconds=POLL_S))
+                return
+            except RuntimeError as exc:
+                if "Operation timed out" not in str(exc):  # not the poll's own timeout
+                    raise
+                if self.store.check([self._broken(self.generation)]):
+                    raise MemberLost(f"generation {self.generation} broken") from exc
+
+    def _broken(self, generation: int) -> str:
+        return rejoin.key(f"elastic/{generation}/broken")
+
     def _next_generation(self) -> None:
-        """A member was lost: form the next generation's group (with its replacement)."""
+        """A member was lost: mark this generation broken (for the members gloo does
+        not tell), then form the next one's group (with the replacement)."""
+        self.store.set(self._broken(self.generation), "1")
         started = time.monotonic()
         self.generation += 1
         self.reforms += 1

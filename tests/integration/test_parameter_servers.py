@@ -283,19 +283,23 @@ def test_a_killed_server_is_replaced_in_place_from_its_snapshot(cli: Cli, tmp_pa
     assert _final(cli, run_id)["test_acc"] >= 0.9
 
 
-@pytest.mark.parametrize("strategy", ["local-sgd", "bmuf", "easgd", "admm"])
+@pytest.mark.parametrize(
+    ("strategy", "workers"), [("local-sgd", 4), ("bmuf", 2), ("easgd", 2), ("admm", 2)]
+)
 def test_a_killed_averaging_worker_rejoins_its_peers_at_their_next_round(
-    cli: Cli, tmp_path: Path, strategy: str
+    cli: Cli, tmp_path: Path, strategy: str, workers: int
 ) -> None:
-    """restart.mode: in_place under local-sgd and bmuf (synchronous, no servers):
-    kill -9 of a worker mid-run; the other one's next averaging round fails, it forms
-    the next generation's group with the replacement, which takes the survivor's
-    model (bmuf: and its global model and block momentum) and step there, and both
-    end with the same model (checked by the run)."""
+    """restart.mode: in_place under local-sgd, bmuf, easgd and admm (synchronous, no
+    servers): kill -9 of worker 1 mid-run; the others' next round fails (with 4
+    workers, worker 3 is no ring neighbour of 1: it learns it from the store), they
+    form the next generation's group with the replacement, which takes their mean
+    (and bmuf's global model and momentum, easgd's center, admm's z) and step there,
+    and all end with the same model (checked by the run)."""
     job = _job(
         tmp_path,
         "averaginginplace",
-        f"args: ['--epochs', '5']\nworkers: 2\nstrategy: {strategy}\nrestart: {{mode: in_place}}\n",
+        f"args: ['--epochs', '5']\nworkers: {workers}\nstrategy: {strategy}\n"
+        "restart: {mode: in_place}\n",
     )
     done, run_id = _kill_mid_run(cli, job, 1)
     out = done.stdout
@@ -304,9 +308,10 @@ def test_a_killed_averaging_worker_rejoins_its_peers_at_their_next_round(
     assert "peers' mean (generation 1," in out, out
     state = cli.state(run_id)
     assert (state["restarts"], state["respawns"]) == (0, 1), state
-    assert [len(_starts(cli, run_id, r)) for r in (0, 1)] == [1, 2]
+    starts = [len(_starts(cli, run_id, r)) for r in range(workers)]
+    assert starts == [1, 2] + [1] * (workers - 2), starts
     steps = {r["rank"]: r["step"] for r in state["ranks"]}
-    assert steps[0] == steps[1] > 0, steps  # the replacement went on at its peer's step
+    assert len(set(steps.values())) == 1 and steps[0] > 0, steps  # at its peers' step
     generations = [m["values"].get("generation") for m in _metrics(cli, run_id)]
     assert max(g for g in generations if g is not None) == 1, generations
     assert _final(cli, run_id)["test_acc"] >= 0.9
