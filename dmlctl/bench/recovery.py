@@ -44,11 +44,11 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
 from dmlctl.bench.launch_overhead import summarize, time_once
 from dmlctl.bench.plan import announce, planned
 from dmlctl.bench.proc import bench_env, torchrun_argv
+from dmlctl.bench.recovery_in_place import STRATEGY as IN_PLACE_STRATEGY
 from dmlctl.bench.recovery_in_place import run_in_place
 from dmlctl.bench.recovery_timing import (
     KILL_RANK,
@@ -99,6 +99,7 @@ class RecoveryReport:
 
     runs: Mapping[str, tuple[Recovery, ...]]
     backoff_s: float
+    in_place_strategy: str = IN_PLACE_STRATEGY
     workers: int = WORKERS
     steps: int = STEPS
     checkpoint_every: int = CHECKPOINT_EVERY
@@ -170,6 +171,7 @@ class RecoveryReport:
             return {"mode": "full"}
         return {
             "mode": IN_PLACE,
+            "in_place_strategy": self.in_place_strategy,
             "in_place_ratio": self.in_place_ratio,
             "in_place_ratio_goal": IN_PLACE_GOAL,
             "survivor_rate": self.survivor_rate,
@@ -289,6 +291,7 @@ def run_recovery_bench(
     *,
     backoff: float = DEFAULT_BACKOFF_S,
     mode: str = "full",
+    strategy: str = IN_PLACE_STRATEGY,
     console: Console,
     home: Path | None = None,
     measure: Callable[[str, Path], Recovery] | None = None,
@@ -316,7 +319,7 @@ def run_recovery_bench(
             if side == "dmlctl":
                 return run_dmlctl(work, backoff=backoff, home=dml_home, console=console)
             if side == IN_PLACE:
-                return run_in_place(work, home=dml_home, console=console)
+                return run_in_place(work, home=dml_home, console=console, strategy=strategy)
             return run_torchrun(work, dml_home)
 
         def one(side: str, round_: int) -> Recovery:
@@ -325,73 +328,9 @@ def run_recovery_bench(
             return (measure or real)(side, work)
 
         runs, note = alternate(measured, repeats, one, console)
-    report = RecoveryReport({side: tuple(r) for side, r in runs.items()}, backoff_s=backoff)
+    report = RecoveryReport(
+        {side: tuple(r) for side, r in runs.items()}, backoff_s=backoff, in_place_strategy=strategy
+    )
     if note is not None:
         raise BenchPartial(note, report)
     return report
-
-
-def render_recovery_tables(report: RecoveryReport) -> list[Table]:
-    """Two tables: recovery seconds (median/min/max) and steps lost per side with the
-    ratio rows (and, with the in-place side, the survivors' rate); then the median
-    end of every stage, in seconds after the kill."""
-    names = tuple(report.runs)
-    t = Table(
-        title=f"recovery from a SIGKILL, {plural(len(report.runs['dmlctl']), 'run')} each, "
-        f"dmlctl backoff {report.backoff_s:g} s",
-        title_justify="left",
-        show_edge=False,
-        pad_edge=False,
-    )
-    for name in ("launcher", "median (s)", "min (s)", "max (s)", "steps lost (max)"):
-        t.add_column(name, justify="left" if name == "launcher" else "right")
-    for side in names:
-        secs = [r.seconds for r in report.runs[side]]
-        t.add_row(
-            "dmlctl in_place" if side == IN_PLACE else side,
-            f"{report.median(side):.3f}",
-            f"{min(secs):.3f}",
-            f"{max(secs):.3f}",
-            str(report.steps_lost(side)),
-            end_section=side == names[-1],
-        )
-    t.add_row(
-        "[bold]dmlctl/torchrun[/bold]",
-        f"[bold]{report.ratio:.3f}[/bold]",
-        f"goal ≤ {RATIO_GOAL}",
-        "",
-        f"goal ≤ {report.checkpoint_every}",
-    )
-    if report.in_place_ratio is not None:
-        t.add_row(
-            "[bold]in_place/torchrun[/bold]",
-            f"[bold]{report.in_place_ratio:.3f}[/bold]",
-            f"goal ≤ {IN_PLACE_GOAL}",
-            "",
-            "goal 0",
-        )
-        rate = report.survivor_rate
-        t.add_row(
-            "survivor steps/s after ÷ before",
-            "[bold]-[/bold]" if rate is None else f"[bold]{rate:.3f}[/bold]",
-            f"goal ≥ {SURVIVOR_GOAL}",
-        )
-    return [t, _stage_table(report, names)]
-
-
-def _stage_table(report: RecoveryReport, names: tuple[str, ...]) -> Table:
-    s = Table(
-        title="where the time goes (median seconds after the kill when each stage ended)",
-        title_justify="left",
-        show_edge=False,
-        pad_edge=False,
-    )
-    s.add_column("stage")
-    for side in names:
-        s.add_column(side, justify="right")
-    stages = {side: report.stages(side) for side in names}
-    for key, meaning in STAGES:
-        cells = [f"{stages[side][key]:.3f}" if key in stages[side] else "" for side in names]
-        if any(cells):
-            s.add_row(meaning, *cells)
-    return s

@@ -1,8 +1,10 @@
 """The in-place side of ``dmlctl bench recovery --mode in_place``.
 
 A real run through :func:`dmlctl.launch.api.launch` of ``recovery_job/train_ps.py``
-(the recovery benchmark's tiny model and per-step sleep, under ``asgd``: 2 workers,
-1 parameter server) with ``restart: {mode: in_place}``, :data:`STEPS` steps per
+(the recovery benchmark's tiny model and per-step sleep, under ``asgd`` by default:
+2 workers, 1 parameter server; ``--in-place-strategy`` another strategy that can
+replace a worker in place, with a server only if it has servers) with
+``restart: {mode: in_place}``, :data:`STEPS` steps per
 worker. On the first attempt worker rank :data:`~dmlctl.bench.recovery_timing.KILL_RANK`
 records the time and SIGKILLs itself right after step :data:`KILL_AT` (about 8 s
 into training, so that :data:`~dmlctl.bench.recovery_timing.SURVIVOR_WINDOW_S`
@@ -33,6 +35,7 @@ from dmlctl.bench.recovery_timing import (
 from dmlctl.bench.runs import launch_bench
 from dmlctl.spec import ClusterSpec, HostSpec, JobSpec
 from dmlctl.spec.cluster import LOCAL_ADDRESS
+from dmlctl.spec.models import uses_servers
 from dmlctl.text import plural
 
 JOB_DIR = Path(__file__).resolve().parent / "recovery_job"
@@ -45,8 +48,9 @@ KILL_AT = 150
 STEP_SLEEP_S = 0.05
 
 
-def in_place_job(work: Path) -> JobSpec:
-    """The job of one in-place run whose timing files go under ``work``."""
+def in_place_job(work: Path, strategy: str = STRATEGY) -> JobSpec:
+    """The job of one in-place run of ``strategy`` (with one parameter server when
+    it has servers) whose timing files go under ``work``."""
     args = {
         "--timing-dir": work / "timing",
         "--steps": STEPS,
@@ -60,8 +64,8 @@ def in_place_job(work: Path) -> JobSpec:
             "script": SCRIPT,
             "args": [str(part) for option in args.items() for part in option],
             "workers": WORKERS,
-            "parameter_servers": SERVERS,
-            "strategy": STRATEGY,
+            "parameter_servers": SERVERS if uses_servers(strategy) else 0,
+            "strategy": strategy,
             "workdir": str(JOB_DIR),
             "restart": {"mode": "in_place"},
         }
@@ -75,13 +79,12 @@ def in_place_cluster() -> ClusterSpec:
     )
 
 
-def run_in_place(work: Path, *, home: Path, console: Console) -> Recovery:
+def run_in_place(work: Path, *, home: Path, console: Console, strategy: str = STRATEGY) -> Recovery:
     """One in-place run of :func:`in_place_job`; its recovery. Raises
     :class:`RecoveryBenchFailed` unless the run succeeded with exactly one rank
     replaced in place and no restart."""
-    result = launch_bench(
-        in_place_job(work), in_place_cluster(), console=console, home=home, check=False
-    )
+    job = in_place_job(work, strategy)
+    result = launch_bench(job, in_place_cluster(), console=console, home=home, check=False)
     state = result.state
     if state is None or result.exit_code != 0 or (state.restarts, state.respawns) != (0, 1):
         root = state.root_cause if state is not None else None

@@ -120,7 +120,14 @@ class Recovery:
     @property
     def steps_lost(self) -> int:
         """Steps done before the kill that the restart had to do again."""
-        return self.steps_done - self.resumed_from
+        return max(0, self.steps_done - self.resumed_from)
+
+    @property
+    def steps_skipped(self) -> int:
+        """Steps the restart went on beyond the kill's (an in-place replacement of an
+        averaging strategy joins its peers at their round: the batches in between
+        are not seen)."""
+        return max(0, self.resumed_from - self.steps_done)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form, with ``recovery_s`` and ``steps_lost``."""
@@ -131,6 +138,7 @@ class Recovery:
             "steps_done": self.steps_done,
             "resumed_from": self.resumed_from,
             "steps_lost": self.steps_lost,
+            "steps_skipped": self.steps_skipped,
             "stages_s": dict(self.stages),
             "cause": self.cause,
             **({} if self.survivor_rate is None else {"survivor_rate": self.survivor_rate}),

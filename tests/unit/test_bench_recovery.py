@@ -22,10 +22,10 @@ from dmlctl.bench.recovery import (
     RecoveryReport,
     bench_cluster,
     recovery_job,
-    render_recovery_tables,
     run_recovery_bench,
     torchrun_command,
 )
+from dmlctl.bench.recovery_tables import render_recovery_tables
 from dmlctl.bench.recovery_timing import (
     STAGES,
     Recovery,
@@ -326,6 +326,8 @@ def test_in_place_counts_the_killed_ranks_steps_and_the_survivors_rate() -> None
     found = measure_recovery(in_place_records(), in_place=True)
     assert found.seconds == pytest.approx(0.2)
     assert (found.steps_done, found.resumed_from, found.steps_lost) == (12, 12, 0)
+    joined = dataclasses.replace(found, resumed_from=16)  # at its peers' round: 4 unseen
+    assert (joined.steps_lost, joined.to_dict()["steps_skipped"]) == (0, 4)
     assert found.survivor_rate == pytest.approx(1.0, rel=0.02)
     assert found.to_dict()["survivor_rate"] == found.survivor_rate
     assert measure_recovery(in_place_records(0.2), in_place=True).survivor_rate == (
@@ -388,8 +390,11 @@ def test_mode_in_place_alternates_three_sides() -> None:
         return recovery(0.2 if side == "in_place" else 4.0)
 
     quiet = Console(file=io.StringIO())
-    report = run_recovery_bench(1, mode="in_place", console=quiet, measure=measure)
+    report = run_recovery_bench(
+        1, mode="in_place", strategy="local-sgd", console=quiet, measure=measure
+    )
     assert calls == ["dmlctl", "torchrun", "in_place"]
+    assert report.to_dict()["in_place_strategy"] == "local-sgd"
     assert report.in_place_ratio == pytest.approx(0.05)
     assert plan(2, "in_place").startswith("6 runs (2 × 3 launchers)")
     with pytest.raises(UsageError, match="--mode must be one of full, in_place"):
@@ -405,3 +410,5 @@ def test_the_in_place_job_is_a_valid_parameter_server_job(tmp_path: Path) -> Non
     assert job.restart.mode == "in_place" and job.checkpoint is None
     assert job.args[job.args.index("--kill-at") + 1] == str(ip.KILL_AT)
     assert sum(h.slots for h in ip.in_place_cluster().hosts) == 3
+    averaging = ip.in_place_job(tmp_path, "local-sgd")  # no servers to place
+    assert (averaging.strategy.name, averaging.parameter_servers) == ("local-sgd", 0)
