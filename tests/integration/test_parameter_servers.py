@@ -235,7 +235,7 @@ def test_a_killed_worker_is_replaced_in_place_while_the_others_go_on(
     job = _job(
         tmp_path,
         "inplace",
-        f"args: ['--epochs', '5']\nworkers: 2\nparameter_servers: 1\nstrategy: {strategy}\n"
+        f"args: ['--epochs', '3']\nworkers: 2\nparameter_servers: 1\nstrategy: {strategy}\n"
         "restart: {mode: in_place}\n",
     )
     then = (lambda run_id: _kill_the_replacement(cli, run_id)) if kills == 2 else None
@@ -298,7 +298,7 @@ def test_a_killed_averaging_worker_rejoins_its_peers_at_their_next_round(
     job = _job(
         tmp_path,
         "averaginginplace",
-        f"args: ['--epochs', '5']\nworkers: {workers}\nstrategy: {strategy}\n"
+        f"args: ['--epochs', '3']\nworkers: {workers}\nstrategy: {strategy}\n"
         "restart: {mode: in_place}\n",
     )
     done, run_id = _kill_mid_run(cli, job, 1)
