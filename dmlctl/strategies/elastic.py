@@ -17,7 +17,7 @@ A round is one all-reduce of the flat tensors, each times a weight, and one of t
 weights and the weighted step: a replacement joins with weight 0 at the round the
 others retry, so the mean is the survivors' and it receives it — the model — and the
 round's step from live peers, nothing from disk. The round is then complete on every
-member and the world whole again (:func:`join`). Tensors every member holds alike
+member and the world whole again (:func:`begin`). Tensors every member holds alike
 (BMUF's global model and block momentum) ride along in the same round: their mean
 over the members with weight 1 is their value, which the replacement receives too.
 """
@@ -34,11 +34,11 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore
 
 from dmlctl.runtime import rejoin
-from dmlctl.strategies.common import assign_flat, flat_params
+from dmlctl.strategies.common import assign_flat, flat_params, start_from_rank0
 
 if TYPE_CHECKING:
     from dmlctl.runtime.context import Context
-    from dmlctl.runtime.optimizer import StrategyOptimizer
+    from dmlctl.runtime.optimizer import CommMeter, StrategyOptimizer
 
 GROUP_TIMEOUT = timedelta(minutes=10)
 """How long a round, or the forming of a generation, waits for every member."""
@@ -71,8 +71,7 @@ class ElasticAverager:
         self._mine = rejoin.key(f"elastic-generation/{rank}")
         found = rejoin.rejoining() and self.store.check([self._mine])
         self.generation = int(self.store.get(self._mine)) + 1 if found else 0
-        self.reforms = 0  # generations this process formed after a loss
-        self.bytes = 0
+        self.bytes = 0  # sent in all rounds
         self.weight = 0.0  # the latest round's members that brought a model
         self.group = self._form()
 
@@ -88,12 +87,19 @@ class ElasticAverager:
         return group
 
     def average(
-        self, tensors: Sequence[torch.Tensor], step: int, *, joining: bool = False
+        self,
+        tensors: Sequence[torch.Tensor],
+        step: int,
+        meter: CommMeter,
+        *,
+        joining: bool = False,
     ) -> tuple[torch.Tensor, int]:
         """Every member's ``tensors`` ← their mean over the members that bring a
         model (a replacement ``joining`` brings none), in place; returns the mean and
         the round's step (the others' ``step`` for a replacement). A member lost in
-        the round: the next generation is formed and the round done again there."""
+        the round: the next generation is formed and the round done again there.
+        ``meter`` counts the round's bytes and time and shows the generation."""
+        began = time.perf_counter()
         while True:
             flat = flat_params(tensors)
             weight = 0.0 if joining else 1.0
@@ -112,7 +118,10 @@ class ElasticAverager:
             self.weight = float(meta[0])
             flat /= self.weight
             assign_flat(list(tensors), flat)
-            self.bytes += flat.numel() * flat.element_size()
+            sent = flat.numel() * flat.element_size()
+            self.bytes += sent
+            meter.add(sent, time.perf_counter() - began)
+            meter.extra["generation"] = self.generation
             return flat, round(float(meta[1] / meta[0]))
 
     def _wait(self, work: Any) -> None:
@@ -137,33 +146,47 @@ class ElasticAverager:
         """A member was lost: mark this generation broken (for the members gloo does
         not tell), then form the next one's group (with the replacement)."""
         self.store.set(self._broken(self.generation), "1")
-        started = time.monotonic()
         self.generation += 1
-        self.reforms += 1
         self.group = self._form()
-        self.last_reform_s = time.monotonic() - started
 
 
-def join(
-    ctx: Context, opt: StrategyOptimizer, elastic: ElasticAverager, round_: Callable[[], int]
+def averager(ctx: Context) -> ElasticAverager | None:
+    """This worker's elastic group in a run that replaces workers in place (None
+    otherwise, or alone)."""
+    if not rejoin.in_place() or ctx.world_size == 1:
+        return None
+    return ElasticAverager(ctx.rank, ctx.world_size)
+
+
+def starting_weights(ctx: Context, model: torch.nn.Module) -> list[torch.nn.Parameter] | None:
+    """``model``'s parameters as a strategy starts from them: rank 0's
+    (:func:`~dmlctl.strategies.common.start_from_rank0`, None alone), or as they are
+    in a replacement (its first round brings the model)."""
+    if rejoin.in_place() and rejoin.rejoining() and ctx.world_size > 1:
+        return list(model.parameters())
+    return start_from_rank0(ctx, model)
+
+
+def begin(
+    ctx: Context,
+    opt: StrategyOptimizer,
+    elastic: ElasticAverager,
+    strategy: str,
+    first_round: Callable[[], int],
 ) -> None:
-    """A replacement's first round: ``round_()`` runs the round its peers retry with
-    weight 0 and returns the round's step; this worker's step count and data go on
-    there, and it says where its model came from."""
-    started = time.perf_counter()
-    step = round_()
-    opt.local_steps = step
-    ctx.go_on_at(step)
-    rejoin.say(
-        f"rank {ctx.rank} rejoined at step {step}: peers' mean (generation "
-        f"{elastic.generation}, {elastic.bytes / 2**10:.1f} KiB, "
-        f"{time.perf_counter() - started:.2f} s)"
-    )
-
-
-def buffers_stay_local(ctx: Context, opt: StrategyOptimizer, strategy: str) -> None:
-    """Say once that such a run averages parameters only (when the model has
-    floating-point buffers)."""
+    """An optimizer with an elastic group starts: a replacement runs ``first_round``
+    (the round its peers retry, with weight 0; it returns the round's step), and its
+    step count and data go on there; said once that the buffers stay local."""
+    if rejoin.rejoining():
+        started = time.perf_counter()
+        step = first_round()
+        opt.local_steps = step
+        ctx.go_on_at(step)
+        rejoin.say(
+            f"rank {ctx.rank} rejoined at step {step}: peers' mean (generation "
+            f"{elastic.generation}, {elastic.bytes / 2**10:.1f} KiB, "
+            f"{time.perf_counter() - started:.2f} s)"
+        )
     if opt.buffers.candidates:
         ctx.notice(
             f"restart.mode: in_place: {strategy} averages the parameters only; the "

@@ -46,6 +46,7 @@ The parameters are :mod:`dmlctl.strategies.admm.params`'s; this module imports t
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Sequence
@@ -57,10 +58,10 @@ from pydantic import BaseModel
 
 from dmlctl.runtime import rejoin
 from dmlctl.runtime.optimizer import StrategyOptimizer
-from dmlctl.strategies import optimizers
+from dmlctl.strategies import elastic, optimizers
 from dmlctl.strategies.admm.params import Params, resolve_rho
 from dmlctl.strategies.common import add_to_grads, assign_flat, average_in_place, flat_params
-from dmlctl.strategies.elastic import ElasticAverager, buffers_stay_local, join
+from dmlctl.strategies.elastic import ElasticAverager
 from dmlctl.strategies.registry import params_as
 
 if TYPE_CHECKING:
@@ -136,18 +137,15 @@ class ADMMOptimizer(StrategyOptimizer):
         assert self.elastic is not None
         x = flat_params(self.params)
         w = x + self.u
-        began, sent = time.perf_counter(), self.elastic.bytes
-        _, step = self.elastic.average([w], self.local_steps, joining=joining)
+        _, step = self.elastic.average([w], self.local_steps, self.meter, joining=joining)
         z_prev, self.z = self.z, w
         self.check_finite(self.z, where="in z after the consensus round")
         if joining:
             assign_flat(self.params, self.z)
             x = self.z.clone()
         self.u += x - self.z
-        self.meter.add(self.elastic.bytes - sent, time.perf_counter() - began)
         dual = torch.linalg.vector_norm((self.z - z_prev).double())
         self.meter.extra["dual_res"] = self.rho * math.sqrt(self.world_size) * float(dual)
-        self.meter.extra["generation"] = self.elastic.generation
         self._round_at = step
         return step
 
@@ -194,10 +192,9 @@ def prepare(
         rho=resolve_rho(p, optimizers.family(optimizer), optimizers.effective_lr(optimizer)),
         local_steps=p.local_steps,
         init=p.init,
-        elastic=ElasticAverager(ctx.rank, ctx.world_size) if rejoin.in_place() else None,
+        elastic=elastic.averager(ctx),  # restart.mode: in_place
     )
-    if wrapped.elastic is not None:  # restart.mode: in_place
-        if rejoin.rejoining():
-            join(ctx, wrapped, wrapped.elastic, lambda: wrapped.elastic_round(joining=True))
-        buffers_stay_local(ctx, wrapped, "admm")
+    if wrapped.elastic is not None:
+        first = functools.partial(wrapped.elastic_round, joining=True)
+        elastic.begin(ctx, wrapped, wrapped.elastic, "admm", first)
     return model, wrapped

@@ -41,16 +41,15 @@ The parameters are :mod:`dmlctl.strategies.bmuf.params`'s; this module imports t
 
 from __future__ import annotations
 
-import time
+import functools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from pydantic import BaseModel
 
-from dmlctl.runtime import rejoin
 from dmlctl.runtime.optimizer import StrategyOptimizer
-from dmlctl.strategies import optimizers
+from dmlctl.strategies import elastic, optimizers
 from dmlctl.strategies.bmuf.params import Params, resolve_block_momentum
 from dmlctl.strategies.common import (
     ChangeFilter,
@@ -58,10 +57,9 @@ from dmlctl.strategies.common import (
     average_round,
     flat_params,
     segments,
-    start_from_rank0,
     with_exchanged_buffers,
 )
-from dmlctl.strategies.elastic import ElasticAverager, buffers_stay_local, join
+from dmlctl.strategies.elastic import ElasticAverager
 from dmlctl.strategies.registry import params_as
 
 if TYPE_CHECKING:
@@ -127,15 +125,12 @@ class BMUFOptimizer(StrategyOptimizer):
         (alike on every member: a replacement ``joining`` receives them), then the
         block update of all of them. Returns the block's step."""
         assert self.elastic is not None
-        start, sent = time.perf_counter(), self.elastic.bytes
         tensors = [*self.params, self.global_params, self.delta]
-        _, step = self.elastic.average(tensors, self.local_steps, joining=joining)
+        _, step = self.elastic.average(tensors, self.local_steps, self.meter, joining=joining)
         self._blocked_at = step
         averaged = flat_params(self.params)
         self._block_update(averaged, 0, self.n_params)
         assign_flat(self.params, averaged)
-        self.meter.add(self.elastic.bytes - sent, time.perf_counter() - start)
-        self.meter.extra["generation"] = self.elastic.generation
         self.check_finite(averaged, self.params, "after the block update")
         return step
 
@@ -202,9 +197,7 @@ def prepare(
     Promises: see the module docstring. ``model`` must already be on ``ctx.device``
     and ``optimizer`` built on its parameters."""
     p = params_as(Params, params)
-    in_place = rejoin.in_place() and ctx.world_size > 1  # never with a threshold: the spec
-    rejoining = in_place and rejoin.rejoining()
-    weights = list(model.parameters()) if rejoining else start_from_rank0(ctx, model)
+    weights = elastic.starting_weights(ctx, model)
     if weights is None:
         return model, optimizer
     opt = BMUFOptimizer(
@@ -218,10 +211,9 @@ def prepare(
         block_lr=p.block_lr,
         nesterov=p.nesterov,
         threshold=p.threshold,
-        elastic=ElasticAverager(ctx.rank, ctx.world_size) if in_place else None,
+        elastic=elastic.averager(ctx),  # restart.mode: in_place (never with a threshold)
     )
-    if opt.elastic is not None:  # restart.mode: in_place
-        if rejoining:
-            join(ctx, opt, opt.elastic, lambda: opt.elastic_block(joining=True))
-        buffers_stay_local(ctx, opt, "bmuf")
+    if opt.elastic is not None:
+        first = functools.partial(opt.elastic_block, joining=True)
+        elastic.begin(ctx, opt, opt.elastic, "bmuf", first)
     return model, opt

@@ -51,6 +51,7 @@ are :mod:`dmlctl.strategies.easgd.params`'s; this module imports torch (hosts on
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Sequence
@@ -62,6 +63,7 @@ from pydantic import BaseModel
 
 from dmlctl.runtime import rejoin
 from dmlctl.runtime.optimizer import StrategyOptimizer
+from dmlctl.strategies import elastic
 from dmlctl.strategies.common import (
     ChangeFilter,
     assign_flat,
@@ -70,7 +72,7 @@ from dmlctl.strategies.common import (
     segments,
 )
 from dmlctl.strategies.easgd.params import Params, check_world, resolve_alpha, resolve_rho
-from dmlctl.strategies.elastic import ElasticAverager, buffers_stay_local, join
+from dmlctl.strategies.elastic import ElasticAverager
 from dmlctl.strategies.optimizers import first_lr
 from dmlctl.strategies.registry import params_as
 
@@ -168,13 +170,11 @@ class EASGDOptimizer(StrategyOptimizer):
         assert self.elastic is not None
         diff = self._diff if self._diff is not None else flat_params(self.params) - self.center
         self._diff = None
-        began, sent = time.perf_counter(), self.elastic.bytes
-        _, step = self.elastic.average([diff, self.center], self.local_steps, joining=joining)
+        tensors = [diff, self.center]
+        _, step = self.elastic.average(tensors, self.local_steps, self.meter, joining=joining)
         self.center.add_(diff, alpha=self.alpha * self.elastic.weight)
         if joining:
             assign_flat(self.params, self.center)
-        self.meter.add(self.elastic.bytes - sent, time.perf_counter() - began)
-        self.meter.extra["generation"] = self.elastic.generation
         self.check_finite(self.center, where="in the center after the elastic update")
         self._exchanged_at = step
         return step
@@ -239,7 +239,6 @@ def prepare(
         raise ValueError(f"easgd: {message}")
     alpha = resolve_alpha(p, ctx.world_size)
     rho = resolve_rho(p, alpha, first_lr(optimizer))
-    in_place = rejoin.in_place()  # never with a threshold: the spec
     wrapped = EASGDOptimizer(
         optimizer,
         [q for q in model.parameters() if q.requires_grad],
@@ -248,10 +247,9 @@ def prepare(
         alpha=alpha,
         rho=rho,
         threshold=p.threshold,
-        elastic=ElasticAverager(ctx.rank, ctx.world_size) if in_place else None,
+        elastic=elastic.averager(ctx),  # restart.mode: in_place (never with a threshold)
     )
     if wrapped.elastic is not None:
-        if rejoin.rejoining():
-            join(ctx, wrapped, wrapped.elastic, lambda: wrapped.elastic_exchange(joining=True))
-        buffers_stay_local(ctx, wrapped, "easgd")
+        first = functools.partial(wrapped.elastic_exchange, joining=True)
+        elastic.begin(ctx, wrapped, wrapped.elastic, "easgd", first)
     return model, wrapped

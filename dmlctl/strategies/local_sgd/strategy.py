@@ -36,7 +36,6 @@ torch (hosts only).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -44,18 +43,17 @@ import torch
 import torch.distributed as dist
 from pydantic import BaseModel
 
-from dmlctl.runtime import rejoin
 from dmlctl.runtime.optimizer import StrategyOptimizer
+from dmlctl.strategies import elastic
 from dmlctl.strategies.common import (
     ChangeFilter,
     assign_flat,
     average_in_place,
     average_round,
     mean_and_consensus,
-    start_from_rank0,
     with_exchanged_buffers,
 )
-from dmlctl.strategies.elastic import ElasticAverager, buffers_stay_local, join
+from dmlctl.strategies.elastic import ElasticAverager
 from dmlctl.strategies.local_sgd.params import Params
 from dmlctl.strategies.registry import params_as
 
@@ -154,13 +152,15 @@ class LocalSGDOptimizer(StrategyOptimizer):
         if mean is not None:
             self.check_finite(mean, tensors, "in the final average")
 
+    def joining_round(self) -> int:
+        """A replacement's first round (weight 0): the others' mean; the round's step."""
+        assert self.elastic is not None
+        return self.elastic.average(self.params, 0, self.meter, joining=True)[1]
+
     def _elastic_round(self, where: str) -> None:
         """A round over the elastic group: the parameters become their mean."""
         assert self.elastic is not None
-        start, sent = time.perf_counter(), self.elastic.bytes
-        mean, _ = self.elastic.average(self.params, self.local_steps)
-        self.meter.add(self.elastic.bytes - sent, time.perf_counter() - start)
-        self.meter.extra["generation"] = self.elastic.generation
+        mean, _ = self.elastic.average(self.params, self.local_steps, self.meter)
         self.check_finite(mean, self.params, where)
 
     def shown_settings(self) -> dict[str, object]:
@@ -177,9 +177,7 @@ def prepare(
     Promises: see the module docstring. ``model`` must already be on ``ctx.device``;
     the optimizer must be built on its parameters."""
     p = params_as(Params, params)
-    in_place = rejoin.in_place() and ctx.world_size > 1  # never hierarchical: the spec
-    rejoining = in_place and rejoin.rejoining()
-    weights = list(model.parameters()) if rejoining else start_from_rank0(ctx, model)
+    weights = elastic.starting_weights(ctx, model)
     if weights is None:
         return model, optimizer
     host_group, host_size, global_every = None, 1, 1
@@ -203,20 +201,8 @@ def prepare(
         host_size=host_size,
         global_every=global_every,
         threshold=p.threshold,
-        elastic=ElasticAverager(ctx.rank, ctx.world_size) if in_place else None,
+        elastic=elastic.averager(ctx),  # restart.mode: in_place (never hierarchical)
     )
     if opt.elastic is not None:
-        _in_place(ctx, opt, opt.elastic, rejoining)
+        elastic.begin(ctx, opt, opt.elastic, "local-sgd", opt.joining_round)
     return model, opt
-
-
-def _in_place(
-    ctx: Context, opt: LocalSGDOptimizer, elastic: ElasticAverager, rejoining: bool
-) -> None:
-    """``restart.mode: in_place``: the rounds go over ``elastic``. A first start began
-    from rank 0's model (the default group's broadcast); a replacement joins the round
-    its peers retry (:func:`~dmlctl.strategies.elastic.join`). The buffers that change
-    in training stay each worker's own."""
-    if rejoining:
-        join(ctx, opt, elastic, lambda: elastic.average(opt.params, 0, joining=True)[1])
-    buffers_stay_local(ctx, opt, "local-sgd")
