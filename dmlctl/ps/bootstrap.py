@@ -13,7 +13,6 @@ before it serves.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -194,25 +193,8 @@ def _check_shapes(ctx: Context, params: Sequence[torch.nn.Parameter], layout: La
 
 def _rejoin(ctx: Context, params: Sequence[torch.nn.Parameter]) -> Layout:
     """A worker started again in place (:mod:`dmlctl.runtime.rejoin`): the layout the
-    first worker kept in the store, and the servers' current parameters in ``params``
-    (pulled over the channel; no collective). Returns the layout."""
-    from dmlctl.ps.channel import WorkerChannel
-
+    first worker kept in the store (no collective). The servers' current model comes
+    with the worker's first pull (:class:`~dmlctl.ps.worker.PSOptimizer`)."""
     layout: Layout = rejoin.read_object(LAYOUT_KEY)
     _check_shapes(ctx, params, layout)
-    channel = WorkerChannel(
-        ctx.global_rank, layout.servers_by_shard(), layout.shard_numel(), layout.torch_dtype
-    )
-    started = time.perf_counter()
-    pulled = channel.pull(list(range(len(layout.plan))), clock=0)
-    flats = [pulled[s].flat for s in range(len(layout.plan))]
-    fresh = unpack(flats, layout.plan, [torch.Size(s) for s in layout.shapes])
-    with torch.no_grad():
-        for p, value in zip(params, fresh, strict=True):
-            p.copy_(value)
-    servers = ", ".join(map(str, sorted(set(layout.servers_by_shard()))))
-    rejoin.say(
-        f"rank {ctx.global_rank} rejoined: model from server rank {servers} "
-        f"({channel.bytes_received / 2**10:.1f} KiB, {time.perf_counter() - started:.2f} s)"
-    )
     return layout

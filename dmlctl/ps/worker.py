@@ -114,15 +114,27 @@ class PSOptimizer(StrategyOptimizer):
         self.versions: dict[int, int] = dict.fromkeys(self.shard_ids, 0)  # latest read, per shard
         self.pushed_at = 0  # local step of the latest push
         self._bytes_seen = 0
-        if rejoin.rejoining():  # started again in place: its clock goes on (a step a batch)
-            self.local_steps = self.pushed_at = ctx.batches_taken
-            # the servers' model and the versions it is at (sync-ps tags pushes with them)
-            self._adopt(self._pull(), keep_local=False)
+        if rejoin.rejoining():
+            self._rejoin()
         self._closed = False
         #: ``overlap: true``: the thread that runs each exchange while the trainer
         #: computes the next step(s) (:meth:`_push_behind`, :meth:`settle`).
         self.comm = CommThread() if wiring.overlap else None
         ctx.on_close(self.close)
+
+    def _rejoin(self) -> None:
+        """Started again in place: the clock goes on (a step a batch), and the
+        servers' model and the versions it is at (sync-ps tags pushes with them) come
+        with one pull."""
+        started = time.perf_counter()
+        self.local_steps = self.pushed_at = self.ctx.batches_taken
+        self._adopt(self._pull(), keep_local=False)
+        rejoin.say(
+            f"rank {self.ctx.global_rank} rejoined: model from server rank "
+            f"{', '.join(map(str, self.channel.servers))} "
+            f"({self.channel.bytes_received / 2**10:.1f} KiB, "
+            f"{time.perf_counter() - started:.2f} s)"
+        )
 
     # ------------------------------------------------------------ communication
 
