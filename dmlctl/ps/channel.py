@@ -260,7 +260,7 @@ class WorkerChannel:
         connections; a server ends its loop once every worker closed (one replaced
         in place learns from the run's store who closed before it started)."""
         if rejoin.servers_replaced():
-            rejoin.store().set(rejoin.key(f"ps-closed/{self.rank}"), "1")
+            rejoin.store().set(frames.closed_key(self.rank), "1")
         self._tell_servers(Op.CLOSE, clock)
         for server in self.servers:
             frames.disconnect(server)

@@ -45,7 +45,6 @@ HEADER = struct.Struct("<qqqqqqd")
 MAX_PAYLOAD = 1 << 40
 """A header announcing more payload bytes than this is corrupt."""
 _SIOCGIFADDR = 0x8915
-_KEY = "dmlctl/ps"
 NO_LR = float("nan")
 """The ``lr`` slot of a header that carries none."""
 
@@ -185,8 +184,8 @@ class Endpoint:
         self._listener.listen(128)
         port = self._listener.getsockname()[1]
         store = rejoin.store()
-        generation = store.add(f"{_prefix()}/{rank}/generation", 1)  # 2 for a replacement
-        store.set(f"{_prefix()}/{rank}", f"{host}:{port} {generation}")
+        generation = store.add(f"{address_key(rank)}/generation", 1)  # 2 for a replacement
+        store.set(address_key(rank), f"{host}:{port} {generation}")
         threading.Thread(target=self._accept, name="dmlctl-ps-accept", daemon=True).start()
 
     def get(self) -> Frame:
@@ -336,7 +335,7 @@ def _worker_connections() -> dict[int, Connection]:
 def _server_address(server_rank: int) -> tuple[str, int]:
     """The address ``server_rank``'s latest process published, and its generation
     (waits until one did)."""
-    value = rejoin.store().get(f"{_prefix()}/{server_rank}").decode()
+    value = rejoin.store().get(address_key(server_rank)).decode()
     address, _, generation = value.partition(" ")
     return address, int(generation or 1)
 
@@ -358,8 +357,15 @@ def disconnect(server_rank: int) -> None:
         _connections[1].pop(server_rank).close()
 
 
-def _prefix() -> str:
-    return f"{_KEY}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+def address_key(server_rank: int) -> str:
+    """The store key of ``server_rank``'s published address (this attempt's)."""
+    return rejoin.key(f"ps/{server_rank}")
+
+
+def closed_key(worker_rank: int) -> str:
+    """The store key a worker sets once it closed (a server replaced in place reads
+    it: the workers that will say nothing more)."""
+    return rejoin.key(f"ps-closed/{worker_rank}")
 
 
 def advertised_host() -> str:

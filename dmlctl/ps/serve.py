@@ -33,6 +33,7 @@ from pydantic import BaseModel
 from dmlctl.ps.bootstrap import LAYOUT_KEY, Layout, share_initial, share_layout
 from dmlctl.ps.channel import ServerChannel
 from dmlctl.ps.codec import PushCodec
+from dmlctl.ps.frames import closed_key
 from dmlctl.ps.rounds import BackupRounds, ConsensusRounds, RoundRule, RoundServer
 from dmlctl.ps.rules import AdaDelay, ScaledAdd, UpdateRule
 from dmlctl.ps.server import ParameterServer
@@ -178,6 +179,6 @@ def _restore(server: ParameterServer, state: dict[str, Any]) -> None:
     server.stats.total_pushes = int(state.get("total_pushes", 0))
     store = rejoin.store()
     for worker in server.workers:
-        if store.check([rejoin.key(f"ps-closed/{worker}")]):
+        if store.check([closed_key(worker)]):
             server.closed.add(worker)
             server.finished.add(worker)
