@@ -56,6 +56,7 @@ from dmlctl.bench.recovery_timing import (
     Recovery,
     RecoveryBenchFailed,
     dmlctl_times,
+    local_cluster,
     measure_recovery,
     read_timing_dir,
     torchrun_times,
@@ -63,8 +64,7 @@ from dmlctl.bench.recovery_timing import (
 from dmlctl.bench.runs import BenchPartial, alternate, launch_bench
 from dmlctl.errors import UsageError
 from dmlctl.failure import Kind
-from dmlctl.spec import ClusterSpec, HostSpec, JobSpec
-from dmlctl.spec.cluster import LOCAL_ADDRESS
+from dmlctl.spec import ClusterSpec, JobSpec
 from dmlctl.spec.restart import RestartSpec
 from dmlctl.text import plural
 
@@ -219,7 +219,7 @@ def torchrun_command(work: Path) -> list[str]:
 
 def bench_cluster() -> ClusterSpec:
     """This machine as host ``local`` with :data:`WORKERS` slots, whatever its cores."""
-    return ClusterSpec(hosts=[HostSpec(name="local", address=LOCAL_ADDRESS, slots=WORKERS)])
+    return local_cluster(WORKERS)
 
 
 def run_dmlctl(work: Path, *, backoff: float, home: Path, console: Console) -> Recovery:

@@ -29,12 +29,12 @@ from dmlctl.bench.recovery_timing import (
     KILL_RANK,
     Recovery,
     RecoveryBenchFailed,
+    local_cluster,
     measure_recovery,
     read_timing_dir,
 )
 from dmlctl.bench.runs import launch_bench
-from dmlctl.spec import ClusterSpec, HostSpec, JobSpec
-from dmlctl.spec.cluster import LOCAL_ADDRESS
+from dmlctl.spec import ClusterSpec, JobSpec
 from dmlctl.spec.models import uses_servers
 from dmlctl.text import plural
 
@@ -74,9 +74,7 @@ def in_place_job(work: Path, strategy: str = STRATEGY) -> JobSpec:
 
 def in_place_cluster() -> ClusterSpec:
     """This machine as host ``local`` with a slot for every worker and server."""
-    return ClusterSpec(
-        hosts=[HostSpec(name="local", address=LOCAL_ADDRESS, slots=WORKERS + SERVERS)]
-    )
+    return local_cluster(WORKERS + SERVERS)
 
 
 def run_in_place(work: Path, *, home: Path, console: Console, strategy: str = STRATEGY) -> Recovery:

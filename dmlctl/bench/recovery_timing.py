@@ -20,8 +20,15 @@ from dmlctl.failure import Evidence, failure_from_dict
 from dmlctl.plan.model import attempt_rank_dir
 from dmlctl.protocol import KIND_START, rank_events
 from dmlctl.runs.store import RunDir
+from dmlctl.spec import ClusterSpec, HostSpec
+from dmlctl.spec.cluster import LOCAL_ADDRESS
 
 KILL_RANK = 1  # the rank that writes the kill line and kills itself
+
+
+def local_cluster(slots: int) -> ClusterSpec:
+    """This machine as host ``local`` with ``slots`` slots, whatever its cores."""
+    return ClusterSpec(hosts=[HostSpec(name="local", address=LOCAL_ADDRESS, slots=slots)])
 
 
 class RecoveryBenchFailed(DmlctlError):
