@@ -40,8 +40,9 @@ class DataCursor:
     def go_on_at(self, taken: int) -> None:
         """A replacement that joined its peers at their step ``taken`` (one batch a
         step): its data goes on there, the batches from its predecessor's position up
-        to it skipped (their samples are not seen in this epoch)."""
-        self._advance = max(0, taken - self.taken)
+        to it skipped (their samples are not seen in this epoch) — or taken again
+        from there, when the predecessor died in a step its peers then did again."""
+        self._advance = taken - self.taken
         self.taken = self._taken_before = taken
 
     def started(self) -> bool:
@@ -67,12 +68,13 @@ class DataCursor:
         return start
 
     def _advanced(self, at: tuple[int, int]) -> tuple[int, int]:
-        """``at`` (epoch, batches) moved on by the batches :meth:`go_on_at` skips."""
+        """``at`` (epoch, batches) moved by the batches :meth:`go_on_at` skips (or
+        takes again: back), never before the data's start."""
         epoch, batches = at[0], at[1] + self._advance
         self._advance = 0
         if self.plan is not None:
             epoch, batches = epoch + batches // self.plan[0], batches % self.plan[0]
-        return epoch, batches
+        return (epoch, max(0, batches)) if epoch >= 0 else (0, 0)
 
     def set_epoch(self, epoch: int) -> None:
         """An epoch begins (the data iterator says so)."""

@@ -130,7 +130,10 @@ def _arm_guards(role: str) -> None:
     guards.install(
         strategy,
         servers=protocol.ROLE_SERVER in module.CAPABILITIES.roles,
-        needs_runtime=registry.needs_runtime(strategy, params),
+        # in place, workers are replaced through dmlctl's own groups: even ssgd needs
+        # ctx.prepare (DDP's default group cannot lose a member)
+        needs_runtime=registry.needs_runtime(strategy, params)
+        or os.environ.get(protocol.ENV_RESTART_MODE) == protocol.IN_PLACE,
     )
 
 

@@ -24,8 +24,10 @@ over the members with weight 1 is their value, which the replacement receives to
 
 from __future__ import annotations
 
+import io
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -61,9 +63,32 @@ class MemberLost(Exception):
     """Another member found this generation's group broken."""
 
 
+@dataclass(frozen=True)
+class Handover:
+    """What a live member hands a replacement as a generation forms: ``save()`` its
+    state (tensors, numbers, lists and dicts: ``torch.save``-able, loaded with
+    ``weights_only``), ``load(state)`` in the replacement; ``what`` names it in the
+    replacement's message."""
+
+    save: Callable[[], dict[str, Any]]
+    load: Callable[[dict[str, Any]], None]
+    what: str
+    whole: bool = False  # it holds the model too (else the first round brings it)
+
+
+def optimizer_handover(optimizer: torch.optim.Optimizer) -> Handover:
+    """The user's optimizer's state (momentum buffers, Adam's moments and step, the
+    learning rates a scheduler set) as a :class:`Handover`."""
+    return Handover(
+        save=lambda: {"optimizer": optimizer.state_dict()},
+        load=lambda state: optimizer.load_state_dict(state["optimizer"]),
+        what="optimizer state",
+    )
+
+
 class ElasticAverager:
     """Worker ``rank`` of ``world``'s rounds over the generations' groups (module
-    docstring)."""
+    docstring). :meth:`join` forms its first group."""
 
     def __init__(self, rank: int, world: int, timeout: timedelta = GROUP_TIMEOUT) -> None:
         self.rank, self.world, self.timeout = rank, world, timeout
@@ -71,20 +96,74 @@ class ElasticAverager:
         self._mine = rejoin.key(f"elastic-generation/{rank}")
         found = rejoin.rejoining() and self.store.check([self._mine])
         self.generation = int(self.store.get(self._mine)) + 1 if found else 0
+        self.holding = not found  # a replacement holds no model until it is handed one
+        self.handover: Handover | None = None
+        self.donor: int | None = None  # the member a replacement took its state from
+        self.received = 0  # bytes of that state
         self.bytes = 0  # sent in all rounds
         self.weight = 0.0  # the latest round's members that brought a model
-        self.group = self._form()
+        self.group: Any = None
+        #: The groups of generations past, never freed: freeing a gloo group waits for
+        #: its pending collective, which waits for peers that still hold theirs (a
+        #: member gloo did not tell of the loss). The rank ends with ``os._exit``.
+        self._retired: list[Any] = []
 
-    def _form(self) -> Any:
-        """This generation's group (blocks until every rank made it); a gloo process
-        group of its own, used through its methods (not registered with
-        torch.distributed's world)."""
-        prefix = rejoin.key(f"elastic/{self.generation}")
-        group = dist.ProcessGroupGloo(
-            PrefixStore(prefix, self.store), self.rank, self.world, self.timeout
-        )
-        self.store.set(self._mine, str(self.generation))
-        return group
+    def join(self, handover: Handover | None = None) -> None:
+        """Form this worker's first generation's group (blocks until every member is
+        there); a replacement is handed ``handover``'s state by a live member."""
+        self.handover = handover
+        self._form()
+
+    def _form(self) -> None:
+        """Form this generation's group (blocks until every rank made it) — a gloo
+        process group of its own, used through its methods (not registered with
+        torch.distributed's world) — and, after a loss, hand the members that hold no
+        model the state (:meth:`_welcome`). A member lost meanwhile: the next one."""
+        while True:
+            prefix = rejoin.key(f"elastic/{self.generation}")
+            if self.group is not None:
+                self._retired.append(self.group)
+            self.group = dist.ProcessGroupGloo(
+                PrefixStore(prefix, self.store), self.rank, self.world, self.timeout
+            )
+            self.store.set(self._mine, str(self.generation))
+            if self.generation == 0:
+                return
+            try:
+                self._welcome()
+                return
+            except (RuntimeError, MemberLost) as exc:
+                if not isinstance(exc, MemberLost) and not member_lost(exc):
+                    raise
+                self.store.set(self._broken(self.generation), "1")
+                self.generation += 1
+
+    def _welcome(self) -> None:
+        """Every member says whether it holds a model (one all-reduce); the lowest
+        that does writes :attr:`handover`'s state to the store, and those that do
+        not load it from there (the last to read deletes it)."""
+        mask = torch.zeros(self.world, dtype=torch.float64)
+        mask[self.rank] = 1.0 if self.holding else 0.0
+        self._wait(self.group.allreduce([mask]))
+        holders = [r for r in range(self.world) if mask[r] > 0]
+        if not holders:
+            raise RuntimeError(
+                f"generation {self.generation}: no worker holds the model (all were lost)"
+            )
+        if self.handover is not None and len(holders) < self.world:
+            self.donor = holders[0]
+            state = rejoin.key(f"elastic/{self.generation}/state")
+            if self.rank == self.donor:
+                blob = io.BytesIO()
+                torch.save(self.handover.save(), blob)
+                self.store.set(state, blob.getvalue())  # type: ignore[arg-type]  # bytes work
+            elif not self.holding:
+                data = self.store.get(state)
+                self.received = len(data)
+                self.handover.load(torch.load(io.BytesIO(data), weights_only=True))
+                if self.store.add(f"{state}/read", 1) == self.world - len(holders):
+                    self.store.delete_key(state)
+        self.holding = True
 
     def average(
         self,
@@ -93,20 +172,24 @@ class ElasticAverager:
         meter: CommMeter,
         *,
         joining: bool = False,
+        wire: torch.dtype | None = None,
     ) -> tuple[torch.Tensor, int]:
         """Every member's ``tensors`` ← their mean over the members that bring a
         model (a replacement ``joining`` brings none), in place; returns the mean and
         the round's step (the others' ``step`` for a replacement). A member lost in
         the round: the next generation is formed and the round done again there.
-        ``meter`` counts the round's bytes and time and shows the generation."""
+        ``meter`` counts the round's bytes and time and shows the generation. ``wire``:
+        the dtype sent (fp16/bf16 compression; each share is divided by the world
+        size first, so the sum cannot overflow)."""
         began = time.perf_counter()
         while True:
             flat = flat_params(tensors)
             weight = 0.0 if joining else 1.0
-            flat.mul_(weight)
+            flat.mul_(weight if wire is None else weight / self.world)
+            sent = flat if wire is None else flat.to(wire)
             meta = torch.tensor([weight, weight * step], dtype=torch.float64)
             try:
-                self._wait(self.group.allreduce([flat]))
+                self._wait(self.group.allreduce([sent]))
                 self._wait(self.group.allreduce([meta]))
             except (RuntimeError, MemberLost) as exc:
                 if not isinstance(exc, MemberLost) and not member_lost(exc):
@@ -116,11 +199,14 @@ class ElasticAverager:
             if meta[0] <= 0:
                 raise RuntimeError("an averaging round with no member bringing a model")
             self.weight = float(meta[0])
-            flat /= self.weight
+            if wire is None:
+                flat /= self.weight
+            else:
+                flat = sent.to(flat.dtype).mul_(self.world / self.weight)
             assign_flat(list(tensors), flat)
-            sent = flat.numel() * flat.element_size()
-            self.bytes += sent
-            meter.add(sent, time.perf_counter() - began)
+            nbytes = sent.numel() * sent.element_size()
+            self.bytes += nbytes
+            meter.add(nbytes, time.perf_counter() - began)
             meter.extra["generation"] = self.generation
             return flat, round(float(meta[1] / meta[0]))
 
@@ -147,7 +233,16 @@ class ElasticAverager:
         not tell), then form the next one's group (with the replacement)."""
         self.store.set(self._broken(self.generation), "1")
         self.generation += 1
-        self.group = self._form()
+        self._form()
+
+    def broadcast(self, tensors: Sequence[torch.Tensor], src: int = 0) -> None:
+        """Every member's ``tensors`` ← member ``src``'s, as they are (any dtype, no
+        arithmetic), in place. A member lost meanwhile is not recovered from: this
+        raises (the run then restarts as a whole)."""
+        for tensor in tensors:
+            opts = dist.BroadcastOptions()
+            opts.rootRank = src
+            self._wait(self.group.broadcast([tensor], opts))
 
 
 def averager(ctx: Context) -> ElasticAverager | None:
@@ -173,21 +268,31 @@ def begin(
     elastic: ElasticAverager,
     strategy: str,
     first_round: Callable[[], int],
+    handover: Handover | None = None,
+    *,
+    model: torch.nn.Module | None = None,
 ) -> None:
-    """An optimizer with an elastic group starts: a replacement runs ``first_round``
-    (the round its peers retry, with weight 0; it returns the round's step), and its
-    step count and data go on there; said once that the buffers stay local."""
+    """An optimizer with an elastic group starts: it joins its generation (a
+    replacement is handed ``handover``'s state, by default the user's optimizer's);
+    a replacement then runs ``first_round`` (the round its peers retry, with weight 0;
+    it returns the round's step), and its step count and data go on there. Said once
+    when ``model`` (given when its buffers are not exchanged) has buffers that change
+    in training: they stay each worker's own."""
+    started = time.perf_counter()
+    handover = handover or optimizer_handover(opt.inner)
+    elastic.join(handover)
     if rejoin.rejoining():
-        started = time.perf_counter()
         step = first_round()
         opt.local_steps = step
         ctx.go_on_at(step)
+        mean = "" if handover.whole else "peers' mean, "
         rejoin.say(
-            f"rank {ctx.rank} rejoined at step {step}: peers' mean (generation "
-            f"{elastic.generation}, {elastic.bytes / 2**10:.1f} KiB, "
+            f"rank {ctx.rank} rejoined at step {step}: {mean}{handover.what} from "
+            f"rank {elastic.donor} (generation {elastic.generation}, "
+            f"{(elastic.bytes + elastic.received) / 2**10:.1f} KiB, "
             f"{time.perf_counter() - started:.2f} s)"
         )
-    if opt.buffers.candidates:
+    if model is not None and any(b.is_floating_point() for b in model.buffers()):
         ctx.notice(
             f"restart.mode: in_place: {strategy} averages the parameters only; the "
             "buffers that change in training (BatchNorm statistics) stay each worker's own"

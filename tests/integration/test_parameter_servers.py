@@ -284,28 +284,34 @@ def test_a_killed_server_is_replaced_in_place_from_its_snapshot(cli: Cli, tmp_pa
 
 
 @pytest.mark.parametrize(
-    ("strategy", "workers"), [("local-sgd", 4), ("bmuf", 2), ("easgd", 2), ("admm", 2)]
+    ("strategy", "workers"),
+    [("local-sgd", 4), ("bmuf", 2), ("easgd", 2), ("admm", 2), ("ssgd", 2)],
 )
 def test_a_killed_averaging_worker_rejoins_its_peers_at_their_next_round(
     cli: Cli, tmp_path: Path, strategy: str, workers: int
 ) -> None:
-    """restart.mode: in_place under local-sgd, bmuf, easgd and admm (synchronous, no
-    servers): kill -9 of worker 1 mid-run; the others' next round fails (with 4
+    """restart.mode: in_place under local-sgd, bmuf, easgd, admm and ssgd (synchronous,
+    no servers): kill -9 of worker 1 mid-run; the others' next round fails (with 4
     workers, worker 3 is no ring neighbour of 1: it learns it from the store), they
-    form the next generation's group with the replacement, which takes their mean
-    (and bmuf's global model and momentum, easgd's center, admm's z) and step there,
-    and all end with the same model (checked by the run)."""
+    form the next generation's group with the replacement, which worker 0 hands its
+    optimizer state (ssgd: its model, optimizer state and step), and which takes
+    their mean (and bmuf's global model and momentum, easgd's center, admm's z) and
+    step in the round they redo (ssgd: the step's gradients, its own included); all
+    end with the same model (checked by the run)."""
     job = _job(
         tmp_path,
         "averaginginplace",
-        f"args: ['--epochs', '3']\nworkers: {workers}\nstrategy: {strategy}\n"
-        "restart: {mode: in_place}\n",
+        f"args: ['--epochs', '{2 if strategy == 'ssgd' else 3}']\nworkers: {workers}\n"
+        f"strategy: {strategy}\nrestart: {{mode: in_place}}\n",
     )
     done, run_id = _kill_mid_run(cli, job, 1)
     out = done.stdout
     assert done.returncode == 0, out
     assert "rank 1 on local killed by SIGKILL; started again in place" in out, out
-    assert "peers' mean (generation 1," in out, out
+    handed = (
+        "model, optimizer state and step" if strategy == "ssgd" else "peers' mean, optimizer state"
+    )
+    assert f"{handed} from rank 0 (generation 1," in out, out
     state = cli.state(run_id)
     assert (state["restarts"], state["respawns"]) == (0, 1), state
     starts = [len(_starts(cli, run_id, r)) for r in range(workers)]

@@ -55,11 +55,18 @@ IN_PLACE = "restart: {mode: in_place}\n"
             "'local-sgd' with hierarchical: true (its host rounds run in subgroups); use full",
         ),
         (
-            HEAD + "strategy: ssgd\n" + IN_PLACE,
+            HEAD + "strategy: hogwild\n" + IN_PLACE,
             4,
             "restart.mode",
             "(in place: aadmm, adadelay, admm, asgd, bmuf, easgd, easgd-async, local-sgd, "
-            "ssp, sync-ps)",
+            "ssgd, ssp, sync-ps)",
+        ),
+        (
+            HEAD + "strategy: {name: ssgd, params: {compression: powersgd}}\n" + IN_PLACE,
+            4,
+            "restart.mode",
+            "'ssgd' with compression 'powersgd' (it works on DDP's gradient buckets, which "
+            "in place does not use; none, fp16 and bf16 apply); use full",
         ),
         (
             HEAD + "parameter_servers: 1\nstrategy: asgd\n" + IN_PLACE + "checkpoint: {keep: 2}\n",
@@ -78,9 +85,13 @@ def test_in_place_is_refused_where_a_replacement_could_not_join(
     assert fragment in issue.message
 
 
-def test_in_place_is_taken_for_asgd(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "strategy",
+    ["parameter_servers: 1\nstrategy: asgd", "strategy: {name: ssgd, params: {compression: bf16}}"],
+)
+def test_in_place_is_taken_for_asgd_and_ssgd(tmp_path: Path, strategy: str) -> None:
     (tmp_path / "train.py").write_text("")
-    job = load_job(write(tmp_path, HEAD + "parameter_servers: 1\nstrategy: asgd\n" + IN_PLACE))
+    job = load_job(write(tmp_path, HEAD + strategy + "\n" + IN_PLACE))
     assert job.restart.mode == "in_place"
 
 
@@ -429,6 +440,11 @@ def test_a_replacement_goes_on_at_its_peers_step(
     assert cursor.begin(640, 2, 32, 3, False, 0) == 1 and cursor.skip == 6
     cursor = replacement(1, 8, 18, 24)  # the round was in the next epoch
     assert cursor.begin(640, 2, 32, 3, False, 0) == 2 and cursor.skip == 4
+    # ssgd: the predecessor took a batch of the step its peers then did again without it
+    cursor = replacement(1, 4, 14, 13)
+    assert cursor.begin(640, 2, 32, 3, False, 0) == 1 and cursor.skip == 3
+    cursor = replacement(2, 0, 20, 19)  # back over an epoch's start
+    assert cursor.begin(640, 2, 32, 3, False, 0) == 1 and cursor.skip == 9
 
 
 def test_only_a_broken_connection_makes_a_new_generation() -> None:

@@ -196,5 +196,5 @@ def prepare(
     )
     if wrapped.elastic is not None:
         first = functools.partial(wrapped.elastic_round, joining=True)
-        elastic.begin(ctx, wrapped, wrapped.elastic, "admm", first)
+        elastic.begin(ctx, wrapped, wrapped.elastic, "admm", first, model=model)
     return model, wrapped

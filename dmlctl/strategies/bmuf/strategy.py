@@ -215,5 +215,5 @@ def prepare(
     )
     if opt.elastic is not None:
         first = functools.partial(opt.elastic_block, joining=True)
-        elastic.begin(ctx, opt, opt.elastic, "bmuf", first)
+        elastic.begin(ctx, opt, opt.elastic, "bmuf", first, model=model)
     return model, opt

@@ -251,5 +251,5 @@ def prepare(
     )
     if wrapped.elastic is not None:
         first = functools.partial(wrapped.elastic_exchange, joining=True)
-        elastic.begin(ctx, wrapped, wrapped.elastic, "easgd", first)
+        elastic.begin(ctx, wrapped, wrapped.elastic, "easgd", first, model=model)
     return model, wrapped

@@ -204,5 +204,5 @@ def prepare(
         elastic=elastic.averager(ctx),  # restart.mode: in_place (never hierarchical)
     )
     if opt.elastic is not None:
-        elastic.begin(ctx, opt, opt.elastic, "local-sgd", opt.joining_round)
+        elastic.begin(ctx, opt, opt.elastic, "local-sgd", opt.joining_round, model=model)
     return model, opt

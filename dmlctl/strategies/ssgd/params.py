@@ -141,6 +141,18 @@ def needs_runtime(params: BaseModel) -> bool:
     return bool(params.model_fields_set)
 
 
+def in_place_rule(params: Params) -> str | None:
+    """Why ``restart.mode: in_place`` cannot take these params (None: it can): the
+    compressions that keep state in DDP's buckets (in place averages without DDP)."""
+    if params.compression in ("none", "fp16", "bf16"):
+        return None
+    return (
+        f"with compression {params.compression!r} (it works on DDP's gradient buckets, "
+        "which in place does not use; none, fp16 and bf16 apply)"
+    )
+
+
 CAPABILITIES = Capabilities(
-    roles=WORKERS_ONLY, needs_runtime=False, runtime_rule=needs_runtime, parallelism=True, fsdp=True
-)
+    roles=WORKERS_ONLY, needs_runtime=False, runtime_rule=needs_runtime, parallelism=True,
+    fsdp=True, in_place=True, in_place_rule=in_place_rule,
+)  # fmt: skip

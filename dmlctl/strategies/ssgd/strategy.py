@@ -27,6 +27,7 @@ import torch
 from pydantic import BaseModel
 from torch.nn.parallel import DistributedDataParallel
 
+from dmlctl.runtime import rejoin
 from dmlctl.strategies.registry import params_as
 from dmlctl.strategies.ssgd import compression
 from dmlctl.strategies.ssgd.params import Params
@@ -51,13 +52,18 @@ def prepare(
         registered (``none`` included, so bytes and comm share are always reported);
         compression is moot, and not applied, in a world of 1. With a device mesh
         (``parallelism:``) the model is laid out already and DDP is not used: see
-        :func:`_on_mesh`.
+        :func:`_on_mesh`; nor with ``restart.mode: in_place``, whose workers average
+        over a group that outlives a lost one (:mod:`dmlctl.strategies.ssgd.in_place`).
     """
     p = params_as(Params, params)
     if ctx.world_size == 1:
         return model, optimizer
     if ctx.mesh is not None:
         return _on_mesh(ctx, model, optimizer, p)
+    if rejoin.in_place():
+        from dmlctl.strategies.ssgd import in_place
+
+        return in_place.prepare(ctx, model, optimizer, p)
     kwargs: dict[str, Any] = {
         "bucket_cap_mb": p.bucket_cap_mb,
         "find_unused_parameters": p.find_unused_parameters,
