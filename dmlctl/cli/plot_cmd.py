@@ -15,7 +15,8 @@ def plot(
     ),
 ) -> int:
     """Plot a run's loss, samples/s and communication share over time (per rank) to a
-    PNG. Needs matplotlib: pip install 'dmlctl\\[plot]'."""
+    PNG, the ranks replaced in place shaded while they logged nothing. Needs
+    matplotlib: pip install 'dmlctl\\[plot]'."""
     from dmlctl.runs.store import RunStore
     from dmlctl.ui.plot import plot_run, require_matplotlib
 
@@ -23,7 +24,8 @@ def plot(
     run = RunStore().get(run_id)
     out = output if output is not None else Path(f"{run.run_id}.png")
     state = run.read_state()
-    plot_run(run.path, out, f"{run.run_id} ({state.strategy}, {state.phase.value})")
+    title = f"{run.run_id} ({state.strategy}, {state.phase.value})"
+    plot_run(run.path, out, title, state.replacements)
     print(out)
     return 0
 

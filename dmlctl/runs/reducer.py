@@ -43,6 +43,7 @@ from dmlctl.runs.state import (
     Phase,
     RankState,
     RankStatus,
+    Replacement,
     RunState,
     TailLine,
 )
@@ -107,6 +108,7 @@ def _metric_record(f: _Fold, ev: MetricRecord) -> None:
     u["step"] = ev.step
     if f.current(ev.rank, "status") is RankStatus.RECOVERING:
         u["status"] = RankStatus.RUNNING  # replaced in place, and at work again
+        _back(f, ev)
     values = {k: v for k, v in ev.values.items() if k not in COMM_TOTALS}
     u["metrics"] = {**f.current(ev.rank, "metrics"), **values}
     if (totals := CommTotals.from_values(ev.values)) is not None:
@@ -162,10 +164,22 @@ def _rank_exited(f: _Fold, ev: RankExited) -> None:
 
 def _rank_respawned(f: _Fold, ev: RankRespawned) -> None:
     """A rank recovers in place: counted with the run's failures, not this attempt's
-    (the attempt goes on)."""
+    (the attempt goes on), and as a replacement whose gap its first record closes."""
     f.upd(ev.rank, ev.host).update(status=RankStatus.RECOVERING, pid=ev.pid, exit_code=None)
     f.changed["respawns"] = f.get("respawns") + 1
     f.changed["failures"] = (*f.get("failures"), ev.cause)
+    gap = Replacement(ev.rank, ev.host, ev.ts, ev.cause.message)
+    f.changed["replacements"] = (*f.get("replacements"), gap)
+
+
+def _back(f: _Fold, ev: MetricRecord) -> None:
+    """The first record of ``ev.rank``'s replacement closes its open gap."""
+    gaps = list(f.get("replacements"))
+    for i in reversed(range(len(gaps))):
+        if gaps[i].rank == ev.rank and gaps[i].back_at is None:
+            gaps[i] = dataclasses.replace(gaps[i], back_at=ev.ts, step=ev.step)
+            f.changed["replacements"] = tuple(gaps)
+            return
 
 
 def _agent_started(f: _Fold, ev: AgentStarted) -> None:

@@ -82,6 +82,25 @@ class RankState:
 
 
 @dataclass(frozen=True)
+class Replacement:
+    """A rank started again in place (``restart.mode: in_place``): when its death was
+    seen (``lost_at``) and why (``cause``, the failure's message), and when its
+    replacement logged its first record (``back_at``, at ``step``; None until then)."""
+
+    rank: int
+    host: str
+    lost_at: float
+    cause: str
+    back_at: float | None = None
+    step: int | None = None
+
+    @property
+    def gap_s(self) -> float | None:
+        """Seconds the rank logged nothing: from its loss to its replacement's record."""
+        return None if self.back_at is None else max(0.0, self.back_at - self.lost_at)
+
+
+@dataclass(frozen=True)
 class TailLine:
     """One line of the merged log tail shown by the dashboard."""
 
@@ -107,6 +126,7 @@ class RunState:
     ended_at: float | None = None
     restarts: int = 0
     respawns: int = 0  # ranks started again in place (restart.mode: in_place)
+    replacements: tuple[Replacement, ...] = ()  # each of those, in order
     ranks: tuple[RankState, ...] = ()
     root_cause: Failure | None = None  # of this attempt's failures, the one that explains them
     failures: tuple[Failure, ...] = ()  # the cause of every attempt that failed
@@ -158,6 +178,7 @@ class RunState:
             ended_at=data.get("ended_at"),
             restarts=int(data.get("restarts", 0)),
             respawns=int(data.get("respawns", 0)),
+            replacements=tuple(Replacement(**r) for r in data.get("replacements", ())),
             ranks=tuple(_rank_from(r) for r in data["ranks"]),
             root_cause=failure_from_dict(cause) if cause else None,
             failures=tuple(failure_from_dict(c) for c in data.get("failures", ())),

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from dmlctl.errors import UsageError
+from dmlctl.runs.state import Replacement
 
 PANELS = (("loss", "loss"), ("samples_per_s", "samples/s"), ("comm_share", "comm share"))
 
@@ -29,10 +30,18 @@ def require_matplotlib(what: str = "dmlctl plot") -> None:
         raise UsageError(f"{what} needs matplotlib: pip install 'dmlctl[plot]'")
 
 
-def series(metrics: Path) -> dict[str, dict[int, list[tuple[float, float]]]]:
+Series = dict[str, dict[int, list[tuple[float, float]]]]
+
+
+def series(metrics: Path) -> Series:
     """key → rank → ``(seconds since the first record, value)`` for each panel's key;
     lines that are not records are skipped."""
-    out: dict[str, dict[int, list[tuple[float, float]]]] = {k: defaultdict(list) for k, _ in PANELS}
+    return timed_series(metrics)[0]
+
+
+def timed_series(metrics: Path) -> tuple[Series, float]:
+    """:func:`series`, and the time of the first record (0.0 without one)."""
+    out: Series = {k: defaultdict(list) for k, _ in PANELS}
     start: float | None = None
     with open(metrics, encoding="utf-8") as f:
         for line in f:
@@ -49,12 +58,14 @@ def series(metrics: Path) -> dict[str, dict[int, list[tuple[float, float]]]]:
     for per_rank in out.values():
         for rank, points in per_rank.items():
             per_rank[rank] = [(t - (start or 0.0), v) for t, v in sorted(points)]
-    return out
+    return out, start or 0.0
 
 
-def plot_run(run_dir: Path, out: Path, title: str) -> int:
-    """Write the PNG of ``run_dir``'s metrics to ``out``; returns the number of points
-    drawn. UsageError when matplotlib is missing or the run logged no metric."""
+def plot_run(run_dir: Path, out: Path, title: str, gaps: Sequence[Replacement] = ()) -> int:
+    """Write the PNG of ``run_dir``'s metrics to ``out``, each of ``gaps`` (a rank
+    replaced in place, from its loss to its replacement's first record) shaded in
+    every panel; returns the number of points drawn. UsageError when matplotlib is
+    missing or the run logged no metric."""
     require_matplotlib()
     import matplotlib
 
@@ -62,12 +73,13 @@ def plot_run(run_dir: Path, out: Path, title: str) -> int:
     import matplotlib.pyplot as plt
 
     metrics = run_dir / "metrics.jsonl"
-    data = series(metrics) if metrics.is_file() else {}
+    data, start = timed_series(metrics) if metrics.is_file() else ({}, 0.0)
     points = sum(len(p) for per_rank in data.values() for p in per_rank.values())
     if not points:
         raise UsageError(f"run {run_dir.name} logged no loss, samples/s or comm share to plot")
     fig, axes = plt.subplots(len(PANELS), 1, figsize=(9, 8), sharex=True)
     for ax, (key, label) in zip(axes, PANELS, strict=True):
+        _shade(ax, gaps, start, labelled=ax is axes[0])
         _panel(ax, data.get(key, {}), label)
     axes[-1].set_xlabel("seconds since the first record")
     fig.suptitle(title)
@@ -75,6 +87,19 @@ def plot_run(run_dir: Path, out: Path, title: str) -> int:
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return points
+
+
+def _shade(ax: Any, gaps: Sequence[Replacement], start: float, *, labelled: bool) -> None:
+    """Each gap as a span from its loss to its replacement's first record (a line
+    at the loss while it has none), labelled in the legend of one panel."""
+    for gap in gaps:
+        label = f"rank {gap.rank} replaced in place" if labelled else None
+        if gap.back_at is None:
+            ax.axvline(gap.lost_at - start, color="orange", linestyle="--", label=label)
+        else:
+            ax.axvspan(
+                gap.lost_at - start, gap.back_at - start, color="orange", alpha=0.3, label=label
+            )
 
 
 def _panel(ax: Any, per_rank: dict[int, list[tuple[float, float]]], label: str) -> None:

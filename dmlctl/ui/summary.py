@@ -14,7 +14,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from dmlctl.runs.state import RankStatus, RunState
+from dmlctl.runs.state import RankStatus, Replacement, RunState
 from dmlctl.ui.format import (
     format_duration,
     phase_text,
@@ -156,10 +156,27 @@ def render_unreadable(run_id: str, reason: str) -> Text:
     return Text.assemble(("run ", "dim"), run_id, ": ", ("state unreadable", "red"), f" ({reason})")
 
 
+def replacement_line(gap: Replacement) -> Text:
+    """``rank 1 on local replaced in place at 2026-11-29 14:03:07 (killed by SIGKILL;
+    …): back after 0.19 s, at step 1554`` (``not back yet`` while its replacement has
+    not logged)."""
+    back = (
+        f"back after {gap.gap_s:.2f} s, at step {gap.step}"
+        if gap.gap_s is not None
+        else "not back yet"
+    )
+    return Text.assemble(
+        (f"rank {gap.rank} on {gap.host} replaced in place at ", "yellow"),
+        format_local_time(gap.lost_at),
+        (f" ({gap.cause}): {back}", "yellow"),
+    )
+
+
 def render_run_detail(state: RunState, now: float) -> RenderableType:
     """``dmlctl status RUN_ID``: the dashboard header, when the run started, its device
     mesh (``device mesh: pp 2 × tp 2 (4 workers)``, with one), every rank (with its
-    place in the mesh), and the root cause."""
+    place in the mesh), the ranks replaced in place and how long each logged nothing,
+    and the root cause."""
     parts: list[RenderableType] = [
         run_header(state, now),
         Text.assemble(("started ", "dim"), format_local_time(state.created_at)),
@@ -167,6 +184,7 @@ def render_run_detail(state: RunState, now: float) -> RenderableType:
     if state.mesh is not None:
         parts.append(Text(state.mesh.describe()[0]))
     parts += [Text(""), rank_table(state.ranks, mesh=state.mesh)]
+    parts += [replacement_line(gap) for gap in state.replacements]
     if state.root_cause is not None:
         parts.append(root_cause_panel(state.root_cause))
     return Group(*parts)

@@ -265,7 +265,7 @@ def test_a_killed_server_is_replaced_in_place_from_its_snapshot(cli: Cli, tmp_pa
     job = _job(
         tmp_path,
         "serverinplace",
-        "args: ['--epochs', '10']\nworkers: 2\nparameter_servers: 1\nstrategy: asgd\n"
+        "args: ['--epochs', '5']\nworkers: 2\nparameter_servers: 1\nstrategy: asgd\n"
         "restart: {mode: in_place, ps_snapshot_every: 200}\n",
     )
     done, run_id = _kill_mid_run(cli, job, 2)
@@ -318,6 +318,8 @@ def test_a_killed_averaging_worker_rejoins_its_peers_at_their_next_round(
     assert starts == [1, 2] + [1] * (workers - 2), starts
     steps = {r["rank"]: r["step"] for r in state["ranks"]}
     assert len(set(steps.values())) == 1 and steps[0] > 0, steps  # at its peers' step
+    (gap,) = state["replacements"]  # status and plot show it
+    assert gap["rank"] == 1 and gap["back_at"] > gap["lost_at"] and gap["step"] > 0, gap
     generations = [m["values"].get("generation") for m in _metrics(cli, run_id)]
     assert max(g for g in generations if g is not None) == 1, generations
     assert _final(cli, run_id)["test_acc"] >= 0.9

@@ -24,7 +24,7 @@ from dmlctl.ps.server import ParameterServer
 from dmlctl.runs.events import MetricRecord, RankRespawned, RankStarted
 from dmlctl.runs.parser import parse_line
 from dmlctl.runs.reducer import apply
-from dmlctl.runs.state import RankStatus, new_run_state
+from dmlctl.runs.state import RankStatus, RunState, new_run_state
 from dmlctl.runtime import rejoin
 from dmlctl.spec import load_job
 from dmlctl.spec.cluster import ClusterSpec, HostSpec
@@ -182,9 +182,24 @@ def test_the_respawn_record_reaches_the_state_as_a_rank_recovering(tmp_path: Pat
     assert "restarts 0 (+1 in place)  world 2 (1 rejoining)" in header()
     state = apply(state, [RankStarted("h", 1, 1, "worker", 4242, 1.0)])
     assert state.ranks[1].status is RankStatus.RECOVERING  # started, not training yet
-    state = apply(state, [MetricRecord("h", 1, 50, {"loss": 0.5}, 1.5)])
+    (gap,) = state.replacements
+    assert (gap.rank, gap.host, gap.back_at, gap.gap_s) == (1, "h", None, None)
+    assert gap.cause == "killed by SIGKILL; started again in place"
+    state = apply(state, [MetricRecord("h", 1, 50, {"loss": 0.5}, gap.lost_at + 1.5)])
     assert state.ranks[1].status is RankStatus.RUNNING
     assert "world 2  hosts" in header()  # trained again: whole
+    (gap,) = state.replacements
+    assert (gap.step, gap.gap_s) == (50, 1.5)  # its first record closed the gap
+    state = apply(state, [MetricRecord("h", 1, 100, {"loss": 0.4}, gap.lost_at + 9.0)])
+    assert state.replacements == (gap,)
+    assert RunState.from_dict(json.loads(json.dumps(state.to_dict()))) == state
+    from dmlctl.ui.summary import render_run_detail
+
+    console = Console(width=200, color_system=None, record=True)
+    console.print(render_run_detail(state, 2.0))
+    detail = console.export_text()
+    assert "rank 1 on h replaced in place at " in detail
+    assert " (killed by SIGKILL; started again in place): back after 1.50 s, at step 50" in detail
 
 
 def test_a_replacement_spends_an_infra_restart() -> None:

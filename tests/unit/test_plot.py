@@ -70,3 +70,27 @@ def test_a_run_without_metrics_or_matplotlib_is_one_line_and_exit_2(
     )
     assert main(["plot", RUN]) == 2
     assert "dmlctl plot needs matplotlib: pip install 'dmlctl[plot]'" in capsys.readouterr().err
+
+
+def test_a_rank_replaced_in_place_is_shaded_from_its_loss_to_its_return(
+    store: RunStore, tmp_path: Path
+) -> None:
+    import matplotlib.image
+
+    from dmlctl.runs.state import Replacement
+    from dmlctl.ui.plot import plot_run
+
+    path = _metrics(store)
+
+    def shaded(gaps: tuple[Replacement, ...]) -> int:
+        """Pixels of the span's colour (orange at 30 % on white)."""
+        out = tmp_path / f"gaps{len(gaps)}.png"
+        plot_run(path, out, "t", gaps)
+        rgb = matplotlib.image.imread(out)[..., :3]
+        near = (abs(rgb[..., 0] - 1.0) < 0.01) & (abs(rgb[..., 1] - 0.89) < 0.015)
+        return int((near & (abs(rgb[..., 2] - 0.70) < 0.015)).sum())
+
+    gap = Replacement(1, "local", 110.0, "killed by SIGKILL", 120.0, 20)
+    bare = shaded(())  # a few anti-aliased pixels of rank 1's orange line
+    assert shaded((gap,)) > bare + 3 * 5_000  # three panels, a fifth of each one's width
+    assert gap.gap_s == 10.0
