@@ -10,8 +10,10 @@ does, until every rank is there: the survivors and the lost worker's replacement
 forked again by its torchrun (:mod:`dmlctl.agent.respawn`). gloo tells only the dead
 worker's ring neighbours (the others would wait out the whole timeout), so the first
 member to see the loss marks the generation broken in the store, and every member
-waits in its collectives in short slices, looking at that mark in between. The replacement knows its
-generation from the store, where every worker writes the one it joined.
+waits in its collectives in short slices, looking at that mark in between; the
+replacement marks it too as it starts (gloo does not always tell even a neighbour).
+The replacement knows its generation from the store, where every worker writes the
+one it joined.
 
 A round is one all-reduce of the flat tensors, each times a weight, and one of the
 weights and the weighted step: a replacement joins with weight 0 at the round the
@@ -112,6 +114,10 @@ class ElasticAverager:
         """Form this worker's first generation's group (blocks until every member is
         there); a replacement is handed ``handover``'s state by a live member."""
         self.handover = handover
+        if not self.holding:  # a replacement: its predecessor's generation is broken,
+            # whether or not gloo told the members (it does not always, even a ring
+            # neighbour: seen waiting on with its pair to the dead process closed)
+            self.store.set(self._broken(self.generation - 1), "1")
         self._form()
 
     def _form(self) -> None:
