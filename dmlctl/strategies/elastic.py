@@ -100,6 +100,7 @@ class ElasticAverager:
         self.generation = int(self.store.get(self._mine)) + 1 if found else 0
         self.holding = not found  # a replacement holds no model until it is handed one
         self.handover: Handover | None = None
+        self.steps: Callable[[], int] = int  # the steps taken (int() is 0)
         self.donor: int | None = None  # the member a replacement took its state from
         self.received = 0  # bytes of that state
         self.bytes = 0  # sent in all rounds
@@ -110,10 +111,11 @@ class ElasticAverager:
         #: member gloo did not tell of the loss). The rank ends with ``os._exit``.
         self._retired: list[Any] = []
 
-    def join(self, handover: Handover | None = None) -> None:
+    def join(self, handover: Handover | None = None, steps: Callable[[], int] = int) -> None:
         """Form this worker's first generation's group (blocks until every member is
-        there); a replacement is handed ``handover``'s state by a live member."""
-        self.handover = handover
+        there); a replacement is handed ``handover``'s state by a live member.
+        ``steps()``: the steps this worker took (the members must agree on it)."""
+        self.handover, self.steps = handover, steps
         if not self.holding:  # a replacement: its predecessor's generation is broken,
             # whether or not gloo told the members (it does not always, even a ring
             # neighbour: seen waiting on with its pair to the dead process closed)
@@ -145,17 +147,10 @@ class ElasticAverager:
                 self.generation += 1
 
     def _welcome(self) -> None:
-        """Every member says whether it holds a model (one all-reduce); the lowest
+        """Every member says whether it holds a model (:meth:`_holders`); the lowest
         that does writes :attr:`handover`'s state to the store, and those that do
         not load it from there (the last to read deletes it)."""
-        mask = torch.zeros(self.world, dtype=torch.float64)
-        mask[self.rank] = 1.0 if self.holding else 0.0
-        self._wait(self.group.allreduce([mask]))
-        holders = [r for r in range(self.world) if mask[r] > 0]
-        if not holders:
-            raise RuntimeError(
-                f"generation {self.generation}: no worker holds the model (all were lost)"
-            )
+        holders = self._holders()
         if self.handover is not None and len(holders) < self.world:
             self.donor = holders[0]
             state = rejoin.key(f"elastic/{self.generation}/state")
@@ -170,6 +165,28 @@ class ElasticAverager:
                 if self.store.add(f"{state}/read", 1) == self.world - len(holders):
                     self.store.delete_key(state)
         self.holding = True
+
+    def _holders(self) -> list[int]:
+        """The members that hold a model, all at one step (one all-reduce of a flag
+        and the step count of each). Raises when none does (all were lost), or when
+        they are at different steps: a worker lost inside a round that some of them
+        had completed — not recoverable in place (the run restarts)."""
+        said = torch.zeros(2, self.world, dtype=torch.float64)
+        said[:, self.rank] = torch.tensor([1.0, self.steps()]) if self.holding else 0.0
+        self._wait(self.group.allreduce([said]))
+        holders = [r for r in range(self.world) if said[0, r] > 0]
+        steps = {r: int(said[1, r]) for r in holders}
+        if not holders:
+            raise RuntimeError(
+                f"generation {self.generation}: no worker holds the model (all were lost)"
+            )
+        if len(set(steps.values())) > 1:
+            raise RuntimeError(
+                f"generation {self.generation}: the workers are at different steps "
+                f"({', '.join(f'rank {r}: {n}' for r, n in steps.items())}): a worker "
+                "was lost inside a round that only some of them had completed"
+            )
+        return holders
 
     def average(
         self,
@@ -286,7 +303,7 @@ def begin(
     in training: they stay each worker's own."""
     started = time.perf_counter()
     handover = handover or optimizer_handover(opt.inner)
-    elastic.join(handover)
+    elastic.join(handover, lambda: opt.local_steps)
     if rejoin.rejoining():
         step = first_round()
         opt.local_steps = step

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import signal
 import socket
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -469,3 +470,38 @@ def test_only_a_broken_connection_makes_a_new_generation() -> None:
     assert member_lost(RuntimeError(reset))
     assert member_lost(RuntimeError("[pair.cc:553] Connection closed by peer [127.0.0.1]:40088"))
     assert not member_lost(RuntimeError("Tensors must be contiguous"))
+
+
+def test_members_at_different_steps_are_not_joined_in_place(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker lost inside a round that only some members completed leaves them at
+    different steps: the next generation says so instead of going on (or hanging)."""
+    import threading
+
+    from torch._C._distributed_c10d import TCPStore
+
+    from dmlctl.strategies.elastic import ElasticAverager
+
+    server = TCPStore("127.0.0.1", 0, 1, True)
+    mine = threading.local()  # a client each: one blocks while it waits for a key
+    monkeypatch.setattr(rejoin, "store", lambda: mine.store)
+    said: dict[int, str] = {}
+
+    def member(rank: int, steps: int) -> None:
+        mine.store = TCPStore("127.0.0.1", server.port, is_master=False)
+        averager = ElasticAverager(rank, 2, timedelta(seconds=30))
+        averager.generation, averager.steps = 1, lambda: steps  # both hold a model
+        try:
+            averager._form()
+            said[rank] = "formed"
+        except RuntimeError as exc:
+            said[rank] = str(exc)
+
+    threads = [threading.Thread(target=member, args=(r, 40 + 8 * r)) for r in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    message = "generation 1: the workers are at different steps (rank 0: 40, rank 1: 48)"
+    assert said[0].startswith(message) and said[1] == said[0], said
