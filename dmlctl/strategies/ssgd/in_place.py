@@ -99,8 +99,9 @@ def prepare(
     weights = elastic.starting_weights(ctx, model)
     group = elastic.averager(ctx)
     assert weights is not None and group is not None
+    trained = [w for w in weights if w.requires_grad]  # as DDP: frozen ones send nothing
     opt = ElasticGrads(
-        optimizer, weights, world_size=ctx.world_size, elastic=group, wire=WIRE[p.compression]
+        optimizer, trained, world_size=ctx.world_size, elastic=group, wire=WIRE[p.compression]
     )
     elastic.begin(ctx, opt, group, "ssgd", lambda: opt.local_steps, opt.handover(model))
     if p.broadcast_buffers:
