@@ -173,13 +173,14 @@ def _rank_respawned(f: _Fold, ev: RankRespawned) -> None:
 
 
 def _back(f: _Fold, ev: MetricRecord) -> None:
-    """The first record of ``ev.rank``'s replacement closes its open gap."""
-    gaps = list(f.get("replacements"))
-    for i in reversed(range(len(gaps))):
-        if gaps[i].rank == ev.rank and gaps[i].back_at is None:
-            gaps[i] = dataclasses.replace(gaps[i], back_at=ev.ts, step=ev.step)
-            f.changed["replacements"] = tuple(gaps)
-            return
+    """The first record of ``ev.rank``'s replacement closes its open gaps (more than
+    one when a replacement died before it logged)."""
+    f.changed["replacements"] = tuple(
+        dataclasses.replace(gap, back_at=ev.ts, step=ev.step)
+        if gap.rank == ev.rank and gap.back_at is None
+        else gap
+        for gap in f.get("replacements")
+    )
 
 
 def _agent_started(f: _Fold, ev: AgentStarted) -> None:

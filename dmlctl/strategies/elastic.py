@@ -98,7 +98,9 @@ class ElasticAverager:
         self._mine = rejoin.key(f"elastic-generation/{rank}")
         found = rejoin.rejoining() and self.store.check([self._mine])
         self.generation = int(self.store.get(self._mine)) + 1 if found else 0
-        self.holding = not found  # a replacement holds no model until it is handed one
+        #: A replacement holds no model until it is handed one (also when its
+        #: predecessor died before it had formed a generation: then in generation 0).
+        self.holding = not rejoin.rejoining()
         self.handover: Handover | None = None
         self.steps: Callable[[], int] = int  # the steps taken (int() is 0)
         self.donor: int | None = None  # the member a replacement took its state from
@@ -116,7 +118,9 @@ class ElasticAverager:
         there); a replacement is handed ``handover``'s state by a live member.
         ``steps()``: the steps this worker took (the members must agree on it)."""
         self.handover, self.steps = handover, steps
-        if not self.holding:  # a replacement: its predecessor's generation is broken,
+        if (
+            not self.holding and self.generation > 0
+        ):  # a replacement: its predecessor's generation is broken,
             # whether or not gloo told the members (it does not always, even a ring
             # neighbour: seen waiting on with its pair to the dead process closed)
             self.store.set(self._broken(self.generation - 1), "1")
@@ -125,8 +129,9 @@ class ElasticAverager:
     def _form(self) -> None:
         """Form this generation's group (blocks until every rank made it) — a gloo
         process group of its own, used through its methods (not registered with
-        torch.distributed's world) — and, after a loss, hand the members that hold no
-        model the state (:meth:`_welcome`). A member lost meanwhile: the next one."""
+        torch.distributed's world) — and hand the members that hold no model (a
+        replacement) the state (:meth:`_welcome`). A member lost meanwhile: the next
+        one."""
         while True:
             prefix = rejoin.key(f"elastic/{self.generation}")
             if self.group is not None:
@@ -135,8 +140,6 @@ class ElasticAverager:
                 PrefixStore(prefix, self.store), self.rank, self.world, self.timeout
             )
             self.store.set(self._mine, str(self.generation))
-            if self.generation == 0:
-                return
             try:
                 self._welcome()
                 return
@@ -147,24 +150,34 @@ class ElasticAverager:
                 self.generation += 1
 
     def _welcome(self) -> None:
-        """Every member says whether it holds a model (:meth:`_holders`); the lowest
-        that does writes :attr:`handover`'s state to the store, and those that do
-        not load it from there (the last to read deletes it)."""
+        """Every member says whether it holds a model (:meth:`_holders`); when some
+        do not, the lowest that does broadcasts :attr:`handover`'s state over the
+        group (its length, then its ``torch.save`` bytes; any size) and those that
+        do not load it (on the CPU: the model's own devices take it from there)."""
         holders = self._holders()
         if self.handover is not None and len(holders) < self.world:
             self.donor = holders[0]
-            state = rejoin.key(f"elastic/{self.generation}/state")
+            blob = torch.zeros(1, dtype=torch.uint8)
             if self.rank == self.donor:
-                blob = io.BytesIO()
-                torch.save(self.handover.save(), blob)
-                self.store.set(state, blob.getvalue())  # type: ignore[arg-type]  # bytes work
-            elif not self.holding:
-                data = self.store.get(state)
-                self.received = len(data)
-                self.handover.load(torch.load(io.BytesIO(data), weights_only=True))
-                if self.store.add(f"{state}/read", 1) == self.world - len(holders):
-                    self.store.delete_key(state)
+                out = io.BytesIO()
+                torch.save(self.handover.save(), out)
+                blob = torch.frombuffer(bytearray(out.getvalue()), dtype=torch.uint8)
+            size = torch.tensor([blob.numel()], dtype=torch.int64)
+            self._broadcast(size, self.donor)
+            if self.rank != self.donor:
+                blob = torch.empty(int(size[0]), dtype=torch.uint8)
+            self._broadcast(blob, self.donor)
+            if not self.holding:
+                self.received = blob.numel()
+                data = io.BytesIO(blob.numpy().tobytes())
+                self.handover.load(torch.load(data, map_location="cpu", weights_only=True))
         self.holding = True
+
+    def _broadcast(self, tensor: torch.Tensor, src: int) -> None:
+        """``tensor`` ← member ``src``'s, in place (one gloo broadcast)."""
+        opts = dist.BroadcastOptions()
+        opts.rootRank = src
+        self._wait(self.group.broadcast([tensor], opts))
 
     def _holders(self) -> list[int]:
         """The members that hold a model, all at one step (one all-reduce of a flag
@@ -263,9 +276,7 @@ class ElasticAverager:
         arithmetic), in place. A member lost meanwhile is not recovered from: this
         raises (the run then restarts as a whole)."""
         for tensor in tensors:
-            opts = dist.BroadcastOptions()
-            opts.rootRank = src
-            self._wait(self.group.broadcast([tensor], opts))
+            self._broadcast(tensor, src)
 
 
 def averager(ctx: Context) -> ElasticAverager | None:

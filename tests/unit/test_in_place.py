@@ -10,6 +10,7 @@ import signal
 import socket
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -193,6 +194,8 @@ def test_the_respawn_record_reaches_the_state_as_a_rank_recovering(tmp_path: Pat
     assert (gap.step, gap.gap_s) == (50, 1.5)  # its first record closed the gap
     state = apply(state, [MetricRecord("h", 1, 100, {"loss": 0.4}, gap.lost_at + 9.0)])
     assert state.replacements == (gap,)
+    twice = apply(state, [ev, ev, MetricRecord("h", 1, 150, {}, gap.lost_at + 12.0)])
+    assert [g.step for g in twice.replacements] == [50, 150, 150]  # both gaps closed
     assert RunState.from_dict(json.loads(json.dumps(state.to_dict()))) == state
     from dmlctl.ui.summary import render_run_detail
 
@@ -472,11 +475,12 @@ def test_only_a_broken_connection_makes_a_new_generation() -> None:
     assert not member_lost(RuntimeError("Tensors must be contiguous"))
 
 
-def test_members_at_different_steps_are_not_joined_in_place(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A worker lost inside a round that only some members completed leaves them at
-    different steps: the next generation says so instead of going on (or hanging)."""
+def _generation_one(
+    monkeypatch: pytest.MonkeyPatch, members: list[dict[str, Any]]
+) -> dict[int, str]:
+    """Two members (threads, a store client each) form generation 1, each with the
+    given ``steps``, ``holding`` and ``handover``; what each said ("formed" or the
+    error)."""
     import threading
 
     from torch._C._distributed_c10d import TCPStore
@@ -488,20 +492,54 @@ def test_members_at_different_steps_are_not_joined_in_place(
     monkeypatch.setattr(rejoin, "store", lambda: mine.store)
     said: dict[int, str] = {}
 
-    def member(rank: int, steps: int) -> None:
+    def member(rank: int) -> None:
         mine.store = TCPStore("127.0.0.1", server.port, is_master=False)
         averager = ElasticAverager(rank, 2, timedelta(seconds=30))
-        averager.generation, averager.steps = 1, lambda: steps  # both hold a model
+        how = members[rank]
+        averager.generation, averager.steps = 1, lambda: how["steps"]
+        averager.holding, averager.handover = how["holding"], how.get("handover")
         try:
             averager._form()
             said[rank] = "formed"
         except RuntimeError as exc:
             said[rank] = str(exc)
 
-    threads = [threading.Thread(target=member, args=(r, 40 + 8 * r)) for r in (0, 1)]
+    threads = [threading.Thread(target=member, args=(r,)) for r in (0, 1)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(60)
+    return said
+
+
+def test_members_at_different_steps_are_not_joined_in_place(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker lost inside a round that only some members completed leaves them at
+    different steps: the next generation says so instead of going on (or hanging)."""
+    said = _generation_one(
+        monkeypatch, [{"steps": 40, "holding": True}, {"steps": 48, "holding": True}]
+    )
     message = "generation 1: the workers are at different steps (rank 0: 40, rank 1: 48)"
     assert said[0].startswith(message) and said[1] == said[0], said
+
+
+def test_a_replacement_is_handed_a_state_of_any_size_over_the_group(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from dmlctl.strategies.elastic import Handover
+
+    big = torch.arange(3 * 2**20, dtype=torch.float32)  # 12 MiB: more than a store value
+    got: list[dict[str, Any]] = []
+    donor = Handover(lambda: {"w": big, "step": 7}, got.append, "state")
+    taker = Handover(dict, got.append, "state")
+    said = _generation_one(
+        monkeypatch,
+        [
+            {"steps": 7, "holding": True, "handover": donor},
+            {"steps": 0, "holding": False, "handover": taker},
+        ],
+    )
+    assert said == {0: "formed", 1: "formed"}, said
+    (state,) = got  # the replacement's only
+    assert state["step"] == 7 and torch.equal(state["w"], big)

@@ -5,7 +5,11 @@ gradients are averaged over the elastic group of :mod:`dmlctl.strategies.elastic
 instead: after ``loss.backward()``, one all-reduce of every gradient as one flat
 buffer (in fp16/bf16 with those compressions), before the user's optimizer steps.
 Every worker then holds the same parameters and optimizer state, as under DDP —
-without DDP's overlap of communication with the backward pass.
+without DDP's overlap of communication with the backward pass, and with the average
+taken in ``optimizer.step()``: gradient clipping before it acts on each worker's own
+gradient (DDP: on the average), a ``step(closure)`` is refused, and a GradScaler
+that skips the step on one worker only (an overflow there) leaves the workers'
+all-reduces out of step.
 
 A worker lost in a step: the others' all-reduce fails, they form the next
 generation, whose rendezvous waits for the replacement; as it forms, the lowest-ranked
@@ -32,7 +36,7 @@ from dmlctl.strategies.elastic import ElasticAverager, Handover
 from dmlctl.strategies.ssgd.params import Params
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
     from dmlctl.runtime.context import Context
 
@@ -65,6 +69,16 @@ class ElasticGrads(StrategyOptimizer):
                 p.grad = torch.zeros_like(p)
             grads.append(p.grad)
         self.elastic.average(grads, self.local_steps, self.meter, wire=self.wire)
+
+    def step(self, closure: Callable[[], float] | None = None) -> Any:
+        """The average, then the user's optimizer's step. No ``closure``: it would
+        compute gradients after they were averaged (call ``backward`` before)."""
+        if closure is not None:
+            raise ValueError(
+                "ssgd with restart.mode: in_place averages the gradients in "
+                "optimizer.step(): call loss.backward() before it, without a closure"
+            )
+        return super().step()
 
     def communicate(self) -> None:
         """Nothing after the step: the gradients were averaged before it."""
