@@ -108,6 +108,12 @@ ENV_CHECKPOINT_KEEP = "DMLCTL_CHECKPOINT_KEEP"
 ENV_CHECKPOINT_ALLOW_FRESH = "DMLCTL_CHECKPOINT_ALLOW_FRESH"  # "1": checkpoint.allow_fresh_start
 ENV_CHECKPOINT_WARM_START = "DMLCTL_CHECKPOINT_WARM_START"  # "1": checkpoint.warm_start
 
+
+def in_place(environ: Mapping[str, str]) -> bool:
+    """Whether the run that gave a rank ``environ`` replaces lost workers in place."""
+    return environ.get(ENV_RESTART_MODE) == IN_PLACE
+
+
 # Layout of a checkpoint directory (see dmlctl.runtime.checkpoint).
 CHECKPOINT_LATEST = "LATEST"  # names the newest committed step directory
 CHECKPOINT_MANIFEST = "manifest.json"  # step, world_size, files: {name: {size, sha256}}

@@ -175,7 +175,7 @@ def install() -> None:
     def _popen(self: Any, args: tuple[str, ...], env: dict[str, str]) -> Any:
         if can_fork(args, env):
             return ForkedRank(args, env, self._stdout, self._stderr)
-        if env.get(protocol.ENV_RESTART_MODE) == protocol.IN_PLACE:
+        if protocol.in_place(env):
             rank = env.get("RANK", "?")
             print(  # only a forked rank is forked again: this one restarts the run
                 f"dmlctl: rank {rank} starts as a new interpreter, so restart.mode: "

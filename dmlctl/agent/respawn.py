@@ -27,7 +27,7 @@ def may_respawn(env: Mapping[str, str], code: int, done: int) -> bool:
     is forked again, ``done`` times already: a worker of an in-place run (or a server,
     where ``DMLCTL_RESPAWN_SERVERS`` says they can be), killed by SIGKILL within its
     budget, whose part was not over (no ``.finished`` mark)."""
-    if env.get(protocol.ENV_RESTART_MODE) != protocol.IN_PLACE or code != -signal.SIGKILL:
+    if not protocol.in_place(env) or code != -signal.SIGKILL:
         return False
     try:
         role = protocol.local_role(env, int(env.get("LOCAL_RANK", "0")))

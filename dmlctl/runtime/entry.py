@@ -132,8 +132,7 @@ def _arm_guards(role: str) -> None:
         servers=protocol.ROLE_SERVER in module.CAPABILITIES.roles,
         # in place, workers are replaced through dmlctl's own groups: even ssgd needs
         # ctx.prepare (DDP's default group cannot lose a member)
-        needs_runtime=registry.needs_runtime(strategy, params)
-        or os.environ.get(protocol.ENV_RESTART_MODE) == protocol.IN_PLACE,
+        needs_runtime=registry.needs_runtime(strategy, params) or protocol.in_place(os.environ),
     )
 
 

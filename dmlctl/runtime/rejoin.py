@@ -52,7 +52,7 @@ _store: tuple[tuple[str | None, str | None], Store] | None = None
 
 def in_place() -> bool:
     """Whether this run replaces lost workers in place."""
-    return os.environ.get(protocol.ENV_RESTART_MODE) == protocol.IN_PLACE
+    return protocol.in_place(os.environ)
 
 
 def servers_replaced() -> bool:

@@ -53,8 +53,8 @@ _LOST = ("Connection reset by peer", "Connection closed by peer", "Read error", 
 
 def member_lost(exc: BaseException) -> bool:
     """Whether ``exc``, raised by a collective, says a member's connection broke (its
-    process died) rather than something else going wrong."""
-    return any(mark in str(exc) for mark in _LOST)
+    process died) rather than something else going wrong, or is :class:`MemberLost`."""
+    return isinstance(exc, MemberLost) or any(mark in str(exc) for mark in _LOST)
 
 
 POLL_S = 0.25
@@ -118,11 +118,10 @@ class ElasticAverager:
         there); a replacement is handed ``handover``'s state by a live member.
         ``steps()``: the steps this worker took (the members must agree on it)."""
         self.handover, self.steps = handover, steps
-        if (
-            not self.holding and self.generation > 0
-        ):  # a replacement: its predecessor's generation is broken,
-            # whether or not gloo told the members (it does not always, even a ring
-            # neighbour: seen waiting on with its pair to the dead process closed)
+        # A replacement: its predecessor's generation is broken, whether or not gloo
+        # told the members (it does not always, even a ring neighbour: seen waiting on
+        # with its pair to the dead process closed).
+        if not self.holding and self.generation > 0:
             self.store.set(self._broken(self.generation - 1), "1")
         self._form()
 
@@ -144,10 +143,9 @@ class ElasticAverager:
                 self._welcome()
                 return
             except (RuntimeError, MemberLost) as exc:
-                if not isinstance(exc, MemberLost) and not member_lost(exc):
+                if not member_lost(exc):
                     raise
-                self.store.set(self._broken(self.generation), "1")
-                self.generation += 1
+                self._leave()
 
     def _welcome(self) -> None:
         """Every member says whether it holds a model (:meth:`_holders`); when some
@@ -228,7 +226,7 @@ class ElasticAverager:
                 self._wait(self.group.allreduce([sent]))
                 self._wait(self.group.allreduce([meta]))
             except (RuntimeError, MemberLost) as exc:
-                if not isinstance(exc, MemberLost) and not member_lost(exc):
+                if not member_lost(exc):
                     raise
                 self._next_generation()
                 continue
@@ -267,9 +265,14 @@ class ElasticAverager:
     def _next_generation(self) -> None:
         """A member was lost: mark this generation broken (for the members gloo does
         not tell), then form the next one's group (with the replacement)."""
+        self._leave()
+        self._form()
+
+    def _leave(self) -> None:
+        """This generation lost a member: marked broken in the store (for the
+        members gloo does not tell); the next one is this worker's."""
         self.store.set(self._broken(self.generation), "1")
         self.generation += 1
-        self._form()
 
     def broadcast(self, tensors: Sequence[torch.Tensor], src: int = 0) -> None:
         """Every member's ``tensors`` ← member ``src``'s, as they are (any dtype, no
