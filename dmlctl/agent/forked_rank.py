@@ -123,6 +123,8 @@ class ForkedRank:
                 code = exit_status(self.pid)
             except ChildProcessError:  # reaped by someone else: its status is lost
                 code = 255
+            if code is not None and not self._signalled and respawn.over_before(self._env, code):
+                code = 0
             if code is not None and not self._respawned(code):
                 self.returncode = code
         return self.returncode

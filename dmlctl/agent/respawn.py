@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from dmlctl import protocol
@@ -39,6 +39,22 @@ def may_respawn(env: Mapping[str, str], code: int, done: int) -> bool:
     return replaceable and done < limit and not _finished(env)
 
 
+def over_before(env: Mapping[str, str], code: int) -> bool:
+    """Whether a worker of an in-place run killed by SIGKILL (``code``) had ended its
+    part before (the ``.finished`` mark: its last collective and the comparison of
+    the final models were done): nothing to replace, and no failure of the run
+    either. Said on stderr when so."""
+    over = protocol.in_place(env) and code == -signal.SIGKILL and _finished(env)
+    if over:
+        print(
+            f"dmlctl: rank {env.get('RANK')} was killed by SIGKILL after its part of the "
+            "run was over (its final model was compared); counted as finished",
+            file=sys.stderr,
+        )
+        _write(env, lambda writer: writer.exit(0, None))  # it could not write its own
+    return over
+
+
 def _finished(env: Mapping[str, str]) -> bool:
     rank_dir = env.get(protocol.ENV_RANK_DIR)
     attempt = env.get(protocol.ENV_ATTEMPT, "1")
@@ -57,17 +73,23 @@ def record(env: Mapping[str, str], code: int, pid: int) -> None:
     """Write the rank's ``respawn`` record (its old process ended with ``code``, the
     new one is ``pid``) where the host agent reads the rank's records; one that
     cannot be written is said on stderr (torchrun goes on)."""
+    _write(env, lambda writer: writer.respawn(code, pid))
+
+
+def _write(env: Mapping[str, str], write: Callable[[protocol.RankEventWriter], None]) -> None:
+    """``write`` a record of the rank started with ``env`` where the host agent reads
+    its records; one that cannot be written is said on stderr (torchrun goes on)."""
     rank_dir = env.get(protocol.ENV_RANK_DIR)
     if not rank_dir:
         return
     try:
         writer = protocol.RankEventWriter(rank_dir, int(env.get("RANK", "0")))
         try:
-            writer.respawn(code, pid)
+            write(writer)
         finally:
             writer.close()
     except (OSError, ValueError) as exc:
-        print(f"dmlctl: the respawn record of rank {env.get('RANK')}: {exc}", file=sys.stderr)
+        print(f"dmlctl: a record of rank {env.get('RANK')}: {exc}", file=sys.stderr)
 
 
 def follow_in_torchrun() -> None:

@@ -1,5 +1,5 @@
 """Model averaging over a group that outlives a lost worker (``restart.mode:
-in_place`` under ``local-sgd`` and ``bmuf``).
+in_place`` under local-sgd, bmuf, easgd, admm, ssgd and dpsgd).
 
 The workers average over a gloo process group of their own, made from the run's store
 (:func:`dmlctl.runtime.rejoin.store`) under a prefix per **generation**, not over the
@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -43,6 +43,8 @@ from dmlctl.strategies.common import assign_flat, flat_params, start_from_rank0
 if TYPE_CHECKING:
     from dmlctl.runtime.context import Context
     from dmlctl.runtime.optimizer import CommMeter, StrategyOptimizer
+
+T = TypeVar("T")
 
 GROUP_TIMEOUT = timedelta(minutes=10)
 """How long a round, or the forming of a generation, waits for every member."""
@@ -216,33 +218,58 @@ class ElasticAverager:
         the dtype sent (fp16/bf16 compression; each share is divided by the world
         size first, so the sum cannot overflow)."""
         began = time.perf_counter()
-        while True:
+        weight = 0.0 if joining else 1.0
+
+        def round_() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
             flat = flat_params(tensors)
-            weight = 0.0 if joining else 1.0
             flat.mul_(weight if wire is None else weight / self.world)
             sent = flat if wire is None else flat.to(wire)
             meta = torch.tensor([weight, weight * step], dtype=torch.float64)
+            self.allreduce(sent)
+            self.allreduce(meta)
+            return flat, sent, meta
+
+        flat, sent, meta = self.rounds(round_)
+        if meta[0] <= 0:
+            raise RuntimeError("an averaging round with no member bringing a model")
+        self.weight = float(meta[0])
+        if wire is None:
+            flat /= self.weight
+        else:
+            flat = sent.to(flat.dtype).mul_(self.world / self.weight)
+        assign_flat(list(tensors), flat)
+        nbytes = sent.numel() * sent.element_size()
+        self.bytes += nbytes
+        meter.add(nbytes, time.perf_counter() - began)
+        meter.extra["generation"] = self.generation
+        return flat, round(float(meta[1] / meta[0]))
+
+    def rounds(self, body: Callable[[], T]) -> T:
+        """``body()`` (collectives over :attr:`group`); a member lost in it: the next
+        generation is formed (with the replacement) and ``body()`` runs again there."""
+        while True:
             try:
-                self._wait(self.group.allreduce([sent]))
-                self._wait(self.group.allreduce([meta]))
+                return body()
             except (RuntimeError, MemberLost) as exc:
                 if not member_lost(exc):
                     raise
                 self._next_generation()
-                continue
-            if meta[0] <= 0:
-                raise RuntimeError("an averaging round with no member bringing a model")
-            self.weight = float(meta[0])
-            if wire is None:
-                flat /= self.weight
-            else:
-                flat = sent.to(flat.dtype).mul_(self.world / self.weight)
-            assign_flat(list(tensors), flat)
-            nbytes = sent.numel() * sent.element_size()
-            self.bytes += nbytes
-            meter.add(nbytes, time.perf_counter() - began)
-            meter.extra["generation"] = self.generation
-            return flat, round(float(meta[1] / meta[0]))
+
+    def allreduce(self, tensor: torch.Tensor) -> None:
+        """``tensor`` ← its sum over the members, in place (one gloo all-reduce)."""
+        self._wait(self.group.allreduce([tensor]))
+
+    def exchange(self, sent: Sequence[torch.Tensor], sizes: Sequence[int]) -> list[torch.Tensor]:
+        """Send ``sent[j]`` (1-D, one dtype; may be empty) to each member ``j`` and
+        return what each sent this one (``sizes[j]`` elements from ``j``): one gloo
+        all-to-all, so that a member waits in it as in any collective."""
+        out = torch.empty(sum(sizes), dtype=sent[0].dtype)
+        splits = [t.numel() for t in sent]
+        work = self.group.alltoall_base(
+            out, torch.cat(list(sent)), list(sizes), splits, dist.AllToAllOptions()
+        )
+        self._wait(work)
+        return list(torch.split(out, list(sizes)))
 
     def _wait(self, work: Any) -> None:
         """Wait for ``work``, looking every :data:`POLL_S` seconds whether another
@@ -308,16 +335,18 @@ def begin(
     handover: Handover | None = None,
     *,
     model: torch.nn.Module | None = None,
+    steps: Callable[[], int] | None = None,
 ) -> None:
     """An optimizer with an elastic group starts: it joins its generation (a
     replacement is handed ``handover``'s state, by default the user's optimizer's);
     a replacement then runs ``first_round`` (the round its peers retry, with weight 0;
     it returns the round's step), and its step count and data go on there. Said once
     when ``model`` (given when its buffers are not exchanged) has buffers that change
-    in training: they stay each worker's own."""
+    in training: they stay each worker's own. ``steps()``: what the members must
+    agree on as a generation forms (default: the optimizer's steps)."""
     started = time.perf_counter()
     handover = handover or optimizer_handover(opt.inner)
-    elastic.join(handover, lambda: opt.local_steps)
+    elastic.join(handover, steps or (lambda: opt.local_steps))
     if rejoin.rejoining():
         step = first_round()
         opt.local_steps = step

@@ -285,7 +285,7 @@ def test_a_killed_server_is_replaced_in_place_from_its_snapshot(cli: Cli, tmp_pa
 
 @pytest.mark.parametrize(
     ("strategy", "workers"),
-    [("local-sgd", 4), ("bmuf", 2), ("easgd", 2), ("admm", 2), ("ssgd", 2)],
+    [("local-sgd", 4), ("bmuf", 2), ("easgd", 2), ("admm", 2), ("ssgd", 2), ("dpsgd", 3)],
 )
 def test_a_killed_averaging_worker_rejoins_its_peers_at_their_next_round(
     cli: Cli, tmp_path: Path, strategy: str, workers: int

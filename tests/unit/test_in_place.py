@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from dmlctl import protocol, wire
-from dmlctl.agent.respawn import may_respawn, record, rejoin_env
+from dmlctl.agent.respawn import may_respawn, over_before, record, rejoin_env
 from dmlctl.failure import Kind
 from dmlctl.launch.policy import RestartState, respawned
 from dmlctl.plan.build import build_plan
@@ -45,10 +45,10 @@ IN_PLACE = "restart: {mode: in_place}\n"
     ("text", "line", "path", "fragment"),
     [
         (
-            HEAD + "strategy: dpsgd\n" + IN_PLACE,
+            HEAD + "strategy: cyclades\n" + IN_PLACE,
             4,
             "restart.mode",
-            "does not apply to strategy 'dpsgd'",
+            "does not apply to strategy 'cyclades'",
         ),
         (
             HEAD + "strategy: {name: local-sgd, params: {hierarchical: true}}\n" + IN_PLACE,
@@ -60,8 +60,8 @@ IN_PLACE = "restart: {mode: in_place}\n"
             HEAD + "strategy: hogwild\n" + IN_PLACE,
             4,
             "restart.mode",
-            "(in place: aadmm, adadelay, admm, asgd, bmuf, easgd, easgd-async, local-sgd, "
-            "ssgd, ssp, sync-ps)",
+            "(in place: aadmm, adadelay, admm, asgd, bmuf, dpsgd, easgd, easgd-async, "
+            "local-sgd, ssgd, ssp, sync-ps)",
         ),
         (
             HEAD + "strategy: {name: ssgd, params: {compression: powersgd}}\n" + IN_PLACE,
@@ -148,16 +148,25 @@ def test_only_a_worker_killed_by_sigkill_within_its_budget_is_forked_again() -> 
 
 
 def test_a_worker_whose_part_was_over_is_not_forked_again(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """... and its kill is no failure of the run (torchrun is told 0; it is said)."""
     env = _env(**{protocol.ENV_RANK_DIR: str(tmp_path), "RANK": "3", protocol.ENV_ATTEMPT: "2"})
-    assert may_respawn(env, -signal.SIGKILL, 0)
+    assert may_respawn(env, -signal.SIGKILL, 0) and not over_before(env, -signal.SIGKILL)
     monkeypatch.setenv(protocol.ENV_ATTEMPT, "1")  # another attempt's mark is not its own
     rejoin.Position(str(tmp_path), 3).finish()
     assert may_respawn(env, -signal.SIGKILL, 0)
     monkeypatch.setenv(protocol.ENV_ATTEMPT, "2")
     rejoin.Position(str(tmp_path), 3).finish()  # its context closed (the servers let it go)
     assert not may_respawn(env, -signal.SIGKILL, 0)
+    assert not over_before(env, 1) and capsys.readouterr().err == ""  # failed by itself
+    assert over_before(env, -signal.SIGKILL)
+    assert "rank 3 was killed by SIGKILL after its part of the run was over" in (
+        capsys.readouterr().err
+    )
+    lines = (tmp_path / "rank-3.events.jsonl").read_text().splitlines()
+    assert [(r["kind"], r["code"]) for r in map(json.loads, lines)] == [("exit", 0)]
+    assert not over_before({**env, protocol.ENV_RESTART_MODE: ""}, -signal.SIGKILL)  # full
 
 
 def test_the_respawn_record_reaches_the_state_as_a_rank_recovering(tmp_path: Path) -> None:

@@ -50,4 +50,4 @@ class Params(FinalModel):
     )
 
 
-CAPABILITIES = Capabilities(roles=WORKERS_ONLY, columns=("consensus",))
+CAPABILITIES = Capabilities(roles=WORKERS_ONLY, columns=("consensus",), in_place=True)
