@@ -226,6 +226,12 @@ def rank_finished(rank_dir: str, rank: int, attempt: str) -> str:
     return os.path.join(rank_dir, f"rank-{rank}.attempt-{attempt}.finished")
 
 
+def rank_trained(rank_dir: str, rank: int, attempt: str) -> str:
+    """The mark worker ``rank`` leaves at the end of its data in attempt ``attempt``
+    (its final model done): a death after it is not replaced in place either."""
+    return os.path.join(rank_dir, f"rank-{rank}.attempt-{attempt}.trained")
+
+
 def rank_snapshot(rank_dir: str, rank: int, attempt: str) -> str:
     """Where parameter server ``rank`` keeps its state in attempt ``attempt`` for its
     replacement in place (:mod:`dmlctl.ps.snapshots`)."""

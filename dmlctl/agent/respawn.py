@@ -26,7 +26,9 @@ def may_respawn(env: Mapping[str, str], code: int, done: int) -> bool:
     """Whether a rank started with ``env`` that ended with ``code`` (``-N``: signal N)
     is forked again, ``done`` times already: a worker of an in-place run (or a server,
     where ``DMLCTL_RESPAWN_SERVERS`` says they can be), killed by SIGKILL within its
-    budget, whose part was not over (no ``.finished`` mark)."""
+    budget, whose part was not over (no ``.finished`` mark) nor its training (no
+    ``.trained`` mark: after it, its peers are past every round it could rejoin —
+    said on stderr; the run then restarts as a whole)."""
     if not protocol.in_place(env) or code != -signal.SIGKILL:
         return False
     try:
@@ -36,7 +38,17 @@ def may_respawn(env: Mapping[str, str], code: int, done: int) -> bool:
         return False
     servers = env.get(protocol.ENV_RESPAWN_SERVERS) == "1"
     replaceable = role == protocol.ROLE_WORKER or (servers and role == protocol.ROLE_SERVER)
-    return replaceable and done < limit and not _finished(env)
+    if not replaceable or done >= limit or _marked(env, protocol.rank_finished):
+        return False
+    if _marked(env, protocol.rank_trained):
+        print(
+            f"dmlctl: rank {env.get('RANK')} was lost after its training was over (in what "
+            "the script does after it: an evaluation, a save); a replacement cannot rejoin "
+            "a finished training, so the run restarts as a whole",
+            file=sys.stderr,
+        )
+        return False
+    return True
 
 
 def over_before(env: Mapping[str, str], code: int) -> bool:
@@ -44,7 +56,9 @@ def over_before(env: Mapping[str, str], code: int) -> bool:
     part before (the ``.finished`` mark: its last collective and the comparison of
     the final models were done): nothing to replace, and no failure of the run
     either. Said on stderr when so."""
-    over = protocol.in_place(env) and code == -signal.SIGKILL and _finished(env)
+    over = (
+        protocol.in_place(env) and code == -signal.SIGKILL and _marked(env, protocol.rank_finished)
+    )
     if over:
         print(
             f"dmlctl: rank {env.get('RANK')} was killed by SIGKILL after its part of the "
@@ -55,13 +69,13 @@ def over_before(env: Mapping[str, str], code: int) -> bool:
     return over
 
 
-def _finished(env: Mapping[str, str]) -> bool:
+def _marked(env: Mapping[str, str], mark: Callable[[str, int, str], str]) -> bool:
+    """Whether the rank started with ``env`` left ``mark`` (a path of
+    :mod:`dmlctl.protocol`) in this attempt."""
     rank_dir = env.get(protocol.ENV_RANK_DIR)
     attempt = env.get(protocol.ENV_ATTEMPT, "1")
     rank = env.get("RANK", "0")
-    return bool(rank_dir) and os.path.exists(
-        protocol.rank_finished(str(rank_dir), int(rank), attempt)
-    )
+    return bool(rank_dir) and os.path.exists(mark(str(rank_dir), int(rank), attempt))
 
 
 def rejoin_env(env: Mapping[str, str], number: int) -> dict[str, str]:

@@ -104,10 +104,13 @@ class DataCursor:
         self.end()
 
     def end(self) -> None:
-        """The data's end: no more steps expected; the callbacks of :meth:`on_end` run."""
+        """The data's end: no more steps expected; the callbacks of :meth:`on_end` run,
+        then a position kept says so."""
         TRACKER.data_end()
         for callback in list(self._on_end):
             callback()
+        if self._position is not None:
+            self._position.trained()
 
     def close(self) -> None:
         """This rank's part is over: a position kept says so (its death is then not

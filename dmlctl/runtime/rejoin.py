@@ -124,6 +124,7 @@ class Position:
         attempt = os.environ.get(protocol.ENV_ATTEMPT, "1")
         self.path = protocol.rank_position(rank_dir, rank, attempt)
         self._finished = protocol.rank_finished(rank_dir, rank, attempt)
+        self._trained = protocol.rank_trained(rank_dir, rank, attempt)
         self._fd: int | None = None
 
     def write(self, epoch: int, batches: int, taken: int) -> None:
@@ -135,8 +136,12 @@ class Position:
     def finish(self) -> None:
         """Mark this worker's part of the attempt over: a death after it is not
         replaced (the servers expect nothing more of it)."""
-        with open(self._finished, "w", encoding="ascii", opener=protocol.private_opener):
-            pass
+        _touch(self._finished)
+
+    def trained(self) -> None:
+        """Mark this worker's data over (its final model done): a death after it is not
+        replaced either (its peers are past every round it could rejoin)."""
+        _touch(self._trained)
 
     def read(self) -> tuple[int, int, int] | None:
         """The last position written: (epoch, batches of it, batches in all); None
@@ -147,6 +152,11 @@ class Position:
         except (OSError, ValueError):
             return None
         return int(epoch), int(batches), int(taken)
+
+
+def _touch(path: str) -> None:
+    with open(path, "w", encoding="ascii", opener=protocol.private_opener):
+        pass
 
 
 def check_one_model(params: Iterable[torch.Tensor], group: StoreGroup) -> None:

@@ -113,6 +113,7 @@ class LocalSGDOptimizer(StrategyOptimizer):
         self.global_every = global_every
         self.filter = ChangeFilter(self.tensors, threshold) if threshold > 0 else None
         self.last_sent: list[int] = []  # indices into tensors the latest filtered round sent
+        self._averaged_at: int | None = None  # the step of the latest elastic round
 
     def is_global_round(self) -> bool:
         """Whether the round due now averages over all workers (else: the host)."""
@@ -143,9 +144,11 @@ class LocalSGDOptimizer(StrategyOptimizer):
 
     def final_model(self) -> None:
         """Every worker ← the mean of all workers' parameters and buffers (one
-        all-reduce over all workers, hosts included)."""
+        all-reduce over all workers, hosts included). In place: the parameters', none
+        when the latest round was at this step (a replacement may have joined it)."""
         if self.elastic is not None:
-            self._elastic_round("in the final average")
+            if self._averaged_at != self.local_steps:  # else the last round was at this step
+                self._elastic_round("in the final average")
             return
         tensors = with_exchanged_buffers(self, self.tensors, self.filter)
         mean = average_in_place(tensors, self.meter, self.world_size)
@@ -155,12 +158,14 @@ class LocalSGDOptimizer(StrategyOptimizer):
     def joining_round(self) -> int:
         """A replacement's first round (weight 0): the others' mean; the round's step."""
         assert self.elastic is not None
-        return self.elastic.average(self.params, 0, self.meter, joining=True)[1]
+        self._averaged_at = self.elastic.average(self.params, 0, self.meter, joining=True)[1]
+        return self._averaged_at
 
     def _elastic_round(self, where: str) -> None:
         """A round over the elastic group: the parameters become their mean."""
         assert self.elastic is not None
         mean, _ = self.elastic.average(self.params, self.local_steps, self.meter)
+        self._averaged_at = self.local_steps
         self.check_finite(mean, self.params, where)
 
     def shown_settings(self) -> dict[str, object]:
