@@ -200,6 +200,28 @@ def test_a_killed_server_is_restarted_from_the_checkpoint(cli: Cli, tmp_path: Pa
     assert leads[-1] >= 2 * 200 - 3, leads  # the last records are the restored server's
 
 
+#: Test accuracy of each in-place test's job run without a kill (``dmlctl launch`` of
+#: the same job file, this example, seed 0; measured 2026-11-29): a run with a worker
+#: or server replaced in place ends within 1.5 points of it.
+UNINTERRUPTED = {
+    "asgd": 0.961,
+    "asgd-5": 0.963,
+    "sync-ps": 0.961,
+    "aadmm": 0.962,
+    "local-sgd": 0.960,
+    "bmuf": 0.960,
+    "easgd": 0.961,
+    "admm": 0.962,
+    "ssgd": 0.954,
+    "dpsgd": 0.960,
+}
+
+
+def _near_uninterrupted(cli: Cli, run_id: str, job: str) -> None:
+    accuracy = _final(cli, run_id)["test_acc"]
+    assert accuracy >= UNINTERRUPTED[job] - 0.015, (job, accuracy, UNINTERRUPTED[job])
+
+
 def _starts(cli: Cli, run_id: str, rank: int) -> list[dict[str, Any]]:
     path = cli.home / "runs" / run_id / "hosts" / "local" / f"rank-{rank}.events.jsonl"
     records = [json.loads(line) for line in path.read_text().splitlines()]
@@ -254,7 +276,7 @@ def test_a_killed_worker_is_replaced_in_place_while_the_others_go_on(
     pushes = steps[2]  # the server's own step: the pushes it took
     in_flight = 2 * steps[0] // period - pushes  # one push per killed process at most
     assert 0 <= in_flight <= kills, (pushes, steps)
-    assert _final(cli, run_id)["test_acc"] >= 0.9
+    _near_uninterrupted(cli, run_id, strategy)
 
 
 def test_a_killed_server_is_replaced_in_place_from_its_snapshot(cli: Cli, tmp_path: Path) -> None:
@@ -280,7 +302,7 @@ def test_a_killed_server_is_replaced_in_place_from_its_snapshot(cli: Cli, tmp_pa
     lost = [m["values"]["pushes_lost"] for m in _metrics(cli, run_id) if m["rank"] == 2]
     assert lost and 0 <= lost[-1] <= 200 + 2, lost  # since the snapshot, and in flight
     assert steps[2] + lost[-1] == 2 * steps[0], (steps, lost)  # every push applied or lost
-    assert _final(cli, run_id)["test_acc"] >= 0.9
+    _near_uninterrupted(cli, run_id, "asgd-5")
 
 
 @pytest.mark.parametrize(
@@ -322,4 +344,4 @@ def test_a_killed_averaging_worker_rejoins_its_peers_at_their_next_round(
     assert gap["rank"] == 1 and gap["back_at"] > gap["lost_at"] and gap["step"] > 0, gap
     generations = [m["values"].get("generation") for m in _metrics(cli, run_id)]
     assert max(g for g in generations if g is not None) == 1, generations
-    assert _final(cli, run_id)["test_acc"] >= 0.9
+    _near_uninterrupted(cli, run_id, strategy)
