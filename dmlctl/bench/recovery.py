@@ -100,6 +100,7 @@ class RecoveryReport:
     runs: Mapping[str, tuple[Recovery, ...]]
     backoff_s: float
     in_place_strategy: str = IN_PLACE_STRATEGY
+    hosts: str = "this machine"  # where dmlctl's runs went (torchrun's: this machine)
     workers: int = WORKERS
     steps: int = STEPS
     checkpoint_every: int = CHECKPOINT_EVERY
@@ -171,6 +172,7 @@ class RecoveryReport:
             return {"mode": "full"}
         return {
             "mode": IN_PLACE,
+            "hosts": self.hosts,
             "in_place_strategy": self.in_place_strategy,
             "in_place_ratio": self.in_place_ratio,
             "in_place_ratio_goal": IN_PLACE_GOAL,
@@ -222,15 +224,24 @@ def bench_cluster() -> ClusterSpec:
     return local_cluster(WORKERS)
 
 
-def run_dmlctl(work: Path, *, backoff: float, home: Path, console: Console) -> Recovery:
-    """One dmlctl run of :func:`recovery_job` on :func:`bench_cluster`; its recovery,
+def run_dmlctl(
+    work: Path,
+    *,
+    backoff: float,
+    home: Path,
+    console: Console,
+    cluster: ClusterSpec | None = None,
+) -> Recovery:
+    """One dmlctl run of :func:`recovery_job` on ``cluster`` (default
+    :func:`bench_cluster`); its recovery,
     whose ``cause`` is the failure dmlctl recorded. When that is not rank
     :data:`KILL_RANK`'s SIGKILL (torchrun's summary can name the peer that died of
     the broken connection first, or torchrun can fail on a half-written error file),
     a warning goes to ``console``. Raises :class:`RecoveryBenchFailed` unless the run
     succeeded after exactly one restart."""
     job = recovery_job(work, backoff)
-    result = launch_bench(job, bench_cluster(), console=console, home=home, check=False)
+    on = cluster or bench_cluster()
+    result = launch_bench(job, on, console=console, home=home, check=False)
     state, run_dir = result.state, result.run_dir
     if state is None or run_dir is None or result.exit_code != 0 or state.restarts != 1:
         root = state.root_cause if state is not None else None
@@ -294,6 +305,7 @@ def run_recovery_bench(
     strategy: str = IN_PLACE_STRATEGY,
     console: Console,
     home: Path | None = None,
+    cluster: ClusterSpec | None = None,
     measure: Callable[[str, Path], Recovery] | None = None,
 ) -> RecoveryReport:
     """Run every side of ``mode`` (:func:`sides`) ``repeats`` times, alternating
@@ -301,7 +313,10 @@ def run_recovery_bench(
 
     Each run gets a fresh directory (timing files, checkpoint) under a temporary
     directory; dmlctl's run directories go to ``home`` (default: a temporary
-    ``DMLCTL_HOME``). ``measure(side, work_dir)`` replaces the real runs in tests.
+    ``DMLCTL_HOME``). dmlctl's runs go to ``cluster`` (default: this machine), whose
+    hosts must see this machine's files (the lab's do: the scripts write their timing
+    there); bare torchrun runs here. ``measure(side, work_dir)`` replaces the real
+    runs in tests.
     Raises :class:`UsageError` for ``repeats < 1``, ``backoff <= 0`` or another mode,
     :class:`RecoveryBenchFailed` if any run fails, and, for a Ctrl-C after a whole
     round, :class:`BenchPartial` with the report of the whole rounds.
@@ -317,9 +332,13 @@ def run_recovery_bench(
 
         def real(side: str, work: Path) -> Recovery:
             if side == "dmlctl":
-                return run_dmlctl(work, backoff=backoff, home=dml_home, console=console)
+                return run_dmlctl(
+                    work, backoff=backoff, home=dml_home, console=console, cluster=cluster
+                )
             if side == IN_PLACE:
-                return run_in_place(work, home=dml_home, console=console, strategy=strategy)
+                return run_in_place(
+                    work, home=dml_home, console=console, strategy=strategy, cluster=cluster
+                )
             return run_torchrun(work, dml_home)
 
         def one(side: str, round_: int) -> Recovery:
@@ -329,7 +348,10 @@ def run_recovery_bench(
 
         runs, note = alternate(measured, repeats, one, console)
     report = RecoveryReport(
-        {side: tuple(r) for side, r in runs.items()}, backoff_s=backoff, in_place_strategy=strategy
+        {side: tuple(r) for side, r in runs.items()},
+        backoff_s=backoff,
+        in_place_strategy=strategy,
+        hosts="this machine" if cluster is None else plural(len(cluster.hosts), "host"),
     )
     if note is not None:
         raise BenchPartial(note, report)

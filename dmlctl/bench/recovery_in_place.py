@@ -77,12 +77,21 @@ def in_place_cluster() -> ClusterSpec:
     return local_cluster(WORKERS + SERVERS)
 
 
-def run_in_place(work: Path, *, home: Path, console: Console, strategy: str = STRATEGY) -> Recovery:
-    """One in-place run of :func:`in_place_job`; its recovery. Raises
+def run_in_place(
+    work: Path,
+    *,
+    home: Path,
+    console: Console,
+    strategy: str = STRATEGY,
+    cluster: ClusterSpec | None = None,
+) -> Recovery:
+    """One in-place run of :func:`in_place_job` on ``cluster`` (default
+    :func:`in_place_cluster`); its recovery. Raises
     :class:`RecoveryBenchFailed` unless the run succeeded with exactly one rank
     replaced in place and no restart."""
     job = in_place_job(work, strategy)
-    result = launch_bench(job, in_place_cluster(), console=console, home=home, check=False)
+    on = cluster or in_place_cluster()
+    result = launch_bench(job, on, console=console, home=home, check=False)
     state = result.state
     if state is None or result.exit_code != 0 or (state.restarts, state.respawns) != (0, 1):
         root = state.root_cause if state is not None else None

@@ -23,7 +23,8 @@ def render_recovery_tables(report: RecoveryReport) -> list[Table]:
     names = tuple(report.runs)
     t = Table(
         title=f"recovery from a SIGKILL, {plural(len(report.runs['dmlctl']), 'run')} each, "
-        f"dmlctl backoff {report.backoff_s:g} s",
+        f"dmlctl backoff {report.backoff_s:g} s"
+        + ("" if report.hosts == "this machine" else f", dmlctl on {report.hosts}"),
         title_justify="left",
         show_edge=False,
         pad_edge=False,

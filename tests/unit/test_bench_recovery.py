@@ -412,3 +412,37 @@ def test_the_in_place_job_is_a_valid_parameter_server_job(tmp_path: Path) -> Non
     assert sum(h.slots for h in ip.in_place_cluster().hosts) == 3
     averaging = ip.in_place_job(tmp_path, "local-sgd")  # no servers to place
     assert (averaging.strategy.name, averaging.parameter_servers) == ("local-sgd", 0)
+
+
+def test_dmlctl_sides_run_on_a_cluster_file_and_the_report_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--cluster FILE``: dmlctl's runs go there (its hosts named in the title); a file
+    that is not one is refused, a line per problem, exit 2, before any run."""
+    from dmlctl.bench import recovery as bench
+    from dmlctl.cli.app import main
+
+    cluster = tmp_path / "lab.yaml"
+    cluster.write_text(
+        "hosts:\n- {name: a, address: 10.0.0.2, slots: 1}\n"
+        "- {name: b, address: 10.0.0.3, slots: 1}\n"
+    )
+    got: list[object] = []
+
+    def fake(*_args: object, cluster: object = None, **_kw: object) -> RecoveryReport:
+        got.append(cluster)
+        return RecoveryReport(
+            {"dmlctl": (recovery(3.0),), "torchrun": (recovery(4.0),)}, 0.1, hosts="2 hosts"
+        )
+
+    monkeypatch.setattr(bench, "run_recovery_bench", fake)
+    assert main(["bench", "recovery", "--cluster", str(cluster)]) == 0
+    (spec,) = got
+    assert [h.name for h in spec.hosts] == ["a", "b"]  # type: ignore[attr-defined]
+    out = " ".join(capsys.readouterr().out.split())  # the title may wrap
+    assert "dmlctl backoff 0.1 s, dmlctl on 2 hosts" in out
+    cluster.write_text("hosts:\n- {name: a, adress: 10.0.0.2}\n")
+    assert main(["bench", "recovery", "--cluster", str(cluster)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert all("lab.yaml:2 hosts[0]." in line for line in err.splitlines()), err
+    assert "unknown key 'adress'; did you mean 'address'?" in err, err

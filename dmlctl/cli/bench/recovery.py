@@ -4,12 +4,15 @@ its result."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
 from dmlctl.cli.bench.common import JSON_TABLES, finish, kept, noted, running
 from dmlctl.cli.bench.plot import check_plot, plot_option
+
+if TYPE_CHECKING:
+    from dmlctl.spec import ClusterSpec
 
 
 def recovery(
@@ -29,7 +32,15 @@ def recovery(
         "--in-place-strategy",
         help="With --mode in_place: the strategy of the in-place run (one that can "
         "replace a worker in place: asgd, ssp, adadelay, easgd-async, sync-ps, aadmm, "
-        "local-sgd, bmuf, easgd, admm).",
+        "local-sgd, bmuf, easgd, admm, ssgd, dpsgd).",
+    ),
+    cluster: Optional[Path] = typer.Option(  # noqa: UP045 - typer needs both
+        None,
+        "--cluster",
+        "-c",
+        help="Run dmlctl's sides on this cluster file (its hosts must see this "
+        "machine's files, as the lab's do: `dmlctl lab up`); bare torchrun runs here. "
+        "Default: this machine.",
     ),
     as_json: bool = JSON_TABLES,
     plot: Optional[Path] = plot_option("recovery seconds of every repeat, stage times"),  # noqa: UP045
@@ -40,13 +51,26 @@ def recovery(
     from dmlctl.bench.recovery_tables import render_recovery_tables
 
     check_plot(plot)
+    spec = _cluster(cluster)
     report, note = running(
         "timing recovery under dmlctl and bare torchrun…",
         lambda err: kept(
             lambda: run_recovery_bench(
-                repeats, backoff=backoff, mode=mode, strategy=strategy, console=err
+                repeats, backoff=backoff, mode=mode, strategy=strategy, console=err, cluster=spec
             )
         ),
     )
     shown = noted(report.to_dict(), note)
     return finish("recovery", shown, lambda _: render_recovery_tables(report), as_json, plot)
+
+
+def _cluster(path: Path | None) -> ClusterSpec | None:
+    """The cluster file at ``path`` (None: this machine); not a Slurm one."""
+    if path is None:
+        return None
+    from dmlctl.cli.common import no_slurm
+    from dmlctl.spec import load_cluster_file
+
+    spec = load_cluster_file(path)
+    no_slurm(spec, "bench recovery", path)
+    return spec
