@@ -15,7 +15,8 @@ def plot(
     ),
 ) -> int:
     """Plot a run's loss, samples/s and communication share over time (per rank) to a
-    PNG, the ranks replaced in place shaded while they logged nothing. Needs
+    PNG, the ranks replaced in place shaded while they logged nothing (and the ranks
+    running over time in a panel of its own). Needs
     matplotlib: pip install 'dmlctl\\[plot]'."""
     from dmlctl.runs.store import RunStore
     from dmlctl.ui.plot import plot_run, require_matplotlib
@@ -25,7 +26,7 @@ def plot(
     out = output if output is not None else Path(f"{run.run_id}.png")
     state = run.read_state()
     title = f"{run.run_id} ({state.strategy}, {state.phase.value})"
-    plot_run(run.path, out, title, state.replacements)
+    plot_run(run.path, out, title, state.replacements, state.world_size)
     print(out)
     return 0
 

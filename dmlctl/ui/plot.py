@@ -61,11 +61,14 @@ def timed_series(metrics: Path) -> tuple[Series, float]:
     return out, start or 0.0
 
 
-def plot_run(run_dir: Path, out: Path, title: str, gaps: Sequence[Replacement] = ()) -> int:
+def plot_run(
+    run_dir: Path, out: Path, title: str, gaps: Sequence[Replacement] = (), world: int = 0
+) -> int:
     """Write the PNG of ``run_dir``'s metrics to ``out``, each of ``gaps`` (a rank
     replaced in place, from its loss to its replacement's first record) shaded in
-    every panel; returns the number of points drawn. UsageError when matplotlib is
-    missing or the run logged no metric."""
+    every panel and, with gaps, a last panel of the ranks running of ``world`` over
+    time; returns the number of points drawn. UsageError when matplotlib is missing
+    or the run logged no metric."""
     require_matplotlib()
     import matplotlib
 
@@ -77,16 +80,40 @@ def plot_run(run_dir: Path, out: Path, title: str, gaps: Sequence[Replacement] =
     points = sum(len(p) for per_rank in data.values() for p in per_rank.values())
     if not points:
         raise UsageError(f"run {run_dir.name} logged no loss, samples/s or comm share to plot")
-    fig, axes = plt.subplots(len(PANELS), 1, figsize=(9, 8), sharex=True)
-    for ax, (key, label) in zip(axes, PANELS, strict=True):
+    shown = len(PANELS) + (1 if gaps and world else 0)
+    fig, axes = plt.subplots(shown, 1, figsize=(9, 8 * shown / len(PANELS)), sharex=True)
+    for ax, (key, label) in zip(axes, PANELS, strict=False):
         _shade(ax, gaps, start, labelled=ax is axes[0])
         _panel(ax, data.get(key, {}), label)
+    if shown > len(PANELS):
+        end = max((t for per in data.values() for pts in per.values() for t, _ in pts), default=0)
+        xs, ys = zip(*world_over_time(gaps, world, start, end), strict=True)
+        axes[-1].step(xs, ys, where="post", color="tab:orange", linewidth=1.5)
+        axes[-1].set_ylabel("ranks running")
+        axes[-1].set_ylim(0, world + 0.5)
+        axes[-1].grid(True, alpha=0.3)
     axes[-1].set_xlabel("seconds since the first record")
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return points
+
+
+def world_over_time(
+    gaps: Sequence[Replacement], world: int, start: float, end: float
+) -> list[tuple[float, int]]:
+    """``(seconds since start, ranks running)`` at 0, at every loss and return of
+    ``gaps`` (a gap still open runs to ``end``), and at ``end``: a step function."""
+    changes = sorted(
+        [(gap.lost_at - start, -1) for gap in gaps]
+        + [(gap.back_at - start, 1) for gap in gaps if gap.back_at is not None]
+    )
+    points, running = [(0.0, world)], world
+    for at, change in changes:
+        running += change
+        points.append((at, running))
+    return [*points, (max(end, points[-1][0]), running)]
 
 
 def _shade(ax: Any, gaps: Sequence[Replacement], start: float, *, labelled: bool) -> None:

@@ -85,7 +85,7 @@ def test_a_rank_replaced_in_place_is_shaded_from_its_loss_to_its_return(
     def shaded(gaps: tuple[Replacement, ...]) -> int:
         """Pixels of the span's colour (orange at 30 % on white)."""
         out = tmp_path / f"gaps{len(gaps)}.png"
-        plot_run(path, out, "t", gaps)
+        plot_run(path, out, "t", gaps, world=2)
         rgb = matplotlib.image.imread(out)[..., :3]
         near = (abs(rgb[..., 0] - 1.0) < 0.01) & (abs(rgb[..., 1] - 0.89) < 0.015)
         return int((near & (abs(rgb[..., 2] - 0.70) < 0.015)).sum())
@@ -94,3 +94,19 @@ def test_a_rank_replaced_in_place_is_shaded_from_its_loss_to_its_return(
     bare = shaded(())  # a few anti-aliased pixels of rank 1's orange line
     assert shaded((gap,)) > bare + 3 * 5_000  # three panels, a fifth of each one's width
     assert gap.gap_s == 10.0
+
+
+def test_the_ranks_running_step_down_at_a_loss_and_up_at_the_return() -> None:
+    from dmlctl.runs.state import Replacement
+    from dmlctl.ui.plot import world_over_time
+
+    back = Replacement(1, "local", 110.0, "killed by SIGKILL", 112.5, 20)
+    open_ = Replacement(3, "local", 111.0, "killed by SIGKILL", None, None)
+    assert world_over_time((back, open_), 4, 100.0, 30.0) == [
+        (0.0, 4),
+        (10.0, 3),
+        (11.0, 2),
+        (12.5, 3),
+        (30.0, 3),
+    ]
+    assert world_over_time((), 2, 0.0, 5.0) == [(0.0, 2), (5.0, 2)]
