@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -305,12 +306,16 @@ def test_a_killed_server_is_replaced_in_place_from_its_snapshot(cli: Cli, tmp_pa
     _near_uninterrupted(cli, run_id, "asgd-5")
 
 
+#: Each averaging strategy's in-place test: workers, and kills (2: the replacement too).
+AVERAGING = {"local-sgd": (4, 1), "bmuf": (2, 1), "easgd": (2, 1), "admm": (2, 1)}
+AVERAGING |= {"ssgd": (2, 1), "dpsgd": (3, 2)}
+
+
 @pytest.mark.parametrize(
-    ("strategy", "workers"),
-    [("local-sgd", 4), ("bmuf", 2), ("easgd", 2), ("admm", 2), ("ssgd", 2), ("dpsgd", 3)],
+    ("strategy", "workers", "kills"), [(name, *case) for name, case in AVERAGING.items()]
 )
 def test_a_killed_averaging_worker_rejoins_its_peers_at_their_next_round(
-    cli: Cli, tmp_path: Path, strategy: str, workers: int
+    cli: Cli, tmp_path: Path, strategy: str, workers: int, kills: int
 ) -> None:
     """restart.mode: in_place under local-sgd, bmuf, easgd, admm and ssgd (synchronous,
     no servers): kill -9 of worker 1 mid-run; the others' next round fails (with 4
@@ -319,29 +324,35 @@ def test_a_killed_averaging_worker_rejoins_its_peers_at_their_next_round(
     optimizer state (ssgd: its model, optimizer state and step), and which takes
     their mean (and bmuf's global model and momentum, easgd's center, admm's z) and
     step in the round they redo (ssgd: the step's gradients, its own included); all
-    end with the same model (checked by the run)."""
+    end with the same model (checked by the run). With two ``kills`` the first
+    replacement is killed too while it rejoins: the next generation takes a third
+    process (generation 2, or 1 when it died before it joined one)."""
     job = _job(
         tmp_path,
         "averaginginplace",
         f"args: ['--epochs', '{2 if strategy == 'ssgd' else 3}']\nworkers: {workers}\n"
         f"strategy: {strategy}\nrestart: {{mode: in_place}}\n",
     )
-    done, run_id = _kill_mid_run(cli, job, 1)
+    then = (lambda run_id: _kill_the_replacement(cli, run_id)) if kills == 2 else None
+    done, run_id = _kill_mid_run(cli, job, 1, then=then)
     out = done.stdout
     assert done.returncode == 0, out
     assert "rank 1 on local killed by SIGKILL; started again in place" in out, out
     handed = (
         "model, optimizer state and step" if strategy == "ssgd" else "peers' mean, optimizer state"
     )
-    assert f"{handed} from rank 0 (generation 1," in out, out
+    # A replacement killed before it joined a generation leaves none broken behind it.
+    assert re.search(rf"{handed} from rank 0 \(generation [1-{kills}],", out), out
     state = cli.state(run_id)
-    assert (state["restarts"], state["respawns"]) == (0, 1), state
+    assert (state["restarts"], state["respawns"]) == (0, kills), state
     starts = [len(_starts(cli, run_id, r)) for r in range(workers)]
-    assert starts == [1, 2] + [1] * (workers - 2), starts
+    assert starts == [1, 1 + kills] + [1] * (workers - 2), starts
     steps = {r["rank"]: r["step"] for r in state["ranks"]}
     assert len(set(steps.values())) == 1 and steps[0] > 0, steps  # at its peers' step
-    (gap,) = state["replacements"]  # status and plot show it
-    assert gap["rank"] == 1 and gap["back_at"] > gap["lost_at"] and gap["step"] > 0, gap
+    gaps = state["replacements"]  # status and plot show them
+    assert len(gaps) == kills and all(g["rank"] == 1 for g in gaps), gaps
+    gap = gaps[-1]
+    assert gap["back_at"] > gap["lost_at"] and gap["step"] > 0, gap
     generations = [m["values"].get("generation") for m in _metrics(cli, run_id)]
-    assert max(g for g in generations if g is not None) == 1, generations
+    assert 1 <= max(g for g in generations if g is not None) <= kills, generations
     _near_uninterrupted(cli, run_id, strategy)
