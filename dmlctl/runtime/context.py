@@ -142,8 +142,11 @@ class Context(RankIdentity):
             optimizer.bind_names(self._env.strategy, unwrapped)
             optimizer.keep_local = getattr(self._env.params, "final", None) == "local"
             self.on_data_end(optimizer.finish)
-            if self._store_group is not None and not optimizer.keep_local:
-                self.on_data_end(lambda: self._check_one_model(optimizer))
+            if getattr(optimizer, "elastic", None) is not None:  # rounds with peers: over
+                self.on_data_end(self._cursor.trained)
+            if (group := self._store_group) is not None and not optimizer.keep_local:
+                params = [p for g in optimizer.param_groups for p in g["params"]]
+                self.on_data_end(lambda: rejoin.check_one_model(params, group))
         self._optimizer = optimizer
         guards.mark_prepared()
         self._metrics.prepared(self._env.strategy)
@@ -264,13 +267,6 @@ class Context(RankIdentity):
         """For a strategy whose replacement (``restart.mode: in_place``) joined its
         peers at their ``step``: its data and :meth:`resume`'s answer go on there."""
         self._cursor.go_on_at(step)
-
-    def _check_one_model(self, optimizer: torch.optim.Optimizer) -> None:
-        """In a run that replaced workers in place: every worker ends with the same
-        parameters (:func:`~dmlctl.runtime.rejoin.check_one_model`)."""
-        assert self._store_group is not None
-        params = [p for g in optimizer.param_groups for p in g["params"]]
-        rejoin.check_one_model(params, self._store_group)
 
     def on_data_end(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` in :meth:`finish` (at the end of :meth:`shard`'s data or

@@ -36,6 +36,7 @@ class DataCursor:
         self._advance = 0  # batches a replacement skips beyond that (go_on_at)
         self.plan: tuple[int, int] | None = None  # (batches per epoch, epochs) of shard()
         self._on_end: list[Callable[[], None]] = []
+        self._ended = False  # the data ended (and no batch was taken since)
 
     def go_on_at(self, taken: int) -> None:
         """A replacement that joined its peers at their step ``taken`` (one batch a
@@ -46,8 +47,10 @@ class DataCursor:
         self.taken = self._taken_before = taken
 
     def started(self) -> bool:
-        """Whether this process has taken a batch of its own."""
-        return self.taken > self._taken_before
+        """Whether this process has taken a batch of its own, or reached the data's
+        end (a replacement that joined its peers' last round has none left: from
+        there on it takes part in their store collectives)."""
+        return self.taken > self._taken_before or self._ended
 
     def begin(
         self, size: int, world: int, batch_size: int, epochs: int, drop_last: bool, start: int
@@ -91,7 +94,10 @@ class DataCursor:
             return
         self.taken += 1
         if self._position is not None:
+            if self._ended:  # a script that iterates again after an end (shard per epoch)
+                self._position.trained(False)
             self._position.write(self.epoch, self.batches, self.taken)
+        self._ended = False
         self._metrics.count(samples)
 
     def ending(self, batches: Iterator[Any]) -> Iterator[Any]:
@@ -104,13 +110,18 @@ class DataCursor:
         self.end()
 
     def end(self) -> None:
-        """The data's end: no more steps expected; the callbacks of :meth:`on_end` run,
-        then a position kept says so."""
+        """The data's end: no more steps expected; the callbacks of :meth:`on_end` run."""
         TRACKER.data_end()
+        self._ended = True
         for callback in list(self._on_end):
             callback()
+
+    def trained(self) -> None:
+        """A position kept says this worker's training is over (its last round with
+        its peers done): its death is not replaced in place until it takes a batch
+        again (:meth:`dmlctl.runtime.rejoin.Position.trained`)."""
         if self._position is not None:
-            self._position.trained()
+            self._position.trained(True)
 
     def close(self) -> None:
         """This rank's part is over: a position kept says so (its death is then not

@@ -138,10 +138,14 @@ class Position:
         replaced (the servers expect nothing more of it)."""
         _touch(self._finished)
 
-    def trained(self) -> None:
-        """Mark this worker's data over (its final model done): a death after it is not
-        replaced either (its peers are past every round it could rejoin)."""
-        _touch(self._trained)
+    def trained(self, over: bool) -> None:
+        """Mark this worker's training ``over`` (its last round with its peers done: a
+        death after it is not replaced, its peers being past every round it could
+        rejoin), or not any more (it trains again)."""
+        if over:
+            _touch(self._trained)
+        elif os.path.exists(self._trained):
+            os.unlink(self._trained)
 
     def read(self) -> tuple[int, int, int] | None:
         """The last position written: (epoch, batches of it, batches in all); None

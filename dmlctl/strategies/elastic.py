@@ -260,10 +260,10 @@ class ElasticAverager:
         self._wait(self.group.allreduce([tensor]))
 
     def exchange(self, sent: Sequence[torch.Tensor], sizes: Sequence[int]) -> list[torch.Tensor]:
-        """Send ``sent[j]`` (1-D, one dtype; may be empty) to each member ``j`` and
+        """Send ``sent[j]`` (1-D, one dtype and device; may be empty) to each member ``j`` and
         return what each sent this one (``sizes[j]`` elements from ``j``): one gloo
         all-to-all, so that a member waits in it as in any collective."""
-        out = torch.empty(sum(sizes), dtype=sent[0].dtype)
+        out = torch.empty(sum(sizes), dtype=sent[0].dtype, device=sent[0].device)
         splits = [t.numel() for t in sent]
         work = self.group.alltoall_base(
             out, torch.cat(list(sent)), list(sizes), splits, dist.AllToAllOptions()

@@ -104,16 +104,17 @@ def world_over_time(
     gaps: Sequence[Replacement], world: int, start: float, end: float
 ) -> list[tuple[float, int]]:
     """``(seconds since start, ranks running)`` at 0, at every loss and return of
-    ``gaps`` (a gap still open runs to ``end``), and at ``end``: a step function."""
+    ``gaps`` (a gap still open runs to ``end``; a rank is down once while gaps of
+    its overlap: a replacement lost before its first record), and at ``end``."""
     changes = sorted(
-        [(gap.lost_at - start, -1) for gap in gaps]
-        + [(gap.back_at - start, 1) for gap in gaps if gap.back_at is not None]
+        [(gap.lost_at - start, 0, gap.rank) for gap in gaps]
+        + [(gap.back_at - start, 1, gap.rank) for gap in gaps if gap.back_at is not None]
     )
-    points, running = [(0.0, world)], world
-    for at, change in changes:
-        running += change
-        points.append((at, running))
-    return [*points, (max(end, points[-1][0]), running)]
+    points, down = [(0.0, world)], set[int]()
+    for at, back, rank in changes:
+        (down.discard if back else down.add)(rank)
+        points.append((at, world - len(down)))
+    return [*points, (max(end, points[-1][0]), points[-1][1])]
 
 
 def _shade(ax: Any, gaps: Sequence[Replacement], start: float, *, labelled: bool) -> None:

@@ -356,3 +356,28 @@ def test_a_killed_averaging_worker_rejoins_its_peers_at_their_next_round(
     generations = [m["values"].get("generation") for m in _metrics(cli, run_id)]
     assert 1 <= max(g for g in generations if g is not None) <= kills, generations
     _near_uninterrupted(cli, run_id, strategy)
+
+
+@pytest.mark.parametrize(("strategy", "kill_at"), [("dpsgd", 16), ("local-sgd", 15)])
+def test_a_worker_killed_at_its_last_step_is_replaced_for_the_final_round(
+    cli: Cli, tmp_path: Path, strategy: str, kill_at: int
+) -> None:
+    """kill -9 of worker 1 right after its last step (of 16; local-sgd: after step
+    15, inside its last period of 8): the others' last round fails (dpsgd: the final
+    average), its replacement joins it at step 16, takes no batch and joins the
+    store collectives after it — the comparison of the models and the script's
+    accuracy — instead of leaving its peers waiting for it (30 minutes)."""
+    job = tmp_path / "last.yaml"
+    job.write_text(
+        f"name: laststep\nworkdir: {REPO / 'tests' / 'integration' / 'jobs' / 'last_step'}\n"
+        f"script: train.py\nargs: ['--kill-at', '{kill_at}']\nworkers: 2\n"
+        f"strategy: {strategy}\nrestart: {{mode: in_place}}\n"
+    )
+    done = cli.run("launch", str(job), "--ui", "plain", timeout=90)
+    out = done.stdout
+    assert done.returncode == 0, out + done.stderr
+    assert "rank 1 on local killed by SIGKILL; started again in place" in out, out
+    assert "rank 1 rejoined at step 16: peers' mean, optimizer state from rank 0" in out, out
+    assert "rank 0 done: accuracy" in out and "rank 1 done: accuracy" in out, out
+    state = cli.state(cli.runs()[0].name)
+    assert (state["restarts"], state["respawns"]) == (0, 1), state

@@ -172,21 +172,25 @@ def test_a_worker_whose_part_was_over_is_not_forked_again(
 def test_a_worker_lost_after_its_training_is_not_forked_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Its data over (its final model done), its peers are past every round a
-    replacement could join: the run restarts as a whole instead, and says why."""
+    """Its last round with its peers done (the final model, at the data's end), they
+    are past every round a replacement could join: the run restarts as a whole
+    instead, and says why — until it trains again (a script that iterates anew)."""
     from dmlctl.runtime.cursor import DataCursor
     from dmlctl.runtime.metrics import MetricLogger
 
     monkeypatch.setenv(protocol.ENV_ATTEMPT, "1")
     env = _env(**{protocol.ENV_RANK_DIR: str(tmp_path), "RANK": "2", protocol.ENV_ATTEMPT: "1"})
     cursor = DataCursor(MetricLogger(2, None), position=rejoin.Position(str(tmp_path), 2))
-    ran: list[str] = []
-    cursor.on_end(lambda: ran.append("final model"))
+    cursor.on_end(lambda: ran.append(may_respawn(env, -signal.SIGKILL, 0)))  # the final round
+    cursor.on_end(cursor.trained)
+    ran: list[bool] = []
     cursor.end()
-    assert ran == ["final model"]
+    assert ran == [True] and cursor.started()  # a replacement at its end: in the collectives
     assert not may_respawn(env, -signal.SIGKILL, 0)
     assert "rank 2 was lost after its training was over" in capsys.readouterr().err
     assert not over_before(env, -signal.SIGKILL)  # a failure of the run: not finished
+    cursor.count(32)  # it trains again
+    assert may_respawn(env, -signal.SIGKILL, 0)
 
 
 def test_the_respawn_record_reaches_the_state_as_a_rank_recovering(tmp_path: Path) -> None:

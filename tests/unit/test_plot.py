@@ -110,3 +110,5 @@ def test_the_ranks_running_step_down_at_a_loss_and_up_at_the_return() -> None:
         (30.0, 3),
     ]
     assert world_over_time((), 2, 0.0, 5.0) == [(0.0, 2), (5.0, 2)]
+    again = Replacement(1, "local", 110.5, "killed by SIGKILL", 112.5, 20)  # while it rejoined
+    assert [n for _, n in world_over_time((back, again), 2, 100.0, 30.0)] == [2, 1, 1, 2, 2, 2]

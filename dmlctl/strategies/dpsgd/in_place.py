@@ -131,7 +131,7 @@ class ElasticGossip(DPSGDOptimizer):
         ``place``: None brings none) to every member, its parameters to its
         neighbours too. Every member's flag and place, and what each neighbour sent
         (its parameters; empty from the others)."""
-        head = torch.tensor([place is not None, place or 0], dtype=torch.int64)
+        head = torch.tensor([place is not None, place or 0], dtype=torch.int64, device=flat.device)
         head = head.view(torch.uint8).view(flat.dtype)  # the bits, any dtype
         k, n = head.numel(), flat.numel()
         sent = [
