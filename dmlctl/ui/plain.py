@@ -22,6 +22,7 @@ from dmlctl.runs.events import (
     RankExited,
     RankRespawned,
     RankStarted,
+    Restarting,
     StopRequested,
     Stream,
 )
@@ -42,6 +43,8 @@ class PlainPrinter:
     * controller progress: ``dmlctl: text``;
     * ranks and agents: ``dmlctl: rank 1 started on local (worker, pid 42)``,
       ``dmlctl: rank 1 on local exited with code 1``, ``dmlctl: agent on local exited …``;
+    * a restart and its cause: ``dmlctl: rank 1 on local: Signal: killed by SIGKILL:
+      restart 1 in 1 s``;
     * metrics: at most once every ``summary_interval`` seconds (by ``clock``, counted
       from construction), ``dmlctl: rank N step S loss L samples/s R`` for each rank
       whose step, loss or rate changed since the last summary; a final summary is
@@ -90,6 +93,9 @@ class PlainPrinter:
                 emit(f"dmlctl: agent started on {ev.host} (pid {ev.pid})")
             elif isinstance(ev, AgentExited):
                 emit(f"dmlctl: agent on {ev.host} exited with code {ev.exit_code}")
+            elif isinstance(ev, Restarting):
+                line = f"{clean_line(ev.cause.headline())}: restart {ev.attempt} in {ev.delay:g} s"
+                emit(f"dmlctl: {line}")
             elif isinstance(ev, StopRequested):
                 emit(f"dmlctl: stopping: {ev.reason}")
             elif isinstance(ev, Finished):

@@ -18,6 +18,7 @@ from dmlctl.runs.events import (
     Progress,
     RankExited,
     RankStarted,
+    Restarting,
     Stream,
 )
 from dmlctl.runs.reducer import apply
@@ -259,6 +260,9 @@ def test_plain_printer_lines_and_periodic_summary() -> None:
     assert "step" not in feed([LogLines("host-a", 1, Stream.STDOUT, ("tick",), T0)])  # unchanged
     text = feed([RankExited("host-a", 1, 1, CAUSE, T0)])
     assert "dmlctl: rank 1 on host-a exited with code 1: ValueError: bad batch" in text
+    text = feed([Restarting(1, CAUSE, 1.5, T0)])  # why it restarts, whatever printed before
+    assert text.startswith("dmlctl: rank 1 on host-a: ValueError: bad batch"), text
+    assert text.rstrip().endswith(": restart 1 in 1.5 s"), text
 
 
 def test_plain_printer_final_summary_on_finish() -> None:
