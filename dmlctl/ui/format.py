@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
-from rich.console import Group, RenderableType
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.panel import Panel
 from rich.text import Text
 
@@ -157,6 +157,25 @@ def _rejoining(state: RunState) -> list[tuple[str, str]]:
     return [(f" ({n} rejoining)", "bold yellow")] if n else []
 
 
+class Fields:
+    """Texts in a line, two spaces apart; one that does not fit the width goes whole to
+    the next line (a narrow terminal never cuts ``hosts 1`` in two)."""
+
+    def __init__(self, fields: Sequence[Text]) -> None:
+        self.fields = fields
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        line = Text()
+        for field in self.fields:
+            if line.cell_len and line.cell_len + 2 + field.cell_len > options.max_width:
+                yield line
+                line = Text()
+            if line.cell_len:
+                line.append("  ")
+            line.append_text(field)
+        yield line
+
+
 def run_header(state: RunState, now: float, *, marker: str | None = None) -> RenderableType:
     """Two lines: identity (run, job, strategy) then phase, elapsed, restarts, world,
     hosts and the newest checkpoint (with the controller's copy, when there is one).
@@ -172,27 +191,30 @@ def run_header(state: RunState, now: float, *, marker: str | None = None) -> Ren
         ("  strategy ", "dim"),
         (state.strategy, ""),
     )
-    status = Text.assemble(
+    fields = [
         phase_text(state.phase),
-        ("  elapsed ", "dim"),
-        (format_duration(state.elapsed(now)), ""),
-        ("  restarts ", "dim"),
-        (str(state.restarts), "yellow" if state.restarts else ""),
-        *([(f" (+{state.respawns} in place)", "yellow")] if state.respawns else []),
-        ("  world ", "dim"),
-        (str(state.world_size), ""),
-        *_rejoining(state),
-        ("  hosts ", "dim"),
-        (str(len(state.hosts)), ""),
-    )
+        Text.assemble(("elapsed ", "dim"), format_duration(state.elapsed(now))),
+        Text.assemble(
+            ("restarts ", "dim"),
+            (str(state.restarts), "yellow" if state.restarts else ""),
+            *([(f" (+{state.respawns} in place)", "yellow")] if state.respawns else []),
+        ),
+        Text.assemble(("world ", "dim"), str(state.world_size), *_rejoining(state)),
+        Text.assemble(("hosts ", "dim"), str(len(state.hosts))),
+    ]
     if state.checkpoint_step is not None:
-        status.append("  checkpoint ", style="dim")
-        status.append(f"step {state.checkpoint_step}")
-        if state.checkpoint_copied is not None:
-            status.append(f" (copy: step {state.checkpoint_copied})", style="dim")
+        copied = state.checkpoint_copied
+        fields.append(
+            Text.assemble(
+                ("checkpoint ", "dim"),
+                f"step {state.checkpoint_step}",
+                *([(f" (copy: step {copied})", "dim")] if copied is not None else []),
+            )
+        )
     if state.exit_code is not None:
-        status.append("  exit code ", style="dim")
-        status.append(str(state.exit_code), style="red" if state.exit_code else "green")
+        code = (str(state.exit_code), "red" if state.exit_code else "green")
+        fields.append(Text.assemble(("exit code ", "dim"), code))
+    status = Fields(fields)
     lines: list[RenderableType] = [ident, status]
     if (progress := progress_line(state, now, format_duration)) is not None:
         lines.append(progress)

@@ -209,12 +209,18 @@ def test_the_respawn_record_reaches_the_state_as_a_rank_recovering(tmp_path: Pat
 
     from dmlctl.ui.format import run_header
 
-    def header() -> str:
-        console = Console(width=160, color_system=None, record=True)
+    def header(width: int = 160) -> str:
+        console = Console(width=width, color_system=None, record=True)
         console.print(run_header(state, 2.0))
         return console.export_text()
 
     assert "restarts 0 (+1 in place)  world 2 (1 rejoining)" in header()
+    narrow = header(48).splitlines()[1:]  # a field that does not fit goes whole
+    assert narrow[:3] == [
+        "pending  elapsed 0:00:02",
+        "restarts 0 (+1 in place)  world 2 (1 rejoining)",
+        "hosts 1",
+    ], narrow
     state = apply(state, [RankStarted("h", 1, 1, "worker", 4242, 1.0)])
     assert state.ranks[1].status is RankStatus.RECOVERING  # started, not training yet
     (gap,) = state.replacements
