@@ -16,6 +16,7 @@ from rich.text import Text
 
 from dmlctl.runs.state import RankStatus, Replacement, RunState
 from dmlctl.ui.format import (
+    clean_line,
     format_duration,
     phase_text,
     rank_table,
@@ -172,11 +173,27 @@ def replacement_line(gap: Replacement) -> Text:
     )
 
 
+def attempt_lines(state: RunState) -> list[Text]:
+    """``attempt 1 failed at 2026-11-29 14:03:07: rank 1 on local: Signal: killed by
+    SIGKILL`` for each attempt that failed (the ranks replaced in place have lines of
+    their own: :func:`replacement_line`)."""
+    replaced = {(gap.rank, gap.lost_at) for gap in state.replacements}
+    ended = [f for f in state.failures if (f.rank, f.ts) not in replaced]
+    return [
+        Text.assemble(
+            (f"attempt {number} failed at ", "yellow"),
+            format_local_time(failure.ts),
+            (f": {clean_line(failure.headline())}", "yellow"),
+        )
+        for number, failure in enumerate(ended, start=1)
+    ]
+
+
 def render_run_detail(state: RunState, now: float) -> RenderableType:
     """``dmlctl status RUN_ID``: the dashboard header, when the run started, its device
     mesh (``device mesh: pp 2 × tp 2 (4 workers)``, with one), every rank (with its
-    place in the mesh), the ranks replaced in place and how long each logged nothing,
-    and the root cause."""
+    place in the mesh), the attempts that failed and why, the ranks replaced in place
+    and how long each logged nothing, and the root cause."""
     parts: list[RenderableType] = [
         run_header(state, now),
         Text.assemble(("started ", "dim"), format_local_time(state.created_at)),
@@ -184,6 +201,7 @@ def render_run_detail(state: RunState, now: float) -> RenderableType:
     if state.mesh is not None:
         parts.append(Text(state.mesh.describe()[0]))
     parts += [Text(""), rank_table(state.ranks, mesh=state.mesh)]
+    parts += attempt_lines(state)
     parts += [replacement_line(gap) for gap in state.replacements]
     if state.root_cause is not None:
         parts.append(root_cause_panel(state.root_cause))

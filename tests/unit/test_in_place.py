@@ -243,6 +243,7 @@ def test_the_respawn_record_reaches_the_state_as_a_rank_recovering(tmp_path: Pat
     detail = console.export_text()
     assert "rank 1 on h replaced in place at " in detail
     assert " (killed by SIGKILL; started again in place): back after 1.50 s, at step 50" in detail
+    assert "attempt 1 failed" not in detail  # a replacement is no failed attempt
 
 
 def test_a_replacement_spends_an_infra_restart() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import time
 
@@ -285,6 +286,17 @@ def test_summary_after_failure() -> None:
     for r in HOSTS:
         assert str(120 + r) in out
     assert "logs:" not in render(render_summary(failed(), None))
+
+
+def test_the_detail_says_why_each_attempt_failed() -> None:
+    from dmlctl.ui.summary import render_run_detail
+
+    state = apply(running(), [Restarting(1, dataclasses.replace(CAUSE, ts=T0 + 5), 1.0, T0 + 5)])
+    out = render(render_run_detail(state, T0 + 70))
+    (line,) = [x for x in out.splitlines() if x.startswith("attempt ")]
+    assert line.startswith("attempt 1 failed at ") and line.endswith(
+        ": rank 1 on host-a: ValueError: bad batch shape (3, 7)"
+    ), line
 
 
 def test_run_list_and_detail() -> None:
