@@ -331,7 +331,7 @@ def test_an_early_end_is_requeued_and_resumed_from_its_checkpoint(
     assert starts and int(starts[0].rsplit(" ", 1)[1]) >= 5, out
     assert (tmp_path / "out.txt").read_text().startswith("40 ")
     where = next(
-        ln for ln in slurm.run("status", run.name).stdout.splitlines() if "Slurm job" in ln
+        ln for ln in slurm.run("status", run.name).stdout.splitlines() if ln.startswith("where: ")
     )
     assert f"Slurm job {first}," not in where and where.endswith(", completed"), where
     assert wait_until(lambda: squeue(slurm, "-t", "PENDING,RUNNING") == "", 30)
