@@ -6,16 +6,17 @@ waited for in slices (a timed-out wait closes the pair), so a worker waiting on 
 neighbour could not learn of a loss that gloo does not tell it of.
 
 Every collective — a mixing round, a consensus measurement, the final average — is
-preceded by a **header**: one small all-reduce in which each member says whether it
-brings a model and where it is (its step count and the collective due). When the
-members that bring a model are at one place, all do that collective: a mixing round is
-one all-to-all in which each member sends its flat parameters to its topology
-neighbours only (nothing to the others: the bytes of point-to-point gossip), then
-``xᵢ ← Σⱼ Wᵢⱼ bⱼ xⱼ / Σⱼ Wᵢⱼ bⱼ`` (``bⱼ`` = 1 when member ``j`` brings a model); the
-consensus and the final average are one all-reduce each. When they are not (a member
-died inside an all-to-all that some completed: they went on), those behind skip the
-collective they are at (a gossip round skipped: their own model stays; a consensus:
-its previous value) and the others say their header again until all are level.
+one all-to-all that carries a **header** from each member to every member (whether it
+brings a model, and where it is: its step count and the collective due; 16 bytes cast
+into the parameters' dtype) and its flat parameters to its topology neighbours only
+(the bytes of point-to-point gossip). When the members that bring a model are at one
+place, all do that collective: a mixing round is then done with what the neighbours
+sent, ``xᵢ ← Σⱼ Wᵢⱼ bⱼ xⱼ / Σⱼ Wᵢⱼ bⱼ`` (``bⱼ`` = 1 when member ``j`` brings a model);
+the consensus and the final average are one all-reduce more each. When they are not
+(a member died inside an all-to-all that some completed: they went on), those behind
+skip the collective they are at (a gossip round skipped: their own model stays; a
+consensus: its previous value) and the others send their header again until all are
+level.
 
 A member lost in a collective: the others form the next generation with its
 replacement (the lowest-ranked live worker hands it its optimizer state as it forms)
@@ -109,10 +110,10 @@ class ElasticGossip(DPSGDOptimizer):
         """Headers until the members that bring a model are at one place, then the
         collective there (``kind`` None: a replacement's, which brings no model);
         its kind, value and step. None when this worker is behind (it skips)."""
-        mine = 4 * self.local_steps + kind if kind is not None else -1
+        mine = None if kind is None else 4 * self.local_steps + kind
         while True:
             flat = flat_params(self.params)
-            bring, places, got = self._headers(flat, mine if kind is not None else None)
+            bring, places, got = self._headers(flat, mine)
             level = {int(places[j]) for j in range(self.world_size) if bring[j] > 0}
             if not level:
                 raise RuntimeError(
@@ -121,7 +122,7 @@ class ElasticGossip(DPSGDOptimizer):
             if len(level) == 1:
                 place = level.pop()
                 return place % 4, self._do(place % 4, flat, bring, got), place // 4
-            if kind is not None and mine < max(level):
+            if mine is not None and mine < max(level):
                 return None
 
     def _headers(
