@@ -97,6 +97,34 @@ class StrategyChoice:
 
 
 @dataclass(frozen=True)
+class Rejoin:
+    """A lost host's ranks, for another host's agent to start into the running world
+    in torchrun's place (``restart.mode: in_place``; :mod:`dmlctl.agent.standin`):
+    their global ranks in local-rank order, the world's size, the run's store
+    (``master_addr:master_port``: the rendezvous endpoint, which serves it), the lost
+    host's node rank and the number of nodes, and which replacement this is."""
+
+    ranks: tuple[int, ...]
+    world_size: int
+    master_addr: str
+    master_port: int
+    group_rank: int
+    group_world_size: int
+    number: int = 1
+
+    def standin_env(self, torchrun: TorchrunCommand) -> str:
+        """The stand-in's instructions (:data:`dmlctl.agent.standin.ENV_STANDIN`):
+        these fields, the rendezvous id and ``torchrun``'s script and arguments."""
+        data = {**asdict(self), "run_id": torchrun.rdzv_id}
+        return json.dumps({**data, "script": torchrun.script, "args": list(torchrun.args)})
+
+    @staticmethod
+    def from_dict(data: Mapping[str, Any]) -> Rejoin:
+        """Inverse of :func:`dataclasses.asdict` (JSON lists become tuples)."""
+        return Rejoin(**{**data, "ranks": tuple(int(r) for r in data["ranks"])})
+
+
+@dataclass(frozen=True)
 class AgentConfig:
     """What a host agent runs for one attempt: built by the planner
     (``LaunchPlan.agent_config``), sent as the first line of the agent's stdin.
@@ -105,7 +133,8 @@ class AgentConfig:
     ``torchrun.rdzv_id`` its rendezvous id. ``env`` is the host's planned environment;
     ``strategy`` the job's strategy with its parameters; the ranks get both through
     :meth:`rank_env`. ``stop_grace``: seconds the ranks get
-    after SIGTERM when the agent stops them.
+    after SIGTERM when the agent stops them. ``rejoin``: the agent starts these ranks
+    into the running world instead of torchrun (a lost host's, replaced in place).
     """
 
     run_id: str
@@ -117,6 +146,7 @@ class AgentConfig:
     env: Mapping[str, str] = field(default_factory=dict)
     strategy: StrategyChoice = field(default_factory=StrategyChoice)
     stop_grace: float = 30.0
+    rejoin: Rejoin | None = None
 
     def rank_env(self) -> dict[str, str]:
         """The variables torchrun (and so every rank) gets on top of the agent's own
@@ -140,6 +170,8 @@ class AgentConfig:
             data = json.loads(text)
             torchrun = TorchrunCommand.from_dict(data.pop("torchrun"))
             strategy = StrategyChoice(**data.pop("strategy"))
-            return AgentConfig(**data, torchrun=torchrun, strategy=strategy)
+            rejoin = data.pop("rejoin", None)
+            rejoined = Rejoin.from_dict(rejoin) if rejoin is not None else None
+            return AgentConfig(**data, torchrun=torchrun, strategy=strategy, rejoin=rejoined)
         except (TypeError, KeyError, AttributeError) as exc:
             raise ValueError(f"not an agent configuration: {exc}") from exc

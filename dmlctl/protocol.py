@@ -109,6 +109,15 @@ ENV_CHECKPOINT_ALLOW_FRESH = "DMLCTL_CHECKPOINT_ALLOW_FRESH"  # "1": checkpoint.
 ENV_CHECKPOINT_WARM_START = "DMLCTL_CHECKPOINT_WARM_START"  # "1": checkpoint.warm_start
 
 
+STORE_PREFIX = "dmlctl"  # the ranks' keys in torchrun's store (MASTER_ADDR:MASTER_PORT)
+
+
+def rank_done_key(rank: int) -> str:
+    """The key (under :data:`STORE_PREFIX`) that rank ``rank`` of an in-place run sets
+    once it is done with the store, as its process ends."""
+    return f"done/{rank}"
+
+
 def in_place(environ: Mapping[str, str]) -> bool:
     """Whether the run that gave a rank ``environ`` replaces lost workers in place."""
     return environ.get(ENV_RESTART_MODE) == IN_PLACE
@@ -317,7 +326,9 @@ class RankEventWriter:
                 self._file.write(line)
 
     def start(self, local_rank: int, role: str, host: str) -> None:
-        """Record that this rank's process is up (and which thread is its main one)."""
+        """Record that this rank's process is up (and which thread is its main one,
+        and the run's store, ``MASTER_ADDR:MASTER_PORT``, where torchrun gave one)."""
+        store = [os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT")]
         self._write(
             {
                 "kind": KIND_START,
@@ -326,6 +337,7 @@ class RankEventWriter:
                 "role": role,
                 "host": host,
                 "main_thread": threading.main_thread().ident,
+                **({"store": f"{store[0]}:{store[1]}"} if all(store) else {}),
             }
         )
 

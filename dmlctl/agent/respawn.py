@@ -66,7 +66,31 @@ def over_before(env: Mapping[str, str], code: int) -> bool:
             file=sys.stderr,
         )
         _write(env, lambda writer: writer.exit(0, None))  # it could not write its own
+        _done_with_store(env)
     return over
+
+
+def _done_with_store(env: Mapping[str, str]) -> None:
+    """Say for the rank started with ``env`` that it is done with the run's store, as
+    it would have as it ended (:func:`dmlctl.runtime.rejoin.done`): the torchruns wait
+    for that. Said on stderr when the store cannot be reached."""
+    from datetime import timedelta
+
+    from torch._C._distributed_c10d import PrefixStore, TCPStore
+
+    if "MASTER_ADDR" not in env:  # no store (a rank run by hand)
+        return
+    try:
+        client = TCPStore(
+            env["MASTER_ADDR"],
+            int(env["MASTER_PORT"]),
+            is_master=False,
+            timeout=timedelta(seconds=10),
+        )
+        store = PrefixStore(protocol.STORE_PREFIX, client)
+        store.set(protocol.rank_done_key(int(env.get("RANK", "0"))), "1")
+    except (KeyError, ValueError, RuntimeError) as exc:
+        print(f"dmlctl: rank {env.get('RANK')}: the run's store: {exc}", file=sys.stderr)
 
 
 def _marked(env: Mapping[str, str], mark: Callable[[str, int, str], str]) -> bool:

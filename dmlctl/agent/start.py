@@ -16,6 +16,7 @@ from dmlctl import protocol, wire
 from dmlctl.agent import warm
 from dmlctl.agent.messages import Emitter
 from dmlctl.agent.procs import dies_with_parent
+from dmlctl.agent.standin import ENV_STANDIN as STANDIN
 from dmlctl.agent_config import AgentConfig
 from dmlctl.failure import FULL_DISK_ERRNOS, Kind
 
@@ -48,9 +49,15 @@ def environment(config: AgentConfig, rank_dir: str) -> dict[str, str]:
 
 
 def start(config: AgentConfig, workdir: str, env: dict[str, str], emit: Emitter) -> Torchrun:
-    """torchrun, forked from this warm process when possible, else a new process."""
+    """torchrun, forked from this warm process when possible, else a new process; for
+    a config with ``rejoin``, the stand-in that starts those ranks into the running
+    world (:mod:`dmlctl.agent.standin`) instead."""
     argv = config.torchrun.argv()
-    if warm.can_fork(argv):
+    if config.rejoin is not None:
+        argv = (config.torchrun.python, "-m", "dmlctl.agent.standin")
+        env = {**env, STANDIN: config.rejoin.standin_env(config.torchrun)}
+        emit.send(wire.LogMsg(None, "agent", ("dmlctl agent: rank replacements",)))
+    elif warm.can_fork(argv):
         forked = warm.ForkedTorchrun(argv, workdir, env)
         emit.send(wire.LogMsg(None, "agent", ("dmlctl agent: warm start",)))
         return forked

@@ -30,11 +30,46 @@ def run(argv: Sequence[str]) -> None:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main
 
+    if protocol.in_place(os.environ):
+        wait_for_ranks_at_exit()
     try:
         main(list(argv))
     except ChildFailedError as e:
         write_failures(e.failures)
         raise
+
+
+EXIT_WAIT_S = 60.0
+"""How long a torchrun of an in-place run waits at its end for every rank of the world
+to be done with the run's store."""
+
+
+def wait_for_ranks_at_exit(timeout: float = EXIT_WAIT_S) -> None:
+    """Patch torchrun's exit barrier for a run that replaces lost ranks in place.
+
+    torchrun waits at its end (up to 5 minutes) until every node's torchrun got there,
+    so that the node serving the store outlives every rank that uses it. A node
+    replaced in place never gets there: its ranks run under a stand-in
+    (:mod:`dmlctl.agent.standin`). So each torchrun of such a run waits instead until
+    every rank of the world — whichever process runs it now — said it is done with
+    the store (:func:`dmlctl.runtime.rejoin.done`), at most ``timeout`` seconds."""
+    from datetime import timedelta
+
+    from torch._C._distributed_c10d import PrefixStore, TCPStore
+    from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
+
+    def _exit_barrier(self: Any) -> None:
+        group = self._worker_group
+        try:
+            wait = timedelta(seconds=timeout)
+            client = TCPStore(group.master_addr, int(group.master_port), is_master=False)
+            store = PrefixStore(protocol.STORE_PREFIX, client)
+            world = int(group.workers[0].world_size)
+            store.wait([protocol.rank_done_key(r) for r in range(world)], wait)
+        except Exception as exc:  # the run's outcome is its ranks', not this wait's
+            print(f"dmlctl: not every rank said it is done with the store: {exc}", file=sys.stderr)
+
+    SimpleElasticAgent._exit_barrier = _exit_barrier  # type: ignore[method-assign]
 
 
 def write_failures(failures: Mapping[int, Any], environ: Mapping[str, str] = os.environ) -> None:

@@ -26,69 +26,33 @@ import time
 from collections.abc import Callable, Mapping
 
 from dmlctl.failure import Evidence, Failure, Kind
-from dmlctl.hangs.watch import CONFIRM_S, HangProbe, HangWatch, Liveness
+from dmlctl.hangs.watch import CONFIRM_S, HangProbe, Liveness
 from dmlctl.launch.books import RunBooks
+from dmlctl.launch.host_swap import HostSwap
+from dmlctl.launch.notes import AttemptNotes
 from dmlctl.launch.policy import Failed, Succeeded, over_budget
 from dmlctl.launch.standby import Standbys
 from dmlctl.launch.stops import AttemptStops, StopRules
-from dmlctl.plan.model import LaunchPlan
+from dmlctl.plan.model import HostPlan, LaunchPlan
 from dmlctl.provision.replicate import Replicator
 from dmlctl.runs.events import (
     AgentExited,
     AgentStarted,
     CheckpointSaved,
     Event,
-    Heartbeat,
-    MetricRecord,
+    HostReplaced,
     ProcSample,
     Progress,
-    RankExited,
     RankStarted,
-    StackDump,
-    StacksDumped,
     StopRequested,
 )
 from dmlctl.runs.parser import parse_line
 from dmlctl.runs.state import RunState
-from dmlctl.runs.stderr_tail import StderrTails
 from dmlctl.transport.base import Process, Transport
 
 BATCH = 8  # agent messages handled per step (each carries up to ~256 KiB of lines)
 QUEUE_MAX = 16  # agent messages read ahead of the supervisor: bounds the controller's memory
 STALL_S = 2.0  # a turn of the loop longer than this means the controller itself stood still
-
-
-class AttemptNotes:
-    """What the current attempt learns from every event before it is reduced: each
-    rank's stderr tail (put into root causes that lack a traceback), and the hang
-    watch's beats, exits and samples, and the stack dumps a hang verdict waits for."""
-
-    def __init__(self, hang_timeout: float | None) -> None:
-        self.hangs = HangWatch(hang_timeout)
-        self.probe: HangProbe | None = None  # a hang verdict waiting for stack dumps
-        self._stderr = StderrTails()
-
-    def reset(self) -> None:
-        """Forget the previous attempt (its stderr tails, beats and hang verdict)."""
-        self._stderr = StderrTails()
-        self.hangs.reset()
-        self.probe = None
-
-    def __call__(self, batch: list[Event]) -> list[Event]:
-        """``batch`` with stderr tails attached to causes; every event noted."""
-        batch = self._stderr.attach(batch)
-        for ev in batch:
-            if isinstance(ev, Heartbeat):
-                self.hangs.beat(ev)
-            elif isinstance(ev, RankExited):
-                self.hangs.exited(ev)
-            elif isinstance(ev, ProcSample):
-                self.hangs.sample(ev)
-            elif isinstance(ev, MetricRecord):
-                self.hangs.recorded(ev)
-            elif isinstance(ev, (StackDump, StacksDumped)) and self.probe is not None:
-                self.probe.take(ev)
-        return batch
 
 
 @dataclasses.dataclass
@@ -155,6 +119,18 @@ class AttemptRunner:
         # on its pipe and the ranks' files hold the rest (nothing is dropped).
         self._queue: queue.Queue[tuple[str, str | None]] = queue.Queue(QUEUE_MAX)
         self._procs: dict[str, Process] = {}
+        self._swap: HostSwap | None = None
+
+    @property
+    def lost_now(self) -> frozenset[str]:
+        """The hosts lost in the current attempt so far (see :meth:`take_lost`)."""
+        return frozenset(self._lost_hosts)
+
+    @property
+    def swapped_in(self) -> dict[str, HostPlan]:
+        """The hosts that took a lost host's ranks in the current attempt, as they
+        run there."""
+        return dict(self._swap.placed) if self._swap is not None else {}
 
     def take_lost(self) -> dict[str, str]:
         """The hosts lost in the attempt (host → why); forgotten once taken."""
@@ -165,6 +141,7 @@ class AttemptRunner:
         """Start an agent on every host of ``plan`` as attempt ``number`` (0-based);
         a host whose agent cannot be started is lost at once."""
         self._procs, self._lost_hosts, self._running_since = {}, {}, {}
+        self._swap = HostSwap(plan)
         self.notes.reset()  # the stderr tails of this attempt only
         hosts = ", ".join(h.name for h in plan.hosts)
         what = "starting" if number == 0 else f"restarting (attempt {number + 1})"
@@ -222,11 +199,55 @@ class AttemptRunner:
                 continue
             run.exited.add(host)
             timeout = self.settings.host_timeout or 0.0
-            out.append(
-                self._lost(host, f"no message from the host for {timeout:.0f} s (unreachable?)")
-            )
+            why = f"no message from the host for {timeout:.0f} s (unreachable?)"
             self._procs[host].kill()
+            out += self._gone(run, host, why)
         return out
+
+    def _gone(self, run: Attempt, host: str, why: str | None = None) -> list[Event]:
+        """``host``'s agent is lost (its output ended without an ``exit`` message, or
+        it was silent for ``why``): its ranks started on another host while the others
+        go on (:mod:`dmlctl.launch.host_swap`) when they can be, else its exit as a
+        lost host (the run restarts), with why they could not be when the run
+        replaces lost ranks in place."""
+        lost = self._lost(host, why, killed=host in run.stops.killed)
+        swap = self._swap
+        if lost.cause is None or run.stops.stop_sent is not None or swap is None:
+            return [lost]
+        reason = swap.why_not(host)
+        if reason is None:
+            for target in swap.targets(host, ended=why is None):
+                if replaced := self._replace(run, host, target, lost):
+                    return replaced
+            reason = "no spare host could start an agent"
+        if reason == swap.RESTART_FULL:
+            return [lost]
+        said = f"the ranks of {host} cannot go on elsewhere while the others train: {reason}"
+        return [Progress(said, self.clock()), lost]
+
+    def _replace(self, run: Attempt, host: str, target: HostPlan, lost: AgentExited) -> list[Event]:
+        """Start ``target``'s agent with lost ``host``'s ranks; the events saying so
+        (none when the agent cannot be started)."""
+        assert self._swap is not None and lost.cause is not None
+        try:
+            proc = self.transports[target.name].start(target.agent_argv, cwd=target.agent_cwd)
+        except Exception:
+            return []
+        config = self._swap.config(host, target, run.number, self.settings.stop_grace)
+        proc.send(config.to_json())
+        self._procs[target.name] = proc
+        run.live.add(target.name)
+        run.exited.discard(target.name)
+        self.liveness.heard(target.name)
+        threading.Thread(target=self._read, args=(target.name, proc), daemon=True).start()
+        if target.name == host:  # back: not set aside for a later attempt
+            self._lost_hosts.pop(host, None)
+        ranks = self._swap.moved(host, target.name)
+        now = self.clock()
+        which = f"rank {ranks[0]} starts" if len(ranks) == 1 else f"ranks {ranks} start"
+        text = f"{host} lost ({lost.cause.message}); {which} again on {target.name}"
+        text += " while the others go on"
+        return [HostReplaced(host, target.name, ranks, lost.cause, now), Progress(text, now)]
 
     def _read(self, host: str, proc: Process) -> None:
         try:
@@ -296,7 +317,7 @@ class AttemptRunner:
             if line is None:
                 run.live.discard(host)
                 if host not in run.exited:
-                    batch.append(self._lost(host, killed=host in run.stops.killed))
+                    batch += self._gone(run, host)
                 continue
             self.liveness.heard(host)
             for ev in parse_line(host, line, now):
@@ -314,10 +335,14 @@ class AttemptRunner:
             self.replicator.saved(ev.host, ev.step)
         elif isinstance(ev, RankStarted):
             self._running_since.setdefault(ev.host, time.monotonic())
+            if self._swap is not None:
+                self._swap.started(ev.host, ev.rank, ev.local_rank, ev.store)
         elif isinstance(ev, AgentStarted):
             text = (
                 f"torchrun started on {ev.host}; waiting for rendezvous "
                 f"({run.plan.world_size} workers)"
+                if ev.host not in self.swapped_in
+                else f"stand-in started on {ev.host}; its ranks join the running world"
             )
             return [Progress(text, now)]
         return []

@@ -159,6 +159,7 @@ def _collect(
     if sup.unrecorded is not None:
         print(f"dmlctl: the end of the run was not recorded: {sup.unrecorded}", file=sys.stderr)
     lost = set(sup.hosts.aside) if sup.hosts is not None else set()
+    lost |= sup.attempts.lost_now  # the last attempt's (a host replaced in place, say)
     for name in sorted(lost & set(sup.hosts_used)):
         print(
             f"dmlctl: rank files of {name} not collected: the host was lost"

@@ -31,9 +31,10 @@ from collections.abc import Callable, Mapping
 from dmlctl.errors import DmlctlError
 from dmlctl.failure import CONTROLLER, Evidence, Failure, Kind
 from dmlctl.hangs.watch import DUMP_WAIT_S
-from dmlctl.launch.attempt import AttemptNotes, AttemptRunner, AttemptSettings
+from dmlctl.launch.attempt import AttemptRunner, AttemptSettings
 from dmlctl.launch.books import RunBooks
 from dmlctl.launch.hosts import HostPool, HostsLost
+from dmlctl.launch.notes import AttemptNotes
 from dmlctl.launch.policy import (
     CONTROLLER_LOST,
     Action,
@@ -169,6 +170,7 @@ class Supervisor:
                 state, attempt = self.attempts.start(state, self.plan, policy.attempt)
                 policy, _ = self._feed(policy, Started())
                 ended = self.attempts.follow(state, attempt)
+                self.hosts_used.update(self.attempts.swapped_in)
                 policy = respawned(policy, ended.state.respawns - state.respawns)
                 state, signal = self._judged(ended.state, ended.outcome)
             policy, action = self._feed(policy, signal)

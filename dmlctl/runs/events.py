@@ -60,6 +60,7 @@ class RankStarted:
     role: str
     pid: int
     ts: float
+    store: str | None = None  # the run's store (address:port), as torchrun gave it
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,18 @@ class RankRespawned:
     rank: int
     cause: Failure
     pid: int
+    ts: float
+
+
+@dataclass(frozen=True)
+class HostReplaced:
+    """Host ``host`` was lost (``cause``) and its ``ranks`` were started on host ``to``
+    into the running world while the others went on (``restart.mode: in_place``)."""
+
+    host: str
+    to: str
+    ranks: tuple[int, ...]
+    cause: Failure
     ts: float
 
 
@@ -271,6 +284,7 @@ Event = (
     | RankStarted
     | RankExited
     | RankRespawned
+    | HostReplaced
     | AgentStarted
     | AgentExited
     | Progress

@@ -200,7 +200,15 @@ def _rank_record(host: str, rec: Mapping[str, Any]) -> list[Event]:
         return [MetricRecord(host, rank, int(rec["step"]), dict(rec["values"]), ts)]
     if kind == protocol.KIND_START:
         return [
-            RankStarted(host, rank, int(rec["local_rank"]), str(rec["role"]), int(rec["pid"]), ts)
+            RankStarted(
+                host,
+                rank,
+                int(rec["local_rank"]),
+                str(rec["role"]),
+                int(rec["pid"]),
+                ts,
+                _opt_str(rec.get("store")),
+            )
         ]
     if kind == protocol.KIND_HEARTBEAT:
         return [_heartbeat(host, rank, rec, ts)]

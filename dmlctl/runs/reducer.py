@@ -25,6 +25,7 @@ from dmlctl.runs.events import (
     Event,
     Finished,
     Heartbeat,
+    HostReplaced,
     LogLines,
     MetricRecord,
     Prepared,
@@ -172,6 +173,21 @@ def _rank_respawned(f: _Fold, ev: RankRespawned) -> None:
     f.changed["replacements"] = (*f.get("replacements"), gap)
 
 
+def _host_replaced(f: _Fold, ev: HostReplaced) -> None:
+    """A lost host's ranks recover on another host: one failure of the run (as one
+    host's loss restarts a run once), each rank a replacement on its new host."""
+    for rank in ev.ranks:
+        f.upd(rank, ev.to).update(
+            host=ev.to, status=RankStatus.RECOVERING, pid=None, exit_code=None
+        )
+    f.changed["respawns"] = f.get("respawns") + 1
+    f.changed["failures"] = (*f.get("failures"), ev.cause)
+    gaps = tuple(Replacement(rank, ev.to, ev.ts, ev.cause.message) for rank in ev.ranks)
+    f.changed["replacements"] = (*f.get("replacements"), *gaps)
+    hosts = f.get("hosts")
+    f.changed["hosts"] = tuple(dict.fromkeys(ev.to if h == ev.host else h for h in hosts))
+
+
 def _back(f: _Fold, ev: MetricRecord) -> None:
     """The first record of ``ev.rank``'s replacement closes its open gaps (more than
     one when a replacement died before it logged)."""
@@ -307,6 +323,7 @@ _HANDLERS: dict[type, Callable[[_Fold, Any], None]] = {
     RankStarted: _rank_started,
     RankExited: _rank_exited,
     RankRespawned: _rank_respawned,
+    HostReplaced: _host_replaced,
     AgentStarted: _agent_started,
     AgentExited: _agent_exited,
     Progress: _progress,

@@ -285,10 +285,23 @@ def finish(
         if callable(shutdown):
             shutdown()  # runs threading's atexit hooks (executors), joins non-daemon threads
         atexit._run_exitfuncs()
+    _done_with_store()
     _flush()
     if not failed:
         _record(outcome, files, coll)
     os._exit(outcome.code)
+
+
+def _done_with_store() -> None:
+    """In a run that replaces lost ranks in place, say in the run's store that this
+    rank is done with it (:func:`dmlctl.runtime.rejoin.done`): its torchrun waits for
+    that of every rank. Best effort: a store gone means the run is ending anyway."""
+    if not protocol.in_place(os.environ) or "MASTER_PORT" not in os.environ:
+        return
+    with contextlib.suppress(Exception):
+        from dmlctl.runtime import rejoin
+
+        rejoin.done()
 
 
 def _record(outcome: Outcome, files: RankFiles | None, coll: dict[str, Any] | None) -> None:

@@ -29,11 +29,14 @@ from elsewhere:
 from __future__ import annotations
 
 import json
+import math
 import os
 import pickle
+import time
 import zlib
 from collections.abc import Callable, Iterable
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -44,6 +47,8 @@ from dmlctl import protocol
 
 _KEY = "dmlctl/rejoin"
 _STORE_TIMEOUT = timedelta(seconds=300)
+MIRROR_S = 1.0
+"""How often a worker's data position is copied to the run's store."""
 COLLECTIVE_TIMEOUT = timedelta(minutes=30)
 """How long a worker waits in a store collective for the others (the default
 process group's timeout)."""
@@ -79,8 +84,15 @@ def store() -> Store:
         return dist.distributed_c10d._get_default_store()
     if _store is None or _store[0] != endpoint:
         client = TCPStore(endpoint[0], int(endpoint[1]), is_master=False, timeout=_STORE_TIMEOUT)
-        _store = (endpoint, PrefixStore("dmlctl", client))
+        _store = (endpoint, PrefixStore(protocol.STORE_PREFIX, client))
     return _store[1]
+
+
+def done() -> None:
+    """Say in the store that this rank is done with it (its process ends): each
+    torchrun of an in-place run waits for that of every rank before it ends
+    (:func:`dmlctl.agent.torchrun.wait_for_ranks_at_exit`)."""
+    store().set(protocol.rank_done_key(int(os.environ.get("RANK", "0"))), "1")
 
 
 def say(message: str) -> None:
@@ -125,13 +137,24 @@ class Position:
         self.path = protocol.rank_position(rank_dir, rank, attempt)
         self._finished = protocol.rank_finished(rank_dir, rank, attempt)
         self._trained = protocol.rank_trained(rank_dir, rank, attempt)
+        self._key = key(f"position/{rank}")
         self._fd: int | None = None
+        #: Copied to the store (which every rank of such a run reaches through
+        #: ``MASTER_ADDR:MASTER_PORT``; a process without them has none to copy to).
+        self._mirror_at = 0.0 if _store_env() else math.inf
 
     def write(self, epoch: int, batches: int, taken: int) -> None:
-        """Record that ``batches`` of ``epoch`` have been taken, ``taken`` in all."""
+        """Record that ``batches`` of ``epoch`` have been taken, ``taken`` in all: in
+        the file at once, in the run's store at most every :data:`MIRROR_S` seconds
+        (for a replacement on another host, when this one is lost)."""
         if self._fd is None:
             self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600)
-        os.pwrite(self._fd, f"{epoch:>12} {batches:>12} {taken:>14}\n".encode(), 0)
+        text = f"{epoch:>12} {batches:>12} {taken:>14}\n"
+        os.pwrite(self._fd, text.encode(), 0)
+        now = time.monotonic()
+        if now >= self._mirror_at:
+            self._mirror_at = now + MIRROR_S
+            store().set(self._key, text)
 
     def finish(self) -> None:
         """Mark this worker's part of the attempt over: a death after it is not
@@ -148,14 +171,28 @@ class Position:
             os.unlink(self._trained)
 
     def read(self) -> tuple[int, int, int] | None:
-        """The last position written: (epoch, batches of it, batches in all); None
-        when none was."""
-        try:
-            with open(self.path, encoding="ascii") as f:
-                epoch, batches, taken = f.read().split()
-        except (OSError, ValueError):
-            return None
+        """The last position written: (epoch, batches of it, batches in all), from the
+        file on this host or, further on, the store's copy (the predecessor ran on a
+        host now lost: up to :data:`MIRROR_S` seconds of its batches are taken again);
+        None when none was."""
+        found = [_parse(lambda: Path(self.path).read_text(encoding="ascii"))]
+        if self._mirror_at < math.inf and store().check([self._key]):
+            found.append(_parse(lambda: store().get(self._key).decode()))
+        known = [at for at in found if at is not None]
+        return max(known, key=lambda at: at[2]) if known else None
+
+
+def _store_env() -> bool:
+    return "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ
+
+
+def _parse(read: Callable[[], str]) -> tuple[int, int, int] | None:
+    """A position as :meth:`Position.write` wrote it (None: none, or unreadable)."""
+    try:
+        epoch, batches, taken = read().split()
         return int(epoch), int(batches), int(taken)
+    except (OSError, ValueError):
+        return None
 
 
 def _touch(path: str) -> None:

@@ -27,6 +27,8 @@ over the members with weight 1 is their value, which the replacement receives to
 from __future__ import annotations
 
 import io
+import os
+import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -61,6 +63,10 @@ def member_lost(exc: BaseException) -> bool:
 
 POLL_S = 0.25
 """How often a member waiting in a collective looks whether its generation broke."""
+
+
+class Replaced(RuntimeError):
+    """A newer process runs this worker's rank: this one must not go on."""
 
 
 class MemberLost(Exception):
@@ -98,6 +104,13 @@ class ElasticAverager:
         self.rank, self.world, self.timeout = rank, world, timeout
         self.store = rejoin.store()
         self._mine = rejoin.key(f"elastic-generation/{rank}")
+        # The newest process of this rank owns it: an older one (on a host cut off
+        # and replaced elsewhere) that gets through again must not take part.
+        self._owner, self._me = (
+            rejoin.key(f"elastic-owner/{rank}"),
+            f"{socket.gethostname()}:{os.getpid()}",
+        )
+        self.store.set(self._owner, self._me)
         found = rejoin.rejoining() and self.store.check([self._mine])
         self.generation = int(self.store.get(self._mine)) + 1 if found else 0
         #: A replacement holds no model until it is handed one (also when its
@@ -134,6 +147,7 @@ class ElasticAverager:
         replacement) the state (:meth:`_welcome`). A member lost meanwhile: the next
         one."""
         while True:
+            self._fence()
             prefix = rejoin.key(f"elastic/{self.generation}")
             if self.group is not None:
                 self._retired.append(self.group)
@@ -148,6 +162,16 @@ class ElasticAverager:
                 if not member_lost(exc):
                     raise
                 self._leave()
+
+    def _fence(self) -> None:
+        """Raise :class:`Replaced` when a newer process runs this rank (its host was
+        lost to the controller, which replaced it elsewhere)."""
+        owner = self.store.get(self._owner).decode()
+        if owner != self._me:
+            raise Replaced(
+                f"rank {self.rank} was replaced by the process {owner} while this one "
+                f"({self._me}) was cut off; this one stops"
+            )
 
     def _welcome(self) -> None:
         """Every member says whether it holds a model (:meth:`_holders`); when some

@@ -4,13 +4,16 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.integration.procs import run_processes, wait_until
+from tests.integration.test_parameter_servers import EXAMPLE, UNINTERRUPTED, _final
 from tests.ssh.lab import SshLab, start_lab
 from tests.ssh.test_remote import LabCli, cluster_file
 
@@ -134,3 +137,88 @@ def test_a_host_cut_off_is_noticed_by_its_silence(lab: SshLab, tmp_path: Path) -
     finally:
         lab.kill_host("node-a")
     assert wait_until(lambda: not run_processes(run_id), 15), run_processes(run_id)
+
+
+def _in_place_run(
+    cli: LabCli, lab: SshLab, tmp_path: Path, strategy: str, fault: Callable[[str], None]
+) -> tuple[str, str]:
+    """Launch ``strategy`` with restart.mode: in_place on node-a and node-b (one
+    worker each; max_hosts: 2 without servers: a third host is a spare), call ``fault(run_id)`` once
+    the workers have trained a while; returns (run id, the launch's output) of the
+    run, which must succeed."""
+    cluster = cluster_file(lab, tmp_path, **{h.alias: "slots: 1" for h in lab.hosts})
+    job = tmp_path / "job.yaml"
+    job.write_text(
+        f"name: hostswap\nworkdir: {EXAMPLE}\nscript: train.py\nargs: ['--epochs', '4']\n"
+        f"workers: 2\nstrategy: {strategy}\nrestart: {{mode: in_place}}\n"
+        # parameter servers: on node-a, and no max_hosts (spares) with them yet
+        + ("parameter_servers: 1\n" if strategy == "asgd" else "max_hosts: 2\n")
+    )
+    proc = cli.popen("launch", str(job), "--cluster", str(cluster), "--ui", "plain")
+
+    def training() -> bool:
+        runs = cli.runs()
+        ranks = cli.state(runs[0].name)["ranks"] if runs else []
+        return proc.poll() is not None or any((r["step"] or 0) >= 100 for r in ranks)
+
+    assert wait_until(training, 120), "the run never trained"
+    run_id = cli.runs()[0].name
+    fault(run_id)
+    out, _ = proc.communicate(timeout=180)
+    assert proc.returncode == 0, out
+    return run_id, out
+
+
+def _replaced(cli: LabCli, run_id: str, out: str, to: str, strategy: str) -> None:
+    """node-b's worker went on on ``to`` while node-a's ranks went on: one failure
+    counted, the accuracy of an uninterrupted run, no process left."""
+    state = cli.state(run_id)
+    hosts = {r["rank"]: r["host"] for r in state["ranks"]}
+    moved = [rank for rank, host in hosts.items() if host == to]
+    stayed = [rank for rank, host in hosts.items() if host == "node-a"]
+    assert len(moved) == 1 and len(stayed) == len(hosts) - 1, hosts
+    assert "node-b lost (" in out and f"rank {moved[0]} starts again on {to}" in out, out
+    rejoined = "rejoined: model from server" if strategy == "asgd" else "rejoined at step"
+    assert f"rank {moved[0]} {rejoined}" in out, out
+    assert (state["restarts"], state["respawns"]) == (0, 1), state
+    assert state["failures"][0]["host"] == "node-b", state["failures"]
+    files = cli.home / "runs" / run_id / "hosts"
+    for rank in stayed:  # they went on: never started again
+        events = (files / "node-a" / f"rank-{rank}.events.jsonl").read_text()
+        assert events.count('"kind":"start"') == 1, rank
+    assert (files / to / "rejoin-1" / f"rank-{moved[0]}.events.jsonl").is_file()
+    steps = {r["rank"]: r["step"] for r in state["ranks"] if r["role"] == "worker"}
+    assert len(set(steps.values())) == 1, steps  # the replacement took the batches left
+    accuracy = _final(cli, run_id)["test_acc"]
+    assert accuracy >= UNINTERRUPTED[strategy] - 0.015, accuracy
+    assert wait_until(lambda: not run_processes(run_id), 15), run_processes(run_id)
+
+
+def test_a_lost_host_is_replaced_in_place_by_a_spare(tmp_path: Path) -> None:
+    """restart.mode: in_place under local-sgd, node-c a spare: node-b dies mid-run;
+    its rank starts on node-c and joins its peer, which never restarts."""
+    with start_lab(tmp_path / "lab", n_hosts=3) as lab:
+        cli = LabCli(tmp_path / "home", lab)
+        run_id, out = _in_place_run(
+            cli, lab, tmp_path, "local-sgd", lambda _: lab.kill_host("node-b")
+        )
+        _replaced(cli, run_id, out, "node-c", "local-sgd")
+        assert "rank files of node-b not collected: the host was lost" in out, out
+
+
+def test_a_host_whose_agent_died_takes_its_ranks_again_in_place(
+    lab: SshLab, tmp_path: Path
+) -> None:
+    """asgd, its server on node-a, no spare: node-b's agent is killed (its worker
+    dies with it) but the machine answers; the worker starts there again, takes the
+    server's model and its data where its predecessor was (the run's store kept it),
+    while the other worker and the server go on."""
+    cli = LabCli(tmp_path / "home", lab)
+
+    def kill_agent(run_id: str) -> None:
+        found = list(lab.host("node-b").workdir.glob(f"**/{run_id}/node-b/agent.pid"))
+        assert found, "no agent.pid on node-b"
+        os.kill(int(found[0].read_text()), signal.SIGKILL)
+
+    run_id, out = _in_place_run(cli, lab, tmp_path, "asgd", kill_agent)
+    _replaced(cli, run_id, out, "node-b", "asgd")

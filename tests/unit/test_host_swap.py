@@ -1,0 +1,134 @@
+"""A lost host's ranks replaced on another host in place (pure parts): which host can
+be, where its ranks go, what that host's agent is told, how the state records it,
+and what the stand-in gives each rank."""
+
+from __future__ import annotations
+
+import json
+
+from dmlctl import protocol, wire
+from dmlctl.agent import standin
+from dmlctl.agent_config import AgentConfig
+from dmlctl.failure import Evidence, Failure, Kind
+from dmlctl.launch.host_swap import HostSwap
+from dmlctl.plan.model import LaunchPlan
+from dmlctl.runs.events import HostReplaced, MetricRecord, RankStarted
+from dmlctl.runs.parser import parse_line
+from dmlctl.runs.reducer import apply
+from dmlctl.runs.state import RankStatus, new_run_state
+from tests.unit.test_elastic import plan3
+
+SEEN = Evidence.SEEN
+
+
+def _in_place(**job: object) -> LaunchPlan:
+    """Hosts a and b run 2 workers each, c is a spare."""
+    return plan3(restart={"mode": "in_place"}, strategy="local-sgd", **job)
+
+
+def _seated(plan: LaunchPlan) -> HostSwap:
+    swap = HostSwap(plan)
+    for rank, host in ((0, "a"), (1, "a"), (3, "b"), (2, "b")):
+        swap.started(host, rank, rank % 2, "10.0.0.1:41234")
+    return swap
+
+
+def test_a_host_without_rank_0_or_servers_can_be_replaced_once_its_ranks_started() -> None:
+    plan = _in_place()
+    assert HostSwap(plan).why_not("b") == "not every rank of it had started"
+    swap = _seated(plan)
+    assert swap.why_not("b") is None
+    assert swap.why_not("a") == "it runs rank 0 (its torchrun serves the run's store)"
+    assert _seated(plan3(strategy="local-sgd")).why_not("b") == HostSwap.RESTART_FULL
+    nowhere = HostSwap(plan)
+    nowhere.started("b", 2, 0, None)
+    nowhere.started("b", 3, 1, None)
+    assert nowhere.why_not("b") == "no rank said where the run's store is"
+
+
+def test_a_host_running_a_parameter_server_is_not_replaced_in_place() -> None:
+    plan = plan3(restart={"mode": "in_place"}, strategy="asgd", parameter_servers=1, workers=3)
+    assert [(h.name, h.env[protocol.ENV_LOCAL_ROLES]) for h in plan.hosts] == [
+        ("a", "worker,worker,server"),
+        ("b", "worker"),
+    ]
+    swap = HostSwap(plan)
+    for rank, local in ((1, 0), (2, 1), (3, 2)):
+        swap.started("a", rank, local, "10.0.0.2:1")
+    swap.started("b", 0, 0, "10.0.0.2:1")
+    assert swap.why_not("a") == "it runs parameter servers"
+    assert swap.why_not("b") == "it runs rank 0 (its torchrun serves the run's store)"
+
+
+def test_spares_first_then_the_lost_host_itself_when_only_its_connection_ended() -> None:
+    swap = _seated(_in_place())
+    assert [h.name for h in swap.targets("b", ended=True)] == ["c", "b"]
+    assert [h.name for h in swap.targets("b", ended=False)] == ["c"]  # silent: maybe cut off
+
+
+def test_the_target_agent_starts_the_lost_ranks_into_the_running_world() -> None:
+    plan = _in_place()
+    swap = _seated(plan)
+    spare = swap.targets("b", ended=False)[0]
+    config = swap.config("b", spare, attempt=1, grace=5.0)
+    again = AgentConfig.from_json(config.to_json())  # as the agent reads it
+    assert again == config and config.host == "c"
+    assert config.rank_dir.endswith("/attempt-1/rejoin-1")  # never the lost ranks' files
+    rejoin = config.rejoin
+    assert rejoin is not None
+    assert rejoin.ranks == (2, 3)  # in local-rank order
+    assert (rejoin.world_size, rejoin.group_rank, rejoin.group_world_size) == (4, 1, 2)
+    assert (rejoin.master_addr, rejoin.master_port, rejoin.number) == ("10.0.0.1", 41234, 1)
+    assert config.torchrun.nproc == 2 and config.attempt == 1
+    assert swap.moved("b", "c") == (2, 3)
+    assert swap.targets("a", ended=False) == []  # c is taken
+    assert set(swap.placed) == {"c"}
+
+
+def test_the_state_moves_the_ranks_and_counts_one_failure() -> None:
+    ranks = [(0, "a", "worker"), (1, "a", "worker"), (2, "b", "worker"), (3, "b", "worker")]
+    state = new_run_state("r", "job", "local-sgd", ranks, 0.0)
+    cause = Failure(
+        "b", None, "AgentLost", "host agent ended", (), 1.0, kind=Kind.AGENT_LOST, evidence=SEEN
+    )
+    state = apply(state, [HostReplaced("b", "c", (2, 3), cause, 2.0)])
+    assert [(r.rank, r.host, r.status) for r in state.ranks if r.rank >= 2] == [
+        (2, "c", RankStatus.RECOVERING),
+        (3, "c", RankStatus.RECOVERING),
+    ]
+    assert state.hosts == ("a", "c") and state.respawns == 1 and state.failures == (cause,)
+    assert state.root_cause is None
+    state = apply(state, [MetricRecord("c", 2, 40, {"loss": 1.0}, 5.0)])
+    gaps = {g.rank: g.gap_s for g in state.replacements}
+    assert gaps == {2: 3.0, 3: None}  # rank 3's replacement has not logged yet
+
+
+def test_a_start_record_says_where_the_runs_store_is() -> None:
+    record = {"kind": "start", "local_rank": 1, "pid": 7, "role": "worker", "rank": 3}
+    line = json.dumps({**record, "ts": 1.0, "store": "10.0.0.1:41234"})
+    events = parse_line("b", wire.encode_rank_record(line), 1.0)
+    assert [e.store for e in events if isinstance(e, RankStarted)] == ["10.0.0.1:41234"]
+
+
+def test_the_stand_in_gives_each_rank_what_torchrun_would_and_marks_it_a_replacement() -> None:
+    spec = json.loads(_in_place_config_env())
+    env = standin.rank_env(
+        spec, 1, {"PATH": "/bin", standin.ENV_STANDIN: "x", protocol.ENV_RANK_DIR: "/d"}
+    )
+    assert standin.ENV_STANDIN not in env and env["PATH"] == "/bin"
+    assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"]) == (
+        "3",
+        "1",
+        "4",
+        "2",
+    )
+    assert (env["MASTER_ADDR"], env["MASTER_PORT"], env["GROUP_RANK"]) == ("10.0.0.1", "41234", "1")
+    assert env[protocol.ENV_REJOIN] == "1" and env["TORCHELASTIC_RESTART_COUNT"] == "0"
+    assert env["TORCHELASTIC_ERROR_FILE"] == "/d/standin-error-3.json"
+
+
+def _in_place_config_env() -> str:
+    swap = _seated(_in_place())
+    config = swap.config("b", swap.targets("b", ended=False)[0], attempt=0, grace=5.0)
+    assert config.rejoin is not None
+    return config.rejoin.standin_env(config.torchrun)
