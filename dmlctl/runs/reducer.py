@@ -182,7 +182,8 @@ def _host_replaced(f: _Fold, ev: HostReplaced) -> None:
         )
     f.changed["respawns"] = f.get("respawns") + 1
     f.changed["failures"] = (*f.get("failures"), ev.cause)
-    gaps = tuple(Replacement(rank, ev.to, ev.ts, ev.cause.message) for rank in ev.ranks)
+    why = f"{ev.host} lost: {ev.cause.message}"
+    gaps = tuple(Replacement(rank, ev.to, ev.cause.ts, why) for rank in ev.ranks)
     f.changed["replacements"] = (*f.get("replacements"), *gaps)
     hosts = f.get("hosts")
     f.changed["hosts"] = tuple(dict.fromkeys(ev.to if h == ev.host else h for h in hosts))

@@ -43,12 +43,13 @@ class RestartSpec(BaseModel):
     mode: Literal["full", "in_place"] = Field(
         default="full",
         description="What a lost rank restarts: 'full' (every rank, from the newest "
-        "checkpoint), or 'in_place' (a parameter-server strategy's worker killed by a "
-        "signal is started again alone, from the servers' model and its own data "
-        "position, while the other workers and the servers go on; strategies asgd, ssp, "
-        "adadelay, easgd-async, sync-ps and aadmm, without checkpoint: or parallelism: "
-        "blocks; with asgd, ssp, adadelay and easgd-async a killed server too, from its "
-        "newest snapshot). Each replacement spends one of max_infra_restarts.",
+        "checkpoint), or 'in_place' (a worker killed by a signal is started again alone, "
+        "from a live peer's or the servers' model, while the others go on; the "
+        "parameter-server strategies, ssgd, local-sgd, bmuf, easgd, admm and dpsgd, "
+        "without checkpoint: or parallelism: blocks; with asgd, ssp, adadelay and "
+        "easgd-async a killed server too, from its newest snapshot; a lost host's ranks "
+        "start on a spare host, or on the same host when only its agent died). Each "
+        "replacement spends one of max_infra_restarts.",
     )
     ps_snapshot_every: int = Field(
         default=500,

@@ -176,9 +176,14 @@ def replacement_line(gap: Replacement) -> Text:
 def attempt_lines(state: RunState) -> list[Text]:
     """``attempt 1 failed at 2026-11-29 14:03:07: rank 1 on local: Signal: killed by
     SIGKILL`` for each attempt that failed (the ranks replaced in place have lines of
-    their own: :func:`replacement_line`)."""
+    their own: :func:`replacement_line`, a lost host's ranks too)."""
     replaced = {(gap.rank, gap.lost_at) for gap in state.replacements}
-    ended = [f for f in state.failures if (f.rank, f.ts) not in replaced]
+    hosts = {gap.lost_at for gap in state.replacements}  # a lost host's: rank None
+    ended = [
+        f
+        for f in state.failures
+        if (f.rank, f.ts) not in replaced and (f.rank is not None or f.ts not in hosts)
+    ]
     return [
         Text.assemble(
             (f"attempt {number} failed at ", "yellow"),

@@ -140,7 +140,12 @@ def test_a_host_cut_off_is_noticed_by_its_silence(lab: SshLab, tmp_path: Path) -
 
 
 def _in_place_run(
-    cli: LabCli, lab: SshLab, tmp_path: Path, strategy: str, fault: Callable[[str], None]
+    cli: LabCli,
+    lab: SshLab,
+    tmp_path: Path,
+    strategy: str,
+    fault: Callable[[str], None],
+    restart: str = "",
 ) -> tuple[str, str]:
     """Launch ``strategy`` with restart.mode: in_place on node-a and node-b (one
     worker each; max_hosts: 2 without servers: a third host is a spare), call ``fault(run_id)`` once
@@ -150,7 +155,7 @@ def _in_place_run(
     job = tmp_path / "job.yaml"
     job.write_text(
         f"name: hostswap\nworkdir: {EXAMPLE}\nscript: train.py\nargs: ['--epochs', '4']\n"
-        f"workers: 2\nstrategy: {strategy}\nrestart: {{mode: in_place}}\n"
+        f"workers: 2\nstrategy: {strategy}\nrestart: {{mode: in_place{restart}}}\n"
         # parameter servers: on node-a, and no max_hosts (spares) with them yet
         + ("parameter_servers: 1\n" if strategy == "asgd" else "max_hosts: 2\n")
     )
@@ -194,16 +199,34 @@ def _replaced(cli: LabCli, run_id: str, out: str, to: str, strategy: str) -> Non
     assert wait_until(lambda: not run_processes(run_id), 15), run_processes(run_id)
 
 
-def test_a_lost_host_is_replaced_in_place_by_a_spare(tmp_path: Path) -> None:
-    """restart.mode: in_place under local-sgd, node-c a spare: node-b dies mid-run;
-    its rank starts on node-c and joins its peer, which never restarts."""
+# serial when frozen: a silence of host_timeout (3 s) is told from a loaded host on an
+# idle machine.
+@pytest.mark.parametrize("fault", ["kill", pytest.param("freeze", marks=pytest.mark.serial)])
+def test_a_lost_host_is_replaced_in_place_by_a_spare(tmp_path: Path, fault: str) -> None:
+    """restart.mode: in_place under local-sgd, node-c a spare: node-b dies mid-run (or
+    is cut off: its connection stays open, its rank stays in the collective); its rank
+    starts on node-c and joins its peer, which never restarts."""
     with start_lab(tmp_path / "lab", n_hosts=3) as lab:
         cli = LabCli(tmp_path / "home", lab)
-        run_id, out = _in_place_run(
-            cli, lab, tmp_path, "local-sgd", lambda _: lab.kill_host("node-b")
-        )
+
+        def act(run_id: str) -> None:
+            (lab.kill_host if fault == "kill" else lab.freeze_host)("node-b")
+
+        try:
+            run_id, out = _in_place_run(
+                cli,
+                lab,
+                tmp_path,
+                "local-sgd",
+                act,
+                ", host_timeout: 3" if fault == "freeze" else "",
+            )
+        finally:
+            lab.kill_host("node-b")
         _replaced(cli, run_id, out, "node-c", "local-sgd")
         assert "rank files of node-b not collected: the host was lost" in out, out
+        if fault == "freeze":
+            assert "node-b lost (no message from the host for 3 s" in out, out
 
 
 def test_a_host_whose_agent_died_takes_its_ranks_again_in_place(

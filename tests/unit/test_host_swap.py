@@ -16,6 +16,7 @@ from dmlctl.runs.events import HostReplaced, MetricRecord, RankStarted
 from dmlctl.runs.parser import parse_line
 from dmlctl.runs.reducer import apply
 from dmlctl.runs.state import RankStatus, new_run_state
+from dmlctl.ui.summary import attempt_lines, replacement_line
 from tests.unit.test_elastic import plan3
 
 SEEN = Evidence.SEEN
@@ -100,7 +101,12 @@ def test_the_state_moves_the_ranks_and_counts_one_failure() -> None:
     assert state.root_cause is None
     state = apply(state, [MetricRecord("c", 2, 40, {"loss": 1.0}, 5.0)])
     gaps = {g.rank: g.gap_s for g in state.replacements}
-    assert gaps == {2: 3.0, 3: None}  # rank 3's replacement has not logged yet
+    assert gaps == {2: 4.0, 3: None}  # from the loss; rank 3's has not logged yet
+    assert state.replacements[0].cause == "b lost: host agent ended"
+    assert attempt_lines(state) == []  # no attempt failed: the ranks were replaced
+    lines = [line.plain for line in map(replacement_line, state.replacements)]
+    assert lines[0].startswith("rank 2 on c replaced in place at ")
+    assert lines[0].endswith("(b lost: host agent ended): back after 4.00 s, at step 40")
 
 
 def test_a_start_record_says_where_the_runs_store_is() -> None:
