@@ -192,6 +192,13 @@ def install() -> None:
     gc.freeze()  # the ranks share these pages; no collection of theirs touches them
 
 
+def warm_runtime() -> None:
+    """Ready this process to fork ranks with :class:`ForkedRank` outside torchrun (the
+    stand-in of :mod:`dmlctl.agent.standin`): the runtime imported, its pages frozen."""
+    _import_the_runtime()
+    gc.freeze()
+
+
 def _import_the_runtime() -> None:
     """Import, once and here, what every rank imports: the runtime entry,
     ``dmlctl.init()`` and the job's strategy."""

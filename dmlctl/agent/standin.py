@@ -27,6 +27,7 @@ import sys
 import time
 from collections.abc import Mapping
 from types import FrameType
+from typing import Protocol
 
 from dmlctl import protocol, wire
 from dmlctl.agent.procs import dies_with_parent
@@ -67,18 +68,37 @@ def rank_env(
     }
 
 
-def start_ranks(
-    spec: Mapping[str, object], env: Mapping[str, str]
-) -> dict[int, subprocess.Popen[bytes]]:
-    """Every rank of ``spec`` started (global rank → process), each dying with this
-    process."""
+class Rank(Protocol):
+    """A started rank: a new interpreter's :class:`subprocess.Popen`, or a
+    :class:`~dmlctl.agent.forked_rank.ForkedRank`."""
+
+    pid: int
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+
+
+def start_ranks(spec: Mapping[str, object], env: Mapping[str, str], fork: bool) -> dict[int, Rank]:
+    """Every rank of ``spec`` started (global rank → process), each its own process
+    group and dying with this process: forked from it when ``fork`` (a warm agent's
+    child, torch imported) and the rank's environment allows, as torchrun's ranks are
+    (:mod:`dmlctl.agent.forked_rank`; one killed by SIGKILL is then forked again in
+    place), else a new interpreter."""
+    from dmlctl.agent import forked_rank
+
     argv = [sys.executable, "-u", "-m", "dmlctl.runtime.entry", str(spec["script"])]
     argv += [str(a) for a in spec.get("args", ())]  # type: ignore[attr-defined]
-    procs: dict[int, subprocess.Popen[bytes]] = {}
+    if fork:
+        forked_rank.warm_runtime()
+    procs: dict[int, Rank] = {}
     for local_rank, rank in enumerate(int(r) for r in spec["ranks"]):  # type: ignore[attr-defined]
+        own = rank_env(spec, local_rank, env)
+        if fork and forked_rank.can_fork(argv, own):
+            procs[rank] = forked_rank.ForkedRank(argv, own, None, None)
+            continue
         procs[rank] = subprocess.Popen(
             argv,
-            env=rank_env(spec, local_rank, env),
+            env=own,
             stdin=subprocess.DEVNULL,
             start_new_session=True,  # as torchrun's: signalled as a group
             preexec_fn=dies_with_parent(signal.SIGKILL, os.getpid()),
@@ -86,7 +106,7 @@ def start_ranks(
     return procs
 
 
-def wait_all(procs: Mapping[int, subprocess.Popen[bytes]], stopping: list[int]) -> dict[int, int]:
+def wait_all(procs: Mapping[int, Rank], stopping: list[int]) -> dict[int, int]:
     """Each rank's exit code once all have ended; SIGTERM to each one that still runs
     when ``stopping`` gets a signal number (then SIGKILL after the shutdown timeout)."""
     sent_at: float | None = None
@@ -98,12 +118,17 @@ def wait_all(procs: Mapping[int, subprocess.Popen[bytes]], stopping: list[int]) 
         if sent_at is not None and time.monotonic() - sent_at > grace:
             _signal_all(procs, signal.SIGKILL)
         time.sleep(POLL_S)
-    return {rank: int(p.returncode) for rank, p in procs.items()}
+    return {rank: int(p.returncode or 0) for rank, p in procs.items()}
 
 
-def _signal_all(procs: Mapping[int, subprocess.Popen[bytes]], sig: int) -> None:
+def _signal_all(procs: Mapping[int, Rank], sig: int) -> None:
+    """``sig`` to every rank still running and its group; a forked rank is told first
+    that it is being stopped (it is not forked again)."""
     for p in procs.values():
         if p.poll() is None:
+            stopping = getattr(p, "stopping", None)
+            if stopping is not None:
+                stopping()
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.pid, sig)
 
@@ -123,8 +148,9 @@ def write_failures(codes: Mapping[int, int], pids: Mapping[int, int]) -> None:
         out.write(wire.encode_failures(failed))
 
 
-def main() -> int:
-    """Start the ranks of :data:`ENV_STANDIN`, wait for them; 0 when each ended with 0."""
+def main(fork: bool = False) -> int:
+    """Start the ranks of :data:`ENV_STANDIN` (forked from this process when ``fork``:
+    a warm agent's child), wait for them; 0 when each ended with 0."""
     stopping: list[int] = []
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
@@ -133,7 +159,7 @@ def main() -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, on_signal)
     spec = json.loads(os.environ[ENV_STANDIN])
-    procs = start_ranks(spec, os.environ)
+    procs = start_ranks(spec, os.environ, fork)
     ranks = ", ".join(str(r) for r in procs)
     print(f"dmlctl standin: started rank {ranks} into the running world", flush=True)
     codes = wait_all(procs, stopping)

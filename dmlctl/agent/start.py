@@ -54,10 +54,9 @@ def start(config: AgentConfig, workdir: str, env: dict[str, str], emit: Emitter)
     world (:mod:`dmlctl.agent.standin`) instead."""
     argv = config.torchrun.argv()
     if config.rejoin is not None:
-        argv = (config.torchrun.python, "-m", "dmlctl.agent.standin")
+        argv = (config.torchrun.python, *warm.STANDIN)
         env = {**env, STANDIN: config.rejoin.standin_env(config.torchrun)}
-        emit.send(wire.LogMsg(None, "agent", ("dmlctl agent: rank replacements",)))
-    elif warm.can_fork(argv):
+    if warm.can_fork(argv):
         forked = warm.ForkedTorchrun(argv, workdir, env)
         emit.send(wire.LogMsg(None, "agent", ("dmlctl agent: warm start",)))
         return forked

@@ -28,6 +28,7 @@ from dmlctl.agent.procs import die_with_parent, exit_status, name_process
 from dmlctl.agent_config import TORCHRUN_MODULE
 
 TORCHRUN = ("-m", TORCHRUN_MODULE)
+STANDIN = ("-m", "dmlctl.agent.standin")
 
 
 def preload() -> bool:
@@ -81,11 +82,11 @@ def await_preload(
 
 
 def can_fork(argv: Sequence[str]) -> bool:
-    """Whether ``argv`` is ``<this python> -m dmlctl.agent.torchrun …`` (what a warm
-    agent can run in a forked child, torchrun being imported)."""
+    """Whether ``argv`` is ``<this python> -m dmlctl.agent.torchrun …`` or ``<this
+    python> -m dmlctl.agent.standin`` (what a warm agent can run in a forked child,
+    torchrun being imported)."""
     return (
-        len(argv) > 3
-        and tuple(argv[1:3]) == TORCHRUN
+        ((len(argv) > 3 and tuple(argv[1:3]) == TORCHRUN) or tuple(argv[1:]) == STANDIN)
         and os.path.realpath(argv[0]) == os.path.realpath(sys.executable)
         and "torch.distributed.run" in sys.modules
     )
@@ -151,6 +152,10 @@ def _child(argv: list[str], cwd: str, env: Mapping[str, str], out: int, agent: i
         os.environ.update(env)
         sys.argv = ["torch.distributed.run", *argv[3:]]
         try:
+            if tuple(argv[1:]) == STANDIN:  # a lost host's ranks, forked from here
+                from dmlctl.agent import standin
+
+                raise SystemExit(standin.main(fork=True))
             # torchrun's own entry point, called: running the module again with runpy
             # would warn that it is already in sys.modules.
             from dmlctl.agent import torchrun

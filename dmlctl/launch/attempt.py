@@ -230,7 +230,10 @@ class AttemptRunner:
         (none when the agent cannot be started)."""
         assert self._swap is not None and lost.cause is not None
         try:
-            proc = self.transports[target.name].start(target.agent_argv, cwd=target.agent_cwd)
+            warm = self.standbys.take(target.name) if self.standbys is not None else None
+            proc = warm or self.transports[target.name].start(
+                target.agent_argv, cwd=target.agent_cwd
+            )
         except Exception:
             return []
         config = self._swap.config(host, target, run.number, self.settings.stop_grace)
@@ -282,7 +285,8 @@ class AttemptRunner:
         return events
 
     def _warm_up(self, run: Attempt, running: set[str]) -> None:
-        """Let every host still running ranks get its standby agent (when it is due)."""
+        """Let every host still running ranks get its standby agent (when it is due),
+        and the spare that a lost host's ranks would go to in place (:meth:`_replace`)."""
         if self.standbys is None:
             return
         now = time.monotonic()
@@ -290,6 +294,9 @@ class AttemptRunner:
             since = self._running_since.get(host.name)
             if host.name in running and since is not None:
                 self.standbys.warm_up(host, now - since)
+        spare = self._swap.next_spare() if self._swap is not None else None
+        if spare is not None and self._running_since:
+            self.standbys.warm_up(spare, now - min(self._running_since.values()))
 
     def _lost(self, host: str, why: str | None = None, killed: bool = False) -> AgentExited:
         """The exit of ``host``'s agent, whose output ended without an ``exit`` message:

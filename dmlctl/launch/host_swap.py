@@ -74,6 +74,13 @@ class HostSwap:
         planned = self._planned(host)
         return spares + ([planned] if ended and planned is not None else [])
 
+    def next_spare(self) -> HostPlan | None:
+        """The spare a lost host's ranks would go to now, in a run that replaces them
+        in place (None: none, or not such a run); it gets a standby agent."""
+        if self.plan.restart.mode != IN_PLACE:
+            return None
+        return next((h for h in self.plan.spares if h.name not in self.placed), None)
+
     def config(self, host: str, target: HostPlan, attempt: int, grace: float) -> AgentConfig:
         """The configuration of ``target``'s agent, which starts ``host``'s ranks in
         attempt ``attempt`` (0-based) into the running world."""
