@@ -247,7 +247,8 @@ class AttemptRunner:
             self._lost_hosts.pop(host, None)
         ranks = self._swap.moved(host, target.name)
         now = self.clock()
-        which = f"rank {ranks[0]} starts" if len(ranks) == 1 else f"ranks {ranks} start"
+        names = ", ".join(map(str, ranks))
+        which = f"rank {names} starts" if len(ranks) == 1 else f"ranks {names} start"
         text = f"{host} lost ({lost.cause.message}); {which} again on {target.name}"
         text += " while the others go on"
         return [HostReplaced(host, target.name, ranks, lost.cause, now), Progress(text, now)]
