@@ -6,6 +6,7 @@ replacement's data position and store collectives (a real TCPStore here)."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 from datetime import timedelta
@@ -583,3 +584,64 @@ def test_a_replacement_is_handed_a_state_of_any_size_over_the_group(
     assert said == {0: "formed", 1: "formed"}, said
     (state,) = got  # the replacement's only
     assert state["step"] == 7 and torch.equal(state["w"], big)
+
+
+def _store(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A store of this process (the run's, as ranks reach it: MASTER_ADDR/PORT set)."""
+    from torch._C._distributed_c10d import PrefixStore, TCPStore
+
+    port = _free_port()
+    master = TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=30))
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    monkeypatch.setattr(rejoin, "_store", None)
+    return PrefixStore(protocol.STORE_PREFIX, master)
+
+
+def test_a_position_on_a_lost_host_is_read_from_the_stores_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replacement on another host finds no file: the copy in the run's store
+    (written at most every MIRROR_S, so a second's batches may be taken again)."""
+    kept = _store(monkeypatch)  # the server lives as long as this
+    lost, elsewhere = tmp_path / "lost", tmp_path / "spare"
+    lost.mkdir()
+    elsewhere.mkdir()
+    position = rejoin.Position(str(lost), 3)
+    position.write(1, 5, 105)  # copied (the first write always is)
+    position.write(1, 6, 106)  # within MIRROR_S: the file only
+    assert rejoin.Position(str(elsewhere), 3).read() == (1, 5, 105)
+    assert rejoin.Position(str(lost), 3).read() == (1, 6, 106)  # the newer of both
+    assert kept.check([rejoin.key("position/3")])
+
+
+def test_torchrun_of_an_in_place_run_waits_at_exit_for_every_ranks_done_key(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Not for every node (a node replaced in place never gets there): for the done key
+    of each rank of the world, whichever process runs it; bounded."""
+    from types import SimpleNamespace
+
+    from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
+
+    from dmlctl.agent.torchrun import wait_for_ranks_at_exit
+
+    store = _store(monkeypatch)
+    own = SimpleElasticAgent._exit_barrier
+    try:
+        wait_for_ranks_at_exit(timeout=0.5)
+        group = SimpleNamespace(
+            master_addr="127.0.0.1",
+            master_port=int(os.environ["MASTER_PORT"]),
+            workers=[SimpleNamespace(world_size=2)],
+        )
+        agent = SimpleNamespace(_worker_group=group)
+        store.set(protocol.rank_done_key(0), "1")
+        SimpleElasticAgent._exit_barrier(agent)  # type: ignore[arg-type]
+        assert "not every rank said it is done with the store" in capsys.readouterr().err
+        monkeypatch.setenv("RANK", "1")
+        rejoin.done()  # rank 1, from wherever it runs now
+        SimpleElasticAgent._exit_barrier(agent)  # type: ignore[arg-type]
+        assert capsys.readouterr().err == ""
+    finally:
+        SimpleElasticAgent._exit_barrier = own  # type: ignore[method-assign]
