@@ -201,16 +201,16 @@ class AttemptRunner:
             timeout = self.settings.host_timeout or 0.0
             why = f"no message from the host for {timeout:.0f} s (unreachable?)"
             self._procs[host].kill()
-            out += self._gone(run, host, why)
+            out += self._gone(run, host, why, killed=False)
         return out
 
-    def _gone(self, run: Attempt, host: str, why: str | None = None) -> list[Event]:
+    def _gone(self, run: Attempt, host: str, why: str | None, killed: bool) -> list[Event]:
         """``host``'s agent is lost (its output ended without an ``exit`` message, or
         it was silent for ``why``): its ranks started on another host while the others
         go on (:mod:`dmlctl.launch.host_swap`) when they can be, else its exit as a
         lost host (the run restarts), with why they could not be when the run
-        replaces lost ranks in place."""
-        lost = self._lost(host, why, killed=host in run.stops.killed)
+        replaces lost ranks in place. ``killed``: by the stop rules (no host failure)."""
+        lost = self._lost(host, why, killed=killed)
         swap = self._swap
         if lost.cause is None or run.stops.stop_sent is not None or swap is None:
             return [lost]
@@ -325,7 +325,7 @@ class AttemptRunner:
             if line is None:
                 run.live.discard(host)
                 if host not in run.exited:
-                    batch += self._gone(run, host)
+                    batch += self._gone(run, host, None, killed=host in run.stops.killed)
                 continue
             self.liveness.heard(host)
             for ev in parse_line(host, line, now):
