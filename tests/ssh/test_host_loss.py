@@ -154,7 +154,7 @@ def _in_place_run(
     cluster = cluster_file(lab, tmp_path, **{h.alias: "slots: 1" for h in lab.hosts})
     job = tmp_path / "job.yaml"
     job.write_text(
-        f"name: hostswap\nworkdir: {EXAMPLE}\nscript: train.py\nargs: ['--epochs', '4']\n"
+        f"name: hostswap\nworkdir: {EXAMPLE}\nscript: train.py\nargs: ['--epochs', '3']\n"
         f"workers: 2\nstrategy: {strategy}\nrestart: {{mode: in_place{restart}}}\n"
         # parameter servers: on node-a, and no max_hosts (spares) with them yet
         + ("parameter_servers: 1\n" if strategy == "asgd" else "max_hosts: 2\n")
