@@ -91,7 +91,9 @@ class HostSwap:
         address, port = self.store.rsplit(":", 1)
         env = {**target.env, **{k: planned.env[k] for k in _CARRIED if k in planned.env}}
         torchrun = dataclasses.replace(target.torchrun, nproc=len(ranks))
-        seat = dataclasses.replace(target, env=env, torchrun=torchrun)
+        seat = dataclasses.replace(
+            target, env=env, torchrun=torchrun, node_rank=planned.node_rank, nproc=len(ranks)
+        )
         self.placed[target.name] = seat
         self.count += 1
         rejoin = Rejoin(
@@ -116,4 +118,7 @@ class HostSwap:
         return tuple(sorted(ranks))
 
     def _planned(self, host: str) -> HostPlan | None:
+        """``host`` as it runs ranks now: as planned, or as it took a lost host's."""
+        if host in self.placed:
+            return self.placed[host]
         return next((h for h in self.plan.hosts if h.name == host), None)

@@ -86,6 +86,21 @@ def test_the_target_agent_starts_the_lost_ranks_into_the_running_world() -> None
     assert set(swap.placed) == {"c"}
 
 
+def test_a_host_that_took_a_lost_hosts_ranks_can_be_replaced_in_turn() -> None:
+    """c took b's ranks 2 and 3, then c's agent dies too: no spare is left, c itself
+    takes them again (a new replacement, in a directory of its own)."""
+    swap = _seated(_in_place())
+    swap.config("b", swap.targets("b", ended=False)[0], attempt=0, grace=5.0)
+    swap.moved("b", "c")
+    assert swap.why_not("c") is None  # its ranks were seated there as they moved
+    assert [h.name for h in swap.targets("c", ended=False)] == []  # cut off: nowhere
+    (again,) = swap.targets("c", ended=True)
+    config = swap.config("c", again, attempt=0, grace=5.0)
+    assert config.host == "c" and config.rejoin is not None
+    assert (config.rejoin.ranks, config.rejoin.group_rank, config.rejoin.number) == ((2, 3), 1, 2)
+    assert config.rank_dir.endswith("/rejoin-2")
+
+
 def test_the_state_moves_the_ranks_and_counts_one_failure() -> None:
     ranks = [(0, "a", "worker"), (1, "a", "worker"), (2, "b", "worker"), (3, "b", "worker")]
     state = new_run_state("r", "job", "local-sgd", ranks, 0.0)
