@@ -170,8 +170,8 @@ class HangWatch:
         out = []
         for r in state.ranks:
             track = self._ranks.get(r.rank)
-            if track is None or r.status is RankStatus.PENDING:
-                continue
+            if track is None or r.status in (RankStatus.PENDING, RankStatus.DROPPED):
+                continue  # a dropped rank's host is gone: its silence is no hang
             b, age = track.last, now - track.beat_at
             fresh = age <= STALE_BEAT_S
             coll = {

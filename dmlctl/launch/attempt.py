@@ -220,6 +220,8 @@ class AttemptRunner:
                 if replaced := self._replace(run, host, target, lost):
                     return replaced
             reason = "no spare host could start an agent"
+            if dropped := swap.go_on_without(host, lost.cause, self.clock()):
+                return dropped
         if reason == swap.RESTART_FULL:
             return [lost]
         said = f"the ranks of {host} cannot go on elsewhere while the others train: {reason}"

@@ -19,8 +19,11 @@ from __future__ import annotations
 import dataclasses
 
 from dmlctl.agent_config import AgentConfig, Rejoin
+from dmlctl.failure import Failure
 from dmlctl.plan.model import HostPlan, LaunchPlan
 from dmlctl.protocol import ENV_LOCAL_ROLES, IN_PLACE, ROLE_SERVER, local_roles
+from dmlctl.runs.events import Event, HostDropped, Progress
+from dmlctl.strategies import registry
 
 _CARRIED = (ENV_LOCAL_ROLES, "OMP_NUM_THREADS")  # the lost host's, for its ranks
 
@@ -73,6 +76,24 @@ class HostSwap:
         spares = [h for h in self.plan.spares if h.name not in self.placed]
         planned = self._planned(host)
         return spares + ([planned] if ended and planned is not None else [])
+
+    def go_on_without(self, host: str, cause: Failure, now: float) -> list[Event]:
+        """The events saying that the others go on without lost ``host``'s ranks (no
+        host could take them), after ``restart.rejoin_wait``, when they may: the
+        strategy averages over those left (``in_place_shrink``), the wait is not 0
+        and the hosts left are at least ``min_hosts``; none otherwise."""
+        wait = self.plan.restart.rejoin_wait
+        left = [h for h, ranks in self.seated.items() if ranks and h != host]
+        enough = len(left) >= (self.plan.min_hosts or len(self.plan.hosts))
+        if not (registry.capabilities(self.plan.strategy).in_place_shrink and wait and enough):
+            return []
+        ranks = tuple(sorted(self.seated.pop(host, {})))
+        said = (
+            f"{host} lost ({cause.message}) and no host can take rank "
+            f"{', '.join(map(str, ranks))}: the others go on without them after "
+            f"restart.rejoin_wait ({wait:g} s)"
+        )
+        return [HostDropped(host, ranks, cause, now), Progress(said, now)]
 
     def next_spare(self) -> HostPlan | None:
         """The spare a lost host's ranks would go to now, in a run that replaces them

@@ -102,13 +102,15 @@ def _host_env(
 
 
 def _restart_env(job: JobSpec) -> dict[str, str]:
-    """``DMLCTL_RESTART_MODE`` and ``DMLCTL_RESPAWNS`` with ``restart.mode: in_place``;
+    """``DMLCTL_RESTART_MODE``, ``DMLCTL_RESPAWNS`` and ``DMLCTL_REJOIN_WAIT`` with
+    ``restart.mode: in_place``;
     ``DMLCTL_RESPAWN_SERVERS`` and ``DMLCTL_PS_SNAPSHOT_EVERY`` too for a strategy whose
     servers can be replaced in place."""
     if job.restart.mode != protocol.IN_PLACE:
         return {}
     restarts = str(job.restart.max_infra_restarts)
     env = {protocol.ENV_RESTART_MODE: protocol.IN_PLACE, protocol.ENV_RESPAWNS: restarts}
+    env[protocol.ENV_REJOIN_WAIT] = f"{job.restart.rejoin_wait:g}"
     if registry.capabilities(job.strategy.name).in_place_servers:
         env[protocol.ENV_RESPAWN_SERVERS] = "1"
         env[protocol.ENV_PS_SNAPSHOT_EVERY] = str(job.restart.ps_snapshot_every)

@@ -88,6 +88,17 @@ class HostReplaced:
 
 
 @dataclass(frozen=True)
+class HostDropped:
+    """Host ``host`` was lost (``cause``), no host could take its ``ranks``, and the
+    others go on without them (``restart.mode: in_place``, ``restart.rejoin_wait``)."""
+
+    host: str
+    ranks: tuple[int, ...]
+    cause: Failure
+    ts: float
+
+
+@dataclass(frozen=True)
 class Collective:
     """A rank's collectives in one process group: the sequence numbers of the last one
     it entered and the last it completed; the oldest pending one's op name and age in
@@ -285,6 +296,7 @@ Event = (
     | RankExited
     | RankRespawned
     | HostReplaced
+    | HostDropped
     | AgentStarted
     | AgentExited
     | Progress

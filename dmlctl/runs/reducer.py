@@ -25,6 +25,7 @@ from dmlctl.runs.events import (
     Event,
     Finished,
     Heartbeat,
+    HostDropped,
     HostReplaced,
     LogLines,
     MetricRecord,
@@ -189,6 +190,16 @@ def _host_replaced(f: _Fold, ev: HostReplaced) -> None:
     f.changed["hosts"] = tuple(dict.fromkeys(ev.to if h == ev.host else h for h in hosts))
 
 
+def _host_dropped(f: _Fold, ev: HostDropped) -> None:
+    """A lost host's ranks are left out while the others go on: one failure of the
+    run (as :func:`_host_replaced`), the ranks ``dropped`` (not a failure at the end)."""
+    for rank in ev.ranks:
+        f.upd(rank, ev.host).update(status=RankStatus.DROPPED, pid=None)
+    f.changed["respawns"] = f.get("respawns") + 1
+    f.changed["failures"] = (*f.get("failures"), ev.cause)
+    f.changed["hosts"] = tuple(h for h in f.get("hosts") if h != ev.host)
+
+
 def _back(f: _Fold, ev: MetricRecord) -> None:
     """The first record of ``ev.rank``'s replacement closes its open gaps (more than
     one when a replacement died before it logged)."""
@@ -301,7 +312,8 @@ def _finished(f: _Fold, ev: Finished) -> None:
     elif (
         f.get("root_cause") is None
         and statuses
-        and all(st == RankStatus.SUCCEEDED for st in statuses)
+        and RankStatus.SUCCEEDED in statuses
+        and all(st in (RankStatus.SUCCEEDED, RankStatus.DROPPED) for st in statuses)
     ):
         f.changed["phase"], f.changed["exit_code"] = Phase.SUCCEEDED, int(ExitCode.OK)
         if not f.get("prepared"):  # every rank ran without ctx.prepare
@@ -325,6 +337,7 @@ _HANDLERS: dict[type, Callable[[_Fold, Any], None]] = {
     RankExited: _rank_exited,
     RankRespawned: _rank_respawned,
     HostReplaced: _host_replaced,
+    HostDropped: _host_dropped,
     AgentStarted: _agent_started,
     AgentExited: _agent_exited,
     Progress: _progress,

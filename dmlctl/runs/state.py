@@ -48,10 +48,16 @@ class RankStatus(str, Enum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     STOPPED = "stopped"
+    DROPPED = "dropped"  # its host was lost and the others went on without it (in place)
 
     @property
     def terminal(self) -> bool:
-        return self in (RankStatus.SUCCEEDED, RankStatus.FAILED, RankStatus.STOPPED)
+        return self in (
+            RankStatus.SUCCEEDED,
+            RankStatus.FAILED,
+            RankStatus.STOPPED,
+            RankStatus.DROPPED,
+        )
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,8 @@ from dmlctl import protocol
 
 _KEY = "dmlctl/rejoin"
 _STORE_TIMEOUT = timedelta(seconds=300)
+GONE_POLL = timedelta(seconds=1)
+"""How often a store collective looks whether a worker it waits for left the run."""
 MIRROR_S = 1.0
 """How often a worker's data position is copied to the run's store."""
 COLLECTIVE_TIMEOUT = timedelta(minutes=30)
@@ -93,6 +95,12 @@ def done() -> None:
     torchrun of an in-place run waits for that of every rank before it ends
     (:func:`dmlctl.agent.torchrun.wait_for_ranks_at_exit`)."""
     store().set(protocol.rank_done_key(int(os.environ.get("RANK", "0"))), "1")
+
+
+def gone_key(rank: int) -> str:
+    """The store key that says worker ``rank`` left the run: the others went on
+    without it (:mod:`dmlctl.strategies.members`)."""
+    return key(f"elastic/gone/{rank}")
 
 
 def say(message: str) -> None:
@@ -209,12 +217,13 @@ def check_one_model(params: Iterable[torch.Tensor], group: StoreGroup) -> None:
     for p in params:
         digest = zlib.crc32(p.detach().cpu().contiguous().view(torch.uint8).numpy().data, digest)
     values = group.gather(float(digest))
-    differ = [rank for rank, value in enumerate(values) if value != values[0]]
+    first = min(values)
+    differ = [rank for rank, value in values.items() if value != values[first]]
     if differ:
         raise RuntimeError(
             "restart.mode: in_place: the workers' final parameters differ (worker "
-            f"{', '.join(map(str, differ))} against worker 0) although each took the "
-            "servers' model: a replacement did not rejoin the same model"
+            f"{', '.join(map(str, differ))} against worker {first}) although each took "
+            "the servers' model: a replacement did not rejoin the same model"
         )
 
 
@@ -232,18 +241,32 @@ class StoreGroup:
         found = rejoining() and store().check([self._done])
         self.calls = int(store().get(self._done)) if found else 0
 
-    def gather(self, value: float) -> list[float]:
-        """Every worker's ``value`` of this call, in rank order (blocks until all are
-        in, at most :data:`COLLECTIVE_TIMEOUT`)."""
+    def gather(self, value: float) -> dict[int, float]:
+        """Every worker's ``value`` of this call (worker → value; the workers gone
+        from the run left out: :func:`gone_key`). Blocks until all are in, at most
+        :data:`COLLECTIVE_TIMEOUT`."""
         if rejoining() and not self._joined():
-            return [float(value)] * self.world
+            return {self.rank: float(value)}
         s, n = store(), self.calls
-        keys = [key(f"coll/{n}/{r}") for r in range(self.world)]
+        keys = {r: key(f"coll/{n}/{r}") for r in range(self.world)}
         s.set(keys[self.rank], repr(float(value)))
-        s.wait(keys, COLLECTIVE_TIMEOUT)
-        values = [float(s.get(k)) for k in keys]
+        present = self._wait(s, keys)
+        values = {r: float(s.get(keys[r])) for r in present}
         if n > 0:  # every worker has read call n-1's values: it set its key of call n
             s.delete_key(key(f"coll/{n - 1}/{self.rank}"))
         self.calls = n + 1
         s.set(self._done, str(self.calls))
         return values
+
+    def _wait(self, s: Store, keys: dict[int, str]) -> list[int]:
+        """The workers not gone, once each has set its key of ``keys`` (looked at in
+        slices of :data:`GONE_POLL`: a worker may be found gone meanwhile)."""
+        deadline = time.monotonic() + COLLECTIVE_TIMEOUT.total_seconds()
+        while True:
+            present = [r for r in keys if r == self.rank or not s.check([gone_key(r)])]
+            try:
+                s.wait([keys[r] for r in present], GONE_POLL)
+                return present
+            except RuntimeError:  # a slice's timeout
+                if time.monotonic() >= deadline:
+                    raise

@@ -40,7 +40,8 @@ class WorkerGroup:
         else:
             tensor = torch.tensor(float(value), dtype=torch.float64, device=self._device)
         if self._world > 1 and self._store is not None:
-            return sum(self._store.gather(float(tensor.item()))) / self._world
+            values = self._store.gather(float(tensor.item()))  # the workers not gone
+            return sum(values.values()) / len(values)
         if self._world > 1:
             _joined("ctx.all_reduce_mean")
             tensor = tensor.clone()

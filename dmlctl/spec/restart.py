@@ -112,6 +112,13 @@ class RestartSpec(BaseModel):
         "while the run goes on, so a restart skips torchrun's start-up (about 1 s); it "
         "costs one idle Python process with torch loaded per host.",
     )
+    rejoin_wait: SecondsOrZero = Field(
+        default=30.0,
+        description="With mode: in_place under local-sgd or ssgd: seconds the other "
+        "workers wait for a lost host's workers when none can start elsewhere (no spare "
+        "host, the host not answering) before they go on without them, while min_hosts "
+        "allows; 0: they never go on without them (the run restarts).",
+    )
     host_cooldown: SecondsOrZero = Field(
         default=30.0,
         description="Seconds a lost host is set aside before a restart may use it again "

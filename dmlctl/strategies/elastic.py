@@ -27,6 +27,7 @@ over the members with weight 1 is their value, which the replacement receives to
 from __future__ import annotations
 
 import io
+import math
 import os
 import socket
 import time
@@ -40,7 +41,9 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore
 
 from dmlctl.runtime import rejoin
+from dmlctl.strategies import members
 from dmlctl.strategies.common import assign_flat, flat_params, start_from_rank0
+from dmlctl.strategies.members import MemberLost, Replaced, member_lost
 
 if TYPE_CHECKING:
     from dmlctl.runtime.context import Context
@@ -52,25 +55,8 @@ GROUP_TIMEOUT = timedelta(minutes=10)
 """How long a round, or the forming of a generation, waits for every member."""
 
 
-_LOST = ("Connection reset by peer", "Connection closed by peer", "Read error", "Broken pipe")
-
-
-def member_lost(exc: BaseException) -> bool:
-    """Whether ``exc``, raised by a collective, says a member's connection broke (its
-    process died) rather than something else going wrong, or is :class:`MemberLost`."""
-    return isinstance(exc, MemberLost) or any(mark in str(exc) for mark in _LOST)
-
-
 POLL_S = 0.25
 """How often a member waiting in a collective looks whether its generation broke."""
-
-
-class Replaced(RuntimeError):
-    """A newer process runs this worker's rank: this one must not go on."""
-
-
-class MemberLost(Exception):
-    """Another member found this generation's group broken."""
 
 
 @dataclass(frozen=True)
@@ -100,8 +86,13 @@ class ElasticAverager:
     """Worker ``rank`` of ``world``'s rounds over the generations' groups (module
     docstring). :meth:`join` forms its first group."""
 
-    def __init__(self, rank: int, world: int, timeout: timedelta = GROUP_TIMEOUT) -> None:
+    def __init__(
+        self, rank: int, world: int, timeout: timedelta = GROUP_TIMEOUT, wait: float = math.inf
+    ) -> None:
         self.rank, self.world, self.timeout = rank, world, timeout
+        #: The workers of the current generation; fewer than ``world`` once some went
+        #: without a replacement for ``wait`` seconds (:mod:`dmlctl.strategies.members`).
+        self.members, self.wait = tuple(range(world)), wait
         self.store = rejoin.store()
         self._mine = rejoin.key(f"elastic-generation/{rank}")
         # The newest process of this rank owns it: an older one (on a host cut off
@@ -148,11 +139,18 @@ class ElasticAverager:
         one."""
         while True:
             self._fence()
+            self.members = members.agree(
+                self.store, self.generation, self.rank, self.world, self.wait
+            )
+            if self.rank not in self.members:  # late: the others went on; meet them next
+                self._leave()
+                continue
             prefix = rejoin.key(f"elastic/{self.generation}")
             if self.group is not None:
                 self._retired.append(self.group)
+            place, size = self.members.index(self.rank), len(self.members)
             self.group = dist.ProcessGroupGloo(
-                PrefixStore(prefix, self.store), self.rank, self.world, self.timeout
+                PrefixStore(prefix, self.store), place, size, self.timeout
             )
             self.store.set(self._mine, str(self.generation))
             try:
@@ -179,7 +177,7 @@ class ElasticAverager:
         group (its length, then its ``torch.save`` bytes; any size) and those that
         do not load it (on the CPU: the model's own devices take it from there)."""
         holders = self._holders()
-        if self.handover is not None and len(holders) < self.world:
+        if self.handover is not None and len(holders) < len(self.members):
             self.donor = holders[0]
             blob = torch.zeros(1, dtype=torch.uint8)
             if self.rank == self.donor:
@@ -187,10 +185,11 @@ class ElasticAverager:
                 torch.save(self.handover.save(), out)
                 blob = torch.frombuffer(bytearray(out.getvalue()), dtype=torch.uint8)
             size = torch.tensor([blob.numel()], dtype=torch.int64)
-            self._broadcast(size, self.donor)
+            src = self.members.index(self.donor)
+            self._broadcast(size, src)
             if self.rank != self.donor:
                 blob = torch.empty(int(size[0]), dtype=torch.uint8)
-            self._broadcast(blob, self.donor)
+            self._broadcast(blob, src)
             if not self.holding:
                 self.received = blob.numel()
                 data = io.BytesIO(blob.numpy().tobytes())
@@ -208,11 +207,13 @@ class ElasticAverager:
         and the step count of each). Raises when none does (all were lost), or when
         they are at different steps: a worker lost inside a round that some of them
         had completed — not recoverable in place (the run restarts)."""
-        said = torch.zeros(2, self.world, dtype=torch.float64)
-        said[:, self.rank] = torch.tensor([1.0, self.steps()]) if self.holding else 0.0
+        said = torch.zeros(2, len(self.members), dtype=torch.float64)
+        me = self.members.index(self.rank)
+        said[:, me] = torch.tensor([1.0, self.steps()]) if self.holding else 0.0
         self._wait(self.group.allreduce([said]))
-        holders = [r for r in range(self.world) if said[0, r] > 0]
-        steps = {r: int(said[1, r]) for r in holders}
+        places = [i for i in range(len(self.members)) if said[0, i] > 0]
+        holders = [self.members[i] for i in places]
+        steps = {self.members[i]: int(said[1, i]) for i in places}
         if not holders:
             raise RuntimeError(
                 f"generation {self.generation}: no worker holds the model (all were lost)"
@@ -246,7 +247,7 @@ class ElasticAverager:
 
         def round_() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
             flat = flat_params(tensors)
-            flat.mul_(weight if wire is None else weight / self.world)
+            flat.mul_(weight if wire is None else weight / len(self.members))
             sent = flat if wire is None else flat.to(wire)
             meta = torch.tensor([weight, weight * step], dtype=torch.float64)
             self.allreduce(sent)
@@ -260,7 +261,7 @@ class ElasticAverager:
         if wire is None:
             flat /= self.weight
         else:
-            flat = sent.to(flat.dtype).mul_(self.world / self.weight)
+            flat = sent.to(flat.dtype).mul_(len(self.members) / self.weight)
         assign_flat(list(tensors), flat)
         nbytes = sent.numel() * sent.element_size()
         self.bytes += nbytes
@@ -333,12 +334,14 @@ class ElasticAverager:
             self._broadcast(tensor, src)
 
 
-def averager(ctx: Context) -> ElasticAverager | None:
+def averager(ctx: Context, shrink: bool = False) -> ElasticAverager | None:
     """This worker's elastic group in a run that replaces workers in place (None
-    otherwise, or alone)."""
+    otherwise, or alone); ``shrink``: the strategy may go on without a worker that
+    no replacement came for (:func:`dmlctl.strategies.members.rejoin_wait`)."""
     if not rejoin.in_place() or ctx.world_size == 1:
         return None
-    return ElasticAverager(ctx.rank, ctx.world_size)
+    wait = members.rejoin_wait() if shrink else math.inf
+    return ElasticAverager(ctx.rank, ctx.world_size, wait=wait)
 
 
 def starting_weights(ctx: Context, model: torch.nn.Module) -> list[torch.nn.Parameter] | None:

@@ -46,6 +46,7 @@ STATUS_STYLES: dict[RankStatus, str] = {
     RankStatus.SUCCEEDED: "green",
     RankStatus.FAILED: "bold red",
     RankStatus.STOPPED: "yellow",
+    RankStatus.DROPPED: "dim yellow",
 }
 
 # Red is kept for errors, so no rank prefix can be mistaken for a failure.

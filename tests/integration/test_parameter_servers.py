@@ -346,7 +346,10 @@ def test_a_killed_averaging_worker_rejoins_its_peers_at_their_next_round(
     state = cli.state(run_id)
     assert (state["restarts"], state["respawns"]) == (0, kills), state
     starts = [len(_starts(cli, run_id, r)) for r in range(workers)]
-    assert starts == [1, 1 + kills] + [1] * (workers - 2), starts
+    others = [n for r, n in enumerate(starts) if r != 1]
+    # Nobody else started again; a replacement killed as it was forked may not have
+    # written its start record yet.
+    assert others == [1] * (workers - 1) and 2 <= starts[1] <= 1 + kills, starts
     steps = {r["rank"]: r["step"] for r in state["ranks"]}
     assert len(set(steps.values())) == 1 and steps[0] > 0, steps  # at its peers' step
     gaps = state["replacements"]  # status and plot show them

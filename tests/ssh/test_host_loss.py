@@ -146,11 +146,12 @@ def _in_place_run(
     strategy: str,
     fault: Callable[[str], None],
     restart: str = "",
+    job_extra: str = "",
 ) -> tuple[str, str]:
-    """Launch ``strategy`` with restart.mode: in_place on node-a and node-b (one
-    worker each; max_hosts: 2 without servers: a third host is a spare), call ``fault(run_id)`` once
-    the workers have trained a while; returns (run id, the launch's output) of the
-    run, which must succeed."""
+    """Launch ``strategy`` with restart.mode: in_place (and ``restart``, ``job_extra``)
+    on node-a and node-b (one worker each; max_hosts: 2 without servers: a third host
+    is a spare), call ``fault(run_id)`` once the workers have trained a while; returns
+    (run id, the launch's output) of the run, which must succeed."""
     cluster = cluster_file(lab, tmp_path, **{h.alias: "slots: 1" for h in lab.hosts})
     job = tmp_path / "job.yaml"
     job.write_text(
@@ -158,6 +159,7 @@ def _in_place_run(
         f"workers: 2\nstrategy: {strategy}\nrestart: {{mode: in_place{restart}}}\n"
         # parameter servers: on node-a, and no max_hosts (spares) with them yet
         + ("parameter_servers: 1\n" if strategy == "asgd" else "max_hosts: 2\n")
+        + job_extra
     )
     proc = cli.popen("launch", str(job), "--cluster", str(cluster), "--ui", "plain")
 
@@ -245,3 +247,32 @@ def test_a_host_whose_agent_died_takes_its_ranks_again_in_place(
 
     run_id, out = _in_place_run(cli, lab, tmp_path, "asgd", kill_agent)
     _replaced(cli, run_id, out, "node-b", "asgd")
+
+
+def test_with_no_host_to_take_them_the_others_go_on_without_a_lost_hosts_ranks(
+    lab: SshLab, tmp_path: Path
+) -> None:
+    """local-sgd, min_hosts: 1, no spare: node-b dies and cannot take its rank back;
+    after restart.rejoin_wait (1 s) rank 0 goes on alone, averaging over itself, and
+    the run succeeds without a restart, rank 1 `dropped`."""
+    cli = LabCli(tmp_path / "home", lab)
+    run_id, out = _in_place_run(
+        cli,
+        lab,
+        tmp_path,
+        "local-sgd",
+        lambda _: lab.kill_host("node-b"),
+        ", rejoin_wait: 1",
+        "min_hosts: 1\n",
+    )
+    said = "and no host can take rank 1: the others go on without them after restart.rejoin_wait"
+    assert "node-b lost (" in out and said in out, out
+    state = cli.state(run_id)
+    assert (state["restarts"], state["respawns"], state["hosts"]) == (0, 1, ["node-a"]), state
+    statuses = {r["rank"]: r["status"] for r in state["ranks"]}
+    assert statuses == {0: "succeeded", 1: "dropped"}, statuses
+    assert state["phase"] == "succeeded"
+    Path("/tmp/adhoc/dropped.out").write_text(out)
+    accuracy = _final(cli, run_id)["test_acc"]
+    assert accuracy >= UNINTERRUPTED["local-sgd"] - 0.015, accuracy
+    assert wait_until(lambda: not run_processes(run_id), 15), run_processes(run_id)

@@ -4,6 +4,7 @@ and what the stand-in gives each rank."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 from dmlctl import protocol, wire
@@ -12,10 +13,18 @@ from dmlctl.agent_config import AgentConfig
 from dmlctl.failure import Evidence, Failure, Kind
 from dmlctl.launch.host_swap import HostSwap
 from dmlctl.plan.model import LaunchPlan
-from dmlctl.runs.events import HostReplaced, MetricRecord, RankStarted
+from dmlctl.runs.events import (
+    Finished,
+    HostDropped,
+    HostReplaced,
+    MetricRecord,
+    Progress,
+    RankExited,
+    RankStarted,
+)
 from dmlctl.runs.parser import parse_line
 from dmlctl.runs.reducer import apply
-from dmlctl.runs.state import RankStatus, new_run_state
+from dmlctl.runs.state import Phase, RankStatus, new_run_state
 from dmlctl.ui.summary import attempt_lines, replacement_line
 from tests.unit.test_elastic import plan3
 
@@ -153,3 +162,32 @@ def _in_place_config_env() -> str:
     config = swap.config("b", swap.targets("b", ended=False)[0], attempt=0, grace=5.0)
     assert config.rejoin is not None
     return config.rejoin.standin_env(config.torchrun)
+
+
+def test_the_others_go_on_without_a_lost_hosts_ranks_where_the_strategy_and_min_hosts_allow() -> (
+    None
+):
+    cause = Failure("b", None, "AgentLost", "gone", (), 1.0, kind=Kind.AGENT_LOST, evidence=SEEN)
+    assert _seated(_in_place()).go_on_without("b", cause, 2.0) == []  # min_hosts: all
+    for job, why in (
+        ({"strategy": "bmuf"}, "bmuf does not go on smaller"),
+        ({"restart": {"mode": "in_place", "rejoin_wait": 0}}, "rejoin_wait 0: never"),
+    ):
+        plan = plan3(**{"restart": {"mode": "in_place"}, "strategy": "local-sgd", **job})
+        assert _seated(dataclasses.replace(plan, min_hosts=1)).go_on_without("b", cause, 2) == [], (
+            why
+        )
+    swap = _seated(_in_place(min_hosts=1))
+    dropped, said = swap.go_on_without("b", cause, 2.0)
+    assert dropped == HostDropped("b", (2, 3), cause, 2.0)
+    assert isinstance(said, Progress) and said.text == (
+        "b lost (gone) and no host can take rank 2, 3: the others go on without them "
+        "after restart.rejoin_wait (30 s)"
+    )
+    ranks = [(0, "a", "worker"), (1, "a", "worker"), (2, "b", "worker"), (3, "b", "worker")]
+    state = apply(new_run_state("r", "job", "local-sgd", ranks, 0.0), [dropped])
+    assert [r.status for r in state.ranks] == [RankStatus.PENDING] * 2 + [RankStatus.DROPPED] * 2
+    assert state.hosts == ("a",) and state.respawns == 1 and state.root_cause is None
+    done = [RankExited("a", r, 0, None, 3.0) for r in (0, 1)]
+    state = apply(state, [*done, Finished(4.0)])
+    assert state.phase is Phase.SUCCEEDED  # the dropped ranks are no failure

@@ -338,17 +338,19 @@ def test_store_collectives_go_on_from_the_predecessors_count(
     monkeypatch.delenv(protocol.ENV_REJOIN, raising=False)
     other = PrefixStore("dmlctl", master)  # worker 1, as its own client would write
     other.set(rejoin.key("coll/0/1"), "2.0")
-    assert rejoin.StoreGroup(0, 2, lambda: True).gather(1.0) == [1.0, 2.0]
+    assert rejoin.StoreGroup(0, 2, lambda: True).gather(1.0) == {0: 1.0, 1: 2.0}
     monkeypatch.setenv(protocol.ENV_REJOIN, "1")
     started = False
     replacement = rejoin.StoreGroup(0, 2, lambda: started)
     assert replacement.calls == 1  # its predecessor's one call is not done again
-    assert replacement.gather(5.0) == [5.0, 5.0]  # before its first batch: its own
+    assert replacement.gather(5.0) == {0: 5.0}  # before its first batch: its own
     assert replacement.calls == 1
     started = True
     other.set(rejoin.key("coll/1/1"), "4.0")
-    assert replacement.gather(2.0) == [2.0, 4.0]
+    assert replacement.gather(2.0) == {0: 2.0, 1: 4.0}
     assert not other.check([rejoin.key("coll/0/0")])  # read by all: deleted
+    other.set(rejoin.gone_key(1), "1")  # worker 1 left the run: not waited for
+    assert replacement.gather(3.0) == {0: 3.0}
     del master
 
 
@@ -508,7 +510,7 @@ def test_a_replacement_goes_on_at_its_peers_step(
 
 
 def test_only_a_broken_connection_makes_a_new_generation() -> None:
-    from dmlctl.strategies.elastic import member_lost
+    from dmlctl.strategies.members import member_lost
 
     reset = "[pair.cc:537] Read error [127.0.0.1]:43706: Connection reset by peer"
     assert member_lost(RuntimeError(reset))
@@ -645,3 +647,48 @@ def test_torchrun_of_an_in_place_run_waits_at_exit_for_every_ranks_done_key(
         assert capsys.readouterr().err == ""
     finally:
         SimpleElasticAgent._exit_barrier = own  # type: ignore[method-assign]
+
+
+def test_the_others_go_on_without_a_worker_no_replacement_came_for(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """restart.rejoin_wait: workers 0 and 1 form generation 1 without worker 2 after
+    the wait (it is gone: the store collectives and torchrun stop waiting for it) and
+    average over the two of them; worker 2 coming back later is let in again at the
+    next generation."""
+    import threading
+
+    from torch._C._distributed_c10d import TCPStore
+
+    from dmlctl.runtime.optimizer import CommMeter
+    from dmlctl.strategies import members
+    from dmlctl.strategies.elastic import ElasticAverager
+
+    server = TCPStore("127.0.0.1", 0, 1, True)
+    mine = threading.local()
+    monkeypatch.setattr(rejoin, "store", lambda: mine.store)
+    means: dict[int, float] = {}
+
+    def member(rank: int) -> None:
+        mine.store = TCPStore("127.0.0.1", server.port, is_master=False)
+        averager = ElasticAverager(rank, 3, timedelta(seconds=30), wait=0.3)
+        averager.generation = 1
+        averager._form()
+        mean, _ = averager.average([torch.full((2,), float(rank))], 5, CommMeter())
+        means[rank] = float(mean[0])
+        assert averager.members == (0, 1)
+
+    threads = [threading.Thread(target=member, args=(r,)) for r in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert means == {0: 0.5, 1: 0.5}
+    client = TCPStore("127.0.0.1", server.port, is_master=False)
+    mine.store = client
+    assert client.check([rejoin.gone_key(2)])  # the store collectives stop waiting for it
+    assert client.check([protocol.rank_done_key(2)])  # and torchrun at its exit
+    for rank in (0, 1):  # the others, in generation 2 as worker 2 comes back
+        client.set(rejoin.key(f"elastic/2/in/{rank}"), "1")
+    assert members.agree(client, 2, 2, 3, 30.0) == (0, 1, 2)  # back: a member again
+    assert not client.check([rejoin.gone_key(2)])

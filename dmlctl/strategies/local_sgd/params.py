@@ -72,5 +72,9 @@ def _in_place_rule(params: Params) -> str | None:
 
 
 CAPABILITIES = Capabilities(
-    roles=WORKERS_ONLY, columns=("consensus",), in_place=True, in_place_rule=_in_place_rule
+    roles=WORKERS_ONLY,
+    columns=("consensus",),
+    in_place=True,
+    in_place_rule=_in_place_rule,
+    in_place_shrink=True,
 )

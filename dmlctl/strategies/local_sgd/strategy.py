@@ -206,7 +206,7 @@ def prepare(
         host_size=host_size,
         global_every=global_every,
         threshold=p.threshold,
-        elastic=elastic.averager(ctx),  # restart.mode: in_place (never hierarchical)
+        elastic=elastic.averager(ctx, shrink=True),  # restart.mode: in_place (not hierarchical)
     )
     if opt.elastic is not None:
         elastic.begin(ctx, opt, opt.elastic, "local-sgd", opt.joining_round, model=model)

@@ -111,7 +111,7 @@ def prepare(
     buffers (a replacement: its peers' model, step and optimizer state); the optimizer
     comes back as an :class:`ElasticGrads` around ``optimizer``."""
     weights = elastic.starting_weights(ctx, model)
-    group = elastic.averager(ctx)
+    group = elastic.averager(ctx, shrink=True)
     assert weights is not None and group is not None
     trained = [w for w in weights if w.requires_grad]  # as DDP: frozen ones send nothing
     opt = ElasticGrads(
