@@ -139,9 +139,10 @@ class ElasticAverager:
         one."""
         while True:
             self._fence()
-            self.members = members.agree(
-                self.store, self.generation, self.rank, self.world, self.wait
-            )
+            # The first meeting waits for everybody (a worker may prepare its data for
+            # long); a later one, formed after a loss, for rejoin_wait at most.
+            wait = self.wait if self.generation > 0 else math.inf
+            self.members = members.agree(self.store, self.generation, self.rank, self.world, wait)
             if self.rank not in self.members:  # late: the others went on; meet them next
                 self._leave()
                 continue
