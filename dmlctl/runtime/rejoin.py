@@ -230,10 +230,12 @@ def check_one_model(params: Iterable[torch.Tensor], group: StoreGroup) -> None:
 class StoreGroup:
     """The workers' barrier and scalar mean through the run's store, for a run that
     replaces lost workers in place: worker ``rank`` of ``world`` writes its value
-    under the call's number and waits for every worker's. The number of calls done is
-    kept in the store after each, so a replacement goes on from its predecessor's;
-    the calls a replacement makes before its first batch (``joined()`` false) are its
-    own alone (the others made them long ago) and return its value."""
+    under the call's number and waits for every worker's, but a worker's that is gone
+    from the run (:func:`gone_key`: the others went on without it). The number of
+    calls done is kept in the store after each, so a replacement goes on from its
+    predecessor's; the calls a replacement makes before its first batch
+    (``joined()`` false) are its own alone (the others made them long ago) and
+    return its value."""
 
     def __init__(self, rank: int, world: int, joined: Callable[[], bool]) -> None:
         self.rank, self.world, self._joined = rank, world, joined

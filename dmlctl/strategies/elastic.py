@@ -5,9 +5,12 @@ The workers average over a gloo process group of their own, made from the run's 
 (:func:`dmlctl.runtime.rejoin.store`) under a prefix per **generation**, not over the
 default group: that one cannot lose a member. When a worker dies, the next collective
 of the others fails (gloo reads the broken connection); each of them then makes the
-next generation's group — same ranks, same size — which waits, as gloo's rendezvous
-does, until every rank is there: the survivors and the lost worker's replacement,
-forked again by its torchrun (:mod:`dmlctl.agent.respawn`). gloo tells only the dead
+next generation's group, which waits until every rank is there: the survivors and
+the lost worker's replacement, forked again by its torchrun
+(:mod:`dmlctl.agent.respawn`) or started on another host
+(:mod:`dmlctl.agent.standin`) — or, where the strategy may go on smaller, until
+``restart.rejoin_wait`` has passed: then the members are those there, numbered
+afresh in the group (:mod:`dmlctl.strategies.members`). gloo tells only the dead
 worker's ring neighbours (the others would wait out the whole timeout), so the first
 member to see the loss marks the generation broken in the store, and every member
 waits in its collectives in short slices, looking at that mark in between; the
