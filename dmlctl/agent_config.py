@@ -101,7 +101,7 @@ class Rejoin:
     """A lost host's ranks, for another host's agent to start into the running world
     in torchrun's place (``restart.mode: in_place``; :mod:`dmlctl.agent.standin`):
     their global ranks in local-rank order, the world's size, the run's store
-    (``master_addr:master_port``: the rendezvous endpoint, which serves it), the lost
+    (``master_addr:master_port``, as the lost ranks said torchrun gave it), the lost
     host's node rank and the number of nodes, and which replacement this is."""
 
     ranks: tuple[int, ...]
@@ -113,9 +113,10 @@ class Rejoin:
     number: int = 1
 
     def standin_env(self, torchrun: TorchrunCommand) -> str:
-        """The stand-in's instructions (:data:`dmlctl.agent.standin.ENV_STANDIN`):
-        these fields, the rendezvous id and ``torchrun``'s script and arguments."""
-        data = {**asdict(self), "run_id": torchrun.rdzv_id}
+        """The stand-in's instructions (:data:`dmlctl.agent.standin.ENV_STANDIN`, read
+        by :meth:`dmlctl.agent.standin.Order.from_json`): these fields, the rendezvous
+        id and ``torchrun``'s script and arguments."""
+        data = {"rejoin": asdict(self), "run_id": torchrun.rdzv_id}
         return json.dumps({**data, "script": torchrun.script, "args": list(torchrun.args)})
 
     @staticmethod

@@ -26,25 +26,45 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from types import FrameType
 from typing import Protocol
 
 from dmlctl import protocol, wire
 from dmlctl.agent.procs import dies_with_parent
+from dmlctl.agent_config import Rejoin
 
 ENV_STANDIN = "DMLCTL_STANDIN"
 """The ranks to start, as :meth:`dmlctl.agent_config.Rejoin.standin_env` writes them."""
 POLL_S = 0.1
 
 
-def rank_env(
-    spec: Mapping[str, object], local_rank: int, base: Mapping[str, str]
-) -> dict[str, str]:
-    """The environment of the ``local_rank``-th rank of ``spec``: ``base`` and what
+@dataclass(frozen=True)
+class Order:
+    """What the stand-in starts: the lost ranks (:class:`Rejoin`), the rendezvous id
+    and the script with its arguments."""
+
+    rejoin: Rejoin
+    run_id: str
+    script: str
+    args: tuple[str, ...]
+
+    @staticmethod
+    def from_json(text: str) -> Order:
+        """:data:`ENV_STANDIN`'s value read back (``KeyError``/``ValueError`` else)."""
+        data = json.loads(text)
+        args = tuple(str(a) for a in data["args"])
+        return Order(
+            Rejoin.from_dict(data["rejoin"]), str(data["run_id"]), str(data["script"]), args
+        )
+
+
+def rank_env(order: Order, local_rank: int, base: Mapping[str, str]) -> dict[str, str]:
+    """The environment of the ``local_rank``-th rank of ``order``: ``base`` and what
     torchrun gives each rank, its error file in the rank directory, and
     ``DMLCTL_REJOIN``."""
-    ranks = [int(r) for r in spec["ranks"]]  # type: ignore[attr-defined]
-    rank, world = ranks[local_rank], str(spec["world_size"])
+    spec = order.rejoin
+    rank, world = spec.ranks[local_rank], str(spec.world_size)
     rank_dir = base.get(protocol.ENV_RANK_DIR, ".")
     return {
         **{k: v for k, v in base.items() if k != ENV_STANDIN},
@@ -52,19 +72,19 @@ def rank_env(
         "RANK": str(rank),
         "ROLE_RANK": str(rank),
         "ROLE_NAME": "default",
-        "GROUP_RANK": str(spec["group_rank"]),
-        "GROUP_WORLD_SIZE": str(spec["group_world_size"]),
-        "LOCAL_WORLD_SIZE": str(len(ranks)),
+        "GROUP_RANK": str(spec.group_rank),
+        "GROUP_WORLD_SIZE": str(spec.group_world_size),
+        "LOCAL_WORLD_SIZE": str(len(spec.ranks)),
         "WORLD_SIZE": world,
         "ROLE_WORLD_SIZE": world,
-        "MASTER_ADDR": str(spec["master_addr"]),
-        "MASTER_PORT": str(spec["master_port"]),
+        "MASTER_ADDR": spec.master_addr,
+        "MASTER_PORT": str(spec.master_port),
         "TORCHELASTIC_RESTART_COUNT": "0",
         "TORCHELASTIC_MAX_RESTARTS": "0",
-        "TORCHELASTIC_RUN_ID": str(spec["run_id"]),
+        "TORCHELASTIC_RUN_ID": order.run_id,
         "TORCHELASTIC_USE_AGENT_STORE": "True",
         "TORCHELASTIC_ERROR_FILE": os.path.join(rank_dir, f"standin-error-{rank}.json"),
-        protocol.ENV_REJOIN: str(spec.get("number", 1)),
+        protocol.ENV_REJOIN: str(spec.number),
     }
 
 
@@ -78,21 +98,20 @@ class Rank(Protocol):
     def poll(self) -> int | None: ...
 
 
-def start_ranks(spec: Mapping[str, object], env: Mapping[str, str], fork: bool) -> dict[int, Rank]:
-    """Every rank of ``spec`` started (global rank → process), each its own process
+def start_ranks(order: Order, env: Mapping[str, str], fork: bool) -> dict[int, Rank]:
+    """Every rank of ``order`` started (global rank → process), each its own process
     group and dying with this process: forked from it when ``fork`` (a warm agent's
     child, torch imported) and the rank's environment allows, as torchrun's ranks are
     (:mod:`dmlctl.agent.forked_rank`; one killed by SIGKILL is then forked again in
     place), else a new interpreter."""
     from dmlctl.agent import forked_rank
 
-    argv = [sys.executable, "-u", "-m", "dmlctl.runtime.entry", str(spec["script"])]
-    argv += [str(a) for a in spec.get("args", ())]  # type: ignore[attr-defined]
+    argv = [sys.executable, "-u", "-m", "dmlctl.runtime.entry", order.script, *order.args]
     if fork:
         forked_rank.warm_runtime()
     procs: dict[int, Rank] = {}
-    for local_rank, rank in enumerate(int(r) for r in spec["ranks"]):  # type: ignore[attr-defined]
-        own = rank_env(spec, local_rank, env)
+    for local_rank, rank in enumerate(order.rejoin.ranks):
+        own = rank_env(order, local_rank, env)
         if fork and forked_rank.can_fork(argv, own):
             procs[rank] = forked_rank.ForkedRank(argv, own, None, None)
             continue
@@ -158,8 +177,7 @@ def main(fork: bool = False) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, on_signal)
-    spec = json.loads(os.environ[ENV_STANDIN])
-    procs = start_ranks(spec, os.environ, fork)
+    procs = start_ranks(Order.from_json(os.environ[ENV_STANDIN]), os.environ, fork)
     ranks = ", ".join(str(r) for r in procs)
     print(f"dmlctl standin: started rank {ranks} into the running world", flush=True)
     codes = wait_all(procs, stopping)

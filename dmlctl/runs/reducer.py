@@ -164,12 +164,18 @@ def _rank_exited(f: _Fold, ev: RankExited) -> None:
             _failed(f, cause)
 
 
-def _rank_respawned(f: _Fold, ev: RankRespawned) -> None:
-    """A rank recovers in place: counted with the run's failures, not this attempt's
-    (the attempt goes on), and as a replacement whose gap its first record closes."""
-    f.upd(ev.rank, ev.host).update(status=RankStatus.RECOVERING, pid=ev.pid, exit_code=None)
+def _in_place(f: _Fold, cause: Failure) -> None:
+    """A failure recovered in place: counted with the run's failures (and its restart
+    budget), not this attempt's (the attempt goes on)."""
     f.changed["respawns"] = f.get("respawns") + 1
-    f.changed["failures"] = (*f.get("failures"), ev.cause)
+    f.changed["failures"] = (*f.get("failures"), cause)
+
+
+def _rank_respawned(f: _Fold, ev: RankRespawned) -> None:
+    """A rank recovers in place (:func:`_in_place`), a replacement whose gap its first
+    record closes."""
+    f.upd(ev.rank, ev.host).update(status=RankStatus.RECOVERING, pid=ev.pid, exit_code=None)
+    _in_place(f, ev.cause)
     gap = Replacement(ev.rank, ev.host, ev.ts, ev.cause.message)
     f.changed["replacements"] = (*f.get("replacements"), gap)
 
@@ -181,8 +187,7 @@ def _host_replaced(f: _Fold, ev: HostReplaced) -> None:
         f.upd(rank, ev.to).update(
             host=ev.to, status=RankStatus.RECOVERING, pid=None, exit_code=None
         )
-    f.changed["respawns"] = f.get("respawns") + 1
-    f.changed["failures"] = (*f.get("failures"), ev.cause)
+    _in_place(f, ev.cause)
     why = f"{ev.host} lost: {ev.cause.message}"
     gaps = tuple(Replacement(rank, ev.to, ev.cause.ts, why) for rank in ev.ranks)
     f.changed["replacements"] = (*f.get("replacements"), *gaps)
@@ -195,8 +200,7 @@ def _host_dropped(f: _Fold, ev: HostDropped) -> None:
     run (as :func:`_host_replaced`), the ranks ``dropped`` (not a failure at the end)."""
     for rank in ev.ranks:
         f.upd(rank, ev.host).update(status=RankStatus.DROPPED, pid=None)
-    f.changed["respawns"] = f.get("respawns") + 1
-    f.changed["failures"] = (*f.get("failures"), ev.cause)
+    _in_place(f, ev.cause)
     f.changed["hosts"] = tuple(h for h in f.get("hosts") if h != ev.host)
 
 

@@ -141,7 +141,7 @@ def test_a_start_record_says_where_the_runs_store_is() -> None:
 
 
 def test_the_stand_in_gives_each_rank_what_torchrun_would_and_marks_it_a_replacement() -> None:
-    spec = json.loads(_in_place_config_env())
+    spec = standin.Order.from_json(_in_place_config_env())
     env = standin.rank_env(
         spec, 1, {"PATH": "/bin", standin.ENV_STANDIN: "x", protocol.ENV_RANK_DIR: "/d"}
     )
