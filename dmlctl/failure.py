@@ -69,6 +69,9 @@ class Failure:
     """A consequence of another failure (a collective that broke because a peer died,
     a checkpoint another rank refused): never the root cause while another is known.
     Its kind still says what failed (and so which budget it spends)."""
+    recovered: bool = field(default=False, kw_only=True)
+    """Recovered in place (``restart.mode: in_place``): the run went on without a new
+    attempt (set by the reducer as it records the failure)."""
 
     def headline(self) -> str:
         """One line: ``rank 1 on host-a: ValueError: bad batch`` (``controller: …`` for
@@ -246,6 +249,7 @@ def failure_from_dict(data: Mapping[str, Any]) -> Failure:
         kind=Kind(data["kind"]),
         evidence=Evidence(data["evidence"]),
         collateral=bool(data.get("collateral", False)),
+        recovered=bool(data.get("recovered", False)),
     )
 
 
@@ -254,7 +258,8 @@ def pick_root_cause(failures: Iterable[Failure]) -> Failure | None:
     one rule set, the same whatever order they arrived in:
 
     0. the end of the run's allocation (a batch scheduler's time limit, preemption,
-       cancel) explains every death in it;
+       cancel) explains every death in it, and so does the loss of the run's records
+       (its directory deleted, a full disk: the ranks' saves into it fail too);
     1. an exit status alone is dropped when a record or an observation is about the
        same rank (a host agent's failure is about each of its host's ranks): torchrun's
        summary names the rank whose record already explained it, and "torchrun exited
@@ -288,7 +293,10 @@ def explains_better(new: Failure, old: Failure | None) -> bool:
     return old is None or pick_root_cause([old, new]) is new
 
 
-_ENDS = {Kind.ALLOCATION: 0, Kind.REQUEUED: 1}  # a requeue that failed says more
+#: Ends that explain the ranks' deaths in them: the allocation's end (a requeue that
+#: failed says more), the run's records lost (its directory deleted, a full disk: the
+#: ranks' saves into it fail too).
+_ENDS = {Kind.ALLOCATION: 0, Kind.REQUEUED: 1, Kind.RECORDS: 1}
 
 
 def _order(f: Failure) -> tuple[int, bool, bool, float]:

@@ -110,15 +110,6 @@ ENV_CHECKPOINT_ALLOW_FRESH = "DMLCTL_CHECKPOINT_ALLOW_FRESH"  # "1": checkpoint.
 ENV_CHECKPOINT_WARM_START = "DMLCTL_CHECKPOINT_WARM_START"  # "1": checkpoint.warm_start
 
 
-STORE_PREFIX = "dmlctl"  # the ranks' keys in torchrun's store (MASTER_ADDR:MASTER_PORT)
-
-
-def rank_done_key(rank: int) -> str:
-    """The key (under :data:`STORE_PREFIX`) that rank ``rank`` of an in-place run sets
-    once it is done with the store, as its process ends."""
-    return f"done/{rank}"
-
-
 def in_place(environ: Mapping[str, str]) -> bool:
     """Whether the run that gave a rank ``environ`` replaces lost workers in place."""
     return environ.get(ENV_RESTART_MODE) == IN_PLACE

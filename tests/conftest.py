@@ -113,9 +113,11 @@ _SAME_GROUP_AS = {"strategies/test_distbelief.py": "strategies/test_accuracy.py"
 #: collection order (with --no-loadscope-reorder), so these start first and the short
 #: ones fill the workers around them, instead of one long group running alone at the end.
 _LONGEST_GROUPS = (
+    "lab",
+    "ssh",
     "integration/test_launch.py",
     "strategies/test_accuracy.py",
-    "ssh",
+    "strategies/test_lm_quality.py",
     "integration/test_parameter_servers.py",
     "integration/test_checkpoint_faults.py",
     "integration/test_bench_advise.py",

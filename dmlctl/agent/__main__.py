@@ -48,7 +48,7 @@ from dmlctl import wire
 from dmlctl.agent import warm
 from dmlctl.agent.forward import Held, drain, dump, emit_ranks, rank_usage
 from dmlctl.agent.messages import Commands, Emitter, Output, forward_torchrun, watch_stdin
-from dmlctl.agent.procs import become_subreaper, kill_tree
+from dmlctl.agent.procs import alive, become_subreaper, kill_tree
 from dmlctl.agent.start import Torchrun, cannot_start, environment, prepare, script_dir, start
 from dmlctl.agent.tail import RankDirTailer
 from dmlctl.agent.torchrun import read_failures
@@ -56,6 +56,9 @@ from dmlctl.agent_config import AgentConfig
 from dmlctl.runtime.where import FrameNamer
 
 POLL_S = 0.05
+NO_RANK_GRACE_S = 0.5
+"""On a stop with no rank process left: how long torchrun gets to end by itself (one
+waiting in a barrier of its store's never does before its timeout)."""
 ALIVE_S = 1.0  # a message at least this often, so a silent host can be told from a busy one
 
 
@@ -103,10 +106,12 @@ def _supervise(
     rank_dir: str,
     held: Held,
 ) -> bool:
-    """Stream the ranks until torchrun ends; carry out stops and dumps. True if stopped."""
+    """Stream the ranks until torchrun ends; carry out stops (the ranks get the grace,
+    torchrun :data:`NO_RANK_GRACE_S` once no rank runs) and dumps. True if stopped."""
     parent = os.getppid()
     alive_at = time.monotonic() + ALIVE_S
     kill_at: float | None = None
+    stopped_at = 0.0
     while True:
         busy = emit_ranks(tailer, emit, pids, held=held)
         if time.monotonic() >= alive_at:  # the controller counts a silent host as lost
@@ -127,11 +132,16 @@ def _supervise(
             grace = commands.grace
             grace = config.stop_grace if grace is None else grace
             why = commands.reason[0] if commands.reason else "controller connection lost"
-            said = f"dmlctl agent: {why}; stopping (ranks get {grace:g} s)"
+            running = any(alive(pid) for pid in pids.values())
+            given = f"ranks get {grace:g} s" if running else "no rank runs"
+            said = f"dmlctl agent: {why}; stopping ({given})"
             emit.send(wire.LogMsg(None, "agent", (said,)))
             with contextlib.suppress(ProcessLookupError):
                 os.kill(proc.pid, signal.SIGTERM)  # torchrun passes it on to every rank
-            kill_at = time.monotonic() + grace
+            stopped_at = time.monotonic()
+            kill_at = stopped_at + grace
+        if kill_at is not None and not any(alive(pid) for pid in pids.values()):
+            kill_at = min(kill_at, stopped_at + NO_RANK_GRACE_S)  # nothing left to save
         if kill_at is not None and time.monotonic() >= kill_at:
             kill_tree(os.getpid(), 1.0, keep=frozenset({proc.pid}))
             proc.wait()

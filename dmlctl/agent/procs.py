@@ -87,6 +87,12 @@ def _processes() -> dict[int, tuple[str, int]]:
     return out
 
 
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (an exited one not yet reaped does not)."""
+    st = _stat(str(pid))
+    return st is not None and st[0] != "Z"
+
+
 def descendants(root: int) -> list[int]:
     """Live descendants of ``root`` (not ``root`` itself), parents before children."""
     children: dict[int, list[int]] = {}

@@ -76,19 +76,13 @@ def _done_with_store(env: Mapping[str, str]) -> None:
     for that. Said on stderr when the store cannot be reached."""
     from datetime import timedelta
 
-    from torch._C._distributed_c10d import PrefixStore, TCPStore
+    from dmlctl.runtime import rejoin
 
     if "MASTER_ADDR" not in env:  # no store (a rank run by hand)
         return
     try:
-        client = TCPStore(
-            env["MASTER_ADDR"],
-            int(env["MASTER_PORT"]),
-            is_master=False,
-            timeout=timedelta(seconds=10),
-        )
-        store = PrefixStore(protocol.STORE_PREFIX, client)
-        store.set(protocol.rank_done_key(int(env.get("RANK", "0"))), "1")
+        store = rejoin.connect(env["MASTER_ADDR"], int(env["MASTER_PORT"]), timedelta(seconds=10))
+        store.set(rejoin.done_key(int(env.get("RANK", "0"))), "1")
     except (KeyError, ValueError, RuntimeError) as exc:
         print(f"dmlctl: rank {env.get('RANK')}: the run's store: {exc}", file=sys.stderr)
 

@@ -55,17 +55,17 @@ def wait_for_ranks_at_exit(timeout: float = EXIT_WAIT_S) -> None:
     the store (:func:`dmlctl.runtime.rejoin.done`), at most ``timeout`` seconds."""
     from datetime import timedelta
 
-    from torch._C._distributed_c10d import PrefixStore, TCPStore
     from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
+
+    from dmlctl.runtime import rejoin
 
     def _exit_barrier(self: Any) -> None:
         group = self._worker_group
         try:
             wait = timedelta(seconds=timeout)
-            client = TCPStore(group.master_addr, int(group.master_port), is_master=False)
-            store = PrefixStore(protocol.STORE_PREFIX, client)
+            store = rejoin.connect(group.master_addr, int(group.master_port))
             world = int(group.workers[0].world_size)
-            store.wait([protocol.rank_done_key(r) for r in range(world)], wait)
+            store.wait([rejoin.done_key(r) for r in range(world)], wait)
         except Exception as exc:  # the run's outcome is its ranks', not this wait's
             print(f"dmlctl: not every rank said it is done with the store: {exc}", file=sys.stderr)
 

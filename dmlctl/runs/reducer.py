@@ -168,7 +168,7 @@ def _in_place(f: _Fold, cause: Failure) -> None:
     """A failure recovered in place: counted with the run's failures (and its restart
     budget), not this attempt's (the attempt goes on)."""
     f.changed["respawns"] = f.get("respawns") + 1
-    f.changed["failures"] = (*f.get("failures"), cause)
+    f.changed["failures"] = (*f.get("failures"), dataclasses.replace(cause, recovered=True))
 
 
 def _rank_respawned(f: _Fold, ev: RankRespawned) -> None:

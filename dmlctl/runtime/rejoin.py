@@ -55,6 +55,19 @@ COLLECTIVE_TIMEOUT = timedelta(minutes=30)
 """How long a worker waits in a store collective for the others (the default
 process group's timeout)."""
 _store: tuple[tuple[str | None, str | None], Store] | None = None
+STORE_PREFIX = "dmlctl"  # the ranks' keys in torchrun's store (MASTER_ADDR:MASTER_PORT)
+
+
+def connect(addr: str, port: int, timeout: timedelta = _STORE_TIMEOUT) -> Store:
+    """A new client of the run's store at ``addr:port`` (torchrun's), under dmlctl's
+    prefix: the keys every process of the run reads and writes."""
+    return PrefixStore(STORE_PREFIX, TCPStore(addr, port, is_master=False, timeout=timeout))
+
+
+def done_key(rank: int) -> str:
+    """The key that rank ``rank`` of an in-place run sets once it is done with the
+    store, as its process ends (:func:`done`)."""
+    return f"done/{rank}"
 
 
 def in_place() -> bool:
@@ -85,8 +98,7 @@ def store() -> Store:
     if not shared or endpoint[0] is None or endpoint[1] is None:
         return dist.distributed_c10d._get_default_store()
     if _store is None or _store[0] != endpoint:
-        client = TCPStore(endpoint[0], int(endpoint[1]), is_master=False, timeout=_STORE_TIMEOUT)
-        _store = (endpoint, PrefixStore(protocol.STORE_PREFIX, client))
+        _store = (endpoint, connect(endpoint[0], int(endpoint[1])))
     return _store[1]
 
 
@@ -94,7 +106,7 @@ def done() -> None:
     """Say in the store that this rank is done with it (its process ends): each
     torchrun of an in-place run waits for that of every rank before it ends
     (:func:`dmlctl.agent.torchrun.wait_for_ranks_at_exit`)."""
-    store().set(protocol.rank_done_key(int(os.environ.get("RANK", "0"))), "1")
+    store().set(done_key(int(os.environ.get("RANK", "0"))), "1")
 
 
 def gone_key(rank: int) -> str:

@@ -16,15 +16,23 @@ member to see the loss marks the generation broken in the store, and every membe
 waits in its collectives in short slices, looking at that mark in between; the
 replacement marks it too as it starts (gloo does not always tell even a neighbour).
 The replacement knows its generation from the store, where every worker writes the
-one it joined.
+one it begins to form (a replacement that died while forming one is followed at the
+next).
 
 A round is one all-reduce of the flat tensors, each times a weight, and one of the
 weights and the weighted step: a replacement joins with weight 0 at the round the
 others retry, so the mean is the survivors' and it receives it — the model — and the
 round's step from live peers, nothing from disk. The round is then complete on every
-member and the world whole again (:func:`begin`). Tensors every member holds alike
-(BMUF's global model and block momentum) ride along in the same round: their mean
-over the members with weight 1 is their value, which the replacement receives too.
+member and the world whole again (:func:`dmlctl.strategies.elastic_start.begin`).
+Tensors every member holds alike (BMUF's global model and block momentum) ride along
+in the same round: their mean over the members with weight 1 is their value, which
+the replacement receives too.
+
+A worker lost inside a round can leave it completed on some members (gloo's ring
+delivered them every share) and not on others: those went on to their next round.
+Each member keeps its latest round's result; as the next generation forms, the
+members still inside that round are handed it by one that completed it, and go on
+from there to meet the others at their round.
 """
 
 from __future__ import annotations
@@ -45,17 +53,20 @@ from torch._C._distributed_c10d import PrefixStore
 
 from dmlctl.runtime import rejoin
 from dmlctl.strategies import members
-from dmlctl.strategies.common import assign_flat, flat_params, start_from_rank0
+from dmlctl.strategies.common import assign_flat, flat_params
 from dmlctl.strategies.members import MemberLost, Replaced, member_lost
 
 if TYPE_CHECKING:
-    from dmlctl.runtime.context import Context
-    from dmlctl.runtime.optimizer import CommMeter, StrategyOptimizer
+    from dmlctl.runtime.optimizer import CommMeter
 
 T = TypeVar("T")
 
 GROUP_TIMEOUT = timedelta(minutes=10)
-"""How long a round, or the forming of a generation, waits for every member."""
+"""How long a round waits for every member."""
+FORM_TIMEOUT = timedelta(seconds=15)
+"""How long a generation's members, all ready, take to connect at most (they connect
+in well under a second; past this one died as it formed, or, on a machine very
+busy, the generation is formed again)."""
 
 
 POLL_S = 0.25
@@ -117,6 +128,10 @@ class ElasticAverager:
         self.bytes = 0  # sent in all rounds
         self.weight = 0.0  # the latest round's members that brought a model
         self.group: Any = None
+        #: The latest round this member completed: its step and its result (a copy),
+        #: for members a loss left inside that round (:meth:`_catch_up`).
+        self._last: tuple[int, Any] | None = None
+        self._given: tuple[int, Any] | None = None  # that result, handed to this member
         #: The groups of generations past, never freed: freeing a gloo group waits for
         #: its pending collective, which waits for peers that still hold theirs (a
         #: member gloo did not tell of the loss). The rank ends with ``os._exit``.
@@ -153,17 +168,45 @@ class ElasticAverager:
             if self.group is not None:
                 self._retired.append(self.group)
             place, size = self.members.index(self.rank), len(self.members)
-            self.group = dist.ProcessGroupGloo(
-                PrefixStore(prefix, self.store), place, size, self.timeout
-            )
+            # Before the group forms: a replacement of this process, should it die in
+            # the forming, starts at the next generation (this one cannot form).
             self.store.set(self._mine, str(self.generation))
             try:
+                self._ready()
+                self.group = self._connect(PrefixStore(prefix, self.store), place, size)
                 self._welcome()
                 return
             except (RuntimeError, MemberLost) as exc:
                 if not member_lost(exc):
                     raise
                 self._leave()
+
+    def _connect(self, store: PrefixStore, place: int, size: int) -> Any:
+        """This generation's gloo group, its members connected within
+        :data:`FORM_TIMEOUT` (every member said it was ready: only a death takes
+        longer), then :attr:`timeout` for its collectives. A later generation that
+        cannot connect lost a member as it formed (:class:`MemberLost`)."""
+        try:
+            group = dist.ProcessGroupGloo(store, place, size, FORM_TIMEOUT)
+        except RuntimeError as exc:
+            if self.generation == 0 or member_lost(exc):
+                raise
+            raise MemberLost(f"generation {self.generation} did not form: {exc}") from exc
+        group._set_default_timeout(self.timeout)
+        return group
+
+    def _ready(self) -> None:
+        """Wait until every member of this generation is about to form its group, in
+        short slices: a member dead before it got there (its replacement marks the
+        generation broken) raises :class:`MemberLost` instead of leaving the others
+        blocked in the group's forming until its timeout."""
+        key = f"elastic/{self.generation}/ready"
+        self.store.set(rejoin.key(f"{key}/{self.rank}"), "1")
+        keys = [rejoin.key(f"{key}/{r}") for r in self.members]
+        while not self.store.check(keys):
+            if self.store.check([self._broken(self.generation)]):
+                raise MemberLost(f"generation {self.generation} broken as it formed")
+            time.sleep(members.POLL_S)
 
     def _fence(self) -> None:
         """Raise :class:`Replaced` when a newer process runs this rank (its host was
@@ -183,22 +226,30 @@ class ElasticAverager:
         holders = self._holders()
         if self.handover is not None and len(holders) < len(self.members):
             self.donor = holders[0]
-            blob = torch.zeros(1, dtype=torch.uint8)
-            if self.rank == self.donor:
-                out = io.BytesIO()
-                torch.save(self.handover.save(), out)
-                blob = torch.frombuffer(bytearray(out.getvalue()), dtype=torch.uint8)
-            size = torch.tensor([blob.numel()], dtype=torch.int64)
-            src = self.members.index(self.donor)
-            self._broadcast(size, src)
-            if self.rank != self.donor:
-                blob = torch.empty(int(size[0]), dtype=torch.uint8)
-            self._broadcast(blob, src)
+            handover = self.handover
+            state, size = self._send(holders[0], lambda: handover.save())
             if not self.holding:
-                self.received = blob.numel()
-                data = io.BytesIO(blob.numpy().tobytes())
-                self.handover.load(torch.load(data, map_location="cpu", weights_only=True))
+                self.received = size
+                handover.load(state)
         self.holding = True
+
+    def _send(self, src: int, make: Callable[[], Any]) -> tuple[Any, int]:
+        """Member ``src``'s ``make()`` (``torch.save``-able, any size), on every member:
+        its length, then its bytes, broadcast over the group; returns it (loaded on the
+        CPU, ``weights_only``) and its size in bytes."""
+        blob = torch.zeros(1, dtype=torch.uint8)
+        if self.rank == src:
+            out = io.BytesIO()
+            torch.save(make(), out)
+            blob = torch.frombuffer(bytearray(out.getvalue()), dtype=torch.uint8)
+        size = torch.tensor([blob.numel()], dtype=torch.int64)
+        place = self.members.index(src)
+        self._broadcast(size, place)
+        if self.rank != src:
+            blob = torch.empty(int(size[0]), dtype=torch.uint8)
+        self._broadcast(blob, place)
+        data = io.BytesIO(blob.numpy().tobytes())
+        return torch.load(data, map_location="cpu", weights_only=True), blob.numel()
 
     def _broadcast(self, tensor: torch.Tensor, src: int) -> None:
         """``tensor`` ← member ``src``'s, in place (one gloo broadcast)."""
@@ -207,28 +258,43 @@ class ElasticAverager:
         self._wait(self.group.broadcast([tensor], opts))
 
     def _holders(self) -> list[int]:
-        """The members that hold a model, all at one step (one all-reduce of a flag
-        and the step count of each). Raises when none does (all were lost), or when
-        they are at different steps: a worker lost inside a round that some of them
-        had completed — not recoverable in place (the run restarts)."""
-        said = torch.zeros(2, len(self.members), dtype=torch.float64)
-        me = self.members.index(self.rank)
-        said[:, me] = torch.tensor([1.0, self.steps()]) if self.holding else 0.0
+        """The members that hold a model, those at the newest step first (one
+        all-reduce of a flag, the step count and the latest completed round's step
+        of each). Members a loss left inside a round that the others completed are
+        handed its result (:meth:`_catch_up`). Raises when none holds a model (all
+        were lost), or when the steps differ otherwise (the run restarts)."""
+        said = torch.zeros(3, len(self.members), dtype=torch.float64)
+        me, last = self.members.index(self.rank), self._last[0] if self._last else -1
+        said[:, me] = torch.tensor([1.0, self.steps(), last]) if self.holding else 0.0
         self._wait(self.group.allreduce([said]))
         places = [i for i in range(len(self.members)) if said[0, i] > 0]
-        holders = [self.members[i] for i in places]
-        steps = {self.members[i]: int(said[1, i]) for i in places}
-        if not holders:
+        steps = {self.members[i]: (int(said[1, i]), int(said[2, i])) for i in places}
+        if not steps:
             raise RuntimeError(
                 f"generation {self.generation}: no worker holds the model (all were lost)"
             )
-        if len(set(steps.values())) > 1:
+        newest = max(step for step, _ in steps.values())
+        ahead = [r for r, (step, _) in steps.items() if step == newest]
+        behind = [r for r, (step, _) in steps.items() if step < newest]
+        done = {steps[r][1] for r in ahead}
+        if behind and (len(done) > 1 or any(steps[r][0] not in done for r in behind)):
             raise RuntimeError(
                 f"generation {self.generation}: the workers are at different steps "
-                f"({', '.join(f'rank {r}: {n}' for r, n in steps.items())}): a worker "
-                "was lost inside a round that only some of them had completed"
+                f"({', '.join(f'rank {r}: {n}' for r, (n, _) in steps.items())}): a worker "
+                "was lost inside a round that only some of them had completed, and not "
+                "the latest one they did"
             )
-        return holders
+        if behind:
+            self._catch_up(ahead[0], behind)
+        return [*ahead, *behind]
+
+    def _catch_up(self, src: int, behind: list[int]) -> None:
+        """Members ``behind`` are inside the round that the others completed last (a
+        worker was lost after some got its result): member ``src`` hands them that
+        result, which their round returns instead of running again (:meth:`rounds`)."""
+        given, _ = self._send(src, lambda: self._last)
+        if self.rank in behind:
+            self._given = given
 
     def average(
         self,
@@ -258,7 +324,7 @@ class ElasticAverager:
             self.allreduce(meta)
             return flat, sent, meta
 
-        flat, sent, meta = self.rounds(round_)
+        flat, sent, meta = self.rounds(round_, step)
         if meta[0] <= 0:
             raise RuntimeError("an averaging round with no member bringing a model")
         self.weight = float(meta[0])
@@ -273,16 +339,26 @@ class ElasticAverager:
         meter.extra["generation"] = self.generation
         return flat, round(float(meta[1] / meta[0]))
 
-    def rounds(self, body: Callable[[], T]) -> T:
+    def rounds(self, body: Callable[[], T], step: int | None = None) -> T:
         """``body()`` (collectives over :attr:`group`); a member lost in it: the next
-        generation is formed (with the replacement) and ``body()`` runs again there."""
+        generation is formed (with the replacement) and ``body()`` runs again there —
+        unless the others had completed it (the round of ``step``): then what it gave
+        them (a tensor or a tuple of them; kept as the latest round's)."""
         while True:
-            try:
-                return body()
-            except (RuntimeError, MemberLost) as exc:
-                if not member_lost(exc):
-                    raise
-                self._next_generation()
+            given, self._given = self._given, None
+            if given is not None and step is not None and given[0] == step:
+                out: T = given[1]
+            else:
+                try:
+                    out = body()
+                except (RuntimeError, MemberLost) as exc:
+                    if not member_lost(exc):
+                        raise
+                    self._next_generation()
+                    continue
+            if step is not None:
+                self._last = (step, _copy(out))
+            return out
 
     def allreduce(self, tensor: torch.Tensor) -> None:
         """``tensor`` ← its sum over the members, in place (one gloo all-reduce)."""
@@ -338,59 +414,8 @@ class ElasticAverager:
             self._broadcast(tensor, src)
 
 
-def averager(ctx: Context, shrink: bool = False) -> ElasticAverager | None:
-    """This worker's elastic group in a run that replaces workers in place (None
-    otherwise, or alone); ``shrink``: the strategy may go on without a worker that
-    no replacement came for (:func:`dmlctl.strategies.members.rejoin_wait`)."""
-    if not rejoin.in_place() or ctx.world_size == 1:
-        return None
-    wait = members.rejoin_wait() if shrink else math.inf
-    return ElasticAverager(ctx.rank, ctx.world_size, wait=wait)
-
-
-def starting_weights(ctx: Context, model: torch.nn.Module) -> list[torch.nn.Parameter] | None:
-    """``model``'s parameters as a strategy starts from them: rank 0's
-    (:func:`~dmlctl.strategies.common.start_from_rank0`, None alone), or as they are
-    in a replacement (its first round brings the model)."""
-    if rejoin.in_place() and rejoin.rejoining() and ctx.world_size > 1:
-        return list(model.parameters())
-    return start_from_rank0(ctx, model)
-
-
-def begin(
-    ctx: Context,
-    opt: StrategyOptimizer,
-    elastic: ElasticAverager,
-    strategy: str,
-    first_round: Callable[[], int],
-    handover: Handover | None = None,
-    *,
-    model: torch.nn.Module | None = None,
-    steps: Callable[[], int] | None = None,
-) -> None:
-    """An optimizer with an elastic group starts: it joins its generation (a
-    replacement is handed ``handover``'s state, by default the user's optimizer's);
-    a replacement then runs ``first_round`` (the round its peers retry, with weight 0;
-    it returns the round's step), and its step count and data go on there. Said once
-    when ``model`` (given when its buffers are not exchanged) has buffers that change
-    in training: they stay each worker's own. ``steps()``: what the members must
-    agree on as a generation forms (default: the optimizer's steps)."""
-    started = time.perf_counter()
-    handover = handover or optimizer_handover(opt.inner)
-    elastic.join(handover, steps or (lambda: opt.local_steps))
-    if rejoin.rejoining():
-        step = first_round()
-        opt.local_steps = step
-        ctx.go_on_at(step)
-        mean = "" if handover.whole else "peers' mean, "
-        rejoin.say(
-            f"rank {ctx.rank} rejoined at step {step}: {mean}{handover.what} from "
-            f"rank {elastic.donor} (generation {elastic.generation}, "
-            f"{(elastic.bytes + elastic.received) / 2**10:.1f} KiB, "
-            f"{time.perf_counter() - started:.2f} s)"
-        )
-    if model is not None and any(b.is_floating_point() for b in model.buffers()):
-        ctx.notice(
-            f"restart.mode: in_place: {strategy} averages the parameters only; the "
-            "buffers that change in training (BatchNorm statistics) stay each worker's own"
-        )
+def _copy(out: Any) -> Any:
+    """A copy of a round's result (a tensor, or a tuple of them), to hand on."""
+    if isinstance(out, tuple):
+        return tuple(_copy(x) for x in out)
+    return out.clone() if isinstance(out, torch.Tensor) else out

@@ -25,7 +25,13 @@ from dmlctl import protocol
 from dmlctl.runtime import rejoin
 
 POLL_S = 0.05
-_LOST = ("Connection reset by peer", "Connection closed by peer", "Read error", "Broken pipe")
+_LOST = (
+    "Connection reset by peer",
+    "Connection closed by peer",
+    "Read error",
+    "Broken pipe",
+    "connectFullMesh failed",  # a member died as the group formed (connection refused)
+)
 
 
 class Replaced(RuntimeError):
@@ -72,7 +78,7 @@ def agree(store: Store, generation: int, rank: int, world: int, wait: float) -> 
     for r in range(world):
         if r not in members and r != rank and not store.check([rejoin.gone_key(r)]):
             store.set(rejoin.gone_key(r), "1")
-            store.set(protocol.rank_done_key(r), "1")  # torchruns stop waiting for it
+            store.set(rejoin.done_key(r), "1")  # torchruns stop waiting for it
     return members
 
 

@@ -175,15 +175,9 @@ def replacement_line(gap: Replacement) -> Text:
 
 def attempt_lines(state: RunState) -> list[Text]:
     """``attempt 1 failed at 2026-11-29 14:03:07: rank 1 on local: Signal: killed by
-    SIGKILL`` for each attempt that failed (the ranks replaced in place have lines of
-    their own: :func:`replacement_line`, a lost host's ranks too)."""
-    replaced = {(gap.rank, gap.lost_at) for gap in state.replacements}
-    hosts = {gap.lost_at for gap in state.replacements}  # a lost host's: rank None
-    ended = [
-        f
-        for f in state.failures
-        if (f.rank, f.ts) not in replaced and (f.rank is not None or f.ts not in hosts)
-    ]
+    SIGKILL`` for each attempt that failed (not the failures recovered in place: the
+    ranks replaced have lines of their own, :func:`replacement_line`)."""
+    ended = [failure for failure in state.failures if not failure.recovered]
     return [
         Text.assemble(
             (f"attempt {number} failed at ", "yellow"),
@@ -192,6 +186,28 @@ def attempt_lines(state: RunState) -> list[Text]:
         )
         for number, failure in enumerate(ended, start=1)
     ]
+
+
+def dropped_lines(state: RunState) -> list[Text]:
+    """``node-b lost at 2026-11-29 14:03:07 (AgentLost: …): rank 1 left out, the others
+    went on`` for each host whose ranks were dropped in place (``restart.rejoin_wait``)."""
+    lines = []
+    for failure in state.failures:
+        ranks = [
+            r.rank for r in state.ranks if r.status is RankStatus.DROPPED and r.host == failure.host
+        ]
+        if not (failure.recovered and failure.rank is None and ranks):
+            continue
+        which = "rank" if len(ranks) == 1 else "ranks"
+        lines.append(
+            Text.assemble(
+                (f"{failure.host} lost at ", "yellow"),
+                format_local_time(failure.ts),
+                (f" ({clean_line(failure.exc_type + ': ' + failure.message)}): ", "yellow"),
+                (f"{which} {', '.join(map(str, ranks))} left out, the others went on", "yellow"),
+            )
+        )
+    return lines
 
 
 def render_run_detail(state: RunState, now: float) -> RenderableType:
@@ -208,6 +224,7 @@ def render_run_detail(state: RunState, now: float) -> RenderableType:
     parts += [Text(""), rank_table(state.ranks, mesh=state.mesh)]
     parts += attempt_lines(state)
     parts += [replacement_line(gap) for gap in state.replacements]
+    parts += dropped_lines(state)
     if state.root_cause is not None:
         parts.append(root_cause_panel(state.root_cause))
     return Group(*parts)

@@ -249,18 +249,22 @@ def test_a_host_whose_agent_died_takes_its_ranks_again_in_place(
     _replaced(cli, run_id, out, "node-b", "asgd")
 
 
+# admm: the averaging strategy whose rounds carry more than the model (z, the duals);
+# bmuf and easgd go on smaller too (checked by hand: 3 runs, accuracy as uninterrupted).
+@pytest.mark.parametrize("strategy", ["local-sgd", "admm"])
 def test_with_no_host_to_take_them_the_others_go_on_without_a_lost_hosts_ranks(
-    lab: SshLab, tmp_path: Path
+    lab: SshLab, tmp_path: Path, strategy: str
 ) -> None:
-    """local-sgd, min_hosts: 1, no spare: node-b dies and cannot take its rank back;
-    after restart.rejoin_wait (1 s) rank 0 goes on alone, averaging over itself, and
-    the run succeeds without a restart, rank 1 `dropped`."""
+    """min_hosts: 1, no spare: node-b dies and cannot take its rank back; after
+    restart.rejoin_wait (1 s) rank 0 goes on alone, averaging over itself, and the run
+    succeeds without a restart, rank 1 `dropped`; status lists the loss, no failed
+    attempt."""
     cli = LabCli(tmp_path / "home", lab)
     run_id, out = _in_place_run(
         cli,
         lab,
         tmp_path,
-        "local-sgd",
+        strategy,
         lambda _: lab.kill_host("node-b"),
         ", rejoin_wait: 1",
         "min_hosts: 1\n",
@@ -272,7 +276,9 @@ def test_with_no_host_to_take_them_the_others_go_on_without_a_lost_hosts_ranks(
     statuses = {r["rank"]: r["status"] for r in state["ranks"]}
     assert statuses == {0: "succeeded", 1: "dropped"}, statuses
     assert state["phase"] == "succeeded"
-    Path("/tmp/adhoc/dropped.out").write_text(out)
+    status = cli.run("status", run_id).stdout
+    assert "attempt 1 failed" not in status, status  # the others went on: no attempt ended
+    assert "rank 1 left out, the others went on" in status, status
     accuracy = _final(cli, run_id)["test_acc"]
-    assert accuracy >= UNINTERRUPTED["local-sgd"] - 0.015, accuracy
+    assert accuracy >= UNINTERRUPTED[strategy] - 0.015, accuracy
     assert wait_until(lambda: not run_processes(run_id), 15), run_processes(run_id)

@@ -3,6 +3,7 @@ killer (on a tiny real ``sh`` + ``sleep`` tree, never on anything else)."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import io
 import os
@@ -13,14 +14,19 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
 
 import pytest
 
 import dmlctl.agent.__main__ as agent_main
 from dmlctl.agent import warm
+from dmlctl.agent.forward import Held
+from dmlctl.agent.messages import Commands, Emitter
 from dmlctl.agent.procs import descendants, kill_tree
 from dmlctl.agent.stacks import dump_stacks, main_thread_frames, process_state
 from dmlctl.agent.tail import CHUNK, MAX_LINE, RankDirTailer
+from dmlctl.agent_config import AgentConfig
 from dmlctl.runs.parser import parse_line
 
 # ---------------------------------------------------------------------------- tailer
@@ -212,6 +218,46 @@ def test_kill_tree_sigkills_what_ignores_sigterm(tree: Starter) -> None:
     assert not any(alive(k) for k in kids)
     assert 0.3 <= took < 2.5
     sh.wait(2.0)
+
+
+@pytest.mark.parametrize("rank_runs", [False, True])
+def test_a_stop_waits_the_ranks_grace_only_while_a_rank_runs(
+    tmp_path: Path, tailer: RankDirTailer, monkeypatch: pytest.MonkeyPatch, rank_runs: bool
+) -> None:
+    """torchrun in its store's exit barrier does not end on SIGTERM (it is blocked in
+    C++); with no rank process left the agent ends it after ``NO_RANK_GRACE_S``, not
+    after the ranks' grace (which a running rank gets in full)."""
+    torchrun = subprocess.Popen(
+        ["sh", "-c", 'trap "" TERM; sleep 30 & wait'], start_new_session=True
+    )
+    assert wait_for(lambda: len(descendants(torchrun.pid)) == 1)  # its trap is set
+    rank = subprocess.Popen(["sleep", "30" if rank_runs else "0"])
+    if not rank_runs:
+        rank.wait()  # exited and reaped, as torchrun reaps its ranks
+
+    def kill(_root: int, _grace: float, keep: frozenset[int] = frozenset()) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(torchrun.pid, signal.SIGKILL)  # only this test's processes
+        rank.kill()
+
+    monkeypatch.setattr(agent_main, "kill_tree", kill)
+    commands = Commands(threading.Event(), ["stop requested"])
+    commands.stop.set()
+    out = io.StringIO()
+    config = cast(AgentConfig, SimpleNamespace(stop_grace=1.5, workdir=str(tmp_path)))
+    began = time.monotonic()
+    pids = {0: rank.pid}
+    args = (config, tailer, Emitter(out, threading.Event()), commands, pids, str(tmp_path), Held())
+    try:
+        assert agent_main._supervise(torchrun, *args)  # type: ignore[arg-type]  # bytes
+    finally:
+        kill(0, 0.0)  # never leave them behind, whatever the agent did
+    took = time.monotonic() - began
+    rank.wait(5)
+    if rank_runs:
+        assert took >= 1.5 and "stopping (ranks get 1.5 s)" in out.getvalue(), out.getvalue()
+    else:
+        assert took < 1.5 and "stopping (no rank runs)" in out.getvalue(), out.getvalue()
 
 
 def test_a_final_poll_flushes_a_last_line_only_at_the_end_of_the_file(

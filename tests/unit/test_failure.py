@@ -118,6 +118,12 @@ CASES = [
         False,
     ),
     (
+        "the run's directory deleted explains a rank's save into it that failed first",
+        _f(CONTROLLER, None, Kind.RECORDS, S, 9.0, "RunDirGone"),
+        _f("a", 0, Kind.USER, R, 8.5, "FileNotFoundError"),
+        True,
+    ),
+    (
         "the same time and strength: the one known first stays",
         _f("b", 2, Kind.USER, R, 5.0),
         _f("a", 0, Kind.USER, R, 5.0),

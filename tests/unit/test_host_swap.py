@@ -25,7 +25,7 @@ from dmlctl.runs.events import (
 from dmlctl.runs.parser import parse_line
 from dmlctl.runs.reducer import apply
 from dmlctl.runs.state import Phase, RankStatus, new_run_state
-from dmlctl.ui.summary import attempt_lines, replacement_line
+from dmlctl.ui.summary import attempt_lines, dropped_lines, replacement_line
 from tests.unit.test_elastic import plan3
 
 SEEN = Evidence.SEEN
@@ -121,7 +121,8 @@ def test_the_state_moves_the_ranks_and_counts_one_failure() -> None:
         (2, "c", RankStatus.RECOVERING),
         (3, "c", RankStatus.RECOVERING),
     ]
-    assert state.hosts == ("a", "c") and state.respawns == 1 and state.failures == (cause,)
+    assert state.hosts == ("a", "c") and state.respawns == 1
+    assert state.failures == (dataclasses.replace(cause, recovered=True),)
     assert state.root_cause is None
     state = apply(state, [MetricRecord("c", 2, 40, {"loss": 1.0}, 5.0)])
     gaps = {g.rank: g.gap_s for g in state.replacements}
@@ -170,7 +171,7 @@ def test_the_others_go_on_without_a_lost_hosts_ranks_where_the_strategy_and_min_
     cause = Failure("b", None, "AgentLost", "gone", (), 1.0, kind=Kind.AGENT_LOST, evidence=SEEN)
     assert _seated(_in_place()).go_on_without("b", cause, 2.0) == []  # min_hosts: all
     for job, why in (
-        ({"strategy": "bmuf"}, "bmuf does not go on smaller"),
+        ({"strategy": "dpsgd"}, "dpsgd does not go on smaller"),
         ({"restart": {"mode": "in_place", "rejoin_wait": 0}}, "rejoin_wait 0: never"),
     ):
         plan = plan3(**{"restart": {"mode": "in_place"}, "strategy": "local-sgd", **job})
@@ -191,3 +192,7 @@ def test_the_others_go_on_without_a_lost_hosts_ranks_where_the_strategy_and_min_
     done = [RankExited("a", r, 0, None, 3.0) for r in (0, 1)]
     state = apply(state, [*done, Finished(4.0)])
     assert state.phase is Phase.SUCCEEDED  # the dropped ranks are no failure
+    assert attempt_lines(state) == []  # no attempt failed: the others went on
+    (line,) = [line.plain for line in dropped_lines(state)]
+    assert line.startswith("b lost at ")
+    assert line.endswith("(AgentLost: gone): ranks 2, 3 left out, the others went on")

@@ -5,6 +5,7 @@ replacement's data position and store collectives (a real TCPStore here)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -205,7 +206,8 @@ def test_the_respawn_record_reaches_the_state_as_a_rank_recovering(tmp_path: Pat
     state = new_run_state("r", "j", "asgd", [(0, "h", "worker"), (1, "h", "worker")], 0.0)
     state = apply(state, [ev])
     assert state.ranks[1].status is RankStatus.RECOVERING and state.respawns == 1
-    assert state.restarts == 0 and state.failures == (ev.cause,)
+    assert state.restarts == 0
+    assert state.failures == (dataclasses.replace(ev.cause, recovered=True),)
     from rich.console import Console
 
     from dmlctl.ui.format import run_header
@@ -515,15 +517,19 @@ def test_only_a_broken_connection_makes_a_new_generation() -> None:
     reset = "[pair.cc:537] Read error [127.0.0.1]:43706: Connection reset by peer"
     assert member_lost(RuntimeError(reset))
     assert member_lost(RuntimeError("[pair.cc:553] Connection closed by peer [127.0.0.1]:40088"))
+    refused = "Gloo connectFullMesh failed with [pair.cc:152] timed out connecting: SO_ERROR: "
+    assert member_lost(RuntimeError(refused + "Connection refused"))  # died as it formed
     assert not member_lost(RuntimeError("Tensors must be contiguous"))
 
 
 def _generation_one(
-    monkeypatch: pytest.MonkeyPatch, members: list[dict[str, Any]]
+    monkeypatch: pytest.MonkeyPatch,
+    members: list[dict[str, Any]],
+    given: dict[int, Any] | None = None,
 ) -> dict[int, str]:
     """Two members (threads, a store client each) form generation 1, each with the
-    given ``steps``, ``holding`` and ``handover``; what each said ("formed" or the
-    error)."""
+    given ``steps``, ``holding``, ``handover`` and ``last`` round; what each said
+    ("formed" or the error); ``given``: the round result each was handed, if any."""
     import threading
 
     from torch._C._distributed_c10d import TCPStore
@@ -541,9 +547,12 @@ def _generation_one(
         how = members[rank]
         averager.generation, averager.steps = 1, lambda: how["steps"]
         averager.holding, averager.handover = how["holding"], how.get("handover")
+        averager._last = how.get("last")
         try:
             averager._form()
             said[rank] = "formed"
+            if given is not None and averager._given is not None:
+                given[rank] = averager._given
         except RuntimeError as exc:
             said[rank] = str(exc)
 
@@ -555,13 +564,47 @@ def _generation_one(
     return said
 
 
+def test_a_member_left_inside_a_round_the_others_completed_is_handed_its_result(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker lost inside the round of step 40 that rank 1 completed (it went on to
+    48) and rank 0 did not: rank 0 is handed rank 1's result of that round, which its
+    round returns instead of running again (rank 0 then meets rank 1 at 48)."""
+    result = (torch.arange(5.0), torch.tensor([2.0, 80.0]))
+    given: dict[int, Any] = {}
+    said = _generation_one(
+        monkeypatch,
+        [
+            {"steps": 40, "holding": True, "last": (32, torch.zeros(5))},
+            {"steps": 48, "holding": True, "last": (40, result)},
+        ],
+        given,
+    )
+    assert said == {0: "formed", 1: "formed"}, said
+    assert list(given) == [0] and given[0][0] == 40
+    assert all(torch.equal(a, b) for a, b in zip(given[0][1], result, strict=True))
+
+    from dmlctl.strategies.elastic import ElasticAverager
+
+    averager = ElasticAverager.__new__(ElasticAverager)
+    averager._given, averager._last = given[0], None
+    ran: list[int] = []
+    out = averager.rounds(lambda: ran.append(1), step=40)
+    assert ran == [] and torch.equal(out[0], result[0])  # the round is not run again
+    assert averager._last is not None and averager._last[0] == 40  # to hand on in turn
+
+
 def test_members_at_different_steps_are_not_joined_in_place(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A worker lost inside a round that only some members completed leaves them at
-    different steps: the next generation says so instead of going on (or hanging)."""
+    """Members at different steps otherwise (the one ahead did not complete the round
+    the other is in): the next generation says so instead of going on (or hanging)."""
     said = _generation_one(
-        monkeypatch, [{"steps": 40, "holding": True}, {"steps": 48, "holding": True}]
+        monkeypatch,
+        [
+            {"steps": 40, "holding": True, "last": (32, torch.zeros(1))},
+            {"steps": 48, "holding": True, "last": (32, torch.zeros(1))},
+        ],
     )
     message = "generation 1: the workers are at different steps (rank 0: 40, rank 1: 48)"
     assert said[0].startswith(message) and said[1] == said[0], said
@@ -597,7 +640,7 @@ def _store(monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(port))
     monkeypatch.setattr(rejoin, "_store", None)
-    return PrefixStore(protocol.STORE_PREFIX, master)
+    return PrefixStore(rejoin.STORE_PREFIX, master)
 
 
 def test_a_position_on_a_lost_host_is_read_from_the_stores_copy(
@@ -638,7 +681,7 @@ def test_torchrun_of_an_in_place_run_waits_at_exit_for_every_ranks_done_key(
             workers=[SimpleNamespace(world_size=2)],
         )
         agent = SimpleNamespace(_worker_group=group)
-        store.set(protocol.rank_done_key(0), "1")
+        store.set(rejoin.done_key(0), "1")
         SimpleElasticAgent._exit_barrier(agent)  # type: ignore[arg-type]
         assert "not every rank said it is done with the store" in capsys.readouterr().err
         monkeypatch.setenv("RANK", "1")
@@ -687,7 +730,7 @@ def test_the_others_go_on_without_a_worker_no_replacement_came_for(
     client = TCPStore("127.0.0.1", server.port, is_master=False)
     mine.store = client
     assert client.check([rejoin.gone_key(2)])  # the store collectives stop waiting for it
-    assert client.check([protocol.rank_done_key(2)])  # and torchrun at its exit
+    assert client.check([rejoin.done_key(2)])  # and torchrun at its exit
     for rank in (0, 1):  # the others, in generation 2 as worker 2 comes back
         client.set(rejoin.key(f"elastic/2/in/{rank}"), "1")
     assert members.agree(client, 2, 2, 3, 30.0) == (0, 1, 2)  # back: a member again

@@ -58,7 +58,7 @@ from pydantic import BaseModel
 
 from dmlctl.runtime import rejoin
 from dmlctl.runtime.optimizer import StrategyOptimizer
-from dmlctl.strategies import elastic, optimizers
+from dmlctl.strategies import elastic_start, optimizers
 from dmlctl.strategies.admm.params import Params, resolve_rho
 from dmlctl.strategies.common import add_to_grads, assign_flat, average_in_place, flat_params
 from dmlctl.strategies.elastic import ElasticAverager
@@ -192,9 +192,9 @@ def prepare(
         rho=resolve_rho(p, optimizers.family(optimizer), optimizers.effective_lr(optimizer)),
         local_steps=p.local_steps,
         init=p.init,
-        elastic=elastic.averager(ctx),  # restart.mode: in_place
+        elastic=elastic_start.averager(ctx, shrink=True),  # restart.mode: in_place
     )
     if wrapped.elastic is not None:
         first = functools.partial(wrapped.elastic_round, joining=True)
-        elastic.begin(ctx, wrapped, wrapped.elastic, "admm", first, model=model)
+        elastic_start.begin(ctx, wrapped, wrapped.elastic, "admm", first, model=model)
     return model, wrapped

@@ -84,5 +84,9 @@ def resolve_block_momentum(value: float | None, world_size: int, momentum: bool)
 
 
 CAPABILITIES = Capabilities(
-    roles=WORKERS_ONLY, columns=("consensus",), in_place=True, in_place_rule=threshold_in_place
+    roles=WORKERS_ONLY,
+    columns=("consensus",),
+    in_place=True,
+    in_place_rule=threshold_in_place,
+    in_place_shrink=True,
 )

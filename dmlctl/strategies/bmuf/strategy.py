@@ -49,7 +49,7 @@ import torch
 from pydantic import BaseModel
 
 from dmlctl.runtime.optimizer import StrategyOptimizer
-from dmlctl.strategies import elastic, optimizers
+from dmlctl.strategies import elastic_start, optimizers
 from dmlctl.strategies.bmuf.params import Params, resolve_block_momentum
 from dmlctl.strategies.common import (
     ChangeFilter,
@@ -197,7 +197,7 @@ def prepare(
     Promises: see the module docstring. ``model`` must already be on ``ctx.device``
     and ``optimizer`` built on its parameters."""
     p = params_as(Params, params)
-    weights = elastic.starting_weights(ctx, model)
+    weights = elastic_start.starting_weights(ctx, model)
     if weights is None:
         return model, optimizer
     opt = BMUFOptimizer(
@@ -211,9 +211,9 @@ def prepare(
         block_lr=p.block_lr,
         nesterov=p.nesterov,
         threshold=p.threshold,
-        elastic=elastic.averager(ctx),  # restart.mode: in_place (never with a threshold)
+        elastic=elastic_start.averager(ctx, shrink=True),  # restart.mode: in_place (no threshold)
     )
     if opt.elastic is not None:
         first = functools.partial(opt.elastic_block, joining=True)
-        elastic.begin(ctx, opt, opt.elastic, "bmuf", first, model=model)
+        elastic_start.begin(ctx, opt, opt.elastic, "bmuf", first, model=model)
     return model, opt

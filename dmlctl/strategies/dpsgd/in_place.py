@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from dmlctl.strategies import elastic
+from dmlctl.strategies import elastic_start
 from dmlctl.strategies.common import assign_flat, flat_params
 from dmlctl.strategies.dpsgd.gossip import DPSGDOptimizer
 from dmlctl.strategies.elastic import ElasticAverager
@@ -208,11 +208,11 @@ def prepare(
     Promises: the model comes back as it is, with rank 0's parameters (a replacement:
     its neighbours' mean after its first round), and the optimizer as an
     :class:`ElasticGossip` around ``optimizer``."""
-    weights = elastic.starting_weights(ctx, model)
-    group = elastic.averager(ctx)
+    weights = elastic_start.starting_weights(ctx, model)
+    group = elastic_start.averager(ctx)
     assert weights is not None and group is not None
     opt = ElasticGossip(optimizer, weights, rank=ctx.rank, world_size=ctx.world_size, settings=p)
     opt.elastic = group
     # The members may form a generation one collective apart (their headers level them).
-    elastic.begin(ctx, opt, group, "dpsgd", opt.joining_round, model=model, steps=int)
+    elastic_start.begin(ctx, opt, group, "dpsgd", opt.joining_round, model=model, steps=int)
     return model, opt

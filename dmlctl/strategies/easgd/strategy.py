@@ -63,7 +63,7 @@ from pydantic import BaseModel
 
 from dmlctl.runtime import rejoin
 from dmlctl.runtime.optimizer import StrategyOptimizer
-from dmlctl.strategies import elastic
+from dmlctl.strategies import elastic_start
 from dmlctl.strategies.common import (
     ChangeFilter,
     assign_flat,
@@ -247,9 +247,9 @@ def prepare(
         alpha=alpha,
         rho=rho,
         threshold=p.threshold,
-        elastic=elastic.averager(ctx),  # restart.mode: in_place (never with a threshold)
+        elastic=elastic_start.averager(ctx, shrink=True),  # restart.mode: in_place (no threshold)
     )
     if wrapped.elastic is not None:
         first = functools.partial(wrapped.elastic_exchange, joining=True)
-        elastic.begin(ctx, wrapped, wrapped.elastic, "easgd", first, model=model)
+        elastic_start.begin(ctx, wrapped, wrapped.elastic, "easgd", first, model=model)
     return model, wrapped

@@ -44,7 +44,7 @@ import torch.distributed as dist
 from pydantic import BaseModel
 
 from dmlctl.runtime.optimizer import StrategyOptimizer
-from dmlctl.strategies import elastic
+from dmlctl.strategies import elastic_start
 from dmlctl.strategies.common import (
     ChangeFilter,
     assign_flat,
@@ -182,7 +182,7 @@ def prepare(
     Promises: see the module docstring. ``model`` must already be on ``ctx.device``;
     the optimizer must be built on its parameters."""
     p = params_as(Params, params)
-    weights = elastic.starting_weights(ctx, model)
+    weights = elastic_start.starting_weights(ctx, model)
     if weights is None:
         return model, optimizer
     host_group, host_size, global_every = None, 1, 1
@@ -206,8 +206,10 @@ def prepare(
         host_size=host_size,
         global_every=global_every,
         threshold=p.threshold,
-        elastic=elastic.averager(ctx, shrink=True),  # restart.mode: in_place (not hierarchical)
+        elastic=elastic_start.averager(
+            ctx, shrink=True
+        ),  # restart.mode: in_place (not hierarchical)
     )
     if opt.elastic is not None:
-        elastic.begin(ctx, opt, opt.elastic, "local-sgd", opt.joining_round, model=model)
+        elastic_start.begin(ctx, opt, opt.elastic, "local-sgd", opt.joining_round, model=model)
     return model, opt

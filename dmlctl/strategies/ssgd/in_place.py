@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from dmlctl.runtime.optimizer import StrategyOptimizer
-from dmlctl.strategies import elastic
+from dmlctl.strategies import elastic_start
 from dmlctl.strategies.elastic import ElasticAverager, Handover
 from dmlctl.strategies.ssgd.params import Params
 
@@ -110,14 +110,14 @@ def prepare(
     Promises: the model comes back unwrapped with rank 0's parameters and floating-point
     buffers (a replacement: its peers' model, step and optimizer state); the optimizer
     comes back as an :class:`ElasticGrads` around ``optimizer``."""
-    weights = elastic.starting_weights(ctx, model)
-    group = elastic.averager(ctx, shrink=True)
+    weights = elastic_start.starting_weights(ctx, model)
+    group = elastic_start.averager(ctx, shrink=True)
     assert weights is not None and group is not None
     trained = [w for w in weights if w.requires_grad]  # as DDP: frozen ones send nothing
     opt = ElasticGrads(
         optimizer, trained, world_size=ctx.world_size, elastic=group, wire=WIRE[p.compression]
     )
-    elastic.begin(ctx, opt, group, "ssgd", lambda: opt.local_steps, opt.handover(model))
+    elastic_start.begin(ctx, opt, group, "ssgd", lambda: opt.local_steps, opt.handover(model))
     if p.broadcast_buffers:
         ctx.on_data_end(lambda: group.broadcast(list(model.buffers())))
     return model, opt

@@ -1,0 +1,80 @@
+"""How a strategy with an elastic group starts (``restart.mode: in_place``): its group
+(:func:`averager`), the weights it starts from (:func:`starting_weights`) and its first
+generation (:func:`begin`: a replacement is handed its state and joins the round its
+peers retry). The group itself: :mod:`dmlctl.strategies.elastic`."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch
+
+from dmlctl.runtime import rejoin
+from dmlctl.strategies import members
+from dmlctl.strategies.common import start_from_rank0
+from dmlctl.strategies.elastic import ElasticAverager, Handover, optimizer_handover
+
+if TYPE_CHECKING:
+    from dmlctl.runtime.context import Context
+    from dmlctl.runtime.optimizer import StrategyOptimizer
+
+
+def averager(ctx: Context, shrink: bool = False) -> ElasticAverager | None:
+    """This worker's elastic group in a run that replaces workers in place (None
+    otherwise, or alone); ``shrink``: the strategy may go on without a worker that
+    no replacement came for (:func:`dmlctl.strategies.members.rejoin_wait`)."""
+    if not rejoin.in_place() or ctx.world_size == 1:
+        return None
+    wait = members.rejoin_wait() if shrink else math.inf
+    return ElasticAverager(ctx.rank, ctx.world_size, wait=wait)
+
+
+def starting_weights(ctx: Context, model: torch.nn.Module) -> list[torch.nn.Parameter] | None:
+    """``model``'s parameters as a strategy starts from them: rank 0's
+    (:func:`~dmlctl.strategies.common.start_from_rank0`, None alone), or as they are
+    in a replacement (its first round brings the model)."""
+    if rejoin.in_place() and rejoin.rejoining() and ctx.world_size > 1:
+        return list(model.parameters())
+    return start_from_rank0(ctx, model)
+
+
+def begin(
+    ctx: Context,
+    opt: StrategyOptimizer,
+    elastic: ElasticAverager,
+    strategy: str,
+    first_round: Callable[[], int],
+    handover: Handover | None = None,
+    *,
+    model: torch.nn.Module | None = None,
+    steps: Callable[[], int] | None = None,
+) -> None:
+    """An optimizer with an elastic group starts: it joins its generation (a
+    replacement is handed ``handover``'s state, by default the user's optimizer's);
+    a replacement then runs ``first_round`` (the round its peers retry, with weight 0;
+    it returns the round's step), and its step count and data go on there. Said once
+    when ``model`` (given when its buffers are not exchanged) has buffers that change
+    in training: they stay each worker's own. ``steps()``: what the members must
+    agree on as a generation forms (default: the optimizer's steps)."""
+    started = time.perf_counter()
+    handover = handover or optimizer_handover(opt.inner)
+    elastic.join(handover, steps or (lambda: opt.local_steps))
+    if rejoin.rejoining():
+        step = first_round()
+        opt.local_steps = step
+        ctx.go_on_at(step)
+        mean = "" if handover.whole else "peers' mean, "
+        rejoin.say(
+            f"rank {ctx.rank} rejoined at step {step}: {mean}{handover.what} from "
+            f"rank {elastic.donor} (generation {elastic.generation}, "
+            f"{(elastic.bytes + elastic.received) / 2**10:.1f} KiB, "
+            f"{time.perf_counter() - started:.2f} s)"
+        )
+    if model is not None and any(b.is_floating_point() for b in model.buffers()):
+        ctx.notice(
+            f"restart.mode: in_place: {strategy} averages the parameters only; the "
+            "buffers that change in training (BatchNorm statistics) stay each worker's own"
+        )
