@@ -43,7 +43,6 @@ import os
 import socket
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -58,6 +57,7 @@ from dmlctl.strategies.members import MemberLost, Replaced, member_lost
 
 if TYPE_CHECKING:
     from dmlctl.runtime.optimizer import CommMeter
+    from dmlctl.strategies.elastic_start import Handover
 
 T = TypeVar("T")
 
@@ -71,29 +71,6 @@ busy, the generation is formed again)."""
 
 POLL_S = 0.25
 """How often a member waiting in a collective looks whether its generation broke."""
-
-
-@dataclass(frozen=True)
-class Handover:
-    """What a live member hands a replacement as a generation forms: ``save()`` its
-    state (tensors, numbers, lists and dicts: ``torch.save``-able, loaded with
-    ``weights_only``), ``load(state)`` in the replacement; ``what`` names it in the
-    replacement's message."""
-
-    save: Callable[[], dict[str, Any]]
-    load: Callable[[dict[str, Any]], None]
-    what: str
-    whole: bool = False  # it holds the model too (else the first round brings it)
-
-
-def optimizer_handover(optimizer: torch.optim.Optimizer) -> Handover:
-    """The user's optimizer's state (momentum buffers, Adam's moments and step, the
-    learning rates a scheduler set) as a :class:`Handover`."""
-    return Handover(
-        save=lambda: {"optimizer": optimizer.state_dict()},
-        load=lambda state: optimizer.load_state_dict(state["optimizer"]),
-        what="optimizer state",
-    )
 
 
 class ElasticAverager:

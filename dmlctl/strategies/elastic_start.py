@@ -1,25 +1,49 @@
 """How a strategy with an elastic group starts (``restart.mode: in_place``): its group
 (:func:`averager`), the weights it starts from (:func:`starting_weights`) and its first
-generation (:func:`begin`: a replacement is handed its state and joins the round its
-peers retry). The group itself: :mod:`dmlctl.strategies.elastic`."""
+generation (:func:`begin`: a replacement is handed its state, a :class:`Handover`, and
+joins the round its peers retry). The group itself: :mod:`dmlctl.strategies.elastic`."""
 
 from __future__ import annotations
 
 import math
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from dmlctl.runtime import rejoin
 from dmlctl.strategies import members
 from dmlctl.strategies.common import start_from_rank0
-from dmlctl.strategies.elastic import ElasticAverager, Handover, optimizer_handover
+from dmlctl.strategies.elastic import ElasticAverager
 
 if TYPE_CHECKING:
     from dmlctl.runtime.context import Context
     from dmlctl.runtime.optimizer import StrategyOptimizer
+
+
+@dataclass(frozen=True)
+class Handover:
+    """What a live member hands a replacement as a generation forms: ``save()`` its
+    state (tensors, numbers, lists and dicts: ``torch.save``-able, loaded with
+    ``weights_only``), ``load(state)`` in the replacement; ``what`` names it in the
+    replacement's message."""
+
+    save: Callable[[], dict[str, Any]]
+    load: Callable[[dict[str, Any]], None]
+    what: str
+    whole: bool = False  # it holds the model too (else the first round brings it)
+
+
+def optimizer_handover(optimizer: torch.optim.Optimizer) -> Handover:
+    """The user's optimizer's state (momentum buffers, Adam's moments and step, the
+    learning rates a scheduler set) as a :class:`Handover`."""
+    return Handover(
+        save=lambda: {"optimizer": optimizer.state_dict()},
+        load=lambda state: optimizer.load_state_dict(state["optimizer"]),
+        what="optimizer state",
+    )
 
 
 def averager(ctx: Context, shrink: bool = False) -> ElasticAverager | None:

@@ -191,12 +191,11 @@ def attempt_lines(state: RunState) -> list[Text]:
 def dropped_lines(state: RunState) -> list[Text]:
     """``node-b lost at 2026-11-29 14:03:07 (AgentLost: …): rank 1 left out, the others
     went on`` for each host whose ranks were dropped in place (``restart.rejoin_wait``)."""
+    dropped = [r for r in state.ranks if r.status is RankStatus.DROPPED]
     lines = []
-    for failure in state.failures:
-        ranks = [
-            r.rank for r in state.ranks if r.status is RankStatus.DROPPED and r.host == failure.host
-        ]
-        if not (failure.recovered and failure.rank is None and ranks):
+    for failure in (f for f in state.failures if f.recovered and f.rank is None):
+        ranks = [r.rank for r in dropped if r.host == failure.host]
+        if not ranks:  # its ranks moved to another host (replacement_line)
             continue
         which = "rank" if len(ranks) == 1 else "ranks"
         lines.append(

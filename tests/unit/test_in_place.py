@@ -613,7 +613,7 @@ def test_members_at_different_steps_are_not_joined_in_place(
 def test_a_replacement_is_handed_a_state_of_any_size_over_the_group(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from dmlctl.strategies.elastic import Handover
+    from dmlctl.strategies.elastic_start import Handover
 
     big = torch.arange(3 * 2**20, dtype=torch.float32)  # 12 MiB: more than a store value
     got: list[dict[str, Any]] = []

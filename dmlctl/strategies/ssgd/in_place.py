@@ -14,7 +14,7 @@ all-reduces out of step.
 A worker lost in a step: the others' all-reduce fails, they form the next
 generation, whose rendezvous waits for the replacement; as it forms, the lowest-ranked
 live worker hands the replacement the model (parameters and buffers), the optimizer
-state and the step count (:class:`~dmlctl.strategies.elastic.Handover`); the
+state and the step count (:class:`~dmlctl.strategies.elastic_start.Handover`); the
 replacement's data goes on at that step, it runs its batch of the step its peers are
 redoing, and joins their all-reduce with its gradient: the step is complete and the
 world whole again. Nothing is read from disk and no batch of the survivors is lost.
@@ -32,7 +32,8 @@ import torch
 
 from dmlctl.runtime.optimizer import StrategyOptimizer
 from dmlctl.strategies import elastic_start
-from dmlctl.strategies.elastic import ElasticAverager, Handover
+from dmlctl.strategies.elastic import ElasticAverager
+from dmlctl.strategies.elastic_start import Handover
 from dmlctl.strategies.ssgd.params import Params
 
 if TYPE_CHECKING:
