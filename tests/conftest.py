@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +23,11 @@ class Cli:
     """Runs ``python -m dmlctl`` as a user would, with its own DMLCTL_HOME."""
 
     home: Path
+    extra_env: dict[str, str] = field(default_factory=dict)
 
     @property
     def env(self) -> dict[str, str]:
-        return {**os.environ, "DMLCTL_HOME": str(self.home), "COLUMNS": "160"}
+        return {**os.environ, "DMLCTL_HOME": str(self.home), "COLUMNS": "160", **self.extra_env}
 
     def run(
         self, *args: str, cwd: Path | None = None, timeout: float = 120

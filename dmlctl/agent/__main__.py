@@ -48,7 +48,7 @@ from dmlctl import wire
 from dmlctl.agent import warm
 from dmlctl.agent.forward import Held, drain, dump, emit_ranks, rank_usage
 from dmlctl.agent.messages import Commands, Emitter, Output, forward_torchrun, watch_stdin
-from dmlctl.agent.procs import alive, become_subreaper, kill_tree
+from dmlctl.agent.procs import alive, become_subreaper, kill_tree, name_process
 from dmlctl.agent.start import Torchrun, cannot_start, environment, prepare, script_dir, start
 from dmlctl.agent.tail import RankDirTailer
 from dmlctl.agent.torchrun import read_failures
@@ -108,7 +108,6 @@ def _supervise(
 ) -> bool:
     """Stream the ranks until torchrun ends; carry out stops (the ranks get the grace,
     torchrun :data:`NO_RANK_GRACE_S` once no rank runs) and dumps. True if stopped."""
-    parent = os.getppid()
     alive_at = time.monotonic() + ALIVE_S
     kill_at: float | None = None
     stopped_at = 0.0
@@ -119,7 +118,8 @@ def _supervise(
             alive_at = time.monotonic() + ALIVE_S
         if proc.poll() is not None:
             return kill_at is not None
-        if os.getppid() != parent and not commands.stop.is_set():
+        gone = commands.parent is not None and os.getppid() != commands.parent
+        if gone and not commands.stop.is_set():
             commands.reason.append("controller connection lost (parent process gone)")
             commands.stop.set()
         if commands.dump.is_set():  # in a thread: keepalives and output go on meanwhile
@@ -150,7 +150,12 @@ def _supervise(
             time.sleep(POLL_S)
 
 
-def main() -> int:
+def main(watch_parent: bool = True) -> int:
+    """Run the agent on this process's stdin and stdout; its exit code. Without
+    ``watch_parent`` (an agent forked by :mod:`dmlctl.agent.server`, whose parent is
+    that server) only stdin's end says that the controller is gone."""
+    name_process(b"dmlctl-agent")  # ps -o comm, top: not one more python3
+    parent = os.getppid() if watch_parent else None
     stop = threading.Event()
     reason: list[str] = []
 
@@ -172,7 +177,7 @@ def main() -> int:
     warm.await_preload(preload, ALIVE_S, lambda: emit.send(wire.AgentMsg("alive")))
     config = AgentConfig.from_json(first)
     become_subreaper()
-    commands = Commands(stop, reason)
+    commands = Commands(stop, reason, parent)
     threading.Thread(target=watch_stdin, args=(commands,), daemon=True).start()
     code = run(config, emit, commands)
     return 0 if code == 0 else 1

@@ -44,21 +44,9 @@ from typing import IO, Any, NoReturn
 from dmlctl import protocol
 from dmlctl.agent import respawn
 from dmlctl.agent.procs import exit_status, name_process
+from dmlctl.startup_env import read_at_start
 
 ENTRY = ("-u", "-m", "dmlctl.runtime.entry")
-
-# What the interpreter, libgomp or torch read while they start (so a rank whose value
-# differs from the agent's needs a new interpreter) ...
-_AT_START = (
-    *("PYTHON", "LD_", "LC_", "LANG", "TZ", "TORCH", "PYTORCH"),
-    *("OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "MALLOC_"),
-)
-# ... except these: read later, or applied here (PYTHONPATH, OMP_NUM_THREADS).
-_LATER = (
-    *("PYTHONPATH", "PYTHONUNBUFFERED", "OMP_NUM_THREADS"),
-    *("TORCHELASTIC_", "TORCH_ELASTIC_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_", "TORCH_GLOO_"),
-    "TORCH_FR_",
-)
 
 STARTUP_ENV: dict[str, str] = dict(os.environ)  # the agent's own, as it started
 STARTUP_CWD = os.getcwd()
@@ -68,10 +56,6 @@ def adopt_environment(changes: Mapping[str, str]) -> None:
     """Count ``changes`` that this process's own imports made to its environment as
     part of its start-up environment (torch sets some as it imports its modules)."""
     STARTUP_ENV.update(changes)
-
-
-def _at_start(key: str) -> bool:
-    return key.startswith(_AT_START) and not key.startswith(_LATER)
 
 
 def can_fork(args: Sequence[str], env: Mapping[str, str]) -> bool:
@@ -86,7 +70,7 @@ def can_fork(args: Sequence[str], env: Mapping[str, str]) -> bool:
         return False
     if "" in env.get("PYTHONPATH", "x").split(os.pathsep):
         return False  # an empty entry means the directory Python starts in
-    keys = {k for k in (*env, *STARTUP_ENV) if _at_start(k)}
+    keys = {k for k in (*env, *STARTUP_ENV) if read_at_start(k)}
     return all(env.get(k) == STARTUP_ENV.get(k) for k in keys)
 
 

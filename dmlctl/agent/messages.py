@@ -77,9 +77,10 @@ class Output:
 class Commands:
     """What the controller asked for on stdin (set by :func:`watch_stdin`)."""
 
-    def __init__(self, stop: threading.Event, reason: list[str]) -> None:
+    def __init__(self, stop: threading.Event, reason: list[str], parent: int | None) -> None:
         self.stop = stop
         self.reason = reason
+        self.parent = parent  # a process whose end means the controller is gone (None: none)
         self.grace: float | None = None  # seconds the stop gives the ranks
         self.dump = threading.Event()
 

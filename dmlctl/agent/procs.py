@@ -12,8 +12,10 @@ import contextlib
 import ctypes
 import os
 import signal
+import sys
 import time
 from collections.abc import Callable
+from typing import NoReturn
 
 _PR_SET_CHILD_SUBREAPER = 36
 _PR_SET_NAME = 15
@@ -59,6 +61,26 @@ def name_process(name: bytes) -> None:
     the command line of the one it was forked from."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None).prctl(_PR_SET_NAME, name[:15], 0, 0, 0)
+
+
+def set_cmdline(argv: list[str]) -> bool:
+    """Show ``argv`` as this process's command line (``/proc/PID/cmdline``, ``ps``), by
+    writing it over the memory the kernel reads it from; the rest of that memory is
+    zeroed. False (nothing changed) where that memory cannot be found or is shorter.
+
+    For a process forked from another one (which keeps the command line of the one it
+    was forked from): the arguments Python parsed are copies, so nothing reads them."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end (48, 49)
+    except (OSError, IndexError, ValueError):
+        return False
+    data = b"\0".join(a.encode(errors="replace") for a in argv) + b"\0"
+    if start <= 0 or len(data) > end - start:
+        return False
+    ctypes.memmove(start, data.ljust(end - start, b"\0"), end - start)
+    return True
 
 
 def exit_status(pid: int) -> int | None:
@@ -143,3 +165,23 @@ def kill_tree(root: int, grace: float, keep: frozenset[int] = frozenset()) -> No
         signal_all(left, signal.SIGKILL)
         reap(keep)
         time.sleep(0.05)
+
+
+def end_forked(body: Callable[[], int]) -> NoReturn:
+    """Run ``body`` in a forked child and end the process with the code it returns:
+    anything it raises is printed (code 1), stdout and stderr are flushed, and no
+    interpreter teardown runs (``os._exit``: the parent's exit handlers are not the
+    child's)."""
+    code = 1
+    try:
+        code = body()
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)

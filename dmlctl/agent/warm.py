@@ -21,10 +21,10 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import IO, Any
+from typing import IO, Any, NoReturn
 
 from dmlctl.agent import forked_rank  # its snapshot of the environment: the agent's own
-from dmlctl.agent.procs import die_with_parent, exit_status, name_process
+from dmlctl.agent.procs import die_with_parent, end_forked, exit_status, name_process
 from dmlctl.agent_config import TORCHRUN_MODULE
 
 TORCHRUN = ("-m", TORCHRUN_MODULE)
@@ -128,54 +128,49 @@ class ForkedTorchrun:
 _kept: list[Any] = []  # the parent's stdio objects, kept so their buffers never flush
 
 
-def _child(argv: list[str], cwd: str, env: Mapping[str, str], out: int, agent: int) -> None:
+def _child(argv: list[str], cwd: str, env: Mapping[str, str], out: int, agent: int) -> NoReturn:
     """Become ``python -m dmlctl.agent.torchrun argv[3:]`` in ``cwd`` with ``env``; a
     SIGKILL when the ``agent`` ends (its ranks follow: see ``runtime.entry``)."""
+    end_forked(lambda: _torchrun(argv, cwd, env, out, agent))
+
+
+def _torchrun(argv: list[str], cwd: str, env: Mapping[str, str], out: int, agent: int) -> int:
+    """:func:`_child`'s work; its exit code."""
+    name_process(b"torchrun")
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, signal.SIG_DFL)
+    die_with_parent(signal.SIGKILL, agent)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    os.close(null)
+    os.close(out)
+    _kept.extend((sys.stdin, sys.stdout, sys.stderr))
+    sys.stdin = open(0, closefd=False)  # noqa: SIM115 - the child's own stdio
+    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
+    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    sys.argv = ["torch.distributed.run", *argv[3:]]
     code = 1
     try:
-        name_process(b"torchrun")
-        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
-            signal.signal(sig, signal.SIG_DFL)
-        die_with_parent(signal.SIGKILL, agent)
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.dup2(out, 1)
-        os.dup2(out, 2)
-        os.close(null)
-        os.close(out)
-        _kept.extend((sys.stdin, sys.stdout, sys.stderr))
-        sys.stdin = open(0, closefd=False)  # noqa: SIM115 - the child's own stdio
-        sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
-        sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
-        os.chdir(cwd)
-        os.environ.clear()
-        os.environ.update(env)
-        sys.argv = ["torch.distributed.run", *argv[3:]]
-        try:
-            if tuple(argv[1:]) == STANDIN:  # a lost host's ranks, forked from here
-                from dmlctl.agent import standin
+        if tuple(argv[1:]) == STANDIN:  # a lost host's ranks, forked from here
+            from dmlctl.agent import standin
 
-                raise SystemExit(standin.main(fork=True))
-            # torchrun's own entry point, called: running the module again with runpy
-            # would warn that it is already in sys.modules.
-            from dmlctl.agent import torchrun
+            raise SystemExit(standin.main(fork=True))
+        # torchrun's own entry point, called: running the module again with runpy
+        # would warn that it is already in sys.modules.
+        from dmlctl.agent import torchrun
 
-            with contextlib.suppress(Exception):  # else they start as new interpreters
-                forked_rank.install()  # its ranks forked from here too
-            torchrun.run(argv[3:])
-            code = 0
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-            if not isinstance(e.code, int | None):
-                print(e.code, file=sys.stderr)
-        atexit._run_exitfuncs()
-    except BaseException:
-        import traceback
-
-        traceback.print_exc()
-    finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(code)
+        with contextlib.suppress(Exception):  # else they start as new interpreters
+            forked_rank.install()  # its ranks forked from here too
+        torchrun.run(argv[3:])
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if not isinstance(e.code, int | None):
+            print(e.code, file=sys.stderr)
+    atexit._run_exitfuncs()
+    return code

@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import os
 import signal
 import subprocess
-import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from dmlctl.agent.procs import descendants, signal_all
+from dmlctl.transport.agent_server import WarmProcess, start_agent
 from dmlctl.transport.base import Result
+from dmlctl.transport.pipes import Pipes
 
-STDERR_TAIL = 50
 
-
-class LocalProcess:
+class LocalProcess(Pipes):
     """A command started in its own session (so a terminal's Ctrl-C reaches only the
     controller, which then stops the run in order)."""
 
@@ -28,7 +26,6 @@ class LocalProcess:
         cwd: str | None,
         env: Mapping[str, str] | None = None,
     ) -> None:
-        self.host = host
         self._proc = subprocess.Popen(
             list(argv),
             cwd=cwd,
@@ -43,42 +40,15 @@ class LocalProcess:
             start_new_session=True,
         )
         self.pid = self._proc.pid
-        self._stderr: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL)
-        self._stderr_thread = threading.Thread(target=self._drain_stderr, daemon=True)
-        self._stderr_thread.start()
-
-    def _drain_stderr(self) -> None:
-        assert self._proc.stderr is not None
-        for line in self._proc.stderr:
-            self._stderr.append(line.rstrip("\n"))
-
-    def lines(self) -> Iterator[str]:
-        assert self._proc.stdout is not None
-        for line in self._proc.stdout:
-            yield line.rstrip("\n")
-
-    def send(self, line: str) -> bool:
-        stdin = self._proc.stdin
-        if stdin is None or stdin.closed:
-            return False
-        try:
-            stdin.write(line + "\n")
-            stdin.flush()
-            return True
-        except (BrokenPipeError, OSError, ValueError):
-            return False
-
-    def close_stdin(self) -> None:
-        if self._proc.stdin is not None and not self._proc.stdin.closed:
-            with contextlib.suppress(OSError):
-                self._proc.stdin.close()
+        assert self._proc.stdin and self._proc.stdout and self._proc.stderr
+        super().__init__(host, self._proc.stdin, self._proc.stdout, self._proc.stderr)
 
     def wait(self, timeout: float | None = None) -> int | None:
         try:
             code = self._proc.wait(timeout)
         except subprocess.TimeoutExpired:
             return None
-        self._stderr_thread.join(1.0)
+        self.join_stderr(1.0)
         return code
 
     def alive_here(self) -> bool:
@@ -92,9 +62,6 @@ class LocalProcess:
         signal_all(descendants(self._proc.pid), signal.SIGKILL)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self._proc.pid, signal.SIGKILL)
-
-    def stderr_tail(self) -> list[str]:
-        return list(self._stderr)
 
 
 class LocalTransport:
@@ -134,5 +101,7 @@ class LocalTransport:
             code, out, err = 127, "", str(e)
         return Result(self.host, tuple(argv), code, out, err, time.monotonic() - start)
 
-    def start(self, argv: Sequence[str], *, cwd: str | None = None) -> LocalProcess:
-        return LocalProcess(self.host, argv, cwd)
+    def start(self, argv: Sequence[str], *, cwd: str | None = None) -> LocalProcess | WarmProcess:
+        """``argv`` started here; a host agent forked by the agent server when there is
+        one (:mod:`dmlctl.transport.agent_server`)."""
+        return start_agent(self.host, argv, cwd) or LocalProcess(self.host, argv, cwd)

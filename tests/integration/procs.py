@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import os
+import re
+import subprocess
 import time
+
+import pytest
 
 
 def run_processes(run_id: str) -> list[int]:
@@ -52,3 +56,15 @@ def wait_until(predicate: object, timeout: float, interval: float = 0.1) -> bool
             return True
         time.sleep(interval)
     return bool(predicate())  # type: ignore[operator]
+
+
+def agent_pid(proc: subprocess.Popen[str], host: str = "local") -> tuple[int, list[str]]:
+    """The pid ``dmlctl launch --ui plain`` (``proc``, stdout piped) says the agent on
+    ``host`` has, and the lines read up to that one; fails the test if none comes."""
+    assert proc.stdout is not None
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if m := re.search(rf"agent started on {re.escape(host)} \(pid (\d+)\)", line):
+            return int(m.group(1)), seen
+    pytest.fail("no agent started:\n" + "".join(seen))

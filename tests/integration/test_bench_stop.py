@@ -37,6 +37,8 @@ def processes_with(needle: str) -> list[int]:
 
 
 def test_sigterm_stops_the_command_under_way_and_ends_the_bench(cli: Cli) -> None:
+    # Processes forked by an agent server show its environment, not the bench's.
+    cli.extra_env["DMLCTL_AGENT_SERVER_IDLE"] = "0"
     proc = subprocess.Popen(
         [sys.executable, "-m", "dmlctl", "bench", "launch", "--json"],
         env=cli.env,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -17,7 +16,7 @@ import pytest
 from dmlctl.spec.loader import load_job
 from tests.conftest import REPO, Cli
 from tests.integration.conftest import JOBS, FinishedRuns
-from tests.integration.procs import cmdline, run_processes, wait_until
+from tests.integration.procs import agent_pid, cmdline, run_processes, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -346,13 +345,7 @@ def test_a_local_agent_that_falls_silent_but_lives_is_not_lost(cli: Cli, tmp_pat
         "max_infra_restarts: 0}\n"
     )
     proc = cli.popen("launch", str(job), "--ui", "plain")
-    assert proc.stdout is not None
-    seen = []
-    for line in proc.stdout:
-        seen.append(line)
-        if m := re.search(r"agent started on local \(pid (\d+)\)", line):
-            agent = int(m.group(1))
-            break
+    agent, seen = agent_pid(proc)
     os.kill(agent, signal.SIGSTOP)
     time.sleep(3 * HOST_TIMEOUT)
     os.kill(agent, signal.SIGCONT)

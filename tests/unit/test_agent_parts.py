@@ -241,7 +241,7 @@ def test_a_stop_waits_the_ranks_grace_only_while_a_rank_runs(
         rank.kill()
 
     monkeypatch.setattr(agent_main, "kill_tree", kill)
-    commands = Commands(threading.Event(), ["stop requested"])
+    commands = Commands(threading.Event(), ["stop requested"], os.getppid())
     commands.stop.set()
     out = io.StringIO()
     config = cast(AgentConfig, SimpleNamespace(stop_grace=1.5, workdir=str(tmp_path)))

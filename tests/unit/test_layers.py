@@ -52,6 +52,7 @@ BASE = {
     "dmlctl.gpus",
     "dmlctl.redact",
     "dmlctl.checkpoint_files",
+    "dmlctl.startup_env",
     "dmlctl.text",
     "dmlctl.scaffold",
     "dmlctl.__main__",

@@ -1,0 +1,249 @@
+"""The agent server: host agents for runs on this machine, forked from a process that
+has imported torch already.
+
+A host agent spends its first seconds importing torchrun and ``torch._dynamo`` (about
+3.5 s of a core; :mod:`dmlctl.agent.warm`) — on every launch, every restart, every
+standby. On this machine the controller asks a server instead
+(:mod:`dmlctl.transport.agent_server`): one process per user, interpreter,
+start-up environment and dmlctl, started by a first launch, that has made those
+imports once and forks each agent a launch asks for. The agent it forks is what
+``python -m dmlctl.agent`` started by the controller would be: the controller's
+stdin, stdout and stderr (passed over the server's socket), its environment, working
+directory, umask and command line (``ps`` shows ``… -m dmlctl.agent --run-id RUN``),
+a session of its own; its exit code goes back to the controller over the same
+connection. The server runs nothing else, has no thread, and exits once it has
+forked no agent for its idle time and none of its agents runs.
+
+``python -m dmlctl.agent.server SOCKET LOCK IDLE_S ROOM`` (what the controller starts;
+``ROOM``: blanks, the command-line space its agents write theirs into):
+it detaches, holds ``LOCK`` for its lifetime (one server per socket), imports, and
+only then binds ``SOCKET`` — a controller that can connect is answered at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import io
+import json
+import os
+import selectors
+import signal
+import socket
+import struct
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from typing import NoReturn
+
+from dmlctl.agent import forked_rank, warm
+from dmlctl.agent.procs import end_forked, exit_status, name_process, set_cmdline
+
+MAX_REQUEST = 1 << 20
+REQUEST_WAIT_S = 5.0
+"""How long the server waits for the request of a controller that has connected."""
+
+
+def main(argv: Sequence[str]) -> int:
+    """Serve agents on ``argv = [SOCKET, LOCK, IDLE_S, …]`` until idle (see module)."""
+    sock_path, lock_path, idle = argv[0], argv[1], float(argv[2])
+    if os.fork():  # the controller that started it reaps this at once
+        os._exit(0)
+    os.setsid()
+    lock = open(lock_path, "a")  # noqa: SIM115 - held until the process ends
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return 0  # another server has this socket
+    name_process(b"dmlctl-server")
+    set_cmdline(["dmlctl agent server", sock_path])
+    before = dict(os.environ)
+    if not warm.preload():
+        return 1
+    from dmlctl.agent import __main__ as agent_main  # noqa: F401 - the agents' code
+
+    adopted = {k: v for k, v in os.environ.items() if before.get(k) != v}
+    listener = _listen(sock_path)
+    bound = os.stat(sock_path).st_ino
+    try:
+        _serve(listener, adopted, idle, lock.fileno())
+    finally:
+        with contextlib.suppress(OSError):
+            if os.stat(sock_path).st_ino == bound:  # not a later server's
+                os.unlink(sock_path)
+    return 0
+
+
+def _listen(path: str) -> socket.socket:
+    """A listening socket at ``path``, replacing a dead server's (this one holds the
+    lock): bound under a name of its own first, so nobody connects half-made."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    tmp = f"{path}.{os.getpid()}"
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+    listener.bind(tmp)
+    os.chmod(tmp, 0o600)
+    listener.listen(16)
+    os.replace(tmp, path)
+    return listener
+
+
+def _serve(listener: socket.socket, adopted: Mapping[str, str], idle: float, lock: int) -> None:
+    """Accept, fork, report exits; return once idle for ``idle`` seconds with no agent
+    (an agent must not hold the ``lock`` descriptor: it would keep the next server out)."""
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, _stop)
+    sel = selectors.DefaultSelector()
+    sel.register(listener, selectors.EVENT_READ)
+    sel.register(wake_r, selectors.EVENT_READ)
+    agents: dict[int, socket.socket] = {}  # pid → its controller's connection
+    last = time.monotonic()
+    try:
+        while agents or time.monotonic() - last < idle:
+            wait = None if agents else max(0.0, last + idle - time.monotonic())
+            for key, _ in sel.select(wait):
+                if key.fileobj is listener:
+                    _accept(listener, agents, adopted, (wake_r, wake_w, lock))
+                    last = time.monotonic()
+                else:
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(wake_r, 4096)
+            _reap(agents)
+    except _Stopped:
+        pass
+
+
+class _Stopped(Exception):
+    """SIGTERM, SIGINT or SIGHUP: the server ends (its agents go on)."""
+
+
+def _stop(_signum: int, _frame: object) -> None:
+    raise _Stopped
+
+
+def _reap(agents: dict[int, socket.socket]) -> None:
+    """Tell the controller of each agent that ended its exit code."""
+    for pid in list(agents):
+        try:
+            code = exit_status(pid)
+        except ChildProcessError:
+            code = 255
+        if code is not None:
+            conn = agents.pop(pid)
+            with contextlib.suppress(OSError):
+                conn.send(json.dumps({"exit": code}).encode())
+            conn.close()
+
+
+def _accept(
+    listener: socket.socket,
+    agents: dict[int, socket.socket],
+    adopted: Mapping[str, str],
+    own: tuple[int, ...],
+) -> None:
+    """Read one controller's request and fork its agent; answer with the agent's pid."""
+    conn, _ = listener.accept()
+    fds: list[int] = []
+    try:
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        if struct.unpack("3i", creds)[1] != os.getuid():
+            raise OSError("another user")
+        conn.settimeout(REQUEST_WAIT_S)
+        msg, fds, _, _ = socket.recv_fds(conn, MAX_REQUEST, 3)
+        request = json.loads(msg)
+        if len(fds) != 3:
+            raise OSError("not three descriptors")
+    except (OSError, ValueError):
+        for fd in fds:
+            os.close(fd)
+        conn.close()
+        return
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    close = [listener.fileno(), *own, *(c.fileno() for c in agents.values()), conn.fileno()]
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child, which never returns
+        _become_agent(request, fds, adopted, close)
+    for fd in fds:
+        os.close(fd)
+    agents[pid] = conn
+    with contextlib.suppress(OSError):
+        conn.send(json.dumps({"pid": pid}).encode())
+
+
+def _become_agent(
+    request: Mapping[str, object],
+    fds: Sequence[int],
+    adopted: Mapping[str, str],
+    close: Sequence[int],
+) -> NoReturn:
+    """Become ``python -m dmlctl.agent`` as the controller would have started it."""
+    end_forked(lambda: _agent(request, fds, adopted, close))
+
+
+def _agent(
+    request: Mapping[str, object],
+    fds: Sequence[int],
+    adopted: Mapping[str, str],
+    close: Sequence[int],
+) -> int:
+    """:func:`_become_agent`'s work; the agent's exit code."""
+    os.setsid()
+    signal.set_wakeup_fd(-1)
+    for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+    for fd in close:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    argv = [str(a) for a in request["argv"]]  # type: ignore[attr-defined]
+    cwd = str(request["cwd"])
+    os.chdir(cwd)
+    os.umask(int(request["umask"]))  # type: ignore[call-overload]
+    env = {str(k): str(v) for k, v in request["env"].items()}  # type: ignore[attr-defined]
+    os.environ.clear()
+    os.environ.update({**env, **adopted})
+    forked_rank.STARTUP_ENV.clear()
+    forked_rank.STARTUP_ENV.update(os.environ)
+    forked_rank.STARTUP_CWD = cwd
+    sys.path[0] = cwd  # as ``python -m`` puts it
+    sys.argv = [sys.modules["dmlctl.agent.__main__"].__file__ or "", *argv[3:]]
+    set_cmdline(argv)
+    _own_stdio()
+    from dmlctl.agent import __main__ as agent_main
+
+    return agent_main.main(watch_parent=False)
+
+
+_kept: list[object] = []  # the server's stdio objects, kept so their buffers never flush
+
+
+def _own_stdio() -> None:
+    """``sys.stdin``, ``stdout`` and ``stderr`` on descriptors 0, 1, 2 as a new
+    interpreter makes them for pipes (same encoding and error handlers)."""
+    _kept.extend((sys.stdin, sys.stdout, sys.stderr))
+
+    def wrap(fd: int, mode: str, like: io.TextIOWrapper) -> io.TextIOWrapper:
+        raw = io.FileIO(fd, mode, closefd=False)
+        buffered = io.BufferedReader(raw) if mode == "r" else io.BufferedWriter(raw)
+        return io.TextIOWrapper(buffered, encoding=like.encoding, errors=like.errors)
+
+    sys.stdin = wrap(0, "r", sys.__stdin__)  # type: ignore[arg-type]
+    sys.stdout = wrap(1, "w", sys.__stdout__)  # type: ignore[arg-type]
+    sys.stderr = io.TextIOWrapper(
+        io.BufferedWriter(io.FileIO(2, "w", closefd=False)),
+        encoding=sys.__stderr__.encoding if sys.__stderr__ else "utf-8",
+        errors="backslashreplace",
+        line_buffering=True,
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

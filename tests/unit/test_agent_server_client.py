@@ -1,0 +1,86 @@
+"""What decides whether a local launch asks the agent server: the idle setting, the
+socket directory (this user's alone), the key a server must share with the
+controller, and which commands qualify."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dmlctl.transport.agent_server import (
+    IDLE_S,
+    eligible,
+    idle_seconds,
+    runtime_dir,
+    server_key,
+)
+
+
+@pytest.fixture
+def short() -> Iterator[Path]:
+    """A directory short enough to hold sockets (a test's own tmp_path may not be)."""
+    path = Path(tempfile.mkdtemp(prefix="dmlctl-test-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"), [(None, IDLE_S), ("0", 0.0), ("2.5", 2.5), ("soon", IDLE_S)]
+)
+def test_idle_seconds(value: str | None, expected: float) -> None:
+    env = {} if value is None else {"DMLCTL_AGENT_SERVER_IDLE": value}
+    assert idle_seconds(env) == expected
+
+
+def test_the_socket_directory_is_made_for_this_user_alone(short: Path) -> None:
+    made = runtime_dir({"XDG_RUNTIME_DIR": str(short)})
+    assert made == short / "dmlctl"
+    assert made.stat().st_mode & 0o777 == 0o700
+
+
+def test_a_socket_directory_others_can_enter_is_not_used(short: Path) -> None:
+    (short / "dmlctl").mkdir(mode=0o755)
+    os.chmod(short / "dmlctl", 0o755)
+    assert runtime_dir({"XDG_RUNTIME_DIR": str(short)}) is None
+
+
+def test_without_a_runtime_directory_the_temp_directory_holds_one_per_user(
+    short: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TMPDIR", str(short))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    assert runtime_dir({}) == short / f"dmlctl-{os.getuid()}"
+
+
+def test_a_runtime_directory_too_long_for_a_socket_gives_way_to_the_temporary_one(
+    short: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TMPDIR", str(short))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    deep = short / ("d" * 80)
+    assert runtime_dir({"XDG_RUNTIME_DIR": str(deep)}) == short / f"dmlctl-{os.getuid()}"
+
+
+def test_the_key_follows_what_python_and_torch_read_at_start_and_nothing_else() -> None:
+    base = {"PATH": "/usr/bin", "DMLCTL_HOME": "/a"}
+    key = server_key(sys.executable, base)
+    assert server_key(sys.executable, {**base, "DMLCTL_HOME": "/b", "PATH": "/bin"}) == key
+    assert server_key(sys.executable, {**base, "OMP_NUM_THREADS": "3"}) == key  # applied later
+    assert server_key(sys.executable, {**base, "TORCH_LOGS": "+dynamo"}) != key
+    assert server_key(sys.executable, {**base, "PYTHONHASHSEED": "1"}) != key
+    assert server_key(sys.executable, {**base, "LD_PRELOAD": "x.so"}) != key
+    assert server_key(sys.executable, {**base, "PYTHONPATH": "/elsewhere"}) != key
+    assert server_key("/usr/bin/python3-elsewhere", base) != key
+
+
+def test_only_this_interpreters_host_agent_qualifies() -> None:
+    assert eligible([sys.executable, "-m", "dmlctl.agent", "--run-id", "r"])
+    assert not eligible(["/usr/bin/python3-elsewhere", "-m", "dmlctl.agent", "--run-id", "r"])
+    assert not eligible([sys.executable, "-m", "dmlctl.agent.standin"])
+    assert not eligible([sys.executable, "-c", "pass"])
