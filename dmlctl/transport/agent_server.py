@@ -20,6 +20,7 @@ import fcntl
 import hashlib
 import json
 import os
+import resource
 import signal
 import socket
 import stat
@@ -83,16 +84,35 @@ def runtime_dir(env: Mapping[str, str]) -> Path | None:
 def server_key(python: str, env: Mapping[str, str]) -> str:
     """What a server must share with a controller: the interpreter, what the
     interpreter and torch read as they start (:mod:`dmlctl.startup_env`), where
-    modules are found (``PYTHONPATH``), and this dmlctl's files (names, sizes,
+    modules are found (``PYTHONPATH``), what a process inherits besides its
+    environment (:func:`inherited`), and this dmlctl's files (names, sizes,
     modification times)."""
     h = hashlib.sha256(os.path.realpath(python).encode())
     for key in sorted(k for k in env if read_at_start(k) or k == "PYTHONPATH"):
         h.update(f"\0{key}={env[key]}".encode())
+    h.update(inherited().encode())
     root = Path(dmlctl.__file__).resolve().parent
     for path in sorted(root.rglob("*.py")):
         st = path.stat()
         h.update(f"\0{path}:{st.st_size}:{st.st_mtime_ns}".encode())
     return h.hexdigest()[:16]
+
+
+def inherited() -> str:
+    """This process's control group, CPU affinity, resource limits and nice value: an
+    agent forked by a server has the server's (a Slurm job's cgroup, ``taskset``,
+    ``ulimit -l`` for RDMA), so a server serves only controllers that have the same."""
+    parts = []
+    with contextlib.suppress(OSError), open("/proc/self/cgroup") as f:
+        parts.append(f.read())
+    with contextlib.suppress(OSError, AttributeError):
+        parts.append(repr(sorted(os.sched_getaffinity(0))))
+    for name in sorted(n for n in dir(resource) if n.startswith("RLIMIT_")):
+        with contextlib.suppress(OSError, ValueError):
+            parts.append(f"{name}={resource.getrlimit(getattr(resource, name))}")
+    with contextlib.suppress(OSError):
+        parts.append(f"nice={os.getpriority(os.PRIO_PROCESS, 0)}")
+    return "\n".join(parts)
 
 
 def eligible(argv: Sequence[str]) -> bool:

@@ -410,3 +410,20 @@ def test_a_records_kind_is_read_from_its_head_not_from_a_logged_value(tmp_path: 
     assert [protocol.record_kind(line) for line in lines] == ["start", "metric", "exit"]
     assert protocol.record_kind("not a record") is None
     assert protocol.record_kind('{"kind":"tru') is None
+
+
+def test_a_process_shows_the_command_line_it_is_given_when_it_has_room() -> None:
+    """``set_cmdline``: what ``ps`` shows, within the room of the process's own command
+    line (a forked agent writes its own over its server's); longer: left as it was."""
+    code = (
+        "import sys\n"
+        "from dmlctl.agent.procs import set_cmdline\n"
+        "print(set_cmdline(['python', '-m', 'dmlctl.agent', '--run-id', 'r1']))\n"
+        "print(set_cmdline(['x' * 500]))\n"
+        "print(open('/proc/self/cmdline', 'rb').read().rstrip(b'\\0').decode())\n"
+    )
+    room = " " * 100
+    out = subprocess.run(
+        [sys.executable, "-c", code, room], capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    assert out == ["True", "False", "python\0-m\0dmlctl.agent\0--run-id\0r1"]

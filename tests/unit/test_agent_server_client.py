@@ -5,6 +5,7 @@ controller, and which commands qualify."""
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import sys
 import tempfile
@@ -84,3 +85,17 @@ def test_only_this_interpreters_host_agent_qualifies() -> None:
     assert not eligible(["/usr/bin/python3-elsewhere", "-m", "dmlctl.agent", "--run-id", "r"])
     assert not eligible([sys.executable, "-m", "dmlctl.agent.standin"])
     assert not eligible([sys.executable, "-c", "pass"])
+
+
+def test_the_key_follows_the_limits_a_process_inherits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An agent forked by a server has the server's cgroup, affinity and limits: a
+    controller with other ones (``ulimit -l`` raised for RDMA) gets a server of its own."""
+    key = server_key(sys.executable, {})
+    real = resource.getrlimit
+
+    def raised(which: int) -> tuple[int, int]:
+        soft, hard = real(which)
+        return (soft - 1, hard) if which == resource.RLIMIT_MEMLOCK else (soft, hard)
+
+    monkeypatch.setattr(resource, "getrlimit", raised)
+    assert server_key(sys.executable, {}) != key
