@@ -27,7 +27,9 @@ class Cli:
 
     @property
     def env(self) -> dict[str, str]:
-        return {**os.environ, "DMLCTL_HOME": str(self.home), "COLUMNS": "160", **self.extra_env}
+        # An agent server a test starts leaves a minute after the suite's last launch.
+        base = {"DMLCTL_HOME": str(self.home), "COLUMNS": "160", "DMLCTL_AGENT_SERVER_IDLE": "60"}
+        return {**os.environ, **base, **self.extra_env}
 
     def run(
         self, *args: str, cwd: Path | None = None, timeout: float = 120

@@ -241,7 +241,7 @@ def _become_rank(
     try:
         os.setsid()
         name_process(f"rank {env.get('RANK', '')}".encode())
-        _fresh_signals()
+        fresh_signals()
         for fd, stream in ((1, out), (2, err)):
             if stream is not None:
                 os.dup2(stream.fileno(), fd)
@@ -282,7 +282,7 @@ def _cuda_unusable() -> str | None:
     return None
 
 
-def _fresh_signals() -> None:
+def fresh_signals() -> None:
     """Handlers as a new interpreter has them: caught signals back to their default
     (as ``exec`` does), ignored ones still ignored, Python's own three set."""
     signal.set_wakeup_fd(-1)

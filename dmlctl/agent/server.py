@@ -32,6 +32,7 @@ import signal
 import socket
 import struct
 import sys
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from typing import NoReturn
@@ -55,6 +56,8 @@ def main(argv: Sequence[str]) -> int:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         return 0  # another server has this socket
+    for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)  # not ignored because its first controller was
     name_process(b"dmlctl-server")
     set_cmdline(["dmlctl agent server", sock_path])
     before = dict(os.environ)
@@ -71,7 +74,8 @@ def main(argv: Sequence[str]) -> int:
         with contextlib.suppress(OSError):
             if os.stat(sock_path).st_ino == bound:  # not a later server's
                 os.unlink(sock_path)
-    return 0
+        listener.close()  # nobody waits on it while the interpreter ends
+    os._exit(0)
 
 
 def _listen(path: str) -> socket.socket:
@@ -96,48 +100,42 @@ def _serve(listener: socket.socket, adopted: Mapping[str, str], idle: float, loc
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
+    stopped: list[int] = []
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, _stop)
+        signal.signal(sig, lambda signum, _: stopped.append(signum))
     sel = selectors.DefaultSelector()
     sel.register(listener, selectors.EVENT_READ)
     sel.register(wake_r, selectors.EVENT_READ)
     agents: dict[int, socket.socket] = {}  # pid → its controller's connection
-    last = time.monotonic()
-    try:
-        while agents or time.monotonic() - last < idle:
-            wait = None if agents else max(0.0, last + idle - time.monotonic())
-            for key, _ in sel.select(wait):
-                if key.fileobj is listener:
-                    _accept(listener, agents, adopted, (wake_r, wake_w, lock))
-                    last = time.monotonic()
-                else:
-                    with contextlib.suppress(BlockingIOError):
-                        os.read(wake_r, 4096)
-            _reap(agents)
-    except _Stopped:
-        pass
+    last = time.monotonic()  # of the last request or agent's end
+    while not stopped and (agents or time.monotonic() - last < idle):
+        wait = None if agents else max(0.0, last + idle - time.monotonic())
+        for key, _ in sel.select(wait):
+            if key.fileobj is listener:
+                _accept(listener, agents, adopted, (wake_r, wake_w, lock))
+                last = time.monotonic()
+            else:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(wake_r, 4096)
+        if _reap(agents):
+            last = time.monotonic()
 
 
-class _Stopped(Exception):
-    """SIGTERM, SIGINT or SIGHUP: the server ends (its agents go on)."""
-
-
-def _stop(_signum: int, _frame: object) -> None:
-    raise _Stopped
-
-
-def _reap(agents: dict[int, socket.socket]) -> None:
-    """Tell the controller of each agent that ended its exit code."""
+def _reap(agents: dict[int, socket.socket]) -> bool:
+    """Tell the controller of each agent that ended its exit code; whether one had."""
+    ended = False
     for pid in list(agents):
         try:
             code = exit_status(pid)
         except ChildProcessError:
             code = 255
         if code is not None:
+            ended = True
             conn = agents.pop(pid)
             with contextlib.suppress(OSError):
                 conn.send(json.dumps({"exit": code}).encode())
             conn.close()
+    return ended
 
 
 def _accept(
@@ -147,7 +145,10 @@ def _accept(
     own: tuple[int, ...],
 ) -> None:
     """Read one controller's request and fork its agent; answer with the agent's pid."""
-    conn, _ = listener.accept()
+    try:
+        conn, _ = listener.accept()
+    except OSError:  # out of descriptors, say: the controller goes on without
+        return
     fds: list[int] = []
     try:
         creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
@@ -166,11 +167,17 @@ def _accept(
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     close = [listener.fileno(), *own, *(c.fileno() for c in agents.values()), conn.fileno()]
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except OSError:  # out of memory or processes: this controller starts its own
+        pid = -1
     if pid == 0:  # pragma: no cover - runs in the child, which never returns
         _become_agent(request, fds, adopted, close)
     for fd in fds:
         os.close(fd)
+    if pid < 0:
+        conn.close()
+        return
     agents[pid] = conn
     with contextlib.suppress(OSError):
         conn.send(json.dumps({"pid": pid}).encode())
@@ -194,9 +201,7 @@ def _agent(
 ) -> int:
     """:func:`_become_agent`'s work; the agent's exit code."""
     os.setsid()
-    signal.set_wakeup_fd(-1)
-    for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, signal.SIG_DFL)
+    forked_rank.fresh_signals()
     for fd in close:
         with contextlib.suppress(OSError):
             os.close(fd)
@@ -209,7 +214,8 @@ def _agent(
     os.umask(int(request["umask"]))  # type: ignore[call-overload]
     env = {str(k): str(v) for k, v in request["env"].items()}  # type: ignore[attr-defined]
     os.environ.clear()
-    os.environ.update({**env, **adopted})
+    os.environ.update({**adopted, **env})  # what torch's import set, unless set here
+    tempfile.tempdir = None  # found again from this environment
     forked_rank.STARTUP_ENV.clear()
     forked_rank.STARTUP_ENV.update(os.environ)
     forked_rank.STARTUP_CWD = cwd

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import importlib.util
 import json
 import os
 import resource
@@ -88,7 +89,7 @@ def server_key(python: str, env: Mapping[str, str]) -> str:
     environment (:func:`inherited`), and this dmlctl's files (names, sizes,
     modification times)."""
     h = hashlib.sha256(os.path.realpath(python).encode())
-    for key in sorted(k for k in env if read_at_start(k) or k == "PYTHONPATH"):
+    for key in sorted(k for k in env if read_at_start(k) or k in _ALSO_KEYED):
         h.update(f"\0{key}={env[key]}".encode())
     h.update(inherited().encode())
     root = Path(dmlctl.__file__).resolve().parent
@@ -98,10 +99,16 @@ def server_key(python: str, env: Mapping[str, str]) -> str:
     return h.hexdigest()[:16]
 
 
+_ALSO_KEYED = ("PYTHONPATH", "TMPDIR", "TMP", "TEMP")
+"""Besides :func:`~dmlctl.startup_env.read_at_start`: where modules are found, and
+where torch's import puts its caches (the temporary directory)."""
+
+
 def inherited() -> str:
-    """This process's control group, CPU affinity, resource limits and nice value: an
-    agent forked by a server has the server's (a Slurm job's cgroup, ``taskset``,
-    ``ulimit -l`` for RDMA), so a server serves only controllers that have the same."""
+    """This process's control group, CPU affinity, resource limits, nice value, ids,
+    namespaces, and the torch it would import: an agent forked by a server has the
+    server's (a Slurm job's cgroup, ``taskset``, ``ulimit -l`` for RDMA, a container),
+    and its torch modules, so a server serves only controllers that have the same."""
     parts = []
     with contextlib.suppress(OSError), open("/proc/self/cgroup") as f:
         parts.append(f.read())
@@ -112,15 +119,28 @@ def inherited() -> str:
             parts.append(f"{name}={resource.getrlimit(getattr(resource, name))}")
     with contextlib.suppress(OSError):
         parts.append(f"nice={os.getpriority(os.PRIO_PROCESS, 0)}")
+    parts.append(f"ids={os.getuid()},{os.getgid()},{sorted(os.getgroups())}")
+    for ns in ("mnt", "net", "pid", "user", "ipc", "uts"):
+        with contextlib.suppress(OSError):
+            parts.append(os.readlink(f"/proc/self/ns/{ns}"))
+    torch = importlib.util.find_spec("torch")  # found, not imported
+    for name in ("__init__.py", "version.py"):
+        with contextlib.suppress(OSError, TypeError):
+            st = os.stat(Path(torch.origin or "").parent / name)  # type: ignore[union-attr]
+            parts.append(f"torch/{name}:{st.st_size}:{st.st_mtime_ns}")
     return "\n".join(parts)
 
 
-def eligible(argv: Sequence[str]) -> bool:
-    """Whether ``argv`` is ``<this python> -m dmlctl.agent …``."""
+def eligible(argv: Sequence[str], env: Mapping[str, str]) -> bool:
+    """Whether ``argv`` is ``<this python> -m dmlctl.agent …`` and ``env``'s
+    ``PYTHONPATH`` holds only absolute directories (a relative one would be found from
+    the server's directory, not this one)."""
+    path = env.get("PYTHONPATH")
     return (
         len(argv) >= 3
         and tuple(argv[1:3]) == AGENT
         and os.path.realpath(argv[0]) == os.path.realpath(sys.executable)
+        and (path is None or all(os.path.isabs(p) for p in path.split(os.pathsep)))
     )
 
 
@@ -129,13 +149,23 @@ def start_agent(
 ) -> WarmProcess | None:
     """``argv`` (a host agent) forked by the matching server, or None (module doc)."""
     env = dict(os.environ if env is None else env)
+    try:
+        return _start_agent(host, argv, cwd, env)
+    except (OSError, ValueError):  # a file gone while keyed, this directory gone, …
+        return None
+
+
+def _start_agent(
+    host: str, argv: Sequence[str], cwd: str | None, env: Mapping[str, str]
+) -> WarmProcess | None:
     idle = idle_seconds(env)
-    where = runtime_dir(env) if idle > 0 and eligible(argv) else None
+    where = runtime_dir(env) if idle > 0 and eligible(argv, env) else None
     if where is None:
         return None
     key = server_key(argv[0], env)
     sock_path, lock_path = where / f"agent-{key}.sock", where / f"agent-{key}.lock"
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    conn.settimeout(ANSWER_WAIT_S)  # a server that does not answer: as if none
     try:
         conn.connect(str(sock_path))
     except OSError:
@@ -144,9 +174,9 @@ def start_agent(
         return None
     try:
         return _ask(host, conn, argv, cwd or os.getcwd(), env)
-    except OSError:  # this directory is gone, the server went away, …
+    except OSError:
         conn.close()
-        return None
+        raise
 
 
 def _start_server(
@@ -188,10 +218,13 @@ def _ask(
     request = {"argv": list(argv), "cwd": cwd, "env": dict(env), "umask": _umask()}
     try:
         socket.send_fds(conn, [json.dumps(request).encode()], theirs)
+    except OSError:
+        for fd in ours:
+            os.close(fd)
+        raise
     finally:
         for fd in theirs:
             os.close(fd)
-    conn.settimeout(ANSWER_WAIT_S)
     try:
         pid = int(json.loads(conn.recv(4096))["pid"])
     except (OSError, ValueError, KeyError, TypeError):
@@ -257,7 +290,10 @@ class WarmProcess(Pipes):
         return not self._ended()
 
     def kill(self) -> None:
-        """SIGKILL the agent and every process it started (it leads its session)."""
+        """SIGKILL the agent and every process it started (it leads its session);
+        nothing once it has ended (its pid may be another process's by then)."""
+        if self._ended():
+            return
         signal_all(descendants(self.pid), signal.SIGKILL)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.pid, signal.SIGKILL)

@@ -77,14 +77,19 @@ def test_the_key_follows_what_python_and_torch_read_at_start_and_nothing_else() 
     assert server_key(sys.executable, {**base, "PYTHONHASHSEED": "1"}) != key
     assert server_key(sys.executable, {**base, "LD_PRELOAD": "x.so"}) != key
     assert server_key(sys.executable, {**base, "PYTHONPATH": "/elsewhere"}) != key
+    assert server_key(sys.executable, {**base, "TMPDIR": "/scratch"}) != key
     assert server_key("/usr/bin/python3-elsewhere", base) != key
 
 
 def test_only_this_interpreters_host_agent_qualifies() -> None:
-    assert eligible([sys.executable, "-m", "dmlctl.agent", "--run-id", "r"])
-    assert not eligible(["/usr/bin/python3-elsewhere", "-m", "dmlctl.agent", "--run-id", "r"])
-    assert not eligible([sys.executable, "-m", "dmlctl.agent.standin"])
-    assert not eligible([sys.executable, "-c", "pass"])
+    agent = [sys.executable, "-m", "dmlctl.agent", "--run-id", "r"]
+    assert eligible(agent, {})
+    assert eligible(agent, {"PYTHONPATH": "/a:/b"})
+    assert not eligible(agent, {"PYTHONPATH": "rel:/b"})  # found from the server's cwd
+    assert not eligible(agent, {"PYTHONPATH": "/a::/b"})  # empty: the working directory
+    assert not eligible(["/usr/bin/python3-elsewhere", *agent[1:]], {})
+    assert not eligible([sys.executable, "-m", "dmlctl.agent.standin"], {})
+    assert not eligible([sys.executable, "-c", "pass"], {})
 
 
 def test_the_key_follows_the_limits_a_process_inherits(monkeypatch: pytest.MonkeyPatch) -> None:
