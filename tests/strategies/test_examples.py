@@ -97,15 +97,15 @@ PS_CASES = {
 the file's name, or the body of a job file that runs the example's ``train.py``."""
 LOSS_TOLERANCE = 0.04
 ACC_TOLERANCE = 0.02
-NOISY = {"adadelay-2w-1s": (0.08, 0.03), "sync-ps-3w-1s": (0.06, 0.02)}
+NOISY = {"adadelay-2w-1s": (0.10, 0.04), "sync-ps-3w-1s": (0.06, 0.02)}
 """Wider (loss, accuracy) tolerances: adadelay's servers take a plain SGD step (no
 momentum; 1/L ≈ 0.16 here, barely shrinking with c = 0.1), so where its final iterate
 lands varies with the arrival order: 0.118–0.174 test loss over 39 runs of this test
-(7 of the 23 with c = 0.1 above 0.15; c of 1 or 3 kept the tail), and 0.181 in a suite
-run on a loaded machine (baseline 0.111). sync-ps with a backup worker drops the last
-gradient of every round: on a loaded machine one worker is last more often and its
-shard counts for less — 0.151 in a suite run (baseline 0.111; 0.124 idle,
-docs/strategies.md)."""
+(7 of the 23 with c = 0.1 above 0.15; c of 1 or 3 kept the tail), and 0.181 and 0.191
+(accuracy 0.931) in suite runs on a loaded machine (baseline 0.111, 0.96). sync-ps
+with a backup worker drops the last gradient of every round: on a loaded machine one
+worker is last more often and its shard counts for less — 0.151 in a suite run
+(baseline 0.111; 0.124 idle, docs/strategies.md)."""
 
 
 def _final_line(printed: str) -> dict[str, float]:
