@@ -176,3 +176,30 @@ class AgentConfig:
             return AgentConfig(**data, torchrun=torchrun, strategy=strategy, rejoin=rejoined)
         except (TypeError, KeyError, AttributeError) as exc:
             raise ValueError(f"not an agent configuration: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class AgentRequest:
+    """What a controller asks the agent server for (:mod:`dmlctl.agent.server`): the
+    host agent's command line, working directory, environment and umask, as a new
+    ``python -m dmlctl.agent`` would have them. One JSON message over the server's
+    socket, the agent's stdin, stdout and stderr passed beside it."""
+
+    argv: tuple[str, ...]
+    cwd: str
+    env: Mapping[str, str]
+    umask: int
+
+    def to_json(self) -> bytes:
+        return json.dumps({**asdict(self), "env": dict(self.env)}).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> AgentRequest:
+        """The request in ``raw``; ValueError (or KeyError, TypeError) if it is not one."""
+        doc = json.loads(raw)
+        return cls(
+            argv=tuple(str(a) for a in doc["argv"]),
+            cwd=str(doc["cwd"]),
+            env={str(k): str(v) for k, v in dict(doc["env"]).items()},
+            umask=int(doc["umask"]),
+        )

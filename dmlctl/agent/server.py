@@ -35,10 +35,10 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from typing import NoReturn
 
 from dmlctl.agent import forked_rank, warm
 from dmlctl.agent.procs import end_forked, exit_status, name_process, set_cmdline
+from dmlctl.agent_config import AgentRequest
 
 MAX_REQUEST = 1 << 20
 REQUEST_WAIT_S = 5.0
@@ -156,10 +156,10 @@ def _accept(
             raise OSError("another user")
         conn.settimeout(REQUEST_WAIT_S)
         msg, fds, _, _ = socket.recv_fds(conn, MAX_REQUEST, 3)
-        request = json.loads(msg)
+        request = AgentRequest.from_json(msg)
         if len(fds) != 3:
             raise OSError("not three descriptors")
-    except (OSError, ValueError):
+    except (OSError, ValueError, KeyError, TypeError):
         for fd in fds:
             os.close(fd)
         conn.close()
@@ -172,7 +172,7 @@ def _accept(
     except OSError:  # out of memory or processes: this controller starts its own
         pid = -1
     if pid == 0:  # pragma: no cover - runs in the child, which never returns
-        _become_agent(request, fds, adopted, close)
+        end_forked(lambda: _agent(request, fds, adopted, close))
     for fd in fds:
         os.close(fd)
     if pid < 0:
@@ -183,23 +183,14 @@ def _accept(
         conn.send(json.dumps({"pid": pid}).encode())
 
 
-def _become_agent(
-    request: Mapping[str, object],
-    fds: Sequence[int],
-    adopted: Mapping[str, str],
-    close: Sequence[int],
-) -> NoReturn:
-    """Become ``python -m dmlctl.agent`` as the controller would have started it."""
-    end_forked(lambda: _agent(request, fds, adopted, close))
-
-
 def _agent(
-    request: Mapping[str, object],
+    request: AgentRequest,
     fds: Sequence[int],
     adopted: Mapping[str, str],
     close: Sequence[int],
 ) -> int:
-    """:func:`_become_agent`'s work; the agent's exit code."""
+    """In the forked child: become ``python -m dmlctl.agent`` as the controller would
+    have started it; the agent's exit code."""
     os.setsid()
     forked_rank.fresh_signals()
     for fd in close:
@@ -208,13 +199,11 @@ def _agent(
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
         os.close(fd)
-    argv = [str(a) for a in request["argv"]]  # type: ignore[attr-defined]
-    cwd = str(request["cwd"])
+    argv, cwd = list(request.argv), request.cwd
     os.chdir(cwd)
-    os.umask(int(request["umask"]))  # type: ignore[call-overload]
-    env = {str(k): str(v) for k, v in request["env"].items()}  # type: ignore[attr-defined]
+    os.umask(request.umask)
     os.environ.clear()
-    os.environ.update({**adopted, **env})  # what torch's import set, unless set here
+    os.environ.update({**adopted, **request.env})  # what torch's import set, unless set here
     tempfile.tempdir = None  # found again from this environment
     forked_rank.STARTUP_ENV.clear()
     forked_rank.STARTUP_ENV.update(os.environ)

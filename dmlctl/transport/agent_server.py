@@ -35,6 +35,7 @@ from pathlib import Path
 
 import dmlctl
 from dmlctl.agent.procs import descendants, signal_all
+from dmlctl.agent_config import AgentRequest
 from dmlctl.startup_env import read_at_start
 from dmlctl.transport.pipes import Pipes, text_end
 
@@ -215,9 +216,9 @@ def _ask(
     ends = [os.pipe() for _ in range(3)]  # stdin, stdout, stderr
     theirs = [ends[0][0], ends[1][1], ends[2][1]]
     ours = [ends[0][1], ends[1][0], ends[2][0]]
-    request = {"argv": list(argv), "cwd": cwd, "env": dict(env), "umask": _umask()}
+    request = AgentRequest(tuple(argv), cwd, dict(env), _umask())
     try:
-        socket.send_fds(conn, [json.dumps(request).encode()], theirs)
+        socket.send_fds(conn, [request.to_json()], theirs)
     except OSError:
         for fd in ours:
             os.close(fd)
