@@ -104,6 +104,7 @@ def serve(rank: int, shards: Shards, workers: int) -> None:
     finished = 0
     while finished < workers:
         msg = channel.receive()
+        assert msg is not None  # no timeout: it blocks until a message comes
         if msg.op is Op.PUSH and msg.payload is not None:
             shards.flat[msg.shard_id].add_(msg.payload)
             shards.version[msg.shard_id] += 1

@@ -23,7 +23,6 @@ from dmlctl.failure import Failure
 from dmlctl.plan.model import HostPlan, LaunchPlan
 from dmlctl.protocol import ENV_LOCAL_ROLES, IN_PLACE, ROLE_SERVER, local_roles
 from dmlctl.runs.events import Event, HostDropped, Progress
-from dmlctl.strategies import registry
 
 _CARRIED = (ENV_LOCAL_ROLES, "OMP_NUM_THREADS")  # the lost host's, for its ranks
 
@@ -80,12 +79,14 @@ class HostSwap:
     def go_on_without(self, host: str, cause: Failure, now: float) -> list[Event]:
         """The events saying that the others go on without lost ``host``'s ranks (no
         host could take them), after ``restart.rejoin_wait``, when they may: the
-        strategy averages over those left (``in_place_shrink``), the wait is not 0
-        and the hosts left are at least ``min_hosts``; none otherwise."""
+        wait is not 0 and the hosts left are at least ``min_hosts``; none otherwise
+        (every strategy replaced in place goes on without a worker its replacement
+        did not come for: the averaging ones over the members left, dpsgd over its
+        topology laid again, the parameter servers without it)."""
         wait = self.plan.restart.rejoin_wait
         left = [h for h, ranks in self.seated.items() if ranks and h != host]
         enough = len(left) >= (self.plan.min_hosts or len(self.plan.hosts))
-        if not (registry.capabilities(self.plan.strategy).in_place_shrink and wait and enough):
+        if not (wait and enough):
             return []
         ranks = tuple(sorted(self.seated.pop(host, {})))
         said = (

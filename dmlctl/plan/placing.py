@@ -52,21 +52,15 @@ class JobPlacement:
 
 
 def _check_fixed_hosts(job: JobSpec) -> None:
-    """No ``min_hosts``/``max_hosts`` (a re-plan on other hosts) with parameter servers
-    or a device mesh."""
-    if job.min_hosts is None and job.max_hosts is None:
-        return
-    if job.parameter_servers:
-        reason = "parameter_servers yet"
-    elif job.parallelism is not None:
-        reason = "parallelism (a re-plan on fewer hosts would break the device mesh)"
-    else:
+    """No ``min_hosts``/``max_hosts`` (a re-plan on other hosts) with a device mesh."""
+    if (job.min_hosts is None and job.max_hosts is None) or job.parallelism is None:
         return
     raise PlanError(
         "job",
         ("min_hosts" if job.min_hosts is not None else "max_hosts",),
-        f"min_hosts/max_hosts (continuing on fewer hosts) is not supported with {reason}; "
-        "remove them (a lost host then fails the run)",
+        "min_hosts/max_hosts (continuing on fewer hosts) is not supported with parallelism "
+        "(a re-plan on fewer hosts would break the device mesh); remove them (a lost host "
+        "then fails the run)",
     )
 
 

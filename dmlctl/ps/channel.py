@@ -294,8 +294,9 @@ class ServerTransport(Protocol):
     """What :class:`~dmlctl.ps.server.ParameterServer` needs from its transport
     (:class:`ServerChannel` here; a test fake or another transport elsewhere)."""
 
-    def receive(self) -> Message:
-        """The next message from any worker (blocking)."""
+    def receive(self, timeout: float | None = None) -> Message | None:
+        """The next message from any worker (blocking; None once ``timeout`` seconds
+        passed without one)."""
         ...
 
     def reply(
@@ -329,12 +330,15 @@ class ServerChannel:
         self.dtype = dtype
         self.codec = codec  # decodes every push (the job's push_compression), or None
 
-    def receive(self) -> Message:
-        """Block until a message arrives from any worker. Raises
-        :class:`~dmlctl.ps.frames.ConnectionLost` for a worker whose connection ended
-        before its CLOSE, :class:`RuntimeError` on an unknown op, a header that names
-        another rank, or a shard this server does not hold."""
-        header, raw, sender = frames.endpoint(self.rank).get()
+    def receive(self, timeout: float | None = None) -> Message | None:
+        """Block until a message arrives from any worker (None once ``timeout``
+        seconds passed without one). A worker whose connection ended before its
+        CLOSE is a LEFT message. Raises :class:`RuntimeError` on an unknown op, a
+        header that names another rank, or a shard this server does not hold."""
+        frame = frames.endpoint(self.rank).get(timeout)
+        if frame is None:
+            return None
+        header, raw, sender = frame
         raw_op, worker, clock, shard_id, extra, _, lr = header
         try:
             op = Op(raw_op)

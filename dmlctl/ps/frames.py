@@ -188,14 +188,20 @@ class Endpoint:
         store.set(address_key(rank), f"{host}:{port} {generation}")
         threading.Thread(target=self._accept, name="dmlctl-ps-accept", daemon=True).start()
 
-    def get(self) -> Frame:
-        """The next frame from any worker (blocking): a worker's HELLO as it connects
+    def get(self, timeout: float | None = None) -> Frame | None:
+        """The next frame from any worker (blocking; None once ``timeout`` seconds
+        passed without one): a worker's HELLO as it connects
         (its connection then replaces, and closes, one an earlier process of that rank
         made), its frames, and a LEFT frame when its connection ends before it said
         CLOSE; frames and a LEFT of a connection already replaced are dropped.
         Raises what a reader met otherwise (a corrupt frame)."""
+        end = None if timeout is None else time.monotonic() + timeout
         while True:
-            item = self.inbox.get()
+            try:
+                left = None if end is None else max(0.0, end - time.monotonic())
+                item = self.inbox.get(timeout=left)
+            except queue.Empty:
+                return None
             if isinstance(item, BaseException):
                 raise item
             header, payload, worker, conn = item

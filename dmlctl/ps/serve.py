@@ -23,6 +23,7 @@ rule, and handle messages until every worker closed. Every ``log_every_s`` secon
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -123,6 +124,9 @@ def run_server(ctx: Context) -> ParameterServer:
         layout = share_layout(None, src=members.workers[0])
         mine = _initial_shards(ctx, layout, members.workers[0])
     server = _make_server(ctx, layout, mine)
+    if rejoin.in_place():
+        server.gone_after = rejoin.rejoin_wait()
+        server.on_gone = functools.partial(_say_gone, tuple(server.workers))
     if state is not None:
         _restore(server, state)
     last = time.monotonic()
@@ -170,6 +174,22 @@ def _make_server(ctx: Context, layout: Layout, mine: dict[int, torch.Tensor]) ->
         staleness_bound=layout.staleness_bound,
         elastic=rejoin.in_place(),
     )
+
+
+def _say_gone(workers: tuple[int, ...], worker: int, gone: bool) -> None:
+    """Worker rank ``worker`` (one of ``workers``, global ranks in order) is gone from
+    the run (``gone``: away past ``restart.rejoin_wait``), or back: said in the run's
+    store, where the workers' store collectives (by worker index) and torchrun's exit
+    wait (by rank) look (:class:`dmlctl.runtime.rejoin.StoreGroup`)."""
+    store, index = rejoin.store(), workers.index(worker)
+    if gone:
+        store.set(rejoin.gone_key(index), "1")
+        store.set(rejoin.done_key(worker), "1")  # torchruns stop waiting for it
+        rejoin.say(f"worker rank {worker} is gone: the servers go on without it")
+    else:
+        store.delete_key(rejoin.gone_key(index))
+        store.delete_key(rejoin.done_key(worker))
+        rejoin.say(f"worker rank {worker} is back")
 
 
 def _restore(server: ParameterServer, state: dict[str, Any]) -> None:

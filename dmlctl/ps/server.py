@@ -27,6 +27,8 @@ the measured values in :attr:`ParameterServer.staleness_histogram`.
 from __future__ import annotations
 
 import io
+import math
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -104,6 +106,15 @@ class ParameterServer:
         self.elastic = elastic
         self.away: set[int] = set()
         self.departures = 0
+        #: Seconds a worker may stay away before it is **gone** (``restart.rejoin_wait``:
+        #: its host was lost and no host took its rank): from then on it counts as one
+        #: that closed, and ``on_gone(worker, True)`` runs; one that comes back after
+        #: all is a worker again (``on_gone(worker, False)``). Infinity: away workers
+        #: are waited for until the run ends.
+        self.gone_after = math.inf
+        self.on_gone: Callable[[int, bool], None] | None = None
+        self.away_since: dict[int, float] = {}
+        self.gone: set[int] = set()
         #: Pushes applied per worker (as its process counts them, see :meth:`membership`)
         #: and those a worker sent that this server never applied (a predecessor of
         #: this server, replaced in place, died with them after its snapshot).
@@ -178,6 +189,13 @@ class ParameterServer:
         self.pending = [m for m in self.pending if m.worker != worker]
         if msg.op is Op.HELLO:  # its pushes so far, as its process counts: lost if more
             self.away.discard(worker)
+            self.away_since.pop(worker, None)
+            if worker in self.gone:  # back after the others went on without it
+                self.gone.discard(worker)
+                self.closed.discard(worker)
+                self.finished.discard(worker)
+                if self.on_gone is not None:
+                    self.on_gone(worker, False)
             self.pushes_lost += max(0, msg.sent - self.pushes_from.get(worker, 0))
             self.pushes_from[worker] = msg.sent
         elif worker not in self.closed:
@@ -186,7 +204,24 @@ class ParameterServer:
                     f"worker rank {worker}: Connection closed by peer before CLOSE"
                 )
             self.away.add(worker)
+            self.away_since[worker] = time.monotonic()
             self.departures += 1
+
+    def drop_gone(self, now: float) -> None:
+        """The workers away for :attr:`gone_after` seconds by ``now`` are gone: they
+        count as closed (the server ends without them, the final reads stop waiting
+        for them) and :attr:`on_gone` is told of each."""
+        for worker, since in sorted(self.away_since.items()):
+            if now - since < self.gone_after:
+                continue
+            del self.away_since[worker]
+            self.away.discard(worker)
+            self.gone.add(worker)
+            self.finished.add(worker)
+            self.closed.add(worker)
+            if self.on_gone is not None:
+                self.on_gone(worker, True)
+        self._answer_ready()
 
     def _answer_ready(self) -> None:
         """Reply to every pending PULL the staleness bound now allows."""
@@ -237,9 +272,15 @@ class ParameterServer:
 
     def serve(self, on_message: Callable[[], None] | None = None) -> None:
         """Receive and handle messages until every worker sent CLOSE;
-        ``on_message`` runs after each one."""
+        ``on_message`` runs after each one (and after workers away too long were
+        found gone, :meth:`drop_gone`)."""
         while len(self.closed) < len(self.workers):
-            self.handle(self.channel.receive())
+            due = min(self.away_since.values(), default=math.inf) + self.gone_after
+            now = time.monotonic()
+            if due <= now:
+                self.drop_gone(now)
+            elif (msg := self.channel.receive(None if due == math.inf else due - now)) is not None:
+                self.handle(msg)
             if on_message is not None:
                 on_message()
 

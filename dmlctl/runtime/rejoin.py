@@ -109,10 +109,21 @@ def done() -> None:
     store().set(done_key(int(os.environ.get("RANK", "0"))), "1")
 
 
-def gone_key(rank: int) -> str:
-    """The store key that says worker ``rank`` left the run: the others went on
-    without it (:mod:`dmlctl.strategies.members`)."""
-    return key(f"elastic/gone/{rank}")
+def rejoin_wait() -> float:
+    """Seconds the others wait for a lost worker's replacement before they go on
+    without it (``restart.rejoin_wait``); infinity: they wait for it."""
+    try:
+        wait = float(os.environ.get(protocol.ENV_REJOIN_WAIT, "0"))
+    except ValueError:
+        return math.inf
+    return wait if wait > 0 else math.inf
+
+
+def gone_key(index: int) -> str:
+    """The store key that says the worker of index ``index`` (among the workers: its
+    rank where no rank is a server) left the run: the others went on without it
+    (:mod:`dmlctl.strategies.members`, :mod:`dmlctl.ps.serve`)."""
+    return key(f"elastic/gone/{index}")
 
 
 def say(message: str) -> None:

@@ -121,9 +121,13 @@ def gpu_memory(device: torch.device) -> dict[str, float]:
 
 
 def _forget(ctx: Context) -> None:
+    """``ctx`` closed: no longer this process's context, nor closed again at exit
+    (``atexit`` would hold it, and with it its model and process groups, for the
+    life of a process that goes on: a notebook, a sweep that calls ``init()`` again)."""
     global _current
     if _current is ctx:
         _current = None
+    atexit.unregister(ctx.close)
 
 
 def _serve(ctx: Context, module: registry.RuntimeModule) -> None:

@@ -5,7 +5,6 @@ joins the round its peers retry). The group itself: :mod:`dmlctl.strategies.elas
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -14,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from dmlctl.runtime import rejoin
-from dmlctl.strategies import members
 from dmlctl.strategies.common import start_from_rank0
 from dmlctl.strategies.elastic import ElasticAverager
 
@@ -46,14 +44,13 @@ def optimizer_handover(optimizer: torch.optim.Optimizer) -> Handover:
     )
 
 
-def averager(ctx: Context, shrink: bool = False) -> ElasticAverager | None:
+def averager(ctx: Context) -> ElasticAverager | None:
     """This worker's elastic group in a run that replaces workers in place (None
-    otherwise, or alone); ``shrink``: the strategy may go on without a worker that
-    no replacement came for (:func:`dmlctl.strategies.members.rejoin_wait`)."""
+    otherwise, or alone); it goes on without a worker that no replacement came for
+    within :func:`dmlctl.runtime.rejoin.rejoin_wait`."""
     if not rejoin.in_place() or ctx.world_size == 1:
         return None
-    wait = members.rejoin_wait() if shrink else math.inf
-    return ElasticAverager(ctx.rank, ctx.world_size, wait=wait)
+    return ElasticAverager(ctx.rank, ctx.world_size, wait=rejoin.rejoin_wait())
 
 
 def starting_weights(ctx: Context, model: torch.nn.Module) -> list[torch.nn.Parameter] | None:

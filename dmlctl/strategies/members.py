@@ -15,13 +15,10 @@ where the others meet it.
 from __future__ import annotations
 
 import json
-import math
-import os
 import time
 
 from torch._C._distributed_c10d import Store
 
-from dmlctl import protocol
 from dmlctl.runtime import rejoin
 
 POLL_S = 0.05
@@ -46,16 +43,6 @@ def member_lost(exc: BaseException) -> bool:
     """Whether ``exc``, raised by a collective, says a member's connection broke (its
     process died) rather than something else going wrong, or is :class:`MemberLost`."""
     return isinstance(exc, MemberLost) or any(mark in str(exc) for mark in _LOST)
-
-
-def rejoin_wait() -> float:
-    """Seconds the others wait for a lost worker's replacement before they go on
-    without it (``restart.rejoin_wait``); infinity: they wait for it."""
-    try:
-        wait = float(os.environ.get(protocol.ENV_REJOIN_WAIT, "0"))
-    except ValueError:
-        return math.inf
-    return wait if wait > 0 else math.inf
 
 
 def agree(store: Store, generation: int, rank: int, world: int, wait: float) -> tuple[int, ...]:

@@ -102,9 +102,6 @@ class Capabilities:
     #: With ``in_place``: why these params cannot be replaced in place (None: they can).
     in_place_rule: Callable[[Any], str | None] | None = None
     in_place_servers: bool = False  # a lost server is replaced from its snapshot too
-    #: With ``in_place``: the workers go on without a lost host's workers when none can
-    #: start elsewhere (``restart.rejoin_wait``), averaging over those left.
-    in_place_shrink: bool = False
 
     def runtime_needed(self, params: BaseModel | None) -> bool:
         """Whether a script must call ``ctx.prepare`` with ``params`` (None: not known)."""

@@ -232,7 +232,7 @@ def test_single_worker_pull_push_pull_has_staleness_zero() -> None:
         def __init__(self) -> None:
             self.replies: list[tuple[int, int, int, list[float]]] = []
 
-        def receive(self) -> Message:
+        def receive(self, timeout: float | None = None) -> Message | None:
             raise AssertionError("not used: messages are handed to handle() directly")
 
         def reply(

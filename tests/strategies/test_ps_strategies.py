@@ -271,7 +271,7 @@ def test_adadelay_server_moves_less_for_a_stale_gradient() -> None:
     from dmlctl.ps.server import ParameterServer
 
     class Quiet:
-        def receive(self) -> Message:
+        def receive(self, timeout: float | None = None) -> Message | None:
             raise AssertionError("not used")
 
         def reply(self, *args: Any) -> None:

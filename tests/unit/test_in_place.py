@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import socket
+import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -262,7 +263,7 @@ class _Replies:
         self.sent: list[int] = []
         self.gone = gone or set()
 
-    def receive(self) -> Message:
+    def receive(self, timeout: float | None = None) -> Message | None:
         raise AssertionError("messages are handed to handle()")
 
     def reply(
@@ -291,6 +292,50 @@ def test_a_worker_that_left_is_waited_for_by_nobody_until_it_says_hello() -> Non
     assert server.away == set()
     server.handle(Message(Op.PULL, 0, 9, 0))
     assert replies.sent == [1, 0]  # and it is waited for again
+
+
+class _Script(_Replies):
+    """Hands ``serve`` the messages in order; a ``None`` in them is a receive that
+    waits out its timeout (recorded)."""
+
+    def __init__(self, messages: list[Message | None]) -> None:
+        super().__init__()
+        self.messages, self.waits = messages, list[float | None]()
+
+    def receive(self, timeout: float | None = None) -> Message | None:
+        msg = self.messages.pop(0)
+        if msg is None:
+            self.waits.append(timeout)
+            time.sleep(timeout or 0)  # as a real wait for messages that do not come
+        return msg
+
+
+def test_a_worker_away_past_rejoin_wait_is_gone_and_the_server_ends_without_it() -> None:
+    """Its host lost and no host to take it: worker 1 is away for ``gone_after``
+    seconds (restart.rejoin_wait), then gone — the final read of worker 0 stops
+    waiting for it, the server ends on worker 0's CLOSE, and the run's store is told
+    (``on_gone``); a worker that comes back after all is a worker again."""
+    script = _Script(
+        [
+            Message(Op.HELLO, 0, 0, -1),
+            Message(Op.HELLO, 1, 0, -1),
+            Message(Op.LEFT, 1, 0, -1),
+            Message(Op.DONE, 0, 4, -1),
+            Message(Op.PULL, 0, 4, 0, final=True),  # held: worker 1 may come back
+            None,  # gone_after passed with no message
+            Message(Op.CLOSE, 0, 4, -1),
+        ]
+    )
+    server = ParameterServer({0: torch.zeros(2)}, [0, 1], script, lr=0.1, elastic=True)
+    told: list[tuple[int, bool]] = []
+    server.gone_after, server.on_gone = 0.05, lambda w, gone: told.append((w, gone))
+    server.serve()
+    assert script.messages == [] and told == [(1, True)]
+    assert len(script.waits) == 1 and 0 < (script.waits[0] or 0) <= 0.05
+    assert script.sent == [0]  # the final read, once worker 1 was gone
+    assert (server.gone, server.away, server.closed) == ({1}, set(), {0, 1})
+    server.handle(Message(Op.HELLO, 1, 0, -1))  # a late replacement
+    assert told == [(1, True), (1, False)] and server.closed == {0}
 
 
 def test_without_in_place_a_worker_that_left_fails_the_server() -> None:
@@ -735,3 +780,48 @@ def test_the_others_go_on_without_a_worker_no_replacement_came_for(
         client.set(rejoin.key(f"elastic/2/in/{rank}"), "1")
     assert members.agree(client, 2, 2, 3, 30.0) == (0, 1, 2)  # back: a member again
     assert not client.check([rejoin.gone_key(2)])
+
+
+def test_dpsgd_left_smaller_mixes_over_the_ring_closed_around_the_gap(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """dpsgd on a ring of 3 whose worker 2 never came back: workers 0 and 1 form
+    generation 1 without it and mix over a ring of two (weights 1/2 each, not the
+    3-ring's 1/3 with a neighbour missing), so both hold the mean; the consensus is
+    over the two and so is the final average."""
+    import threading
+
+    from torch._C._distributed_c10d import TCPStore
+
+    from dmlctl.strategies.dpsgd.in_place import ElasticGossip
+    from dmlctl.strategies.dpsgd.params import Params
+    from dmlctl.strategies.elastic import ElasticAverager
+
+    server = TCPStore("127.0.0.1", 0, 1, True)
+    mine = threading.local()
+    monkeypatch.setattr(rejoin, "store", lambda: mine.store)
+    seen: dict[int, tuple[list[int], float, float, float]] = {}
+
+    def member(rank: int) -> None:
+        mine.store = TCPStore("127.0.0.1", server.port, is_master=False)
+        weight = torch.nn.Parameter(torch.full((2,), float(3 * rank)))
+        inner = torch.optim.SGD([weight], lr=0.1)
+        opt = ElasticGossip(inner, [weight], rank=rank, world_size=3, settings=Params())
+        assert opt.peers == [1, 2] if rank == 0 else [0, 2]  # the 3-ring, before
+        opt.elastic = ElasticAverager(rank, 3, timedelta(seconds=30), wait=0.3)
+        opt.elastic.generation = 1
+        opt.elastic._form()
+        opt.mix()
+        mixed = float(weight.detach()[0])
+        weight.data.add_(float(rank))  # apart again: 1.5 and 2.5 (mean 2)
+        distance = opt.consensus()
+        opt.final_model()
+        seen[rank] = ([opt.graph[j] for j in opt.peers], mixed, distance, float(weight.detach()[0]))
+
+    threads = [threading.Thread(target=member, args=(r,)) for r in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert seen[0] == ([1], 1.5, pytest.approx(0.5**0.5), 2.0), seen  # sqrt(mean of 2 × 0.25)
+    assert seen[1] == ([0], 1.5, pytest.approx(0.5**0.5), 2.0), seen

@@ -20,7 +20,7 @@ class Replies:
     def __init__(self) -> None:
         self.sent: list[tuple[int, int, torch.Tensor]] = []  # (worker, version, flat)
 
-    def receive(self) -> Message:
+    def receive(self, timeout: float | None = None) -> Message | None:
         raise AssertionError("the tests hand messages to handle() directly")
 
     def reply(

@@ -105,6 +105,4 @@ def derive_rho(
     )
 
 
-CAPABILITIES = Capabilities(
-    roles=WORKERS_ONLY, columns=("primal_res", "dual_res"), in_place=True, in_place_shrink=True
-)
+CAPABILITIES = Capabilities(roles=WORKERS_ONLY, columns=("primal_res", "dual_res"), in_place=True)

@@ -192,7 +192,7 @@ def prepare(
         rho=resolve_rho(p, optimizers.family(optimizer), optimizers.effective_lr(optimizer)),
         local_steps=p.local_steps,
         init=p.init,
-        elastic=elastic_start.averager(ctx, shrink=True),  # restart.mode: in_place
+        elastic=elastic_start.averager(ctx),  # restart.mode: in_place
     )
     if wrapped.elastic is not None:
         first = functools.partial(wrapped.elastic_round, joining=True)

@@ -88,5 +88,4 @@ CAPABILITIES = Capabilities(
     columns=("consensus",),
     in_place=True,
     in_place_rule=threshold_in_place,
-    in_place_shrink=True,
 )

@@ -211,7 +211,7 @@ def prepare(
         block_lr=p.block_lr,
         nesterov=p.nesterov,
         threshold=p.threshold,
-        elastic=elastic_start.averager(ctx, shrink=True),  # restart.mode: in_place (no threshold)
+        elastic=elastic_start.averager(ctx),  # restart.mode: in_place (no threshold)
     )
     if opt.elastic is not None:
         first = functools.partial(opt.elastic_block, joining=True)

@@ -18,6 +18,12 @@ skip the collective they are at (a gossip round skipped: their own model stays; 
 consensus: its previous value) and the others send their header again until all are
 level.
 
+Members, weights and neighbours are by **place** in the generation's member list: when
+no replacement comes within ``restart.rejoin_wait`` and the others go on smaller
+(:mod:`dmlctl.strategies.members`), the topology is laid again over those left (the
+ring closed around the gap; the Metropolis-Hastings weights of the smaller graph,
+doubly stochastic again), and over the whole world once a late one is let back in.
+
 A member lost in a collective: the others form the next generation with its
 replacement (the lowest-ranked live worker hands it its optimizer state as it forms)
 and say their header again there. The replacement brings no model (``b = 0``) and does
@@ -36,7 +42,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from dmlctl.strategies import elastic_start
+from dmlctl.strategies import elastic_start, topology
 from dmlctl.strategies.common import assign_flat, flat_params
 from dmlctl.strategies.dpsgd.gossip import DPSGDOptimizer
 from dmlctl.strategies.elastic import ElasticAverager
@@ -58,6 +64,19 @@ class ElasticGossip(DPSGDOptimizer):
     averaged = False  # a replacement joined the final average
     skipped = 0  # collectives this worker was behind for (module docstring)
     sent = 0  # bytes the latest collective sent
+    graph: tuple[int, ...] = ()  # the members :attr:`weights` are laid over
+
+    def place(self) -> int:
+        """This worker's place among its generation's members; :attr:`weights` and
+        :attr:`peers` are then the topology over those members, by place (the
+        whole world's, rank for place, until some go on without others)."""
+        members = self.elastic.members
+        if members != self.graph:
+            place = members.index(self.rank)
+            self.weights = topology.neighbours(self.settings.topology, len(members), place)
+            self.peers = [j for j in self.weights if j != place]
+            self.graph = members
+        return members.index(self.rank)
 
     def before_step(self) -> None:
         if self.mixed_ahead:
@@ -114,7 +133,7 @@ class ElasticGossip(DPSGDOptimizer):
         while True:
             flat = flat_params(self.params)
             bring, places, got = self._headers(flat, mine)
-            level = {int(places[j]) for j in range(self.world_size) if bring[j] > 0}
+            level = {int(places[j]) for j in range(len(bring)) if bring[j] > 0}
             if not level:
                 raise RuntimeError(
                     f"generation {self.elastic.generation}: no worker holds a model (all were lost)"
@@ -131,14 +150,13 @@ class ElasticGossip(DPSGDOptimizer):
         """One all-to-all: this worker's header (whether it brings a model, and its
         ``place``: None brings none) to every member, its parameters to its
         neighbours too. Every member's flag and place, and what each neighbour sent
-        (its parameters; empty from the others)."""
+        (its parameters; empty from the others), by place in the generation."""
         head = torch.tensor([place is not None, place or 0], dtype=torch.int64, device=flat.device)
         head = head.view(torch.uint8).view(flat.dtype)  # the bits, any dtype
-        k, n = head.numel(), flat.numel()
-        sent = [
-            torch.cat([head, flat]) if j in self.peers else head for j in range(self.world_size)
-        ]
-        sizes = [k + n if j in self.peers else k for j in range(self.world_size)]
+        k, n, size = head.numel(), flat.numel(), len(self.elastic.members)
+        self.place()
+        sent = [torch.cat([head, flat]) if j in self.peers else head for j in range(size)]
+        sizes = [k + n if j in self.peers else k for j in range(size)]
         got = self.elastic.exchange(sent, sizes)
         heads = torch.stack([g[:k].clone().view(torch.uint8).view(torch.int64) for g in got])
         return heads[:, 0], heads[:, 1], [g[k:] for g in got]
@@ -163,8 +181,9 @@ class ElasticGossip(DPSGDOptimizer):
         self, flat: torch.Tensor, bring: torch.Tensor, got: list[torch.Tensor]
     ) -> torch.Tensor:
         """``xᵢ ← Σⱼ Wᵢⱼ bⱼ xⱼ / Σⱼ Wᵢⱼ bⱼ`` over this worker's neighbours, whose
-        parameters came with their headers."""
-        own = self.weights[self.rank] * float(bring[self.rank])
+        parameters came with their headers (by place)."""
+        me = self.place()
+        own = self.weights[me] * float(bring[me])
         mixed = flat * own
         total = own
         for j in self.peers:
@@ -173,10 +192,10 @@ class ElasticGossip(DPSGDOptimizer):
             total += weight
         if total <= 0:
             raise RuntimeError(
-                f"rank {self.rank}: none of its neighbours {self.peers} brings a model "
-                "(they were lost together)"
+                f"rank {self.rank}: none of its neighbours "
+                f"{[self.graph[j] for j in self.peers]} brings a model (they were lost together)"
             )
-        if bool((bring[[self.rank, *self.peers]] < 1).any()):
+        if bool((bring[[me, *self.peers]] < 1).any()):
             mixed /= total  # a replacement in the round: the others' weights renormalised
         self.sent = len(self.peers) * flat.numel() * flat.element_size()
         return mixed
@@ -184,7 +203,7 @@ class ElasticGossip(DPSGDOptimizer):
     def _average(self, flat: torch.Tensor, bring: torch.Tensor) -> torch.Tensor:
         """The mean of the parameters of the members that bring a model (one
         all-reduce: the same bits on every member)."""
-        flat.mul_(float(bring[self.rank]))
+        flat.mul_(float(bring[self.place()]))
         self.elastic.allreduce(flat)
         self.sent = flat.numel() * flat.element_size()
         return flat.div_(float(bring.sum()))
@@ -193,7 +212,7 @@ class ElasticGossip(DPSGDOptimizer):
         """sqrt(meanᵢ ‖xᵢ − x̄‖²) over the members that bring a model, from one
         all-reduce of the parameters and their squared norm (float64)."""
         wide = flat.to(torch.float64)
-        both = torch.cat([wide, wide.dot(wide).reshape(1)]).mul_(float(bring[self.rank]))
+        both = torch.cat([wide, wide.dot(wide).reshape(1)]).mul_(float(bring[self.place()]))
         self.elastic.allreduce(both)
         count = float(bring.sum())
         mean = both[:-1] / count

@@ -102,5 +102,4 @@ CAPABILITIES = Capabilities(
     check_world=check_world,
     in_place=True,
     in_place_rule=threshold_in_place,
-    in_place_shrink=True,
 )

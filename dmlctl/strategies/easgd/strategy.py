@@ -247,7 +247,7 @@ def prepare(
         alpha=alpha,
         rho=rho,
         threshold=p.threshold,
-        elastic=elastic_start.averager(ctx, shrink=True),  # restart.mode: in_place (no threshold)
+        elastic=elastic_start.averager(ctx),  # restart.mode: in_place (no threshold)
     )
     if wrapped.elastic is not None:
         first = functools.partial(wrapped.elastic_exchange, joining=True)

@@ -76,5 +76,4 @@ CAPABILITIES = Capabilities(
     columns=("consensus",),
     in_place=True,
     in_place_rule=_in_place_rule,
-    in_place_shrink=True,
 )

@@ -206,9 +206,7 @@ def prepare(
         host_size=host_size,
         global_every=global_every,
         threshold=p.threshold,
-        elastic=elastic_start.averager(
-            ctx, shrink=True
-        ),  # restart.mode: in_place (not hierarchical)
+        elastic=elastic_start.averager(ctx),  # restart.mode: in_place (not hierarchical)
     )
     if opt.elastic is not None:
         elastic_start.begin(ctx, opt, opt.elastic, "local-sgd", opt.joining_round, model=model)

@@ -112,7 +112,7 @@ def prepare(
     buffers (a replacement: its peers' model, step and optimizer state); the optimizer
     comes back as an :class:`ElasticGrads` around ``optimizer``."""
     weights = elastic_start.starting_weights(ctx, model)
-    group = elastic_start.averager(ctx, shrink=True)
+    group = elastic_start.averager(ctx)
     assert weights is not None and group is not None
     trained = [w for w in weights if w.requires_grad]  # as DDP: frozen ones send nothing
     opt = ElasticGrads(

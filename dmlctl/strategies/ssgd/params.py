@@ -154,5 +154,5 @@ def in_place_rule(params: Params) -> str | None:
 
 CAPABILITIES = Capabilities(
     roles=WORKERS_ONLY, needs_runtime=False, runtime_rule=needs_runtime, parallelism=True,
-    fsdp=True, in_place=True, in_place_rule=in_place_rule, in_place_shrink=True,
+    fsdp=True, in_place=True, in_place_rule=in_place_rule,
 )  # fmt: skip
