@@ -114,8 +114,8 @@ class RestartSpec(BaseModel):
     )
     rejoin_wait: SecondsOrZero = Field(
         default=30.0,
-        description="With mode: in_place under local-sgd or ssgd: seconds the other "
-        "workers wait for a lost host's workers when none can start elsewhere (no spare "
+        description="With mode: in_place: seconds the other workers (and the parameter "
+        "servers) wait for a lost host's workers when none can start elsewhere (no spare "
         "host, the host not answering) before they go on without them, while min_hosts "
         "allows; 0: they never go on without them (the run restarts).",
     )
