@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from dmlctl.protocol import COMM_TOTALS
-from dmlctl.runtime import divergence
+from dmlctl.runtime import divergence, schedulers
 from dmlctl.runtime.buffers import ExchangedBuffers
 
 
@@ -106,11 +106,9 @@ class StrategyOptimizer(torch.optim.Optimizer):
         warmup: int = 0,
     ) -> None:
         # Deliberately no super().__init__: the Optimizer attributes *are* the inner
-        # optimizer's objects, so schedulers and clipping act on the real thing.
+        # optimizer's objects (properties below), so schedulers and clipping act on the
+        # real thing.
         self.inner = inner
-        self.param_groups = inner.param_groups
-        self.state = inner.state
-        self.defaults = inner.defaults
         self.params = list(params)
         self.world_size = world_size
         self.period = period
@@ -122,6 +120,35 @@ class StrategyOptimizer(torch.optim.Optimizer):
         self.buffers = ExchangedBuffers()  # the model's, set by bind_names
         self.keep_local = False  # ``final: local``: finish() leaves the replicas alone
         self._finished_at = -1  # local_steps when finish() last ran
+        #: A replacement's: the LR schedulers a live worker handed it, given to the
+        #: script's schedulers at the first step (:mod:`dmlctl.runtime.schedulers`).
+        self.handed_schedulers: schedulers.Handed | None = None
+
+    # The inner optimizer's own, looked up at each use: its load_state_dict (a
+    # checkpoint, a replacement's handover) puts new objects in their place.
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.inner.param_groups
+
+    @param_groups.setter
+    def param_groups(self, groups: list[dict[str, Any]]) -> None:
+        self.inner.param_groups = groups
+
+    @property
+    def state(self) -> Any:
+        return self.inner.state
+
+    @state.setter
+    def state(self, state: Any) -> None:
+        self.inner.state = state
+
+    @property
+    def defaults(self) -> dict[str, Any]:
+        return self.inner.defaults
+
+    @defaults.setter
+    def defaults(self, defaults: dict[str, Any]) -> None:
+        self.inner.defaults = defaults
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.inner.zero_grad(set_to_none=set_to_none)
@@ -133,6 +160,9 @@ class StrategyOptimizer(torch.optim.Optimizer):
         return (self.local_steps - self.warmup) % self.period == 0
 
     def step(self, closure: Callable[[], float] | None = None) -> Any:
+        if self.handed_schedulers is not None:  # a replacement's first step: made by now
+            schedulers.adopt(self.handed_schedulers, self, self.inner)
+            self.handed_schedulers = None
         self.before_step()
         loss = self.inner.step(closure) if closure is not None else self.inner.step()
         self.local_steps += 1

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from dmlctl.runtime import rejoin
+from dmlctl.runtime import rejoin, schedulers
 from dmlctl.strategies.common import start_from_rank0
 from dmlctl.strategies.elastic import ElasticAverager
 
@@ -42,6 +42,23 @@ def optimizer_handover(optimizer: torch.optim.Optimizer) -> Handover:
         load=lambda state: optimizer.load_state_dict(state["optimizer"]),
         what="optimizer state",
     )
+
+
+def _with_schedulers(handover: Handover, opt: StrategyOptimizer) -> Handover:
+    """``handover`` plus the state of the LR schedulers that drive ``opt`` (or the
+    optimizer inside it), which the replacement's own load at its first step
+    (:mod:`dmlctl.runtime.schedulers`): their counters go on from the live worker's."""
+
+    def save() -> dict[str, Any]:
+        rates = [float(group["lr"]) for group in opt.param_groups]
+        handed = schedulers.Handed(schedulers.states(opt, opt.inner), rates, opt.local_steps)
+        return {**handover.save(), "schedulers": handed.to_state()}
+
+    def load(state: dict[str, Any]) -> None:
+        handover.load(state)
+        opt.handed_schedulers = schedulers.Handed.from_state(state["schedulers"])
+
+    return Handover(save, load, handover.what, handover.whole)
 
 
 def averager(ctx: Context) -> ElasticAverager | None:
@@ -81,7 +98,7 @@ def begin(
     in training: they stay each worker's own. ``steps()``: what the members must
     agree on as a generation forms (default: the optimizer's steps)."""
     started = time.perf_counter()
-    handover = handover or optimizer_handover(opt.inner)
+    handover = _with_schedulers(handover or optimizer_handover(opt.inner), opt)
     elastic.join(handover, steps or (lambda: opt.local_steps))
     if rejoin.rejoining():
         step = first_round()

@@ -1,0 +1,87 @@
+"""The user's learning-rate schedulers, handed to a worker replaced in place.
+
+A replacement (``restart.mode: in_place``) is handed a live worker's optimizer state,
+but a scheduler is the script's own object, made after ``ctx.prepare`` as often as
+before it, and the optimizer holds no reference to it: its counter would start again
+at 0 and set the learning rate of the schedule's first step. :func:`states` finds the
+schedulers that drive an optimizer (a strategy's or the one inside it) among the
+process's objects and takes their ``state_dict()``; :func:`adopt`, in the
+replacement, loads them into its own schedulers of the same kinds at its first step
+(its script has made them by then) and sets the learning rates the live worker had,
+so the schedule goes on where the live worker's was.
+"""
+
+from __future__ import annotations
+
+import gc
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.optim.lr_scheduler import LRScheduler
+
+
+def of(*optimizers: torch.optim.Optimizer) -> list[LRScheduler]:
+    """The LR schedulers of this process that drive one of ``optimizers``, in the
+    order the collector lists them."""
+    wanted = [id(o) for o in optimizers]
+    return [
+        obj
+        for obj in gc.get_objects()
+        if LRScheduler in type(obj).__mro__ and id(getattr(obj, "optimizer", None)) in wanted
+    ]
+
+
+@dataclass(frozen=True)
+class Handed:
+    """What a live worker hands a replacement of its schedulers: each one's class name
+    and ``state_dict()`` (a lambda's scheduler leaves its functions out), the
+    learning rates of the optimizer's groups, and the steps it had taken."""
+
+    states: list[tuple[str, dict[str, Any]]]
+    rates: list[float]
+    steps: int
+
+    def to_state(self) -> dict[str, Any]:
+        """As plain data (``torch.save`` with ``weights_only`` loading)."""
+        return {"states": self.states, "rates": self.rates, "steps": self.steps}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> Handed:
+        states = [(str(kind), dict(saved)) for kind, saved in state["states"]]
+        return cls(states, [float(r) for r in state["rates"]], int(state["steps"]))
+
+
+def states(*optimizers: torch.optim.Optimizer) -> list[tuple[str, dict[str, Any]]]:
+    """Each scheduler of ``optimizers``: its class name and ``state_dict()``."""
+    return [(type(s).__name__, s.state_dict()) for s in of(*optimizers)]
+
+
+def adopt(
+    handed: Handed, optimizer: torch.optim.Optimizer, *also: torch.optim.Optimizer
+) -> list[str]:
+    """Load ``handed`` (a live worker's) into this process's schedulers of
+    ``optimizer`` (and ``also``), each into one of its class, and set ``optimizer``'s
+    learning rates to the live worker's (a new scheduler has set its schedule's
+    first). A scheduler that counts steps (its count one behind the live worker's
+    steps: that worker was inside the round the replacement joined) then takes that
+    round's step, as the live worker's did after it. Returns the class names loaded
+    (a scheduler with no saved state of its kind keeps its own)."""
+    left = list(handed.states)
+    loaded: list[LRScheduler] = []
+    for scheduler in of(optimizer, *also):
+        name = type(scheduler).__name__
+        found = next((i for i, (kind, _) in enumerate(left) if kind == name), None)
+        if found is not None:
+            scheduler.load_state_dict(left.pop(found)[1])
+            loaded.append(scheduler)
+    if loaded:
+        for group, lr in zip(optimizer.param_groups, handed.rates, strict=False):
+            group["lr"] = lr
+    with warnings.catch_warnings():  # "step() before optimizer.step()": as the live one did
+        warnings.simplefilter("ignore", UserWarning)
+        for scheduler in loaded:
+            if handed.steps > 0 and scheduler.last_epoch == handed.steps - 1:
+                scheduler.step()
+    return [type(s).__name__ for s in loaded]

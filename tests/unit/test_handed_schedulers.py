@@ -1,0 +1,94 @@
+"""A worker replaced in place gets the live worker's LR schedulers' counters
+(:mod:`dmlctl.runtime.schedulers`): the handover carries them, the replacement's own
+schedulers — made by its script after ``ctx.prepare`` — take them at its first step."""
+
+from __future__ import annotations
+
+import io
+
+import torch
+from torch.optim.lr_scheduler import LambdaLR, StepLR
+
+from dmlctl.runtime.optimizer import StrategyOptimizer
+from dmlctl.strategies.elastic_start import _with_schedulers, optimizer_handover
+
+
+def _worker() -> tuple[torch.nn.Parameter, StrategyOptimizer]:
+    weight = torch.nn.Parameter(torch.zeros(2))
+    inner = torch.optim.SGD([weight], lr=1.0, momentum=0.9)
+    return weight, StrategyOptimizer(inner, [weight], world_size=1)
+
+
+def _train(weight: torch.nn.Parameter, opt: StrategyOptimizer, *scheds: object) -> None:
+    weight.grad = torch.ones(2)
+    opt.step()
+    for sched in scheds:
+        sched.step()  # type: ignore[attr-defined]
+
+
+def test_the_replacements_schedulers_go_on_from_the_live_workers() -> None:
+    halve = lambda step: 0.5**step  # noqa: E731
+    live_weight, live = _worker()
+    live_scheds = (LambdaLR(live, halve), StepLR(live.inner, step_size=2, gamma=0.1))
+    for _ in range(3):
+        _train(live_weight, live, *live_scheds)
+    handed = io.BytesIO()
+    torch.save(_with_schedulers(optimizer_handover(live.inner), live).save(), handed)
+    handed.seek(0)
+
+    weight, new = _worker()
+    _with_schedulers(optimizer_handover(new.inner), new).load(torch.load(handed, weights_only=True))
+    scheds = (LambdaLR(new, halve), StepLR(new.inner, step_size=2, gamma=0.1))  # its script's
+    assert new.param_groups[0]["lr"] == 1.0  # as a new scheduler sets it, until the step
+    for _ in range(2):
+        _train(live_weight, live, *live_scheds)
+        _train(weight, new, *scheds)
+        assert [s.last_epoch for s in scheds] == [s.last_epoch for s in live_scheds]
+        assert new.param_groups[0]["lr"] == live.param_groups[0]["lr"]
+    assert live_scheds[0].last_epoch == 5 and new.handed_schedulers is None
+
+
+def test_a_scheduler_that_counts_steps_takes_the_round_the_replacement_joined() -> None:
+    """The live worker hands its state over from inside step 4's round (its optimizer
+    counted the step, its scheduler not yet); the replacement completed that round as
+    it joined and goes on at step 5: its scheduler takes step 4's count first, as the
+    live worker's does once the round is over."""
+    live_weight, live = _worker()
+    live_sched = LambdaLR(live, lambda step: 0.5**step)
+    for _ in range(3):
+        _train(live_weight, live, live_sched)
+    live.local_steps += 1  # inside step 4's round
+    saved = _with_schedulers(optimizer_handover(live.inner), live).save()
+    live_sched.step()  # the round is over
+    weight, new = _worker()
+    _with_schedulers(optimizer_handover(new.inner), new).load(saved)
+    sched = LambdaLR(new, lambda step: 0.5**step)
+    weight.grad = torch.ones(2)
+    new.step()  # step 5
+    assert sched.last_epoch == live_sched.last_epoch == 4
+    assert new.param_groups[0]["lr"] == live.param_groups[0]["lr"] == 0.5**4
+
+
+def test_a_replacement_without_schedulers_of_those_kinds_keeps_its_own() -> None:
+    live_weight, live = _worker()
+    live_sched = StepLR(live, step_size=1, gamma=0.5)
+    _train(live_weight, live, live_sched)
+    saved = _with_schedulers(optimizer_handover(live.inner), live).save()
+    weight, new = _worker()
+    _with_schedulers(optimizer_handover(new.inner), new).load(saved)
+    own = LambdaLR(new, lambda step: 1.0)
+    _train(weight, new, own)
+    assert own.last_epoch == 1 and new.param_groups[0]["lr"] == 1.0
+
+
+def test_a_strategys_optimizer_shows_the_inner_ones_groups_after_it_loaded_a_state() -> None:
+    """``load_state_dict`` (a checkpoint's, a handover's) gives the inner optimizer new
+    parameter groups: a scheduler or a script that sets the wrapper's learning rate
+    afterwards sets the one the inner optimizer steps with."""
+    weight, opt = _worker()
+    opt.load_state_dict(opt.state_dict())
+    opt.param_groups[0]["lr"] = 0.25
+    assert opt.inner.param_groups[0]["lr"] == 0.25 and opt.state is opt.inner.state
+    sched = StepLR(opt, step_size=1, gamma=0.5)
+    _train(weight, opt, sched)
+    assert opt.inner.param_groups[0]["lr"] == 0.125
