@@ -3,8 +3,8 @@
 A replacement (``restart.mode: in_place``) is handed a live worker's optimizer state,
 but a scheduler is the script's own object, made after ``ctx.prepare`` as often as
 before it, and the optimizer holds no reference to it: its counter would start again
-at 0 and set the learning rate of the schedule's first step. :func:`states` finds the
-schedulers that drive an optimizer (a strategy's or the one inside it) among the
+at 0 and set the learning rate of the schedule's first step. :meth:`Handed.of` finds
+the schedulers that drive an optimizer (a strategy's or the one inside it) among the
 process's objects and takes their ``state_dict()``; :func:`adopt`, in the
 replacement, loads them into its own schedulers of the same kinds at its first step
 (its script has made them by then) and sets the learning rates the live worker had,
@@ -14,12 +14,15 @@ so the schedule goes on where the live worker's was.
 from __future__ import annotations
 
 import gc
+import io
 import warnings
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.optim.lr_scheduler import LRScheduler
+
+from dmlctl.runtime import rejoin
 
 
 def of(*optimizers: torch.optim.Optimizer) -> list[LRScheduler]:
@@ -42,20 +45,49 @@ class Handed:
     states: list[tuple[str, dict[str, Any]]]
     rates: list[float]
     steps: int
+    unsent: list[str]  # the schedulers whose state is no plain data (their class names)
+
+    @classmethod
+    def of(cls, optimizer: torch.optim.Optimizer, *also: torch.optim.Optimizer) -> Handed:
+        """What ``optimizer`` (a strategy's, with ``steps`` counted) and ``also`` hand on."""
+        states: list[tuple[str, dict[str, Any]]] = []
+        unsent: list[str] = []
+        for scheduler in of(optimizer, *also):
+            state, name = scheduler.state_dict(), type(scheduler).__name__
+            if _plain(state):
+                states.append((name, state))
+            else:
+                unsent.append(name)
+        rates = [float(group["lr"]) for group in optimizer.param_groups]
+        return cls(states, rates, int(getattr(optimizer, "local_steps", 0)), unsent)
 
     def to_state(self) -> dict[str, Any]:
         """As plain data (``torch.save`` with ``weights_only`` loading)."""
-        return {"states": self.states, "rates": self.rates, "steps": self.steps}
+        return {
+            "states": self.states,
+            "rates": self.rates,
+            "steps": self.steps,
+            "unsent": self.unsent,
+        }
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> Handed:
         states = [(str(kind), dict(saved)) for kind, saved in state["states"]]
-        return cls(states, [float(r) for r in state["rates"]], int(state["steps"]))
+        rates = [float(r) for r in state["rates"]]
+        return cls(states, rates, int(state["steps"]), [str(n) for n in state["unsent"]])
 
 
-def states(*optimizers: torch.optim.Optimizer) -> list[tuple[str, dict[str, Any]]]:
-    """Each scheduler of ``optimizers``: its class name and ``state_dict()``."""
-    return [(type(s).__name__, s.state_dict()) for s in of(*optimizers)]
+def _plain(state: dict[str, Any]) -> bool:
+    """Whether ``state`` goes through ``torch.save`` and a ``weights_only`` load (a
+    ``LambdaLR`` of a callable object keeps that object's attributes, of any type)."""
+    buf = io.BytesIO()
+    try:
+        torch.save(state, buf)
+        buf.seek(0)
+        torch.load(buf, weights_only=True)
+    except Exception:
+        return False
+    return True
 
 
 def adopt(
@@ -76,6 +108,11 @@ def adopt(
         if found is not None:
             scheduler.load_state_dict(left.pop(found)[1])
             loaded.append(scheduler)
+    if handed.unsent:
+        rejoin.say(
+            f"LR scheduler {', '.join(handed.unsent)} starts again: the live worker's state "
+            "of it is not plain data (tensors, numbers, strings, lists, dicts)"
+        )
     if loaded:
         for group, lr in zip(optimizer.param_groups, handed.rates, strict=False):
             group["lr"] = lr

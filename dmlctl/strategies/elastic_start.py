@@ -50,9 +50,7 @@ def _with_schedulers(handover: Handover, opt: StrategyOptimizer) -> Handover:
     (:mod:`dmlctl.runtime.schedulers`): their counters go on from the live worker's."""
 
     def save() -> dict[str, Any]:
-        rates = [float(group["lr"]) for group in opt.param_groups]
-        handed = schedulers.Handed(schedulers.states(opt, opt.inner), rates, opt.local_steps)
-        return {**handover.save(), "schedulers": handed.to_state()}
+        return {**handover.save(), "schedulers": schedulers.Handed.of(opt, opt.inner).to_state()}
 
     def load(state: dict[str, Any]) -> None:
         handover.load(state)

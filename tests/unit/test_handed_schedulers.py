@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 
+import pytest
 import torch
 from torch.optim.lr_scheduler import LambdaLR, StepLR
 
@@ -92,3 +93,30 @@ def test_a_strategys_optimizer_shows_the_inner_ones_groups_after_it_loaded_a_sta
     sched = StepLR(opt, step_size=1, gamma=0.5)
     _train(weight, opt, sched)
     assert opt.inner.param_groups[0]["lr"] == 0.125
+
+
+class _Warmup:
+    """A scheduler's function as an object, holding what no safe loader takes."""
+
+    def __init__(self) -> None:
+        self.config = _Warmup  # a class: not plain data
+
+    def __call__(self, step: int) -> float:
+        return min(1.0, (step + 1) / 10)
+
+
+def test_a_scheduler_whose_state_is_no_plain_data_starts_again_and_says_so(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    live_weight, live = _worker()
+    live_sched = LambdaLR(live, _Warmup())
+    _train(live_weight, live, live_sched)
+    handed = io.BytesIO()
+    torch.save(_with_schedulers(optimizer_handover(live.inner), live).save(), handed)
+    handed.seek(0)  # the handover itself still loads safely
+    weight, new = _worker()
+    _with_schedulers(optimizer_handover(new.inner), new).load(torch.load(handed, weights_only=True))
+    own = LambdaLR(new, _Warmup())
+    _train(weight, new, own)
+    assert own.last_epoch == 1  # its own count
+    assert "LR scheduler LambdaLR starts again" in capsys.readouterr().out
