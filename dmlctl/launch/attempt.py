@@ -220,7 +220,7 @@ class AttemptRunner:
                 if replaced := self._replace(run, host, target, lost):
                     return replaced
             reason = "no spare host could start an agent"
-            if dropped := swap.go_on_without(host, lost.cause, self.clock()):
+            if dropped := swap.go_on_without(host, lost.cause, self.clock(), why is None):
                 return dropped
         if reason == swap.RESTART_FULL:
             return [lost]

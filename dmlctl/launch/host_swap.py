@@ -76,17 +76,21 @@ class HostSwap:
         planned = self._planned(host)
         return spares + ([planned] if ended and planned is not None else [])
 
-    def go_on_without(self, host: str, cause: Failure, now: float) -> list[Event]:
+    def go_on_without(self, host: str, cause: Failure, now: float, ended: bool) -> list[Event]:
         """The events saying that the others go on without lost ``host``'s ranks (no
         host could take them), after ``restart.rejoin_wait``, when they may: the
-        wait is not 0 and the hosts left are at least ``min_hosts``; none otherwise
-        (every strategy replaced in place goes on without a worker its replacement
-        did not come for: the averaging ones over the members left, dpsgd over its
-        topology laid again, the parameter servers without it)."""
+        wait is not 0, the hosts left are at least ``min_hosts``, and with parameter
+        servers the host's connection ``ended`` (its kernel closed its sockets: the
+        servers see their workers' end; one silent — frozen, cut off, powered off —
+        leaves them open, and the servers would wait for its workers); none
+        otherwise (every strategy replaced in place goes on without a worker its
+        replacement did not come for: the averaging ones over the members left,
+        dpsgd over its topology laid again, the parameter servers without it)."""
         wait = self.plan.restart.rejoin_wait
         left = [h for h, ranks in self.seated.items() if ranks and h != host]
         enough = len(left) >= (self.plan.min_hosts or len(self.plan.hosts))
-        if not (wait and enough):
+        seen = ended or not self.plan.parameter_servers
+        if not (wait and enough and seen):
             return []
         ranks = tuple(sorted(self.seated.pop(host, {})))
         said = (

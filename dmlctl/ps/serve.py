@@ -193,12 +193,20 @@ def _say_gone(workers: tuple[int, ...], worker: int, gone: bool) -> None:
 
 
 def _restore(server: ParameterServer, state: dict[str, Any]) -> None:
-    """A replacement server: its predecessor's snapshot, its push count, and the
-    workers that closed before it started (they said so in the run's store)."""
+    """A replacement server: its predecessor's snapshot, its push count, the workers
+    that closed before it started (they said so in the run's store) and those gone
+    (:func:`_say_gone`); each other worker is gone too if it does not connect within
+    ``gone_after`` (it may have been lost while this server's predecessor was)."""
     server.load_state_dict(state)
     server.stats.total_pushes = int(state.get("total_pushes", 0))
-    store = rejoin.store()
-    for worker in server.workers:
+    store, now = rejoin.store(), time.monotonic()
+    for index, worker in enumerate(server.workers):
         if store.check([closed_key(worker)]):
             server.closed.add(worker)
             server.finished.add(worker)
+        elif store.check([rejoin.gone_key(index)]):
+            server.gone.add(worker)
+            server.closed.add(worker)
+            server.finished.add(worker)
+        else:
+            server.away_since[worker] = now  # until its HELLO

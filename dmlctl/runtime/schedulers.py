@@ -20,20 +20,33 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.optim.lr_scheduler import LRScheduler
+from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 
 from dmlctl.runtime import rejoin
 
 
 def of(*optimizers: torch.optim.Optimizer) -> list[LRScheduler]:
-    """The LR schedulers of this process that drive one of ``optimizers``, in the
-    order the collector lists them."""
+    """The LR schedulers of this process that drive one of ``optimizers`` (a
+    ``SequentialLR`` or ``ChainedScheduler``, not the schedulers inside it: it loads
+    and steps them), with at most one of each class: several of a class could not be
+    told apart in another process (said, and left out)."""
+    gc.collect()  # schedulers no longer referenced are no one's
     wanted = [id(o) for o in optimizers]
-    return [
+    found = [
         obj
         for obj in gc.get_objects()
         if LRScheduler in type(obj).__mro__ and id(getattr(obj, "optimizer", None)) in wanted
     ]
+    inner = {id(child) for s in found for child in getattr(s, "_schedulers", ())}
+    mine = [s for s in found if id(s) not in inner]
+    kinds = [type(s).__name__ for s in mine]
+    twice = sorted({kind for kind in kinds if kinds.count(kind) > 1})
+    if twice:
+        rejoin.say(
+            f"LR schedulers {', '.join(twice)}: more than one of a kind on the optimizer, "
+            "not handed over (each starts again in a replacement)"
+        )
+    return [s for s in mine if type(s).__name__ not in twice]
 
 
 @dataclass(frozen=True)
@@ -98,7 +111,9 @@ def adopt(
     learning rates to the live worker's (a new scheduler has set its schedule's
     first). A scheduler that counts steps (its count one behind the live worker's
     steps: that worker was inside the round the replacement joined) then takes that
-    round's step, as the live worker's did after it. Returns the class names loaded
+    round's step, as the live worker's did after it (a scheduler stepped once per
+    epoch whose count happens to be that is stepped too: a rare early mismatch of
+    one). Returns the class names loaded
     (a scheduler with no saved state of its kind keeps its own)."""
     left = list(handed.states)
     loaded: list[LRScheduler] = []
@@ -119,6 +134,25 @@ def adopt(
     with warnings.catch_warnings():  # "step() before optimizer.step()": as the live one did
         warnings.simplefilter("ignore", UserWarning)
         for scheduler in loaded:
-            if handed.steps > 0 and scheduler.last_epoch == handed.steps - 1:
+            if (
+                _counts_steps(scheduler)
+                and handed.steps > 0
+                and _count(scheduler) == handed.steps - 1
+            ):
                 scheduler.step()
     return [type(s).__name__ for s in loaded]
+
+
+def _counts_steps(scheduler: LRScheduler) -> bool:
+    """Whether ``scheduler`` can take a step by itself (``ReduceLROnPlateau`` needs the
+    metric it watches)."""
+    return not isinstance(scheduler, ReduceLROnPlateau)
+
+
+def _count(scheduler: LRScheduler) -> int | None:
+    """``scheduler``'s step count (a ``ChainedScheduler`` has none: its first one's)."""
+    count = getattr(scheduler, "last_epoch", None)
+    children = getattr(scheduler, "_schedulers", None)
+    if count is None and children:
+        count = getattr(children[0], "last_epoch", None)
+    return count if isinstance(count, int) else None

@@ -45,6 +45,7 @@ from __future__ import annotations
 import atexit
 import os
 import random
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -105,7 +106,7 @@ def init(*, backend: str | None = None, seed: int | None = 0) -> Context:
     if device.type == "cuda":
         ctx.add_metrics_source(lambda: gpu_memory(device))
     ctx.on_close(lambda: _forget(ctx))  # runs last: a later init() starts afresh
-    atexit.register(ctx.close)
+    atexit.register(_close_at_exit, weakref.ref(ctx))
     if env.role == ROLE_SERVER:
         _serve(ctx, module)
     return ctx
@@ -121,13 +122,21 @@ def gpu_memory(device: torch.device) -> dict[str, float]:
 
 
 def _forget(ctx: Context) -> None:
-    """``ctx`` closed: no longer this process's context, nor closed again at exit
-    (``atexit`` would hold it, and with it its model and process groups, for the
-    life of a process that goes on: a notebook, a sweep that calls ``init()`` again)."""
+    """``ctx`` closed: no longer this process's context (a later ``init()`` starts
+    afresh)."""
     global _current
     if _current is ctx:
         _current = None
-    atexit.unregister(ctx.close)
+
+
+def _close_at_exit(ref: weakref.ref[Context]) -> None:
+    """Close the context at the interpreter's exit, if it is still alive: ``atexit``
+    holds it weakly (a strong reference would keep a closed context, its model and
+    process groups, for the life of a process that goes on: a notebook, a sweep that
+    calls ``init()`` again)."""
+    ctx = ref()
+    if ctx is not None:
+        ctx.close()
 
 
 def _serve(ctx: Context, module: registry.RuntimeModule) -> None:

@@ -8,7 +8,7 @@ of the others fails (gloo reads the broken connection); each of them then makes 
 next generation's group, which waits until every rank is there: the survivors and
 the lost worker's replacement, forked again by its torchrun
 (:mod:`dmlctl.agent.respawn`) or started on another host
-(:mod:`dmlctl.agent.standin`) — or, where the strategy may go on smaller, until
+(:mod:`dmlctl.agent.standin`) — or, where the run lets it go on smaller, until
 ``restart.rejoin_wait`` has passed: then the members are those there, numbered
 afresh in the group (:mod:`dmlctl.strategies.members`). gloo tells only the dead
 worker's ring neighbours (the others would wait out the whole timeout), so the first

@@ -1,6 +1,6 @@
 """Who is in a generation of the elastic group (:mod:`dmlctl.strategies.elastic`):
-every worker, or — where the strategy may go on smaller and the run lets it
-(``restart.rejoin_wait``) — those that came within that many seconds.
+every worker, or — where the run lets it (``restart.rejoin_wait``) — those that
+came within that many seconds.
 
 Each member says in the run's store that it is in generation ``g``; the first to see
 every worker there, or to wait ``rejoin_wait`` seconds, writes the member list (a
@@ -52,6 +52,7 @@ def agree(store: Store, generation: int, rank: int, world: int, wait: float) -> 
     decided = rejoin.key(f"elastic/{generation}/members")
     if store.check([rejoin.gone_key(rank)]):  # back after the others went on
         store.delete_key(rejoin.gone_key(rank))
+        store.delete_key(rejoin.done_key(rank))  # torchruns wait for it again
     store.set(_in(generation, rank), "1")
     expected = [r for r in range(world) if r == rank or not store.check([rejoin.gone_key(r)])]
     deadline = time.monotonic() + wait

@@ -5,10 +5,19 @@ schedulers — made by its script after ``ctx.prepare`` — take them at its fir
 from __future__ import annotations
 
 import io
+from typing import Any
 
 import pytest
 import torch
-from torch.optim.lr_scheduler import LambdaLR, StepLR
+from torch.optim.lr_scheduler import (
+    ChainedScheduler,
+    ExponentialLR,
+    LambdaLR,
+    LinearLR,
+    ReduceLROnPlateau,
+    SequentialLR,
+    StepLR,
+)
 
 from dmlctl.runtime.optimizer import StrategyOptimizer
 from dmlctl.strategies.elastic_start import _with_schedulers, optimizer_handover
@@ -120,3 +129,47 @@ def test_a_scheduler_whose_state_is_no_plain_data_starts_again_and_says_so(
     _train(weight, new, own)
     assert own.last_epoch == 1  # its own count
     assert "LR scheduler LambdaLR starts again" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda o: SequentialLR(o, [LinearLR(o, 0.5, total_iters=3), ExponentialLR(o, 0.9)], [3]),
+        lambda o: ChainedScheduler([LinearLR(o, 0.5, total_iters=3), ExponentialLR(o, 0.9)]),
+        lambda o: ReduceLROnPlateau(o),
+    ],
+    ids=["sequential", "chained", "plateau"],
+)
+def test_composite_and_metric_schedulers_go_on_from_the_live_workers(make: Any) -> None:
+    """Inside step 6's round: a SequentialLR or ChainedScheduler is loaded and stepped
+    as one (the schedulers inside it not again on their own), a ReduceLROnPlateau is
+    loaded and never stepped without its metric."""
+    live_weight, live = _worker()
+    live_sched = make(live)
+    plateau = isinstance(live_sched, ReduceLROnPlateau)
+    for _ in range(5):
+        live_weight.grad = torch.ones(2)
+        live.step()
+        live_sched.step(*([1.0] if plateau else []))
+    live.local_steps += 1  # inside step 6's round
+    saved = _with_schedulers(optimizer_handover(live.inner), live).save()
+    live_sched.step(*([1.0] if plateau else []))
+    weight, new = _worker()
+    _with_schedulers(optimizer_handover(new.inner), new).load(saved)
+    sched = make(new)
+    weight.grad = torch.ones(2)
+    new.step()
+    assert new.param_groups[0]["lr"] == pytest.approx(live.param_groups[0]["lr"])
+    if not plateau:
+        sched.step()
+        live_sched.step()
+        assert new.param_groups[0]["lr"] == pytest.approx(live.param_groups[0]["lr"])
+
+
+def test_two_schedulers_of_a_kind_are_not_handed_over(capsys: pytest.CaptureFixture[str]) -> None:
+    live_weight, live = _worker()
+    scheds = (StepLR(live, 1, 0.5), StepLR(live.inner, 2, 0.1))
+    _train(live_weight, live, *scheds)
+    saved = _with_schedulers(optimizer_handover(live.inner), live).save()
+    assert saved["schedulers"]["states"] == []
+    assert "StepLR: more than one of a kind" in capsys.readouterr().out

@@ -169,11 +169,17 @@ def test_the_others_go_on_without_a_lost_hosts_ranks_where_the_strategy_and_min_
     None
 ):
     cause = Failure("b", None, "AgentLost", "gone", (), 1.0, kind=Kind.AGENT_LOST, evidence=SEEN)
-    assert _seated(_in_place()).go_on_without("b", cause, 2.0) == []  # min_hosts: all
+    assert _seated(_in_place()).go_on_without("b", cause, 2.0, True) == []  # min_hosts: all
     never = plan3(restart={"mode": "in_place", "rejoin_wait": 0}, strategy="local-sgd")
-    assert _seated(dataclasses.replace(never, min_hosts=1)).go_on_without("b", cause, 2) == []
+    assert _seated(dataclasses.replace(never, min_hosts=1)).go_on_without("b", cause, 2, True) == []
+    # Parameter servers see a lost worker's end only when its host closed its sockets:
+    # a silent host's workers are not gone on without (the run restarts).
+    servers = plan3(restart={"mode": "in_place"}, strategy="asgd", parameter_servers=1)
+    silent = _seated(dataclasses.replace(servers, min_hosts=1))
+    assert silent.go_on_without("b", cause, 2, False) == []
+    assert len(silent.go_on_without("b", cause, 2, True)) == 2
     swap = _seated(_in_place(min_hosts=1))
-    dropped, said = swap.go_on_without("b", cause, 2.0)
+    dropped, said = swap.go_on_without("b", cause, 2.0, False)  # silent: no servers to tell
     assert dropped == HostDropped("b", (2, 3), cause, 2.0)
     assert isinstance(said, Progress) and said.text == (
         "b lost (gone) and no host can take rank 2, 3: the others go on without them "

@@ -498,6 +498,37 @@ def test_a_replacement_server_counts_the_pushes_its_predecessor_died_with(
     assert second.pushes_from[0] == 6 and second.state_dict()["pushes_lost"] == 2
 
 
+def test_a_replacement_server_knows_the_workers_gone_and_waits_for_the_others(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Workers 1 (closed), 3 (gone: index 1 of workers 1, 3, 5) and 5: the replacement
+    counts the first two as closed, and 5 as gone too unless it says HELLO within
+    gone_after (it may have been lost while the old server was)."""
+    from torch._C._distributed_c10d import TCPStore
+
+    from dmlctl.ps import serve
+    from dmlctl.ps.frames import closed_key
+
+    store = TCPStore("127.0.0.1", 0, 1, True)
+    monkeypatch.setattr(rejoin, "store", lambda: store)
+    store.set(closed_key(1), "1")
+    store.set(rejoin.gone_key(1), "1")
+    workers = [1, 3, 5]
+    old = ParameterServer({0: torch.zeros(2)}, workers, _Replies(), lr=1.0, elastic=True)
+    new = ParameterServer({0: torch.zeros(2)}, workers, _Replies(), lr=1.0, elastic=True)
+    new.gone_after = 0.0
+    serve._restore(new, old.state_dict())
+    assert (new.closed, new.gone, set(new.away_since)) == ({1, 3}, {3}, {5})
+    new.handle(Message(Op.HELLO, 5, 0, -1))  # in time: a worker
+    new.drop_gone(time.monotonic())
+    assert new.closed == {1, 3} and not new.away_since
+    again = ParameterServer({0: torch.zeros(2)}, workers, _Replies(), lr=1.0, elastic=True)
+    again.gone_after = 0.0
+    serve._restore(again, old.state_dict())
+    again.drop_gone(time.monotonic())  # never came
+    assert again.closed == {1, 3, 5} and again.gone == {3, 5}
+
+
 def test_a_worker_reconnects_to_the_servers_replacement(monkeypatch: pytest.MonkeyPatch) -> None:
     from datetime import timedelta
 
