@@ -16,10 +16,9 @@ uses to reach ``MASTER_ADDR`` (the rendezvous host), so the servers are found on
 network the collectives use.
 
 Both ends live as long as the process group: a server process has one
-:class:`Endpoint` (the listener, one reader thread per worker, one inbox) whatever
-number of channels it makes over it, and a worker process one connection to each
-server; a new group (a new ``init_process_group``) starts them afresh. A worker that
-connects again (a new process for the same rank) replaces its old connection.
+:class:`Endpoint` (the listener, one reader thread per worker, one inbox) for all its
+channels, a worker process one connection to each server; a new group starts them
+afresh. A worker that connects again (a new process of its rank) replaces its old one.
 """
 
 from __future__ import annotations
@@ -189,12 +188,11 @@ class Endpoint:
         threading.Thread(target=self._accept, name="dmlctl-ps-accept", daemon=True).start()
 
     def get(self, timeout: float | None = None) -> Frame | None:
-        """The next frame from any worker (blocking; None once ``timeout`` seconds
-        passed without one): a worker's HELLO as it connects
-        (its connection then replaces, and closes, one an earlier process of that rank
-        made), its frames, and a LEFT frame when its connection ends before it said
-        CLOSE; frames and a LEFT of a connection already replaced are dropped.
-        Raises what a reader met otherwise (a corrupt frame)."""
+        """The next frame from any worker (None after ``timeout`` seconds without one):
+        a worker's HELLO as it connects (its connection then replaces, and closes, one
+        an earlier process of that rank made), its frames, and a LEFT frame when its
+        connection ends before its CLOSE; frames and a LEFT of a connection already
+        replaced are dropped. Raises what a reader met otherwise (a corrupt frame)."""
         end = None if timeout is None else time.monotonic() + timeout
         while True:
             try:
@@ -265,8 +263,6 @@ class Endpoint:
 
 
 _EMPTY = torch.empty(0, dtype=torch.uint8)
-
-
 _endpoint: tuple[object, Endpoint] | None = None
 
 
@@ -285,8 +281,6 @@ def endpoint(rank: int) -> Endpoint:
 # ----------------------------------------------------------------- the worker's end
 
 _connections: tuple[object, dict[int, Connection]] | None = None
-
-
 RECONNECT_TIMEOUT_S = 300.0
 """How long a worker waits for a lost server's replacement."""
 _generations: dict[int, int] = {}  # server rank → generation of the server connected to
