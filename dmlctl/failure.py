@@ -160,10 +160,16 @@ def exit_kind(code: int) -> Kind:
     return Kind.CRASH if name in CRASH_SIGNALS else Kind.KILLED
 
 
+PORT_TAKEN = "RendezvousPortTaken"
+"""A host agent's failure: its torchrun could not listen on the rendezvous port
+(another process took it after the plan found it free); the next attempt meets at
+another port."""
+
 _NAMED = {
     "Hang": Kind.HANG,
     "AgentLost": Kind.AGENT_LOST,
     "AgentExit": Kind.AGENT,
+    PORT_TAKEN: Kind.AGENT,
     "HostsLost": Kind.HOSTS_LOST,
     "SpecInvalid": Kind.SPEC,
     "RunDirGone": Kind.RECORDS,
@@ -187,7 +193,7 @@ def named_kind(exc_type: str, message: str, rank: int | None) -> Kind:
     return error_kind(exc_type, message)
 
 
-_EXIT_NAMES = ("Signal", "ExitCode")
+_EXIT_NAMES = ("Signal", "ExitCode", PORT_TAKEN)
 _SEEN_NAMES = (
     "Hang",
     "AgentLost",

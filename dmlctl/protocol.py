@@ -53,12 +53,21 @@ ROLE_SERVER = "server"  # a parameter-server process
 
 
 _SUMMARY_LINE = re.compile(r"^\s*(rank|exitcode)\s*:|^Root Cause")
+_PORT_TAKEN = re.compile(r"failed to listen on any local network address\. port: (\d+).*EADDRINUSE")
 
 
 def is_failure_summary_line(line: str) -> bool:
     """Whether ``line`` of torchrun's output belongs to its failure summary: a
-    ``rank : N`` or ``exitcode : X`` entry, or the "Root Cause" heading."""
-    return _SUMMARY_LINE.match(line) is not None
+    ``rank : N`` or ``exitcode : X`` entry, the "Root Cause" heading, or the line that
+    says its rendezvous store could not listen on its port (:func:`port_taken`)."""
+    return _SUMMARY_LINE.match(line) is not None or port_taken(line) is not None
+
+
+def port_taken(line: str) -> int | None:
+    """The port of torchrun's line saying that its rendezvous store could not listen
+    on it because another process had taken it (``EADDRINUSE``), else None."""
+    m = _PORT_TAKEN.search(line)
+    return int(m.group(1)) if m else None
 
 
 def local_roles(environ: Mapping[str, str]) -> list[str]:

@@ -23,6 +23,7 @@ from collections.abc import Callable, Collection, Sequence
 from dmlctl.errors import DmlctlError
 from dmlctl.plan.elastic import candidates, enough, pick_hosts
 from dmlctl.plan.model import HostPlan, LaunchPlan
+from dmlctl.runs.events import Resized
 from dmlctl.transport.fanout import on_every
 
 PROBE_EVERY = 2.0
@@ -129,3 +130,14 @@ class HostPool:
                 return None
             avail = self.available(ignore_cooldown=True)
         return avail
+
+
+def resized(last: LaunchPlan, plan: LaunchPlan, now: float) -> Resized:
+    """The event that says the next attempt (``plan``) runs on other hosts than the
+    ``last``."""
+    names = ", ".join(h.name for h in plan.hosts)
+    gone = sorted({h.name for h in last.hosts} - {h.name for h in plan.hosts})
+    why = f" ({', '.join(gone)} set aside)" if gone else ""
+    ranks = tuple((r.rank, r.host, r.role) for r in plan.ranks)
+    text = f"next attempt on {names}: {plan.world_size} workers{why}"
+    return Resized(ranks, text, now)

@@ -23,7 +23,7 @@ from dmlctl.launch.start import start_run
 from dmlctl.plan.model import LaunchPlan
 from dmlctl.plan.placing import JobPlacement, as_run
 from dmlctl.plan.request import Facts, LaunchRequest
-from dmlctl.provision.ports import free_port, pick_port
+from dmlctl.provision.ports import ANY_FREE_PORT, free_port, pick_port
 from dmlctl.runs.store import RunDir, RunStore
 from dmlctl.spec.cluster import ResolvedHost
 from dmlctl.spec.local import local_gpu_counts
@@ -105,7 +105,14 @@ class LocalScheduler(RecordedRunBase):
         self._options, self._console = options, console
 
     def gather(self, job: JobSpec, cluster: ClusterSpec, placement: JobPlacement) -> Facts:
-        del job, cluster, placement  # this machine's GPUs were counted when placing
+        """One torchrun (a single host, no spare) binds its rendezvous store to a port
+        the kernel gives it as each attempt starts (``:0``, as ``torchrun --standalone``
+        does; its ranks learn it as ``MASTER_PORT``), so no other process can take the
+        port between the plan and the attempt; several local hosts meet at a port free
+        now. This machine's GPUs were counted when placing."""
+        del job, cluster
+        if len(placement.hosts) == 1:
+            return Facts(port=0, local_python=sys.executable, port_note=ANY_FREE_PORT)
         return Facts(port=free_port(), local_python=sys.executable)
 
     def schedule(

@@ -16,8 +16,9 @@ restarts is announced with a ``Restarting`` event (the policy's backoff as its d
 the wait is RESTARTING plus ticks, and a stop during it ends the run without a restart.
 
 Between attempts: lost hosts are set aside and the next attempt is placed on the hosts
-that answer (:class:`dmlctl.launch.hosts.HostPool`, :func:`dmlctl.plan.elastic.place`);
-the controller's copy of the newest checkpoint is handed to them
+that answer (:class:`dmlctl.launch.hosts.HostPool`, :func:`dmlctl.plan.elastic.place`),
+at a new rendezvous port when another process took the last one; the controller's
+copy of the newest checkpoint is handed to them
 (:class:`dmlctl.provision.replicate.Replicator`), which also copies every checkpoint a
 rank reports while the run goes on.
 """
@@ -29,11 +30,11 @@ import time
 from collections.abc import Callable, Mapping
 
 from dmlctl.errors import DmlctlError
-from dmlctl.failure import CONTROLLER, Evidence, Failure, Kind
+from dmlctl.failure import CONTROLLER, PORT_TAKEN, Evidence, Failure, Kind
 from dmlctl.hangs.watch import DUMP_WAIT_S
 from dmlctl.launch.attempt import AttemptRunner, AttemptSettings
 from dmlctl.launch.books import RunBooks
-from dmlctl.launch.hosts import HostPool, HostsLost
+from dmlctl.launch.hosts import HostPool, HostsLost, resized
 from dmlctl.launch.notes import AttemptNotes
 from dmlctl.launch.policy import (
     CONTROLLER_LOST,
@@ -51,7 +52,7 @@ from dmlctl.launch.policy import (
 from dmlctl.launch.requeue import Reallocation, allocation_end
 from dmlctl.launch.standby import WARM_AFTER, Standbys
 from dmlctl.launch.stops import STOP_MARGIN, StopRules
-from dmlctl.plan.elastic import CannotReplan, place, replan
+from dmlctl.plan.elastic import CannotReplan, meeting_at, place, replan
 from dmlctl.plan.model import HostPlan, LaunchPlan
 from dmlctl.provision.replicate import Replicator
 from dmlctl.redact import Redactor
@@ -60,7 +61,6 @@ from dmlctl.runs.events import (
     Event,
     Finished,
     Progress,
-    Resized,
     Restarting,
     StopRequested,
 )
@@ -121,8 +121,8 @@ class Supervisor:
         notes = AttemptNotes(hang_timeout)
         self.books = RunBooks(run, sink, clock=clock, redactor=redactor, notes=notes)
         self.hosts = hosts
-        #: The rendezvous endpoint (``address:port``) of an attempt whose first host
-        #: is not the planned one; by default the planned endpoint's port on its address.
+        #: A rendezvous endpoint on a host (for an attempt whose first host is not the
+        #: planned one, or whose port was taken); default: the planned port there.
         self.rendezvous = rendezvous or (
             lambda h: f"{h.address}:{plan.rdzv_endpoint.rsplit(':', 1)[1]}"
         )
@@ -315,6 +315,8 @@ class Supervisor:
             state = self._requeued(state)
             if state.root_cause is not None or self._stopping():
                 return state
+        if state.failures and state.failures[-1].exc_type == PORT_TAKEN:
+            state = self._meet_elsewhere(state)
         if self.hosts is None:
             return state
         try:
@@ -323,22 +325,12 @@ class Supervisor:
             if self.reallocation is not None and (end := self.reallocation.ended()):
                 return self._ended(state, Kind.ALLOCATION, end[1])  # Slurm ended it meanwhile
             host = next(iter(lost), self.plan.hosts[0].name)
-            cause = Failure(
-                host,
-                None,
-                "HostsLost",
-                str(e),
-                (),
-                self.clock(),
-                kind=Kind.HOSTS_LOST,
-                evidence=Evidence.SEEN,
-            )
-            return self.books.fold(state, [AgentExited(host, 255, (), self.clock(), cause)])
+            return self._host_failed(state, host, "HostsLost", str(e), Kind.HOSTS_LOST)
         if plan is None:
             stop = StopRequested(self.stops.reason or "", self.clock())
             return self.books.fold(state, [stop])
         if [h.name for h in plan.hosts] != [h.name for h in self.plan.hosts]:
-            state = self.books.fold(state, [self._resized(plan)])
+            state = self.books.fold(state, [resized(self.plan, plan, self.clock())])
         self.plan = plan
         self.hosts_used.update({h.name: h for h in plan.hosts})
         if self.replicator is not None:
@@ -346,6 +338,25 @@ class Supervisor:
             for problem in self.replicator.hand_out(plan.hosts):
                 state = self.books.fold(state, [Progress(problem, self.clock())])
         return state
+
+    def _meet_elsewhere(self, state: RunState) -> RunState:
+        """The run's plans meeting at a new rendezvous port on their first host (the
+        last attempt's was taken by another process); a host that cannot give one
+        ends the run with that as its root cause."""
+        first = self.plan.hosts[0]
+        try:
+            endpoint = self.rendezvous(first)
+        except DmlctlError as e:
+            return self._host_failed(state, first.name, PORT_TAKEN, str(e), Kind.AGENT)
+        if self.base_plan.hosts[0].name == first.name:
+            self.base_plan = meeting_at(self.base_plan, endpoint)
+        self.plan = meeting_at(self.plan, endpoint)
+        return state
+
+    def _host_failed(self, state: RunState, host: str, name: str, why: str, kind: Kind) -> RunState:
+        """``state`` with the run's root cause: ``host`` cannot take the next attempt."""
+        cause = Failure(host, None, name, why, (), self.clock(), kind=kind, evidence=Evidence.SEEN)
+        return self.books.fold(state, [AgentExited(host, 255, (), self.clock(), cause)])
 
     def _place(self, state: RunState, lost: dict[str, str]) -> LaunchPlan | None:
         """The next attempt's plan on the hosts that answer (lost hosts set aside; the
@@ -366,15 +377,6 @@ class Supervisor:
         if avail is None:
             return None
         return place(self.base_plan, self.plan, avail, self.rendezvous)
-
-    def _resized(self, plan: LaunchPlan) -> Resized:
-        """The event that says the next attempt runs on other hosts than the last."""
-        names = ", ".join(h.name for h in plan.hosts)
-        gone = sorted({h.name for h in self.plan.hosts} - {h.name for h in plan.hosts})
-        why = f" ({', '.join(gone)} set aside)" if gone else ""
-        ranks = tuple((r.rank, r.host, r.role) for r in plan.ranks)
-        text = f"next attempt on {names}: {plan.world_size} workers{why}"
-        return Resized(ranks, text, self.clock())
 
     def _finish(self, state: RunState) -> RunState:
         """Close what outlives attempts, fold in the run's end and write it."""

@@ -146,6 +146,20 @@ def place(
     return replan(base, available, endpoint)
 
 
+def meeting_at(plan: LaunchPlan, endpoint: str) -> LaunchPlan:
+    """``plan`` with its hosts and spares meeting at ``endpoint`` (``address:port`` on
+    its first host) instead; nothing else changes."""
+
+    def moved(h: HostPlan) -> HostPlan:
+        torchrun = dataclasses.replace(h.torchrun, rdzv_endpoint=endpoint)
+        if h.torchrun.local_addr is not None:  # the first host of several listens there
+            torchrun = dataclasses.replace(torchrun, local_addr=endpoint.rsplit(":", 1)[0])
+        return dataclasses.replace(h, torchrun=torchrun)
+
+    hosts, spares = tuple(map(moved, plan.hosts)), tuple(map(moved, plan.spares))
+    return dataclasses.replace(plan, hosts=hosts, spares=spares, rdzv_endpoint=endpoint)
+
+
 def rebind(plan: LaunchPlan, where: Allocation, addresses: Mapping[str, str]) -> LaunchPlan:
     """``plan`` on the allocation ``where`` (a batch scheduler's request granted
     again): each host named in ``addresses`` at its new address. The rendezvous is

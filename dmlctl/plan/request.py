@@ -27,13 +27,15 @@ from dmlctl.text import plural
 class Facts:
     """What a plan needs from the hosts, gathered once by the scheduler.
 
-    ``port``: the rendezvous port, free on the first placed host; ``rdzv_host``: that
+    ``port``: the rendezvous port, free on the first placed host (0: the one torchrun
+    of a single-host run binds a free port itself as it starts); ``rdzv_host``: that
     host's network name (None: the local default); ``gpus``: each probed host's GPU
     count as PyTorch there sees it; ``lib``: the id of the dmlctl code the hosts run
     (``dev`` on this machine); ``routes``: how each SSH host is reached;
-    ``port_note`` and ``assumed``: what a dry run assumed instead of asking (none
-    at launch); ``addresses``: where hosts turned out to be (a batch scheduler's
-    nodes) and ``allocation``: the Slurm allocation they are in."""
+    ``port_note``: what the plan says of the port; ``assumed``: what a dry run
+    assumed instead of asking (none at launch); ``addresses``: where hosts turned
+    out to be (a batch scheduler's nodes) and ``allocation``: the Slurm allocation
+    they are in."""
 
     port: int
     local_python: str

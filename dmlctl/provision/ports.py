@@ -10,6 +10,9 @@ from dmlctl.plan.model import HostPlan
 from dmlctl.transport import network_address
 from dmlctl.transport.base import Transport
 
+#: How a plan says that torchrun picks its rendezvous port (an endpoint ending ``:0``).
+ANY_FREE_PORT = "torchrun binds a free port as each attempt starts"
+
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that was free on ``host`` a moment ago."""

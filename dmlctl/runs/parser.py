@@ -12,7 +12,16 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dmlctl import protocol, wire
-from dmlctl.failure import Evidence, Failure, Kind, error_kind, exit_kind, is_collateral, named_kind
+from dmlctl.failure import (
+    PORT_TAKEN,
+    Evidence,
+    Failure,
+    Kind,
+    error_kind,
+    exit_kind,
+    is_collateral,
+    named_kind,
+)
 from dmlctl.runs.events import (
     AgentExited,
     AgentStarted,
@@ -261,6 +270,18 @@ def _events(host: str, msg: wire.Message, now: float) -> list[Event]:
     return [AgentExited(host, msg.code, msg.tail, now, _exit_cause(host, msg, now))]
 
 
+def _port_taken(host: str, msg: wire.ExitMsg, now: float) -> Failure | None:
+    """The agent's failure when its torchrun could not listen on the rendezvous port
+    (another process had taken it), else None."""
+    port = next((p for s in msg.summary if (p := protocol.port_taken(s)) is not None), None)
+    if port is None:
+        return None
+    text = f"the rendezvous port {port} was taken by another process before torchrun bound it"
+    return Failure(
+        host, None, PORT_TAKEN, text, msg.tail, now, kind=Kind.AGENT, evidence=Evidence.EXIT
+    )
+
+
 def _exit_cause(host: str, msg: wire.ExitMsg, now: float) -> Failure | None:
     """Why the agent's run failed: its own error (it could not start the run at all),
     else the failed rank of torchrun's own record, else of its printed report (a
@@ -269,6 +290,8 @@ def _exit_cause(host: str, msg: wire.ExitMsg, now: float) -> Failure | None:
     if error is None:
         if msg.code == 0:
             return None
+        if (taken := _port_taken(host, msg, now)) is not None:
+            return taken
         if msg.failures:
             return recorded_failure(host, msg.failures, msg.tail, now)
         return torchrun_failure(host, msg.tail, now, msg.summary)

@@ -338,3 +338,24 @@ def test_doctor_refuses_a_connect_timeout_that_is_not_a_time(
     assert main(["doctor", "--connect-timeout", value]) == 2
     _, err = capsys.readouterr()
     assert err.startswith("dmlctl: --connect-timeout: must be a number of seconds"), err
+
+
+def test_one_local_host_lets_torchrun_bind_its_rendezvous_port(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run on this machine alone meets at ``:0`` (torchrun's store binds a free port
+    as it starts, so nothing can take it meanwhile); two local hosts meet at a port
+    free now."""
+    path = project(tmp_path, "script: train.py\nworkers: 2\n")
+    assert main(["launch", str(path), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "rendezvous: c10d at localhost:0 (torchrun binds a free port as each attempt" in out
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(
+        "hosts:\n  - {name: a, address: localhost, slots: 1}\n"
+        "  - {name: b, address: localhost, slots: 1}\n"
+    )
+    assert main(["launch", str(path), "--cluster", str(cluster), "--dry-run"]) == 0
+    line = next(s for s in capsys.readouterr().out.splitlines() if "rendezvous: c10d" in s)
+    port = int(line.split("localhost:")[1].split()[0])
+    assert port > 0, line

@@ -12,6 +12,7 @@ from dmlctl import wire
 from dmlctl.agent_config import AgentConfig, StrategyChoice, TorchrunCommand
 from dmlctl.launch.standby import Standbys
 from dmlctl.launch.supervisor import Supervisor
+from dmlctl.plan.model import HostPlan
 from dmlctl.protocol import ENV_ATTEMPT, ENV_RANK_DIR
 from dmlctl.runs.events import Event, RankStarted, Restarting
 from dmlctl.runs.state import Phase, RankStatus, RunState
@@ -307,3 +308,30 @@ def test_standbys_dropped_are_stopped_and_later_ones_start_on_the_new_transports
         time.sleep(0.01)
     assert len(new.processes) == 1 and len(ta.processes) == 1
     standbys.close()
+
+
+def test_an_attempt_whose_rendezvous_port_was_taken_meets_at_another(tmp_path: Path) -> None:
+    """torchrun could not listen on the planned port (another process took it after
+    the plan found it free): the agent's exit names it, and the next attempt of every
+    host meets at a port the ``rendezvous`` callable gives for the first host."""
+    taken = (
+        "torch.distributed.DistNetworkError: The server socket has failed to listen on any "
+        "local network address. port: 29500, useIpv6: false, code: -98, name: EADDRINUSE, "
+        "message: address already in use"
+    )
+    exit_line = wire.encode(wire.ExitMsg(1, ("RendezvousConnectionError: …",), (taken,)))
+    t = ScriptedTransport("a", [agent_started(), exit_line], later=[agent_lines([0], host="a")])
+    asked: list[str] = []
+
+    def rendezvous(host: HostPlan) -> str:
+        asked.append(host.name)
+        return "localhost:31337"
+
+    restart = RestartSpec(max_infra_restarts=1, backoff_initial=QUICK)
+    state = _run(tmp_path, {"a": t}, restart=restart, rendezvous=rendezvous)
+    assert state.phase == Phase.SUCCEEDED and asked == ["a"]
+    cause = state.failures[-1]
+    assert (cause.exc_type, cause.host) == ("RendezvousPortTaken", "a")
+    assert "port 29500 was taken" in cause.message
+    endpoints = [AgentConfig.from_json(p.sent[0]).torchrun.rdzv_endpoint for p in t.processes]
+    assert endpoints == ["localhost:29500", "localhost:31337"]
