@@ -4,11 +4,11 @@ A worker of a parameter-server strategy that the system killed (SIGKILL: the OOM
 killer, ``kill -9``) is forked again by :class:`~dmlctl.agent.forked_rank.ForkedRank`
 while torchrun and every other rank go on, at most ``DMLCTL_RESPAWNS`` times per
 rank; the replacement has ``DMLCTL_REJOIN`` set and joins the running world
-(:mod:`dmlctl.runtime.rejoin`). So is a parameter server where its strategy applies
-each push as it comes (``DMLCTL_RESPAWN_SERVERS``): it starts from its newest
-snapshot (:mod:`dmlctl.ps.serve`). A rank that failed by itself (an exception, a
-crash signal), any other server, or any rank while torchrun stops its workers is
-never forked again: torchrun sees its end as before.
+(:mod:`dmlctl.runtime.rejoin`). So is a parameter server
+(``DMLCTL_RESPAWN_SERVERS``): it starts from its newest snapshot
+(:mod:`dmlctl.ps.serve`). A rank that failed by itself (an exception, a crash
+signal), or any rank while torchrun stops its workers, is never forked again:
+torchrun sees its end as before.
 """
 
 from __future__ import annotations

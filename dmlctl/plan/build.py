@@ -22,7 +22,6 @@ from dmlctl.plan.layout import lay_out
 from dmlctl.plan.model import HostPlan, LaunchPlan
 from dmlctl.plan.placing import JobPlacement, as_run, place_job
 from dmlctl.spec.models import ClusterSpec, JobSpec, ResolvedHost
-from dmlctl.strategies import registry
 
 WORKER_ROLE = protocol.ROLE_WORKER
 SERVER_ROLE = protocol.ROLE_SERVER
@@ -104,14 +103,14 @@ def _host_env(
 def _restart_env(job: JobSpec) -> dict[str, str]:
     """``DMLCTL_RESTART_MODE``, ``DMLCTL_RESPAWNS`` and ``DMLCTL_REJOIN_WAIT`` with
     ``restart.mode: in_place``;
-    ``DMLCTL_RESPAWN_SERVERS`` and ``DMLCTL_PS_SNAPSHOT_EVERY`` too for a strategy whose
-    servers can be replaced in place."""
+    ``DMLCTL_RESPAWN_SERVERS`` and ``DMLCTL_PS_SNAPSHOT_EVERY`` too for a job with
+    parameter servers (replaced in place from their snapshots)."""
     if job.restart.mode != protocol.IN_PLACE:
         return {}
     restarts = str(job.restart.max_infra_restarts)
     env = {protocol.ENV_RESTART_MODE: protocol.IN_PLACE, protocol.ENV_RESPAWNS: restarts}
     env[protocol.ENV_REJOIN_WAIT] = f"{job.restart.rejoin_wait:g}"
-    if registry.capabilities(job.strategy.name).in_place_servers:
+    if job.parameter_servers > 0:
         env[protocol.ENV_RESPAWN_SERVERS] = "1"
         env[protocol.ENV_PS_SNAPSHOT_EVERY] = str(job.restart.ps_snapshot_every)
     return env

@@ -42,6 +42,7 @@ server's to decide (:class:`~dmlctl.ps.server.ParameterServer`).
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -259,8 +260,9 @@ class WorkerChannel:
         """Tell every server this worker sends nothing more at all, and end the
         connections; a server ends its loop once every worker closed (one replaced
         in place learns from the run's store who closed before it started)."""
-        if rejoin.servers_replaced():
-            rejoin.store().set(frames.closed_key(self.rank), "1")
+        if rejoin.servers_replaced():  # with the pushes it sent each server
+            sent = json.dumps({str(s): n for s, n in self.pushes_to.items()})
+            rejoin.store().set(frames.closed_key(self.rank), sent)
         self._tell_servers(Op.CLOSE, clock)
         for server in self.servers:
             frames.disconnect(server)

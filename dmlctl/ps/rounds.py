@@ -136,8 +136,10 @@ class BackupRounds(_RoundsOnly):
         return True
 
     def waiting(self, push: Message, version: int) -> bool:
-        """Until the round the push was tagged for is over."""
-        return version <= push.clock
+        """Until the round the push was tagged for is over. A push tagged ahead of
+        the shard's version (a replacement server restored an older snapshot: the
+        rounds since are lost) is answered at once with the shard as it is."""
+        return version == push.clock
 
     def ready(self, shard_id: int, active: Collection[int]) -> bool:
         have = len(self.grads.get(shard_id, {}))
@@ -321,6 +323,7 @@ class RoundServer(ParameterServer):
             return
         assert msg.payload is not None
         self.clocks[msg.worker] = max(self.clocks[msg.worker], msg.clock)
+        self.pushes_from[msg.worker] = self.pushes_from.get(msg.worker, 0) + 1
         self.finished.discard(msg.worker)
         version = self.versions[msg.shard_id]
         self.rounds_rule.offer(msg, version)

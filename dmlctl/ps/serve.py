@@ -24,6 +24,7 @@ rule, and handle messages until every worker closed. Every ``log_every_s`` secon
 from __future__ import annotations
 
 import functools
+import json
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -128,7 +129,7 @@ def run_server(ctx: Context) -> ParameterServer:
         server.gone_after = rejoin.rejoin_wait()
         server.on_gone = functools.partial(_say_gone, tuple(server.workers))
     if state is not None:
-        _restore(server, state)
+        _restore(server, state, ctx.global_rank)
     last = time.monotonic()
 
     def report() -> None:
@@ -192,11 +193,12 @@ def _say_gone(workers: tuple[int, ...], worker: int, gone: bool) -> None:
         rejoin.say(f"worker rank {worker} is back")
 
 
-def _restore(server: ParameterServer, state: dict[str, Any]) -> None:
-    """A replacement server: its predecessor's snapshot, its push count, the workers
-    that closed before it started (they said so in the run's store) and those gone
-    (:func:`_say_gone`); each other worker is gone too if it does not connect within
-    ``gone_after`` (it may have been lost while this server's predecessor was)."""
+def _restore(server: ParameterServer, state: dict[str, Any], rank: int) -> None:
+    """A replacement server (global rank ``rank``): its predecessor's snapshot, its
+    push count, the workers that closed before it started (they said so in the run's
+    store, with the pushes they sent it: those after the snapshot are lost) and those
+    gone (:func:`_say_gone`); each other worker is gone too if it does not connect
+    within ``gone_after`` (it may have been lost while this server's predecessor was)."""
     server.load_state_dict(state)
     server.stats.total_pushes = int(state.get("total_pushes", 0))
     store, now = rejoin.store(), time.monotonic()
@@ -204,6 +206,8 @@ def _restore(server: ParameterServer, state: dict[str, Any]) -> None:
         if store.check([closed_key(worker)]):
             server.closed.add(worker)
             server.finished.add(worker)
+            sent = json.loads(store.get(closed_key(worker)))
+            server.sent_by(worker, int(sent.get(str(rank), 0)) if isinstance(sent, dict) else 0)
         elif store.check([rejoin.gone_key(index)]):
             server.gone.add(worker)
             server.closed.add(worker)

@@ -196,8 +196,7 @@ class ParameterServer:
                 self.finished.discard(worker)
                 if self.on_gone is not None:
                     self.on_gone(worker, False)
-            self.pushes_lost += max(0, msg.sent - self.pushes_from.get(worker, 0))
-            self.pushes_from[worker] = msg.sent
+            self.sent_by(worker, msg.sent)
         elif worker not in self.closed:
             if not self.elastic:
                 raise ConnectionLost(
@@ -206,6 +205,12 @@ class ParameterServer:
             self.away.add(worker)
             self.away_since[worker] = time.monotonic()
             self.departures += 1
+
+    def sent_by(self, worker: int, sent: int) -> None:
+        """``worker``'s process says it sent this server ``sent`` pushes: those this
+        server never applied (its predecessor died with them) are lost and counted."""
+        self.pushes_lost += max(0, sent - self.pushes_from.get(worker, 0))
+        self.pushes_from[worker] = sent
 
     def drop_gone(self, now: float) -> None:
         """The workers away for :attr:`gone_after` seconds by ``now`` are gone: they

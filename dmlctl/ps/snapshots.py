@@ -1,8 +1,7 @@
 """A parameter server's snapshots on disk, for its replacement in place (runtime
 side, torch).
 
-With ``restart.mode: in_place`` and a strategy that applies every push as it comes
-(asgd, ssp, adadelay, easgd-async), a server killed by SIGKILL is forked again by its
+With ``restart.mode: in_place`` a server killed by SIGKILL is forked again by its
 torchrun like a worker (:mod:`dmlctl.agent.respawn`). Its state — parameters,
 versions, clocks, the rule's state, the pushes applied per worker — is written to
 ``rank-<R>.attempt-<A>.snapshot`` in its rank directory as it starts and every

@@ -76,8 +76,8 @@ def in_place() -> bool:
 
 
 def servers_replaced() -> bool:
-    """Whether this run's lost parameter servers are replaced in place too (their
-    strategy applies every push as it comes: ``DMLCTL_RESPAWN_SERVERS``)."""
+    """Whether this run's lost parameter servers are replaced in place too, from
+    their snapshots (``DMLCTL_RESPAWN_SERVERS``)."""
     return in_place() and os.environ.get(protocol.ENV_RESPAWN_SERVERS) == "1"
 
 

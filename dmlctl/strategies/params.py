@@ -86,7 +86,8 @@ class Capabilities:
     * ``check_world`` / ``check_hosts`` — why the job cannot run on that many workers
       or hosts with these parameters, or None;
     * ``in_place`` — a worker killed by a signal can be started again alone while the
-      others go on (``restart.mode: in_place``): its workers meet only at the servers.
+      others go on (``restart.mode: in_place``; a parameter server too, from its
+      snapshot).
     """
 
     roles: tuple[str, ...] = (ROLE_WORKER,)
@@ -101,7 +102,6 @@ class Capabilities:
     in_place: bool = False
     #: With ``in_place``: why these params cannot be replaced in place (None: they can).
     in_place_rule: Callable[[Any], str | None] | None = None
-    in_place_servers: bool = False  # a lost server is replaced from its snapshot too
 
     def runtime_needed(self, params: BaseModel | None) -> bool:
         """Whether a script must call ``ctx.prepare`` with ``params`` (None: not known)."""

@@ -208,7 +208,9 @@ UNINTERRUPTED = {
     "asgd": 0.961,
     "asgd-5": 0.963,
     "sync-ps": 0.961,
+    "sync-ps-5": 0.964,
     "aadmm": 0.962,
+    "aadmm-10": 0.963,
     "local-sgd": 0.960,
     "bmuf": 0.960,
     "easgd": 0.961,
@@ -280,16 +282,25 @@ def test_a_killed_worker_is_replaced_in_place_while_the_others_go_on(
     _near_uninterrupted(cli, run_id, strategy)
 
 
-def test_a_killed_server_is_replaced_in_place_from_its_snapshot(cli: Cli, tmp_path: Path) -> None:
-    """restart.mode: in_place under asgd: kill -9 of the server mid-run; its torchrun
-    forks it again from its newest snapshot (every 200 pushes), the workers connect to
-    it and ask again what the dead one had not answered; the pushes since the snapshot
-    are lost and counted, nobody else restarts, and the run ends succeeded."""
+@pytest.mark.parametrize(
+    ("strategy", "period", "epochs"), [("asgd", 1, 5), ("sync-ps", 1, 5), ("aadmm", 10, 10)]
+)
+def test_a_killed_server_is_replaced_in_place_from_its_snapshot(
+    cli: Cli, tmp_path: Path, strategy: str, period: int, epochs: int
+) -> None:
+    """restart.mode: in_place: kill -9 of the server mid-run; its torchrun forks it
+    again from its newest snapshot (every 200 pushes), the workers connect to it and
+    ask again what the dead one had not answered (sync-ps: a push tagged with a round
+    the snapshot had not reached is answered at once, and the rounds go on from the
+    snapshot's; aadmm: z from the snapshot); the pushes since the snapshot are lost
+    and counted, nobody else restarts, and the run ends succeeded. A worker pushes
+    every ``period`` steps (aadmm's are quick: more ``epochs``, so that the kill
+    comes while they train)."""
     job = _job(
         tmp_path,
         "serverinplace",
-        "args: ['--epochs', '5']\nworkers: 2\nparameter_servers: 1\nstrategy: asgd\n"
-        "restart: {mode: in_place, ps_snapshot_every: 200}\n",
+        f"args: ['--epochs', '{epochs}']\nworkers: 2\nparameter_servers: 1\n"
+        f"strategy: {strategy}\nrestart: {{mode: in_place, ps_snapshot_every: 200}}\n",
     )
     done, run_id = _kill_mid_run(cli, job, 2)
     out = done.stdout
@@ -302,8 +313,9 @@ def test_a_killed_server_is_replaced_in_place_from_its_snapshot(cli: Cli, tmp_pa
     assert steps[0] == steps[1] > 0, steps
     lost = [m["values"]["pushes_lost"] for m in _metrics(cli, run_id) if m["rank"] == 2]
     assert lost and 0 <= lost[-1] <= 200 + 2, lost  # since the snapshot, and in flight
-    assert steps[2] + lost[-1] == 2 * steps[0], (steps, lost)  # every push applied or lost
-    _near_uninterrupted(cli, run_id, "asgd-5")
+    pushes = 2 * steps[0] // period
+    assert steps[2] + lost[-1] == pushes, (steps, lost)  # every push applied or lost
+    _near_uninterrupted(cli, run_id, f"{strategy}-{epochs}")
 
 
 #: Each averaging strategy's in-place test: workers, and kills (2: the replacement too).

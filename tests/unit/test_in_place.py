@@ -120,8 +120,11 @@ def test_the_ranks_learn_the_mode_and_their_budget(tmp_path: Path) -> None:
     assert (got[protocol.ENV_RESTART_MODE], got[protocol.ENV_RESPAWNS]) == ("in_place", "2")
     assert (got[protocol.ENV_RESPAWN_SERVERS], got[protocol.ENV_PS_SNAPSHOT_EVERY]) == ("1", "70")
     assert protocol.ENV_RESTART_MODE not in env(RestartSpec())
-    rounds = env(RestartSpec(mode="in_place"), "sync-ps")  # its servers are not replaced
-    assert protocol.ENV_RESTART_MODE in rounds and protocol.ENV_RESPAWN_SERVERS not in rounds
+    rounds = env(RestartSpec(mode="in_place"), "sync-ps")  # servers in rounds: replaced too
+    assert (rounds[protocol.ENV_RESPAWN_SERVERS], rounds[protocol.ENV_PS_SNAPSHOT_EVERY]) == (
+        "1",
+        "500",
+    )
 
 
 # ----------------------------------------------------------------- the agent
@@ -511,20 +514,22 @@ def test_a_replacement_server_knows_the_workers_gone_and_waits_for_the_others(
 
     store = TCPStore("127.0.0.1", 0, 1, True)
     monkeypatch.setattr(rejoin, "store", lambda: store)
-    store.set(closed_key(1), "1")
+    store.set(closed_key(1), '{"7": 4}')  # it sent server rank 7 four pushes
     store.set(rejoin.gone_key(1), "1")
     workers = [1, 3, 5]
     old = ParameterServer({0: torch.zeros(2)}, workers, _Replies(), lr=1.0, elastic=True)
     new = ParameterServer({0: torch.zeros(2)}, workers, _Replies(), lr=1.0, elastic=True)
     new.gone_after = 0.0
-    serve._restore(new, old.state_dict())
+    old.pushes_from[1] = 3  # the snapshot has three of them
+    serve._restore(new, old.state_dict(), 7)
     assert (new.closed, new.gone, set(new.away_since)) == ({1, 3}, {3}, {5})
+    assert new.pushes_lost == 1  # the fourth died with the old server
     new.handle(Message(Op.HELLO, 5, 0, -1))  # in time: a worker
     new.drop_gone(time.monotonic())
     assert new.closed == {1, 3} and not new.away_since
     again = ParameterServer({0: torch.zeros(2)}, workers, _Replies(), lr=1.0, elastic=True)
     again.gone_after = 0.0
-    serve._restore(again, old.state_dict())
+    serve._restore(again, old.state_dict(), 7)
     again.drop_gone(time.monotonic())  # never came
     assert again.closed == {1, 3, 5} and again.gone == {3, 5}
 

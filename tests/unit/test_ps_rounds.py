@@ -176,3 +176,24 @@ def test_a_final_pull_is_answered_once_every_worker_said_done(kind: str) -> None
     assert len(replies.to(0)) == 1  # answered the moment the last worker is done
     server.handle(final_pull(1))
     assert len(replies.to(1)) == 2
+
+
+def test_a_replacement_sync_ps_server_goes_on_from_its_snapshots_round() -> None:
+    """A server replaced in place from a snapshot taken at version 1 while the workers
+    were at version 3: their pushes tagged 3 are dropped and answered at once with
+    the snapshot's parameters (not held for a round nobody will push for), and the
+    rounds go on from version 1; every push is counted as its worker's."""
+    old, _ = sgd_server(backup=0, workers=2)
+    old.handle(push(0, 0, [1.0, 1.0]))
+    old.handle(push(1, 0, [1.0, 1.0]))
+    snapshot = old.state_dict()  # version 1
+    new, replies = sgd_server(backup=0, workers=2)
+    new.load_state_dict(snapshot)
+    assert new.versions[0] == 1 and new.pushes_from == {0: 1, 1: 1}
+    new.handle(push(0, 3, [5.0, 5.0]))  # sent to the dead server's replacement
+    assert replies.to(0) == [1] and new.versions[0] == 1  # answered at once, dropped
+    assert torch.equal(replies.sent[0][2], snapshot["params"][0])
+    new.handle(push(0, 1, [1.0, 1.0]))
+    new.handle(push(1, 1, [3.0, 3.0]))
+    assert new.versions[0] == 2 and replies.to(0) == [1, 2] and replies.to(1) == [2]
+    assert new.pushes_from == {0: 3, 1: 2}

@@ -77,6 +77,4 @@ def resolve_l(params: Params, family: str | None, lr: float, effective: float | 
     )
 
 
-CAPABILITIES = Capabilities(
-    roles=WITH_SERVERS, columns=SERVER_COLUMNS, in_place=True, in_place_servers=True
-)
+CAPABILITIES = Capabilities(roles=WITH_SERVERS, columns=SERVER_COLUMNS, in_place=True)

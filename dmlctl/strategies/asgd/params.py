@@ -45,5 +45,4 @@ CAPABILITIES = Capabilities(
     columns=SERVER_COLUMNS,
     parallelism=True,
     in_place=True,
-    in_place_servers=True,
 )

@@ -45,6 +45,4 @@ class Params(FinalModel, PushCompression, Overlap):
     )
 
 
-CAPABILITIES = Capabilities(
-    roles=WITH_SERVERS, columns=SERVER_COLUMNS, in_place=True, in_place_servers=True
-)
+CAPABILITIES = Capabilities(roles=WITH_SERVERS, columns=SERVER_COLUMNS, in_place=True)

@@ -38,6 +38,4 @@ class Params(PushCompression):
     )
 
 
-CAPABILITIES = Capabilities(
-    roles=WITH_SERVERS, columns=SERVER_COLUMNS, in_place=True, in_place_servers=True
-)
+CAPABILITIES = Capabilities(roles=WITH_SERVERS, columns=SERVER_COLUMNS, in_place=True)
