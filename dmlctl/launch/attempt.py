@@ -214,7 +214,7 @@ class AttemptRunner:
         swap = self._swap
         if lost.cause is None or run.stops.stop_sent is not None or swap is None:
             return [lost]
-        reason = swap.why_not(host)
+        reason = swap.why_not(host, ended=why is None)
         if reason is None:
             for target in swap.targets(host, ended=why is None):
                 if replaced := self._replace(run, host, target, lost):

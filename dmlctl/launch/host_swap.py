@@ -3,9 +3,12 @@
 configuration its agent gets.
 
 A host is replaced in place when the run replaces lost workers in place, every rank
-of it had started (the controller knows each one's global and local rank), it runs
-no parameter server and not rank 0 (the torchrun of rank 0's host serves the run's
-store, which every rank reaches; its ranks said where it is). The ranks go to a
+of it had started (the controller knows each one's global and local rank), it does
+not run rank 0 (the torchrun of rank 0's host serves the run's store, which every
+rank reaches; its ranks said where it is), and, when it runs parameter servers, its
+connection ended (its kernel closed the servers' sockets, so the workers ask their
+replacements, which start from the snapshots in the run's store; a silent host
+leaves the workers waiting on its open sockets). The ranks go to a
 spare host of the plan (the cluster's hosts that run nothing), else to the lost
 host itself when only its agent's connection ended (its machine may still answer).
 There its agent starts, in a rank directory of its own,
@@ -49,16 +52,16 @@ class HostSwap:
             ranks.pop(rank, None)
         self.seated.setdefault(host, {})[rank] = local_rank
 
-    def why_not(self, host: str) -> str | None:
-        """Why ``host``'s ranks cannot be started elsewhere while the others go on;
-        None when they can."""
+    def why_not(self, host: str, ended: bool) -> str | None:
+        """Why ``host``'s ranks cannot be started elsewhere while the others go on
+        (``ended``: its connection ended, rather than fell silent); None when they can."""
         if self.plan.restart.mode != IN_PLACE:
             return self.RESTART_FULL
         planned = self._planned(host)
         if planned is None:
             return "it is not one of the attempt's hosts"
-        if ROLE_SERVER in local_roles(planned.env):
-            return "it runs parameter servers"
+        if not ended and self._serves(host):
+            return "it runs parameter servers and fell silent (their sockets stay open)"
         seated = self.seated.get(host, {})
         if len(seated) != planned.nproc:
             return "not every rank of it had started"
@@ -85,12 +88,13 @@ class HostSwap:
         leaves them open, and the servers would wait for its workers); none
         otherwise (every strategy replaced in place goes on without a worker its
         replacement did not come for: the averaging ones over the members left,
-        dpsgd over its topology laid again, the parameter servers without it)."""
+        dpsgd over its topology laid again, the parameter servers without it; a lost
+        server's shard has nobody to go on without it)."""
         wait = self.plan.restart.rejoin_wait
         left = [h for h, ranks in self.seated.items() if ranks and h != host]
         enough = len(left) >= (self.plan.min_hosts or len(self.plan.hosts))
         seen = ended or not self.plan.parameter_servers
-        if not (wait and enough and seen):
+        if not (wait and enough and seen) or self._serves(host):  # a shard has no stand-in
             return []
         ranks = tuple(sorted(self.seated.pop(host, {})))
         said = (
@@ -136,6 +140,11 @@ class HostSwap:
         # files of the ranks it replaces (their records must not be read again).
         rank_dir = f"{config.rank_dir}/rejoin-{self.count}"
         return dataclasses.replace(config, rank_dir=rank_dir, rejoin=rejoin)
+
+    def _serves(self, host: str) -> bool:
+        """Whether ``host`` runs parameter servers in this attempt."""
+        planned = self._planned(host)
+        return planned is not None and ROLE_SERVER in local_roles(planned.env)
 
     def moved(self, host: str, to: str) -> tuple[int, ...]:
         """``host``'s ranks, now on ``to``."""

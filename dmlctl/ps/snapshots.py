@@ -6,30 +6,36 @@ torchrun like a worker (:mod:`dmlctl.agent.respawn`). Its state — parameters,
 versions, clocks, the rule's state, the pushes applied per worker — is written to
 ``rank-<R>.attempt-<A>.snapshot`` in its rank directory as it starts and every
 ``restart.ps_snapshot_every`` pushes (``torch.save`` to a temporary file, then
-``os.replace``: a kill mid-write leaves the previous one). The replacement starts
-from the newest; the pushes applied since are lost, and each worker's HELLO says how
-many it sent, so the server counts them (``pushes_lost``).
+``os.replace``: a kill mid-write leaves the previous one), and a copy into the run's
+store (the memory of rank 0's host), where a replacement started on another host —
+its own lost with it — reads it. The replacement starts from the newest; the pushes
+applied since are lost, and each worker's HELLO says how many it sent, so the server
+counts them (``pushes_lost``).
 """
 
 from __future__ import annotations
 
+import io
 import os
 from typing import Any
 
 import torch
 
 from dmlctl import protocol
+from dmlctl.runtime import rejoin
 
 
 class Snapshots:
     """Server ``rank``'s snapshot file in ``rank_dir``, written every ``every``
     pushes."""
 
-    def __init__(self, rank_dir: str, rank: int, every: int) -> None:
+    def __init__(self, rank_dir: str, rank: int, every: int, *, copied: bool = False) -> None:
         attempt = os.environ.get(protocol.ENV_ATTEMPT, "1")
         self.path = protocol.rank_snapshot(rank_dir, rank, attempt)
         self.every = max(1, every)
         self._written_at: int | None = None
+        #: The store key of the copy (``copied``: the run's store is there), else None.
+        self.key = rejoin.key(f"ps-snapshot/{rank}") if copied else None
 
     @classmethod
     def of_this_rank(cls, rank: int) -> Snapshots:
@@ -37,7 +43,7 @@ class Snapshots:
         environment dmlctl gives it; the current directory without one)."""
         rank_dir = os.environ.get(protocol.ENV_RANK_DIR) or os.getcwd()
         every = int(os.environ.get(protocol.ENV_PS_SNAPSHOT_EVERY) or "500")
-        return cls(rank_dir, rank, every)
+        return cls(rank_dir, rank, every, copied=rejoin.has_store())
 
     def due(self, pushes: int) -> bool:
         """Whether a snapshot is due after ``pushes`` pushes in all."""
@@ -46,19 +52,35 @@ class Snapshots:
     def write(self, state: dict[str, Any], pushes: int) -> None:
         """Replace the snapshot with ``state`` (taken after ``pushes`` pushes, kept
         in it as ``total_pushes``)."""
+        buffer = io.BytesIO()
+        torch.save({**state, "total_pushes": pushes}, buffer)
+        data = buffer.getvalue()
         tmp = f"{self.path}.tmp"
-        torch.save({**state, "total_pushes": pushes}, tmp)
+        with open(tmp, "wb", opener=protocol.private_opener) as f:
+            f.write(data)
         os.replace(tmp, self.path)
+        if self.key is not None:
+            rejoin.store().set(self.key, data)  # type: ignore[arg-type]  # bytes: as stored
         self._written_at = pushes
 
     def read(self) -> dict[str, Any]:
-        """The newest snapshot; raises RuntimeError naming the file when there is none
-        or it cannot be read."""
+        """The newest snapshot: the file, else (a replacement on another host) the
+        store's copy; raises RuntimeError naming both when neither can be read."""
         try:
             state = torch.load(self.path, map_location="cpu", weights_only=True)
         except (OSError, RuntimeError, ValueError) as exc:
-            raise RuntimeError(f"no usable server snapshot at {self.path}: {exc}") from exc
+            state = self._copy(f"no usable server snapshot at {self.path}: {exc}")
         if not isinstance(state, dict):
             raise RuntimeError(f"{self.path} holds a {type(state).__name__}, not a state")
         self._written_at = int(state.get("total_pushes", 0))
         return state
+
+    def _copy(self, why: str) -> Any:
+        """The store's copy (raises RuntimeError saying ``why`` and why not)."""
+        if self.key is None or not rejoin.store().check([self.key]):
+            raise RuntimeError(f"{why}, and none in the run's store")
+        data = rejoin.store().get(self.key)
+        try:
+            return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        except (RuntimeError, ValueError) as exc:
+            raise RuntimeError(f"{why}, and the run's store's copy is not one: {exc}") from exc

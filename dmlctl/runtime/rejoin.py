@@ -172,7 +172,7 @@ class Position:
         self._fd: int | None = None
         #: Copied to the store (which every rank of such a run reaches through
         #: ``MASTER_ADDR:MASTER_PORT``; a process without them has none to copy to).
-        self._mirror_at = 0.0 if _store_env() else math.inf
+        self._mirror_at = 0.0 if has_store() else math.inf
 
     def write(self, epoch: int, batches: int, taken: int) -> None:
         """Record that ``batches`` of ``epoch`` have been taken, ``taken`` in all: in
@@ -213,7 +213,9 @@ class Position:
         return max(known, key=lambda at: at[2]) if known else None
 
 
-def _store_env() -> bool:
+def has_store() -> bool:
+    """Whether this process knows the run's store (torchrun gave it
+    ``MASTER_ADDR``/``MASTER_PORT``)."""
     return "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ
 
 

@@ -46,18 +46,18 @@ class RestartSpec(BaseModel):
         "checkpoint), or 'in_place' (a worker killed by a signal is started again alone, "
         "from a live peer's or the servers' model, while the others go on; the "
         "parameter-server strategies, ssgd, local-sgd, bmuf, easgd, admm and dpsgd, "
-        "without checkpoint: or parallelism: blocks; with asgd, ssp, adadelay and "
-        "easgd-async a killed server too, from its newest snapshot; a lost host's ranks "
-        "start on a spare host, or on the same host when only its agent died). Each "
+        "without checkpoint: or parallelism: blocks; a killed parameter server too, "
+        "from its newest snapshot; a lost host's ranks start on a spare host, or on the "
+        "same host when only its agent died). Each "
         "replacement spends one of max_infra_restarts.",
     )
     ps_snapshot_every: int = Field(
         default=500,
         ge=1,
-        description="With mode: in_place, a parameter server that can be replaced in "
-        "place writes its state to its host's run directory every this many pushes "
-        "(and as it starts); its replacement starts from the newest one, and the "
-        "pushes since are lost (counted as pushes_lost).",
+        description="With mode: in_place, a parameter server writes its state to its "
+        "host's run directory and the run's store every this many pushes (and as it "
+        "starts); its replacement starts from the newest one, and the pushes since are "
+        "lost (counted as pushes_lost).",
     )
     max_user_restarts: Restarts = Field(
         default=0,

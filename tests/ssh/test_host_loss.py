@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.procs import run_processes, wait_until
-from tests.integration.test_parameter_servers import EXAMPLE, UNINTERRUPTED, _final
+from tests.integration.test_parameter_servers import EXAMPLE, UNINTERRUPTED, _final, _metrics
 from tests.ssh.lab import SshLab, start_lab
 from tests.ssh.test_remote import LabCli, cluster_file
 
@@ -147,18 +147,25 @@ def _in_place_run(
     fault: Callable[[str], None],
     restart: str = "",
     job_extra: str = "",
+    layout: str | None = None,
+    slots: dict[str, int] | None = None,
 ) -> tuple[str, str]:
     """Launch ``strategy`` with restart.mode: in_place (and ``restart``, ``job_extra``)
-    on node-a and node-b (one worker each; max_hosts: 2 without servers: a third host
-    is a spare), call ``fault(run_id)`` once the workers have trained a while; returns
-    (run id, the launch's output) of the run, which must succeed."""
-    cluster = cluster_file(lab, tmp_path, **{h.alias: "slots: 1" for h in lab.hosts})
+    on node-a and node-b (one worker each, asgd's server on node-a; max_hosts: 2
+    without servers: a third host is a spare) — or as ``layout`` and ``slots`` say —
+    call ``fault(run_id)`` once the workers have trained a while; returns (run id, the
+    launch's output) of the run, which must succeed."""
+    slots = slots or {}
+    cluster = cluster_file(
+        lab, tmp_path, **{h.alias: f"slots: {slots.get(h.alias, 1)}" for h in lab.hosts}
+    )
+    if layout is None:
+        layout = "parameter_servers: 1\n" if strategy == "asgd" else "max_hosts: 2\n"
     job = tmp_path / "job.yaml"
     job.write_text(
         f"name: hostswap\nworkdir: {EXAMPLE}\nscript: train.py\nargs: ['--epochs', '3']\n"
         f"workers: 2\nstrategy: {strategy}\nrestart: {{mode: in_place{restart}}}\n"
-        # parameter servers: on node-a, and no max_hosts (spares) with them yet
-        + ("parameter_servers: 1\n" if strategy == "asgd" else "max_hosts: 2\n")
+        + layout
         + job_extra
     )
     proc = cli.popen("launch", str(job), "--cluster", str(cluster), "--ui", "plain")
@@ -230,6 +237,42 @@ def test_a_lost_host_is_replaced_in_place_by_a_spare(tmp_path: Path, fault: str)
         assert "rank files of node-b not collected: the host was lost" in out, out
         if fault == "freeze":
             assert "node-b lost (no message from the host for 3 s" in out, out
+
+
+def test_a_lost_server_host_is_replaced_in_place_by_a_spare(tmp_path: Path) -> None:
+    """asgd, both workers on node-a, the server alone on node-b, node-c a spare: node-b
+    dies mid-run; the server starts on node-c from its newest snapshot, read from the
+    run's store (node-b's disk went with it), the workers connect to it and go on
+    without a restart; the pushes since the snapshot are counted lost."""
+    with start_lab(tmp_path / "lab", n_hosts=3) as lab:
+        cli = LabCli(tmp_path / "home", lab)
+        layout = "parameter_servers: 1\nserver_hosts: [node-b]\nmax_hosts: 2\n"
+        run_id, out = _in_place_run(
+            cli,
+            lab,
+            tmp_path,
+            "asgd",
+            lambda _: lab.kill_host("node-b"),
+            ", ps_snapshot_every: 100",
+            layout=layout,
+            slots={"node-a": 2},
+        )
+    assert "node-b lost (" in out and "rank 2 starts again on node-c" in out, out
+    state = cli.state(run_id)
+    assert (state["restarts"], state["respawns"]) == (0, 1), state
+    hosts = {r["rank"]: (r["host"], r["role"], r["status"]) for r in state["ranks"]}
+    assert hosts == {
+        0: ("node-a", "worker", "succeeded"),
+        1: ("node-a", "worker", "succeeded"),
+        2: ("node-c", "server", "succeeded"),
+    }, hosts
+    steps = {r["rank"]: r["step"] for r in state["ranks"]}
+    lost = [m["values"]["pushes_lost"] for m in _metrics(cli, run_id) if m["rank"] == 2]
+    assert lost and 0 <= lost[-1] <= 100 + 2, lost  # since the snapshot, and in flight
+    assert steps[2] + lost[-1] == steps[0] + steps[1], (steps, lost)
+    accuracy = _final(cli, run_id)["test_acc"]
+    assert accuracy >= UNINTERRUPTED["asgd"] - 0.015, accuracy
+    assert wait_until(lambda: not run_processes(run_id), 15), run_processes(run_id)
 
 
 def test_a_host_whose_agent_died_takes_its_ranks_again_in_place(

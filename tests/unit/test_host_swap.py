@@ -45,19 +45,23 @@ def _seated(plan: LaunchPlan) -> HostSwap:
 
 def test_a_host_without_rank_0_or_servers_can_be_replaced_once_its_ranks_started() -> None:
     plan = _in_place()
-    assert HostSwap(plan).why_not("b") == "not every rank of it had started"
+    assert HostSwap(plan).why_not("b", ended=True) == "not every rank of it had started"
     swap = _seated(plan)
-    assert swap.why_not("b") is None
-    assert swap.why_not("a") == "it runs rank 0 (its torchrun serves the run's store)"
-    assert _seated(plan3(strategy="local-sgd")).why_not("b") == HostSwap.RESTART_FULL
+    assert swap.why_not("b", ended=True) is None
+    assert swap.why_not("a", ended=True) == "it runs rank 0 (its torchrun serves the run's store)"
+    assert _seated(plan3(strategy="local-sgd")).why_not("b", ended=True) == HostSwap.RESTART_FULL
     nowhere = HostSwap(plan)
     nowhere.started("b", 2, 0, None)
     nowhere.started("b", 3, 1, None)
-    assert nowhere.why_not("b") == "no rank said where the run's store is"
+    assert nowhere.why_not("b", ended=True) == "no rank said where the run's store is"
 
 
-def test_a_host_running_a_parameter_server_is_not_replaced_in_place() -> None:
-    plan = plan3(restart={"mode": "in_place"}, strategy="asgd", parameter_servers=1, workers=3)
+def test_a_host_running_a_parameter_server_is_replaced_in_place_only_once_its_end_is_seen() -> None:
+    """Its servers start elsewhere from their snapshots when its connection ended (the
+    workers' sockets to them closed); a silent one leaves them open: no stand-in. A
+    lost server's shard is never left out (no going on without it)."""
+    restart = {"mode": "in_place", "rejoin_wait": 1}
+    plan = plan3(restart=restart, strategy="asgd", parameter_servers=1, workers=3, min_hosts=1)
     assert [(h.name, h.env[protocol.ENV_LOCAL_ROLES]) for h in plan.hosts] == [
         ("a", "worker,worker,server"),
         ("b", "worker"),
@@ -66,8 +70,17 @@ def test_a_host_running_a_parameter_server_is_not_replaced_in_place() -> None:
     for rank, local in ((1, 0), (2, 1), (3, 2)):
         swap.started("a", rank, local, "10.0.0.2:1")
     swap.started("b", 0, 0, "10.0.0.2:1")
-    assert swap.why_not("a") == "it runs parameter servers"
-    assert swap.why_not("b") == "it runs rank 0 (its torchrun serves the run's store)"
+    assert swap.why_not("a", ended=True) is None
+    assert swap.why_not("a", ended=False) == (
+        "it runs parameter servers and fell silent (their sockets stay open)"
+    )
+    assert swap.why_not("b", ended=True) == "it runs rank 0 (its torchrun serves the run's store)"
+    cause = Failure("a", None, "AgentLost", "gone", kind=Kind.AGENT_LOST, evidence=Evidence.SEEN)
+    assert swap.go_on_without("a", cause, 1.0, ended=True) == []
+    assert [type(e).__name__ for e in swap.go_on_without("b", cause, 1.0, ended=True)] == [
+        "HostDropped",
+        "Progress",
+    ]  # a worker's host: the others may go on without it
 
 
 def test_spares_first_then_the_lost_host_itself_when_only_its_connection_ended() -> None:
@@ -101,7 +114,7 @@ def test_a_host_that_took_a_lost_hosts_ranks_can_be_replaced_in_turn() -> None:
     swap = _seated(_in_place())
     swap.config("b", swap.targets("b", ended=False)[0], attempt=0, grace=5.0)
     swap.moved("b", "c")
-    assert swap.why_not("c") is None  # its ranks were seated there as they moved
+    assert swap.why_not("c", ended=True) is None  # its ranks were seated there as they moved
     assert [h.name for h in swap.targets("c", ended=False)] == []  # cut off: nowhere
     (again,) = swap.targets("c", ended=True)
     config = swap.config("c", again, attempt=0, grace=5.0)
