@@ -139,6 +139,7 @@ class CheckpointManager(CheckpointLoading):
         allow_fresh_start: bool = False,
         run_id: str | None = None,
         warm_start: bool = False,
+        writes: bool = True,
     ) -> None:
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
@@ -151,6 +152,9 @@ class CheckpointManager(CheckpointLoading):
         #: controller is told, so it can copy this directory's part).
         self.committed_here = False
         self.every_steps, self.every_seconds = every_steps, every_seconds
+        #: Whether this rank saves at all (``restart.mode: in_place``: one worker saves
+        #: alone, and every worker resumes from its file).
+        self.writes = writes
         #: The ranks' process group (None: the default group) and the global rank of
         #: its first member (with parameter servers: the workers' group).
         self.group, self.src = group, src
@@ -176,6 +180,7 @@ class CheckpointManager(CheckpointLoading):
         *,
         group: Any = None,
         src: int = 0,
+        writes: bool = True,
     ) -> CheckpointManager | None:
         """The manager the ``DMLCTL_CHECKPOINT_*`` variables describe (None without a dir)."""
         root = os.environ.get(ENV_CHECKPOINT_DIR)
@@ -197,12 +202,14 @@ class CheckpointManager(CheckpointLoading):
             allow_fresh_start=os.environ.get(ENV_CHECKPOINT_ALLOW_FRESH) == "1",
             run_id=os.environ.get(ENV_RUN_ID) or None,
             warm_start=os.environ.get(ENV_CHECKPOINT_WARM_START) == "1",
+            writes=writes,
         )
 
     def due(self, step: int) -> bool:
         """Whether to save after ``step``; the same answer on every rank (for
-        ``every_seconds`` rank 0's clock decides and broadcasts: a collective)."""
-        if step == self._last_step:
+        ``every_seconds`` rank 0's clock decides and broadcasts: a collective);
+        never on a rank that does not write."""
+        if step == self._last_step or not self.writes:
             return False
         flag = bool(self.every_steps) and step % (self.every_steps or 1) == 0
         if self.every_seconds is not None:

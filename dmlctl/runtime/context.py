@@ -94,13 +94,12 @@ class Context(RankIdentity):
         self._closed = False
         self._on_close: list[Callable[[], None]] = []
         manager = None
-        if not at.is_server:
+        first = membership.workers[0] if membership is not None else 0
+        if not at.is_server and rejoin.in_place():  # one writer: the group can change
+            manager = manager_class(False).from_env(0, 1, writes=env.rank == first)
+        elif not at.is_server:
             manager = manager_class(self._laid_out()).from_env(
-                at.rank,
-                at.world,
-                env.local_rank,
-                group=group,
-                src=membership.workers[0] if membership is not None else 0,
+                at.rank, at.world, env.local_rank, group=group, src=first
             )
         self._checkpoints = RankCheckpoints(
             manager, laid_out=self._laid_out(), cursor=self._cursor, metrics=self._metrics
@@ -301,10 +300,14 @@ class Context(RankIdentity):
         ``optimizer``, the strategy, the RNGs and the :meth:`shard` position; returns
         the step to continue from (0: nothing to resume, or no checkpoint dir). A
         worker started again in place (``restart.mode: in_place``) continues from the
-        batches its predecessor took (its model comes from the servers).
+        batches its predecessor took (its model comes from the servers or a live
+        peer, never from a checkpoint); in such a run every worker of a new attempt
+        resumes from the first worker's checkpoint, the only one saved.
 
         Collective. Call after :meth:`prepare`, before :meth:`shard`.
         """
+        if rejoin.rejoining():
+            return self._cursor.taken
         found = self._checkpoints.resume(model, optimizer)
         if found is None:
             return self._cursor.taken

@@ -312,7 +312,7 @@ class JobSpec(BaseModel):
             check_in_place(strategy.name, strategy.params)
         return spec
 
-    @field_validator("checkpoint", "parallelism")
+    @field_validator("parallelism")
     @classmethod
     def _not_in_place(cls, value: Any, info: ValidationInfo) -> Any:
         restart = info.data.get("restart")

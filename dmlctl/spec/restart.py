@@ -46,7 +46,7 @@ class RestartSpec(BaseModel):
         "checkpoint), or 'in_place' (a worker killed by a signal is started again alone, "
         "from a live peer's or the servers' model, while the others go on; the "
         "parameter-server strategies, ssgd, local-sgd, bmuf, easgd, admm and dpsgd, "
-        "without checkpoint: or parallelism: blocks; a killed parameter server too, "
+        "without a parallelism: block; a killed parameter server too, "
         "from its newest snapshot; a lost host's ranks start on a spare host, or on the "
         "same host when only its agent died). Each "
         "replacement spends one of max_infra_restarts.",

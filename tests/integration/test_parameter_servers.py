@@ -130,8 +130,9 @@ def _kill_mid_run(
     rank: int,
     ready: Callable[[], bool] = lambda: True,
     then: Callable[[str], None] | None = None,
+    sig: signal.Signals = signal.SIGKILL,
 ) -> tuple[subprocess.CompletedProcess[str], str]:
-    """Launch ``job``, SIGKILL ``rank`` once it logs (and ``ready()``), call
+    """Launch ``job``, send ``rank`` ``sig`` once it logs (and ``ready()``), call
     ``then(run_id)``, let the run end."""
     proc = cli.popen("launch", str(job), "--ui", "plain")
     try:
@@ -141,7 +142,7 @@ def _kill_mid_run(
         assert logging, f"rank {rank} never logged"
         pid = _logging_pid(cli, run_id, rank)
         assert pid is not None
-        os.kill(pid, signal.SIGKILL)
+        os.kill(pid, sig)
         if then is not None:
             then(run_id)
         out, _ = proc.communicate(timeout=180)  # never a hang
@@ -316,6 +317,42 @@ def test_a_killed_server_is_replaced_in_place_from_its_snapshot(
     pushes = 2 * steps[0] // period
     assert steps[2] + lost[-1] == pushes, (steps, lost)  # every push applied or lost
     _near_uninterrupted(cli, run_id, f"{strategy}-{epochs}")
+
+
+@pytest.mark.parametrize("strategy", ["asgd", "local-sgd"])
+def test_in_place_keeps_checkpoints_and_a_crash_resumes_every_worker_from_the_first(
+    cli: Cli, tmp_path: Path, strategy: str
+) -> None:
+    """restart.mode: in_place with a checkpoint: block: the first worker saves alone
+    (no collective a replacement could not join); a crash signal (no in-place case)
+    restarts the run in full, and every worker resumes from that checkpoint (asgd:
+    the servers' state with it)."""
+    servers = "parameter_servers: 1\n" if strategy == "asgd" else ""
+    job = _job(
+        tmp_path,
+        "inplaceckpt",
+        f"args: ['--epochs', '5']\nworkers: 2\n{servers}strategy: {strategy}\n"
+        "restart: {mode: in_place, max_user_restarts: 1, backoff_initial: 0.1}\n"
+        "checkpoint: {every_steps: 100}\n",
+    )
+
+    def ready() -> bool:  # past the first checkpoints
+        runs = cli.runs()
+        ranks = cli.state(runs[0].name)["ranks"] if runs else []
+        return any((r["step"] or 0) >= 250 for r in ranks if r["rank"] == 1)
+
+    done, run_id = _kill_mid_run(cli, job, 1, ready=ready, sig=signal.SIGSEGV)
+    out = done.stdout
+    assert done.returncode == 0, out
+    state = cli.state(run_id)
+    assert (state["restarts"], state["respawns"]) == (1, 0), state
+    resumed = {line.split("] ")[0] for line in out.splitlines() if "resumes at step" in line}
+    steps = {line.rsplit(" ", 1)[1] for line in out.splitlines() if "resumes at step" in line}
+    assert resumed == {"[rank 0", "[rank 1"} and len(steps) == 1, out  # from one file
+    assert int(steps.pop()) >= 200, out
+    saved = {p.name for p in (cli.home / "runs" / run_id / "hosts").rglob("rank-*.pt")}
+    assert saved == {"rank-0.pt"}, saved  # one writer
+    _near_uninterrupted(cli, run_id, f"{strategy}-5" if strategy == "asgd" else strategy)
 
 
 #: Each averaging strategy's in-place test: workers, and kills (2: the replacement too).

@@ -415,3 +415,13 @@ def test_a_rank_that_cannot_write_fails_the_save_on_every_rank(tmp_path: Path) -
     assert theirs.startswith("rank 1: could not write checkpoint step 10"), theirs
     assert sorted(p.name for p in tmp_path.iterdir()) == ["LATEST", "step-000000005"]
     assert run_ranks(_resume_step, 2, args=(str(tmp_path),)) == [5, 5]
+
+
+def test_a_manager_that_does_not_write_is_never_due_and_still_loads(tmp_path: Path) -> None:
+    """restart.mode: in_place: one worker saves, the others (``writes=False``) never
+    save and resume from its file."""
+    writer, reader = _mgr(tmp_path, every_steps=1), _mgr(tmp_path, every_steps=1, writes=False)
+    assert writer.due(1) and not reader.due(1) and not reader.due(2)
+    writer.save(1, {"w": torch.ones(2)})
+    found = reader.load_latest()
+    assert found is not None and found[0] == 1 and torch.equal(found[1]["w"], torch.ones(2))

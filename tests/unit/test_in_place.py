@@ -74,9 +74,9 @@ IN_PLACE = "restart: {mode: in_place}\n"
             "in place does not use; none, fp16 and bf16 apply); use full",
         ),
         (
-            HEAD + "parameter_servers: 1\nstrategy: asgd\n" + IN_PLACE + "checkpoint: {keep: 2}\n",
-            6,
-            "checkpoint",
+            HEAD + "strategy: ssgd\n" + IN_PLACE + "parallelism: {tensor_parallel_degree: 2}\n",
+            5,
+            "parallelism",
             "does not combine with restart.mode: in_place",
         ),
     ],
@@ -98,6 +98,8 @@ def test_in_place_is_taken_for_asgd_and_ssgd(tmp_path: Path, strategy: str) -> N
     (tmp_path / "train.py").write_text("")
     job = load_job(write(tmp_path, HEAD + strategy + "\n" + IN_PLACE))
     assert job.restart.mode == "in_place"
+    text = HEAD + strategy + "\n" + IN_PLACE + "checkpoint: {keep: 2}\n"
+    assert load_job(write(tmp_path, text)).checkpoint is not None  # one worker saves
 
 
 def test_the_ranks_learn_the_mode_and_their_budget(tmp_path: Path) -> None:
