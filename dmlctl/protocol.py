@@ -53,7 +53,10 @@ ROLE_SERVER = "server"  # a parameter-server process
 
 
 _SUMMARY_LINE = re.compile(r"^\s*(rank|exitcode)\s*:|^Root Cause")
-_PORT_TAKEN = re.compile(r"failed to listen on any local network address\. port: (\d+).*EADDRINUSE")
+_PORT_TAKEN = re.compile(
+    r"failed to (?:listen on any local network address\. port: (\d+).*EADDRINUSE"
+    r"|bind to \S*?:(\d+) \(errno: 98 - Address already in use)"
+)
 
 
 def is_failure_summary_line(line: str) -> bool:
@@ -67,7 +70,7 @@ def port_taken(line: str) -> int | None:
     """The port of torchrun's line saying that its rendezvous store could not listen
     on it because another process had taken it (``EADDRINUSE``), else None."""
     m = _PORT_TAKEN.search(line)
-    return int(m.group(1)) if m else None
+    return int(m.group(1) or m.group(2)) if m else None
 
 
 def local_roles(environ: Mapping[str, str]) -> list[str]:
@@ -108,6 +111,7 @@ ENV_RESTART_MODE = "DMLCTL_RESTART_MODE"
 ENV_RESPAWNS = "DMLCTL_RESPAWNS"
 ENV_RESPAWN_SERVERS = "DMLCTL_RESPAWN_SERVERS"  # "1": in place, servers replaced too
 ENV_PS_SNAPSHOT_EVERY = "DMLCTL_PS_SNAPSHOT_EVERY"  # a replaceable server's snapshot, pushes
+ENV_PS_SNAPSHOT_COPY = "DMLCTL_PS_SNAPSHOT_COPY"  # "1": a copy in the store (spare hosts)
 ENV_REJOIN = "DMLCTL_REJOIN"
 ENV_REJOIN_WAIT = "DMLCTL_REJOIN_WAIT"  # restart.rejoin_wait (0: never go on smaller)
 IN_PLACE = "in_place"

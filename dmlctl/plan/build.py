@@ -66,6 +66,7 @@ class _Where:
     local_run_dir: str
     lib_id: str
     endpoint: str
+    spares: bool = False  # the cluster has hosts the placement left free
 
 
 def _parallel_env(job: JobSpec, mesh: MeshLayout | None) -> dict[str, str]:
@@ -78,7 +79,7 @@ def _parallel_env(job: JobSpec, mesh: MeshLayout | None) -> dict[str, str]:
 
 
 def _host_env(
-    host: ResolvedHost, job: JobSpec, run_id: str, rank_dir: str, mesh: MeshLayout | None
+    host: ResolvedHost, job: JobSpec, where: _Where, rank_dir: str, mesh: MeshLayout | None
 ) -> dict[str, str]:
     """A host's environment, placement aside: the job's, the host's (over the job's)
     and dmlctl's own variables."""
@@ -88,23 +89,24 @@ def _host_env(
         **job.env,
         **host.env,
         "PYTHONUNBUFFERED": "1",
-        protocol.ENV_RUN_ID: run_id,
+        protocol.ENV_RUN_ID: where.run_id,
         protocol.ENV_RANK_DIR: rank_dir,
         protocol.ENV_HOST: host.name,
         protocol.ENV_ROLE: WORKER_ROLE,
         protocol.ENV_SCRIPT: job.script,
         **({protocol.ENV_BACKEND: job.backend} if job.backend != gpu_rules.AUTO else {}),
-        **_checkpoint_env(job, checkpoints, run_id),
+        **_checkpoint_env(job, checkpoints, where.run_id),
         **_parallel_env(job, mesh),
-        **_restart_env(job),
+        **_restart_env(job, where.spares),
     }
 
 
-def _restart_env(job: JobSpec) -> dict[str, str]:
+def _restart_env(job: JobSpec, spares: bool) -> dict[str, str]:
     """``DMLCTL_RESTART_MODE``, ``DMLCTL_RESPAWNS`` and ``DMLCTL_REJOIN_WAIT`` with
     ``restart.mode: in_place``;
     ``DMLCTL_RESPAWN_SERVERS`` and ``DMLCTL_PS_SNAPSHOT_EVERY`` too for a job with
-    parameter servers (replaced in place from their snapshots)."""
+    parameter servers (replaced in place from their snapshots), and with ``spares``
+    (a server's host may be replaced by another) ``DMLCTL_PS_SNAPSHOT_COPY``."""
     if job.restart.mode != protocol.IN_PLACE:
         return {}
     restarts = str(job.restart.max_infra_restarts)
@@ -113,6 +115,8 @@ def _restart_env(job: JobSpec) -> dict[str, str]:
     if job.parameter_servers > 0:
         env[protocol.ENV_RESPAWN_SERVERS] = "1"
         env[protocol.ENV_PS_SNAPSHOT_EVERY] = str(job.restart.ps_snapshot_every)
+        if spares:
+            env[protocol.ENV_PS_SNAPSHOT_COPY] = "1"
     return env
 
 
@@ -154,7 +158,7 @@ def _pool_host(
         agent_argv=(host.python, "-m", "dmlctl.agent", "--run-id", where.run_id),
         agent_cwd=agent_cwd,
         torchrun=torchrun,
-        env=_host_env(host, job, where.run_id, rank_dir, mesh),
+        env=_host_env(host, job, where, rank_dir, mesh),
         slots=host.slots,
     )
 
@@ -193,7 +197,8 @@ def build_plan(
     """
     placement = placement or place_job(cluster, job)
     endpoint = f"{rdzv_host or placement.first.address}:{rdzv_port}"
-    where = _Where(run_id, local_run_dir, lib_id, endpoint)
+    free = len(placement.hosts) > len(placement.placed)  # spares: hosts that run nothing
+    where = _Where(run_id, local_run_dir, lib_id, endpoint, free)
     pool = [
         _pool_host(as_run(h, local_python), job, where, placement.mesh) for h in placement.hosts
     ]

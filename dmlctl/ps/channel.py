@@ -269,18 +269,28 @@ class WorkerChannel:
 
     def snapshot(self, server: int) -> bytes:
         """The state of ``server`` (its :meth:`ParameterServer.state_dict`,
-        serialized) at the moment it handles this request."""
-        conn = self._conn(server)
-        conn.send(_fields(Op.SNAPSHOT, self.rank, 0))
-        return self._blob_reply(conn).numpy().tobytes()
+        serialized) at the moment it handles this request (asked of its replacement
+        when it was lost meanwhile and is replaced in place)."""
+        return self._blob(server, _fields(Op.SNAPSHOT, self.rank, 0)).numpy().tobytes()
 
     def restore(self, server: int, state: bytes) -> None:
         """Make ``server`` load ``state`` (as :meth:`snapshot` returned it); returns
         once the server acknowledged."""
-        conn = self._conn(server)
         blob = torch.frombuffer(bytearray(state), dtype=torch.uint8) if state else None
-        conn.send(_fields(Op.RESTORE, self.rank, 0), blob)
-        self._blob_reply(conn)
+        self._blob(server, _fields(Op.RESTORE, self.rank, 0), blob)
+
+    def _blob(
+        self, server: int, fields: Fields, payload: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``server``'s blob reply to ``fields`` (asked again of its replacement)."""
+        try:
+            conn = self._conn(server)
+            conn.send(fields, payload)
+            return self._blob_reply(conn)
+        except ConnectionLost as exc:
+            conn = self._reconnect(server, exc)
+            conn.send(fields, payload)
+            return self._blob_reply(conn)
 
     @staticmethod
     def _blob_reply(conn: Connection) -> torch.Tensor:

@@ -148,9 +148,9 @@ class GradientPush(PSOptimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self._schedulers_taken()
         grads = [dense_grad(p) for p in self.params]
-        self.local_steps += 1
-        self.meter.step()
+        self._counted()
         pull = self.local_steps % self.n_fetch == 0
         fresh = self._push(grads, pull=pull, clock=self.tags(), lr=self.push_lr())
         if fresh is not None:

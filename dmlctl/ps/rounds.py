@@ -125,10 +125,12 @@ class BackupRounds(_RoundsOnly):
 
     def offer(self, push: Message, version: int) -> bool:
         """Keep the gradient when its tag (clock) is the shard's ``version``, else
-        drop and count it."""
+        drop it, and count it when it is late (one tagged ahead is of a round a
+        replaced server's snapshot never reached: lost, not late)."""
         if push.clock != version:
-            self.dropped += 1
-            self.dropped_by[push.worker] = self.dropped_by.get(push.worker, 0) + 1
+            if push.clock < version:
+                self.dropped += 1
+                self.dropped_by[push.worker] = self.dropped_by.get(push.worker, 0) + 1
             return False
         self.grads.setdefault(push.shard_id, {})[push.worker] = _flat_copy(push)
         if push.lr is not None:

@@ -6,9 +6,12 @@ torchrun like a worker (:mod:`dmlctl.agent.respawn`). Its state — parameters,
 versions, clocks, the rule's state, the pushes applied per worker — is written to
 ``rank-<R>.attempt-<A>.snapshot`` in its rank directory as it starts and every
 ``restart.ps_snapshot_every`` pushes (``torch.save`` to a temporary file, then
-``os.replace``: a kill mid-write leaves the previous one), and a copy into the run's
-store (the memory of rank 0's host), where a replacement started on another host —
-its own lost with it — reads it. The replacement starts from the newest; the pushes
+``os.replace``: a kill mid-write leaves the previous one) and, when the run has a spare
+host (``DMLCTL_PS_SNAPSHOT_COPY``), a copy into the run's store (the memory of rank
+0's host, in pieces: :mod:`dmlctl.runtime.store_blobs`), where a replacement started
+on another host — its own lost with it — reads it; a copy the store refuses is
+given up, said once, and the file goes on alone. The replacement starts from the
+newest; the pushes
 applied since are lost, and each worker's HELLO says how many it sent, so the server
 counts them (``pushes_lost``).
 """
@@ -22,7 +25,7 @@ from typing import Any
 import torch
 
 from dmlctl import protocol
-from dmlctl.runtime import rejoin
+from dmlctl.runtime import rejoin, store_blobs
 
 
 class Snapshots:
@@ -43,7 +46,8 @@ class Snapshots:
         environment dmlctl gives it; the current directory without one)."""
         rank_dir = os.environ.get(protocol.ENV_RANK_DIR) or os.getcwd()
         every = int(os.environ.get(protocol.ENV_PS_SNAPSHOT_EVERY) or "500")
-        return cls(rank_dir, rank, every, copied=rejoin.has_store())
+        copied = rejoin.has_store() and os.environ.get(protocol.ENV_PS_SNAPSHOT_COPY) == "1"
+        return cls(rank_dir, rank, every, copied=copied)
 
     def due(self, pushes: int) -> bool:
         """Whether a snapshot is due after ``pushes`` pushes in all."""
@@ -60,7 +64,14 @@ class Snapshots:
             f.write(data)
         os.replace(tmp, self.path)
         if self.key is not None:
-            rejoin.store().set(self.key, data)  # type: ignore[arg-type]  # bytes: as stored
+            try:
+                store_blobs.put(rejoin.store(), self.key, data)
+            except RuntimeError as exc:
+                self.key = None
+                rejoin.say(
+                    f"server snapshot copies to the run's store given up ({exc}); a "
+                    "replacement on another host cannot start from one"
+                )
         self._written_at = pushes
 
     def read(self) -> dict[str, Any]:
@@ -77,9 +88,9 @@ class Snapshots:
 
     def _copy(self, why: str) -> Any:
         """The store's copy (raises RuntimeError saying ``why`` and why not)."""
-        if self.key is None or not rejoin.store().check([self.key]):
+        data = store_blobs.get(rejoin.store(), self.key) if self.key is not None else None
+        if data is None:
             raise RuntimeError(f"{why}, and none in the run's store")
-        data = rejoin.store().get(self.key)
         try:
             return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
         except (RuntimeError, ValueError) as exc:

@@ -43,7 +43,7 @@ from dmlctl.ps.codec import PushCodec
 from dmlctl.ps.overlap import CommThread
 from dmlctl.ps.server import pack, unpack
 from dmlctl.ps.staging import Staging
-from dmlctl.runtime import rejoin
+from dmlctl.runtime import rejoin, schedulers
 from dmlctl.runtime.optimizer import StrategyOptimizer
 from dmlctl.text import plural
 
@@ -114,6 +114,12 @@ class PSOptimizer(StrategyOptimizer):
         self.versions: dict[int, int] = dict.fromkeys(self.shard_ids, 0)  # latest read, per shard
         self.pushed_at = 0  # local step of the latest push
         self._bytes_seen = 0
+        #: ``restart.mode: in_place``: this worker's LR schedulers kept for a replacement.
+        self._mirror = (
+            schedulers.Mirror(rejoin.key(f"schedulers/{ctx.global_rank}"))
+            if rejoin.in_place() and rejoin.has_store()
+            else None
+        )
         if rejoin.rejoining():
             self._rejoin()
         self._closed = False
@@ -129,6 +135,8 @@ class PSOptimizer(StrategyOptimizer):
         started = time.perf_counter()
         self.local_steps = self.pushed_at = self.ctx.batches_taken
         self._adopt(self._pull(), keep_local=False)
+        if self._mirror is not None:
+            self.handed_schedulers = self._mirror.read()
         rejoin.say(
             f"rank {self.ctx.global_rank} rejoined: model from server rank "
             f"{', '.join(map(str, self.channel.servers))} "
@@ -249,11 +257,30 @@ class PSOptimizer(StrategyOptimizer):
             self.after_adopt()
 
     def _local_step(self, closure: Callable[[], float] | None) -> Any:
-        """The user's optimizer's step, counted (clock and meter); returns its loss."""
+        """The user's optimizer's step, counted (:meth:`_counted`); returns its loss."""
+        self._schedulers_taken()
         loss = self.inner.step(closure) if closure is not None else self.inner.step()
+        self._counted()
+        return loss
+
+    def _schedulers_taken(self) -> None:
+        """A replacement's first step: its LR schedulers take its predecessor's state
+        (:class:`~dmlctl.runtime.schedulers.Mirror`)."""
+        handed, self.handed_schedulers = self.handed_schedulers, None
+        at = self.local_steps  # its predecessor's position: ahead of the kept copy
+        if handed is not None and (names := schedulers.adopt(handed, self, self.inner, at=at)):
+            rejoin.say(
+                f"rank {self.ctx.global_rank}: LR schedulers {', '.join(names)} go on from "
+                f"its predecessor's (kept at its step {handed.steps})"
+            )
+
+    def _counted(self) -> None:
+        """A step taken: the clock and the meter; with ``restart.mode: in_place`` the
+        LR schedulers' state goes to the run's store when due."""
         self.local_steps += 1
         self.meter.step()
-        return loss
+        if self._mirror is not None:
+            self._mirror.publish(self, self.inner)
 
     def step(self, closure: Callable[[], float] | None = None) -> Any:
         """One training step and the push/pull due with it: the subclass's."""
@@ -329,7 +356,8 @@ class PSOptimizer(StrategyOptimizer):
     def load_strategy_state(self, state: dict[str, Any]) -> None:
         """Restore the servers (first worker), then every worker continues from the
         servers' parameters (collective over the workers)."""
-        if self.channel.codec is not None and state.get("push_error"):
+        own = not rejoin.in_place() or self.ctx.rank == 0  # in place: the first's, shared
+        if self.channel.codec is not None and state.get("push_error") and own:
             self.channel.codec.load_state_dict(state["push_error"])
         servers = state.get("servers")
         if self.ctx.rank == 0 and servers is not None:

@@ -290,8 +290,8 @@ def _exit_cause(host: str, msg: wire.ExitMsg, now: float) -> Failure | None:
     if error is None:
         if msg.code == 0:
             return None
-        if (taken := _port_taken(host, msg, now)) is not None:
-            return taken
+        if not msg.failures and (taken := _port_taken(host, msg, now)) is not None:
+            return taken  # no rank ran: the rendezvous never met
         if msg.failures:
             return recorded_failure(host, msg.failures, msg.tail, now)
         return torchrun_failure(host, msg.tail, now, msg.summary)

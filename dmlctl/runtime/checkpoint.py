@@ -140,6 +140,7 @@ class CheckpointManager(CheckpointLoading):
         run_id: str | None = None,
         warm_start: bool = False,
         writes: bool = True,
+        peers: int | None = None,
     ) -> None:
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
@@ -155,6 +156,9 @@ class CheckpointManager(CheckpointLoading):
         #: Whether this rank saves at all (``restart.mode: in_place``: one worker saves
         #: alone, and every worker resumes from its file).
         self.writes = writes
+        #: The ranks that load together, agreeing on the step over ``group`` (one
+        #: file shared by ``peers`` ranks when ``world_size`` is 1: in place).
+        self.peers = world_size if peers is None else peers
         #: The ranks' process group (None: the default group) and the global rank of
         #: its first member (with parameter servers: the workers' group).
         self.group, self.src = group, src
@@ -181,6 +185,7 @@ class CheckpointManager(CheckpointLoading):
         group: Any = None,
         src: int = 0,
         writes: bool = True,
+        peers: int | None = None,
     ) -> CheckpointManager | None:
         """The manager the ``DMLCTL_CHECKPOINT_*`` variables describe (None without a dir)."""
         root = os.environ.get(ENV_CHECKPOINT_DIR)
@@ -203,6 +208,7 @@ class CheckpointManager(CheckpointLoading):
             run_id=os.environ.get(ENV_RUN_ID) or None,
             warm_start=os.environ.get(ENV_CHECKPOINT_WARM_START) == "1",
             writes=writes,
+            peers=peers,
         )
 
     def due(self, step: int) -> bool:

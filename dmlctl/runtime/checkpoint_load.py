@@ -37,6 +37,7 @@ class CheckpointLoading:
     root: Path
     rank: int
     world_size: int
+    peers: int  # the ranks that load together (world_size unless they share one file)
     group: Any
     allow_fresh_start: bool
     run_id: str | None
@@ -45,6 +46,10 @@ class CheckpointLoading:
 
     def _collective(self) -> bool:
         return self.world_size > 1 and dist.is_initialized()
+
+    def _agreeing(self) -> bool:
+        """Whether loading agrees with other ranks (a collective over ``group``)."""
+        return self.peers > 1 and dist.is_initialized()
 
     def _newest_valid(self, bound: int | None) -> tuple[int, Path | None]:
         """This rank's newest verified checkpoint at or below ``bound``."""
@@ -66,7 +71,7 @@ class CheckpointLoading:
     def _any(self, flag: bool) -> bool:
         """``flag`` of any rank (a collective when there are several)."""
         box = torch.tensor([int(flag)], dtype=torch.int64)
-        if self._collective():
+        if self._agreeing():
             dist.all_reduce(box, op=dist.ReduceOp.MAX, group=self.group)
         return bool(box.item())
 
@@ -83,7 +88,7 @@ class CheckpointLoading:
         while True:
             step, path = self._newest_valid(bound)
             agreed = step
-            if self._collective():
+            if self._agreeing():
                 box = torch.tensor([step, -step], dtype=torch.int64)
                 dist.all_reduce(box, op=dist.ReduceOp.MIN, group=self.group)
                 agreed, highest = int(box[0]), -int(box[1])
@@ -112,7 +117,7 @@ class CheckpointLoading:
                 [self.rank + 1 if refused else 0, int(not state and refused is None)],
                 dtype=torch.int64,
             )
-            if self._collective():
+            if self._agreeing():
                 dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
             if refused is not None:
                 raise refused

@@ -44,7 +44,7 @@ from dmlctl.runtime.membership import Membership
 from dmlctl.runtime.metrics import MetricLogger
 from dmlctl.runtime.optimizer import StrategyOptimizer
 from dmlctl.runtime.progress import TRACKER
-from dmlctl.runtime.rank_checkpoints import RankCheckpoints, manager_class
+from dmlctl.runtime.rank_checkpoints import RankCheckpoints, checkpoint_manager
 from dmlctl.runtime.rank_log import RankLog, divergence_check
 from dmlctl.runtime.steps import LossFn
 from dmlctl.runtime.straggler import paced, straggler_factor
@@ -93,17 +93,15 @@ class Context(RankIdentity):
         self._log = RankLog(self._metrics, self._cursor, progress=env.rank_dir is not None)
         self._closed = False
         self._on_close: list[Callable[[], None]] = []
-        manager = None
-        first = membership.workers[0] if membership is not None else 0
-        if not at.is_server and rejoin.in_place():  # one writer: the group can change
-            manager = manager_class(False).from_env(0, 1, writes=env.rank == first)
-        elif not at.is_server:
-            manager = manager_class(self._laid_out()).from_env(
-                at.rank, at.world, env.local_rank, group=group, src=first
-            )
+        workers = tuple(membership.workers) if membership is not None else tuple(range(at.world))
+        manager = (
+            None if at.is_server else checkpoint_manager(env, at, workers, group, self._laid_out())
+        )
         self._checkpoints = RankCheckpoints(
             manager, laid_out=self._laid_out(), cursor=self._cursor, metrics=self._metrics
         )
+        if rejoin.in_place():
+            self._checkpoints.share(env.rank, workers, apart=membership is not None)
         self.resumed_extra: dict[str, Any] = {}  # ``extra`` of the checkpoint resumed
         self._notices: set[str] = set()
         self.total_steps: int | None = None

@@ -11,12 +11,15 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from dmlctl.runtime import checkpoint as ckpt
+from dmlctl.runtime import rejoin
 from dmlctl.runtime.cursor import DataCursor
 from dmlctl.runtime.metrics import MetricLogger
 from dmlctl.runtime.progress import TRACKER
 
 if TYPE_CHECKING:
     from dmlctl.runtime.checkpoint_sharded import ShardedCheckpointManager
+    from dmlctl.runtime.env import RunEnv
+    from dmlctl.runtime.identity import RankPlace
 
 
 def manager_class(laid_out: bool) -> type[ckpt.CheckpointManager]:
@@ -27,6 +30,23 @@ def manager_class(laid_out: bool) -> type[ckpt.CheckpointManager]:
     from dmlctl.runtime.checkpoint_sharded import ShardedCheckpointManager
 
     return ShardedCheckpointManager
+
+
+def checkpoint_manager(
+    env: RunEnv, at: RankPlace, workers: tuple[int, ...], group: Any, laid_out: bool
+) -> ckpt.CheckpointManager | None:
+    """A worker's checkpoint manager (None without a checkpoint dir): its own file in a
+    world of ``at.world`` ranks; with ``restart.mode: in_place`` one file that the first
+    of the ``workers`` writes alone (no collective a replacement could not join) and
+    every worker loads, agreeing on the step over ``group``."""
+    if rejoin.in_place():
+        first = workers[0]
+        return manager_class(False).from_env(
+            0, 1, group=group, src=first, writes=env.rank == first, peers=at.world
+        )
+    return manager_class(laid_out).from_env(
+        at.rank, at.world, env.local_rank, group=group, src=workers[0]
+    )
 
 
 class RankCheckpoints:
@@ -42,6 +62,18 @@ class RankCheckpoints:
     ) -> None:
         self._manager, self._laid_out = manager, laid_out
         self._cursor, self._metrics = cursor, metrics
+        self._rank: int = 0
+        self._workers: tuple[int, ...] = ()
+        self._apart = False
+
+    def share(self, rank: int, workers: tuple[int, ...], apart: bool) -> None:
+        """One checkpoint for the ``workers`` (global ranks; this one ``rank``), written
+        by the first (``restart.mode: in_place``); only the writer takes the saved
+        random-number states (the others keep their own). Workers ``apart`` (each at
+        its own pace: the parameter-server strategies) resume each at its own data
+        position, kept in the checkpoint as the store has it; the others, which meet
+        every round, at the writer's."""
+        self._rank, self._workers, self._apart = rank, workers, apart
 
     def _sharded(self) -> ShardedCheckpointManager | None:
         """The manager when it saves through DCP, else None."""
@@ -68,6 +100,8 @@ class RankCheckpoints:
         if found is None:
             return None
         step, state = found
+        if self._workers:
+            step, state = self._own(step, state)
         if sharded is not None:
             from dmlctl.runtime.checkpoint_sharded import restore_small_state
 
@@ -76,6 +110,26 @@ class RankCheckpoints:
             ckpt.restore_training_state(state, model, optimizer)
         self._cursor.resume_at = (int(state["data"]["epoch"]), int(state["data"]["batches"]))
         return step, dict(state.get("extra", {}))
+
+    def _positions(self, step: int, mine: dict[str, int]) -> dict[str, list[int]]:
+        """Every worker's data position — epoch, batches of it, steps in all: this one's
+        (``mine``, at ``step``), the others' as they last copied them to the run's
+        store."""
+        out = {str(self._rank): [mine["epoch"], mine["batches"], step]}
+        for rank in self._workers:
+            if rank != self._rank and (at := rejoin.mirrored_position(rank)) is not None:
+                out[str(rank)] = list(at)
+        return out
+
+    def _own(self, step: int, state: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """A shared checkpoint (saved at ``step``) as this worker resumes from it
+        (:meth:`share`): its own position and step count when the writer knew them."""
+        at = state.get("positions", {}).get(str(self._rank))
+        if at is not None:
+            state = {**state, "data": {"epoch": at[0], "batches": at[1]}}
+            step = int(at[2])
+        writer = self._manager is not None and self._manager.writes
+        return step, state if writer else {**state, "rng": {}}
 
     def save(
         self,
@@ -97,6 +151,8 @@ class RankCheckpoints:
             state = small_state(optimizer, lambda: ckpt.rank_state(model, **at, extra=extra))
         else:
             state = ckpt.training_state(model, optimizer, **at, extra=extra)
+        if self._apart:
+            state["positions"] = self._positions(step, at)
         with TRACKER.phase("checkpoint"):
             directory = self._manager.save(step, state)
         if self._manager.committed_here:

@@ -213,6 +213,13 @@ class Position:
         return max(known, key=lambda at: at[2]) if known else None
 
 
+def mirrored_position(rank: int) -> tuple[int, int, int] | None:
+    """Worker ``rank``'s position as it last copied it to the run's store (at most
+    :data:`MIRROR_S` seconds old; None: none yet)."""
+    name = key(f"position/{rank}")
+    return _parse(lambda: store().get(name).decode()) if store().check([name]) else None
+
+
 def has_store() -> bool:
     """Whether this process knows the run's store (torchrun gave it
     ``MASTER_ADDR``/``MASTER_PORT``)."""

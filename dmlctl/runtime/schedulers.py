@@ -8,14 +8,19 @@ the schedulers that drive an optimizer (a strategy's or the one inside it) among
 process's objects and takes their ``state_dict()``; :func:`adopt`, in the
 replacement, loads them into its own schedulers of the same kinds at its first step
 (its script has made them by then) and sets the learning rates the live worker had,
-so the schedule goes on where the live worker's was.
+so the schedule goes on where the live worker's was. A parameter-server worker has
+no live peer to copy: its schedulers' state is kept in the run's store as it trains
+(:class:`Mirror`), and its replacement takes that.
 """
 
 from __future__ import annotations
 
 import gc
 import io
+import math
+import time
 import warnings
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,9 +68,14 @@ class Handed:
     @classmethod
     def of(cls, optimizer: torch.optim.Optimizer, *also: torch.optim.Optimizer) -> Handed:
         """What ``optimizer`` (a strategy's, with ``steps`` counted) and ``also`` hand on."""
+        return cls.taken(of(optimizer, *also), optimizer)
+
+    @classmethod
+    def taken(cls, found: list[LRScheduler], optimizer: torch.optim.Optimizer) -> Handed:
+        """What the schedulers ``found`` of ``optimizer`` hand on."""
         states: list[tuple[str, dict[str, Any]]] = []
         unsent: list[str] = []
-        for scheduler in of(optimizer, *also):
+        for scheduler in found:
             state, name = scheduler.state_dict(), type(scheduler).__name__
             if _plain(state):
                 states.append((name, state))
@@ -90,6 +100,39 @@ class Handed:
         return cls(states, rates, int(state["steps"]), [str(n) for n in state["unsent"]])
 
 
+class Mirror:
+    """A parameter-server worker's schedulers in the run's store, for its replacement
+    (which has no live peer to hand them over): at most every
+    :data:`~dmlctl.runtime.rejoin.MIRROR_S` seconds, as its data position is (the
+    schedulers are looked for once, at the first step: one made later is not kept)."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self._found: list[weakref.ref[LRScheduler]] | None = None
+        self._last = -math.inf
+
+    def publish(self, optimizer: torch.optim.Optimizer, *also: torch.optim.Optimizer) -> None:
+        """Write the state of ``optimizer``'s (and ``also``'s) schedulers when due."""
+        now = time.monotonic()
+        if now - self._last < rejoin.MIRROR_S:
+            return
+        self._last = now
+        if self._found is None:
+            self._found = [weakref.ref(s) for s in of(optimizer, *also)]
+        live = [s for ref in self._found if (s := ref()) is not None]
+        if live:
+            buf = io.BytesIO()
+            torch.save(Handed.taken(live, optimizer).to_state(), buf)
+            rejoin.store().set(self.key, buf.getvalue())  # type: ignore[arg-type]  # bytes
+
+    def read(self) -> Handed | None:
+        """What the predecessor last wrote (None: nothing)."""
+        if not rejoin.store().check([self.key]):
+            return None
+        data = rejoin.store().get(self.key)
+        return Handed.from_state(torch.load(io.BytesIO(data), weights_only=True))
+
+
 def _plain(state: dict[str, Any]) -> bool:
     """Whether ``state`` goes through ``torch.save`` and a ``weights_only`` load (a
     ``LambdaLR`` of a callable object keeps that object's attributes, of any type)."""
@@ -104,7 +147,10 @@ def _plain(state: dict[str, Any]) -> bool:
 
 
 def adopt(
-    handed: Handed, optimizer: torch.optim.Optimizer, *also: torch.optim.Optimizer
+    handed: Handed,
+    optimizer: torch.optim.Optimizer,
+    *also: torch.optim.Optimizer,
+    at: int | None = None,
 ) -> list[str]:
     """Load ``handed`` (a live worker's) into this process's schedulers of
     ``optimizer`` (and ``also``), each into one of its class, and set ``optimizer``'s
@@ -113,8 +159,10 @@ def adopt(
     steps: that worker was inside the round the replacement joined) then takes that
     round's step, as the live worker's did after it (a scheduler stepped once per
     epoch whose count happens to be that is stepped too: a rare early mismatch of
-    one). Returns the class names loaded
-    (a scheduler with no saved state of its kind keeps its own)."""
+    one). ``at``: the replacement's own step count, ahead of ``handed.steps`` when the
+    state is a kept copy (:class:`Mirror`): a scheduler stepped every step takes the
+    steps between too. Returns the class names loaded (a scheduler with no saved
+    state of its kind keeps its own)."""
     left = list(handed.states)
     loaded: list[LRScheduler] = []
     for scheduler in of(optimizer, *also):
@@ -134,12 +182,13 @@ def adopt(
     with warnings.catch_warnings():  # "step() before optimizer.step()": as the live one did
         warnings.simplefilter("ignore", UserWarning)
         for scheduler in loaded:
-            if (
-                _counts_steps(scheduler)
-                and handed.steps > 0
-                and _count(scheduler) == handed.steps - 1
-            ):
+            if not _counts_steps(scheduler) or handed.steps <= 0:
+                continue
+            if _count(scheduler) == handed.steps - 1:
                 scheduler.step()
+            if at is not None and _count(scheduler) == handed.steps:  # stepped every step
+                for _ in range(at - handed.steps):
+                    scheduler.step()
     return [type(s).__name__ for s in loaded]
 
 

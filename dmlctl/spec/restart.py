@@ -55,9 +55,9 @@ class RestartSpec(BaseModel):
         default=500,
         ge=1,
         description="With mode: in_place, a parameter server writes its state to its "
-        "host's run directory and the run's store every this many pushes (and as it "
-        "starts); its replacement starts from the newest one, and the pushes since are "
-        "lost (counted as pushes_lost).",
+        "host's run directory (and, with a spare host, the run's store) every this many "
+        "pushes and as it starts; its replacement starts from the newest one, and the "
+        "pushes since are lost (counted as pushes_lost).",
     )
     max_user_restarts: Restarts = Field(
         default=0,

@@ -173,3 +173,41 @@ def test_two_schedulers_of_a_kind_are_not_handed_over(capsys: pytest.CaptureFixt
     saved = _with_schedulers(optimizer_handover(live.inner), live).save()
     assert saved["schedulers"]["states"] == []
     assert "StepLR: more than one of a kind" in capsys.readouterr().out
+
+
+def test_a_parameter_server_worker_keeps_its_schedulers_in_the_store_for_its_replacement(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No live peer to copy: the worker writes its schedulers' state to the run's store
+    at most every MIRROR_S seconds (as it steps, before the script steps them); the
+    replacement reads it and its own scheduler goes on from there."""
+    from torch._C._distributed_c10d import TCPStore
+
+    from dmlctl.runtime import rejoin, schedulers
+
+    store = TCPStore("127.0.0.1", 0, 1, True)
+    monkeypatch.setattr(rejoin, "store", lambda: store)
+    mirror = schedulers.Mirror("schedulers/1")
+    assert mirror.read() is None
+    weight, live = _worker()
+    sched = StepLR(live.inner, step_size=2, gamma=0.1)
+    for _ in range(3):  # published at the first step only: the next ones are not due
+        weight.grad = torch.ones(2)
+        live.step()
+        mirror.publish(live, live.inner)
+        sched.step()
+    handed = schedulers.Mirror("schedulers/1").read()
+    assert handed is not None and handed.states[0][0] == "StepLR"
+    assert handed.states[0][1]["last_epoch"] == 0 and handed.steps == 1
+    monkeypatch.setattr(rejoin, "MIRROR_S", 0.0)
+    mirror.publish(live, live.inner)  # due now: the state after three steps
+    handed = schedulers.Mirror("schedulers/1").read()
+    assert handed is not None and handed.states[0][1]["last_epoch"] == 3
+    _, new = _worker()
+    own = StepLR(new.inner, step_size=2, gamma=0.1)
+    assert schedulers.adopt(handed, new, new.inner) == ["StepLR"]
+    assert own.last_epoch == 3 and new.param_groups[0]["lr"] == live.param_groups[0]["lr"]
+    _, later = _worker()  # its predecessor had taken 5 batches: the copy is 2 behind
+    stepped = StepLR(later.inner, step_size=2, gamma=0.1)
+    assert schedulers.adopt(handed, later, later.inner, at=5) == ["StepLR"]
+    assert stepped.last_epoch == 5 and later.param_groups[0]["lr"] == pytest.approx(0.01)
