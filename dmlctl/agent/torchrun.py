@@ -18,6 +18,7 @@ import contextlib
 import json
 import os
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -42,6 +43,12 @@ def run(argv: Sequence[str]) -> None:
 EXIT_WAIT_S = 60.0
 """How long a torchrun of an in-place run waits at its end for every rank of the world
 to be done with the run's store."""
+EXIT_CONNECT_S = 3.0
+"""How long a torchrun at its end tries to reach the run's store: one that cannot has
+lost the race with the store's torchrun, which ends once every rank is done."""
+EXIT_LINGER_S = 1.0
+"""How long the store's torchrun (node 0) stays after every rank is done, so that the
+other nodes' torchruns, a monitor interval behind, still find it at their end."""
 
 
 def wait_for_ranks_at_exit(timeout: float = EXIT_WAIT_S) -> None:
@@ -52,7 +59,10 @@ def wait_for_ranks_at_exit(timeout: float = EXIT_WAIT_S) -> None:
     replaced in place never gets there: its ranks run under a stand-in
     (:mod:`dmlctl.agent.standin`). So each torchrun of such a run waits instead until
     every rank of the world — whichever process runs it now — said it is done with
-    the store (:func:`dmlctl.runtime.rejoin.done`), at most ``timeout`` seconds."""
+    the store (:func:`dmlctl.runtime.rejoin.done`), at most ``timeout`` seconds; the
+    store's own torchrun then stays :data:`EXIT_LINGER_S` more, and one that cannot
+    reach the store within :data:`EXIT_CONNECT_S` (it has ended: every rank was
+    done) ends at once instead of retrying for the store's 5-minute timeout."""
     from datetime import timedelta
 
     from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
@@ -62,12 +72,18 @@ def wait_for_ranks_at_exit(timeout: float = EXIT_WAIT_S) -> None:
     def _exit_barrier(self: Any) -> None:
         group = self._worker_group
         try:
-            wait = timedelta(seconds=timeout)
-            store = rejoin.connect(group.master_addr, int(group.master_port))
+            reach = timedelta(seconds=EXIT_CONNECT_S)
+            store = rejoin.connect(group.master_addr, int(group.master_port), reach)
+        except Exception:  # the store's torchrun ended: every rank was done
+            return
+        try:
             world = int(group.workers[0].world_size)
-            store.wait([rejoin.done_key(r) for r in range(world)], wait)
+            store.wait([rejoin.done_key(r) for r in range(world)], timedelta(seconds=timeout))
         except Exception as exc:  # the run's outcome is its ranks', not this wait's
             print(f"dmlctl: not every rank said it is done with the store: {exc}", file=sys.stderr)
+            return
+        if int(group.group_rank) == 0:
+            time.sleep(EXIT_LINGER_S)
 
     SimpleElasticAgent._exit_barrier = _exit_barrier  # type: ignore[method-assign]
 

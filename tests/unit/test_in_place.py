@@ -762,6 +762,7 @@ def test_torchrun_of_an_in_place_run_waits_at_exit_for_every_ranks_done_key(
             master_addr="127.0.0.1",
             master_port=int(os.environ["MASTER_PORT"]),
             workers=[SimpleNamespace(world_size=2)],
+            group_rank=1,
         )
         agent = SimpleNamespace(_worker_group=group)
         store.set(rejoin.done_key(0), "1")
@@ -771,6 +772,11 @@ def test_torchrun_of_an_in_place_run_waits_at_exit_for_every_ranks_done_key(
         rejoin.done()  # rank 1, from wherever it runs now
         SimpleElasticAgent._exit_barrier(agent)  # type: ignore[arg-type]
         assert capsys.readouterr().err == ""
+        # The store's torchrun ended first (every rank was done): no 5-minute retry.
+        gone = SimpleNamespace(**{**vars(group), "master_port": _free_port()})
+        started = time.monotonic()
+        SimpleElasticAgent._exit_barrier(SimpleNamespace(_worker_group=gone))  # type: ignore[arg-type]
+        assert time.monotonic() - started < 10 and capsys.readouterr().err == ""
     finally:
         SimpleElasticAgent._exit_barrier = own  # type: ignore[method-assign]
 
