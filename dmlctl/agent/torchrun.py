@@ -51,7 +51,7 @@ EXIT_LINGER_S = 1.0
 other nodes' torchruns, a monitor interval behind, still find it at their end."""
 
 
-def wait_for_ranks_at_exit(timeout: float = EXIT_WAIT_S) -> None:
+def wait_for_ranks_at_exit(timeout: float = EXIT_WAIT_S, reach: float = EXIT_CONNECT_S) -> None:
     """Patch torchrun's exit barrier for a run that replaces lost ranks in place.
 
     torchrun waits at its end (up to 5 minutes) until every node's torchrun got there,
@@ -61,8 +61,8 @@ def wait_for_ranks_at_exit(timeout: float = EXIT_WAIT_S) -> None:
     every rank of the world — whichever process runs it now — said it is done with
     the store (:func:`dmlctl.runtime.rejoin.done`), at most ``timeout`` seconds; the
     store's own torchrun then stays :data:`EXIT_LINGER_S` more, and one that cannot
-    reach the store within :data:`EXIT_CONNECT_S` (it has ended: every rank was
-    done) ends at once instead of retrying for the store's 5-minute timeout."""
+    reach the store within ``reach`` seconds (it has ended: every rank was done)
+    ends at once instead of retrying for the store's 5-minute timeout."""
     from datetime import timedelta
 
     from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
@@ -72,8 +72,8 @@ def wait_for_ranks_at_exit(timeout: float = EXIT_WAIT_S) -> None:
     def _exit_barrier(self: Any) -> None:
         group = self._worker_group
         try:
-            reach = timedelta(seconds=EXIT_CONNECT_S)
-            store = rejoin.connect(group.master_addr, int(group.master_port), reach)
+            within = timedelta(seconds=reach)
+            store = rejoin.connect(group.master_addr, int(group.master_port), within)
         except Exception:  # the store's torchrun ended: every rank was done
             return
         try:

@@ -757,7 +757,7 @@ def test_torchrun_of_an_in_place_run_waits_at_exit_for_every_ranks_done_key(
     store = _store(monkeypatch)
     own = SimpleElasticAgent._exit_barrier
     try:
-        wait_for_ranks_at_exit(timeout=0.5)
+        wait_for_ranks_at_exit(timeout=0.5, reach=0.5)
         group = SimpleNamespace(
             master_addr="127.0.0.1",
             master_port=int(os.environ["MASTER_PORT"]),
