@@ -82,8 +82,8 @@ def wait_for_ranks_at_exit(timeout: float = EXIT_WAIT_S, reach: float = EXIT_CON
         except Exception as exc:  # the run's outcome is its ranks', not this wait's
             print(f"dmlctl: not every rank said it is done with the store: {exc}", file=sys.stderr)
             return
-        if int(group.group_rank) == 0:
-            time.sleep(EXIT_LINGER_S)
+        if int(group.group_rank) == 0 and int(group.group_world_size or 1) > 1:
+            time.sleep(EXIT_LINGER_S)  # other nodes' torchruns may still come
 
     SimpleElasticAgent._exit_barrier = _exit_barrier  # type: ignore[method-assign]
 
