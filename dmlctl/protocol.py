@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import threading
 import time
 from collections.abc import Mapping
@@ -50,27 +49,6 @@ ENV_ROLE = "DMLCTL_ROLE"
 ENV_LOCAL_ROLES = "DMLCTL_LOCAL_ROLES"
 ROLE_WORKER = "worker"  # a training process
 ROLE_SERVER = "server"  # a parameter-server process
-
-
-_SUMMARY_LINE = re.compile(r"^\s*(rank|exitcode)\s*:|^Root Cause")
-_PORT_TAKEN = re.compile(
-    r"failed to (?:listen on any local network address\. port: (\d+).*EADDRINUSE"
-    r"|bind to \S*?:(\d+) \(errno: 98 - Address already in use)"
-)
-
-
-def is_failure_summary_line(line: str) -> bool:
-    """Whether ``line`` of torchrun's output belongs to its failure summary: a
-    ``rank : N`` or ``exitcode : X`` entry, the "Root Cause" heading, or the line that
-    says its rendezvous store could not listen on its port (:func:`port_taken`)."""
-    return _SUMMARY_LINE.match(line) is not None or port_taken(line) is not None
-
-
-def port_taken(line: str) -> int | None:
-    """The port of torchrun's line saying that its rendezvous store could not listen
-    on it because another process had taken it (``EADDRINUSE``), else None."""
-    m = _PORT_TAKEN.search(line)
-    return int(m.group(1) or m.group(2)) if m else None
 
 
 def local_roles(environ: Mapping[str, str]) -> list[str]:

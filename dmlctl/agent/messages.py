@@ -12,7 +12,7 @@ import sys
 import threading
 from typing import TextIO
 
-from dmlctl import protocol, wire
+from dmlctl import torchrun_report, wire
 
 TAIL = 40  # torchrun's last lines, in the exit message
 SUMMARY_LINES = 2000  # at most this much of torchrun's failure summary
@@ -54,7 +54,7 @@ def forward_torchrun(
     for line in stream:
         text = line.rstrip("\n")
         tail.append(text)
-        if summary is not None and protocol.is_failure_summary_line(text):
+        if summary is not None and torchrun_report.is_failure_summary_line(text):
             summary.append(text)
         if _REPORT_START.search(text):
             source = "torchrun"  # from here on: its report of a failed worker

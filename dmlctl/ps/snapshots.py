@@ -11,9 +11,8 @@ host (``DMLCTL_PS_SNAPSHOT_COPY``), a copy into the run's store (the memory of r
 0's host, in pieces: :mod:`dmlctl.runtime.store_blobs`), where a replacement started
 on another host — its own lost with it — reads it; a copy the store refuses is
 given up, said once, and the file goes on alone. The replacement starts from the
-newest; the pushes
-applied since are lost, and each worker's HELLO says how many it sent, so the server
-counts them (``pushes_lost``).
+newest; the pushes applied since are lost, and each worker's HELLO says how many it
+sent, so the server counts them (``pushes_lost``).
 """
 
 from __future__ import annotations

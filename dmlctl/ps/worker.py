@@ -266,9 +266,9 @@ class PSOptimizer(StrategyOptimizer):
     def _schedulers_taken(self) -> None:
         """A replacement's first step: its LR schedulers take its predecessor's state
         (:class:`~dmlctl.runtime.schedulers.Mirror`)."""
-        handed, self.handed_schedulers = self.handed_schedulers, None
-        at = self.local_steps  # its predecessor's position: ahead of the kept copy
-        if handed is not None and (names := schedulers.adopt(handed, self, self.inner, at=at)):
+        handed = self.handed_schedulers
+        # Its predecessor's position is ahead of the kept copy: schedulers catch up.
+        if handed is not None and (names := self.take_schedulers(at=self.local_steps)):
             rejoin.say(
                 f"rank {self.ctx.global_rank}: LR schedulers {', '.join(names)} go on from "
                 f"its predecessor's (kept at its step {handed.steps})"

@@ -11,7 +11,7 @@ import signal
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dmlctl import protocol, wire
+from dmlctl import protocol, torchrun_report, wire
 from dmlctl.failure import (
     PORT_TAKEN,
     Evidence,
@@ -273,7 +273,7 @@ def _events(host: str, msg: wire.Message, now: float) -> list[Event]:
 def _port_taken(host: str, msg: wire.ExitMsg, now: float) -> Failure | None:
     """The agent's failure when its torchrun could not listen on the rendezvous port
     (another process had taken it), else None."""
-    port = next((p for s in msg.summary if (p := protocol.port_taken(s)) is not None), None)
+    port = next((p for s in msg.summary if (p := torchrun_report.port_taken(s)) is not None), None)
     if port is None:
         return None
     text = f"the rendezvous port {port} was taken by another process before torchrun bound it"

@@ -159,10 +159,15 @@ class StrategyOptimizer(torch.optim.Optimizer):
             return True
         return (self.local_steps - self.warmup) % self.period == 0
 
+    def take_schedulers(self, at: int | None = None) -> list[str]:
+        """A replacement's first step (its script has made its LR schedulers by now):
+        they take the state it was handed (:func:`dmlctl.runtime.schedulers.adopt`,
+        ``at`` its own step count); the class names of those that did."""
+        handed, self.handed_schedulers = self.handed_schedulers, None
+        return [] if handed is None else schedulers.adopt(handed, self, self.inner, at=at)
+
     def step(self, closure: Callable[[], float] | None = None) -> Any:
-        if self.handed_schedulers is not None:  # a replacement's first step: made by now
-            schedulers.adopt(self.handed_schedulers, self, self.inner)
-            self.handed_schedulers = None
+        self.take_schedulers()
         self.before_step()
         loss = self.inner.step(closure) if closure is not None else self.inner.step()
         self.local_steps += 1

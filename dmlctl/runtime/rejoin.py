@@ -168,7 +168,7 @@ class Position:
         self.path = protocol.rank_position(rank_dir, rank, attempt)
         self._finished = protocol.rank_finished(rank_dir, rank, attempt)
         self._trained = protocol.rank_trained(rank_dir, rank, attempt)
-        self._key = key(f"position/{rank}")
+        self._rank, self._key = rank, _position_key(rank)
         self._fd: int | None = None
         #: Copied to the store (which every rank of such a run reaches through
         #: ``MASTER_ADDR:MASTER_PORT``; a process without them has none to copy to).
@@ -207,8 +207,8 @@ class Position:
         host now lost: up to :data:`MIRROR_S` seconds of its batches are taken again);
         None when none was."""
         found = [_parse(lambda: Path(self.path).read_text(encoding="ascii"))]
-        if self._mirror_at < math.inf and store().check([self._key]):
-            found.append(_parse(lambda: store().get(self._key).decode()))
+        if self._mirror_at < math.inf:
+            found.append(mirrored_position(self._rank))
         known = [at for at in found if at is not None]
         return max(known, key=lambda at: at[2]) if known else None
 
@@ -216,8 +216,12 @@ class Position:
 def mirrored_position(rank: int) -> tuple[int, int, int] | None:
     """Worker ``rank``'s position as it last copied it to the run's store (at most
     :data:`MIRROR_S` seconds old; None: none yet)."""
-    name = key(f"position/{rank}")
+    name = _position_key(rank)
     return _parse(lambda: store().get(name).decode()) if store().check([name]) else None
+
+
+def _position_key(rank: int) -> str:
+    return key(f"position/{rank}")
 
 
 def has_store() -> bool:

@@ -15,6 +15,7 @@ no live peer to copy: its schedulers' state is kept in the run's store as it tra
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import io
 import math
@@ -27,7 +28,7 @@ from typing import Any
 import torch
 from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 
-from dmlctl.runtime import rejoin
+from dmlctl.runtime import rejoin, store_blobs
 
 
 def of(*optimizers: torch.optim.Optimizer) -> list[LRScheduler]:
@@ -86,12 +87,7 @@ class Handed:
 
     def to_state(self) -> dict[str, Any]:
         """As plain data (``torch.save`` with ``weights_only`` loading)."""
-        return {
-            "states": self.states,
-            "rates": self.rates,
-            "steps": self.steps,
-            "unsent": self.unsent,
-        }
+        return dataclasses.asdict(self)
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> Handed:
@@ -123,13 +119,13 @@ class Mirror:
         if live:
             buf = io.BytesIO()
             torch.save(Handed.taken(live, optimizer).to_state(), buf)
-            rejoin.store().set(self.key, buf.getvalue())  # type: ignore[arg-type]  # bytes
+            store_blobs.put(rejoin.store(), self.key, buf.getvalue())
 
     def read(self) -> Handed | None:
         """What the predecessor last wrote (None: nothing)."""
-        if not rejoin.store().check([self.key]):
+        data = store_blobs.get(rejoin.store(), self.key)
+        if data is None:
             return None
-        data = rejoin.store().get(self.key)
         return Handed.from_state(torch.load(io.BytesIO(data), weights_only=True))
 
 

@@ -48,6 +48,7 @@ BASE = {
     "dmlctl.wire",
     "dmlctl.agent_config",
     "dmlctl.protocol",
+    "dmlctl.torchrun_report",
     "dmlctl.mesh",
     "dmlctl.gpus",
     "dmlctl.redact",

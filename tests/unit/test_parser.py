@@ -198,7 +198,7 @@ def test_the_killed_rank_is_found_above_long_tracebacks_through_the_summary() ->
     # workers that died of the broken connection follow with long tracebacks, so the
     # agent's 40-line tail holds only rank 0's "Root Cause" entry. The agent keeps the
     # summary lines of the whole output apart; the parser reads those.
-    from dmlctl import protocol, wire
+    from dmlctl import torchrun_report, wire
 
     full = torchrun_summary((0, 0, 1, 300), (1, 2, -9, 302), (2, 1, 1, 301))
     traceback = ["  traceback : Traceback (most recent call last):"] + [
@@ -208,7 +208,7 @@ def test_the_killed_rank_is_found_above_long_tracebacks_through_the_summary() ->
     full = full[:at] + traceback + full[at:]
     tail = full[-40:]
     assert not any("rank      : 2" in line for line in tail)  # pushed out of the tail
-    summary = [line for line in full if protocol.is_failure_summary_line(line)]
+    summary = [line for line in full if torchrun_report.is_failure_summary_line(line)]
     cause = torchrun_failure("h", tail, 0.0, summary)
     assert cause is not None
     assert (cause.rank, cause.message) == (2, "killed by SIGKILL")
