@@ -60,8 +60,6 @@ class HostSwap:
         planned = self._planned(host)
         if planned is None:
             return "it is not one of the attempt's hosts"
-        if not ended and self._serves(host):
-            return "it runs parameter servers and fell silent (their sockets stay open)"
         seated = self.seated.get(host, {})
         if len(seated) != planned.nproc:
             return "not every rank of it had started"

@@ -10,10 +10,8 @@ made again while the others go on.
 
 A server listens on a port of its own and publishes ``host:port`` in the run's
 torch.distributed store (the default group's :class:`torch.distributed.TCPStore`);
-a worker reads it there (waiting until it is set). The host is the address of the
-interface named by ``GLOO_SOCKET_IFNAME`` when that is set, else the one this machine
-uses to reach ``MASTER_ADDR`` (the rendezvous host), so the servers are found on the
-network the collectives use.
+a worker reads it there (waiting until it is set). Which host address, and how a
+connection to a silent host ends: :mod:`dmlctl.ps.addresses`.
 
 Both ends live as long as the process group: a server process has one
 :class:`Endpoint` (the listener, one reader thread per worker, one inbox) for all its
@@ -25,25 +23,27 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import fcntl
-import os
 import queue
+import select
 import socket
 import struct
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 
+from dmlctl.ps.addresses import advertised_host, keep_alive
 from dmlctl.runtime import rejoin
 
 HEADER = struct.Struct("<qqqqqqd")
 """op, rank, clock, shard_id, extra, size (payload bytes), lr (NaN: none)."""
 MAX_PAYLOAD = 1 << 40
+SUPERSEDED_POLL_S = 1.0
+"""How often a waiting reader asks whether its peer was replaced (a store read)."""
 """A header announcing more payload bytes than this is corrupt."""
-_SIOCGIFADDR = 0x8915
 NO_LR = float("nan")
 """The ``lr`` slot of a header that carries none."""
 
@@ -86,9 +86,14 @@ class Connection:
     def __init__(self, sock: socket.socket, peer: str) -> None:
         if sock.family in (socket.AF_INET, socket.AF_INET6):  # not a Unix socket pair
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            keep_alive(sock)
         self.sock = sock
         self.peer = peer  # in error messages: 'worker rank 3', 'parameter server rank 4'
         self._send_lock = threading.Lock()
+        self.superseded: Callable[[], bool] | None = None
+        """Asked while a read waits: whether a newer process replaced the peer (a
+        parameter server replaced in place whose old host froze or was cut off keeps
+        its connections open); then the read fails as if the connection broke."""
 
     def send(self, fields: Fields, payload: torch.Tensor | None = None) -> None:
         """Send one frame: the header (``size`` is the payload's byte count) and the
@@ -119,16 +124,7 @@ class Connection:
 
     def read_into(self, out: torch.Tensor) -> None:
         """Fill ``out`` (contiguous, CPU, any dtype) with the next payload bytes."""
-        view = _bytes_of(out)
-        got = 0
-        while got < view.nbytes:
-            try:
-                n = self.sock.recv_into(view[got:])
-            except OSError as exc:
-                raise ConnectionLost(f"{self.peer}: Connection reset by peer ({exc})") from exc
-            if n == 0:
-                raise ConnectionLost(f"{self.peer}: Connection closed by peer")
-            got += n
+        self._fill(_bytes_of(out), eof_ok=False)
 
     def payload(self, size: int) -> torch.Tensor:
         """The next ``size`` payload bytes, as uint8."""
@@ -145,19 +141,35 @@ class Connection:
 
     def _read(self, n: int, *, eof_ok: bool) -> bytes | None:
         buf = bytearray(n)
-        view = memoryview(buf)
+        return bytes(buf) if self._fill(memoryview(buf), eof_ok=eof_ok) else None
+
+    def _fill(self, view: memoryview, *, eof_ok: bool) -> bool:
+        """Fill ``view`` from the socket; False when the peer closed the connection
+        before the first byte and ``eof_ok``. Raises :class:`ConnectionLost` when the
+        connection breaks or ends early, or when :attr:`superseded` says, as the
+        reader waits, that a newer process replaced the peer."""
         got = 0
-        while got < n:
+        while got < view.nbytes:
             try:
-                k = self.sock.recv_into(view[got:])
-            except OSError as exc:
+                self._await_data()
+                n = self.sock.recv_into(view[got:])
+            except (OSError, ValueError) as exc:  # ValueError: closed by another thread
                 raise ConnectionLost(f"{self.peer}: Connection reset by peer ({exc})") from exc
-            if k == 0:
+            if n == 0:
                 if got == 0 and eof_ok:
-                    return None
+                    return False
                 raise ConnectionLost(f"{self.peer}: Connection closed by peer")
-            got += k
-        return bytes(buf)
+            got += n
+        return True
+
+    def _await_data(self) -> None:
+        """Return once the socket has data (or its end) to read; asks
+        :attr:`superseded` every :data:`SUPERSEDED_POLL_S` seconds meanwhile."""
+        if self.superseded is None:
+            return
+        while not select.select([self.sock], [], [], SUPERSEDED_POLL_S)[0]:
+            if self.superseded():
+                raise OSError("a newer process replaced it")
 
 
 def _bytes_of(tensor: torch.Tensor) -> memoryview:
@@ -185,7 +197,13 @@ class Endpoint:
         store = rejoin.store()
         generation = store.add(f"{address_key(rank)}/generation", 1)  # 2 for a replacement
         store.set(address_key(rank), f"{host}:{port} {generation}")
+        self.generation = generation
         threading.Thread(target=self._accept, name="dmlctl-ps-accept", daemon=True).start()
+
+    def superseded(self) -> bool:
+        """Whether a newer process of this server's rank published its address (this
+        one's host froze or was cut off, and it was replaced in place meanwhile)."""
+        return _server_address(self.rank)[1] > self.generation
 
     def get(self, timeout: float | None = None) -> Frame | None:
         """The next frame from any worker (None after ``timeout`` seconds without one):
@@ -346,6 +364,8 @@ def _connect(worker_rank: int, server_rank: int, found: tuple[str, int], sent: i
     host, _, port = address.rpartition(":")
     sock = socket.create_connection((host, int(port)))
     conn = Connection(sock, f"parameter server rank {server_rank} ({address})")
+    if rejoin.servers_replaced():  # a frozen or cut-off server's socket stays open
+        conn.superseded = lambda: _server_address(server_rank)[1] > generation
     conn.send((int(Op.HELLO), worker_rank, 0, -1, sent, NO_LR))
     _generations[server_rank] = generation
     return conn
@@ -366,33 +386,3 @@ def closed_key(worker_rank: int) -> str:
     """The store key a worker sets once it closed (a server replaced in place reads
     it: the workers that will say nothing more)."""
     return rejoin.key(f"ps-closed/{worker_rank}")
-
-
-def advertised_host() -> str:
-    """The address other hosts reach this one at (module docstring)."""
-    ifname = os.environ.get("GLOO_SOCKET_IFNAME", "").split(",")[0]
-    if ifname:
-        return interface_address(ifname)
-    master = os.environ.get("MASTER_ADDR", "127.0.0.1")
-    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        probe.connect((master, int(os.environ.get("MASTER_PORT", "29500"))))
-        return str(probe.getsockname()[0])
-    except OSError:
-        return "127.0.0.1"
-    finally:
-        probe.close()
-
-
-def interface_address(ifname: str) -> str:
-    """The IPv4 address of network interface ``ifname`` (Linux); raises OSError with
-    the name when it has none."""
-    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        packed = struct.pack("256s", ifname.encode()[:15])
-        raw = fcntl.ioctl(probe.fileno(), _SIOCGIFADDR, packed)
-    except OSError as exc:
-        raise OSError(f"GLOO_SOCKET_IFNAME={ifname}: no IPv4 address ({exc})") from exc
-    finally:
-        probe.close()
-    return socket.inet_ntoa(raw[20:24])

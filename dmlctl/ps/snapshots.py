@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import io
 import os
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from dmlctl import protocol
+from dmlctl.ps import frames
 from dmlctl.runtime import rejoin, store_blobs
 
 
@@ -36,6 +38,8 @@ class Snapshots:
         self.path = protocol.rank_snapshot(rank_dir, rank, attempt)
         self.every = max(1, every)
         self._written_at: int | None = None
+        #: Whether a newer process of this rank took over (its copies are the newer).
+        self.superseded: Callable[[], bool] = lambda: False
         #: The store key of the copy (``copied``: the run's store is there), else None.
         self.key = rejoin.key(f"ps-snapshot/{rank}") if copied else None
 
@@ -46,7 +50,9 @@ class Snapshots:
         rank_dir = os.environ.get(protocol.ENV_RANK_DIR) or os.getcwd()
         every = int(os.environ.get(protocol.ENV_PS_SNAPSHOT_EVERY) or "500")
         copied = rejoin.has_store() and os.environ.get(protocol.ENV_PS_SNAPSHOT_COPY) == "1"
-        return cls(rank_dir, rank, every, copied=copied)
+        snapshots = cls(rank_dir, rank, every, copied=copied)
+        snapshots.superseded = lambda: frames.endpoint(rank).superseded()
+        return snapshots
 
     def due(self, pushes: int) -> bool:
         """Whether a snapshot is due after ``pushes`` pushes in all."""
@@ -62,6 +68,9 @@ class Snapshots:
         with open(tmp, "wb", opener=protocol.private_opener) as f:
             f.write(data)
         os.replace(tmp, self.path)
+        if self.key is not None and self.superseded():
+            self.key = None  # a replacement's copies are the newer ones
+            rejoin.say("this server was replaced meanwhile: no more snapshot copies from it")
         if self.key is not None:
             try:
                 store_blobs.put(rejoin.store(), self.key, data)

@@ -239,25 +239,32 @@ def test_a_lost_host_is_replaced_in_place_by_a_spare(tmp_path: Path, fault: str)
             assert "node-b lost (no message from the host for 3 s" in out, out
 
 
-def test_a_lost_server_host_is_replaced_in_place_by_a_spare(tmp_path: Path) -> None:
+@pytest.mark.parametrize("fault", ["kill", pytest.param("freeze", marks=pytest.mark.serial)])
+def test_a_lost_server_host_is_replaced_in_place_by_a_spare(tmp_path: Path, fault: str) -> None:
     """asgd, both workers on node-a, the server alone on node-b, node-c a spare: node-b
-    dies mid-run; the server starts on node-c from its newest snapshot, read from the
-    run's store (node-b's disk went with it), the workers connect to it and go on
-    without a restart; the pushes since the snapshot are counted lost."""
+    dies mid-run (or freezes: the workers' sockets to its server stay open); the server
+    starts on node-c from its newest snapshot, read from the run's store (node-b's disk
+    went with it), the workers leave the old one for it and go on without a restart;
+    the pushes since the snapshot are counted lost."""
     with start_lab(tmp_path / "lab", n_hosts=3) as lab:
         cli = LabCli(tmp_path / "home", lab)
         layout = "parameter_servers: 1\nserver_hosts: [node-b]\nmax_hosts: 2\n"
-        run_id, out = _in_place_run(
-            cli,
-            lab,
-            tmp_path,
-            "asgd",
-            lambda _: lab.kill_host("node-b"),
-            ", ps_snapshot_every: 100",
-            layout=layout,
-            slots={"node-a": 2},
-        )
+        try:
+            run_id, out = _in_place_run(
+                cli,
+                lab,
+                tmp_path,
+                "asgd",
+                lambda _: (lab.kill_host if fault == "kill" else lab.freeze_host)("node-b"),
+                ", ps_snapshot_every: 100" + (", host_timeout: 3" if fault == "freeze" else ""),
+                layout=layout,
+                slots={"node-a": 2},
+            )
+        finally:
+            lab.kill_host("node-b")
     assert "node-b lost (" in out and "rank 2 starts again on node-c" in out, out
+    if fault == "freeze":
+        assert "node-b lost (no message from the host for 3 s" in out, out
     state = cli.state(run_id)
     assert (state["restarts"], state["respawns"]) == (0, 1), state
     hosts = {r["rank"]: (r["host"], r["role"], r["status"]) for r in state["ranks"]}

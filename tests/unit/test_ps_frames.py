@@ -9,6 +9,7 @@ import socket
 import pytest
 import torch
 
+from dmlctl.ps import frames
 from dmlctl.ps.frames import NO_LR, Connection, ConnectionLost, Op
 
 
@@ -122,3 +123,26 @@ def test_a_replacements_hello_takes_over_and_the_old_connections_end_is_dropped(
     assert "connected without a HELLO" in capfd.readouterr().err
     server.close()
     del master
+
+
+def test_a_reader_waiting_on_a_replaced_peer_stops_waiting(
+    pair: tuple[Connection, Connection], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A frozen server keeps its socket open: the worker waiting for its reply asks
+    meanwhile whether a newer server took over, and then reads as if the connection
+    broke (and goes to the replacement); until then it waits."""
+    monkeypatch.setattr(frames, "SUPERSEDED_POLL_S", 0.02)
+    worker, server = pair
+    asked: list[bool] = []
+
+    def superseded() -> bool:
+        asked.append(True)
+        return len(asked) >= 5
+
+    worker.superseded = superseded
+    with pytest.raises(ConnectionLost, match=r"Connection reset by peer .*newer process"):
+        worker.read_header()
+    assert len(asked) == 5
+    worker.superseded = lambda: False
+    server.send((int(Op.PULL), 1, 2, 3, 4, 0.5))  # a live peer's frame still arrives
+    assert worker.read_header() == (int(Op.PULL), 1, 2, 3, 4, 0, 0.5)

@@ -52,3 +52,23 @@ def test_a_snapshot_copy_the_store_refuses_is_given_up_and_the_file_goes_on(
     snapshots.write({"params": {0: torch.zeros(3)}}, 6)
     assert snapshots.key is None and "given up" in said[0]
     assert torch.equal(snapshots.read()["params"][0], torch.zeros(3))  # the file has it
+
+
+def test_a_server_replaced_meanwhile_leaves_the_stores_copy_to_its_replacement(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, store: TCPStore
+) -> None:
+    """A frozen server thawed after its replacement started must not overwrite the
+    replacement's copies with its older state."""
+    monkeypatch.setattr(rejoin, "store", lambda: store)
+    said: list[str] = []
+    monkeypatch.setattr(rejoin, "say", said.append)
+    for where in ("old", "new", "elsewhere"):
+        (tmp_path / where).mkdir()
+    old = Snapshots(str(tmp_path / "old"), 2, every=1, copied=True)
+    new = Snapshots(str(tmp_path / "new"), 2, every=1, copied=True)
+    new.write({"params": {0: torch.ones(3)}}, 9)
+    old.superseded = lambda: True
+    old.write({"params": {0: torch.zeros(3)}}, 5)
+    assert old.key is None and "replaced meanwhile" in said[0]
+    elsewhere = Snapshots(str(tmp_path / "elsewhere"), 2, every=1, copied=True)
+    assert torch.equal(elsewhere.read()["params"][0], torch.ones(3))
