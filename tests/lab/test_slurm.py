@@ -17,7 +17,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -383,6 +383,47 @@ def test_the_dry_run_prints_the_batch_script_and_the_srun_lines(
 
 # Last of the tests that share the lab: lab-2 is busy for a minute and more after its
 # slurmd is started again (its job's end is settled late), and no test after needs it.
+def launch_and_kill(
+    slurm: LabCli, job: Path, cluster_path: Path, node: str, ready: Callable[[Path], bool]
+) -> tuple[Path, str]:
+    """Launch ``job`` on ``cluster_path``; once ``ready(run directory)``, kill every
+    process of the run's ``node`` (:func:`kill_node`); its slurmd starts again once
+    the run ended, which must succeed. The run's directory and the launch's output."""
+    runs = set(slurm.runs())
+    proc = slurm.popen("launch", str(job), "--cluster", str(cluster_path), "--ui", "plain")
+    lab = ""
+    try:
+        assert wait_until(lambda: len(set(slurm.runs()) - runs) == 1, 60), proc.poll()
+        (run,) = set(slurm.runs()) - runs
+        assert wait_until(lambda: ready(run), 120), slurm.state(run.name)
+        lab = kill_node(run, node)
+        out, _ = proc.communicate(timeout=180)
+    finally:
+        proc.kill()
+        if lab:
+            start_slurmd(slurm, lab)
+    assert proc.returncode == 0, out
+    return run, out
+
+
+def kill_node(run: Path, node: str) -> str:
+    """SIGKILL every process on the lab machine that is ``node`` of ``run``'s
+    allocation (slurmd too: a node that dies); that machine's lab name."""
+    lab = str(json.loads((run / "plan.json").read_text())["allocation"]["nodes"][node])
+    netns = ["ip", "netns", "pids", f"dmlctl-{lab}"]
+    for pid in subprocess.run(netns, capture_output=True, text=True).stdout.split():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pid), signal.SIGKILL)
+    return lab
+
+
+def start_slurmd(slurm: LabCli, lab: str) -> None:
+    """Start the slurmd of lab machine ``lab`` again (after :func:`kill_node`)."""
+    conf = slurm.lab_dir / "slurm" / "slurm.conf"
+    slurmd = ["nsenter", f"--net=/var/run/netns/dmlctl-{lab}", "slurmd", "-N", lab]
+    subprocess.run([*slurmd, "-f", str(conf)], check=False)
+
+
 def test_the_first_node_dying_is_lost_and_a_range_goes_on_on_the_nodes_left(
     slurm: LabCli, tmp_path: Path
 ) -> None:
@@ -391,32 +432,38 @@ def test_the_first_node_dying_is_lost_and_a_range_goes_on_on_the_nodes_left(
     on on node-1 and node-2, in the same allocation, meeting on node-1 now, from the
     checkpoint the controller kept. The node's slurmd is started again after."""
     path = cluster(slurm, tmp_path, nodes="1-3")
-    runs = set(slurm.runs())
     job = elastic_job(tmp_path, workers=3)
-    proc = slurm.popen("launch", str(job), "--cluster", str(path), "--ui", "plain")
-    lab = ""
-    try:
-        assert wait_until(lambda: len(set(slurm.runs()) - runs) == 1, 60), proc.poll()
-        (run,) = set(slurm.runs()) - runs
-        assert wait_until((run / "checkpoints" / "LATEST").is_file, 90), "no checkpoint copy"
-        lab = json.loads((run / "plan.json").read_text())["allocation"]["nodes"]["node-0"]
-        netns = ["ip", "netns", "pids", f"dmlctl-{lab}"]
-        for pid in subprocess.run(netns, capture_output=True, text=True).stdout.split():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(pid), signal.SIGKILL)
-        out, _ = proc.communicate(timeout=120)
-    finally:
-        proc.kill()
-        if lab:
-            conf = slurm.lab_dir / "slurm" / "slurm.conf"
-            slurmd = ["nsenter", f"--net=/var/run/netns/dmlctl-{lab}", "slurmd", "-N", lab]
-            subprocess.run([*slurmd, "-f", str(conf)], check=False)
-    assert proc.returncode == 0, out
+    checkpointed = lambda run: (run / "checkpoints" / "LATEST").is_file()  # noqa: E731
+    run, _ = launch_and_kill(slurm, job, path, "node-0", checkpointed)
     state = slurm.state(run.name)
     lost = state["failures"][0]
     assert (lost["host"], lost["exc_type"]) == ("node-0", "AgentLost"), lost
     assert state["hosts"] == ["node-1", "node-2"] and state["restarts"] == 1
     assert (tmp_path / "out.txt").read_text().startswith("40 ")
+
+
+def test_in_place_a_dead_nodes_rank_goes_to_a_spare_node_of_the_allocation(
+    slurm: LabCli, tmp_path: Path
+) -> None:
+    """restart.mode: in_place under local-sgd, 2 workers on a 3-node allocation (one
+    node spare): every process on node-1's machine is SIGKILLed, slurmd too; after its
+    silence, its rank starts on node-2 in the same allocation and joins rank 0, which
+    never restarts."""
+    path = cluster(slurm, tmp_path, nodes=3)
+    job = tmp_path / "job.yaml"
+    job.write_text(
+        f"name: slurmswap\nworkdir: {REPO / 'examples' / 'parameter-server'}\n"
+        "script: train.py\nargs: ['--epochs', '2']\nworkers: 2\nstrategy: local-sgd\n"
+        "restart: {mode: in_place}\nmax_hosts: 2\n"
+    )
+    trained = lambda run: any((r["step"] or 0) >= 100 for r in slurm.state(run.name)["ranks"])  # noqa: E731
+    run, out = launch_and_kill(slurm, job, path, "node-1", trained)
+    assert "node-1 lost (" in out and "rank 1 starts again on node-2" in out, out
+    assert "rank 1 rejoined at step" in out, out
+    state = slurm.state(run.name)
+    assert (state["restarts"], state["respawns"], state["hosts"]) == (0, 1, ["node-0", "node-2"])
+    where = {r["rank"]: (r["host"], r["status"], r["step"]) for r in state["ranks"]}
+    assert where == {0: ("node-0", "succeeded", 500), 1: ("node-2", "succeeded", 500)}, where
 
 
 # serial: a silence of host_timeout (3 s) is told from a loaded host on an idle machine.
