@@ -104,11 +104,28 @@ class Connection:
         header = HEADER.pack(op, rank, clock, shard_id, extra, size, lr)
         with self._send_lock:
             try:
-                self.sock.sendall(header)
+                self._send_all(header)
                 if raw is not None and size:
-                    self.sock.sendall(raw)
-            except OSError as exc:
+                    self._send_all(raw)
+            except (OSError, ValueError) as exc:  # ValueError: closed by another thread
                 raise ConnectionLost(f"{self.peer}: Connection closed by peer ({exc})") from exc
+
+    def _send_all(self, data: bytes | memoryview) -> None:
+        """``sendall``; with :attr:`superseded` set, in the pieces the socket takes,
+        asking it every :data:`SUPERSEDED_POLL_S` seconds while the socket takes
+        nothing (a frozen peer reads nothing, and its kernel keeps the connection)."""
+        if self.superseded is None:
+            self.sock.sendall(data)
+            return
+        view = memoryview(data)
+        sent = 0
+        while sent < view.nbytes:
+            try:
+                sent += self.sock.send(view[sent:], socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                writable = select.select([], [self.sock], [], SUPERSEDED_POLL_S)[1]
+                if not writable and self.superseded():
+                    raise OSError("a newer process replaced it") from None
 
     def read_header(self) -> Header | None:
         """The next frame's header, or None when the peer closed the connection

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 import socket
+import threading
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -134,15 +136,48 @@ def test_a_reader_waiting_on_a_replaced_peer_stops_waiting(
     monkeypatch.setattr(frames, "SUPERSEDED_POLL_S", 0.02)
     worker, server = pair
     asked: list[bool] = []
-
-    def superseded() -> bool:
-        asked.append(True)
-        return len(asked) >= 5
-
-    worker.superseded = superseded
+    worker.superseded = _replaced_at(5, asked)
     with pytest.raises(ConnectionLost, match=r"Connection reset by peer .*newer process"):
         worker.read_header()
     assert len(asked) == 5
     worker.superseded = lambda: False
     server.send((int(Op.PULL), 1, 2, 3, 4, 0.5))  # a live peer's frame still arrives
     assert worker.read_header() == (int(Op.PULL), 1, 2, 3, 4, 0, 0.5)
+
+
+def test_a_sender_blocked_on_a_replaced_peer_stops_waiting(
+    pair: tuple[Connection, Connection], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A frozen server reads nothing: a push larger than the sockets' buffers stays
+    half sent. The worker asks meanwhile whether a newer server took over, and then
+    fails as if the connection broke (and sends to the replacement); a peer that reads
+    gets the whole payload, however the socket split it."""
+    monkeypatch.setattr(frames, "SUPERSEDED_POLL_S", 0.02)
+    worker, _ = pair
+    asked: list[bool] = []
+    worker.superseded = _replaced_at(3, asked)
+    big = torch.arange(4 << 20, dtype=torch.uint8)  # 4 MiB: more than the buffers hold
+    with pytest.raises(ConnectionLost, match=r"Connection closed by peer .*newer process"):
+        worker.send((int(Op.PUSH), 1, 2, 3, 4, 0.5), big)
+    assert len(asked) == 3
+    a, b = socket.socketpair()
+    sender, reader = Connection(a, "worker rank 1"), Connection(b, "parameter server rank 2")
+    sender.superseded = lambda: False
+    done = threading.Thread(target=sender.send, args=((int(Op.PUSH), 1, 2, 3, 4, 0.5), big))
+    done.start()
+    header = reader.read_header()
+    assert header is not None and header[5] == big.numel()
+    got = reader.payload(header[5])
+    done.join(10)
+    assert torch.equal(got, big)
+
+
+def _replaced_at(n: int, asked: list[bool]) -> Callable[[], bool]:
+    """A ``superseded`` that says yes at its ``n``-th question (each one noted in
+    ``asked``)."""
+
+    def superseded() -> bool:
+        asked.append(True)
+        return len(asked) >= n
+
+    return superseded
