@@ -36,7 +36,7 @@ and ``size`` payload bytes; the messages of one connection arrive in order.
   once it has loaded it (an acknowledgement).
 
 A server that dies makes its workers' calls raise
-:class:`~dmlctl.ps.frames.ConnectionLost` naming it; what a LEFT worker means is the
+:class:`~dmlctl.ps.connection.ConnectionLost` naming it; what a LEFT worker means is the
 server's to decide (:class:`~dmlctl.ps.server.ParameterServer`).
 """
 
@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 from dmlctl.ps import frames
-from dmlctl.ps.frames import NO_LR, Connection, ConnectionLost, Fields, Op
+from dmlctl.ps.connection import NO_LR, Connection, ConnectionLost, Fields, Op
 from dmlctl.runtime import rejoin
 
 if TYPE_CHECKING:

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from dmlctl.ps.channel import Message, Op, ServerTransport
-from dmlctl.ps.frames import ConnectionLost
+from dmlctl.ps.connection import ConnectionLost
 from dmlctl.ps.rules import ScaledAdd, UpdateRule
 from dmlctl.ps.stats import ServerStats
 
@@ -182,7 +182,7 @@ class ParameterServer:
     def membership(self, msg: Message) -> None:
         """A worker connected (HELLO) or left (LEFT, its connection ended before its
         CLOSE). Either way the reads of an earlier process of that rank are dropped.
-        A LEFT fails the server (:class:`~dmlctl.ps.frames.ConnectionLost` naming the
+        A LEFT fails the server (:class:`~dmlctl.ps.connection.ConnectionLost` naming the
         worker) unless it is :attr:`elastic`; then the worker is away — the slowest
         clock no longer waits for it — until its replacement says HELLO."""
         worker = msg.worker

@@ -24,7 +24,7 @@ from dmlctl.failure import Kind
 from dmlctl.launch.policy import RestartState, respawned
 from dmlctl.plan.build import build_plan
 from dmlctl.ps.channel import Message, Op
-from dmlctl.ps.frames import ConnectionLost
+from dmlctl.ps.connection import ConnectionLost
 from dmlctl.ps.server import ParameterServer
 from dmlctl.runs.events import MetricRecord, RankRespawned, RankStarted
 from dmlctl.runs.parser import parse_line

@@ -11,8 +11,8 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from dmlctl.ps import frames
-from dmlctl.ps.frames import NO_LR, Connection, ConnectionLost, Op
+from dmlctl.ps import connection
+from dmlctl.ps.connection import NO_LR, Connection, ConnectionLost, Op
 
 
 @pytest.fixture
@@ -74,7 +74,7 @@ def test_an_end_between_frames_is_none_and_within_a_frame_an_error(
 
 
 def test_a_corrupt_size_is_refused(pair: tuple[Connection, Connection]) -> None:
-    from dmlctl.ps.frames import HEADER
+    from dmlctl.ps.connection import HEADER
 
     out, into = pair
     out.sock.sendall(HEADER.pack(1, 1, 0, 0, 0, -5, 0.0))
@@ -133,7 +133,7 @@ def test_a_reader_waiting_on_a_replaced_peer_stops_waiting(
     """A frozen server keeps its socket open: the worker waiting for its reply asks
     meanwhile whether a newer server took over, and then reads as if the connection
     broke (and goes to the replacement); until then it waits."""
-    monkeypatch.setattr(frames, "SUPERSEDED_POLL_S", 0.02)
+    monkeypatch.setattr(connection, "SUPERSEDED_POLL_S", 0.02)
     worker, server = pair
     asked: list[bool] = []
     worker.superseded = _replaced_at(5, asked)
@@ -152,7 +152,7 @@ def test_a_sender_blocked_on_a_replaced_peer_stops_waiting(
     half sent. The worker asks meanwhile whether a newer server took over, and then
     fails as if the connection broke (and sends to the replacement); a peer that reads
     gets the whole payload, however the socket split it."""
-    monkeypatch.setattr(frames, "SUPERSEDED_POLL_S", 0.02)
+    monkeypatch.setattr(connection, "SUPERSEDED_POLL_S", 0.02)
     worker, _ = pair
     asked: list[bool] = []
     worker.superseded = _replaced_at(3, asked)

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import pytest
 
 from dmlctl.ps import addresses
-from dmlctl.ps.frames import Connection, ConnectionLost
+from dmlctl.ps.connection import Connection, ConnectionLost
 
 PEER = "10.250.77.2"
 HERE = "10.250.77.1"
@@ -74,7 +74,7 @@ def test_a_connection_to_a_host_that_falls_silent_ends_within_the_keepalive_time
         conn = Connection(socket.create_connection((PEER, port), timeout=5), "server")
         conn.sock.settimeout(30)  # the test's own bound: keepalive must end it first
         assert conn.sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
-        time.sleep(2.5)  # a probe answered: a quiet but live peer keeps its connection
+        time.sleep(1.5)  # a probe answered: a quiet but live peer keeps its connection
         assert select.select([conn.sock], [], [], 0)[0] == []  # no end, no error
         _ip("link", "set", f"ka{os.getpid()}b", "down", ns=peer_ns)
         start = time.monotonic()
