@@ -130,6 +130,24 @@ SERVER_COLUMNS: tuple[str, ...] = (
 clock spread."""
 
 
+def server_capabilities(
+    *columns: str,
+    check_world: Callable[[Any, int], str | None] | None = None,
+    parallelism: bool = False,
+) -> Capabilities:
+    """The :class:`Capabilities` of a parameter-server strategy: workers and servers
+    (:data:`WITH_SERVERS`), the dashboard's :data:`SERVER_COLUMNS` then its own
+    ``columns``, a worker (or a server) replaced in place; ``check_world`` and
+    ``parallelism`` as :class:`Capabilities` has them."""
+    return Capabilities(
+        roles=WITH_SERVERS,
+        columns=(*SERVER_COLUMNS, *columns),
+        parallelism=parallelism,
+        check_world=check_world,
+        in_place=True,
+    )
+
+
 def derived(rule: str) -> JsonDict:
     """``json_schema_extra`` of a parameter whose default (None) is derived at start:
     ``rule`` says how (``dmlctl strategies NAME`` shows it as the default)."""

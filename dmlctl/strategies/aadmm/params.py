@@ -9,14 +9,12 @@ from pydantic import BaseModel, Field
 from dmlctl.strategies.admm.params import RHO_RULE
 from dmlctl.strategies.params import (
     PARAMS_CONFIG,
-    SERVER_COLUMNS,
-    WITH_SERVERS,
-    Capabilities,
     FinalModel,
     Overlap,
     Steps,
     derived_steps,
     derived_weight,
+    server_capabilities,
 )
 
 QUALITY = (
@@ -73,9 +71,4 @@ def check_world(params: BaseModel, world_size: int) -> str | None:
     return None
 
 
-CAPABILITIES = Capabilities(
-    roles=WITH_SERVERS,
-    columns=(*SERVER_COLUMNS, "primal_res", "delay_max"),
-    check_world=check_world,
-    in_place=True,
-)
+CAPABILITIES = server_capabilities("primal_res", "delay_max", check_world=check_world)

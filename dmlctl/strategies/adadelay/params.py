@@ -10,12 +10,10 @@ from pydantic import Field
 from dmlctl.strategies.params import (
     MAX_WEIGHT,
     PARAMS_CONFIG,
-    SERVER_COLUMNS,
-    WITH_SERVERS,
-    Capabilities,
     FetchEvery,
     PushCompression,
     derived_weight,
+    server_capabilities,
 )
 
 QUALITY = (
@@ -77,4 +75,4 @@ def resolve_l(params: Params, family: str | None, lr: float, effective: float | 
     )
 
 
-CAPABILITIES = Capabilities(roles=WITH_SERVERS, columns=SERVER_COLUMNS, in_place=True)
+CAPABILITIES = server_capabilities()

@@ -7,14 +7,12 @@ from pydantic import Field
 
 from dmlctl.strategies.params import (
     PARAMS_CONFIG,
-    SERVER_COLUMNS,
-    WITH_SERVERS,
-    Capabilities,
     FetchEvery,
     Overlap,
     PushCompression,
     Steps,
     derived_weight,
+    server_capabilities,
 )
 
 QUALITY = (
@@ -40,9 +38,4 @@ class Params(PushCompression, Overlap):
     )
 
 
-CAPABILITIES = Capabilities(
-    roles=WITH_SERVERS,
-    columns=SERVER_COLUMNS,
-    parallelism=True,
-    in_place=True,
-)
+CAPABILITIES = server_capabilities(parallelism=True)

@@ -7,15 +7,13 @@ from pydantic import Field
 
 from dmlctl.strategies.params import (
     PARAMS_CONFIG,
-    SERVER_COLUMNS,
-    WITH_SERVERS,
-    Capabilities,
     FinalModel,
     Overlap,
     PushCompression,
     Share,
     Steps,
     derived,
+    server_capabilities,
 )
 
 QUALITY = (
@@ -45,4 +43,4 @@ class Params(FinalModel, PushCompression, Overlap):
     )
 
 
-CAPABILITIES = Capabilities(roles=WITH_SERVERS, columns=SERVER_COLUMNS, in_place=True)
+CAPABILITIES = server_capabilities()

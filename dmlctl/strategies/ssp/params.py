@@ -7,12 +7,10 @@ from pydantic import Field
 
 from dmlctl.strategies.params import (
     PARAMS_CONFIG,
-    SERVER_COLUMNS,
-    WITH_SERVERS,
-    Capabilities,
     Count,
     PushCompression,
     derived_weight,
+    server_capabilities,
 )
 
 QUALITY = (
@@ -38,4 +36,4 @@ class Params(PushCompression):
     )
 
 
-CAPABILITIES = Capabilities(roles=WITH_SERVERS, columns=SERVER_COLUMNS, in_place=True)
+CAPABILITIES = server_capabilities()

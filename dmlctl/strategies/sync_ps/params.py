@@ -8,11 +8,9 @@ from pydantic import BaseModel, Field
 
 from dmlctl.strategies.params import (
     PARAMS_CONFIG,
-    SERVER_COLUMNS,
-    WITH_SERVERS,
-    Capabilities,
     Count,
     PushCompression,
+    server_capabilities,
 )
 
 QUALITY = (
@@ -46,9 +44,4 @@ def check_world(params: BaseModel, world_size: int) -> str | None:
     return None
 
 
-CAPABILITIES = Capabilities(
-    roles=WITH_SERVERS,
-    columns=(*SERVER_COLUMNS, "dropped"),
-    check_world=check_world,
-    in_place=True,
-)
+CAPABILITIES = server_capabilities("dropped", check_world=check_world)
