@@ -51,14 +51,17 @@ from dmlctl.bench.proc import bench_env, torchrun_argv
 from dmlctl.bench.recovery_in_place import STRATEGY as IN_PLACE_STRATEGY
 from dmlctl.bench.recovery_in_place import run_in_place
 from dmlctl.bench.recovery_timing import (
+    JOB_DIR,
     KILL_RANK,
     STAGES,
+    STEP_SLEEP_S,
     Recovery,
     RecoveryBenchFailed,
     dmlctl_times,
     local_cluster,
     measure_recovery,
     read_timing_dir,
+    script_argv,
     torchrun_times,
 )
 from dmlctl.bench.runs import BenchPartial, alternate, launch_bench
@@ -68,14 +71,12 @@ from dmlctl.spec import ClusterSpec, JobSpec
 from dmlctl.spec.restart import RestartSpec
 from dmlctl.text import plural
 
-JOB_DIR = Path(__file__).resolve().parent / "recovery_job"
 SCRIPT = "train.py"
 JOB_NAME = "bench-recovery"
 WORKERS = 2
 STEPS = 150
 CHECKPOINT_EVERY = 5
 KILL_AT = 122  # ≈6 s into training: a failure strikes a run that has been going a while
-STEP_SLEEP_S = 0.05
 DEFAULT_REPEATS = 3
 DEFAULT_BACKOFF_S = 0.1
 RATIO_GOAL = 1.2
@@ -192,7 +193,7 @@ def script_args(work: Path) -> list[str]:
         "--kill-rank": KILL_RANK,
         "--sleep": STEP_SLEEP_S,
     }
-    return [str(part) for option in options.items() for part in option]
+    return script_argv(options)
 
 
 def recovery_job(work: Path, backoff: float) -> JobSpec:

@@ -26,26 +26,27 @@ from pathlib import Path
 from rich.console import Console
 
 from dmlctl.bench.recovery_timing import (
+    JOB_DIR,
     KILL_RANK,
+    STEP_SLEEP_S,
     Recovery,
     RecoveryBenchFailed,
     local_cluster,
     measure_recovery,
     read_timing_dir,
+    script_argv,
 )
 from dmlctl.bench.runs import launch_bench
 from dmlctl.spec import ClusterSpec, JobSpec
 from dmlctl.spec.models import uses_servers
 from dmlctl.text import plural
 
-JOB_DIR = Path(__file__).resolve().parent / "recovery_job"
 SCRIPT = "train_ps.py"
 JOB_NAME = "bench-recovery-in-place"
 STRATEGY = "asgd"
 WORKERS, SERVERS = 2, 1
 STEPS = 450
 KILL_AT = 150
-STEP_SLEEP_S = 0.05
 
 
 def in_place_job(work: Path, strategy: str = STRATEGY) -> JobSpec:
@@ -62,7 +63,7 @@ def in_place_job(work: Path, strategy: str = STRATEGY) -> JobSpec:
         {
             "name": JOB_NAME,
             "script": SCRIPT,
-            "args": [str(part) for option in args.items() for part in option],
+            "args": script_argv(args),
             "workers": WORKERS,
             "parameter_servers": SERVERS if uses_servers(strategy) else 0,
             "strategy": strategy,

@@ -1,8 +1,9 @@
 """Timings of one recovery, read back after the run: the benchmark script's timing
 lines, torchrun's log lines and, for dmlctl, the run directory; from them the
 recovery time, the steps lost and when each stage of the recovery ended
-(:data:`STAGES`, seconds after the kill). See :mod:`dmlctl.bench.recovery`. Never
-imports torch.
+(:data:`STAGES`, seconds after the kill). See :mod:`dmlctl.bench.recovery`. Also
+what every side's run of the recovery job shares: its directory, the rank killed,
+the sleep per step, its arguments, this machine as its cluster. Never imports torch.
 """
 
 from __future__ import annotations
@@ -24,6 +25,17 @@ from dmlctl.spec import ClusterSpec, HostSpec
 from dmlctl.spec.cluster import LOCAL_ADDRESS
 
 KILL_RANK = 1  # the rank that writes the kill line and kills itself
+JOB_DIR = Path(__file__).resolve().parent / "recovery_job"
+"""The recovery job's workdir: ``train.py`` for the restarted sides, ``train_ps.py`` for
+the in-place one (one tiny model, a sleep per step)."""
+STEP_SLEEP_S = 0.05
+"""Seconds each step of the recovery job sleeps (its model computes next to nothing)."""
+
+
+def script_argv(options: Mapping[str, object]) -> list[str]:
+    """``options`` (``{"--steps": 150, …}``) as a job script's arguments, in their order:
+    each option, then its value as text."""
+    return [str(part) for option in options.items() for part in option]
 
 
 def local_cluster(slots: int) -> ClusterSpec:
