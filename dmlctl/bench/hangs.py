@@ -34,7 +34,13 @@ from rich.console import Console
 from rich.table import Table
 
 from dmlctl.bench.plan import announce
-from dmlctl.bench.runs import BenchInterrupted, Launcher, interrupted_after, launch_bench
+from dmlctl.bench.runs import (
+    NO_RESTARTS,
+    BenchInterrupted,
+    Launcher,
+    interrupted_after,
+    launch_bench,
+)
 from dmlctl.errors import UsageError
 from dmlctl.failure import Kind
 from dmlctl.launch.api import launch
@@ -74,7 +80,7 @@ class Outcome:
 
 def hang_job(scenario: str, *, seconds: float, skew: float, hang_timeout: float | None) -> JobSpec:
     """Two workers running ``scenario`` (``hang_timeout`` None: the job default)."""
-    restart = RestartSpec(max_infra_restarts=0, max_user_restarts=0)
+    restart = NO_RESTARTS
     if hang_timeout is not None:
         restart = restart.model_copy(update={"hang_timeout": hang_timeout})
     return JobSpec(

@@ -16,11 +16,10 @@ from dmlctl.bench.comm import BENCH_DIR
 from dmlctl.bench.plan import announce, planned
 from dmlctl.bench.ps_report import PsResult, parse_ps_metrics
 from dmlctl.bench.report import Sweep
-from dmlctl.bench.runs import BenchFailed, launch_bench, metric_lines
+from dmlctl.bench.runs import NO_RESTARTS, BenchFailed, launch_bench, metric_lines
 from dmlctl.errors import UsageError
 from dmlctl.launch.api import LaunchResult
 from dmlctl.spec.models import ClusterSpec, JobSpec, StrategySpec
-from dmlctl.spec.restart import RestartSpec
 
 WORKER_SCRIPT = "ps_worker.py"
 JOB_NAME = "bench-ps"
@@ -50,7 +49,7 @@ def ps_job(*, workers: int, servers: int, sweep: Sweep) -> JobSpec:
         workers=workers + servers,
         workdir=str(BENCH_DIR),
         strategy=StrategySpec(name="ssgd"),
-        restart=RestartSpec(max_user_restarts=0, max_infra_restarts=0),
+        restart=NO_RESTARTS,
     )
 
 

@@ -2,8 +2,9 @@
 
 Shared by the benches that launch dmlctl jobs: each builds a job, runs it with
 :func:`launch_bench` (a real run: run directory, logs, ``dmlctl status``) and parses
-the lines :func:`metric_lines` returns; the benches that compare sides run them in
-turn with :func:`alternate`. Never imports torch.
+the lines :func:`metric_lines` returns, never restarted (:data:`NO_RESTARTS`); the
+benches that compare sides run them in turn with :func:`alternate`. Never imports
+torch.
 """
 
 from __future__ import annotations
@@ -17,10 +18,13 @@ from rich.console import Console
 from dmlctl.errors import DmlctlError, ExitCode
 from dmlctl.launch.api import LaunchOptions, LaunchResult, launch
 from dmlctl.spec.models import ClusterSpec, JobSpec
+from dmlctl.spec.restart import RestartSpec
 
 T = TypeVar("T")
 Launcher = Callable[..., LaunchResult]
 """``launch``'s shape: ``(job, cluster, *, options, console) -> LaunchResult``."""
+NO_RESTARTS = RestartSpec(max_user_restarts=0, max_infra_restarts=0)
+"""``restart:`` of a bench job: a restarted attempt would mix two measurements."""
 
 
 class BenchFailed(DmlctlError):

@@ -26,6 +26,7 @@ from dmlctl.bench.plan import announce, planned
 from dmlctl.bench.ps import local_bench_cluster
 from dmlctl.bench.report import metric_values
 from dmlctl.bench.runs import (
+    NO_RESTARTS,
     BenchFailed,
     BenchPartial,
     Launcher,
@@ -36,7 +37,6 @@ from dmlctl.bench.runs import (
 from dmlctl.errors import UsageError
 from dmlctl.launch.api import launch
 from dmlctl.spec.models import ClusterSpec, JobSpec, StrategySpec
-from dmlctl.spec.restart import RestartSpec
 
 JOB_DIR = Path(__file__).resolve().parent / "sparse_job"
 STRATEGIES = ("hogwild", "cyclades")
@@ -78,7 +78,7 @@ def sparse_job(strategy: str, *, workers: int, samples: int, batch_size: int) ->
         workdir=str(JOB_DIR),
         strategy=StrategySpec.model_validate({"name": strategy}),
         env={"OMP_NUM_THREADS": "1"},
-        restart=RestartSpec(max_user_restarts=0, max_infra_restarts=0),
+        restart=NO_RESTARTS,
     )
 
 

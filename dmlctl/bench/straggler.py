@@ -21,6 +21,7 @@ from rich.console import Console
 from dmlctl.bench.plan import announce, planned
 from dmlctl.bench.ps import local_bench_cluster
 from dmlctl.bench.runs import (
+    NO_RESTARTS,
     BenchFailed,
     BenchInterrupted,
     BenchPartial,
@@ -39,7 +40,6 @@ from dmlctl.bench.straggler_report import (
 from dmlctl.errors import UsageError
 from dmlctl.launch.api import launch
 from dmlctl.spec.models import ClusterSpec, JobSpec, StrategySpec
-from dmlctl.spec.restart import RestartSpec
 from dmlctl.text import plural
 
 JOB_DIR = Path(__file__).resolve().parent / "straggler_job"
@@ -119,7 +119,7 @@ def straggler_job(scenario: Scenario, *, steps: int, step_sleep: float, slowed: 
             {"name": scenario.strategy, "params": dict(scenario.params)}
         ),
         env={"OMP_NUM_THREADS": "1"},
-        restart=RestartSpec(max_user_restarts=0, max_infra_restarts=0),
+        restart=NO_RESTARTS,
     )
 
 
