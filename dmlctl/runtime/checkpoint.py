@@ -57,7 +57,6 @@ import torch.distributed as dist
 
 from dmlctl.checkpoint_files import fsync_path, sha256_file
 from dmlctl.protocol import (
-    DELETED_WHILE_RUNNING,
     ENV_CHECKPOINT_ALLOW_FRESH,
     ENV_CHECKPOINT_DIR,
     ENV_CHECKPOINT_EVERY_SECONDS,
@@ -66,7 +65,6 @@ from dmlctl.protocol import (
     ENV_CHECKPOINT_WARM_START,
     ENV_RUN_ID,
     checkpoint_step_dir,
-    make_private_dirs,
     rank_file,
 )
 from dmlctl.runtime.checkpoint_dir import (
@@ -77,6 +75,7 @@ from dmlctl.runtime.checkpoint_dir import (
     DiskFull,
     commit,
     disk_full,
+    make_root_once,
     take_lock,
     write_synced,
 )
@@ -271,14 +270,8 @@ class CheckpointManager(CheckpointLoading):
         """Make ``tmp`` in the checkpoint directory, and the directory itself (with its
         parents) the first time only: one that was there and is gone raises
         ``FileNotFoundError`` instead of coming back."""
-        if not self._seen:
-            make_private_dirs(str(self.root))
-            self._seen = True
-        elif not self.root.is_dir():
-            raise FileNotFoundError(
-                f"the checkpoint directory {self.root} {DELETED_WHILE_RUNNING}; "
-                "it is not made again"
-            )
+        make_root_once(self.root, self._seen)
+        self._seen = True
         with contextlib.suppress(FileExistsError):
             os.mkdir(tmp, 0o700)  # never its parents
 

@@ -28,7 +28,9 @@ from dmlctl.failure import FULL_DISK_ERRNOS
 from dmlctl.protocol import (
     CHECKPOINT_LATEST,
     CHECKPOINT_MANIFEST,
+    DELETED_WHILE_RUNNING,
     PRIVATE_FILE,
+    make_private_dirs,
     private_opener,
     rank_file,
 )
@@ -94,6 +96,18 @@ def take_lock(path: Path) -> bool:
     except (FileExistsError, FileNotFoundError):  # taken, or already committed
         return False
     return True
+
+
+def make_root_once(root: Path, seen: bool) -> None:
+    """Make checkpoint directory ``root`` (with its parents) when it was never
+    ``seen``; one that was seen and is gone raises ``FileNotFoundError`` instead of
+    coming back (deleted while the run runs, with the run directory)."""
+    if not seen:
+        make_private_dirs(str(root))
+    elif not root.is_dir():
+        raise FileNotFoundError(
+            f"the checkpoint directory {root} {DELETED_WHILE_RUNNING}; it is not made again"
+        )
 
 
 def write_synced(path: Path, data: bytes | dict[str, Any]) -> None:

@@ -6,6 +6,7 @@ valid on every rank, the cursor's position included."""
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -14,6 +15,7 @@ from dmlctl.runtime import checkpoint as ckpt
 from dmlctl.runtime import rejoin
 from dmlctl.runtime.cursor import DataCursor
 from dmlctl.runtime.metrics import MetricLogger
+from dmlctl.runtime.own_checkpoint import OwnPart
 from dmlctl.runtime.progress import TRACKER
 
 if TYPE_CHECKING:
@@ -49,6 +51,10 @@ def checkpoint_manager(
     )
 
 
+_OWN_KEYS = ("optimizer", "strategy", "rng")
+"""What a parameter-server worker takes from its own part (:meth:`RankCheckpoints._own`)."""
+
+
 class RankCheckpoints:
     """Saves and resumes one rank (``manager`` None: a server, or no checkpoint dir)."""
 
@@ -65,6 +71,7 @@ class RankCheckpoints:
         self._rank: int = 0
         self._workers: tuple[int, ...] = ()
         self._apart = False
+        self._part: OwnPart | None = None  # a worker's own part, beside the writer's file
 
     def share(self, rank: int, workers: tuple[int, ...], apart: bool) -> None:
         """One checkpoint for the ``workers`` (global ranks; this one ``rank``), written
@@ -72,8 +79,22 @@ class RankCheckpoints:
         random-number states (the others keep their own). Workers ``apart`` (each at
         its own pace: the parameter-server strategies) resume each at its own data
         position, kept in the checkpoint as the store has it; the others, which meet
-        every round, at the writer's."""
+        every round, at the writer's. Every other worker keeps its own part beside the
+        writer's file (:mod:`dmlctl.runtime.own_checkpoint`) and resumes its own
+        model, optimizer, strategy state and RNGs from it (the parameter-server
+        workers: all but the model, which the servers hold)."""
         self._rank, self._workers, self._apart = rank, workers, apart
+        m = self._manager
+        if m is not None and not m.writes:
+            self._part = OwnPart(
+                m.root,
+                rank,
+                keep=m.keep,
+                every_steps=m.every_steps,
+                every_seconds=m.every_seconds,
+                run_id=m.run_id,
+                warm_start=m.warm_start,
+            )
 
     def _sharded(self) -> ShardedCheckpointManager | None:
         """The manager when it saves through DCP, else None."""
@@ -123,13 +144,27 @@ class RankCheckpoints:
 
     def _own(self, step: int, state: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         """A shared checkpoint (saved at ``step``) as this worker resumes from it
-        (:meth:`share`): its own position and step count when the writer knew them."""
+        (:meth:`share`): its own position and step count when the writer knew them,
+        and its own part when it kept one (else the writer's state without its RNGs,
+        with a line on stderr saying so)."""
         at = state.get("positions", {}).get(str(self._rank))
         if at is not None:
             state = {**state, "data": {"epoch": at[0], "batches": at[1]}}
             step = int(at[2])
-        writer = self._manager is not None and self._manager.writes
-        return step, state if writer else {**state, "rng": {}}
+        if self._part is None:  # the writer
+            return step, state
+        mine = self._part.load(None if self._apart else step)
+        if mine is None:
+            print(
+                f"dmlctl rank {self._rank}: no checkpoint part of its own at step {step}; "
+                "it takes the first worker's optimizer and strategy state",
+                file=sys.stderr,
+                flush=True,
+            )
+            return step, {**state, "rng": {}}
+        if self._apart:  # the model is the servers'; the position the store's
+            return step, {**state, **{k: mine[k] for k in _OWN_KEYS if k in mine}}
+        return step, mine
 
     def save(
         self,
@@ -139,10 +174,16 @@ class RankCheckpoints:
         extra: dict[str, Any],
     ) -> str | None:
         """Save after ``step`` completed steps when due, with ``extra``; the directory,
-        or None (not due, or no checkpoints here). Collective."""
+        or None (not due, no checkpoints here, or this worker's own part). Collective."""
+        at = {"epoch": self._cursor.epoch, "batches": self._cursor.batches}
+        if self._part is not None:
+            if self._part.due(step):
+                state = ckpt.training_state(model, optimizer, **at, extra=extra)
+                with TRACKER.phase("checkpoint"):
+                    self._part.save(step, state)
+            return None
         if self._manager is None or not self._manager.due(step):
             return None
-        at = {"epoch": self._cursor.epoch, "batches": self._cursor.batches}
         sharded = self._sharded()
         if sharded is not None:  # shards through DCP
             from dmlctl.runtime.checkpoint_sharded import small_state

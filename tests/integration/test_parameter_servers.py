@@ -356,6 +356,10 @@ def test_in_place_keeps_checkpoints_and_a_crash_resumes_every_worker_from_the_fi
     assert steps == {0: 1250, 1: 1250}, steps  # each from its own position: no batch lost
     saved = {p.name for p in (cli.home / "runs" / run_id / "hosts").rglob("rank-*.pt")}
     assert saved == {"rank-0.pt"}, saved  # one writer
+    parts = (cli.home / "runs" / run_id / "hosts").rglob("workers/rank-*/step-*.pt")
+    assert {p.parent.name for p in parts} == {"rank-1"}, out  # the other keeps its own part
+    logs = "".join(p.read_text() for p in (cli.home / "runs" / run_id / "logs").iterdir())
+    assert "no checkpoint part of its own" not in logs + out, out  # and resumed from it
     _near_uninterrupted(cli, run_id, f"{strategy}-5" if strategy == "asgd" else strategy)
 
 
