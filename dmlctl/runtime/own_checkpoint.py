@@ -8,7 +8,10 @@ written to a temporary file, fsynced and renamed into place, the ``keep`` newest
 After a full restart each worker takes its own part back (its model, optimizer with
 the strategy's per-worker state — ADMM's duals, local momentum, Adam's moments — RNGs
 and data position), as every rank does from its own file in a run that restarts in
-full; without one it resumes from the first worker's state, as before, and says so.
+full. A synchronous worker takes its part of the step the workers agreed on; without
+one (with ``every_seconds`` each worker saves by its own clock) its newest part before
+that step gives its optimizer, strategy state and RNGs, the model staying the first
+worker's; with none at all it resumes from the first worker's state, and says so.
 
 A part is only used by the run that wrote it (or one warm-started from its
 checkpoints), and only when it loads with ``weights_only=True``.
@@ -119,19 +122,23 @@ class OwnPart:
                     found.append((int(m.group(1)), path))
         return sorted(found, reverse=True)
 
-    def load(self, step: int | None) -> dict[str, Any] | None:
-        """This worker's part of ``step`` (None: its newest), or None when there is
-        none it may use: missing, another run's, or not loadable with
-        ``weights_only=True`` (then with a :class:`CheckpointWarning`)."""
-        parts = self.parts()
-        chosen = next((p for s, p in parts if step is None or s == step), None)
-        if chosen is None:
-            return None
+    def load(self, step: int | None, *, at_most: bool = False) -> tuple[int, dict[str, Any]] | None:
+        """(step, state) of this worker's part of ``step`` (None: its newest; with
+        ``at_most``: its newest part of ``step`` or before), or None when there is none
+        it may use: missing, another run's, or not loadable with ``weights_only=True``
+        (then with a :class:`CheckpointWarning`)."""
+        for saved, path in self.parts():
+            if step is None or saved == step or (at_most and saved < step):
+                state = self._read(path)
+                return None if state is None else (saved, state)
+        return None
+
+    def _read(self, path: Path) -> dict[str, Any] | None:
         try:
-            state = torch.load(chosen, map_location="cpu", weights_only=True)
+            state = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as exc:
             why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-            warnings.warn(f"{chosen} cannot be loaded ({why})", CheckpointWarning, stacklevel=2)
+            warnings.warn(f"{path} cannot be loaded ({why})", CheckpointWarning, stacklevel=3)
             return None
         if not isinstance(state, dict):
             return None

@@ -52,7 +52,9 @@ def checkpoint_manager(
 
 
 _OWN_KEYS = ("optimizer", "strategy", "rng")
-"""What a parameter-server worker takes from its own part (:meth:`RankCheckpoints._own`)."""
+"""What a worker takes from its own part when the model is not its own to take: a
+parameter-server worker's (the servers hold it), or a synchronous worker's part of an
+earlier step than the one agreed (:meth:`RankCheckpoints._own`)."""
 
 
 class RankCheckpoints:
@@ -145,8 +147,9 @@ class RankCheckpoints:
     def _own(self, step: int, state: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         """A shared checkpoint (saved at ``step``) as this worker resumes from it
         (:meth:`share`): its own position and step count when the writer knew them,
-        and its own part when it kept one (else the writer's state without its RNGs,
-        with a line on stderr saying so)."""
+        and its own part when it kept one (see :mod:`dmlctl.runtime.own_checkpoint`;
+        a line on stderr says when it is not the agreed step's, or when there is none
+        and it takes the writer's state without its RNGs)."""
         at = state.get("positions", {}).get(str(self._rank))
         if at is not None:
             state = {**state, "data": {"epoch": at[0], "batches": at[1]}}
@@ -154,17 +157,24 @@ class RankCheckpoints:
         if self._part is None:  # the writer
             return step, state
         mine = self._part.load(None if self._apart else step)
+        if mine is not None and not self._apart:
+            return step, mine[1]
+        mine = mine or self._part.load(step, at_most=True)
         if mine is None:
-            print(
-                f"dmlctl rank {self._rank}: no checkpoint part of its own at step {step}; "
-                "it takes the first worker's optimizer and strategy state",
-                file=sys.stderr,
-                flush=True,
+            self._say(
+                f"no checkpoint part of its own at step {step}; it takes the first "
+                "worker's optimizer and strategy state"
             )
             return step, {**state, "rng": {}}
-        if self._apart:  # the model is the servers'; the position the store's
-            return step, {**state, **{k: mine[k] for k in _OWN_KEYS if k in mine}}
-        return step, mine
+        if not self._apart:
+            self._say(
+                f"no checkpoint part of its own at step {step}; it takes its "
+                f"optimizer and strategy state from its part of step {mine[0]}"
+            )
+        return step, {**state, **{k: mine[1][k] for k in _OWN_KEYS if k in mine[1]}}
+
+    def _say(self, message: str) -> None:
+        print(f"dmlctl rank {self._rank}: {message}", file=sys.stderr, flush=True)
 
     def save(
         self,

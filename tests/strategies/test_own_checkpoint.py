@@ -112,10 +112,25 @@ def test_without_its_own_part_a_worker_resumes_from_the_first_workers_state(
     assert _same(again[1]["resumed"]["optimizer"], first[0]["optimizer"])
 
 
+def test_without_its_part_of_the_agreed_step_a_worker_takes_its_earlier_part(
+    tmp_path: Path,
+) -> None:
+    """As with ``every_seconds``, where each worker saves by its own clock: the model
+    is the writer's of the agreed step, the optimizer state the worker's own, older."""
+    run_ranks(_train, 2, strategy="admm", args=(2 * EVERY,), env=_env(tmp_path))
+    (part_dir(tmp_path, 1) / "step-000000010.pt").unlink()
+    earlier = OwnPart(tmp_path, 1, **_kw()).load(EVERY)
+    assert earlier is not None
+    again = run_ranks(_train, 2, strategy="admm", args=(2 * EVERY,), env=_env(tmp_path))
+    assert again[1]["resumed"]["step"] == 2 * EVERY
+    assert _same(again[1]["resumed"]["optimizer"], _flat(earlier[1]["optimizer"]))
+
+
 def test_a_part_of_another_run_is_not_used(tmp_path: Path) -> None:
     part = OwnPart(tmp_path, 1, **_kw(run_id="run-a"))
     part.save(5, {"optimizer": {"x": torch.ones(1)}})
     assert part.load(5) is not None and part.load(None) is not None and part.load(10) is None
+    assert part.load(10, at_most=True) is not None and part.load(4, at_most=True) is None
     assert OwnPart(tmp_path, 1, **_kw(run_id="run-b")).load(5) is None
     assert OwnPart(tmp_path, 1, **_kw(run_id="run-b", warm_start=True)).load(5) is not None
 
