@@ -156,10 +156,10 @@ class RankCheckpoints:
             step = int(at[2])
         if self._part is None:  # the writer
             return step, state
-        mine = self._part.load(None if self._apart else step)
-        if mine is not None and not self._apart:
-            return step, mine[1]
-        mine = mine or self._part.load(step, at_most=True)
+        exact = None if self._apart else self._part.load(step)
+        if exact is not None:
+            return step, exact[1]
+        mine = self._part.load(step, at_most=True)  # a parameter-server worker: as of its position
         if mine is None:
             self._say(
                 f"no checkpoint part of its own at step {step}; it takes the first "
