@@ -25,7 +25,7 @@ import re
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -41,6 +41,9 @@ from dmlctl.runtime.checkpoint_dir import (
 
 OWN_DIR = "workers"
 """The subdirectory of the checkpoint directory that holds the workers' own parts."""
+if TYPE_CHECKING:
+    from dmlctl.runtime.checkpoint import CheckpointManager
+
 _PART = re.compile(r"^step-(\d+)\.pt$")
 
 
@@ -72,6 +75,20 @@ class OwnPart:
         self._seen = root.is_dir()
         self._last_save = time.monotonic()
         self._last_step: int | None = None
+
+    @classmethod
+    def beside(cls, manager: CheckpointManager, rank: int) -> OwnPart:
+        """Worker ``rank``'s part beside ``manager``'s shared checkpoint: its
+        directory, ``keep``, schedule, run and warm start."""
+        return cls(
+            manager.root,
+            rank,
+            keep=manager.keep,
+            every_steps=manager.every_steps,
+            every_seconds=manager.every_seconds,
+            run_id=manager.run_id,
+            warm_start=manager.warm_start,
+        )
 
     def due(self, step: int) -> bool:
         """Whether to save after ``step`` (never twice for one step): a multiple of

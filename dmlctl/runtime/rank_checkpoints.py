@@ -86,17 +86,8 @@ class RankCheckpoints:
         model, optimizer, strategy state and RNGs from it (the parameter-server
         workers: all but the model, which the servers hold)."""
         self._rank, self._workers, self._apart = rank, workers, apart
-        m = self._manager
-        if m is not None and not m.writes:
-            self._part = OwnPart(
-                m.root,
-                rank,
-                keep=m.keep,
-                every_steps=m.every_steps,
-                every_seconds=m.every_seconds,
-                run_id=m.run_id,
-                warm_start=m.warm_start,
-            )
+        if self._manager is not None and not self._manager.writes:
+            self._part = OwnPart.beside(self._manager, rank)
 
     def _sharded(self) -> ShardedCheckpointManager | None:
         """The manager when it saves through DCP, else None."""
@@ -156,10 +147,12 @@ class RankCheckpoints:
             step = int(at[2])
         if self._part is None:  # the writer
             return step, state
-        exact = None if self._apart else self._part.load(step)
-        if exact is not None:
+        if self._apart:  # its newest: the store's copy of its position may be older
+            mine = self._part.load(None)
+        elif (exact := self._part.load(step)) is not None:
             return step, exact[1]
-        mine = self._part.load(step, at_most=True)  # a parameter-server worker: as of its position
+        else:
+            mine = self._part.load(step, at_most=True)
         if mine is None:
             self._say(
                 f"no checkpoint part of its own at step {step}; it takes the first "
