@@ -189,6 +189,9 @@ class AgentRequest:
     cwd: str
     env: Mapping[str, str]
     umask: int
+    starter: int | None = None
+    """A process whose end means the controller is gone, besides stdin's end: the
+    remote starter (:mod:`dmlctl.agent.served`) that waits for the agent."""
 
     def to_json(self) -> bytes:
         return json.dumps({**asdict(self), "env": dict(self.env)}).encode()
@@ -202,4 +205,5 @@ class AgentRequest:
             cwd=str(doc["cwd"]),
             env={str(k): str(v) for k, v in dict(doc["env"]).items()},
             umask=int(doc["umask"]),
+            starter=None if doc.get("starter") is None else int(doc["starter"]),
         )

@@ -118,8 +118,7 @@ def _supervise(
             alive_at = time.monotonic() + ALIVE_S
         if proc.poll() is not None:
             return kill_at is not None
-        gone = commands.parent is not None and os.getppid() != commands.parent
-        if gone and not commands.stop.is_set():
+        if commands.controller_gone() and not commands.stop.is_set():
             commands.reason.append("controller connection lost (parent process gone)")
             commands.stop.set()
         if commands.dump.is_set():  # in a thread: keepalives and output go on meanwhile
@@ -150,10 +149,11 @@ def _supervise(
             time.sleep(POLL_S)
 
 
-def main(watch_parent: bool = True) -> int:
+def main(watch_parent: bool = True, starter: int | None = None) -> int:
     """Run the agent on this process's stdin and stdout; its exit code. Without
     ``watch_parent`` (an agent forked by :mod:`dmlctl.agent.server`, whose parent is
-    that server) only stdin's end says that the controller is gone."""
+    that server) stdin's end says that the controller is gone, and so does the end of
+    ``starter`` where one is given (:mod:`dmlctl.agent.served`)."""
     name_process(b"dmlctl-agent")  # ps -o comm, top: not one more python3
     parent = os.getppid() if watch_parent else None
     stop = threading.Event()
@@ -177,7 +177,7 @@ def main(watch_parent: bool = True) -> int:
     warm.await_preload(preload, ALIVE_S, lambda: emit.send(wire.AgentMsg("alive")))
     config = AgentConfig.from_json(first)
     become_subreaper()
-    commands = Commands(stop, reason, parent)
+    commands = Commands(stop, reason, parent, starter)
     threading.Thread(target=watch_stdin, args=(commands,), daemon=True).start()
     code = run(config, emit, commands)
     return 0 if code == 0 else 1

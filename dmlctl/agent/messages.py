@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import os
 import re
 import sys
 import threading
 from typing import TextIO
 
 from dmlctl import torchrun_report, wire
+from dmlctl.agent.procs import alive
 
 TAIL = 40  # torchrun's last lines, in the exit message
 SUMMARY_LINES = 2000  # at most this much of torchrun's failure summary
@@ -77,12 +79,26 @@ class Output:
 class Commands:
     """What the controller asked for on stdin (set by :func:`watch_stdin`)."""
 
-    def __init__(self, stop: threading.Event, reason: list[str], parent: int | None) -> None:
+    def __init__(
+        self,
+        stop: threading.Event,
+        reason: list[str],
+        parent: int | None,
+        starter: int | None = None,
+    ) -> None:
         self.stop = stop
         self.reason = reason
-        self.parent = parent  # a process whose end means the controller is gone (None: none)
+        self.parent = parent  # the parent pid whose change means the controller is gone
+        self.starter = starter  # a process whose end means the same (None: none)
         self.grace: float | None = None  # seconds the stop gives the ranks
         self.dump = threading.Event()
+
+    def controller_gone(self) -> bool:
+        """Whether a process standing for the controller's connection ended: the
+        agent's parent (sshd's session) or its served starter."""
+        if self.parent is not None and os.getppid() != self.parent:
+            return True
+        return self.starter is not None and not alive(self.starter)
 
 
 def watch_stdin(commands: Commands) -> None:

@@ -214,7 +214,7 @@ def _agent(
     _own_stdio()
     from dmlctl.agent import __main__ as agent_main
 
-    return agent_main.main(watch_parent=False)
+    return agent_main.main(watch_parent=False, starter=request.starter)
 
 
 _kept: list[object] = []  # the server's stdio objects, kept so their buffers never flush

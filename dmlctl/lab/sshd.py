@@ -8,6 +8,7 @@ import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from dmlctl.lab.net import LabError, address, namespace
@@ -61,7 +62,13 @@ def write_config(lab_dir: Path, i: int) -> Path:
     return config
 
 
-def sshd_config(listen: str, host_key: Path, pid_file: Path, authorized_keys: Path) -> str:
+def sshd_config(
+    listen: str,
+    host_key: Path,
+    pid_file: Path,
+    authorized_keys: Path,
+    env: Mapping[str, str] | None = None,
+) -> str:
     """An ``sshd_config`` for a throw-away host: listening on ``listen`` only, keys only
     (``authorized_keys``, root allowed), no PAM, SFTP built in (fabric's put/get speak
     it), room for many sessions; errors only in its log. The SSH test lab uses it too.
@@ -70,7 +77,9 @@ def sshd_config(listen: str, host_key: Path, pid_file: Path, authorized_keys: Pa
     ``~/.bashrc`` as it does for a command from sshd: a throw-away host runs the
     commands it is sent and nothing of the machine's own shell set-up, and a host killed
     while that set-up held a lock (pyenv's rehash does) cannot make every later session
-    wait for it."""
+    wait for it. ``env``: more variables every session starts with.
+    """
+    set_env = " ".join(f"{k}={v}" for k, v in {"SHLVL": "1", **(env or {})}.items())
     lines = [
         f"ListenAddress {listen}",
         f"HostKey {host_key}",
@@ -89,7 +98,7 @@ def sshd_config(listen: str, host_key: Path, pid_file: Path, authorized_keys: Pa
         "MaxStartups 50:30:100",
         "LogLevel ERROR",
         "Subsystem sftp internal-sftp",
-        "SetEnv SHLVL=1",
+        f"SetEnv {set_env}",  # one line: sshd keeps a keyword's first value
     ]
     return "\n".join(lines) + "\n"
 

@@ -30,6 +30,7 @@ from typing import Any, BinaryIO
 import fabric
 import paramiko
 
+from dmlctl.transport.agent_server import served
 from dmlctl.transport.base import Result, remote_command
 from dmlctl.transport.hostkeys import (
     HostKeyPolicy,
@@ -205,8 +206,10 @@ class SSHTransport:
         )
 
     def start(self, argv: Sequence[str], *, cwd: str | None = None) -> SSHProcess:
-        """Start ``argv``; raises :class:`SshConnectError` if the host is unreachable."""
-        return SSHProcess(self.host, self._channel(argv, cwd))
+        """Start ``argv`` (a host agent from the host's agent server where one matches:
+        :func:`~dmlctl.transport.agent_server.served`); raises :class:`SshConnectError`
+        if the host is unreachable."""
+        return SSHProcess(self.host, self._channel(served(argv), cwd))
 
     def close(self) -> None:
         self._conn.close()

@@ -229,9 +229,14 @@ class SshLab:
         self.stop()
 
 
-def start_lab(root: Path, n_hosts: int = 2) -> SshLab:
+def start_lab(root: Path, n_hosts: int = 2, agent_server_idle: float = 60.0) -> SshLab:
     """Start ``n_hosts`` trusted servers and a stranger under ``root`` (created if
-    needed; use an empty directory) and return the ready lab. See the module doc."""
+    needed; use an empty directory) and return the ready lab. See the module doc.
+
+    The hosts' sessions have ``DMLCTL_AGENT_SERVER_IDLE=agent_server_idle``: their
+    agents come from one agent server (they share this machine), which leaves a minute
+    after the last; 0 starts every agent below its host's ``sshd``, as a lab whose hosts
+    get killed needs (an agent server is no host's)."""
     if not 1 <= n_hosts <= 26:
         raise ValueError(f"n_hosts must be between 1 and 26, got {n_hosts}")
     if not SSHD.is_file():
@@ -255,7 +260,7 @@ def start_lab(root: Path, n_hosts: int = 2) -> SshLab:
     (root / "authorized_keys").write_text(user_key.with_suffix(".pub").read_text())
     try:
         for s in everyone:
-            _write_sshd_config(s, root)
+            _write_sshd_config(s, root, agent_server_idle)
             _spawn(s)
         _wait_ready(everyone, root=root)
     except BaseException:
@@ -283,7 +288,7 @@ def _new_server(root: Path, alias: str, address: str) -> _Server:
     return _Server(SshHost(alias, address, _free_port(address), workdir), directory)
 
 
-def _write_sshd_config(server: _Server, root: Path) -> None:
+def _write_sshd_config(server: _Server, root: Path, agent_server_idle: float) -> None:
     h = server.host
     server.config.write_text(
         sshd_config(
@@ -291,6 +296,7 @@ def _write_sshd_config(server: _Server, root: Path) -> None:
             server.host_key,
             server.dir / "sshd.pid",
             root / "authorized_keys",
+            env={"DMLCTL_AGENT_SERVER_IDLE": f"{agent_server_idle:g}"},
         )
     )
 

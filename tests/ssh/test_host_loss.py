@@ -24,7 +24,7 @@ pytestmark = pytest.mark.ssh
 @pytest.fixture
 def lab(tmp_path: Path) -> Iterator[SshLab]:
     """A lab of this test's own: its hosts get killed."""
-    with start_lab(tmp_path / "lab", n_hosts=2) as lab:
+    with start_lab(tmp_path / "lab", n_hosts=2, agent_server_idle=0) as lab:
         yield lab
 
 
@@ -216,7 +216,7 @@ def test_a_lost_host_is_replaced_in_place_by_a_spare(tmp_path: Path, fault: str)
     """restart.mode: in_place under local-sgd, node-c a spare: node-b dies mid-run (or
     is cut off: its connection stays open, its rank stays in the collective); its rank
     starts on node-c and joins its peer, which never restarts."""
-    with start_lab(tmp_path / "lab", n_hosts=3) as lab:
+    with start_lab(tmp_path / "lab", n_hosts=3, agent_server_idle=0) as lab:
         cli = LabCli(tmp_path / "home", lab)
 
         def act(run_id: str) -> None:
@@ -246,7 +246,7 @@ def test_a_lost_server_host_is_replaced_in_place_by_a_spare(tmp_path: Path, faul
     starts on node-c from its newest snapshot, read from the run's store (node-b's disk
     went with it), the workers leave the old one for it and go on without a restart;
     the pushes since the snapshot are counted lost."""
-    with start_lab(tmp_path / "lab", n_hosts=3) as lab:
+    with start_lab(tmp_path / "lab", n_hosts=3, agent_server_idle=0) as lab:
         cli = LabCli(tmp_path / "home", lab)
         layout = "parameter_servers: 1\nserver_hosts: [node-b]\nmax_hosts: 2\n"
         try:

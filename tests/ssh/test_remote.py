@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -16,7 +18,7 @@ from dmlctl.provision.sync import excludes_for, local_files, sync_host
 from dmlctl.transport.ssh import SshOptions, SSHTransport
 from tests.conftest import Cli
 from tests.integration.procs import cmdline, parent, run_processes, wait_until
-from tests.ssh.lab import SshLab
+from tests.ssh.lab import SshHost, SshLab
 
 JOBS = Path(__file__).parent / "jobs"
 FOREVER = Path(__file__).parent.parent / "integration" / "jobs" / "forever"
@@ -325,12 +327,13 @@ def test_dropped_connection_stops_the_hosts_processes(
         run_id = _wait_running(lcli)
         pids = run_processes(run_id)
         assert not [p for p in pids if secret in cmdline(p)]
-        forked = [p for p in pids if "dmlctl.agent" in cmdline(p)]
-        # torchrun runs in a child forked from its agent (same command line)
-        agents = [p for p in forked if parent(p) not in forked]
-        assert len(agents) == 2
-        for agent in agents:  # the sshd process serving this agent's session
-            os.kill(parent(agent), signal.SIGKILL)
+        # What each session's sshd runs: the agent's starter (dmlctl.agent.served,
+        # which the agent server's agent watches), or the agent itself
+        started = [p for p in pids if "dmlctl.agent" in cmdline(p)]
+        sessions = {parent(p) for p in started if "sshd" in cmdline(parent(p))}
+        assert len(sessions) == 2
+        for session in sessions:
+            os.kill(session, signal.SIGKILL)
         assert wait_until(lambda: not run_processes(run_id), 15), run_processes(run_id)
         assert proc.wait(30) == 1  # the controller reports the lost hosts
         cause = lcli.state(run_id)["root_cause"]
@@ -338,6 +341,76 @@ def test_dropped_connection_stops_the_hosts_processes(
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _server_socket(lab: SshLab, host: SshHost) -> str:
+    """The socket of the agent server that ``host``'s agents come from, as the host
+    works it out in a session of its own (:mod:`dmlctl.agent.ask`), for the dmlctl a
+    launch shipped there (the one its agents import)."""
+    (lib,) = (host.workdir / ".dmlctl" / "lib").iterdir()
+    where = (
+        "import os, sys; from dmlctl.agent import ask; env = dict(os.environ); "
+        "print(ask.runtime_dir(env) / f'agent-{ask.server_key(sys.executable, env)}.sock')"
+    )
+    command = f"cd {shlex.quote(str(lib))} && " + shlex.join([sys.executable, "-c", where])
+    argv = ["ssh", "-F", str(lab.config_file), host.alias, command]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=True)
+    return out.stdout.strip()
+
+
+def _answers(sock: str) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+        return s.connect_ex(sock) == 0
+
+
+def _short_name(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        raw = f.read()
+    return raw[raw.index("(") + 1 : raw.rindex(")")]
+
+
+def test_an_ssh_hosts_agents_come_from_its_agent_server_and_end_with_their_starters(
+    lcli: LabCli, ssh_lab: SshLab, tmp_path: Path
+) -> None:
+    """Once a host's agent server runs (a first start there makes one), each agent over
+    SSH is forked by it — ``-m dmlctl.agent --run-id RUN``, the server its parent —
+    and waited for by its starter in the SSH session (``-m dmlctl.agent.served``).
+    A kill -9 of a starter stops its agent and ranks, as a closed channel does, and
+    the controller sees that host's agent gone."""
+    cluster = cluster_file(ssh_lab, tmp_path, **{h.alias: "slots: 1" for h in ssh_lab.hosts})
+    first = lcli.run("launch", str(JOBS / "sleepy" / "job.yaml"), "--cluster", str(cluster))
+    assert first.returncode == 0, first.stdout + first.stderr
+    for host in ssh_lab.hosts:
+        sock = _server_socket(ssh_lab, host)
+        assert wait_until(lambda: _answers(sock), 60), f"no agent server at {sock}"  # noqa: B023
+    job = tmp_path / "job.yaml"
+    job.write_text(
+        f"script: {FOREVER / 'train.py'}\nworkdir: {FOREVER}\nworkers: 2\n"
+        "restart:\n  max_infra_restarts: 0\n"
+    )
+    cli = LabCli(tmp_path / "home-2", ssh_lab)  # its run the only one there
+    proc = cli.popen("launch", str(job), "--cluster", str(cluster), "--ui", "quiet")
+    try:
+        run_id = _wait_running(cli)
+        pids = run_processes(run_id)
+        agents = [p for p in pids if f"-m dmlctl.agent --run-id {run_id}" in cmdline(p)]
+        agents = [p for p in agents if _short_name(parent(p)) == "dmlctl-server"]
+        starters = [p for p in pids if f"-m dmlctl.agent.served --run-id {run_id}" in cmdline(p)]
+        assert len(agents) == 2 and len(starters) == 2, [cmdline(p) for p in pids]
+        node_a = str(ssh_lab.hosts[0].workdir)
+        starter = next(p for p in starters if os.readlink(f"/proc/{p}/cwd").startswith(node_a))
+        agent = next(p for p in agents if os.readlink(f"/proc/{p}/cwd").startswith(node_a))
+        below = [p for p in pids if _under(p, agent)]
+        assert len(below) >= 3, below  # the agent, its torchrun and rank
+        os.kill(starter, signal.SIGKILL)
+        assert wait_until(lambda: not set(below) & set(run_processes(run_id)), 15), [
+            cmdline(p) for p in set(below) & set(run_processes(run_id))
+        ]
+        assert proc.wait(60) == 1  # no restart allowed: the run fails
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert wait_until(lambda: not run_processes(run_id), 15), run_processes(run_id)
 
 
 def test_kill_9_of_a_remote_host_agent_leaves_no_rank_and_the_run_resumes(
@@ -358,7 +431,9 @@ def test_kill_9_of_a_remote_host_agent_leaves_no_rank_and_the_run_resumes(
     try:
         run_id = _wait_running(lcli)
         assert wait_until(lambda: _steps(lcli, run_id) >= 6, 60), "no checkpoint yet"
-        forked = [p for p in run_processes(run_id) if "dmlctl.agent" in cmdline(p)]
+        # The agents (forked by the hosts' agent server), not the starters that wait
+        # for them (``-m dmlctl.agent.served``): a starter's kill is another test's.
+        forked = [p for p in run_processes(run_id) if "-m dmlctl.agent " in cmdline(p)]
         agents = [p for p in forked if parent(p) not in forked]
         node_b = str(ssh_lab.hosts[1].workdir)
         victim = next(a for a in agents if os.readlink(f"/proc/{a}/cwd").startswith(node_b))

@@ -1,26 +1,32 @@
-"""What decides whether a local launch asks the agent server: the idle setting, the
+"""What decides whether a launch asks a host's agent server: the idle setting, the
 socket directory (this user's alone), the key a server must share with the
-controller, and which commands qualify."""
+starter, which commands qualify, and how a remote host's agent is started (through
+its starter, whose end stops the agent)."""
 
 from __future__ import annotations
 
 import os
 import resource
 import shutil
+import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from dmlctl.transport.agent_server import (
+from dmlctl.agent.ask import (
     IDLE_S,
     eligible,
     idle_seconds,
     runtime_dir,
     server_key,
 )
+from dmlctl.agent.messages import Commands
+from dmlctl.agent_config import AgentRequest
+from dmlctl.transport.agent_server import served
 
 
 @pytest.fixture
@@ -104,3 +110,26 @@ def test_the_key_follows_the_limits_a_process_inherits(monkeypatch: pytest.Monke
 
     monkeypatch.setattr(resource, "getrlimit", raised)
     assert server_key(sys.executable, {}) != key
+
+
+def test_a_remote_host_starts_its_agent_through_the_served_starter() -> None:
+    agent = ["/venv/bin/python", "-m", "dmlctl.agent", "--run-id", "r1"]
+    assert served(agent) == ["/venv/bin/python", "-m", "dmlctl.agent.served", "--run-id", "r1"]
+    other = ["/venv/bin/python", "-c", "print(1)"]
+    assert served(other) == other
+
+
+@pytest.mark.parametrize("starter", [None, 4242])
+def test_a_request_names_its_starter(starter: int | None) -> None:
+    sent = AgentRequest(("py", "-m", "dmlctl.agent"), "/w", {"A": "1"}, 0o022, starter)
+    assert AgentRequest.from_json(sent.to_json()) == sent
+
+
+def test_the_end_of_the_starter_means_the_controller_is_gone() -> None:
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    gone = Commands(threading.Event(), [], None, starter=ended.pid)
+    assert gone.controller_gone()
+    here = Commands(threading.Event(), [], None, starter=os.getpid())
+    assert not here.controller_gone()
+    assert not Commands(threading.Event(), [], None).controller_gone()

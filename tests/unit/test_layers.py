@@ -61,7 +61,7 @@ BASE = {
 }
 #: Where the control plane may reach into the data plane: torch-free modules only.
 MEETING = re.compile(
-    r"^dmlctl\.(strategies\.registry|strategies\.params|strategies\.[a-z_]+\.params|agent\.procs)$"
+    r"^dmlctl\.(strategies\.registry|strategies\.params|strategies\.[a-z_]+\.params|agent\.(procs|ask))$"
 )
 
 
