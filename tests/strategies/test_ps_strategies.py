@@ -216,13 +216,17 @@ def _both(ctx: Any, burst: tuple[int, int] | None) -> tuple[float, float]:
 
 
 def test_straggler_slows_ssgd_but_not_asgd() -> None:
-    """One worker of three sleeps 3× as long every step. Synchronous SGD drops to its
-    pace (≈ 1/3); asgd's other workers keep ≥ 0.8× of their no-straggler throughput."""
+    """One worker of three sleeps 3× as long every step (2 × STEP_S more). Synchronous
+    SGD's other workers take its pace: each of their steps at least STEP_S longer than
+    without it (half its extra sleep: the rest of a step, its compute and all-reduce,
+    partly overlaps the straggler's sleep, and takes longer on a loaded machine —
+    a throughput ratio bound failed so); asgd's other workers keep ≥ 0.8× of their
+    no-straggler throughput."""
     sync = run_ranks(_both, 3, strategy="ssgd", args=(None,))
     asgd = run_ranks(_both, 4, strategy="asgd", roles=["worker"] * 3 + ["server"], args=(None,))
-    sync_ratio = min(r[1] / r[0] for r in sync[:2])
+    sync_extra = min(1 / r[1] - 1 / r[0] for r in sync[:2])
     asgd_ratio = min(r[1] / r[0] for r in asgd[:2])
-    assert sync_ratio < 0.5, sync
+    assert sync_extra >= STEP_S, sync
     assert asgd_ratio >= 0.8, asgd
 
 
