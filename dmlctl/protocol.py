@@ -91,6 +91,7 @@ ENV_RESPAWN_SERVERS = "DMLCTL_RESPAWN_SERVERS"  # "1": in place, servers replace
 ENV_PS_SNAPSHOT_EVERY = "DMLCTL_PS_SNAPSHOT_EVERY"  # a replaceable server's snapshot, pushes
 ENV_PS_SNAPSHOT_COPY = "DMLCTL_PS_SNAPSHOT_COPY"  # "1": a copy in the store (spare hosts)
 ENV_REJOIN = "DMLCTL_REJOIN"
+ENV_RUN_STORE = "DMLCTL_RUN_STORE"  # host:port of the controller's store (in place), if any
 ENV_REJOIN_WAIT = "DMLCTL_REJOIN_WAIT"  # restart.rejoin_wait (0: never go on smaller)
 IN_PLACE = "in_place"
 ENV_CHECKPOINT_DIR = "DMLCTL_CHECKPOINT_DIR"

@@ -31,8 +31,11 @@ def run(argv: Sequence[str]) -> None:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main
 
+    outside = os.environ.get(protocol.ENV_RUN_STORE)
+    if outside:
+        meet_at_outside_store(outside)
     if protocol.in_place(os.environ):
-        wait_for_ranks_at_exit()
+        wait_for_ranks_at_exit(linger=not outside)
     try:
         main(list(argv))
     except ChildFailedError as e:
@@ -51,7 +54,39 @@ EXIT_LINGER_S = 1.0
 other nodes' torchruns, a monitor interval behind, still find it at their end."""
 
 
-def wait_for_ranks_at_exit(timeout: float = EXIT_WAIT_S, reach: float = EXIT_CONNECT_S) -> None:
+def meet_at_outside_store(endpoint: str) -> None:
+    """Make torchrun hand its ranks the run's store at ``endpoint`` (``host:port``, the
+    controller's, :mod:`dmlctl.provision.store_server`) as ``MASTER_ADDR:MASTER_PORT``.
+
+    torchrun meets the other nodes at its ``--rdzv-endpoint`` (the same store, with
+    ``is_host=false`` on every node) and then, by default, has the node that became
+    rank 0 start a second store for the ranks, which dies with that node. Here no node
+    starts one: every node's ranks get the outside store (``TORCHELASTIC_USE_AGENT_STORE``
+    stays set: they are its clients), so that the host of rank 0 can be lost and
+    replaced while the others go on."""
+    from torch.distributed.elastic.rendezvous import api, dynamic_rendezvous
+
+    addr, port = endpoint.rsplit(":", 1)
+    info = api.RendezvousStoreInfo(addr, int(port))
+
+    class _Outside:  # what torchrun keeps of "its" store: the port only
+        def __init__(self, port: int) -> None:
+            self.port = port
+
+    def build(*args: Any, **kwargs: Any) -> api.RendezvousStoreInfo:
+        return info
+
+    def no_server(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return _Outside(int(port))
+
+    api.RendezvousStoreInfo.build = staticmethod(build)  # type: ignore[method-assign]
+    handler = dynamic_rendezvous.DynamicRendezvousHandler
+    handler._create_tcp_store_server = no_server  # type: ignore[method-assign]
+
+
+def wait_for_ranks_at_exit(
+    timeout: float = EXIT_WAIT_S, reach: float = EXIT_CONNECT_S, linger: bool = True
+) -> None:
     """Patch torchrun's exit barrier for a run that replaces lost ranks in place.
 
     torchrun waits at its end (up to 5 minutes) until every node's torchrun got there,
@@ -62,7 +97,9 @@ def wait_for_ranks_at_exit(timeout: float = EXIT_WAIT_S, reach: float = EXIT_CON
     the store (:func:`dmlctl.runtime.rejoin.done`), at most ``timeout`` seconds; the
     store's own torchrun then stays :data:`EXIT_LINGER_S` more, and one that cannot
     reach the store within ``reach`` seconds (it has ended: every rank was done)
-    ends at once instead of retrying for the store's 5-minute timeout."""
+    ends at once instead of retrying for the store's 5-minute timeout. Without
+    ``linger`` (the store is the controller's, which outlives every torchrun) nobody
+    stays."""
     from datetime import timedelta
 
     from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
@@ -82,7 +119,7 @@ def wait_for_ranks_at_exit(timeout: float = EXIT_WAIT_S, reach: float = EXIT_CON
         except Exception as exc:  # the run's outcome is its ranks', not this wait's
             print(f"dmlctl: not every rank said it is done with the store: {exc}", file=sys.stderr)
             return
-        if int(group.group_rank) == 0 and int(group.group_world_size or 1) > 1:
+        if linger and int(group.group_rank) == 0 and int(group.group_world_size or 1) > 1:
             time.sleep(EXIT_LINGER_S)  # other nodes' torchruns may still come
 
     SimpleElasticAgent._exit_barrier = _exit_barrier  # type: ignore[method-assign]

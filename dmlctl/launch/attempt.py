@@ -35,6 +35,7 @@ from dmlctl.launch.standby import Standbys
 from dmlctl.launch.stops import AttemptStops, StopRules
 from dmlctl.plan.model import HostPlan, LaunchPlan
 from dmlctl.provision.replicate import Replicator
+from dmlctl.provision.store_server import StoreServer
 from dmlctl.runs.events import (
     AgentExited,
     AgentStarted,
@@ -120,6 +121,7 @@ class AttemptRunner:
         self._queue: queue.Queue[tuple[str, str | None]] = queue.Queue(QUEUE_MAX)
         self._procs: dict[str, Process] = {}
         self._swap: HostSwap | None = None
+        self._store: StoreServer | None = None  # the attempt's, held here (plan.store_host)
 
     @property
     def lost_now(self) -> frozenset[str]:
@@ -141,7 +143,10 @@ class AttemptRunner:
         """Start an agent on every host of ``plan`` as attempt ``number`` (0-based);
         a host whose agent cannot be started is lost at once."""
         self._procs, self._lost_hosts, self._running_since = {}, {}, {}
-        self._swap = HostSwap(plan)
+        self._close_store()
+        if plan.store_host is not None:  # no host serves it: rank 0's host is replaceable
+            self._store = StoreServer(plan.store_host)
+        self._swap = HostSwap(plan, outside=self._store.endpoint if self._store else None)
         self.notes.reset()  # the stderr tails of this attempt only
         hosts = ", ".join(h.name for h in plan.hosts)
         what = "starting" if number == 0 else f"restarting (attempt {number + 1})"
@@ -154,7 +159,19 @@ class AttemptRunner:
         return state, run
 
     def follow(self, state: RunState, run: Attempt) -> AttemptResult:
-        """Follow the started attempt until every agent has exited; how it ended."""
+        """Follow the started attempt until every agent has exited; how it ended. The
+        attempt's store, when the controller holds it, closes then."""
+        try:
+            return self._follow(state, run)
+        finally:
+            self._close_store()
+
+    def _close_store(self) -> None:
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+
+    def _follow(self, state: RunState, run: Attempt) -> AttemptResult:
         turn = time.monotonic()
         while run.live:
             batch = self.books.take_posted() + self._read_events(run) + self.books.writer.check()
@@ -282,7 +299,8 @@ class AttemptRunner:
                 events.append(AgentExited(host.name, 127, (), self.clock(), cause))
                 self._lost_hosts[host.name] = f"cannot start agent: {e}"
                 continue
-            proc.send(plan.agent_config(host, number, self.settings.stop_grace).to_json())
+            store = self._store.endpoint if self._store is not None else None
+            proc.send(plan.agent_config(host, number, self.settings.stop_grace, store).to_json())
             self._procs[host.name] = proc
             threading.Thread(target=self._read, args=(host.name, proc), daemon=True).start()
         return events

@@ -4,8 +4,9 @@ configuration its agent gets.
 
 A host is replaced in place when the run replaces lost workers in place, every rank
 of it had started (the controller knows each one's global and local rank), it does
-not run rank 0 (the torchrun of rank 0's host serves the run's store, which every
-rank reaches; its ranks said where it is), and, when it runs parameter servers, its
+not run rank 0 unless the controller holds the run's store (otherwise the torchrun of
+rank 0's host serves it, and every rank reaches it there; the ranks said where it
+is), and, when it runs parameter servers, its
 connection ended (its kernel closed the servers' sockets, so the workers ask their
 replacements, which start from the snapshots in the run's store; a silent host
 leaves the workers waiting on its open sockets). The ranks go to a
@@ -39,6 +40,9 @@ class HostSwap:
     seated: dict[str, dict[int, int]] = dataclasses.field(default_factory=dict)
     #: The hosts taken as targets, as they run there (rank files are collected there)
     placed: dict[str, HostPlan] = dataclasses.field(default_factory=dict)
+    #: The attempt's store when the controller holds it (``host:port``; None: torchrun's,
+    #: on rank 0's host)
+    outside: str | None = None
     count: int = 0  # hosts replaced in this attempt
     store: str | None = None  # the run's store (address:port), as the ranks said
 
@@ -63,8 +67,10 @@ class HostSwap:
         seated = self.seated.get(host, {})
         if len(seated) != planned.nproc:
             return "not every rank of it had started"
-        if 0 in seated:
+        if 0 in seated and self.outside is None:
             return "it runs rank 0 (its torchrun serves the run's store)"
+        if self._workers() <= set(seated):
+            return "it runs every worker (none is left to hand a replacement its state)"
         if self.store is None:
             return "no rank said where the run's store is"
         return None
@@ -83,9 +89,10 @@ class HostSwap:
         wait is not 0, the hosts left are at least ``min_hosts``, and with parameter
         servers the host's connection ``ended`` (its kernel closed its sockets: the
         servers see their workers' end; one silent — frozen, cut off, powered off —
-        leaves them open, and the servers would wait for its workers); none
-        otherwise (every strategy replaced in place goes on without a worker its
-        replacement did not come for: the averaging ones over the members left,
+        leaves them open, and the servers would wait for its workers), and it does not
+        run rank 0 (the rank that saves, prints and evaluates); none otherwise (every
+        strategy replaced in place goes on without a worker its replacement did not
+        come for: the averaging ones over the members left,
         dpsgd over its topology laid again, the parameter servers without it; a lost
         server's shard has nobody to go on without it)."""
         wait = self.plan.restart.rejoin_wait
@@ -93,6 +100,8 @@ class HostSwap:
         enough = len(left) >= (self.plan.min_hosts or len(self.plan.hosts))
         seen = ended or not self.plan.parameter_servers
         if not (wait and enough and seen) or self._serves(host):  # a shard has no stand-in
+            return []
+        if 0 in self.seated.get(host, {}):  # rank 0 prints, saves, evaluates: not without it
             return []
         ranks = tuple(sorted(self.seated.pop(host, {})))
         said = (
@@ -133,11 +142,15 @@ class HostSwap:
             group_world_size=len(self.plan.hosts),
             number=self.count,
         )
-        config = self.plan.agent_config(seat, attempt, grace)
+        config = self.plan.agent_config(seat, attempt, grace, self.outside)
         # A directory of its own: the lost host's, when it is the target, holds the
         # files of the ranks it replaces (their records must not be read again).
         rank_dir = f"{config.rank_dir}/rejoin-{self.count}"
         return dataclasses.replace(config, rank_dir=rank_dir, rejoin=rejoin)
+
+    def _workers(self) -> set[int]:
+        """The ranks of the run's workers (as planned)."""
+        return {r.rank for r in self.plan.ranks if r.role != ROLE_SERVER}
 
     def _serves(self, host: str) -> bool:
         """Whether ``host`` runs parameter servers in this attempt."""

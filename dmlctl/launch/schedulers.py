@@ -23,7 +23,9 @@ from dmlctl.launch.start import start_run
 from dmlctl.plan.model import LaunchPlan
 from dmlctl.plan.placing import JobPlacement, as_run
 from dmlctl.plan.request import Facts, LaunchRequest
+from dmlctl.protocol import IN_PLACE
 from dmlctl.provision.ports import ANY_FREE_PORT, free_port, pick_port
+from dmlctl.provision.store_reach import LOOPBACK, controller_address, store_host
 from dmlctl.runs.store import RunDir, RunStore
 from dmlctl.spec.cluster import ResolvedHost
 from dmlctl.spec.local import local_gpu_counts
@@ -109,11 +111,14 @@ class LocalScheduler(RecordedRunBase):
         the kernel gives it as each attempt starts (``:0``, as ``torchrun --standalone``
         does; its ranks learn it as ``MASTER_PORT``), so no other process can take the
         port between the plan and the attempt; several local hosts meet at a port free
-        now. This machine's GPUs were counted when placing."""
-        del job, cluster
+        now. This machine's GPUs were counted when placing. A run that replaces lost
+        hosts in place has its store held by the controller, on the loopback address."""
+        del cluster
+        store = LOOPBACK if job.restart.mode == IN_PLACE else None
         if len(placement.hosts) == 1:
-            return Facts(port=0, local_python=sys.executable, port_note=ANY_FREE_PORT)
-        return Facts(port=free_port(), local_python=sys.executable)
+            note = ANY_FREE_PORT
+            return Facts(port=0, local_python=sys.executable, port_note=note, store_host=store)
+        return Facts(port=free_port(), local_python=sys.executable, store_host=store)
 
     def schedule(
         self, request: LaunchRequest, job: JobSpec, cluster: ClusterSpec, store: RunStore
@@ -158,8 +163,11 @@ class SshScheduler(RecordedRunBase):
         from dmlctl.provision import ship
 
         lib = ship.lib_id(ship.package_files())
+        in_place = job.restart.mode == IN_PLACE
         if dry:
+            store = _assumed_store(placement, self._transports) if in_place else None
             close_transports(self._transports)
+            assumed = _unprobed(cluster) + (_store_assumed(store) if store else ())
             return Facts(
                 DRY_RUN_PORT,
                 sys.executable,
@@ -167,16 +175,33 @@ class SshScheduler(RecordedRunBase):
                 {},
                 lib,
                 routes,
-                _unprobed(cluster),
+                assumed,
                 DRY_RUN_NOTE,
+                store_host=store,
             )
         try:
             port, gpus = self._preflight(placement, first)
+            store = self._store_host(placement) if in_place else None
         except BaseException:
             close_transports(self._transports)
             raise
         gpus.update(local_gpu_counts(job, cluster))  # as this machine's ranks see them
-        return Facts(port, sys.executable, rdzv_host, gpus, lib, routes)
+        return Facts(port, sys.executable, rdzv_host, gpus, lib, routes, store_host=store)
+
+    def _store_host(self, placement: JobPlacement) -> str | None:
+        """Where the controller holds the run's store: an address of this machine
+        every host reached; None, said on stderr, when one could not."""
+        hosts = [as_run(h, sys.executable) for h in placement.hosts]
+        timeout = self._options.connect_timeout
+        with self._err.status("checking that every host reaches this machine…"):
+            where = store_host(hosts, self._transports, timeout)
+        if where.why_not is not None:
+            self._err.print(
+                f"the run's store stays with rank 0's host ({where.why_not}): losing that "
+                "host restarts the run",
+                markup=False,
+            )
+        return where.address
 
     def _preflight(
         self, placement: JobPlacement, first: ResolvedHost
@@ -239,6 +264,23 @@ def _where(run: RunDir, plan: LaunchPlan) -> list[str]:
         reached = "unknown" if host is None else host.address
         lines.append(f"  {name}: {'this machine' if host and host.is_local else reached}")
     return lines
+
+
+def _assumed_store(placement: JobPlacement, transports: dict[str, Transport]) -> str:
+    """The address a dry run shows for the controller's store (it connects to nothing)."""
+    remote = [h for h in placement.hosts if not h.is_local]
+    if not remote:
+        return LOOPBACK
+    return controller_address(network_address(transports[remote[0].name], remote[0].address))
+
+
+def _store_assumed(address: str) -> tuple[str, ...]:
+    """What a dry run assumes of the controller's store at ``address``."""
+    if address == LOOPBACK:
+        return ()
+    return (
+        f"that every host reaches this machine at {address} (the run's store; checked at launch)",
+    )
 
 
 def _unprobed(cluster: ClusterSpec) -> tuple[str, ...]:

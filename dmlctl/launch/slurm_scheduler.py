@@ -20,6 +20,7 @@ from dmlctl.launch.schedulers import DRY_RUN_NOTE, DRY_RUN_PORT, SshScheduler
 from dmlctl.plan.model import LaunchPlan
 from dmlctl.plan.placing import JobPlacement, as_run, place_job
 from dmlctl.plan.request import Facts, LaunchRequest
+from dmlctl.protocol import IN_PLACE
 from dmlctl.runs.store import RunDir, RunStore
 from dmlctl.slurm import allocation, enclosing
 from dmlctl.slurm.allocation import Allocation, JobState
@@ -33,6 +34,11 @@ from dmlctl.spec.slurm import SlurmSpec
 from dmlctl.text import plural
 from dmlctl.transport import ssh_route
 from dmlctl.ui.format import format_duration
+
+DRY_STORE_HOST = "<this machine>"
+DRY_STORE_NOTE = (
+    "that every node reaches this machine (the run's store; its address is checked at launch)"
+)
 
 
 class SlurmScheduler(SshScheduler):
@@ -58,13 +64,15 @@ class SlurmScheduler(SshScheduler):
         if self._options.dry_run:
             if self._spec.allocation == "enclosing":  # refused as the launch would
                 _refuse_requeue(self._spec, enclosing_job(self._spec.conf))
+            in_place = job.restart.mode == IN_PLACE
             return Facts(
                 DRY_RUN_PORT,
                 sys.executable,
                 routes=_dry_routes(placement, self._spec.gpus_per_node),
                 lib=lib,
-                assumed=_dry_assumed(self._spec),
+                assumed=_dry_assumed(self._spec) + ((DRY_STORE_NOTE,) if in_place else ()),
                 port_note=DRY_RUN_NOTE,
+                store_host=DRY_STORE_HOST if in_place else None,
             )
         hosts = [h.name for h in placement.hosts]
         slots = max(h.slots for h in placement.hosts)
@@ -78,11 +86,14 @@ class SlurmScheduler(SshScheduler):
             placed = placement.bound(bound)
             first = as_run(placed.first, sys.executable)
             port, gpus = self._preflight(placed, first)
+            store = self._store_host(placed) if job.restart.mode == IN_PLACE else None
         except BaseException:
             self.release()
             raise
         routes = {h: r for h, t in self._transports.items() if (r := ssh_route(t)) is not None}
-        return Facts(port, sys.executable, first.address, gpus, lib, routes, (), None, bound, where)
+        return Facts(
+            port, sys.executable, first.address, gpus, lib, routes, (), None, bound, where, store
+        )
 
     def _submitted(self, job_id: str) -> None:
         self._job_id = job_id

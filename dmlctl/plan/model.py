@@ -17,6 +17,7 @@ from pydantic import BaseModel
 
 from dmlctl.agent_config import AgentConfig, StrategyChoice, TorchrunCommand
 from dmlctl.mesh import MeshLayout, layout_from
+from dmlctl.protocol import ENV_RUN_STORE
 from dmlctl.slurm.allocation import Allocation
 from dmlctl.spec.restart import CheckpointSpec, RestartSpec
 from dmlctl.strategies import registry
@@ -113,24 +114,33 @@ class LaunchPlan:
     parallelize: str | None = None
     #: The Slurm allocation the hosts are nodes of; None: SSH hosts or this machine.
     allocation: Allocation | None = None
+    #: Where the controller holds the run's store (an address of this machine that
+    #: every host reached), in a run that replaces lost hosts in place; each attempt
+    #: gets a store of its own there. None: torchrun's store on rank 0's host.
+    store_host: str | None = None
 
     def agent_config(
-        self, host: HostPlan, attempt: int = 0, stop_grace: float = 30.0
+        self, host: HostPlan, attempt: int = 0, stop_grace: float = 30.0, store: str | None = None
     ) -> AgentConfig:
         """The configuration of ``host``'s agent for attempt ``attempt`` (0 = first):
         later attempts get a rank directory and a rendezvous id of their own (an agent
         never replays an earlier attempt's files). ``stop_grace``: seconds the ranks
-        get after SIGTERM when the agent stops them."""
+        get after SIGTERM when the agent stops them. ``store``: the ``host:port`` of the
+        attempt's store held by the controller (:attr:`store_host`), where every
+        torchrun meets (none serves it) and every rank finds the run's store."""
+        torchrun = dataclasses.replace(host.torchrun, rdzv_id=attempt_rdzv_id(self.run_id, attempt))
+        env = dict(host.env)
+        if store is not None:
+            torchrun = dataclasses.replace(torchrun, rdzv_endpoint=store, is_host=False)
+            env[ENV_RUN_STORE] = store
         return AgentConfig(
             run_id=self.run_id,
             host=host.name,
             attempt=attempt,
             workdir=host.workdir,
             rank_dir=attempt_rank_dir(host.rank_dir, attempt),
-            torchrun=dataclasses.replace(
-                host.torchrun, rdzv_id=attempt_rdzv_id(self.run_id, attempt)
-            ),
-            env=dict(host.env),
+            torchrun=torchrun,
+            env=env,
             strategy=self.strategy_choice(),
             stop_grace=stop_grace,
         )
@@ -192,6 +202,7 @@ class LaunchPlan:
             mesh=layout_from(data["mesh"]) if data.get("mesh") else None,
             parallelize=data.get("parallelize"),
             allocation=_allocation(data.get("allocation")),
+            store_host=data.get("store_host"),
         )
 
 

@@ -50,7 +50,7 @@ def render_plan(
         f"run {plan.run_id}: job {plan.job_name!r}, strategy {plan.strategy}, "
         f"{plural(plan.world_size - plan.parameter_servers, 'worker')}{servers} "
         f"on {plural(len(plan.hosts), 'host')}",
-        f"rendezvous: c10d at {plan.rdzv_endpoint}" + (f" ({rdzv_note})" if rdzv_note else ""),
+        _rendezvous_line(plan, rdzv_note),
     ]
     if given := plan.params_data():
         params = ", ".join(f"{k}={_value(v)}" for k, v in sorted(given.items()))
@@ -68,13 +68,41 @@ def render_plan(
             f"  rank dir: {host.rank_dir}",
             f"  agent:    {render_command(host.agent_argv)}"
             + (f"  (in {host.agent_cwd})" if host.agent_cwd else ""),
-            f"  torchrun: {render_command([redact_arg(a) for a in host.torchrun_argv])}",
+            f"  torchrun: {render_command([redact_arg(a) for a in _torchrun_argv(plan, host)])}",
             "  env:",
         ]
-        env = {**host.env, **plan.strategy_choice().env()}  # what every rank gets
+        env = {**_first_env(plan, host), **plan.strategy_choice().env()}  # what every rank gets
         out += [f"    {k}={v}" for k, v in sorted(redact_env(env).items())]
     # A secret value may also stand in arguments, paths or another variable.
     return Redactor.for_envs(h.env for h in plan.hosts).text("\n".join(out))
+
+
+STORE_PORT_NOTE = "port 0: the controller's store listens on a free port as each attempt starts"
+
+
+def _rendezvous_line(plan: LaunchPlan, rdzv_note: str | None) -> str:
+    """Where the torchruns meet: the controller's store (a run that replaces lost hosts
+    in place, :attr:`LaunchPlan.store_host`), else ``plan.rdzv_endpoint``."""
+    if plan.store_host is not None:
+        return (
+            f"rendezvous: c10d at {_store(plan)}, the run's store, held by this controller "
+            f"({STORE_PORT_NOTE}; no host serves it, so rank 0's host is replaced in place too)"
+        )
+    return f"rendezvous: c10d at {plan.rdzv_endpoint}" + (f" ({rdzv_note})" if rdzv_note else "")
+
+
+def _store(plan: LaunchPlan) -> str | None:
+    return f"{plan.store_host}:0" if plan.store_host is not None else None
+
+
+def _torchrun_argv(plan: LaunchPlan, host: HostPlan) -> tuple[str, ...]:
+    """``host``'s torchrun command as its first attempt runs it."""
+    return plan.agent_config(host, store=_store(plan)).torchrun.argv()
+
+
+def _first_env(plan: LaunchPlan, host: HostPlan) -> dict[str, str]:
+    """``host``'s environment as its first attempt has it."""
+    return dict(plan.agent_config(host, store=_store(plan)).env)
 
 
 def _where(host: HostPlan, route: str | None) -> str:

@@ -17,6 +17,7 @@ from dmlctl.plan.build import build_plan, render_command
 from dmlctl.plan.model import LaunchPlan
 from dmlctl.plan.placing import JobPlacement, check_gpus, place_job
 from dmlctl.plan.render import render_plan
+from dmlctl.protocol import IN_PLACE
 from dmlctl.redact import Redactor, redact_arg
 from dmlctl.slurm.allocation import Allocation, request_lines
 from dmlctl.spec.models import ClusterSpec, JobSpec
@@ -35,7 +36,9 @@ class Facts:
     ``port_note``: what the plan says of the port; ``assumed``: what a dry run
     assumed instead of asking (none at launch); ``addresses``: where hosts turned
     out to be (a batch scheduler's nodes) and ``allocation``: the Slurm allocation
-    they are in."""
+    they are in; ``store_host``: where the controller holds the run's store, an
+    address of this machine every host reached (a run that replaces lost hosts in
+    place; None: on rank 0's host, as torchrun does)."""
 
     port: int
     local_python: str
@@ -47,6 +50,7 @@ class Facts:
     port_note: str | None = None
     addresses: Mapping[str, str] = field(default_factory=dict)
     allocation: Allocation | None = None
+    store_host: str | None = None
 
 
 @dataclass(frozen=True)
@@ -107,6 +111,8 @@ def make_request(
     )
     if facts.allocation is not None:
         plan = dataclasses.replace(plan, allocation=facts.allocation)
+    if facts.store_host is not None and job.restart.mode == IN_PLACE:
+        plan = dataclasses.replace(plan, store_host=facts.store_host)
     remote = tuple(h.name for h in (*plan.hosts, *plan.spares) if not h.is_local)
     slurm = cluster.slurm_spec
     slots = max(h.slots for h in cluster.resolved_hosts())

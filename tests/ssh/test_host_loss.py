@@ -239,6 +239,34 @@ def test_a_lost_host_is_replaced_in_place_by_a_spare(tmp_path: Path, fault: str)
             assert "node-b lost (no message from the host for 3 s" in out, out
 
 
+def test_rank_0s_host_is_replaced_in_place_by_a_spare(tmp_path: Path) -> None:
+    """restart.mode: in_place under local-sgd, node-c a spare: node-a, the host of rank
+    0 (whose torchrun would serve the run's store: here the controller holds it), dies
+    mid-run; rank 0 starts on node-c, takes its state from rank 1 and the run ends
+    without a restart, at the accuracy of an uninterrupted run."""
+    with start_lab(tmp_path / "lab", n_hosts=3, agent_server_idle=0) as lab:
+        cli = LabCli(tmp_path / "home", lab)
+        try:
+            run_id, out = _in_place_run(
+                cli, lab, tmp_path, "local-sgd", lambda _: lab.kill_host("node-a")
+            )
+        finally:
+            lab.kill_host("node-a")
+    assert "the run's store, held by this controller" not in out  # said by the dry run only
+    assert "node-a lost (" in out and "rank 0 starts again on node-c" in out, out
+    assert "rank 0 rejoined at step" in out and "from rank 1" in out, out
+    state = cli.state(run_id)
+    assert (state["restarts"], state["respawns"]) == (0, 1), state["failures"]
+    hosts = {r["rank"]: (r["host"], r["status"]) for r in state["ranks"]}
+    assert hosts == {0: ("node-c", "succeeded"), 1: ("node-b", "succeeded")}, hosts
+    events = (cli.home / "runs" / run_id / "hosts" / "node-b" / "rank-1.events.jsonl").read_text()
+    assert events.count('"kind":"start"') == 1  # rank 1 went on: never started again
+    steps = {r["step"] for r in state["ranks"]}
+    assert len(steps) == 1, steps
+    assert _final(cli, run_id)["test_acc"] >= UNINTERRUPTED["local-sgd"] - 0.015
+    assert wait_until(lambda: not run_processes(run_id), 15), run_processes(run_id)
+
+
 @pytest.mark.parametrize("fault", ["kill", pytest.param("freeze", marks=pytest.mark.serial)])
 def test_a_lost_server_host_is_replaced_in_place_by_a_spare(tmp_path: Path, fault: str) -> None:
     """asgd, both workers on node-a, the server alone on node-b, node-c a spare: node-b

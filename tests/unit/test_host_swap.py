@@ -77,6 +77,9 @@ def test_a_host_running_a_parameter_server_is_replaced_in_place_ended_or_silent(
     assert swap.why_not("b", ended=True) == "it runs rank 0 (its torchrun serves the run's store)"
     cause = Failure("a", None, "AgentLost", "gone", kind=Kind.AGENT_LOST, evidence=Evidence.SEEN)
     assert swap.go_on_without("a", cause, 1.0, ended=True) == []
+    assert swap.go_on_without("b", cause, 1.0, ended=True) == []  # rank 0: never without it
+    swap.started("b", 4, 1, "10.0.0.2:1")  # as if b ran one more worker, and a rank 0 elsewhere
+    swap.seated["b"].pop(0)
     assert [type(e).__name__ for e in swap.go_on_without("b", cause, 1.0, ended=True)] == [
         "HostDropped",
         "Progress",
@@ -209,3 +212,46 @@ def test_the_others_go_on_without_a_lost_hosts_ranks_where_the_strategy_and_min_
     (line,) = [line.plain for line in dropped_lines(state)]
     assert line.startswith("b lost at ")
     assert line.endswith("(AgentLost: gone): ranks 2, 3 left out, the others went on")
+
+
+def test_rank_0s_host_is_replaced_when_the_controller_holds_the_store() -> None:
+    """With the attempt's store in the controller (``outside``) no host serves it: the
+    host of rank 0 goes to a spare like any other, and its agent meets at that store.
+    A host running every worker is never replaced (nobody is left to hand the state),
+    and the others never go on without rank 0."""
+    plan = dataclasses.replace(_in_place(), store_host="127.0.0.1")
+    swap = HostSwap(plan, outside="10.0.0.9:4000")
+    for rank, host in ((0, "a"), (1, "a"), (3, "b"), (2, "b")):
+        swap.started(host, rank, rank % 2, "10.0.0.9:4000")
+    assert swap.why_not("a", ended=True) is None
+    config = swap.config("a", swap.targets("a", ended=False)[0], attempt=0, grace=5.0)
+    assert config.host == "c" and config.rejoin is not None and config.rejoin.ranks == (0, 1)
+    assert config.torchrun.rdzv_endpoint == "10.0.0.9:4000" and not config.torchrun.is_host
+    assert config.env[protocol.ENV_RUN_STORE] == "10.0.0.9:4000"
+    cause = Failure("a", None, "AgentLost", "gone", kind=Kind.AGENT_LOST, evidence=Evidence.SEEN)
+    waiting = dataclasses.replace(plan, restart=plan.restart.model_copy(update={"rejoin_wait": 1}))
+    alone = HostSwap(waiting, outside="10.0.0.9:4000")
+    for rank, host in ((0, "a"), (1, "a"), (3, "b"), (2, "b")):
+        alone.started(host, rank, rank % 2, "10.0.0.9:4000")
+    assert alone.go_on_without("a", cause, 1.0, ended=True) == []
+    everyone = HostSwap(dataclasses.replace(plan, ranks=plan.ranks[:2]), outside="x:1")
+    for rank in (0, 1):  # a runs the only two workers
+        everyone.started("a", rank, rank, "x:1")
+    assert "every worker" in (everyone.why_not("a", ended=True) or "")
+
+
+def test_the_plan_gives_every_attempt_the_controllers_store() -> None:
+    """An agent config with the attempt's store meets there (``is_host`` false on every
+    host) and hands it to torchrun (``DMLCTL_RUN_STORE``); without one it is torchrun's."""
+    plan = dataclasses.replace(_in_place(), store_host="127.0.0.1")
+    first, second = plan.hosts
+    assert first.torchrun.is_host and not second.torchrun.is_host
+    for host in plan.hosts:
+        config = plan.agent_config(host, 1, 5.0, "127.0.0.1:4321")
+        assert config.torchrun.rdzv_endpoint == "127.0.0.1:4321"
+        assert not config.torchrun.is_host and config.torchrun.rdzv_id.endswith(".1")
+        assert config.env[protocol.ENV_RUN_STORE] == "127.0.0.1:4321"
+    plain = plan.agent_config(first, 1, 5.0)
+    assert plain.torchrun == dataclasses.replace(first.torchrun, rdzv_id=plain.torchrun.rdzv_id)
+    assert protocol.ENV_RUN_STORE not in plain.env
+    assert LaunchPlan.from_dict(plan.to_dict()).store_host == "127.0.0.1"

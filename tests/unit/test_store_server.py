@@ -1,0 +1,147 @@
+"""The controller's store (:mod:`dmlctl.provision.store_server`) answers torch's own
+``TCPStore`` client as torch's server does, and keeps one bad client to itself.
+
+torch's client runs in a process of its own: some of its calls block with the GIL held,
+which would stop a server thread in the same process."""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from dmlctl.provision import store_server as ss
+
+CLIENT = textwrap.dedent(
+    """
+    import json, sys, threading, time
+    from datetime import timedelta
+    import torch.distributed as dist
+
+    port = int(sys.argv[1])
+    def client(timeout=5.0):
+        return dist.TCPStore("127.0.0.1", port, is_master=False,
+                             timeout=timedelta(seconds=timeout), wait_for_workers=False)
+    c, out = client(), {}
+    c.set("a", b"1"); out["get"] = c.get("a").decode()
+    out["add"] = [c.add("n", 5), c.add("n", -2), c.get("n").decode()]
+    out["check"] = [c.check(["a"]), c.check(["a", "zz"])]
+    out["compare_set"] = [c.compare_set(k, e, n).decode() for k, e, n in (
+        ("cs", b"", b"x"), ("cs", b"y", b"z"), ("cs", b"x", b"z"), ("absent", b"q", b"w"))]
+    c.append("ap", b"ab"); c.append("ap", b"cd"); out["append"] = c.get("ap").decode()
+    c.multi_set(["m1", "m2"], [b"1", b"2"])
+    out["multi_get"] = [v.decode() for v in c.multi_get(["m1", "m2"])]
+    n = c.num_keys()
+    out["delete"] = [c.delete_key("m1"), c.delete_key("m1"), c.num_keys() - n]
+    c.queue_push("q", b"a"); c.queue_push("q", b"b")
+    out["queue"] = [c.queue_len("q"), c.queue_pop("q").decode(), c.queue_len("q")]
+    t0 = time.monotonic()
+    try:
+        c.wait(["never"], timedelta(seconds=0.3))
+        out["wait_timeout"] = None
+    except Exception as e:
+        out["wait_timeout"] = [type(e).__name__, round(time.monotonic() - t0, 1)]
+    c.set("after", b"ok"); out["after_cancel"] = c.get("after").decode()
+    threading.Timer(0.3, lambda: client().set("w", b"1")).start()
+    c.wait(["w", "a"]); out["woken"] = c.get("w").decode()
+    big = bytes(range(256)) * (8 * 1024 * 4)  # 8 MiB, torch's largest value
+    c.set("big", big); out["big"] = c.get("big") == big
+    print(json.dumps(out))
+    """
+)
+
+
+@pytest.fixture
+def server() -> Iterator[ss.StoreServer]:
+    with ss.StoreServer() as s:
+        yield s
+
+
+def test_torchs_client_is_answered_as_by_torchs_own_server(server: ss.StoreServer) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", CLIENT, str(server.port)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["get"] == "1"
+    assert out["add"] == [5, 3, "3"]
+    assert out["check"] == [True, False]
+    assert out["compare_set"] == ["x", "x", "z", "q"]
+    assert out["append"] == "abcd"
+    assert out["multi_get"] == ["1", "2"]
+    assert out["delete"] == [True, False, -1]
+    assert out["queue"] == [2, "a", 1]
+    assert out["wait_timeout"][0] == "DistStoreError" and out["wait_timeout"][1] < 3
+    assert out["after_cancel"] == "ok"  # a cancelled wait leaves the connection usable
+    assert out["woken"] == "1" and out["big"] is True
+    assert server.snapshot()["/a"] == b"1"  # torch's client puts its "/" before each key
+
+
+# A client of the wire protocol, without torch: what torch's client sends.
+def _connect(port: int) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    sock.sendall(bytes([ss.VALIDATE]) + struct.pack("<I", ss.MAGIC))
+    return sock
+
+
+def _key(k: str) -> bytes:
+    return struct.pack("<Q", len(k)) + k.encode()
+
+
+def _closed(sock: socket.socket) -> bool:
+    sock.settimeout(5)
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def test_a_wait_is_answered_when_its_last_key_comes_and_a_cancel_after_it(
+    server: ss.StoreServer,
+) -> None:
+    waiter, setter = _connect(server.port), _connect(server.port)
+    waiter.sendall(bytes([ss.WAIT]) + struct.pack("<Q", 2) + _key("x") + _key("y"))
+    setter.sendall(bytes([ss.SET]) + _key("x") + _key("1"))
+    waiter.settimeout(0.3)
+    with pytest.raises(TimeoutError):
+        waiter.recv(1)  # one of two keys: still waiting
+    setter.sendall(bytes([ss.SET]) + _key("y") + _key("2"))
+    waiter.settimeout(5)
+    assert waiter.recv(1) == ss.STOP_WAITING
+    waiter.sendall(bytes([ss.CANCEL_WAIT]))  # a client that gave up meanwhile
+    assert waiter.recv(1) == ss.WAIT_CANCELED
+
+
+def test_a_bad_client_is_closed_and_the_others_go_on(server: ss.StoreServer) -> None:
+    unvalidated = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+    unvalidated.sendall(bytes([ss.SET]) + _key("k") + _key("v"))
+    assert _closed(unvalidated) and "k" not in server.snapshot()
+    huge = _connect(server.port)
+    huge.sendall(bytes([ss.SET]) + struct.pack("<Q", ss.MAX_KEY + 1))
+    assert _closed(huge)
+    unknown = _connect(server.port)
+    unknown.sendall(bytes([250]))
+    assert _closed(unknown)
+    good = _connect(server.port)
+    good.sendall(bytes([ss.ADD]) + _key("n") + struct.pack("<q", 7))
+    assert struct.unpack("<q", good.recv(8))[0] == 7
+
+
+def test_close_ends_every_connection_and_the_listener(server: ss.StoreServer) -> None:
+    sock = _connect(server.port)
+    threading.Timer(0.1, server.close).start()
+    start = time.monotonic()
+    assert _closed(sock) and time.monotonic() - start < 3
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", server.port), timeout=1)
