@@ -26,6 +26,7 @@ import yaml
 from tests.conftest import REPO
 from tests.integration.procs import wait_until
 from tests.lab.conftest import LabCli, lab_cli
+from tests.ssh.lab import SILENCE_S
 
 pytestmark = pytest.mark.integration
 
@@ -466,9 +467,7 @@ def test_in_place_a_dead_nodes_rank_goes_to_a_spare_node_of_the_allocation(
     assert where == {0: ("node-0", "succeeded", 500), 1: ("node-2", "succeeded", 500)}, where
 
 
-# serial: a silence of host_timeout (3 s) is told from a loaded host on an idle machine.
 # Last in the file: its node stays down for a while after it is thawed.
-@pytest.mark.serial
 def test_a_node_that_stops_answering_is_lost_and_the_run_goes_on(
     slurm: LabCli, tmp_path: Path
 ) -> None:
@@ -476,7 +475,7 @@ def test_a_node_that_stops_answering_is_lost_and_the_run_goes_on(
     node whose network or kernel hangs: its agent is lost after host_timeout, and with
     ``min_hosts: 1`` the run goes on on node-0 alone, in the same allocation, from the
     checkpoint the controller kept."""
-    extra = "  host_cooldown: 60\n  host_timeout: 3\nmin_hosts: 1\n"
+    extra = f"  host_cooldown: 60\n  host_timeout: {SILENCE_S}\nmin_hosts: 1\n"
     job = elastic_job(tmp_path, extra)
     path = cluster(slurm, tmp_path, nodes=2)
     runs = set(slurm.runs())
@@ -500,7 +499,7 @@ def test_a_node_that_stops_answering_is_lost_and_the_run_goes_on(
     state = slurm.state(run.name)
     lost = state["failures"][0]
     assert (lost["host"], lost["exc_type"]) == ("node-1", "AgentLost"), lost
-    assert "no message from the host for 3 s" in lost["message"], lost
+    assert f"no message from the host for {SILENCE_S} s" in lost["message"], lost
     assert state["hosts"] == ["node-0"] and state["world_size"] == 1
     assert (tmp_path / "out.txt").read_text().startswith("40 ")
     assert wait_until(lambda: squeue(slurm, "-t", "PENDING,RUNNING") == "", 30)

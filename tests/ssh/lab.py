@@ -229,6 +229,12 @@ class SshLab:
         self.stop()
 
 
+SILENCE_S = 6
+"""The ``host_timeout`` of the tests that freeze a host (SSH and Slurm labs): long
+enough that a healthy host's agent (a keepalive every second) never falls that silent
+on a loaded 2-core machine, so they run beside the rest of the suite."""
+
+
 def start_lab(root: Path, n_hosts: int = 2, agent_server_idle: float = 60.0) -> SshLab:
     """Start ``n_hosts`` trusted servers and a stranger under ``root`` (created if
     needed; use an empty directory) and return the ready lab. See the module doc.
