@@ -447,9 +447,10 @@ def test_in_place_a_dead_nodes_rank_goes_to_a_spare_node_of_the_allocation(
     slurm: LabCli, tmp_path: Path
 ) -> None:
     """restart.mode: in_place under local-sgd, 2 workers on a 3-node allocation (one
-    node spare): every process on node-1's machine is SIGKILLed, slurmd too; after its
-    silence, its rank starts on node-2 in the same allocation and joins rank 0, which
-    never restarts."""
+    node spare): every process on node-0's machine — rank 0's, where torchrun would
+    serve the run's store; here the controller holds it — is SIGKILLed, slurmd too;
+    after its silence, rank 0 starts on node-2 in the same allocation and joins rank 1,
+    which never restarts."""
     path = cluster(slurm, tmp_path, nodes=3)
     job = tmp_path / "job.yaml"
     job.write_text(
@@ -458,13 +459,14 @@ def test_in_place_a_dead_nodes_rank_goes_to_a_spare_node_of_the_allocation(
         "restart: {mode: in_place}\nmax_hosts: 2\n"
     )
     trained = lambda run: any((r["step"] or 0) >= 100 for r in slurm.state(run.name)["ranks"])  # noqa: E731
-    run, out = launch_and_kill(slurm, job, path, "node-1", trained)
-    assert "node-1 lost (" in out and "rank 1 starts again on node-2" in out, out
-    assert "rank 1 rejoined at step" in out, out
+    run, out = launch_and_kill(slurm, job, path, "node-0", trained)
+    assert "node-0 lost (" in out and "rank 0 starts again on node-2" in out, out
+    assert "rank 0 rejoined at step" in out, out
     state = slurm.state(run.name)
-    assert (state["restarts"], state["respawns"], state["hosts"]) == (0, 1, ["node-0", "node-2"])
+    assert (state["restarts"], state["respawns"]) == (0, 1), state["failures"]
+    assert sorted(state["hosts"]) == ["node-1", "node-2"], state["hosts"]
     where = {r["rank"]: (r["host"], r["status"], r["step"]) for r in state["ranks"]}
-    assert where == {0: ("node-0", "succeeded", 500), 1: ("node-2", "succeeded", 500)}, where
+    assert where == {0: ("node-2", "succeeded", 500), 1: ("node-1", "succeeded", 500)}, where
 
 
 # Last in the file: its node stays down for a while after it is thawed.
