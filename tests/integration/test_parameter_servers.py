@@ -420,6 +420,37 @@ def test_a_killed_averaging_worker_rejoins_its_peers_at_their_next_round(
     _near_uninterrupted(cli, run_id, strategy)
 
 
+DIGITS = REPO / "dmlctl" / "bench" / "accuracy_job"
+DIGITS_ONE_PROCESS = 0.9750
+"""The digits CNN's test accuracy in one process, SGD + momentum, 20 epochs
+(docs/strategies.md, "Accuracy on real data"; local-sgd on 2 workers ends there too)."""
+
+
+def test_a_worker_killed_on_real_data_is_replaced_and_the_run_ends_as_accurate(
+    cli: Cli, tmp_path: Path
+) -> None:
+    """scikit-learn's digits (the accuracy bench's CNN, SGD + momentum, 20 epochs)
+    under local-sgd with restart.mode: in_place: kill -9 of worker 1 early in the run;
+    its replacement rejoins, nobody restarts, and the test accuracy is within 1.5
+    points of one process's."""
+    job = tmp_path / "digits.yaml"
+    job.write_text(
+        f"name: digits\nworkdir: {DIGITS}\nscript: digits.py\nworkers: 2\n"
+        "strategy: local-sgd\nrestart: {mode: in_place, rejoin_wait: 0}\n"
+    )
+    done, run_id = _kill_mid_run(cli, job, 1)
+    assert done.returncode == 0, done.stdout
+    assert "rank 1 on local killed by SIGKILL; started again in place" in done.stdout
+    state = cli.state(run_id)
+    assert (state["restarts"], state["respawns"]) == (0, 1), state["failures"]
+    accuracy = next(
+        m["values"]["test_acc"]
+        for m in reversed(_metrics(cli, run_id))
+        if "test_acc" in m["values"]
+    )
+    assert accuracy >= DIGITS_ONE_PROCESS - 0.015, accuracy
+
+
 @pytest.mark.parametrize(("strategy", "kill_at"), [("dpsgd", 16), ("local-sgd", 15)])
 def test_a_worker_killed_at_its_last_step_is_replaced_for_the_final_round(
     cli: Cli, tmp_path: Path, strategy: str, kill_at: int
