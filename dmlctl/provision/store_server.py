@@ -23,7 +23,8 @@ its queries):
 * a key longer than :data:`MAX_KEY` bytes, a value over :data:`MAX_VALUE` (torch's
   8 MiB) or an unknown query closes that client's connection, and only it;
 * every connection is served by a thread of its own; the data is guarded by one lock,
-  and each connection's replies go out whole, in the order they were made.
+  and each connection's replies go out whole, in the order they were made; a client
+  whose host stops answering is closed within :data:`SILENT_CLIENT_S` seconds.
 """
 
 from __future__ import annotations
@@ -152,6 +153,18 @@ class _Data:
 
 
 _Handler = Callable[["StoreServer", _Client, _Reader], None]
+SILENT_CLIENT_S = 30
+"""A client whose host stopped answering (cut off, powered off) is closed within this
+long (TCP keepalive and user timeout), so its thread ends with it."""
+
+
+def _keep_alive(sock: socket.socket) -> None:
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 4)):
+        if hasattr(socket, name):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+    if hasattr(socket, "TCP_USER_TIMEOUT"):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, SILENT_CLIENT_S * 1000)
 
 
 class StoreServer:
@@ -206,6 +219,7 @@ class StoreServer:
             except OSError:
                 return
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            _keep_alive(sock)
             client = _Client(sock)
             with self._data.lock:
                 self._clients.add(client)
