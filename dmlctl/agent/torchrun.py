@@ -66,6 +66,16 @@ def meet_at_outside_store(endpoint: str) -> None:
     replaced while the others go on."""
     from torch.distributed.elastic.rendezvous import api, dynamic_rendezvous
 
+    handler = getattr(dynamic_rendezvous, "DynamicRendezvousHandler", None)
+    info_type = getattr(api, "RendezvousStoreInfo", None)
+    if handler is None or info_type is None or not hasattr(info_type, "build"):
+        print(  # the ranks then use rank 0's host's store: that host is not replaceable
+            "dmlctl: this torch's elastic agent cannot hand its ranks the run's store at "
+            f"{endpoint}; they use the store of rank 0's host",
+            file=sys.stderr,
+        )
+        return
+    os.environ.pop("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", None)  # the ranks are its clients
     addr, port = endpoint.rsplit(":", 1)
     info = api.RendezvousStoreInfo(addr, int(port))
 
@@ -79,9 +89,8 @@ def meet_at_outside_store(endpoint: str) -> None:
     def no_server(self: Any, *args: Any, **kwargs: Any) -> Any:
         return _Outside(int(port))
 
-    api.RendezvousStoreInfo.build = staticmethod(build)  # type: ignore[method-assign]
-    handler = dynamic_rendezvous.DynamicRendezvousHandler
-    handler._create_tcp_store_server = no_server  # type: ignore[method-assign]
+    info_type.build = staticmethod(build)
+    handler._create_tcp_store_server = no_server
 
 
 def wait_for_ranks_at_exit(

@@ -143,14 +143,12 @@ class AttemptRunner:
         """Start an agent on every host of ``plan`` as attempt ``number`` (0-based);
         a host whose agent cannot be started is lost at once."""
         self._procs, self._lost_hosts, self._running_since = {}, {}, {}
-        self._close_store()
-        if plan.store_host is not None:  # no host serves it: rank 0's host is replaceable
-            self._store = StoreServer(plan.store_host)
+        first: list[Event] = self._open_store(plan)
         self._swap = HostSwap(plan, outside=self._store.endpoint if self._store else None)
         self.notes.reset()  # the stderr tails of this attempt only
         hosts = ", ".join(h.name for h in plan.hosts)
         what = "starting" if number == 0 else f"restarting (attempt {number + 1})"
-        first: list[Event] = [Progress(f"{what} host agents on {hosts}", self.clock())]
+        first.append(Progress(f"{what} host agents on {hosts}", self.clock()))
         first += self._start_agents(plan, number)
         run = Attempt(plan, number, live=set(self._procs))
         run.exited = {e.host for e in first if isinstance(e, AgentExited)}
@@ -165,6 +163,25 @@ class AttemptRunner:
             return self._follow(state, run)
         finally:
             self._close_store()
+
+    def _open_store(self, plan: LaunchPlan) -> list[Event]:
+        """Hold the attempt's store here when the plan says so (no host serves it: the
+        host of rank 0 is replaceable too); when this machine cannot listen at the
+        planned address (a run resumed elsewhere), the store stays with rank 0's
+        torchrun for this attempt, said in one line."""
+        self._close_store()
+        if plan.store_host is None:
+            return []
+        silent = (self.settings.host_timeout or 0.0) + 10.0
+        try:
+            self._store = StoreServer(plan.store_host, silent_after=silent)
+        except OSError as e:
+            said = (
+                f"the run's store stays with rank 0's host this attempt (this machine "
+                f"cannot listen at {plan.store_host}: {e}): losing that host restarts the run"
+            )
+            return [Progress(said, self.clock())]
+        return []
 
     def _close_store(self) -> None:
         if self._store is not None:

@@ -106,10 +106,16 @@ def unreachable(
     for name, answer in answers.items():
         if isinstance(answer, str):
             failed[name] = answer
-        elif not (answer.result.ok and answer.result.stdout.strip() == "ok"):
+        elif not (answer.result.ok and _last_line(answer.result.stdout) == "ok"):
             lines = (answer.result.stdout + answer.result.stderr).strip().splitlines()
             failed[name] = lines[-1] if lines else f"exit code {answer.result.exit_code}"
     return failed
+
+
+def _last_line(text: str) -> str:
+    """The last line that says something (a shell profile may print before it)."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
 
 
 def store_host(

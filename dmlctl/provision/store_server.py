@@ -98,6 +98,17 @@ class _Reader:
         return [self.key() for _ in range(n)]
 
 
+def _more_files() -> None:
+    """Raise this process's soft limit of open files to its hard limit: every client
+    of the store is a socket (and a thread)."""
+    with contextlib.suppress(ImportError, OSError, ValueError):
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
 def _vector(value: bytes) -> bytes:
     return _U64.pack(len(value)) + value
 
@@ -153,25 +164,35 @@ class _Data:
 
 
 _Handler = Callable[["StoreServer", _Client, _Reader], None]
-SILENT_CLIENT_S = 30
+SILENT_CLIENT_S = 30.0
 """A client whose host stopped answering (cut off, powered off) is closed within this
-long (TCP keepalive and user timeout), so its thread ends with it."""
+long at the least (TCP keepalive and user timeout), so its thread ends with it; a run
+whose ``restart.host_timeout`` is longer waits that long and more (:class:`StoreServer`)."""
 
 
-def _keep_alive(sock: socket.socket) -> None:
+ACCEPT_RETRY_S = 0.1
+
+
+def _keep_alive(sock: socket.socket, silent_after: float) -> None:
+    """Close ``sock`` once its peer's host has not answered for ``silent_after`` s."""
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    for name, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 4)):
+    idle = max(1, int(silent_after / 3))
+    probes = (("TCP_KEEPIDLE", idle), ("TCP_KEEPINTVL", max(1, idle // 2)), ("TCP_KEEPCNT", 4))
+    for name, value in probes:
         if hasattr(socket, name):
             sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
     if hasattr(socket, "TCP_USER_TIMEOUT"):
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, SILENT_CLIENT_S * 1000)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(silent_after * 1000))
 
 
 class StoreServer:
     """A store server listening on ``host:port`` (port 0: a free one, see
-    :attr:`port`) until :meth:`close`."""
+    :attr:`port`) until :meth:`close`; a client silent ``silent_after`` seconds (at
+    least :data:`SILENT_CLIENT_S`) is closed. Raises OSError when it cannot listen."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, silent_after: float = 0.0) -> None:
+        _more_files()
+        self._silent_after = max(SILENT_CLIENT_S, silent_after)
         self._listener = socket.create_server((host, port), backlog=1024)
         self.host = host
         self.port = int(self._listener.getsockname()[1])
@@ -213,18 +234,29 @@ class StoreServer:
         self.close()
 
     def _accept(self) -> None:
+        """Accept clients until :meth:`close`; a failed accept (a connection reset
+        before it was taken, no file descriptor left) is retried after a moment."""
         while not self._closed.is_set():
             try:
                 sock, _ = self._listener.accept()
             except OSError:
-                return
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            _keep_alive(sock)
-            client = _Client(sock)
-            with self._data.lock:
-                self._clients.add(client)
-            name = "dmlctl-store-client"
-            threading.Thread(target=self._serve, args=(client,), name=name, daemon=True).start()
+                self._closed.wait(ACCEPT_RETRY_S)
+                continue
+            try:
+                self._take(sock)
+            except (OSError, RuntimeError):  # reset at once, or no thread left: drop it
+                sock.close()
+
+    def _take(self, sock: socket.socket) -> None:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        _keep_alive(sock, self._silent_after)
+        client = _Client(sock)
+        with self._data.lock:
+            if self._closed.is_set():
+                raise OSError("the store is closed")
+            self._clients.add(client)
+        name = "dmlctl-store-client"
+        threading.Thread(target=self._serve, args=(client,), name=name, daemon=True).start()
 
     def _serve(self, client: _Client) -> None:
         reader = _Reader(client.sock)
@@ -237,8 +269,8 @@ class StoreServer:
                 if handler is None:
                     return
                 handler(self, client, reader)
-        except (EOFError, OSError, ProtocolError):
-            return
+        except (EOFError, OSError, ProtocolError, struct.error, ValueError):
+            return  # gone, or a query torch's server refuses too: that client only
         finally:
             with self._data.lock:
                 self._data.forget(client)

@@ -4,10 +4,14 @@ every host connected to it."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
+from collections.abc import Sequence
+from typing import Any
 
 from dmlctl.provision.store_reach import LOOPBACK, StoreHost, controller_address, store_host
 from dmlctl.transport import LocalTransport
+from dmlctl.transport.base import Result
 from dmlctl.transport.fake import ScriptedTransport
 from tests.unit.test_doctor import host
 
@@ -34,3 +38,22 @@ def test_every_remote_host_connects_to_this_machine_before_the_store_is_held_her
     found = store_host([b, c], transports, timeout=20)
     assert found.address is None and found.why_not is not None
     assert found.why_not.startswith("c cannot reach this machine at 127.0.0.1: not scripted")
+
+
+class _Profiled:
+    """A host whose login shell prints a banner before every command's output."""
+
+    def __init__(self) -> None:
+        self.local = LocalTransport("d")
+
+    def run(self, argv: Sequence[str], **kw: Any) -> Result:
+        result = self.local.run(argv, **kw)
+        return dataclasses.replace(result, stdout="Welcome to d!\n" + result.stdout + "\n")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.local, name)
+
+
+def test_a_login_banner_does_not_hide_that_a_host_reached_this_machine() -> None:
+    d = host("d", "127.0.0.4", python=sys.executable)
+    assert store_host([d], {"d": _Profiled()}, timeout=20) == StoreHost(LOOPBACK)  # type: ignore[dict-item]

@@ -145,3 +145,52 @@ def test_close_ends_every_connection_and_the_listener(server: ss.StoreServer) ->
     assert _closed(sock) and time.monotonic() - start < 3
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", server.port), timeout=1)
+
+
+def _wait_key(sock: socket.socket, key: str) -> None:
+    sock.sendall(bytes([ss.WAIT]) + struct.pack("<Q", 1) + _key(key))
+
+
+def _answered(sock: socket.socket, within: float) -> bytes:
+    sock.settimeout(within)
+    try:
+        return sock.recv(1)
+    except TimeoutError:
+        return b""
+
+
+def test_every_waiter_of_a_key_wakes_and_one_that_left_is_forgotten(
+    server: ss.StoreServer,
+) -> None:
+    gone, first, second = (_connect(server.port) for _ in range(3))
+    for sock in (gone, first, second):
+        _wait_key(sock, "k")
+    gone.close()  # a client that died while it waited
+    time.sleep(0.1)
+    setter = _connect(server.port)
+    setter.sendall(bytes([ss.SET]) + _key("k") + _key("v"))
+    assert _answered(first, 5) == ss.STOP_WAITING and _answered(second, 5) == ss.STOP_WAITING
+
+
+def test_a_queue_push_wakes_one_waiter_only(server: ss.StoreServer) -> None:
+    first, second, pusher = (_connect(server.port) for _ in range(3))
+    _wait_key(first, "q")
+    _wait_key(second, "q")
+    time.sleep(0.1)
+    pusher.sendall(bytes([ss.QUEUE_PUSH]) + _key("q") + _key("a"))
+    woken = [s for s in (first, second) if _answered(s, 1) == ss.STOP_WAITING]
+    assert len(woken) == 1
+    pusher.sendall(bytes([ss.QUEUE_PUSH]) + _key("q") + _key("b"))
+    (other,) = [s for s in (first, second) if s is not woken[0]]
+    assert _answered(other, 5) == ss.STOP_WAITING
+
+
+def test_an_add_past_int64_closes_that_client_only(server: ss.StoreServer) -> None:
+    big = _connect(server.port)
+    big.sendall(bytes([ss.ADD]) + _key("n") + struct.pack("<q", 2**63 - 1))
+    assert struct.unpack("<q", big.recv(8))[0] == 2**63 - 1
+    big.sendall(bytes([ss.ADD]) + _key("n") + struct.pack("<q", 1))
+    assert _closed(big)
+    other = _connect(server.port)
+    other.sendall(bytes([ss.GET]) + _key("n"))
+    assert other.recv(8) == struct.pack("<Q", 19)  # untouched: len("9223372036854775807")

@@ -3,8 +3,10 @@ run directory: no processes, no torch; every test ends in well under a second.""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import socket
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -17,7 +19,14 @@ from dmlctl.launch.stops import FAIL_STOP_GRACE, STREAMING_S
 from dmlctl.launch.supervisor import Supervisor
 from dmlctl.plan.build import build_plan
 from dmlctl.plan.model import LaunchPlan
-from dmlctl.runs.events import AgentExited, AgentStarted, Event, RankExited, RankStarted
+from dmlctl.runs.events import (
+    AgentExited,
+    AgentStarted,
+    Event,
+    Progress,
+    RankExited,
+    RankStarted,
+)
 from dmlctl.runs.parser import parse_line
 from dmlctl.runs.state import Phase, RankStatus, RunState, phase_exit_code
 from dmlctl.runs.store import RunDir, RunStore
@@ -479,3 +488,51 @@ def test_an_attempt_ends_with_one_typed_outcome(tmp_path: Path) -> None:
     }
     stopped = attempt(hang, "stopped")
     assert isinstance(stopped.outcome, StopRequested) and stopped.outcome.reason == "asked"
+
+
+def test_an_attempt_holds_its_store_here_while_its_agents_run(
+    tmp_path: Path, run_dir: RunDir
+) -> None:
+    """With ``plan.store_host`` (a run replaced in place) the attempt's store listens
+    on this machine while the agents run: every agent's torchrun meets there and its
+    ranks are told where it is; it is closed once the attempt ended."""
+    plan = dataclasses.replace(make_plan(tmp_path, [2]), store_host="127.0.0.1")
+    t = ScriptedTransport("a", agent_lines([0, 1], host="a"))
+    reached: list[bool] = []
+
+    def connect_once_started(ev: Event) -> None:
+        if isinstance(ev, AgentStarted):
+            endpoint = AgentConfig.from_json(t.process.sent[0]).torchrun.rdzv_endpoint
+            with contextlib.suppress(OSError), socket.create_connection(_split(endpoint), 2):
+                reached.append(True)
+
+    _, state, _ = supervise(plan, run_dir, {"a": t}, RecordingSink(connect_once_started))
+    assert state.phase == Phase.SUCCEEDED and reached == [True]
+    config = AgentConfig.from_json(t.process.sent[0])
+    endpoint = config.torchrun.rdzv_endpoint
+    assert endpoint.startswith("127.0.0.1:") and not config.torchrun.is_host
+    assert config.env["DMLCTL_RUN_STORE"] == endpoint
+    with pytest.raises(OSError):
+        socket.create_connection(_split(endpoint), 2).close()
+
+
+def test_a_store_address_this_machine_lacks_leaves_the_store_with_rank_0s_torchrun(
+    tmp_path: Path, run_dir: RunDir
+) -> None:
+    """A run resumed on a machine without the planned address: said in one line, and
+    the attempt runs with torchrun's own store (its planned command)."""
+    plan = dataclasses.replace(make_plan(tmp_path, [1]), store_host="203.0.113.9")
+    t = ScriptedTransport("a", agent_lines([0], host="a"))
+    sink = RecordingSink()
+    _, state, _ = supervise(plan, run_dir, {"a": t}, sink)
+    assert state.phase == Phase.SUCCEEDED
+    config = AgentConfig.from_json(t.process.sent[0])
+    assert config.torchrun.rdzv_endpoint == plan.hosts[0].torchrun.rdzv_endpoint
+    assert "DMLCTL_RUN_STORE" not in config.env
+    said = [e.text for e in sink.events if isinstance(e, Progress)]
+    assert any("the run's store stays with rank 0's host this attempt" in s for s in said), said
+
+
+def _split(endpoint: str) -> tuple[str, int]:
+    host, port = endpoint.rsplit(":", 1)
+    return host, int(port)
