@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from dmlctl.slurm import allocation, steps
 from dmlctl.slurm.commands import require, slurm_env
 from dmlctl.transport import Reachable, Transport, make_transports
-from dmlctl.transport.base import Result, remote_command
+from dmlctl.transport.base import Command, Outcome, remote_command
 from dmlctl.transport.local import LocalProcess, LocalTransport
 
 SETUP_FAILED = 97
@@ -103,30 +103,25 @@ class SrunProcess(LocalProcess):
         steps.cancel_step(self._node.job_id, self._step, self._node.conf)
 
 
-class SrunTransport:
+class SrunTransport(Transport):
     """Runs commands on one node of a run's allocation (see the module docstring)."""
 
     def __init__(self, host: str, node: Node) -> None:
         self.host, self.node = host, node
-        self._local = LocalTransport(host)
+        self._local = LocalTransport(host, env=slurm_env(node.conf))
         self.route = " ".join(node.srun(f"dmlctl-agent-{host}"))
         require("srun")
 
-    def run(
-        self,
-        argv: Sequence[str],
-        *,
-        timeout: float,
-        cwd: str | None = None,
-        input: bytes | None = None,
-    ) -> Result:
+    def execute(self, command: Command) -> Outcome:
+        """``command`` run to its end in a step of its own on the node; a step that
+        outlives ``command.timeout`` is cancelled too."""
         step = steps.step_name(self.host)
-        full = self.node.command(argv, cwd, step)
-        result = self._local.run(full, timeout=timeout, input=input, env=slurm_env(self.node.conf))
-        if result.exit_code == 124:  # srun outlived its timeout: its step goes too
+        full = self.node.command(command.argv, command.cwd, step)
+        outcome = self._local.execute(dataclasses.replace(command, argv=tuple(full), cwd=None))
+        if outcome[0] == 124:  # srun outlived its timeout: its step goes too
             where = (self.node.job_id, step, self.node.conf)
             threading.Thread(target=steps.cancel_step, args=where, daemon=True).start()
-        return dataclasses.replace(result, argv=tuple(argv))  # what was asked, not srun's
+        return outcome
 
     def start(self, argv: Sequence[str], *, cwd: str | None = None) -> SrunProcess:
         step = steps.step_name(f"agent-{self.host}")

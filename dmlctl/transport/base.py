@@ -10,6 +10,7 @@ hosts, an SSH transport; tests use scripted fakes through the same interface.
 from __future__ import annotations
 
 import shlex
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -64,6 +65,20 @@ class Process(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class Command:
+    """One command to run to its end on a host: what :meth:`Transport.run` was asked."""
+
+    argv: tuple[str, ...]
+    timeout: float
+    cwd: str | None = None
+    input: bytes | None = None
+
+
+#: What a command came to: exit code, stdout, stderr.
+Outcome = tuple[int, str, str]
+
+
 class Transport(Protocol):
     """One host's way to run commands.
 
@@ -72,6 +87,10 @@ class Transport(Protocol):
     reason in ``stderr`` for a connection failure, 124 for a timeout). There is no
     ``env`` argument on purpose: on a remote host it would end up on the command
     line; environment travels on stdin (see the host agent).
+
+    A transport that subclasses this one writes only :meth:`execute` and
+    :meth:`start`: :meth:`run` is shared (it times the command and names the host
+    and what was asked in the :class:`Result`).
     """
 
     host: str
@@ -83,7 +102,16 @@ class Transport(Protocol):
         timeout: float,
         cwd: str | None = None,
         input: bytes | None = None,
-    ) -> Result: ...
+    ) -> Result:
+        """``argv`` run to its end on this host (see the class docstring)."""
+        command = Command(tuple(argv), timeout, cwd, input)
+        start = time.monotonic()
+        code, out, err = self.execute(command)
+        return Result(self.host, command.argv, code, out, err, time.monotonic() - start)
+
+    def execute(self, command: Command) -> Outcome:
+        """What ``command`` came to on this host; never raises (see :meth:`run`)."""
+        raise NotImplementedError
 
     def start(self, argv: Sequence[str], *, cwd: str | None = None) -> Process: ...
 

@@ -16,6 +16,7 @@ Nothing here imports torch or starts a process.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from collections.abc import Iterator, Mapping, Sequence
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from dmlctl import protocol, wire
 from dmlctl.failure import is_collateral, named_kind
-from dmlctl.transport.base import Process, Result, Transport
+from dmlctl.transport.base import Command, Outcome, Process, Transport
 
 STOP = "stop"
 """What the controller sends an agent to stop it."""
@@ -168,7 +169,7 @@ class ScriptedProcess:
         return False
 
 
-class ScriptedTransport:
+class ScriptedTransport(Transport):
     """A :class:`~dmlctl.transport.base.Transport` whose agent and commands are scripted.
 
     Every :meth:`start` returns a new :class:`ScriptedProcess` replaying ``lines``
@@ -210,19 +211,10 @@ class ScriptedTransport:
         """The last process started (IndexError if none was)."""
         return self.processes[-1]
 
-    def run(
-        self,
-        argv: Sequence[str],
-        *,
-        timeout: float,
-        cwd: str | None = None,
-        input: bytes | None = None,
-    ) -> Result:
-        """The scripted result for ``argv`` (127 and a 'not scripted' stderr if none)."""
-        key = tuple(argv)
-        self.runs.append({"argv": key, "timeout": timeout, "cwd": cwd, "input": input})
-        code, out, err = self.results.get(key, (127, "", f"not scripted: {list(key)}"))
-        return Result(self.host, key, code, out, err, 0.0)
+    def execute(self, command: Command) -> Outcome:
+        """The scripted outcome of ``command`` (127 and a 'not scripted' stderr if none)."""
+        self.runs.append(dataclasses.asdict(command))
+        return self.results.get(command.argv, (127, "", f"not scripted: {list(command.argv)}"))
 
     def start(self, argv: Sequence[str], *, cwd: str | None = None) -> ScriptedProcess:
         """A new :class:`ScriptedProcess` (or ``start_error`` raised)."""

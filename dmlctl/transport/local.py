@@ -6,12 +6,11 @@ import contextlib
 import os
 import signal
 import subprocess
-import time
 from collections.abc import Mapping, Sequence
 
 from dmlctl.agent.procs import descendants, signal_all
 from dmlctl.transport.agent_server import WarmProcess, start_agent
-from dmlctl.transport.base import Result
+from dmlctl.transport.base import Command, Outcome, Transport
 from dmlctl.transport.pipes import Pipes
 
 
@@ -64,44 +63,37 @@ class LocalProcess(Pipes):
             os.killpg(self._proc.pid, signal.SIGKILL)
 
 
-class LocalTransport:
-    """Runs commands on this machine."""
+class LocalTransport(Transport):
+    """Runs commands on this machine (``env``: their whole environment; default this
+    process's)."""
 
-    def __init__(self, host: str = "local") -> None:
+    def __init__(self, host: str = "local", env: Mapping[str, str] | None = None) -> None:
         self.host = host
+        self.env = env
 
-    def run(
-        self,
-        argv: Sequence[str],
-        *,
-        timeout: float,
-        cwd: str | None = None,
-        input: bytes | None = None,
-        env: Mapping[str, str] | None = None,
-    ) -> Result:
-        """``argv`` to its end (``env``: the whole environment; default this one's)."""
-        start = time.monotonic()
+    def execute(self, command: Command) -> Outcome:
+        """``command`` run to its end here, as a subprocess."""
         try:
             proc = subprocess.run(
-                list(argv),
-                cwd=cwd,
-                env=env,
-                input=input,
+                list(command.argv),
+                cwd=command.cwd,
+                env=self.env,
+                input=command.input,
                 capture_output=True,
-                timeout=timeout,
+                timeout=command.timeout,
             )
-            code = proc.returncode
-            out = proc.stdout.decode("utf-8", "replace")
-            err = proc.stderr.decode("utf-8", "replace")
         except subprocess.TimeoutExpired as e:
-            code = 124
             out = e.stdout.decode("utf-8", "replace") if isinstance(e.stdout, bytes) else ""
-            err = f"timed out after {timeout:g} s"
+            return 124, out, f"timed out after {command.timeout:g} s"
         except OSError as e:
-            code, out, err = 127, "", str(e)
-        return Result(self.host, tuple(argv), code, out, err, time.monotonic() - start)
+            return 127, "", str(e)
+        return proc.returncode, _text(proc.stdout), _text(proc.stderr)
 
     def start(self, argv: Sequence[str], *, cwd: str | None = None) -> LocalProcess | WarmProcess:
         """``argv`` started here; a host agent forked by the agent server when there is
         one (:mod:`dmlctl.transport.agent_server`)."""
         return start_agent(self.host, argv, cwd) or LocalProcess(self.host, argv, cwd)
+
+
+def _text(data: bytes) -> str:
+    return data.decode("utf-8", "replace")

@@ -21,7 +21,6 @@ import contextlib
 import os
 import socket
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +30,7 @@ import fabric
 import paramiko
 
 from dmlctl.transport.agent_server import served
-from dmlctl.transport.base import Result, remote_command
+from dmlctl.transport.base import Command, Outcome, Transport, remote_command
 from dmlctl.transport.hostkeys import (
     HostKeyPolicy,
     NewKeyCallback,
@@ -78,7 +77,7 @@ def _describe(exc: BaseException, where: str, timeout: float) -> str:
     return f"cannot connect to {where}: {type(exc).__name__}: {exc}"
 
 
-class SSHTransport:
+class SSHTransport(Transport):
     """Runs commands on one remote host."""
 
     def __init__(
@@ -158,22 +157,15 @@ class SSHTransport:
         chan.exec_command(remote_command(argv, cwd))
         return chan
 
-    def run(
-        self,
-        argv: Sequence[str],
-        *,
-        timeout: float,
-        cwd: str | None = None,
-        input: bytes | None = None,
-    ) -> Result:
-        start = time.monotonic()
+    def execute(self, command: Command) -> Outcome:
+        """``command`` run to its end over this host's connection (255 and the reason
+        when the host cannot be reached, 124 after ``command.timeout``)."""
         try:
-            chan = self._channel(argv, cwd)
+            chan = self._channel(command.argv, command.cwd)
         except SshConnectError as e:
-            return Result(self.host, tuple(argv), UNREACHABLE, "", str(e), time.monotonic() - start)
+            return UNREACHABLE, "", str(e)
         except (paramiko.SSHException, OSError, EOFError) as e:
-            msg = _describe(e, self.where, self.options.connect_timeout)
-            return Result(self.host, tuple(argv), UNREACHABLE, "", msg, time.monotonic() - start)
+            return UNREACHABLE, "", _describe(e, self.where, self.options.connect_timeout)
         out: list[bytes] = []
         err: list[bytes] = []
         readers = [
@@ -183,26 +175,23 @@ class SSHTransport:
         for r in readers:
             r.start()
         try:
-            if input:
-                chan.sendall(input)
+            if command.input:
+                chan.sendall(command.input)
             chan.shutdown_write()
         except (OSError, paramiko.SSHException):
             pass
-        if chan.status_event.wait(timeout):
+        if chan.status_event.wait(command.timeout):
             code = chan.recv_exit_status()
         else:
             code = TIMED_OUT
-            err.append(f"\ntimed out after {timeout:g} s".encode())
+            err.append(f"\ntimed out after {command.timeout:g} s".encode())
         chan.close()
         for r in readers:
             r.join(2.0)
-        return Result(
-            self.host,
-            tuple(argv),
+        return (
             code,
             b"".join(out).decode("utf-8", "replace"),
             b"".join(err).decode("utf-8", "replace"),
-            time.monotonic() - start,
         )
 
     def start(self, argv: Sequence[str], *, cwd: str | None = None) -> SSHProcess:

@@ -30,7 +30,7 @@ from dmlctl.provision.doctor_view import doctor_json, render_doctor
 from dmlctl.provision.probe import PROBE, PROBE_KEYS, connect_argv, probe_argv, read_probe
 from dmlctl.provision.requirements import Needed, data_plane_requirements
 from dmlctl.spec.models import ResolvedHost
-from dmlctl.transport.base import Result, Transport
+from dmlctl.transport.base import Command, Outcome, Transport
 from dmlctl.transport.fake import ScriptedTransport
 from dmlctl.transport.local import LocalTransport
 
@@ -397,23 +397,16 @@ def test_listener_that_never_gets_ready() -> None:
     assert ts["node-a"].process.killed
 
 
-class HangingTransport:
+class HangingTransport(Transport):
     """A host whose commands never finish (until released)."""
 
     def __init__(self, host: str) -> None:
         self.host = host
         self.release = threading.Event()
 
-    def run(
-        self,
-        argv: Sequence[str],
-        *,
-        timeout: float,
-        cwd: str | None = None,
-        input: bytes | None = None,
-    ) -> Result:
+    def execute(self, command: Command) -> Outcome:
         self.release.wait(60)
-        return Result(self.host, tuple(argv), 124, "", "released", 60.0)
+        return 124, "", "released"
 
     def start(self, argv: Sequence[str], *, cwd: str | None = None) -> Any:
         raise AssertionError("a hung host is not asked to listen")
