@@ -50,7 +50,7 @@ def strategies(
             type_name(field.annotation),
             default_text(field),
             range_text(field),
-            field.description or "",
+            " ".join((field.description or "").split()),
         )
         for key, field in sorted(fields, key=lambda item: item[0] == "final")  # final: last
     ]

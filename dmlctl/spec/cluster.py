@@ -40,18 +40,13 @@ class HostDefaults(BaseModel):
 
     model_config = FROZEN
 
-    port: int = Field(default=22, ge=1, le=65535, description="SSH port.")
-    user: str | None = Field(
-        default=None, min_length=1, description="SSH user; default: your SSH config / login name."
-    )
-    identity_file: str | None = Field(
-        default=None,
-        min_length=1,
-        description=(
-            "Private key file for SSH ('~' expanded; relative to the cluster file's "
-            "directory); default: ssh-agent/SSH config."
-        ),
-    )
+    port: int = Field(default=22, ge=1, le=65535)
+    """SSH port."""
+    user: str | None = Field(default=None, min_length=1)
+    """SSH user; default: your SSH config / login name."""
+    identity_file: str | None = Field(default=None, min_length=1)
+    """Private key file for SSH ('~' expanded; relative to the cluster file's directory); default:
+    ssh-agent/SSH config."""
     slots: int = Field(
         default=1,
         ge=1,
@@ -64,12 +59,10 @@ class HostDefaults(BaseModel):
         description="Directory on the host where dmlctl puts the job's code and run files."
         + _WORKDIR_HELP,
     )
-    python: str = Field(
-        default="python3", min_length=1, description="Python interpreter on the host (with torch)."
-    )
-    env: dict[EnvName, str] = Field(
-        default_factory=dict, description="Environment variables for every process on the host."
-    )
+    python: str = Field(default="python3", min_length=1)
+    """Python interpreter on the host (with torch)."""
+    env: dict[EnvName, str] = Field(default_factory=dict)
+    """Environment variables for every process on the host."""
 
     _env = field_validator("env")(check_env)
     _user = field_validator("user")(check_user)
@@ -82,53 +75,31 @@ class HostSpec(BaseModel):
 
     model_config = FROZEN
 
-    name: str = Field(
-        default="",
-        description="Name shown in logs and the dashboard; unique per cluster; default: address. "
-        "Letters, digits, '.', '-', '_', ':' (it names files of the run).",
-    )
-    address: str = Field(
-        min_length=1,
-        description=(
-            "Host name, SSH config alias or IP address. Only 'localhost' runs without SSH; "
-            "every other address (even 127.0.0.1) is reached over SSH."
-        ),
-    )
-    port: int | None = Field(
-        default=None, ge=1, le=65535, description="SSH port; default: defaults.port (22)."
-    )
-    user: str | None = Field(
-        default=None, min_length=1, description="SSH user; default: defaults.user."
-    )
-    identity_file: str | None = Field(
-        default=None,
-        min_length=1,
-        description=(
-            "Private key file for SSH ('~' expanded; relative to the cluster file's "
-            "directory); default: defaults.identity_file."
-        ),
-    )
-    slots: int | None = Field(
-        default=None,
-        ge=1,
-        le=MAX_SLOTS,
-        description="Worker processes on this host; default: defaults.slots.",
-    )
+    name: str = ""
+    """Name shown in logs and the dashboard; unique per cluster; default: address. Letters, digits,
+    '.', '-', '_', ':' (it names files of the run)."""
+    address: str = Field(min_length=1)
+    """Host name, SSH config alias or IP address. Only 'localhost' runs without SSH; every other
+    address (even 127.0.0.1) is reached over SSH."""
+    port: int | None = Field(default=None, ge=1, le=65535)
+    """SSH port; default: defaults.port (22)."""
+    user: str | None = Field(default=None, min_length=1)
+    """SSH user; default: defaults.user."""
+    identity_file: str | None = Field(default=None, min_length=1)
+    """Private key file for SSH ('~' expanded; relative to the cluster file's directory); default:
+    defaults.identity_file."""
+    slots: int | None = Field(default=None, ge=1, le=MAX_SLOTS)
+    """Worker processes on this host; default: defaults.slots."""
     workdir: str | None = Field(
         default=None,
         min_length=1,
         description="Directory for the job's code on this host; default: defaults.workdir."
         + _WORKDIR_HELP,
     )
-    python: str | None = Field(
-        default=None,
-        min_length=1,
-        description="Python interpreter on this host; default: defaults.python.",
-    )
-    env: dict[EnvName, str] = Field(
-        default_factory=dict,
-        description="Environment variables for this host, merged over defaults.env.",
-    )
+    python: str | None = Field(default=None, min_length=1)
+    """Python interpreter on this host; default: defaults.python."""
+    env: dict[EnvName, str] = Field(default_factory=dict)
+    """Environment variables for this host, merged over defaults.env."""
 
     _env = field_validator("env")(check_env)
     _user = field_validator("user")(check_user)
@@ -255,30 +226,21 @@ class ClusterSpec(BaseModel):
 
     model_config = FROZEN
 
-    name: str = Field(
-        default="default",
-        pattern=NAME_PATTERN,
-        max_length=MAX_NAME,
-        description="Name of the cluster.",
-    )
-    defaults: HostDefaults = Field(
-        default_factory=HostDefaults, description="Values for every host that does not set its own."
-    )
+    name: str = Field(default="default", pattern=NAME_PATTERN, max_length=MAX_NAME)
+    """Name of the cluster."""
+    defaults: HostDefaults = Field(default_factory=HostDefaults)
+    """Values for every host that does not set its own."""
     hosts: list[HostSpec] = Field(
         min_length=1,
         max_length=MAX_HOSTS,
         description=f"The machines; 1 to {MAX_HOSTS}. A Slurm cluster names none: its "
         "hosts are its allocation's nodes.",
     )
-    scheduler: Literal["ssh", "slurm"] = Field(
-        default="ssh",
-        description="How the hosts are reached: 'ssh' (the hosts listed; 'localhost' "
-        "without SSH) or 'slurm' (one allocation of slurm.nodes nodes, commands through "
-        "srun).",
-    )
-    slurm: SlurmSpec | None = Field(
-        default=None, description="What to ask Slurm for, with scheduler: slurm."
-    )
+    scheduler: Literal["ssh", "slurm"] = "ssh"
+    """How the hosts are reached: 'ssh' (the hosts listed; 'localhost' without SSH) or 'slurm' (one
+    allocation of slurm.nodes nodes, commands through srun)."""
+    slurm: SlurmSpec | None = None
+    """What to ask Slurm for, with scheduler: slurm."""
 
     @model_validator(mode="before")
     @classmethod

@@ -91,7 +91,7 @@ dmlctl does not set itself (``DMLCTL_STRAGGLER``: a benchmark's slowed last work
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 """Job and cluster names: they become parts of run ids and directory names."""
 
-FROZEN = ConfigDict(frozen=True, extra="forbid")
+FROZEN = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 """Model config of every spec model: immutable, unknown keys rejected."""
 
 # Host names, IPv4/IPv6 addresses (with a %zone) and ~/.ssh/config aliases: no spaces,

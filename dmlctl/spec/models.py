@@ -97,14 +97,10 @@ class StrategySpec(BaseModel):
 
     model_config = FROZEN
 
-    name: str = Field(
-        default=DEFAULT_STRATEGY, description="Registered strategy name (see `dmlctl strategies`)."
-    )
-    params: SerializeAsAny[BaseModel] = Field(
-        default_factory=dict,
-        validate_default=True,
-        description="Strategy parameters; each strategy documents its own.",
-    )
+    name: str = DEFAULT_STRATEGY
+    """Registered strategy name (see `dmlctl strategies`)."""
+    params: SerializeAsAny[BaseModel] = Field(default_factory=dict, validate_default=True)
+    """Strategy parameters; each strategy documents its own."""
 
     @model_validator(mode="before")
     @classmethod
@@ -149,22 +145,12 @@ class JobSpec(BaseModel):
 
     model_config = FROZEN
 
-    name: str | None = Field(
-        default=None,
-        pattern=NAME_PATTERN,
-        max_length=MAX_NAME,
-        description="Job name, used in run ids; default: the name of the job file's directory.",
-    )
-    script: OneLine = Field(
-        min_length=1,
-        description="Training script, relative to workdir (a regular file inside it, "
-        "symbolic links resolved).",
-    )
-    args: list[Arg] = Field(
-        default_factory=list,
-        max_length=MAX_ITEMS,
-        description="Arguments passed to the script (no NUL or control characters).",
-    )
+    name: str | None = Field(default=None, pattern=NAME_PATTERN, max_length=MAX_NAME)
+    """Job name, used in run ids; default: the name of the job file's directory."""
+    script: OneLine = Field(min_length=1)
+    """Training script, relative to workdir (a regular file inside it, symbolic links resolved)."""
+    args: list[Arg] = Field(default_factory=list, max_length=MAX_ITEMS)
+    """Arguments passed to the script (no NUL or control characters)."""
     workers: int | None = Field(
         default=None,
         ge=1,
@@ -172,51 +158,29 @@ class JobSpec(BaseModel):
         description=f"Number of worker processes (at most {MAX_WORKERS}), or 'auto' (the "
         "default): every slot of the cluster (on this machine: one per GPU, else per core).",
     )
-    strategy: StrategySpec = Field(
-        default_factory=StrategySpec, description="Distributed strategy: a name or {name, params}."
-    )
-    backend: Literal["auto", "nccl", "gloo", "cpu:gloo,cuda:nccl"] = Field(
-        default="auto",
-        description="Process-group backend: 'auto' (the default: on a GPU rank "
-        "'cpu:gloo,cuda:nccl', CUDA tensors through NCCL and CPU tensors through gloo; "
-        "else gloo), 'nccl' (the same), 'cpu:gloo,cuda:nccl', or 'gloo' (everything "
-        "through gloo; workers may then share GPUs). Each worker takes its own GPU, "
-        "servers none.",
-    )
-    parameter_servers: int = Field(
-        default=0,
-        ge=0,
-        le=MAX_WORKERS,
-        validate_default=True,
-        description="Parameter-server processes, for the strategies that use them (asgd, "
-        "ssp, adadelay, easgd-async, sync-ps, aadmm; required there, refused elsewhere). "
-        "They do not take worker slots. Default: 0.",
-    )
-    server_hosts: list[HostName] | None = Field(
-        default=None,
-        min_length=1,
-        max_length=MAX_HOSTS,
-        description="Cluster hosts that run only parameter servers (spread over them in "
-        "turn); default: the servers run next to the workers, one per worker host in turn.",
-    )
-    env: dict[EnvName, str] = Field(
-        default_factory=dict,
-        description="Environment variables for every rank; values must be strings (quote "
-        "numbers). Stored redacted with the run; see Secrets.",
-    )
-    workdir: OneLine = Field(
-        default=".",
-        min_length=1,
-        description="Directory shipped to the hosts, relative to the job file's directory.",
-    )
+    strategy: StrategySpec = Field(default_factory=StrategySpec)
+    """Distributed strategy: a name or {name, params}."""
+    backend: Literal["auto", "nccl", "gloo", "cpu:gloo,cuda:nccl"] = "auto"
+    """Process-group backend: 'auto' (the default: on a GPU rank 'cpu:gloo,cuda:nccl', CUDA tensors
+    through NCCL and CPU tensors through gloo; else gloo), 'nccl' (the same),
+    'cpu:gloo,cuda:nccl', or 'gloo' (everything through gloo; workers may then share GPUs). Each
+    worker takes its own GPU, servers none."""
+    parameter_servers: int = Field(default=0, ge=0, le=MAX_WORKERS, validate_default=True)
+    """Parameter-server processes, for the strategies that use them (asgd, ssp, adadelay,
+    easgd-async, sync-ps, aadmm; required there, refused elsewhere). They do not take worker
+    slots. Default: 0."""
+    server_hosts: list[HostName] | None = Field(default=None, min_length=1, max_length=MAX_HOSTS)
+    """Cluster hosts that run only parameter servers (spread over them in turn); default: the
+    servers run next to the workers, one per worker host in turn."""
+    env: dict[EnvName, str] = Field(default_factory=dict)
+    """Environment variables for every rank; values must be strings (quote numbers). Stored redacted
+    with the run; see Secrets."""
+    workdir: OneLine = Field(default=".", min_length=1)
+    """Directory shipped to the hosts, relative to the job file's directory."""
 
-    setup: str | None = Field(
-        default=None,
-        description=(
-            "Shell command run on every remote host, in the job's directory there, before "
-            "the workers start (e.g. 'pip install -r requirements.txt'); default: none."
-        ),
-    )
+    setup: str | None = None
+    """Shell command run on every remote host, in the job's directory there, before the workers
+    start (e.g. 'pip install -r requirements.txt'); default: none."""
     exclude: list[ExcludePattern] = Field(
         default_factory=list,
         max_length=MAX_ITEMS,
@@ -225,45 +189,29 @@ class JobSpec(BaseModel):
             ".gitignore and the built-in " + ", ".join(BUILTIN_EXCLUDES) + "."
         ),
     )
-    restart: RestartSpec = Field(
-        default_factory=RestartSpec,
-        description="When a failed run is started again: budgets for failures of the "
-        "training code and of the infrastructure, backoff, hang timeout.",
-    )
-    checkpoint: CheckpointSpec | None = Field(
-        default=None,
-        description="Periodic checkpoints written by ctx.checkpoint() (every N steps "
-        "and/or T seconds), from which a restarted run resumes; default: none.",
-    )
-    min_hosts: HostCount | None = Field(
-        default=None,
-        description="Fewest hosts a restarted run may continue on after losing hosts "
-        "(it re-forms with fewer workers); with fewer left it waits up to "
-        "restart.host_wait for them, then fails. Default: every host of the first attempt.",
-    )
-    max_hosts: HostCount | None = Field(
-        default=None,
-        description="Most hosts the run uses at once; the cluster's other hosts stand by "
-        "and replace lost ones on a restart. Default: as many as 'workers' needs.",
-    )
-    parallelism: ParallelismSpec | None = Field(
-        default=None,
-        description="The device mesh of each step: tensor, pipeline and FSDP2 degrees "
-        "(torchtitan's keys), with strategy ssgd (compression none) or asgd; default: "
-        "none (plain data parallelism).",
-    )
-    parallelize: OneLine | None = Field(
-        default=None,
-        description="FILE:FUNCTION (FILE a .py file relative to workdir) that "
-        "parallelizes the model over the device mesh; needs a parallelism: block. "
-        "Default: none.",
-    )
+    restart: RestartSpec = Field(default_factory=RestartSpec)
+    """When a failed run is started again: budgets for failures of the training code and of the
+    infrastructure, backoff, hang timeout."""
+    checkpoint: CheckpointSpec | None = None
+    """Periodic checkpoints written by ctx.checkpoint() (every N steps and/or T seconds), from which
+    a restarted run resumes; default: none."""
+    min_hosts: HostCount | None = None
+    """Fewest hosts a restarted run may continue on after losing hosts (it re-forms with fewer
+    workers); with fewer left it waits up to restart.host_wait for them, then fails. Default:
+    every host of the first attempt."""
+    max_hosts: HostCount | None = None
+    """Most hosts the run uses at once; the cluster's other hosts stand by and replace lost ones on
+    a restart. Default: as many as 'workers' needs."""
+    parallelism: ParallelismSpec | None = None
+    """The device mesh of each step: tensor, pipeline and FSDP2 degrees (torchtitan's keys), with
+    strategy ssgd (compression none) or asgd; default: none (plain data parallelism)."""
+    parallelize: OneLine | None = None
+    """FILE:FUNCTION (FILE a .py file relative to workdir) that parallelizes the model over the
+    device mesh; needs a parallelism: block. Default: none."""
 
-    advice: str | None = Field(
-        default=None,
-        description="Set by dmlctl, never in a job file: where `strategy: {name: auto, "
-        "advice: FILE}` took the strategy from, in one line.",
-    )
+    advice: str | None = None
+    """Set by dmlctl, never in a job file: where `strategy: {name: auto, advice: FILE}` took the
+    strategy from, in one line."""
 
     @field_validator("workers", mode="before")
     @classmethod

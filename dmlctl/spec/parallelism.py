@@ -89,37 +89,23 @@ class ParallelismSpec(BaseModel):
 
     model_config = FROZEN
 
-    tensor_parallel_degree: Degree = Field(
-        default=1,
-        description="Workers each layer's tensors are split over (tensor parallelism, "
-        "the innermost dimension: neighbouring ranks).",
-    )
-    pipeline_parallel_degree: Degree = Field(
-        default=1,
-        description="Workers a replica's layers are split over as pipeline stages (the "
-        "outermost dimension; looped and V-shaped schedules give each rank two stages).",
-    )
+    tensor_parallel_degree: Degree = 1
+    """Workers each layer's tensors are split over (tensor parallelism, the innermost dimension:
+    neighbouring ranks)."""
+    pipeline_parallel_degree: Degree = 1
+    """Workers a replica's layers are split over as pipeline stages (the outermost dimension; looped
+    and V-shaped schedules give each rank two stages)."""
     pipeline_parallel_schedule: str = Field(
         default="1F1B",
         description="Pipeline schedule, as torch.distributed.pipelining names it "
         f"(case-insensitive): {', '.join(SCHEDULES)}.",
     )
-    pipeline_parallel_microbatches: int | None = Field(
-        default=None,
-        ge=1,
-        le=MAX_MICROBATCHES,
-        description="Microbatches each batch is split into for the pipeline; default: "
-        "derived by the runtime.",
-    )
-    data_parallel_shard_degree: Degree = Field(
-        default=1,
-        description="Workers each replica's parameters are sharded over (FSDP2 fully_shard).",
-    )
-    data_parallel_replicate_degree: Annotated[int, Field(ge=-1, le=MAX_WORKERS)] = Field(
-        default=-1,
-        description="Model replicas (data parallelism); -1 (the default): the workers "
-        "the other degrees leave.",
-    )
+    pipeline_parallel_microbatches: int | None = Field(default=None, ge=1, le=MAX_MICROBATCHES)
+    """Microbatches each batch is split into for the pipeline; default: derived by the runtime."""
+    data_parallel_shard_degree: Degree = 1
+    """Workers each replica's parameters are sharded over (FSDP2 fully_shard)."""
+    data_parallel_replicate_degree: Annotated[int, Field(ge=-1, le=MAX_WORKERS)] = -1
+    """Model replicas (data parallelism); -1 (the default): the workers the other degrees leave."""
 
     @field_validator(REPLICATE)
     @classmethod

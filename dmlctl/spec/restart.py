@@ -40,90 +40,53 @@ class RestartSpec(BaseModel):
 
     model_config = FROZEN
 
-    mode: Literal["full", "in_place"] = Field(
-        default="full",
-        description="What a lost rank restarts: 'full' (every rank, from the newest "
-        "checkpoint), or 'in_place' (a worker killed by a signal is started again alone, "
-        "from a live peer's or the servers' model, while the others go on; the "
-        "parameter-server strategies, ssgd, local-sgd, bmuf, easgd, admm and dpsgd, "
-        "without a parallelism: block; a killed parameter server too, "
-        "from its newest snapshot; a lost host's ranks start on a spare host, or on the "
-        "same host when only its agent died). Each "
-        "replacement spends one of max_infra_restarts.",
-    )
-    ps_snapshot_every: int = Field(
-        default=500,
-        ge=1,
-        description="With mode: in_place, a parameter server writes its state to its "
-        "host's run directory (and, with a spare host, the run's store) every this many "
-        "pushes and as it starts; its replacement starts from the newest one, and the "
-        "pushes since are lost (counted as pushes_lost).",
-    )
-    max_user_restarts: Restarts = Field(
-        default=0,
-        description="Restarts allowed after failures of the training code itself "
-        "(an exception or a non-zero exit); 0 = never restart those.",
-    )
-    max_infra_restarts: Restarts = Field(
-        default=3,
-        description="Restarts allowed after infrastructure failures (a rank killed by a "
-        "signal, a lost host, a torchrun failure, a hang).",
-    )
-    backoff_initial: Seconds = Field(
-        default=1.0,
-        description="Seconds to wait before the first restart.",
-    )
-    backoff_factor: float = Field(
-        default=2.0,
-        ge=1,
-        le=100,
-        allow_inf_nan=False,
-        description="Multiplier applied to the wait after each restart (1 = constant wait).",
-    )
-    backoff_max: Seconds = Field(
-        default=30.0,
-        description="Longest wait before a restart, in seconds.",
-    )
-    hang_timeout: Seconds = Field(
-        default=30.0,
-        description="Seconds a rank may go without a heartbeat, or with its training "
-        "steps stalled and idle while others wait for it in a collective, before it "
-        "counts as hung (an infra failure); stretched to 4x its slowest recent step.",
-    )
-    stop_grace: SecondsOrZero = Field(
-        default=30.0,
-        description="On a stop (Ctrl-C, dmlctl stop): seconds the ranks get after "
-        "SIGTERM to save and exit before they are killed. After a failure, the ranks "
-        "still running get this too, at most 5 s.",
-    )
-    host_timeout: Seconds = Field(
-        default=10.0,
-        description="Seconds without any message from a host before it counts as lost "
-        "(an infra failure); its agents send one every second.",
-    )
-    host_wait: SecondsOrZero = Field(
-        default=60.0,
-        description="On a restart with fewer than min_hosts hosts answering: seconds to "
-        "wait for lost hosts to answer again before the run fails.",
-    )
-    standby: bool = Field(
-        default=True,
-        description="Keep a warm host agent (torchrun already imported) on every host "
-        "while the run goes on, so a restart skips torchrun's start-up (about 1 s); it "
-        "costs one idle Python process with torch loaded per host.",
-    )
-    rejoin_wait: SecondsOrZero = Field(
-        default=30.0,
-        description="With mode: in_place: seconds the other workers (and the parameter "
-        "servers) wait for a lost host's workers when none can start elsewhere (no spare "
-        "host, the host not answering) before they go on without them, while min_hosts "
-        "allows; 0: they never go on without them (the run restarts).",
-    )
-    host_cooldown: SecondsOrZero = Field(
-        default=30.0,
-        description="Seconds a lost host is set aside before a restart may use it again "
-        "(once it answers).",
-    )
+    mode: Literal["full", "in_place"] = "full"
+    """What a lost rank restarts: 'full' (every rank, from the newest checkpoint), or 'in_place' (a
+    worker killed by a signal is started again alone, from a live peer's or the servers' model,
+    while the others go on; the parameter-server strategies, ssgd, local-sgd, bmuf, easgd, admm
+    and dpsgd, without a parallelism: block; a killed parameter server too, from its newest
+    snapshot; a lost host's ranks start on a spare host, or on the same host when only its agent
+    died). Each replacement spends one of max_infra_restarts."""
+    ps_snapshot_every: int = Field(default=500, ge=1)
+    """With mode: in_place, a parameter server writes its state to its host's run directory (and,
+    with a spare host, the run's store) every this many pushes and as it starts; its replacement
+    starts from the newest one, and the pushes since are lost (counted as pushes_lost)."""
+    max_user_restarts: Restarts = 0
+    """Restarts allowed after failures of the training code itself (an exception or a non-zero
+    exit); 0 = never restart those."""
+    max_infra_restarts: Restarts = 3
+    """Restarts allowed after infrastructure failures (a rank killed by a signal, a lost host, a
+    torchrun failure, a hang)."""
+    backoff_initial: Seconds = 1.0
+    """Seconds to wait before the first restart."""
+    backoff_factor: float = Field(default=2.0, ge=1, le=100, allow_inf_nan=False)
+    """Multiplier applied to the wait after each restart (1 = constant wait)."""
+    backoff_max: Seconds = 30.0
+    """Longest wait before a restart, in seconds."""
+    hang_timeout: Seconds = 30.0
+    """Seconds a rank may go without a heartbeat, or with its training steps stalled and idle while
+    others wait for it in a collective, before it counts as hung (an infra failure); stretched to
+    4x its slowest recent step."""
+    stop_grace: SecondsOrZero = 30.0
+    """On a stop (Ctrl-C, dmlctl stop): seconds the ranks get after SIGTERM to save and exit before
+    they are killed. After a failure, the ranks still running get this too, at most 5 s."""
+    host_timeout: Seconds = 10.0
+    """Seconds without any message from a host before it counts as lost (an infra failure); its
+    agents send one every second."""
+    host_wait: SecondsOrZero = 60.0
+    """On a restart with fewer than min_hosts hosts answering: seconds to wait for lost hosts to
+    answer again before the run fails."""
+    standby: bool = True
+    """Keep a warm host agent (torchrun already imported) on every host while the run goes on, so a
+    restart skips torchrun's start-up (about 1 s); it costs one idle Python process with torch
+    loaded per host."""
+    rejoin_wait: SecondsOrZero = 30.0
+    """With mode: in_place: seconds the other workers (and the parameter servers) wait for a lost
+    host's workers when none can start elsewhere (no spare host, the host not answering) before
+    they go on without them, while min_hosts allows; 0: they never go on without them (the run
+    restarts)."""
+    host_cooldown: SecondsOrZero = 30.0
+    """Seconds a lost host is set aside before a restart may use it again (once it answers)."""
 
 
 class CheckpointSpec(BaseModel):
@@ -136,42 +99,25 @@ class CheckpointSpec(BaseModel):
 
     model_config = FROZEN
 
-    every_steps: int | None = Field(
-        default=None,
-        ge=1,
-        le=MAX_STEPS,
-        description="Save a checkpoint every this many training steps.",
-    )
-    every_seconds: Seconds | None = Field(
-        default=None,
-        description="Save a checkpoint every this many seconds of training.",
-    )
-    keep: int = Field(
-        default=3,
-        ge=1,
-        le=MAX_KEEP,
-        description="Number of most recent checkpoints kept; older ones are deleted.",
-    )
-    dir: PlaceholderPath | None = Field(
-        default=None,
-        description="Checkpoint directory on every host, e.g. on a shared filesystem "
-        "(``{run_id}`` is replaced by the run id; any other ``{`` or ``}`` is refused). "
-        "Default: a directory of the run on "
-        "each host, copied to the controller's machine after every checkpoint and "
-        "handed back to the hosts on a restart.",
-    )
-    allow_fresh_start: bool = Field(
-        default=False,
-        description="When checkpoints exist but none of them can be loaded (all corrupt): "
-        "start from step 0 instead of failing the run with CheckpointCorrupt.",
-    )
-    warm_start: bool = Field(
-        default=False,
-        description="Let a new run start from the newest checkpoint another run left in "
-        "checkpoint.dir (its model, optimizer and step). Without it, such a checkpoint "
-        "fails the run with CheckpointForeign before training: a run only ever resumes "
-        "its own checkpoints (launch --resume continues a run under its own id).",
-    )
+    every_steps: int | None = Field(default=None, ge=1, le=MAX_STEPS)
+    """Save a checkpoint every this many training steps."""
+    every_seconds: Seconds | None = None
+    """Save a checkpoint every this many seconds of training."""
+    keep: int = Field(default=3, ge=1, le=MAX_KEEP)
+    """Number of most recent checkpoints kept; older ones are deleted."""
+    dir: PlaceholderPath | None = None
+    """Checkpoint directory on every host, e.g. on a shared filesystem (``{run_id}`` is replaced by
+    the run id; any other ``{`` or ``}`` is refused). Default: a directory of the run on each
+    host, copied to the controller's machine after every checkpoint and handed back to the hosts
+    on a restart."""
+    allow_fresh_start: bool = False
+    """When checkpoints exist but none of them can be loaded (all corrupt): start from step 0
+    instead of failing the run with CheckpointCorrupt."""
+    warm_start: bool = False
+    """Let a new run start from the newest checkpoint another run left in checkpoint.dir (its model,
+    optimizer and step). Without it, such a checkpoint fails the run with CheckpointForeign
+    before training: a run only ever resumes its own checkpoints (launch --resume continues a run
+    under its own id)."""
 
 
 def check_in_place(strategy: str, params: Any = None) -> None:

@@ -108,82 +108,53 @@ class SlurmSpec(BaseModel):
 
     model_config = FROZEN
 
-    nodes: int | str = Field(
-        default=1,
-        description="Nodes of the allocation, a count (4) or a range ('2-4': the run "
-        "starts on as many as Slurm grants; the low end is the run's default min_hosts); "
-        "each runs one dmlctl agent and the cluster's slots (defaults.slots) "
-        "of workers.",
-    )
-    partition: str | None = Field(default=None, min_length=1, description="sbatch --partition.")
-    account: str | None = Field(default=None, min_length=1, description="sbatch --account.")
-    qos: str | None = Field(default=None, min_length=1, description="sbatch --qos.")
-    time: str | None = Field(
-        default=None,
-        description="sbatch --time: the allocation's time limit (e.g. '30', '4:00:00', "
-        "'1-00:00:00'); default: the partition's.",
-    )
-    gpus_per_node: int = Field(
-        default=0, ge=0, le=1024, description="sbatch --gpus-per-node; every step gets them."
-    )
-    exclusive: bool = Field(default=False, description="sbatch --exclusive: whole nodes.")
-    cpus_per_node: int | None = Field(
-        default=None,
-        ge=1,
-        le=100_000,
-        description="CPUs of each node for the run (sbatch --cpus-per-task, one task a "
-        "node); default: one per worker slot (defaults.slots).",
-    )
-    mem: str | None = Field(
-        default=None,
-        description="Memory of each node for the run (sbatch --mem, e.g. '64G'; '0': all "
-        "of it); default: the partition's.",
-    )
-    requeue: bool = Field(
-        default=False,
-        description="When Slurm ends the allocation early (time limit, preemption, a "
-        "failed node), ask for a new one and go on from the newest checkpoint (it "
-        "spends one of restart.max_infra_restarts).",
-    )
-    warn_before_end: float = Field(
-        default=0,
-        ge=0,
-        le=86_400,
-        description="Seconds before the allocation's time limit at which dmlctl stops the "
-        "ranks (SIGTERM, then restart.stop_grace to save), and with requeue asks for a "
-        "new allocation at once; 0: Slurm's own SIGTERM and KillWait at the limit.",
-    )
-    allocation: Literal["enclosing", "new"] = Field(
-        default="enclosing",
-        description="When dmlctl itself runs inside a Slurm allocation (SLURM_JOB_ID set: "
-        "an sbatch script, an salloc shell): 'enclosing' runs the job on that allocation's "
-        "nodes (nothing is asked for, and the keys of a request do not apply; the "
-        "allocation is left as it was at the end); 'new' asks for an allocation of its own "
-        "all the same.",
-    )
-    salloc: bool = Field(
-        default=False,
-        description="Ask with salloc instead of sbatch (an interactive allocation, for "
-        "partitions or QOS that take only those); its holding script runs on this "
-        "machine under salloc.",
-    )
-    sbatch_options: list[SbatchOption] = Field(
-        default_factory=list,
-        max_length=100,
-        description="More sbatch (or salloc) options, one per item ('--constraint=a100'); "
-        "not one that a key above sets.",
-    )
-    setup: str | None = Field(
-        default=None,
-        description="Shell lines run before every command on a node (module load, "
-        "source a venv), e.g. 'module load cuda && source ~/venv/bin/activate'.",
-    )
-    conf: str | None = Field(
-        default=None,
-        min_length=1,
-        description="Slurm's configuration file (exported as SLURM_CONF to every Slurm "
-        "command); default: Slurm's own (/etc/slurm/slurm.conf).",
-    )
+    nodes: int | str = 1
+    """Nodes of the allocation, a count (4) or a range ('2-4': the run starts on as many as Slurm
+    grants; the low end is the run's default min_hosts); each runs one dmlctl agent and the
+    cluster's slots (defaults.slots) of workers."""
+    partition: str | None = Field(default=None, min_length=1)
+    """sbatch --partition."""
+    account: str | None = Field(default=None, min_length=1)
+    """sbatch --account."""
+    qos: str | None = Field(default=None, min_length=1)
+    """sbatch --qos."""
+    time: str | None = None
+    """sbatch --time: the allocation's time limit (e.g. '30', '4:00:00', '1-00:00:00'); default: the
+    partition's."""
+    gpus_per_node: int = Field(default=0, ge=0, le=1024)
+    """sbatch --gpus-per-node; every step gets them."""
+    exclusive: bool = False
+    """sbatch --exclusive: whole nodes."""
+    cpus_per_node: int | None = Field(default=None, ge=1, le=100_000)
+    """CPUs of each node for the run (sbatch --cpus-per-task, one task a node); default: one per
+    worker slot (defaults.slots)."""
+    mem: str | None = None
+    """Memory of each node for the run (sbatch --mem, e.g. '64G'; '0': all of it); default: the
+    partition's."""
+    requeue: bool = False
+    """When Slurm ends the allocation early (time limit, preemption, a failed node), ask for a new
+    one and go on from the newest checkpoint (it spends one of restart.max_infra_restarts)."""
+    warn_before_end: float = Field(default=0, ge=0, le=86_400)
+    """Seconds before the allocation's time limit at which dmlctl stops the ranks (SIGTERM, then
+    restart.stop_grace to save), and with requeue asks for a new allocation at once; 0: Slurm's
+    own SIGTERM and KillWait at the limit."""
+    allocation: Literal["enclosing", "new"] = "enclosing"
+    """When dmlctl itself runs inside a Slurm allocation (SLURM_JOB_ID set: an sbatch script, an
+    salloc shell): 'enclosing' runs the job on that allocation's nodes (nothing is asked for, and
+    the keys of a request do not apply; the allocation is left as it was at the end); 'new' asks
+    for an allocation of its own all the same."""
+    salloc: bool = False
+    """Ask with salloc instead of sbatch (an interactive allocation, for partitions or QOS that take
+    only those); its holding script runs on this machine under salloc."""
+    sbatch_options: list[SbatchOption] = Field(default_factory=list, max_length=100)
+    """More sbatch (or salloc) options, one per item ('--constraint=a100'); not one that a key above
+    sets."""
+    setup: str | None = None
+    """Shell lines run before every command on a node (module load, source a venv), e.g. 'module
+    load cuda && source ~/venv/bin/activate'."""
+    conf: str | None = Field(default=None, min_length=1)
+    """Slurm's configuration file (exported as SLURM_CONF to every Slurm command); default: Slurm's
+    own (/etc/slurm/slurm.conf)."""
 
     _one_line = field_validator("partition", "account", "qos", "conf")(check_one_line)
 

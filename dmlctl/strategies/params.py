@@ -19,7 +19,9 @@ from pydantic.fields import FieldInfo
 
 from dmlctl.protocol import ROLE_SERVER, ROLE_WORKER
 
-PARAMS_CONFIG = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
+PARAMS_CONFIG = ConfigDict(
+    frozen=True, extra="forbid", strict=True, allow_inf_nan=False, use_attribute_docstrings=True
+)
 """Model config of every strategy's ``Params``."""
 
 MAX_PERIOD = 1_000_000
@@ -213,12 +215,10 @@ class FinalModel(BaseModel):
 
     model_config = PARAMS_CONFIG
 
-    final: Literal["consensus", "local"] = Field(
-        default="consensus",
-        description="At the end of training every worker takes the model the algorithm "
-        "defines (the average, the block-updated global model, the center, z), so every "
-        "rank saves the same result; 'local' keeps each worker's own replica.",
-    )
+    final: Literal["consensus", "local"] = "consensus"
+    """At the end of training every worker takes the model the algorithm defines (the average, the
+    block-updated global model, the center, z), so every rank saves the same result; 'local'
+    keeps each worker's own replica."""
 
 
 def changed(model: BaseModel) -> set[str]:
@@ -238,15 +238,10 @@ class ModelFilter(BaseModel):
 
     model_config = PARAMS_CONFIG
 
-    threshold: float = Field(
-        default=0.0,
-        ge=0,
-        le=MAX_WEIGHT,
-        description="Model filter: a round sends only the tensors whose change since "
-        "they were last sent (easgd: distance from the center) exceeds threshold × "
-        "their norm on some worker; the others keep their change for a later round "
-        "(0: every tensor, every round).",
-    )
+    threshold: float = Field(default=0.0, ge=0, le=MAX_WEIGHT)
+    """Model filter: a round sends only the tensors whose change since they were last sent (easgd:
+    distance from the center) exceeds threshold × their norm on some worker; the others keep
+    their change for a later round (0: every tensor, every round)."""
 
 
 class Averaging(FinalModel, ModelFilter):
@@ -262,12 +257,10 @@ class Overlap(BaseModel):
 
     model_config = PARAMS_CONFIG
 
-    overlap: bool = Field(
-        default=False,
-        description="Overlap communication with computation (double buffering): each "
-        "push and pull runs in a background thread while the next step computes, and "
-        "the model it pulled is taken at the next exchange (one exchange staler).",
-    )
+    overlap: bool = False
+    """Overlap communication with computation (double buffering): each push and pull runs in a
+    background thread while the next step computes, and the model it pulled is taken at the next
+    exchange (one exchange staler)."""
 
 
 class PushCompression(BaseModel):
@@ -277,22 +270,17 @@ class PushCompression(BaseModel):
 
     model_config = PARAMS_CONFIG
 
-    push_compression: Literal["none", "int8", "topk", "sign", "threshold"] = Field(
-        default="none",
-        description="Encode every push: int8 (a quarter of the bytes plus a scale per "
-        "shard), topk (the largest entries: density × (values + indices)), sign (1 bit "
-        "per entry plus a scale per tensor) or threshold (only the tensors whose change "
-        "exceeds push_threshold × their norm, plus a 1-bit-per-tensor mask); what an "
-        "encoding drops is carried into the worker's next push (error feedback).",
-    )
-    push_density: Share = Field(
-        default=0.01, description="push_compression topk: share of each shard's entries pushed."
-    )
-    push_threshold: Weight = Field(
-        default=0.01,
-        description="push_compression threshold: a tensor is pushed once its change "
-        "since it was last pushed exceeds this share of its norm.",
-    )
+    push_compression: Literal["none", "int8", "topk", "sign", "threshold"] = "none"
+    """Encode every push: int8 (a quarter of the bytes plus a scale per shard), topk (the largest
+    entries: density × (values + indices)), sign (1 bit per entry plus a scale per tensor) or
+    threshold (only the tensors whose change exceeds push_threshold × their norm, plus a
+    1-bit-per-tensor mask); what an encoding drops is carried into the worker's next push (error
+    feedback)."""
+    push_density: Share = 0.01
+    """push_compression topk: share of each shard's entries pushed."""
+    push_threshold: Weight = 0.01
+    """push_compression threshold: a tensor is pushed once its change since it was last pushed
+    exceeds this share of its norm."""
 
     @model_validator(mode="after")
     def _settings_need_their_filter(self) -> PushCompression:

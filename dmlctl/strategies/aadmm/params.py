@@ -4,7 +4,7 @@ plane validates job files with it). The strategy is
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
 from dmlctl.strategies.admm.params import RHO_RULE
 from dmlctl.strategies.params import (
@@ -36,11 +36,8 @@ class Params(FinalModel, Overlap):
         "ρ, the penalty on disagreement with the consensus z; derived from your optimizer "
         "as for admm.",
     )
-    local_steps: Steps = Field(
-        default=10,
-        description="Optimizer steps on the proximal problem between two pushes of "
-        "(w, λ) to the servers.",
-    )
+    local_steps: Steps = 10
+    """Optimizer steps on the proximal problem between two pushes of (w, λ) to the servers."""
     min_workers: int | None = derived_steps(
         "workers",
         "K₀, the partial barrier: the servers update z once at least this many workers "
@@ -48,11 +45,9 @@ class Params(FinalModel, Overlap):
         "sequence); fewer lets fast workers go on without a straggler, at some accuracy "
         "(digits, 2 workers, K₀ = 1: 0.953 against 0.969 with SGD + momentum).",
     )
-    max_delay: Steps = Field(
-        default=4,
-        description="τ: a worker may miss at most this many updates of z; one whose "
-        "delay reached τ is waited for.",
-    )
+    max_delay: Steps = 4
+    """τ: a worker may miss at most this many updates of z; one whose delay reached τ is waited
+    for."""
 
 
 def resolve_min_workers(params: Params, workers: int) -> int:

@@ -42,12 +42,8 @@ class Params(PushCompression):
         "and the like (an SGD step 100× their lr: 0.1 for 1e-3).",
         most=1e12,
     )
-    c: float = Field(
-        default=0.1,
-        ge=0,
-        le=MAX_WEIGHT,
-        description="Scale of the adaptive, delay-weighted term c_j (0: constant step 1/L).",
-    )
+    c: float = Field(default=0.1, ge=0, le=MAX_WEIGHT)
+    """Scale of the adaptive, delay-weighted term c_j (0: constant step 1/L)."""
 
 
 ADAPTIVE_TO_SGD = 100.0

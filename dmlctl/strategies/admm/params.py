@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
-
 from dmlctl.strategies.params import (
     PARAMS_CONFIG,
     WORKERS_ONLY,
@@ -43,16 +41,12 @@ class Params(FinalModel):
         "local_steps and η the steady-state step lr/(1 − momentum), so one round's pull "
         "removes at most half the disagreement.",
     )
-    local_steps: Steps = Field(
-        default=10,
-        description="k: optimizer steps per round approximating the x-update; one "
-        "all-reduce of the parameters' size per round.",
-    )
-    init: Literal["average", "broadcast"] = Field(
-        default="average",
-        description="'average': z starts at the mean of the initial models; "
-        "'broadcast': rank 0's model is copied to every worker and z starts there.",
-    )
+    local_steps: Steps = 10
+    """k: optimizer steps per round approximating the x-update; one all-reduce of the parameters'
+    size per round."""
+    init: Literal["average", "broadcast"] = "average"
+    """'average': z starts at the mean of the initial models; 'broadcast': rank 0's model is copied
+    to every worker and z starts there."""
 
 
 ADAPTIVE_RHO = 0.01

@@ -3,8 +3,6 @@ files with it). The strategy is :mod:`dmlctl.strategies.asgd.strategy`."""
 
 from __future__ import annotations
 
-from pydantic import Field
-
 from dmlctl.strategies.params import (
     PARAMS_CONFIG,
     FetchEvery,
@@ -29,7 +27,8 @@ class Params(PushCompression, Overlap):
 
     model_config = PARAMS_CONFIG
 
-    n_push: Steps = Field(default=1, description="Push the local change every n_push steps.")
+    n_push: Steps = 1
+    """Push the local change every n_push steps."""
     n_fetch: FetchEvery = 1
     scale: float | None = derived_weight(
         "1/workers",

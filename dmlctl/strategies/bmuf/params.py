@@ -30,31 +30,21 @@ class Params(Averaging):
 
     model_config = PARAMS_CONFIG
 
-    period: int = Field(
-        le=MAX_PERIOD,
-        default=8,
-        description="τ: local steps per block; one all-reduce of the model per block.",
-    )
+    period: int = Field(le=MAX_PERIOD, default=8)
+    """τ: local steps per block; one all-reduce of the model per block."""
     block_momentum: float | None = Field(
         default=None,
         json_schema_extra=derived("0 with momentum or Adam; 1 − 1/workers with plain SGD"),
         allow_inf_nan=False,
-        description="η_b in [0, 1): momentum of the block updates. Default: 0 when your "
-        "optimizer already carries momentum (SGD with momentum or Nesterov, Adam's β₁, "
-        "RMSprop's momentum: the two momenta compound), else the paper's 1 − 1/N for N "
-        "workers. 0 (with block_lr 1) is plain model averaging.",
     )
-    block_lr: float = Field(
-        le=MAX_WEIGHT,
-        default=1.0,
-        allow_inf_nan=False,
-        description="ζ > 0: step size applied to each block's averaged update.",
-    )
-    nesterov: bool = Field(
-        default=False,
-        description="Workers restart a block from w_g + η_b·Δ (Nesterov block "
-        "momentum) instead of w_g.",
-    )
+    """η_b in [0, 1): momentum of the block updates. Default: 0 when your optimizer already carries
+    momentum (SGD with momentum or Nesterov, Adam's β₁, RMSprop's momentum: the two momenta
+    compound), else the paper's 1 − 1/N for N workers. 0 (with block_lr 1) is plain model
+    averaging."""
+    block_lr: float = Field(le=MAX_WEIGHT, default=1.0, allow_inf_nan=False)
+    """ζ > 0: step size applied to each block's averaged update."""
+    nesterov: bool = False
+    """Workers restart a block from w_g + η_b·Δ (Nesterov block momentum) instead of w_g."""
 
     _period = field_validator("period")(at_least("period", 1, "local steps per block"))
     _lr = field_validator("block_lr")(at_least("block_lr", 0, above=True))

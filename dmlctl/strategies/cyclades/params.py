@@ -38,14 +38,9 @@ class Params(BaseModel):
         "coordinate + 1, active = mean coordinates per sample, over the first 1,000 "
         "samples of each epoch).",
     )
-    coordinates: int = Field(
-        default=0,
-        ge=0,
-        le=MAX_FIELD,
-        description="Which field of a sample holds the coordinates its update "
-        "touches (an integer tensor of feature indices, e.g. the input of an "
-        "nn.EmbeddingBag).",
-    )
+    coordinates: int = Field(default=0, ge=0, le=MAX_FIELD)
+    """Which field of a sample holds the coordinates its update touches (an integer tensor of
+    feature indices, e.g. the input of an nn.EmbeddingBag)."""
 
 
 check_hosts = one_host("cyclades")

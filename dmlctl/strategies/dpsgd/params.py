@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
-
 from dmlctl.strategies.params import (
     PARAMS_CONFIG,
     WORKERS_ONLY,
@@ -31,23 +29,15 @@ class Params(FinalModel):
 
     model_config = PARAMS_CONFIG
 
-    topology: Topology = Field(
-        default="ring",
-        description="Who mixes with whom: 'ring' (2 neighbours, weight 1/3 each), "
-        "'exponential' (neighbours at distance ±2^k, O(log n) peers) or 'complete' "
-        "(everyone, 1/n: equals global averaging).",
-    )
-    period: Steps = Field(
-        default=1,
-        description="Mix parameters with the neighbours every this many optimizer "
-        "steps; the steps in between are local only.",
-    )
-    consensus_every: Count = Field(
-        default=10,
-        description="Measure the consensus distance sqrt(mean ||x_i - mean||^2) every "
-        "this many steps (one all-reduce, monitoring only, not counted as training "
-        "traffic); 0 = never.",
-    )
+    topology: Topology = "ring"
+    """Who mixes with whom: 'ring' (2 neighbours, weight 1/3 each), 'exponential' (neighbours at
+    distance ±2^k, O(log n) peers) or 'complete' (everyone, 1/n: equals global averaging)."""
+    period: Steps = 1
+    """Mix parameters with the neighbours every this many optimizer steps; the steps in between are
+    local only."""
+    consensus_every: Count = 10
+    """Measure the consensus distance sqrt(mean ||x_i - mean||^2) every this many steps (one
+    all-reduce, monitoring only, not counted as training traffic); 0 = never."""
 
 
 CAPABILITIES = Capabilities(roles=WORKERS_ONLY, columns=("consensus",), in_place=True)

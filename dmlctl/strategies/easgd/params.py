@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from pydantic import Field
-
 from dmlctl.strategies.params import (
     PARAMS_CONFIG,
     WORKERS_ONLY,
@@ -34,16 +32,11 @@ class Params(Averaging):
 
     model_config = PARAMS_CONFIG
 
-    period: Steps = Field(
-        default=4,
-        description="τ: local steps between center updates (one all-reduce of the "
-        "parameters' size per period).",
-    )
-    beta: Share = Field(
-        default=0.9,
-        description="β = pα: how far the center moves towards the workers' mean per "
-        "update (β = 1: onto it). Used when alpha is not given.",
-    )
+    period: Steps = 4
+    """τ: local steps between center updates (one all-reduce of the parameters' size per period)."""
+    beta: Share = 0.9
+    """β = pα: how far the center moves towards the workers' mean per update (β = 1: onto it). Used
+    when alpha is not given."""
     alpha: float | None = derived_weight(
         "beta/workers",
         "α, the moving rate of the center; default β/p. Must be ≤ 1/p (checked against "

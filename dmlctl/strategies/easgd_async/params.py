@@ -30,17 +30,12 @@ class Params(FinalModel, PushCompression, Overlap):
 
     model_config = PARAMS_CONFIG
 
-    period: Steps = Field(
-        default=4, description="τ: local steps between two exchanges with the center."
-    )
-    beta: Share = Field(default=0.9, description="β = pα; used when alpha is not given.")
-    alpha: float | None = Field(
-        default=None,
-        json_schema_extra=derived("beta/workers"),
-        gt=0,
-        lt=1,
-        description="α, the elastic moving rate of one exchange; default β/p.",
-    )
+    period: Steps = 4
+    """τ: local steps between two exchanges with the center."""
+    beta: Share = 0.9
+    """β = pα; used when alpha is not given."""
+    alpha: float | None = Field(default=None, json_schema_extra=derived("beta/workers"), gt=0, lt=1)
+    """α, the elastic moving rate of one exchange; default β/p."""
 
 
 CAPABILITIES = server_capabilities()

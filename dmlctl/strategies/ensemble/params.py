@@ -39,38 +39,23 @@ class Params(FinalModel):
 
     model_config = PARAMS_CONFIG
 
-    period: Steps = Field(
-        default=50,
-        description="H: local steps between two ensemble rounds. Each round gathers "
-        "every worker's model (an all-gather of the parameters) and distills the "
-        "ensemble into each worker's own model.",
-    )
-    temperature: float = Field(
-        default=2.0,
-        gt=0,
-        le=MAX_TEMPERATURE,
-        description="T: the ensemble's targets are the mean of softmax(logits/T) over "
-        "the workers' models, and each worker matches them with softmax(own/T); the "
-        "loss is scaled by T² so its gradients keep their size as T changes.",
-    )
-    distill_steps: Steps = Field(
-        default=20,
-        description="Steps of your optimizer on the distillation loss per round, "
-        "cycling over the remembered batches (not counted as training steps).",
-    )
-    memory: int = Field(
-        default=8,
-        ge=1,
-        le=MAX_MEMORY,
-        description="How many of its most recent training batches each worker keeps "
-        "(their inputs) as the local data it labels with the ensemble and distills on.",
-    )
-    final: Literal["consensus", "local"] = Field(
-        default="consensus",
-        description="At the end of training a last ensemble round, then every worker "
-        "takes rank 0's distilled model, so every rank saves the same result; 'local' "
-        "skips both and keeps each worker's own model.",
-    )
+    period: Steps = 50
+    """H: local steps between two ensemble rounds. Each round gathers every worker's model (an
+    all-gather of the parameters) and distills the ensemble into each worker's own model."""
+    temperature: float = Field(default=2.0, gt=0, le=MAX_TEMPERATURE)
+    """T: the ensemble's targets are the mean of softmax(logits/T) over the workers' models, and
+    each worker matches them with softmax(own/T); the loss is scaled by T² so its gradients keep
+    their size as T changes."""
+    distill_steps: Steps = 20
+    """Steps of your optimizer on the distillation loss per round, cycling over the remembered
+    batches (not counted as training steps)."""
+    memory: int = Field(default=8, ge=1, le=MAX_MEMORY)
+    """How many of its most recent training batches each worker keeps (their inputs) as the local
+    data it labels with the ensemble and distills on."""
+    final: Literal["consensus", "local"] = "consensus"
+    """At the end of training a last ensemble round, then every worker takes rank 0's distilled
+    model, so every rank saves the same result; 'local' skips both and keeps each worker's own
+    model."""
 
 
 CAPABILITIES = Capabilities(roles=WORKERS_ONLY)

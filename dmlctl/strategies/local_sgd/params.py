@@ -28,28 +28,17 @@ class Params(Averaging):
 
     model_config = PARAMS_CONFIG
 
-    period: int = Field(
-        le=MAX_PERIOD,
-        default=8,
-        description="H: local steps between two model averages. Communication per step "
-        "is 1/H of synchronous SGD's; larger H lets the replicas drift further apart.",
-    )
-    warmup_steps: int = Field(
-        le=MAX_STEPS,
-        default=0,
-        description="Synchronous steps (average after every step) before local steps "
-        "begin: post-local SGD. Helps when early training is sensitive to drift.",
-    )
-    hierarchical: bool = Field(
-        default=False,
-        description="With several workers per host: average within each host every "
-        "`period` steps and across hosts every `period * hierarchy_factor` steps.",
-    )
-    hierarchy_factor: int = Field(
-        le=MAX_PERIOD,
-        default=4,
-        description="With `hierarchical`: host-level rounds per global round.",
-    )
+    period: int = Field(le=MAX_PERIOD, default=8)
+    """H: local steps between two model averages. Communication per step is 1/H of synchronous
+    SGD's; larger H lets the replicas drift further apart."""
+    warmup_steps: int = Field(le=MAX_STEPS, default=0)
+    """Synchronous steps (average after every step) before local steps begin: post-local SGD. Helps
+    when early training is sensitive to drift."""
+    hierarchical: bool = False
+    """With several workers per host: average within each host every `period` steps and across hosts
+    every `period * hierarchy_factor` steps."""
+    hierarchy_factor: int = Field(le=MAX_PERIOD, default=4)
+    """With `hierarchical`: host-level rounds per global round."""
 
     _period = field_validator("period")(at_least("period", 1, "local steps between averages"))
     _warmup = field_validator("warmup_steps")(at_least("warmup_steps", 0))

@@ -39,73 +39,40 @@ class Params(BaseModel):
 
     model_config = PARAMS_CONFIG
 
-    bucket_cap_mb: float = Field(
-        default=25.0,
-        gt=0,
-        le=65536,
-        description="Gradient bucket size in MiB: smaller buckets start all-reduces "
-        "earlier during backward, larger ones send fewer messages.",
-    )
-    find_unused_parameters: bool = Field(
-        default=False,
-        description="Set when some parameters get no gradient in a step (conditional "
-        "branches); costs a graph traversal every step.",
-    )
-    gradient_as_bucket_view: bool = Field(
-        default=True,
-        description="Let .grad tensors alias the communication buckets: saves one copy "
-        "and the memory of one gradient set.",
-    )
-    broadcast_buffers: bool = Field(
-        default=True,
-        description="Copy rank 0's buffers (e.g. BatchNorm running stats) to every "
-        "worker at the start of each forward. Buffers are synced once at wrap time "
-        "either way.",
-    )
-    compression: str = Field(
-        default="none",
-        description="Gradient compression: none (float32 buckets), fp16 / bf16 (buckets "
-        "cast to 16 bits: half the bytes), powersgd (rank-r factors of each matrix), "
-        "int8 (a quarter of the bytes plus a scale per bucket), topk (the largest "
-        "entries: density × (values + indices)) or sign (1 bit per entry plus a scale).",
-    )
-    powersgd_rank: int = Field(
-        default=1, ge=1, le=MAX_LOW_RANK, description="PowerSGD matrix approximation rank r."
-    )
-    powersgd_warmup_steps: int = Field(
-        le=MAX_STEPS,
-        default=10,
-        description="Steps of plain all-reduce before PowerSGD starts (start_powerSGD_iter); "
-        "at least 2.",
-    )
-    powersgd_error_feedback: bool = Field(
-        default=True,
-        description="Add each step's compression error to the next step's gradient.",
-    )
-    powersgd_min_compression_rate: float = Field(
-        default=2.0,
-        gt=0,
-        le=MAX_WEIGHT,
-        description="Compress an n×m matrix only when n·m > (n + m)·r·rate; others are "
-        "all-reduced as is.",
-    )
+    bucket_cap_mb: float = Field(default=25.0, gt=0, le=65536)
+    """Gradient bucket size in MiB: smaller buckets start all-reduces earlier during backward,
+    larger ones send fewer messages."""
+    find_unused_parameters: bool = False
+    """Set when some parameters get no gradient in a step (conditional branches); costs a graph
+    traversal every step."""
+    gradient_as_bucket_view: bool = True
+    """Let .grad tensors alias the communication buckets: saves one copy and the memory of one
+    gradient set."""
+    broadcast_buffers: bool = True
+    """Copy rank 0's buffers (e.g. BatchNorm running stats) to every worker at the start of each
+    forward. Buffers are synced once at wrap time either way."""
+    compression: str = "none"
+    """Gradient compression: none (float32 buckets), fp16 / bf16 (buckets cast to 16 bits: half the
+    bytes), powersgd (rank-r factors of each matrix), int8 (a quarter of the bytes plus a scale
+    per bucket), topk (the largest entries: density × (values + indices)) or sign (1 bit per
+    entry plus a scale)."""
+    powersgd_rank: int = Field(default=1, ge=1, le=MAX_LOW_RANK)
+    """PowerSGD matrix approximation rank r."""
+    powersgd_warmup_steps: int = Field(le=MAX_STEPS, default=10)
+    """Steps of plain all-reduce before PowerSGD starts (start_powerSGD_iter); at least 2."""
+    powersgd_error_feedback: bool = True
+    """Add each step's compression error to the next step's gradient."""
+    powersgd_min_compression_rate: float = Field(default=2.0, gt=0, le=MAX_WEIGHT)
+    """Compress an n×m matrix only when n·m > (n + m)·r·rate; others are all-reduced as is."""
 
-    topk_density: float = Field(
-        default=0.01,
-        gt=0,
-        le=1,
-        description="topk: share of each bucket's entries sent (the largest in "
-        "magnitude), k = ceil(density · n); each costs a float32 value and an int32 index.",
-    )
-    int8_stochastic: bool = Field(
-        default=False,
-        description="int8: round stochastically (unbiased) instead of to the nearest value.",
-    )
-    error_feedback: bool = Field(
-        default=True,
-        description="topk and sign: carry what the encoding dropped into the next "
-        "step's gradient, so nothing is lost, only delayed.",
-    )
+    topk_density: float = Field(default=0.01, gt=0, le=1)
+    """topk: share of each bucket's entries sent (the largest in magnitude), k = ceil(density · n);
+    each costs a float32 value and an int32 index."""
+    int8_stochastic: bool = False
+    """int8: round stochastically (unbiased) instead of to the nearest value."""
+    error_feedback: bool = True
+    """topk and sign: carry what the encoding dropped into the next step's gradient, so nothing is
+    lost, only delayed."""
 
     @field_validator("compression")
     @classmethod

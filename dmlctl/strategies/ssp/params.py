@@ -3,8 +3,6 @@ files with it). The strategy is :mod:`dmlctl.strategies.ssp.strategy`."""
 
 from __future__ import annotations
 
-from pydantic import Field
-
 from dmlctl.strategies.params import (
     PARAMS_CONFIG,
     Count,
@@ -27,10 +25,8 @@ class Params(PushCompression):
 
     model_config = PARAMS_CONFIG
 
-    staleness: Count = Field(
-        default=3,
-        description="s: the most clocks a worker may be ahead of the slowest one (0: synchronous).",
-    )
+    staleness: Count = 3
+    """s: the most clocks a worker may be ahead of the slowest one (0: synchronous)."""
     scale: float | None = derived_weight(
         "1/workers", "Weight the servers give a pushed change; default 1/workers."
     )

@@ -4,7 +4,7 @@ plane validates job files with it). The strategy is
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
 from dmlctl.strategies.params import (
     PARAMS_CONFIG,
@@ -25,12 +25,9 @@ class Params(PushCompression):
 
     model_config = PARAMS_CONFIG
 
-    backup_workers: Count = Field(
-        default=0,
-        description="b: the servers step once K − b of the K workers' gradients for "
-        "a step are in and drop the late ones (0: wait for every worker, which is "
-        "synchronous SGD). Fewer than the workers.",
-    )
+    backup_workers: Count = 0
+    """b: the servers step once K − b of the K workers' gradients for a step are in and drop the
+    late ones (0: wait for every worker, which is synchronous SGD). Fewer than the workers."""
 
 
 def check_world(params: BaseModel, world_size: int) -> str | None:
