@@ -21,6 +21,7 @@ def strategies(
     from rich.table import Table
 
     from dmlctl.errors import UsageError
+    from dmlctl.spec.field_docs import field_docs
     from dmlctl.spec.models import uses_servers
     from dmlctl.strategies import registry
     from dmlctl.strategies.params import default_text, range_text, type_name
@@ -44,13 +45,14 @@ def strategies(
         console.print("needs 'parameter_servers: N' (N >= 1) in the job", markup=False)
     module = registry.load(name)
     fields = module.Params.model_fields.items()
+    docs = field_docs(module.Params)
     rows = [
         (
             key,
             type_name(field.annotation),
             default_text(field),
             range_text(field),
-            " ".join((field.description or "").split()),
+            docs.get(key, ""),
         )
         for key, field in sorted(fields, key=lambda item: item[0] == "final")  # final: last
     ]

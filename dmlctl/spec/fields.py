@@ -91,8 +91,9 @@ dmlctl does not set itself (``DMLCTL_STRAGGLER``: a benchmark's slowed last work
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 """Job and cluster names: they become parts of run ids and directory names."""
 
-FROZEN = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
-"""Model config of every spec model: immutable, unknown keys rejected."""
+FROZEN = ConfigDict(frozen=True, extra="forbid")
+"""Model config of every spec model: immutable, unknown keys rejected. What a field
+means is its attribute docstring (:func:`dmlctl.spec.field_docs.field_docs`)."""
 
 # Host names, IPv4/IPv6 addresses (with a %zone) and ~/.ssh/config aliases: no spaces,
 # no shell or path syntax, not starting with '-' (an ssh option) or '.' (a path).

@@ -19,10 +19,9 @@ from pydantic.fields import FieldInfo
 
 from dmlctl.protocol import ROLE_SERVER, ROLE_WORKER
 
-PARAMS_CONFIG = ConfigDict(
-    frozen=True, extra="forbid", strict=True, allow_inf_nan=False, use_attribute_docstrings=True
-)
-"""Model config of every strategy's ``Params``."""
+PARAMS_CONFIG = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
+"""Model config of every strategy's ``Params``; what a parameter means is its attribute
+docstring (:func:`dmlctl.spec.field_docs.field_docs`)."""
 
 MAX_PERIOD = 1_000_000
 """Most steps of a period (steps between exchanges, pushes, fetches; staleness)."""

@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from dmlctl.protocol import ENV_RANK_DIR, ENV_STRATEGY, ENV_STRATEGY_PARAMS, rank_events
 from dmlctl.runtime.env import read_env
+from dmlctl.spec.field_docs import field_docs
 from dmlctl.strategies import registry
 from dmlctl.strategies.registry import UnknownStrategy
 from dmlctl.strategies.ssgd import params as ssgd
@@ -204,7 +205,7 @@ def test_ssgd_params_validate() -> None:
     params = ssgd.Params()
     with pytest.raises(ValidationError, match="frozen"):
         params.bucket_cap_mb = 1.0
-    assert all(f.description for f in ssgd.Params.model_fields.values())
+    assert field_docs(ssgd.Params).keys() == ssgd.Params.model_fields.keys()
 
 
 def test_runtime_and_strategy_imports_do_not_import_torch() -> None:

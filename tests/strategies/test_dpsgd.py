@@ -17,6 +17,7 @@ from typing import Any, get_args
 import pytest
 from pydantic import ValidationError
 
+from dmlctl.spec.field_docs import field_docs
 from dmlctl.strategies import registry, topology
 from dmlctl.strategies.dpsgd import params as dpsgd
 from dmlctl.strategies.dpsgd import strategy as dpsgd_strategy
@@ -105,7 +106,7 @@ def test_params_defaults_and_validation() -> None:
     with pytest.raises(ValidationError):
         p.period = 2  # frozen
     assert get_args(dpsgd.Topology) == topology.TOPOLOGIES
-    assert all(f.description for f in dpsgd.Params.model_fields.values())
+    assert field_docs(dpsgd.Params).keys() == dpsgd.Params.model_fields.keys()
 
 
 def test_registered_and_importable_without_torch() -> None:

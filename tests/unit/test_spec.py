@@ -22,6 +22,7 @@ from dmlctl.spec import (
     load_job,
     with_workers,
 )
+from dmlctl.spec.field_docs import field_docs
 
 
 def write(tmp_path: Path, text: str, name: str = "job.yaml") -> str:
@@ -437,7 +438,7 @@ def test_setup_and_exclude(project: Path) -> None:
     assert (plain.setup, plain.exclude) == (None, [])
     assert BUILTIN_EXCLUDES == (".git/", "__pycache__/", "*.pyc", ".venv/", ".dmlctl/")
     for field in ("setup", "exclude"):
-        assert JobSpec.model_fields[field].description
+        assert field_docs(JobSpec)[field]
 
 
 @pytest.mark.parametrize(
