@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping
 
 from dmlctl.failure import Evidence, Failure, Kind
 from dmlctl.hangs.watch import CONFIRM_S, HangProbe, Liveness
+from dmlctl.launch.attempt_store import AttemptStore
 from dmlctl.launch.books import RunBooks
 from dmlctl.launch.host_swap import HostSwap
 from dmlctl.launch.notes import AttemptNotes
@@ -35,7 +36,6 @@ from dmlctl.launch.standby import Standbys
 from dmlctl.launch.stops import AttemptStops, StopRules
 from dmlctl.plan.model import HostPlan, LaunchPlan
 from dmlctl.provision.replicate import Replicator
-from dmlctl.provision.store_server import StoreServer
 from dmlctl.runs.events import (
     AgentExited,
     AgentStarted,
@@ -121,7 +121,7 @@ class AttemptRunner:
         self._queue: queue.Queue[tuple[str, str | None]] = queue.Queue(QUEUE_MAX)
         self._procs: dict[str, Process] = {}
         self._swap: HostSwap | None = None
-        self._store: StoreServer | None = None  # the attempt's, held here (plan.store_host)
+        self._store = AttemptStore(settings.host_timeout)  # held here: plan.store_host
 
     @property
     def lost_now(self) -> frozenset[str]:
@@ -143,8 +143,9 @@ class AttemptRunner:
         """Start an agent on every host of ``plan`` as attempt ``number`` (0-based);
         a host whose agent cannot be started is lost at once."""
         self._procs, self._lost_hosts, self._running_since = {}, {}, {}
-        first: list[Event] = self._open_store(plan)
-        self._swap = HostSwap(plan, outside=self._store.endpoint if self._store else None)
+        said = self._store.open(plan)
+        first: list[Event] = [] if said is None else [Progress(said, self.clock())]
+        self._swap = HostSwap(plan, outside=self._store.endpoint)
         self.notes.reset()  # the stderr tails of this attempt only
         hosts = ", ".join(h.name for h in plan.hosts)
         what = "starting" if number == 0 else f"restarting (attempt {number + 1})"
@@ -162,31 +163,7 @@ class AttemptRunner:
         try:
             return self._follow(state, run)
         finally:
-            self._close_store()
-
-    def _open_store(self, plan: LaunchPlan) -> list[Event]:
-        """Hold the attempt's store here when the plan says so (no host serves it: the
-        host of rank 0 is replaceable too); when this machine cannot listen at the
-        planned address (a run resumed elsewhere), the store stays with rank 0's
-        torchrun for this attempt, said in one line."""
-        self._close_store()
-        if plan.store_host is None:
-            return []
-        silent = (self.settings.host_timeout or 0.0) + 10.0
-        try:
-            self._store = StoreServer(plan.store_host, silent_after=silent)
-        except OSError as e:
-            said = (
-                f"the run's store stays with rank 0's host this attempt (this machine "
-                f"cannot listen at {plan.store_host}: {e}): losing that host restarts the run"
-            )
-            return [Progress(said, self.clock())]
-        return []
-
-    def _close_store(self) -> None:
-        if self._store is not None:
             self._store.close()
-            self._store = None
 
     def _follow(self, state: RunState, run: Attempt) -> AttemptResult:
         turn = time.monotonic()
@@ -207,7 +184,7 @@ class AttemptRunner:
                 state = self.books.fold(state, found)
                 batch += found
                 if state.root_cause is None:
-                    self._warm_up(run, run.live - run.exited)
+                    self._warm_up(run)
             changed = state.phase != before
             if changed or (batch and now - run.last_persist >= self.settings.persist_interval):
                 state = self.books.persist(state)
@@ -316,25 +293,18 @@ class AttemptRunner:
                 events.append(AgentExited(host.name, 127, (), self.clock(), cause))
                 self._lost_hosts[host.name] = f"cannot start agent: {e}"
                 continue
-            store = self._store.endpoint if self._store is not None else None
+            store = self._store.endpoint
             proc.send(plan.agent_config(host, number, self.settings.stop_grace, store).to_json())
             self._procs[host.name] = proc
             threading.Thread(target=self._read, args=(host.name, proc), daemon=True).start()
         return events
 
-    def _warm_up(self, run: Attempt, running: set[str]) -> None:
-        """Let every host still running ranks get its standby agent (when it is due),
-        and the spare that a lost host's ranks would go to in place (:meth:`_replace`)."""
-        if self.standbys is None:
-            return
-        now = time.monotonic()
-        for host in run.plan.hosts:
-            since = self._running_since.get(host.name)
-            if host.name in running and since is not None:
-                self.standbys.warm_up(host, now - since)
-        spare = self._swap.next_spare() if self._swap is not None else None
-        if spare is not None and self._running_since:
-            self.standbys.warm_up(spare, now - min(self._running_since.values()))
+    def _warm_up(self, run: Attempt) -> None:
+        """Standby agents where they are due, the spare's too (:meth:`_replace`)."""
+        if self.standbys is not None:
+            spare = self._swap.next_spare() if self._swap is not None else None
+            running = [h for h in run.plan.hosts if h.name in run.live - run.exited]
+            self.standbys.warm_up_all(running, self._running_since, spare)
 
     def _lost(self, host: str, why: str | None = None, killed: bool = False) -> AgentExited:
         """The exit of ``host``'s agent, whose output ended without an ``exit`` message:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from dmlctl.plan.model import HostPlan
 from dmlctl.transport.base import Process, Transport
@@ -53,6 +53,19 @@ class Standbys:
             thread = threading.Thread(target=self._start, args=args, daemon=True)
             self._starting[host.name] = thread
         thread.start()
+
+    def warm_up_all(
+        self, running: Sequence[HostPlan], since: Mapping[str, float], spare: HostPlan | None
+    ) -> None:
+        """:meth:`warm_up` every host in ``running`` whose ranks started at ``since[host]``
+        (``time.monotonic``), and ``spare``, the host a lost host's ranks would go to in
+        place, as running since the first of them."""
+        now = time.monotonic()
+        for host in running:
+            if host.name in since:
+                self.warm_up(host, now - since[host.name])
+        if spare is not None and since:
+            self.warm_up(spare, now - min(since.values()))
 
     def _start(self, host: HostPlan, generation: int) -> None:
         try:

@@ -20,8 +20,9 @@ its queries):
 * ``wait``: answered once every key is there; a client that gives up sends
   ``CANCEL_WAIT`` and is answered ``WAIT_CANCELED`` (after any ``STOP_WAITING`` already
   sent);
-* a key longer than :data:`MAX_KEY` bytes, a value over :data:`MAX_VALUE` (torch's
-  8 MiB) or an unknown query closes that client's connection, and only it;
+* a key over 8 KiB, a value over 8 MiB (torch's limits: :mod:`~dmlctl.provision.store_wire`
+  has them and the rest of the wire) or an unknown query closes that client's
+  connection, and only it;
 * every connection is served by a thread of its own; the data is guarded by one lock,
   and each connection's replies go out whole, in the order they were made; a client
   whose host stops answering is closed within :data:`SILENT_CLIENT_S` seconds.
@@ -37,65 +38,36 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-MAGIC = 0x3C85F7CE
-MAX_KEY = 8 * 1024
-MAX_VALUE = 8 * 1024 * 1024
-MAX_KEYS = 128 * 1024
-_U64 = struct.Struct("<Q")
-_I64 = struct.Struct("<q")
-_U32 = struct.Struct("<I")
-
-# Query types, in the order of torch's enum.
-VALIDATE, SET, COMPARE_SET, GET, ADD, CHECK, WAIT, GETNUMKEYS, DELETE_KEY = range(9)
-APPEND, MULTI_GET, MULTI_SET, CANCEL_WAIT, PING, QUEUE_PUSH, QUEUE_POP, QUEUE_LEN = range(9, 17)
-READY, NOT_READY = b"\x00", b"\x01"
-STOP_WAITING, WAIT_CANCELED = b"\x00", b"\x01"
-
-
-class ProtocolError(Exception):
-    """A client sent what the protocol does not allow; its connection is closed."""
-
-
-class _Reader:
-    """Exact reads from one client socket."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self._sock = sock
-
-    def exact(self, n: int) -> bytes:
-        """``n`` bytes; EOFError when the client closed first."""
-        buf = bytearray(n)
-        view, got = memoryview(buf), 0
-        while got < n:
-            r = self._sock.recv_into(view[got:], n - got)
-            if r == 0:
-                raise EOFError
-            got += r
-        return bytes(buf)
-
-    def u64(self) -> int:
-        return int(_U64.unpack(self.exact(8))[0])
-
-    def i64(self) -> int:
-        return int(_I64.unpack(self.exact(8))[0])
-
-    def key(self) -> str:
-        n = self.u64()
-        if n > MAX_KEY:
-            raise ProtocolError(f"a key of {n} bytes (at most {MAX_KEY})")
-        return self.exact(n).decode("utf-8", errors="surrogateescape")
-
-    def value(self) -> bytes:
-        n = self.u64()
-        if n > MAX_VALUE:
-            raise ProtocolError(f"a value of {n} bytes (at most {MAX_VALUE})")
-        return self.exact(n)
-
-    def keys(self) -> list[str]:
-        n = self.u64()
-        if n > MAX_KEYS:
-            raise ProtocolError(f"{n} keys in one query (at most {MAX_KEYS})")
-        return [self.key() for _ in range(n)]
+from dmlctl.provision.store_wire import (
+    ADD,
+    APPEND,
+    CANCEL_WAIT,
+    CHECK,
+    COMPARE_SET,
+    DELETE_KEY,
+    GET,
+    GETNUMKEYS,
+    I64,
+    MAGIC,
+    MAX_KEYS,
+    MULTI_GET,
+    MULTI_SET,
+    NOT_READY,
+    PING,
+    QUEUE_LEN,
+    QUEUE_POP,
+    QUEUE_PUSH,
+    READY,
+    SET,
+    STOP_WAITING,
+    U32,
+    VALIDATE,
+    WAIT,
+    WAIT_CANCELED,
+    ProtocolError,
+    Reader,
+    vector,
+)
 
 
 def _more_files() -> None:
@@ -107,10 +79,6 @@ def _more_files() -> None:
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         if soft != hard:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-
-
-def _vector(value: bytes) -> bytes:
-    return _U64.pack(len(value)) + value
 
 
 @dataclass(eq=False)
@@ -163,7 +131,7 @@ class _Data:
                 del self.waiting[key]
 
 
-_Handler = Callable[["StoreServer", _Client, _Reader], None]
+_Handler = Callable[["StoreServer", _Client, Reader], None]
 SILENT_CLIENT_S = 30.0
 """A client whose host stopped answering (cut off, powered off) is closed within this
 long at the least (TCP keepalive and user timeout), so its thread ends with it; a run
@@ -259,9 +227,9 @@ class StoreServer:
         threading.Thread(target=self._serve, args=(client,), name=name, daemon=True).start()
 
     def _serve(self, client: _Client) -> None:
-        reader = _Reader(client.sock)
+        reader = Reader(client.sock)
         try:
-            if reader.exact(1)[0] != VALIDATE or _U32.unpack(reader.exact(4))[0] != MAGIC:
+            if reader.exact(1)[0] != VALIDATE or U32.unpack(reader.exact(4))[0] != MAGIC:
                 return
             while not self._closed.is_set():
                 query = reader.exact(1)[0]
@@ -279,12 +247,12 @@ class StoreServer:
 
     # ------------------------------------------------------------------ queries
 
-    def _set(self, client: _Client, r: _Reader) -> None:
+    def _set(self, client: _Client, r: Reader) -> None:
         key, value = r.key(), r.value()
         with self._data.lock:
             self._data.set(key, value)
 
-    def _multi_set(self, client: _Client, r: _Reader) -> None:
+    def _multi_set(self, client: _Client, r: Reader) -> None:
         n = r.u64()
         if n > MAX_KEYS:
             raise ProtocolError(f"{n} keys in one query (at most {MAX_KEYS})")
@@ -293,7 +261,7 @@ class StoreServer:
             for key, value in pairs:
                 self._data.set(key, value)
 
-    def _compare_set(self, client: _Client, r: _Reader) -> None:
+    def _compare_set(self, client: _Client, r: Reader) -> None:
         key, expected, new = r.key(), r.value(), r.value()
         with self._data.lock:
             current = self._data.values.get(key)
@@ -301,21 +269,21 @@ class StoreServer:
                 self._data.values[key] = new
             answer = self._data.values.get(key, expected)
             self._data.wake(key)
-        client.send(_vector(answer))
+        client.send(vector(answer))
 
-    def _get(self, client: _Client, r: _Reader) -> None:
+    def _get(self, client: _Client, r: Reader) -> None:
         key = r.key()
         with self._data.lock:
             value = self._data.values.get(key, b"")
-        client.send(_vector(value))
+        client.send(vector(value))
 
-    def _multi_get(self, client: _Client, r: _Reader) -> None:
+    def _multi_get(self, client: _Client, r: Reader) -> None:
         keys = r.keys()
         with self._data.lock:
             values = [self._data.values.get(k, b"") for k in keys]
-        client.send(b"".join(_vector(v) for v in values))
+        client.send(b"".join(vector(v) for v in values))
 
-    def _add(self, client: _Client, r: _Reader) -> None:
+    def _add(self, client: _Client, r: Reader) -> None:
         key, amount = r.key(), r.i64()
         with self._data.lock:
             old = self._data.values.get(key)
@@ -324,20 +292,20 @@ class StoreServer:
             except ValueError as e:
                 raise ProtocolError(f"add to {key!r}, which holds no integer") from e
             self._data.set(key, str(total).encode())
-        client.send(_I64.pack(total))
+        client.send(I64.pack(total))
 
-    def _append(self, client: _Client, r: _Reader) -> None:
+    def _append(self, client: _Client, r: Reader) -> None:
         key, value = r.key(), r.value()
         with self._data.lock:
             self._data.set(key, self._data.values.get(key, b"") + value)
 
-    def _check(self, client: _Client, r: _Reader) -> None:
+    def _check(self, client: _Client, r: Reader) -> None:
         keys = r.keys()
         with self._data.lock:
             ready = self._data.present(keys)
         client.send(READY if ready else NOT_READY)
 
-    def _wait(self, client: _Client, r: _Reader) -> None:
+    def _wait(self, client: _Client, r: Reader) -> None:
         keys = r.keys()
         with self._data.lock:
             if self._data.present(keys):
@@ -348,43 +316,43 @@ class StoreServer:
             for k in missing:
                 self._data.waiting.setdefault(k, []).append(client)
 
-    def _cancel_wait(self, client: _Client, r: _Reader) -> None:
+    def _cancel_wait(self, client: _Client, r: Reader) -> None:
         with self._data.lock:
             self._data.forget(client)
         client.send(WAIT_CANCELED)
 
-    def _num_keys(self, client: _Client, r: _Reader) -> None:
+    def _num_keys(self, client: _Client, r: Reader) -> None:
         with self._data.lock:
             n = len(self._data.values)
-        client.send(_I64.pack(n))
+        client.send(I64.pack(n))
 
-    def _delete(self, client: _Client, r: _Reader) -> None:
+    def _delete(self, client: _Client, r: Reader) -> None:
         key = r.key()
         with self._data.lock:
             n = 1 if self._data.values.pop(key, None) is not None else 0
-        client.send(_I64.pack(n))
+        client.send(I64.pack(n))
 
-    def _ping(self, client: _Client, r: _Reader) -> None:
+    def _ping(self, client: _Client, r: Reader) -> None:
         client.send(r.exact(4))
 
-    def _queue_push(self, client: _Client, r: _Reader) -> None:
+    def _queue_push(self, client: _Client, r: Reader) -> None:
         key, value = r.key(), r.value()
         with self._data.lock:
             self._data.queues.setdefault(key, collections.deque()).append(value)
             self._data.wake(key, one=True)
 
-    def _queue_pop(self, client: _Client, r: _Reader) -> None:
+    def _queue_pop(self, client: _Client, r: Reader) -> None:
         key = r.key()
         with self._data.lock:
             queue = self._data.queues.setdefault(key, collections.deque())
-            answer = _I64.pack(len(queue)) + (_vector(queue.popleft()) if queue else b"")
+            answer = I64.pack(len(queue)) + (vector(queue.popleft()) if queue else b"")
         client.send(answer)
 
-    def _queue_len(self, client: _Client, r: _Reader) -> None:
+    def _queue_len(self, client: _Client, r: Reader) -> None:
         key = r.key()
         with self._data.lock:
             n = len(self._data.queues.get(key, ()))
-        client.send(_I64.pack(n))
+        client.send(I64.pack(n))
 
 
 _HANDLERS: dict[int, _Handler] = {

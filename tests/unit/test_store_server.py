@@ -19,6 +19,7 @@ from collections.abc import Iterator
 import pytest
 
 from dmlctl.provision import store_server as ss
+from dmlctl.provision import store_wire as wire
 
 CLIENT = textwrap.dedent(
     """
@@ -91,7 +92,7 @@ def test_torchs_client_is_answered_as_by_torchs_own_server(server: ss.StoreServe
 # A client of the wire protocol, without torch: what torch's client sends.
 def _connect(port: int) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", port), timeout=5)
-    sock.sendall(bytes([ss.VALIDATE]) + struct.pack("<I", ss.MAGIC))
+    sock.sendall(bytes([wire.VALIDATE]) + struct.pack("<I", wire.MAGIC))
     return sock
 
 
@@ -111,30 +112,30 @@ def test_a_wait_is_answered_when_its_last_key_comes_and_a_cancel_after_it(
     server: ss.StoreServer,
 ) -> None:
     waiter, setter = _connect(server.port), _connect(server.port)
-    waiter.sendall(bytes([ss.WAIT]) + struct.pack("<Q", 2) + _key("x") + _key("y"))
-    setter.sendall(bytes([ss.SET]) + _key("x") + _key("1"))
+    waiter.sendall(bytes([wire.WAIT]) + struct.pack("<Q", 2) + _key("x") + _key("y"))
+    setter.sendall(bytes([wire.SET]) + _key("x") + _key("1"))
     waiter.settimeout(0.3)
     with pytest.raises(TimeoutError):
         waiter.recv(1)  # one of two keys: still waiting
-    setter.sendall(bytes([ss.SET]) + _key("y") + _key("2"))
+    setter.sendall(bytes([wire.SET]) + _key("y") + _key("2"))
     waiter.settimeout(5)
-    assert waiter.recv(1) == ss.STOP_WAITING
-    waiter.sendall(bytes([ss.CANCEL_WAIT]))  # a client that gave up meanwhile
-    assert waiter.recv(1) == ss.WAIT_CANCELED
+    assert waiter.recv(1) == wire.STOP_WAITING
+    waiter.sendall(bytes([wire.CANCEL_WAIT]))  # a client that gave up meanwhile
+    assert waiter.recv(1) == wire.WAIT_CANCELED
 
 
 def test_a_bad_client_is_closed_and_the_others_go_on(server: ss.StoreServer) -> None:
     unvalidated = socket.create_connection(("127.0.0.1", server.port), timeout=5)
-    unvalidated.sendall(bytes([ss.SET]) + _key("k") + _key("v"))
+    unvalidated.sendall(bytes([wire.SET]) + _key("k") + _key("v"))
     assert _closed(unvalidated) and "k" not in server.snapshot()
     huge = _connect(server.port)
-    huge.sendall(bytes([ss.SET]) + struct.pack("<Q", ss.MAX_KEY + 1))
+    huge.sendall(bytes([wire.SET]) + struct.pack("<Q", wire.MAX_KEY + 1))
     assert _closed(huge)
     unknown = _connect(server.port)
     unknown.sendall(bytes([250]))
     assert _closed(unknown)
     good = _connect(server.port)
-    good.sendall(bytes([ss.ADD]) + _key("n") + struct.pack("<q", 7))
+    good.sendall(bytes([wire.ADD]) + _key("n") + struct.pack("<q", 7))
     assert struct.unpack("<q", good.recv(8))[0] == 7
 
 
@@ -148,7 +149,7 @@ def test_close_ends_every_connection_and_the_listener(server: ss.StoreServer) ->
 
 
 def _wait_key(sock: socket.socket, key: str) -> None:
-    sock.sendall(bytes([ss.WAIT]) + struct.pack("<Q", 1) + _key(key))
+    sock.sendall(bytes([wire.WAIT]) + struct.pack("<Q", 1) + _key(key))
 
 
 def _answered(sock: socket.socket, within: float) -> bytes:
@@ -168,8 +169,8 @@ def test_every_waiter_of_a_key_wakes_and_one_that_left_is_forgotten(
     gone.close()  # a client that died while it waited
     time.sleep(0.1)
     setter = _connect(server.port)
-    setter.sendall(bytes([ss.SET]) + _key("k") + _key("v"))
-    assert _answered(first, 5) == ss.STOP_WAITING and _answered(second, 5) == ss.STOP_WAITING
+    setter.sendall(bytes([wire.SET]) + _key("k") + _key("v"))
+    assert _answered(first, 5) == wire.STOP_WAITING and _answered(second, 5) == wire.STOP_WAITING
 
 
 def test_a_queue_push_wakes_one_waiter_only(server: ss.StoreServer) -> None:
@@ -177,20 +178,20 @@ def test_a_queue_push_wakes_one_waiter_only(server: ss.StoreServer) -> None:
     _wait_key(first, "q")
     _wait_key(second, "q")
     time.sleep(0.1)
-    pusher.sendall(bytes([ss.QUEUE_PUSH]) + _key("q") + _key("a"))
-    woken = [s for s in (first, second) if _answered(s, 1) == ss.STOP_WAITING]
+    pusher.sendall(bytes([wire.QUEUE_PUSH]) + _key("q") + _key("a"))
+    woken = [s for s in (first, second) if _answered(s, 1) == wire.STOP_WAITING]
     assert len(woken) == 1
-    pusher.sendall(bytes([ss.QUEUE_PUSH]) + _key("q") + _key("b"))
+    pusher.sendall(bytes([wire.QUEUE_PUSH]) + _key("q") + _key("b"))
     (other,) = [s for s in (first, second) if s is not woken[0]]
-    assert _answered(other, 5) == ss.STOP_WAITING
+    assert _answered(other, 5) == wire.STOP_WAITING
 
 
 def test_an_add_past_int64_closes_that_client_only(server: ss.StoreServer) -> None:
     big = _connect(server.port)
-    big.sendall(bytes([ss.ADD]) + _key("n") + struct.pack("<q", 2**63 - 1))
+    big.sendall(bytes([wire.ADD]) + _key("n") + struct.pack("<q", 2**63 - 1))
     assert struct.unpack("<q", big.recv(8))[0] == 2**63 - 1
-    big.sendall(bytes([ss.ADD]) + _key("n") + struct.pack("<q", 1))
+    big.sendall(bytes([wire.ADD]) + _key("n") + struct.pack("<q", 1))
     assert _closed(big)
     other = _connect(server.port)
-    other.sendall(bytes([ss.GET]) + _key("n"))
+    other.sendall(bytes([wire.GET]) + _key("n"))
     assert other.recv(8) == struct.pack("<Q", 19)  # untouched: len("9223372036854775807")
