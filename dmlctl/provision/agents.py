@@ -52,7 +52,7 @@ def stop_stale_agents(
             [host.python, "-c", _STOP_STALE, run_id, host.rank_dir], timeout=30.0
         )
         if not res.ok:
-            why = res.stderr.strip()[-200:] or f"exit code {res.exit_code}"
+            why = res.why(200)
             return f"{host.name}: could not check for agents left running: {why}"
         found = res.stdout.strip()
         return None if found in ("", "{}") else f"{host.name}: stopped agents left running {found}"

@@ -37,7 +37,7 @@ def collect_rank_files(
     def fetch(host: HostPlan) -> str | None:
         res = transports[host.name].run([host.python, "-c", _PACK, host.rank_dir], timeout=timeout)
         if not res.ok:
-            return f"{host.name}: {res.stderr.strip()[-300:] or f'exit code {res.exit_code}'}"
+            return f"{host.name}: {res.why()}"
         dest = run_dir / "hosts" / host.name
         try:
             dest.mkdir(mode=0o700, parents=True, exist_ok=True)

@@ -28,9 +28,7 @@ def pick_port(transport: Transport, python: str, timeout: float) -> int:
     """A TCP port that was free on the host a moment ago."""
     res = transport.run([python, "-c", _FREE_PORT], timeout=timeout)
     if not res.ok or not res.stdout.strip().isdigit():
-        raise ProvisionError(
-            f"{transport.host}: cannot pick a rendezvous port: {res.stderr.strip()[-300:]}"
-        )
+        raise ProvisionError(f"{transport.host}: cannot pick a rendezvous port: {res.why()}")
     return int(res.stdout.strip())
 
 
@@ -40,7 +38,7 @@ def probe_host(host: HostPlan, transport: Transport, timeout: float = 10.0) -> s
     if host.is_local:
         return None
     res = transport.run(["true"], timeout=timeout)
-    return None if res.ok else (res.stderr.strip()[-200:] or f"exit code {res.exit_code}")
+    return None if res.ok else res.why(200)
 
 
 def rendezvous_on(host: HostPlan, transport: Transport, timeout: float = 10.0) -> str:

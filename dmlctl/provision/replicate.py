@@ -180,7 +180,7 @@ class Replicator:
             [host.python, "-c", _PACK, root, name], timeout=self.timeout
         )
         if not res.ok:
-            raise RuntimeError(res.stderr.strip()[-300:] or f"exit code {res.exit_code}")
+            raise RuntimeError(res.why())
         incoming = self.root / f".in-{host.name}-{step}"
         shutil.rmtree(incoming, ignore_errors=True)
         # Inside the run directory only: a deleted run directory is never made again.
@@ -280,7 +280,7 @@ class Replicator:
                 input=_tar(missing),
             )
             if not res.ok:
-                why = res.stderr.strip()[-300:] or f"exit code {res.exit_code}"
+                why = res.why()
                 return f"{host.name}: cannot hand checkpoint step {step} over: {why}"
             return None
 

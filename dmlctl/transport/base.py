@@ -31,6 +31,14 @@ class Result:
     def ok(self) -> bool:
         return self.exit_code == 0
 
+    def why(self, most: int = 300) -> str:
+        """Why the command failed, never empty: the last ``most`` characters of its
+        stderr, else its exit code with the end of what it printed, if anything."""
+        err, out = self.stderr.strip(), self.stdout.strip()
+        if err:
+            return err[-most:]
+        return f"exit code {self.exit_code}" + (f", printed {out[-most:]!r}" if out else "")
+
 
 class Process(Protocol):
     """A running command on a host."""

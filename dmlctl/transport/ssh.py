@@ -41,6 +41,7 @@ from dmlctl.transport.hostkeys import (
 
 UNREACHABLE = 255
 TIMED_OUT = 124
+NO_STATUS = -1  # paramiko's exit status of a session closed without one
 STDERR_TAIL = 50
 
 
@@ -182,6 +183,8 @@ class SSHTransport(Transport):
             pass
         if chan.status_event.wait(command.timeout):
             code = chan.recv_exit_status()
+            if code == NO_STATUS:
+                err.append(b"\nthe host closed the session without an exit status")
         else:
             code = TIMED_OUT
             err.append(f"\ntimed out after {command.timeout:g} s".encode())
