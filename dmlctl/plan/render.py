@@ -57,6 +57,7 @@ def render_plan(
         out.append(f"strategy params: {params}")
     out += _mesh_lines(plan)
     for host in plan.hosts:
+        first = plan.agent_config(host, store=_store(plan))  # as its first attempt runs
         last = host.first_rank + host.nproc - 1
         route = (routes or {}).get(host.name)
         where = _where(host, route)
@@ -68,10 +69,10 @@ def render_plan(
             f"  rank dir: {host.rank_dir}",
             f"  agent:    {render_command(host.agent_argv)}"
             + (f"  (in {host.agent_cwd})" if host.agent_cwd else ""),
-            f"  torchrun: {render_command([redact_arg(a) for a in _torchrun_argv(plan, host)])}",
+            f"  torchrun: {render_command([redact_arg(a) for a in first.torchrun.argv()])}",
             "  env:",
         ]
-        env = {**_first_env(plan, host), **plan.strategy_choice().env()}  # what every rank gets
+        env = {**first.env, **plan.strategy_choice().env()}  # what every rank gets
         out += [f"    {k}={v}" for k, v in sorted(redact_env(env).items())]
     # A secret value may also stand in arguments, paths or another variable.
     return Redactor.for_envs(h.env for h in plan.hosts).text("\n".join(out))
@@ -93,16 +94,6 @@ def _rendezvous_line(plan: LaunchPlan, rdzv_note: str | None) -> str:
 
 def _store(plan: LaunchPlan) -> str | None:
     return f"{plan.store_host}:0" if plan.store_host is not None else None
-
-
-def _torchrun_argv(plan: LaunchPlan, host: HostPlan) -> tuple[str, ...]:
-    """``host``'s torchrun command as its first attempt runs it."""
-    return plan.agent_config(host, store=_store(plan)).torchrun.argv()
-
-
-def _first_env(plan: LaunchPlan, host: HostPlan) -> dict[str, str]:
-    """``host``'s environment as its first attempt has it."""
-    return dict(plan.agent_config(host, store=_store(plan)).env)
 
 
 def _where(host: HostPlan, route: str | None) -> str:

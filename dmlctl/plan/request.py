@@ -17,7 +17,6 @@ from dmlctl.plan.build import build_plan, render_command
 from dmlctl.plan.model import LaunchPlan
 from dmlctl.plan.placing import JobPlacement, check_gpus, place_job
 from dmlctl.plan.render import render_plan
-from dmlctl.protocol import IN_PLACE
 from dmlctl.redact import Redactor, redact_arg
 from dmlctl.slurm.allocation import Allocation, request_lines
 from dmlctl.spec.models import ClusterSpec, JobSpec
@@ -111,7 +110,7 @@ def make_request(
     )
     if facts.allocation is not None:
         plan = dataclasses.replace(plan, allocation=facts.allocation)
-    if facts.store_host is not None and job.restart.mode == IN_PLACE:
+    if facts.store_host is not None:  # set by the scheduler for an in-place run only
         plan = dataclasses.replace(plan, store_host=facts.store_host)
     remote = tuple(h.name for h in (*plan.hosts, *plan.spares) if not h.is_local)
     slurm = cluster.slurm_spec
