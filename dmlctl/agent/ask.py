@@ -3,10 +3,12 @@
 Two starters use it: a controller on this machine
 (:mod:`dmlctl.transport.agent_server`, which passes the agent ends of pipes of its
 own) and a remote host's entry point ``python -m dmlctl.agent.served`` (which passes
-its own stdin, stdout and stderr: the SSH channel's). Both get None where no server
-answers — none yet (one is started for the starts that follow; it imports torch
-meanwhile), the server busy or gone, another interpreter, or
-``DMLCTL_AGENT_SERVER_IDLE=0`` — and then start ``python -m dmlctl.agent`` as before.
+its own stdin, stdout and stderr: the SSH channel's). Where none listens yet,
+the first starter starts one and every starter waits for it: its import of torch
+serves the first agent too, where a new agent would make the same import beside it.
+Both get None where no server answers — the one started failed, the server busy or
+gone, another interpreter, or ``DMLCTL_AGENT_SERVER_IDLE=0`` — and then start
+``python -m dmlctl.agent`` as before.
 
 The servers' sockets live in ``$XDG_RUNTIME_DIR/dmlctl`` or ``/tmp/dmlctl-UID``
 (a directory only this user can enter, as tmux keeps its own); a server exits after
@@ -29,7 +31,8 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import dmlctl
@@ -40,6 +43,14 @@ IDLE_ENV = "DMLCTL_AGENT_SERVER_IDLE"
 IDLE_S = 600.0
 ANSWER_WAIT_S = 10.0
 """How long a starter waits for the server to fork its agent (then: a new one)."""
+START_WAIT_S = 120.0
+"""The longest a starter waits for a server that is starting (importing torch) before
+it starts its agent itself: a host so loaded that the import takes longer."""
+WAIT_POLL_S = 0.05
+"""How often a starter waiting for a starting server looks whether it listens."""
+LOCK_GRACE_S = 10.0
+"""How long a server just started has to take its lock (an interpreter's start, on a
+loaded host) before the starter counts it as failed."""
 AGENT = ("-m", "dmlctl.agent")
 TITLE_ROOM = 512
 """Bytes of command line a server starts with: its agents show theirs in them."""
@@ -143,36 +154,75 @@ def eligible(argv: Sequence[str], env: Mapping[str, str]) -> bool:
     )
 
 
-def connect(argv: Sequence[str], env: Mapping[str, str]) -> socket.socket | None:
+def connect(
+    argv: Sequence[str], env: Mapping[str, str], waiting: Callable[[], None] | None = None
+) -> socket.socket | None:
     """A connection to the server that can fork ``argv`` (a host agent) with ``env``,
-    or None (module docstring): where none is listening, one is started for the
-    starts that follow."""
+    or None (module docstring). Where none listens, one is started, unless one is
+    starting already, and this waits for it (calling ``waiting()`` between its looks,
+    every :data:`WAIT_POLL_S` seconds): the server's import of torch serves this
+    start and those that follow, and a new agent would make the same import beside
+    it. None once the server being started has ended without listening, or after
+    :data:`START_WAIT_S`."""
     idle = idle_seconds(env)
     where = runtime_dir(env) if idle > 0 and eligible(argv, env) else None
     if where is None:
         return None
     key = server_key(argv[0], env)
     sock_path, lock_path = where / f"agent-{key}.sock", where / f"agent-{key}.lock"
+    deadline = time.monotonic() + START_WAIT_S
+    started: float | None = None  # when this starter started a server
+    while True:
+        conn = _dial(sock_path)
+        if conn is not None:
+            return conn
+        held = _held(lock_path)
+        if held is None:
+            return None
+        if not held:  # no server lives or is starting
+            if started is not None and time.monotonic() - started > LOCK_GRACE_S:
+                return None  # the one started did not come up (it says nothing here)
+            if started is None:
+                if not _start_server(argv[0], sock_path, lock_path, idle, env):
+                    return None
+                started = time.monotonic()
+        if time.monotonic() >= deadline:
+            return None
+        if waiting is not None:
+            waiting()
+        time.sleep(WAIT_POLL_S)
+
+
+def _dial(sock_path: Path) -> socket.socket | None:
+    """A connection to the server listening on ``sock_path``, or None."""
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     conn.settimeout(ANSWER_WAIT_S)  # a server that does not answer: as if none
     try:
         conn.connect(str(sock_path))
     except OSError:
         conn.close()
-        _start_server(argv[0], sock_path, lock_path, idle, env)
         return None
     return conn
 
 
-def _start_server(
-    python: str, sock_path: Path, lock_path: Path, idle: float, env: Mapping[str, str]
-) -> None:
-    """Start a server for the next starts, unless one is starting (holds the lock)."""
+def _held(lock_path: Path) -> bool | None:
+    """Whether a server holds ``lock_path`` (it runs, or is starting); None when the
+    lock cannot be looked at."""
     try:
         with open(lock_path, "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
     except OSError:
-        return
+        return None
+    return False
+
+
+def _start_server(
+    python: str, sock_path: Path, lock_path: Path, idle: float, env: Mapping[str, str]
+) -> bool:
+    """Start a server on ``sock_path`` (it detaches, takes ``lock_path``, imports,
+    then listens); False when it cannot be started."""
     argv = [python, "-m", "dmlctl.agent.server", str(sock_path), str(lock_path), f"{idle:g}"]
     argv.append(" " * TITLE_ROOM)  # room for its agents' command lines
     # It imports this starter's dmlctl, whatever its working directory would find.
@@ -189,8 +239,9 @@ def _start_server(
             start_new_session=True,
         )
     except OSError:
-        return
+        return False
     threading.Thread(target=proc.wait, daemon=True).start()  # it forks the server, exits
+    return True
 
 
 def request(

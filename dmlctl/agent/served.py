@@ -9,12 +9,14 @@ writes its messages to it directly, and sees the channel close as any agent does
 then waits for the agent's end and ends the same way (its exit code, or the signal
 that killed it). SIGTERM, SIGHUP and SIGINT sent to this process go to the agent,
 and an end of this process (a ``kill -9``) stops the agent as a closed channel does.
-The agent skips importing torch (seconds of a core): on a restart, a standby and
-every launch after the first on the host.
+The agent skips importing torch (seconds of a core): the host's server made that
+import once, for every agent it forks.
 
-Where no server matches (none yet: this start makes one for the next; another
-interpreter; ``DMLCTL_AGENT_SERVER_IDLE=0``) it becomes the agent itself (``exec``),
-exactly as ``python -m dmlctl.agent`` would be.
+Where none listens yet, it starts one and waits for it (the server's import of torch
+serves this agent too), sending the controller the keepalive an agent would
+meanwhile; where none can serve (it failed to start, another interpreter,
+``DMLCTL_AGENT_SERVER_IDLE=0``) it becomes the agent itself (``exec``), exactly as
+``python -m dmlctl.agent`` would be.
 """
 
 from __future__ import annotations
@@ -24,13 +26,16 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import FrameType
 
 from dmlctl.agent import ask
 
 POLL_S = 0.1
 """How often the end of an agent whose server went away is looked for."""
+ALIVE_S = 1.0
+"""How often a starter waiting for its host's server tells the controller it lives (as
+the agent does: the controller counts a silent host as lost)."""
 
 
 def main(args: Sequence[str]) -> int:
@@ -38,7 +43,7 @@ def main(args: Sequence[str]) -> int:
     agent = [sys.executable, *ask.AGENT, *args]
     env = dict(os.environ)
     try:
-        conn = ask.connect(agent, env)
+        conn = ask.connect(agent, env, _keepalive())
     except (OSError, ValueError):  # a file gone while keyed, say: as if no server
         conn = None
     if conn is None:
@@ -56,6 +61,23 @@ def main(args: Sequence[str]) -> int:
     while code is None and ask.running(pid):  # the server is gone, its agent not
         time.sleep(POLL_S)
     return 1 if code is None else code
+
+
+def _keepalive() -> Callable[[], None]:
+    """A call that writes the agent's ``alive`` message to stdout (the controller's
+    channel) once every :data:`ALIVE_S` seconds at most (:mod:`dmlctl.wire` is
+    imported by the first: a server that listens already is asked without it)."""
+    due = [time.monotonic() + ALIVE_S]
+
+    def beat() -> None:
+        if time.monotonic() >= due[0]:
+            from dmlctl import wire
+
+            due[0] = time.monotonic() + ALIVE_S
+            with contextlib.suppress(OSError):
+                os.write(1, (wire.encode(wire.AgentMsg("alive")) + "\n").encode())
+
+    return beat
 
 
 def _forward_signals(pid: int) -> None:

@@ -5,8 +5,8 @@ A host agent spends its first seconds importing torchrun and ``torch._dynamo`` (
 3.5 s of a core; :mod:`dmlctl.agent.warm`) — on every launch, every restart, every
 standby. On this machine the controller asks a server instead
 (:mod:`dmlctl.transport.agent_server`): one process per user, interpreter,
-start-up environment and dmlctl, started by a first launch, that has made those
-imports once and forks each agent a launch asks for. The agent it forks is what
+start-up environment and dmlctl, started (and waited for) by a first launch, that
+has made those imports once and forks each agent a launch asks for. The agent it forks is what
 ``python -m dmlctl.agent`` started by the controller would be: the controller's
 stdin, stdout and stderr (passed over the server's socket), its environment, working
 directory, umask and command line (``ps`` shows ``… -m dmlctl.agent --run-id RUN``),

@@ -5,18 +5,22 @@ its starter, whose end stops the agent)."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import resource
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from dmlctl.agent import ask
 from dmlctl.agent.ask import (
     IDLE_S,
     eligible,
@@ -133,3 +137,85 @@ def test_the_end_of_the_starter_means_the_controller_is_gone() -> None:
     here = Commands(threading.Event(), [], None, starter=os.getpid())
     assert not here.controller_gone()
     assert not Commands(threading.Event(), [], None).controller_gone()
+
+
+class _StartingServer:
+    """What :func:`dmlctl.agent.ask._start_server` starts, in a thread: it takes the
+    lock at once, "imports" for ``delay`` seconds, then listens (``listens=False``:
+    ends without, as a server whose import failed) and accepts two connections."""
+
+    def __init__(self, delay: float, listens: bool = True) -> None:
+        self.delay, self.listens, self.started = delay, listens, 0
+        self.threads: list[threading.Thread] = []
+
+    def __call__(self, _py: str, sock: Path, lock: Path, _idle: float, _env: object) -> bool:
+        self.started += 1
+        ready = threading.Event()
+        thread = threading.Thread(target=self._serve, args=(sock, lock, ready), daemon=True)
+        thread.start()
+        ready.wait(5)
+        self.threads.append(thread)
+        return True
+
+    def _serve(self, sock: Path, lock: Path, ready: threading.Event) -> None:
+        with open(lock, "a") as held:
+            fcntl.flock(held, fcntl.LOCK_EX)
+            ready.set()
+            time.sleep(self.delay)
+            if not self.listens:
+                return
+            with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as listener:
+                listener.bind(str(sock))
+                listener.listen(2)
+                for _ in range(2):
+                    conn, _ = listener.accept()
+                    conn.close()
+
+
+def _agent_env(short: Path) -> tuple[list[str], dict[str, str]]:
+    return [sys.executable, "-m", "dmlctl.agent", "--run-id", "r"], {
+        "XDG_RUNTIME_DIR": str(short),
+        "DMLCTL_AGENT_SERVER_IDLE": "60",
+    }
+
+
+def test_the_first_starter_waits_for_the_server_it_starts(
+    short: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No server yet: one is started and the starter waits for it (its import serves
+    this agent too), telling ``waiting`` meanwhile; a second starter meanwhile waits
+    for the same one instead of starting another."""
+    server = _StartingServer(delay=0.6)
+    monkeypatch.setattr(ask, "_start_server", server)
+    argv, env = _agent_env(short)
+    beats: list[float] = []
+    other: list[socket.socket | None] = []
+
+    def second() -> None:
+        time.sleep(0.2)  # once the first has started the server
+        other.append(ask.connect(argv, env))
+
+    later = threading.Thread(target=second)
+    later.start()
+    began = time.monotonic()
+    first = ask.connect(argv, env, lambda: beats.append(time.monotonic()))
+    later.join(10)
+    assert first is not None and time.monotonic() - began >= 0.6
+    assert beats and server.started == 1
+    assert other and other[0] is not None  # the same server, not a second one
+    first.close()
+    other[0].close()
+
+
+def test_a_server_that_ends_without_listening_leaves_the_start_to_the_starter(
+    short: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server started ends without listening (its import failed): after its lock
+    is free for ``LOCK_GRACE_S`` the starter gets None and starts its agent itself."""
+    server = _StartingServer(delay=0.2, listens=False)
+    monkeypatch.setattr(ask, "_start_server", server)
+    monkeypatch.setattr(ask, "LOCK_GRACE_S", 0.5)
+    argv, env = _agent_env(short)
+    began = time.monotonic()
+    assert ask.connect(argv, env) is None
+    assert server.started == 1 and time.monotonic() - began < 5
