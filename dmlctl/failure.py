@@ -116,6 +116,7 @@ _RANK_TYPES = {
     "CheckpointForeign": Kind.CHECKPOINT,
     "MemoryError": Kind.OOM,
     "OutOfMemoryError": Kind.OOM,  # torch.OutOfMemoryError (CUDA)
+    "LostAfterTraining": Kind.COLLATERAL,  # a replacement after the others finished
 }
 FULL_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 """The ``errno`` of a write that found no space (or no quota) left."""

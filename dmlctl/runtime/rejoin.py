@@ -28,6 +28,7 @@ from elsewhere:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -189,8 +190,12 @@ class Position:
 
     def finish(self) -> None:
         """Mark this worker's part of the attempt over: a death after it is not
-        replaced (the servers expect nothing more of it)."""
+        replaced (the servers expect nothing more of it). Said in the run's store too,
+        for a replacement on another host (:func:`finished_key`)."""
         _touch(self._finished)
+        if has_store():
+            with contextlib.suppress(Exception):  # best effort: the run is ending
+                store().set(finished_key(self._rank), "1")
 
     def trained(self, over: bool) -> None:
         """Mark this worker's training ``over`` (its last round with its peers done: a
@@ -218,6 +223,12 @@ def mirrored_position(rank: int) -> tuple[int, int, int] | None:
     :data:`MIRROR_S` seconds old; None: none yet)."""
     name = _position_key(rank)
     return _parse(lambda: store().get(name).decode()) if store().check([name]) else None
+
+
+def finished_key(rank: int) -> str:
+    """The store key that says worker ``rank``'s part of the attempt was over (its
+    script had ended: :meth:`Position.finish`)."""
+    return key(f"finished/{rank}")
 
 
 def _position_key(rank: int) -> str:

@@ -247,6 +247,8 @@ class ElasticAverager:
         places = [i for i in range(len(self.members)) if said[0, i] > 0]
         steps = {self.members[i]: (int(said[1, i]), int(said[2, i])) for i in places}
         if not steps:
+            if not self.holding:  # a replacement: the others may have ended the run
+                members.end_if_run_over(self.store, self.rank, self.world)
             raise RuntimeError(
                 f"generation {self.generation}: no worker holds the model (all were lost)"
             )

@@ -47,27 +47,76 @@ def member_lost(exc: BaseException) -> bool:
 
 def agree(store: Store, generation: int, rank: int, world: int, wait: float) -> tuple[int, ...]:
     """The members of ``generation`` (worker ranks, ascending), as the first member
-    to decide wrote them: every worker not gone once all are there, or those there
-    after ``wait`` seconds. Marks the workers left out gone."""
+    to decide wrote them: every worker not gone and not finished once all are there,
+    or those there after ``wait`` seconds. Marks the workers left out gone (not those
+    whose process ended: a finished worker stays finished)."""
     decided = rejoin.key(f"elastic/{generation}/members")
     if store.check([rejoin.gone_key(rank)]):  # back after the others went on
         store.delete_key(rejoin.gone_key(rank))
         store.delete_key(rejoin.done_key(rank))  # torchruns wait for it again
     store.set(_in(generation, rank), "1")
-    expected = [r for r in range(world) if r == rank or not store.check([rejoin.gone_key(r)])]
     deadline = time.monotonic() + wait
     while not store.check([decided]):
-        present = [r for r in expected if store.check([_in(generation, r)])]
-        if len(present) == len(expected) or time.monotonic() >= deadline:
-            store.compare_set(decided, "", json.dumps(present))
+        came = [r for r in range(world) if store.check([_in(generation, r)])]
+        awaited = [r for r in range(world) if r not in came and not _ended(store, r)]
+        if not awaited or time.monotonic() >= deadline:
+            store.compare_set(decided, "", json.dumps(came))
             break
         time.sleep(POLL_S)
     members = tuple(int(r) for r in json.loads(store.get(decided)))
     for r in range(world):
-        if r not in members and r != rank and not store.check([rejoin.gone_key(r)]):
+        if r not in members and r != rank and not _ended(store, r):
             store.set(rejoin.gone_key(r), "1")
             store.set(rejoin.done_key(r), "1")  # torchruns stop waiting for it
     return members
+
+
+def _ended(store: Store, rank: int) -> bool:
+    """Whether worker ``rank``, not there yet, will never come to a generation: it is
+    gone (the others went on without it) or its process ended
+    (:func:`dmlctl.runtime.rejoin.done`)."""
+    return store.check([rejoin.gone_key(rank)]) or store.check([rejoin.done_key(rank)])
+
+
+def end_if_run_over(store: Store, rank: int, world: int) -> None:
+    """In a replacement of worker ``rank`` that found no model to take: when every
+    other worker has ended its process (at least one finished, not left out), the
+    run's last collectives are over and no round is left to join. Its predecessor's
+    part was over (its script had ended: :func:`~dmlctl.runtime.rejoin.finished_key`):
+    :class:`PartOver`, this process ends as finished. Else it was lost in what its
+    script does after training (an evaluation, a save): :class:`LostAfterTraining`,
+    and the run restarts as a whole — as on a worker's own host
+    (:mod:`dmlctl.agent.respawn`)."""
+    others = [r for r in range(world) if r != rank]
+    if not all(store.check([rejoin.done_key(r)]) for r in others):
+        return
+    if all(store.check([rejoin.gone_key(r)]) for r in others):
+        return  # every other one was lost: nobody finished the run
+    if not store.check([rejoin.finished_key(rank)]):
+        raise LostAfterTraining(
+            f"rank {rank} was lost after its training was over (in what the script does "
+            "after it: an evaluation, a save), and every other worker has finished since; "
+            "a replacement cannot rejoin a finished training, so the run restarts as a whole"
+        )
+    rejoin.say(
+        f"rank {rank} started again after its part of the run was over (its script had "
+        "ended, and every other worker has finished): counted as finished"
+    )
+    raise PartOver(rank)
+
+
+class PartOver(SystemExit):
+    """A replacement of a worker whose part of the run was over: nothing is left for
+    it, and its process ends as finished (exit code 0)."""
+
+    def __init__(self, rank: int) -> None:
+        super().__init__(0)
+        self.rank = rank
+
+
+class LostAfterTraining(RuntimeError):
+    """A replacement of a worker lost after its training, once every other worker has
+    finished: the run restarts as a whole (an infrastructure failure)."""
 
 
 def _in(generation: int, rank: int) -> str:

@@ -18,6 +18,7 @@ from tests.ssh.lab import SILENCE_S, SshLab, start_lab
 from tests.ssh.test_remote import LabCli, cluster_file
 
 ELASTIC = Path(__file__).parent / "jobs" / "elastic"
+EVALUATES = Path(__file__).parent / "jobs" / "evaluates"
 pytestmark = pytest.mark.ssh
 
 
@@ -238,6 +239,51 @@ def test_a_lost_host_is_replaced_in_place_by_a_spare(tmp_path: Path, fault: str)
         assert "rank files of node-b not collected: the host was lost" in out, out
         if fault == "freeze":
             assert f"node-b lost (no message from the host for {SILENCE_S} s" in out, out
+
+
+@pytest.mark.parametrize("closed", [False, True], ids=["evaluating", "part-over"])
+def test_a_host_lost_after_training_ends_its_rank_or_restarts_the_run(
+    tmp_path: Path, closed: bool
+) -> None:
+    """restart.mode: in_place under local-sgd, node-c a spare: node-a dies while rank 0
+    runs its code after training (an evaluation) and rank 1 has ended. Rank 0's
+    replacement on node-c finds every other worker finished, no round left to join:
+    its predecessor's script not ended, the run restarts as a whole (as on a worker's
+    own host) and rank 0's evaluation runs there; ended (``ctx.close()`` first), the
+    replacement ends as finished and the run succeeds without a restart — at once
+    either way, not after rejoin_wait and a "no worker holds the model" failure."""
+    mark = tmp_path / "mark"
+    with start_lab(tmp_path / "lab", n_hosts=3, agent_server_idle=0) as lab:
+        cli = LabCli(tmp_path / "home", lab)
+        cluster = cluster_file(lab, tmp_path, **{h.alias: "slots: 1" for h in lab.hosts})
+        job = tmp_path / "job.yaml"
+        job.write_text(
+            f"name: lateloss\nworkdir: {EVALUATES}\nscript: train.py\nworkers: 2\n"
+            "strategy: local-sgd\nrestart: {mode: in_place, backoff_initial: 0.2}\n"
+            f"max_hosts: 2\nenv:\n  MARK: {mark}\n  CLOSE_FIRST: '{int(closed)}'\n"
+        )
+        proc = cli.popen("launch", str(job), "--cluster", str(cluster), "--ui", "plain")
+        try:
+            assert wait_until(mark.exists, 120), proc.poll()
+            run_id = cli.runs()[0].name
+            ended = lambda: cli.state(run_id)["ranks"][1]["status"] == "succeeded"  # noqa: E731
+            assert wait_until(ended, 30), cli.state(run_id)["ranks"]
+            lab.kill_host("node-a")
+            out, _ = proc.communicate(timeout=120)
+        finally:
+            proc.kill()
+            lab.kill_host("node-a")
+    assert proc.returncode == 0, out
+    assert "rank 0 starts again on node-c" in out, out
+    state = cli.state(run_id)
+    if closed:
+        assert "part of the run was over" in out and "counted as finished" in out, out
+        assert state["restarts"] == 0, state["failures"]
+        return
+    assert "LostAfterTraining: rank 0 was lost after its training was over" in out, out
+    assert "a replacement cannot rejoin a finished training" in out, out
+    assert state["failures"][0]["exc_type"] == "AgentLost", state["failures"]  # the root
+    assert state["restarts"] == 1 and "rank 0 evaluated" in out, out
 
 
 def test_rank_0s_host_is_replaced_in_place_by_a_spare(tmp_path: Path) -> None:

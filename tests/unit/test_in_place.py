@@ -406,6 +406,41 @@ def test_store_collectives_go_on_from_the_predecessors_count(
     del master
 
 
+def test_a_replacement_after_every_other_worker_finished_joins_no_round(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Worker 0's host was lost after the run's last collectives, and worker 1 has
+    ended its process (its done key): 0's replacement forms its generation at once,
+    alone, without marking 1 gone. Its predecessor lost in what the script does after
+    training: LostAfterTraining (collateral: the run restarts as a whole); lost after
+    its script ended (its finished key): it ends as finished (exit code 0). Where 1
+    still runs, or was lost (gone), neither."""
+    from torch._C._distributed_c10d import HashStore
+
+    from dmlctl.failure import Kind, exception_kind
+    from dmlctl.strategies import members
+
+    store = HashStore()
+    store.set(rejoin.done_key(1), "1")  # worker 1 finished the run
+    began = time.monotonic()
+    assert members.agree(store, 1, 0, 2, wait=30.0) == (0,)
+    assert time.monotonic() - began < 5  # not rejoin_wait: 1 never comes
+    assert not store.check([rejoin.gone_key(1)])
+    with pytest.raises(members.LostAfterTraining, match="restarts as a whole") as lost:
+        members.end_if_run_over(store, 0, 2)
+    assert exception_kind(lost.value) is Kind.COLLATERAL
+    store.set(rejoin.finished_key(0), "1")  # its predecessor's script had ended
+    with pytest.raises(members.PartOver) as ended:
+        members.end_if_run_over(store, 0, 2)
+    assert ended.value.code == 0
+    assert "counted as finished" in capsys.readouterr().out
+    other = HashStore()
+    members.end_if_run_over(other, 0, 2)  # 1 still runs: a round is left
+    other.set(rejoin.done_key(1), "1")
+    other.set(rejoin.gone_key(1), "1")  # 1 was left out, not finished
+    members.end_if_run_over(other, 0, 2)
+
+
 def test_replacements_past_the_infra_budget_end_the_attempt() -> None:
     from dmlctl.launch.policy import over_budget
 
