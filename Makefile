@@ -40,7 +40,7 @@ quickstart: install
 # `make test PYTEST_ARGS=tests/unit` (or PYTEST_ARGS='-m "not integration"') runs a part.
 # Part 2 collects only the files that hold `serial` tests (collecting them all takes
 # seconds), unless PYTEST_ARGS names what to run.
-TEST_WORKERS ?= 3
+TEST_WORKERS ?= 2
 PYTEST := $(VPY) -m pytest -q
 SERIAL_FILES = $(shell grep -rl --include='test_*.py' 'mark\.serial' tests)
 test: install
