@@ -118,6 +118,20 @@ _RANK_TYPES = {
     "OutOfMemoryError": Kind.OOM,  # torch.OutOfMemoryError (CUDA)
     "LostAfterTraining": Kind.COLLATERAL,  # a replacement after the others finished
 }
+
+
+def lost_after_training(rank: object, since: str = "") -> str:
+    """Why a worker of an in-place run lost after its training (in what its script does
+    after it) is not replaced and the run restarts as a whole; ``since``: what happened
+    since, said after the loss (its own host's agent and a replacement elsewhere say
+    the same)."""
+    return (
+        f"rank {rank} was lost after its training was over (in what the script does "
+        f"after it: an evaluation, a save){since}; a replacement cannot rejoin a finished "
+        "training, so the run restarts as a whole"
+    )
+
+
 FULL_DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 """The ``errno`` of a write that found no space (or no quota) left."""
 CRASH_SIGNALS = frozenset({"SIGSEGV", "SIGABRT", "SIGBUS", "SIGFPE", "SIGILL", "SIGTRAP", "SIGSYS"})

@@ -179,13 +179,12 @@ def connect(
         held = _held(lock_path)
         if held is None:
             return None
-        if not held:  # no server lives or is starting
-            if started is not None and time.monotonic() - started > LOCK_GRACE_S:
-                return None  # the one started did not come up (it says nothing here)
-            if started is None:
-                if not _start_server(argv[0], sock_path, lock_path, idle, env):
-                    return None
-                started = time.monotonic()
+        if not held and started is None:  # no server lives or is starting: start one
+            if not _start_server(argv[0], sock_path, lock_path, idle, env):
+                return None
+            started = time.monotonic()
+        elif not held and started is not None and time.monotonic() - started > LOCK_GRACE_S:
+            return None  # the one started did not come up (it says nothing here)
         if time.monotonic() >= deadline:
             return None
         if waiting is not None:

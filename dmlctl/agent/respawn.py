@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from dmlctl import protocol
+from dmlctl.failure import lost_after_training
 
 
 def may_respawn(env: Mapping[str, str], code: int, done: int) -> bool:
@@ -41,12 +42,7 @@ def may_respawn(env: Mapping[str, str], code: int, done: int) -> bool:
     if not replaceable or done >= limit or _marked(env, protocol.rank_finished):
         return False
     if _marked(env, protocol.rank_trained):
-        print(
-            f"dmlctl: rank {env.get('RANK')} was lost after its training was over (in what "
-            "the script does after it: an evaluation, a save); a replacement cannot rejoin "
-            "a finished training, so the run restarts as a whole",
-            file=sys.stderr,
-        )
+        print(f"dmlctl: {lost_after_training(env.get('RANK'))}", file=sys.stderr)
         return False
     return True
 

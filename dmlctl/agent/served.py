@@ -67,13 +67,14 @@ def _keepalive() -> Callable[[], None]:
     """A call that writes the agent's ``alive`` message to stdout (the controller's
     channel) once every :data:`ALIVE_S` seconds at most (:mod:`dmlctl.wire` is
     imported by the first: a server that listens already is asked without it)."""
-    due = [time.monotonic() + ALIVE_S]
+    due = time.monotonic() + ALIVE_S
 
     def beat() -> None:
-        if time.monotonic() >= due[0]:
+        nonlocal due
+        if time.monotonic() >= due:
             from dmlctl import wire
 
-            due[0] = time.monotonic() + ALIVE_S
+            due = time.monotonic() + ALIVE_S
             with contextlib.suppress(OSError):
                 os.write(1, (wire.encode(wire.AgentMsg("alive")) + "\n").encode())
 

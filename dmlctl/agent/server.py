@@ -6,13 +6,13 @@ A host agent spends its first seconds importing torchrun and ``torch._dynamo`` (
 standby. On this machine the controller asks a server instead
 (:mod:`dmlctl.transport.agent_server`): one process per user, interpreter,
 start-up environment and dmlctl, started (and waited for) by a first launch, that
-has made those imports once and forks each agent a launch asks for. The agent it forks is what
-``python -m dmlctl.agent`` started by the controller would be: the controller's
-stdin, stdout and stderr (passed over the server's socket), its environment, working
-directory, umask and command line (``ps`` shows ``… -m dmlctl.agent --run-id RUN``),
-a session of its own; its exit code goes back to the controller over the same
-connection. The server runs nothing else, has no thread, and exits once it has
-forked no agent for its idle time and none of its agents runs.
+has made those imports once and forks each agent a launch asks for. The agent it
+forks is what ``python -m dmlctl.agent`` started by the controller would be: the
+controller's stdin, stdout and stderr (passed over the server's socket), its
+environment, working directory, umask and command line (``ps`` shows ``… -m
+dmlctl.agent --run-id RUN``), a session of its own; its exit code goes back to the
+controller over the same connection. The server runs nothing else, has no thread,
+and exits once it has forked no agent for its idle time and none of its agents runs.
 
 ``python -m dmlctl.agent.server SOCKET LOCK IDLE_S ROOM`` (what the controller starts;
 ``ROOM``: blanks, the command-line space its agents write theirs into):

@@ -19,6 +19,7 @@ import time
 
 from torch._C._distributed_c10d import Store
 
+from dmlctl.failure import lost_after_training
 from dmlctl.runtime import rejoin
 
 POLL_S = 0.05
@@ -93,25 +94,18 @@ def end_if_run_over(store: Store, rank: int, world: int) -> None:
     if all(store.check([rejoin.gone_key(r)]) for r in others):
         return  # every other one was lost: nobody finished the run
     if not store.check([rejoin.finished_key(rank)]):
-        raise LostAfterTraining(
-            f"rank {rank} was lost after its training was over (in what the script does "
-            "after it: an evaluation, a save), and every other worker has finished since; "
-            "a replacement cannot rejoin a finished training, so the run restarts as a whole"
-        )
+        since = ", and every other worker has finished since"
+        raise LostAfterTraining(lost_after_training(rank, since))
     rejoin.say(
         f"rank {rank} started again after its part of the run was over (its script had "
         "ended, and every other worker has finished): counted as finished"
     )
-    raise PartOver(rank)
+    raise PartOver(0)
 
 
 class PartOver(SystemExit):
     """A replacement of a worker whose part of the run was over: nothing is left for
-    it, and its process ends as finished (exit code 0)."""
-
-    def __init__(self, rank: int) -> None:
-        super().__init__(0)
-        self.rank = rank
+    it, and its process ends as finished (raised with exit code 0)."""
 
 
 class LostAfterTraining(RuntimeError):
