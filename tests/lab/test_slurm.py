@@ -450,12 +450,14 @@ def test_in_place_a_dead_nodes_rank_goes_to_a_spare_node_of_the_allocation(
     node spare): every process on node-0's machine — rank 0's, where torchrun would
     serve the run's store; here the controller holds it — is SIGKILLed, slurmd too;
     after its silence, rank 0 starts on node-2 in the same allocation and joins rank 1,
-    which never restarts."""
+    which never restarts. Steps paced to 10 ms: the kill lands mid-training (unpaced,
+    the 400 steps after step 100 take half a second, and the run once ended first)."""
     path = cluster(slurm, tmp_path, nodes=3)
     job = tmp_path / "job.yaml"
     job.write_text(
         f"name: slurmswap\nworkdir: {REPO / 'examples' / 'parameter-server'}\n"
-        "script: train.py\nargs: ['--epochs', '2']\nworkers: 2\nstrategy: local-sgd\n"
+        "script: train.py\nargs: ['--epochs', '2', '--step-sleep', '0.01']\n"
+        "workers: 2\nstrategy: local-sgd\n"
         "restart: {mode: in_place}\nmax_hosts: 2\n"
     )
     trained = lambda run: any((r["step"] or 0) >= 100 for r in slurm.state(run.name)["ranks"])  # noqa: E731

@@ -157,8 +157,10 @@ def _in_place_run(
     """Launch ``strategy`` with restart.mode: in_place (and ``restart``, ``job_extra``)
     on node-a and node-b (one worker each, asgd's server on node-a; max_hosts: 2
     without servers: a third host is a spare) — or as ``layout`` and ``slots`` say —
-    call ``fault(run_id)`` once the workers have trained a while; returns (run id, the
-    launch's output) of the run, which must succeed."""
+    call ``fault(run_id)`` once the workers have trained a while (each step paced to
+    5 ms: unpaced, the steps left after step 100 take half a second, less than a busy
+    machine may take to act); returns (run id, the launch's output) of the run, which
+    must succeed."""
     slots = slots or {}
     cluster = cluster_file(
         lab, tmp_path, **{h.alias: f"slots: {slots.get(h.alias, 1)}" for h in lab.hosts}
@@ -167,7 +169,8 @@ def _in_place_run(
         layout = "parameter_servers: 1\n" if strategy == "asgd" else "max_hosts: 2\n"
     job = tmp_path / "job.yaml"
     job.write_text(
-        f"name: hostswap\nworkdir: {EXAMPLE}\nscript: train.py\nargs: ['--epochs', '3']\n"
+        f"name: hostswap\nworkdir: {EXAMPLE}\nscript: train.py\n"
+        "args: ['--epochs', '3', '--step-sleep', '0.005']\n"
         f"workers: 2\nstrategy: {strategy}\nrestart: {{mode: in_place{restart}}}\n"
         + layout
         + job_extra
