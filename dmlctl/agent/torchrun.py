@@ -37,10 +37,27 @@ def run(argv: Sequence[str]) -> None:
     if protocol.in_place(os.environ):
         wait_for_ranks_at_exit(linger=not outside)
     try:
-        main(list(argv))
+        main(with_log_dir(argv))
     except ChildFailedError as e:
         write_failures(e.failures)
         raise
+
+
+LOG_DIR = "torchrun"
+"""torchrun's log directory in the host's rank directory (its ranks' error files)."""
+
+
+def with_log_dir(argv: Sequence[str], environ: Mapping[str, str] = os.environ) -> list[str]:
+    """``argv`` (dmlctl's torchrun command, which names no log directory) with
+    torchrun's ``--log-dir`` in the host's rank directory, where the run keeps it with
+    its ranks' error files (``dmlctl logs --fetch`` brings it); ``argv`` unchanged
+    without a rank directory (a plain torchrun). Left to itself torchrun makes a new
+    ``torchelastic_*`` directory in the host's temporary directory on every start and
+    never removes it."""
+    rank_dir = environ.get(protocol.ENV_RANK_DIR)
+    if not rank_dir:
+        return list(argv)
+    return ["--log-dir", os.path.join(rank_dir, LOG_DIR), *argv]
 
 
 EXIT_WAIT_S = 60.0

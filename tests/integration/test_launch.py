@@ -47,6 +47,9 @@ def test_failing_rank_is_reported_with_root_cause(finished_runs: FinishedRuns) -
     statuses = {r["rank"]: r["status"] for r in state["ranks"]}
     assert statuses == {0: "stopped", 1: "failed"}
     assert not run_processes(run_id)
+    # torchrun's log directory is the run's (not a new torchelastic_* in $TMPDIR)
+    torchrun = cli.home / "runs" / run_id / "hosts" / "local" / "torchrun"
+    assert list(torchrun.glob("*/attempt_0/1/error.json")), sorted(torchrun.rglob("*"))
 
 
 def test_plain_torchrun_script_runs_unchanged(finished_runs: FinishedRuns) -> None:
