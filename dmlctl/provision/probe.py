@@ -58,11 +58,13 @@ PROBE_KEYS = (
 installed distribution's version (else the module's ``__version__``, else null).
 
 ``torch_reused``: torch's facts (version, CUDA, GPUs, CUDA and NCCL versions) come from
-the host's previous probe, kept in ``WORKDIR/.probe-torch.json`` after an import that
-succeeded, because nothing they depend on changed: the interpreter, torch's
-``__init__.py`` (path, mtime, size), ``CUDA_VISIBLE_DEVICES``, the driver's GPUs and
-version. Only a probe asked to (``reuse``: the launch's preflight, which runs at every
-launch) reuses them; ``dmlctl doctor`` always imports torch."""
+an earlier probe on the host, with any workdir, because nothing they depend on changed:
+the interpreter, torch's ``__init__.py`` (path, mtime, size), ``CUDA_VISIBLE_DEVICES``,
+the driver's GPUs and version. After an import that succeeded they are kept in the
+user's cache, one file per such key (``$XDG_CACHE_HOME``, else ``~/.cache``:
+``dmlctl/probe-torch-<digest>.json``; a home shared by several machines holds each
+one's). Only a probe asked to (``reuse``: the launch's preflight, which runs at every
+launch) reuses them; ``dmlctl doctor`` always imports torch (about 1 s of CPU)."""
 
 # Python >= 3.8, standard library only: no annotations, no walrus, no match. The
 # answer's time is taken last, after the slow imports, so the controller can bound
@@ -103,8 +105,13 @@ def torch_key():  # what a torch import's answer depends on; None: cannot tell
                 os.environ.get("CUDA_VISIBLE_DEVICES"), gpus, driver_line]
     except Exception:
         return None
-cache = os.path.join(os.path.abspath(os.path.expanduser(sys.argv[1])), ".probe-torch.json")
+def cache_path(key):  # one file per key in the user's cache: any workdir, any project
+    import hashlib
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    digest = hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]
+    return os.path.join(base, "dmlctl", "probe-torch-%s.json" % digest)
 key = torch_key() if len(sys.argv) > 4 and sys.argv[4] == "reuse" else None
+cache = cache_path(key) if key is not None else None
 cached = None
 if key is not None:
     try:
@@ -135,10 +142,11 @@ else:
         out["torch_error"] = err(e)
     if key is not None and out["torch_error"] is None:
         try:
-            os.makedirs(os.path.dirname(cache), exist_ok=True)
-            with open(cache + ".tmp", "w") as f:
+            os.makedirs(os.path.dirname(cache), mode=0o700, exist_ok=True)
+            tmp = "%s.%d.tmp" % (cache, os.getpid())  # probes of other hosts may write too
+            with open(tmp, "w") as f:
                 json.dump(dict({"key": key}, **{k: out[k] for k in TORCH_FACTS}), f)
-            os.replace(cache + ".tmp", cache)
+            os.replace(tmp, cache)
         except Exception:
             pass
 try:

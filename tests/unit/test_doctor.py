@@ -472,19 +472,24 @@ def run_probe(
 def test_a_launchs_probe_reuses_torchs_facts_until_what_they_depend_on_changes(
     tmp_path: Path,
 ) -> None:
+    """The facts are kept in the user's cache ($XDG_CACHE_HOME here), for any workdir."""
     work, asked = tmp_path / "work", [("torch", "torch")]
-    first = run_probe(sys.executable, work, None, asked, reuse=True)
-    again = run_probe(sys.executable, work, None, asked, reuse=True)
+    env = {"XDG_CACHE_HOME": str(tmp_path / "cache")}
+    first = run_probe(sys.executable, work, None, asked, reuse=True, env=env)
+    again = run_probe(sys.executable, tmp_path / "other", None, asked, reuse=True, env=env)
     keys = ("torch", "cuda", "gpus", "cuda_version", "nccl")
     assert not first["torch_reused"] and again["torch_reused"]
     assert {k: again[k] for k in keys} == {k: first[k] for k in keys}
     assert again["packages"]["torch"] == first["packages"]["torch"]
     assert again["elapsed"] < first["elapsed"]  # no torch import
-    other = run_probe(
-        sys.executable, work, None, asked, reuse=True, env={"CUDA_VISIBLE_DEVICES": ""}
-    )
+    (kept,) = (tmp_path / "cache" / "dmlctl").iterdir()
+    assert kept.name.startswith("probe-torch-") and kept.suffix == ".json", kept
+    assert not list(work.glob(".probe*"))  # nothing of the probe's in the workdir
+    hidden = {**env, "CUDA_VISIBLE_DEVICES": ""}
+    other = run_probe(sys.executable, work, None, asked, reuse=True, env=hidden)
     assert not other["torch_reused"]  # what CUDA sees changed: imported again
-    assert not run_probe(sys.executable, work, None, asked)["torch_reused"]  # doctor's probe
+    doctor = run_probe(sys.executable, work, None, asked, env=env)
+    assert not doctor["torch_reused"]  # the doctor's probe imports torch
 
 
 @pytest.mark.integration
