@@ -49,7 +49,7 @@ def _job(tmp_path: Path, scenario: str) -> Path:
     job.write_text(
         f"name: hang-{scenario}\nscript: train.py\nworkdir: {JOB_DIR}\nworkers: 2\n"
         f"args: [--scenario, {scenario}, --seconds, '6', --skew, '5', --steps, '40']\n"
-        f"restart: {{hang_timeout: {TIMEOUT}, max_infra_restarts: 0}}\n"
+        f"restart: {{hang_timeout: {TIMEOUT}, max_infra_restarts: 0, stop_grace: 1}}\n"
     )
     return job
 

@@ -433,12 +433,13 @@ def test_the_first_node_dying_is_lost_and_a_range_goes_on_on_the_nodes_left(
     on on node-1 and node-2, in the same allocation, meeting on node-1 now, from the
     checkpoint the controller kept. The node's slurmd is started again after."""
     path = cluster(slurm, tmp_path, nodes="1-3")
-    job = elastic_job(tmp_path, workers=3)
+    job = elastic_job(tmp_path, f"  host_timeout: {SILENCE_S}\n", workers=3)
     checkpointed = lambda run: (run / "checkpoints" / "LATEST").is_file()  # noqa: E731
     run, _ = launch_and_kill(slurm, job, path, "node-0", checkpointed)
     state = slurm.state(run.name)
     lost = state["failures"][0]
     assert (lost["host"], lost["exc_type"]) == ("node-0", "AgentLost"), lost
+    assert f"no message from the host for {SILENCE_S} s" in lost["message"], lost
     assert state["hosts"] == ["node-1", "node-2"] and state["restarts"] == 1
     assert (tmp_path / "out.txt").read_text().startswith("40 ")
 
@@ -458,7 +459,7 @@ def test_in_place_a_dead_nodes_rank_goes_to_a_spare_node_of_the_allocation(
         f"name: slurmswap\nworkdir: {REPO / 'examples' / 'parameter-server'}\n"
         "script: train.py\nargs: ['--epochs', '2', '--step-sleep', '0.01']\n"
         "workers: 2\nstrategy: local-sgd\n"
-        "restart: {mode: in_place}\nmax_hosts: 2\n"
+        f"restart: {{mode: in_place, host_timeout: {SILENCE_S}}}\nmax_hosts: 2\n"
     )
     trained = lambda run: any((r["step"] or 0) >= 100 for r in slurm.state(run.name)["ranks"])  # noqa: E731
     run, out = launch_and_kill(slurm, job, path, "node-0", trained)
