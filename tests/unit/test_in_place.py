@@ -383,8 +383,8 @@ def test_store_collectives_go_on_from_the_predecessors_count(
 
     from torch._C._distributed_c10d import PrefixStore, TCPStore
 
-    port = _free_port()
-    master = TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=30))
+    master = TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=30))
+    port = master.port  # bound by the store itself: no other process can take it first
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(port))
     monkeypatch.delenv(protocol.ENV_REJOIN, raising=False)
@@ -486,8 +486,8 @@ def test_the_final_models_are_compared_through_the_store(monkeypatch: pytest.Mon
 
     from torch._C._distributed_c10d import PrefixStore, TCPStore
 
-    port = _free_port()
-    master = TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=30))
+    master = TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=30))
+    port = master.port  # bound by the store itself: no other process can take it first
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(port))
     monkeypatch.delenv(protocol.ENV_REJOIN, raising=False)
@@ -578,8 +578,8 @@ def test_a_worker_reconnects_to_the_servers_replacement(monkeypatch: pytest.Monk
 
     from dmlctl.ps import frames
 
-    port = _free_port()
-    master = TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=30))
+    master = TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=30))
+    port = master.port  # bound by the store itself: no other process can take it first
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(port))
     first = frames.Endpoint(2)
@@ -753,8 +753,8 @@ def _store(monkeypatch: pytest.MonkeyPatch) -> Any:
     """A store of this process (the run's, as ranks reach it: MASTER_ADDR/PORT set)."""
     from torch._C._distributed_c10d import PrefixStore, TCPStore
 
-    port = _free_port()
-    master = TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=30))
+    master = TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=30))
+    port = master.port  # bound by the store itself: no other process can take it first
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(port))
     monkeypatch.setattr(rejoin, "_store", None)

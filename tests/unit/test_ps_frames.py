@@ -91,10 +91,8 @@ def test_a_replacements_hello_takes_over_and_the_old_connections_end_is_dropped(
 
     from dmlctl.ps.frames import Endpoint
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    master = TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=30))
+    master = TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=30))
+    port = master.port  # bound by the store itself: no other process can take it first
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(port))
     server = Endpoint(2)
