@@ -89,9 +89,9 @@ def end_if_run_over(store: Store, rank: int, world: int) -> None:
     and the run restarts as a whole — as on a worker's own host
     (:mod:`dmlctl.agent.respawn`)."""
     others = [r for r in range(world) if r != rank]
-    if not all(store.check([rejoin.done_key(r)]) for r in others):
+    if not store.check([rejoin.done_key(r) for r in others]):  # true when all are set
         return
-    if all(store.check([rejoin.gone_key(r)]) for r in others):
+    if store.check([rejoin.gone_key(r) for r in others]):
         return  # every other one was lost: nobody finished the run
     if not store.check([rejoin.finished_key(rank)]):
         since = ", and every other worker has finished since"
