@@ -34,13 +34,16 @@ quickstart: install
 # The suite in two parts, each ending with its slowest tests:
 #   1. every test not marked `serial`, in $(TEST_WORKERS) pytest-xdist workers that each
 #      take one group at a time (a file, or all of tests/ssh, all of tests/lab; see
-#      tests/conftest.py), so the waiting of one group overlaps the work of another;
+#      tests/conftest.py), so the waiting of one group overlaps the work of another: 3
+#      on 2 cores, the groups that wait on time (tests/ssh, tests/lab) in two of them and
+#      the groups that compute at a lower priority in the third, filling the cores the
+#      waiting leaves idle (tests/conftest.py, COMPUTING_NICE);
 #   2. the `serial` tests (times bounded on an idle machine: hang detection, bench straggler,
 #      a silent host), alone.
 # `make test PYTEST_ARGS=tests/unit` (or PYTEST_ARGS='-m "not integration"') runs a part.
 # Part 2 collects only the files that hold `serial` tests (collecting them all takes
 # seconds), unless PYTEST_ARGS names what to run.
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
 PYTEST := $(VPY) -m pytest -q
 SERIAL_FILES = $(shell grep -rl --include='test_*.py' 'mark\.serial' tests)
 test: install

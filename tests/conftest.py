@@ -151,6 +151,25 @@ def pytest_itemcollected(item: pytest.Item) -> None:
         item.add_marker(pytest.mark.xdist_group(xdist_group_of(item)))
 
 
+#: How much lower a worker's priority is while it runs the groups that compute (every
+#: group but :data:`_ONE_WORKER_DIRS`) than while it runs the groups that mostly wait on
+#: time (SSH hosts, lab namespaces, Slurm): a host's silence, a node's death, a requeue.
+#: Those take the cores when they need them and the computing groups use what they leave,
+#: so a third worker fills their waiting without stretching it.
+COMPUTING_NICE = 10
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """In an xdist worker, lower the worker's priority (once, for good) when it starts a
+    computing group; the processes it starts from then on inherit it. xdist hands out
+    the waiting groups first (:data:`_LONGEST_GROUPS`), so no worker goes back to one."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return
+    if xdist_group_of(item) in _ONE_WORKER_DIRS or os.getpriority(os.PRIO_PROCESS, 0) > 0:
+        return
+    os.setpriority(os.PRIO_PROCESS, 0, COMPUTING_NICE)
+
+
 def pytest_sessionfinish() -> None:
     """The warm rank pools end with the session (an xdist worker skips ``atexit``)."""
     pool = sys.modules.get("tests.strategies.pool")
