@@ -181,15 +181,20 @@ def test_server_state_travels_in_checkpoints(
 STEP_S = 0.03  # simulated compute per step (a sleep: exact on a loaded 2-core machine)
 
 
-def _paced(ctx: Any, model: Any, opt: Any, straggler: bool, burst: tuple[int, int] | None) -> float:
-    """Steps per second of this worker over 30 steps; the last worker sleeps 3× as
-    long when ``straggler`` (every step, or only for steps in ``burst``)."""
+def _paced(
+    ctx: Any, model: Any, opt: Any, straggler: bool, burst: tuple[int, int] | None
+) -> tuple[float, int]:
+    """Steps per second of this worker over 30 steps, and the most clocks it ran ahead
+    of the slowest worker (ssp's reads report that clock; 0 for other strategies); the
+    last worker sleeps 3× as long when ``straggler`` (every step, or only for steps in
+    ``burst``)."""
     import torch
 
     x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
     ctx.barrier()
     start = time.perf_counter()
     steps = 30
+    lead = 0
     for step in range(steps):
         slow = straggler and ctx.rank == ctx.world_size - 1
         if burst is not None:
@@ -199,14 +204,17 @@ def _paced(ctx: Any, model: Any, opt: Any, straggler: bool, burst: tuple[int, in
         opt.zero_grad()
         loss.backward()
         opt.step()
+        if hasattr(opt, "min_clock"):
+            lead = max(lead, opt.local_steps - opt.min_clock)
     rate = steps / (time.perf_counter() - start)
     if hasattr(opt, "finish"):
         opt.finish()
-    return rate
+    return rate, lead
 
 
-def _both(ctx: Any, burst: tuple[int, int] | None) -> tuple[float, float]:
-    """(no straggler, straggler) throughput of this worker, same processes."""
+def _both(ctx: Any, burst: tuple[int, int] | None) -> tuple[tuple[float, int], tuple[float, int]]:
+    """(no straggler, straggler) runs of this worker, same processes: each its
+    throughput and lead (:func:`_paced`)."""
     import torch
 
     model = torch.nn.Linear(16, 4)
@@ -220,19 +228,26 @@ def test_straggler_slows_ssgd_but_not_asgd() -> None:
     SGD's other workers take its pace: each of their steps at least STEP_S longer than
     without it (half its extra sleep: the rest of a step, its compute and all-reduce,
     partly overlaps the straggler's sleep, and takes longer on a loaded machine —
-    a throughput ratio bound failed so); asgd's other workers keep ≥ 0.8× of their
-    no-straggler throughput."""
+    a throughput ratio bound failed so); asgd's other workers do not: each of their
+    steps at least STEP_S shorter than the straggler's (they wait for nobody, so they
+    are ahead by its whole extra sleep but for the noise of a loaded machine; a bound
+    on their throughput ratio, which two phases' noise both move, failed so too). The
+    throughput ratios themselves are measured by ``dmlctl bench straggler``."""
     sync = run_ranks(_both, 3, strategy="ssgd", args=(None,))
     asgd = run_ranks(_both, 4, strategy="asgd", roles=["worker"] * 3 + ["server"], args=(None,))
-    sync_extra = min(1 / r[1] - 1 / r[0] for r in sync[:2])
-    asgd_ratio = min(r[1] / r[0] for r in asgd[:2])
+    sync_extra = min(1 / r[1][0] - 1 / r[0][0] for r in sync[:2])
     assert sync_extra >= STEP_S, sync
-    assert asgd_ratio >= 0.8, asgd
+    straggler_step = 1 / asgd[2][1][0]
+    asgd_ahead = min(straggler_step - 1 / r[1][0] for r in asgd[:2])
+    assert asgd_ahead >= STEP_S, asgd
 
 
 def test_ssp_absorbs_a_straggler_that_stays_within_the_bound() -> None:
-    """The straggler is 3× slower for 5 steps, falling 10 clocks behind; with s = 12
-    the other workers never wait (≥ 0.8×), while with s = 1 they are held to it."""
+    """The straggler is 3× slower for 5 steps, falling behind the others by about 10
+    clocks: with s = 12 the other workers run on ahead of it (3 clocks or more, where
+    waiting would have held them to 1), while with s = 1 they are held to it (a lead
+    of at most 1). Leads, not throughputs: a ratio of two timed phases on a loaded
+    machine varies by more than what s = 1 costs here."""
     roles = ["worker"] * 3 + ["server"]
     loose = run_ranks(
         _both, 4, strategy="ssp", params={"staleness": 12}, roles=roles, args=((5, 10),)
@@ -240,8 +255,8 @@ def test_ssp_absorbs_a_straggler_that_stays_within_the_bound() -> None:
     tight = run_ranks(
         _both, 4, strategy="ssp", params={"staleness": 1}, roles=roles, args=((5, 10),)
     )
-    assert min(r[1] / r[0] for r in loose[:2]) >= 0.8, loose
-    assert min(r[1] / r[0] for r in tight[:2]) < min(r[1] / r[0] for r in loose[:2]), tight
+    assert min(r[1][1] for r in loose[:2]) >= 3, loose
+    assert max(r[1][1] for r in tight[:3]) <= 1, tight
 
 
 # ----------------------------------------------------------------- AdaDelay (no ranks)
