@@ -379,14 +379,9 @@ def _free_port() -> int:
 def test_store_collectives_go_on_from_the_predecessors_count(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from datetime import timedelta
+    from torch._C._distributed_c10d import PrefixStore
 
-    from torch._C._distributed_c10d import PrefixStore, TCPStore
-
-    master = TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=30))
-    port = master.port  # bound by the store itself: no other process can take it first
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(port))
+    master = _master(monkeypatch)
     monkeypatch.delenv(protocol.ENV_REJOIN, raising=False)
     other = PrefixStore("dmlctl", master)  # worker 1, as its own client would write
     other.set(rejoin.key("coll/0/1"), "2.0")
@@ -482,14 +477,9 @@ def test_sync_ps_closes_its_rounds_without_a_worker_away() -> None:
 
 
 def test_the_final_models_are_compared_through_the_store(monkeypatch: pytest.MonkeyPatch) -> None:
-    from datetime import timedelta
+    from torch._C._distributed_c10d import PrefixStore
 
-    from torch._C._distributed_c10d import PrefixStore, TCPStore
-
-    master = TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=30))
-    port = master.port  # bound by the store itself: no other process can take it first
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(port))
+    master = _master(monkeypatch)
     monkeypatch.delenv(protocol.ENV_REJOIN, raising=False)
     other = PrefixStore("dmlctl", master)  # worker 1 publishes its digest
     params = [torch.arange(4.0), torch.ones(2, dtype=torch.bfloat16)]
@@ -572,16 +562,9 @@ def test_a_replacement_server_knows_the_workers_gone_and_waits_for_the_others(
 
 
 def test_a_worker_reconnects_to_the_servers_replacement(monkeypatch: pytest.MonkeyPatch) -> None:
-    from datetime import timedelta
-
-    from torch._C._distributed_c10d import TCPStore
-
     from dmlctl.ps import frames
 
-    master = TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=30))
-    port = master.port  # bound by the store itself: no other process can take it first
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(port))
+    master = _master(monkeypatch)
     first = frames.Endpoint(2)
     frames.connection(0, 2, sent=0)
     assert first.get()[0][0] == Op.HELLO
@@ -749,14 +732,22 @@ def test_a_replacement_is_handed_a_state_of_any_size_over_the_group(
     assert state["step"] == 7 and torch.equal(state["w"], big)
 
 
-def _store(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """A store of this process (the run's, as ranks reach it: MASTER_ADDR/PORT set)."""
-    from torch._C._distributed_c10d import PrefixStore, TCPStore
+def _master(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A TCPStore master of this process on a port it bound itself (no other process
+    can take it first), with MASTER_ADDR and MASTER_PORT set to it."""
+    from torch._C._distributed_c10d import TCPStore
 
     master = TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=30))
-    port = master.port  # bound by the store itself: no other process can take it first
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(port))
+    monkeypatch.setenv("MASTER_PORT", str(master.port))
+    return master
+
+
+def _store(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A store of this process (the run's, as ranks reach it: MASTER_ADDR/PORT set)."""
+    from torch._C._distributed_c10d import PrefixStore
+
+    master = _master(monkeypatch)
     monkeypatch.setattr(rejoin, "_store", None)
     return PrefixStore(rejoin.STORE_PREFIX, master)
 
