@@ -18,6 +18,12 @@ from dmlctl.protocol import (
     ENV_STRATEGY_PARAMS,
 )
 
+WARM_FLAG = "--warm"
+"""On the host agent's command line: the job's ``ranks.start`` is ``warm``, so the agent
+forks its zygote as it starts, before its configuration comes (:mod:`dmlctl.agent.zygote`)."""
+RDZV_BACKEND = "dmlctl"
+"""The rendezvous backend every host's torchrun uses, registered through torch's
+rendezvous registry (:mod:`dmlctl.agent.rendezvous`)."""
 TORCHRUN_MODULE = "dmlctl.agent.torchrun"
 """torchrun as a host runs it: ``torch.distributed.run`` that writes down its failed
 ranks for the agent (:mod:`dmlctl.agent.torchrun`)."""
@@ -32,7 +38,13 @@ class TorchrunCommand:
     whether this host serves the c10d store (instead of a guess from host names, which
     fails on multi-homed machines and loopback test hosts); ``local_addr`` (the first
     host of a multi-host run) becomes MASTER_ADDR, so ranks meet at the address the
-    preflight checked. ``rdzv_id`` is the rendezvous id of one attempt.
+    preflight checked. ``rdzv_id`` is the rendezvous id of one attempt; ``run_name``
+    the run's id, the same in every attempt (the ranks' ``TORCHELASTIC_RUN_ID``);
+    ``max_restarts`` the run's restart budget (their ``TORCHELASTIC_MAX_RESTARTS``;
+    the controller decides every restart, the host never restarts by itself).
+    ``run_store``: the nodes meet at the run's store (the controller's, at
+    ``rdzv_endpoint``) and the ranks use it, instead of one that a torchrun serves
+    (:mod:`dmlctl.agent.rendezvous`).
     """
 
     python: str
@@ -44,6 +56,9 @@ class TorchrunCommand:
     args: tuple[str, ...] = ()
     is_host: bool = True
     local_addr: str | None = None
+    run_name: str = ""
+    max_restarts: int = 0
+    run_store: bool = False
 
     def argv(self) -> tuple[str, ...]:
         """The exact command line."""
@@ -56,21 +71,30 @@ class TorchrunCommand:
             "--nproc-per-node",
             str(self.nproc),
             "--rdzv-backend",
-            "c10d",
+            RDZV_BACKEND,
             "--rdzv-endpoint",
             self.rdzv_endpoint,
             "--rdzv-id",
             self.rdzv_id,
             "--rdzv-conf",
-            f"is_host={str(self.is_host).lower()}",
+            self.rdzv_conf(),
             "--max-restarts",
-            "0",
+            str(self.max_restarts),
             *(("--local-addr", self.local_addr) if self.local_addr else ()),
             "-m",
             "dmlctl.runtime.entry",
             self.script,
             *self.args,
         )
+
+    def rdzv_conf(self) -> str:
+        """torchrun's ``--rdzv-conf`` for dmlctl's rendezvous backend."""
+        conf = [f"is_host={str(self.is_host).lower()}"]
+        if self.run_name:
+            conf.append(f"run={self.run_name}")
+        if self.run_store:
+            conf.append("store=run")
+        return ",".join(conf)
 
     @staticmethod
     def from_dict(data: Mapping[str, Any]) -> TorchrunCommand:
@@ -114,9 +138,13 @@ class Rejoin:
 
     def standin_env(self, torchrun: TorchrunCommand) -> str:
         """The stand-in's instructions (:data:`dmlctl.agent.standin.ENV_STANDIN`, read
-        by :meth:`dmlctl.agent.standin.Order.from_json`): these fields, the rendezvous
-        id and ``torchrun``'s script and arguments."""
-        data = {"rejoin": asdict(self), "run_id": torchrun.rdzv_id}
+        by :meth:`dmlctl.agent.standin.Order.from_json`): these fields, the run's
+        id, the run's restart budget and ``torchrun``'s script and arguments."""
+        data = {
+            "rejoin": asdict(self),
+            "run_id": torchrun.run_name or torchrun.rdzv_id,
+            "max_restarts": torchrun.max_restarts,
+        }
         return json.dumps({**data, "script": torchrun.script, "args": list(torchrun.args)})
 
     @staticmethod

@@ -37,6 +37,9 @@ from typing import Any, TextIO
 
 # Environment variables the plan sets for every rank process.
 ENV_RUN_ID = "DMLCTL_RUN_ID"
+#: The job's ``ranks.start``: ``fresh`` (absent too) or ``warm`` (:mod:`dmlctl.agent.zygote`).
+ENV_RANK_START = "DMLCTL_RANK_START"
+RANK_START_WARM = "warm"
 ENV_RANK_DIR = "DMLCTL_RANK_DIR"
 DELETED_WHILE_RUNNING = "was deleted while the run ran"
 """What a rank's error says of its checkpoint directory gone with the run directory:

@@ -2,8 +2,8 @@
 and torch read them while they import, so a process forked from another one has the
 values the other one started with, whatever its own environment says.
 
-The agent forks torchrun and the ranks only where these agree
-(:mod:`dmlctl.agent.forked_rank`); the agent server is shared only by launches that
+The zygote forks ranks only where these agree (:mod:`dmlctl.agent.zygote`); the
+agent server is shared only by launches that
 agree on them (:mod:`dmlctl.transport.agent_server`)."""
 
 from __future__ import annotations

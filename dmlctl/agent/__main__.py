@@ -16,12 +16,11 @@ Contract:
   first on ``PYTHONPATH``.
 * Streams every rank's output and records (see :mod:`dmlctl.protocol`) and
   torchrun's own output to its stdout as JSON lines, ending with one ``exit`` message.
-* Imports torchrun (and ``torch._dynamo``, which every rank's optimizer imports)
-  before it reads its configuration and runs torchrun in a forked child
-  instead of a new interpreter (:mod:`dmlctl.agent.warm`), so an agent the
-  controller starts ahead of time (a standby for the next restart) saves a restart
-  torchrun's start-up; that torchrun forks the ranks in turn
-  (:mod:`dmlctl.agent.forked_rank`), so no rank imports torch again.
+* Runs torchrun with dmlctl's elastic agent (:mod:`dmlctl.agent.torchrun`) as a new
+  process, whose ranks start as new interpreters, as torchrun starts them. With
+  ``--warm`` on its command line (the job's ``ranks.start: warm``) it first forks the
+  zygote (:mod:`dmlctl.agent.zygote`), which imports torch while the configuration
+  is awaited and then forks torchrun and its ranks.
 * Stops the run when stdin says ``stop [GRACE]``, when stdin closes or its parent
   (sshd's session) goes away (the controller or the SSH connection is gone), or on
   SIGTERM/SIGHUP/SIGINT: SIGTERM to torchrun, which passes it to every rank and
@@ -45,14 +44,14 @@ import time
 from types import FrameType
 
 from dmlctl import wire
-from dmlctl.agent import warm
+from dmlctl.agent import zygote
 from dmlctl.agent.forward import Held, drain, dump, emit_ranks, rank_usage
 from dmlctl.agent.messages import Commands, Emitter, Output, forward_torchrun, watch_stdin
 from dmlctl.agent.procs import alive, become_subreaper, kill_tree, name_process
 from dmlctl.agent.start import Torchrun, cannot_start, environment, prepare, script_dir, start
 from dmlctl.agent.tail import RankDirTailer
 from dmlctl.agent.torchrun import read_failures
-from dmlctl.agent_config import AgentConfig
+from dmlctl.agent_config import WARM_FLAG, AgentConfig
 from dmlctl.runtime.where import FrameNamer
 
 POLL_S = 0.05
@@ -62,14 +61,17 @@ waiting in a barrier of its store's never does before its timeout)."""
 ALIVE_S = 1.0  # a message at least this often, so a silent host can be told from a busy one
 
 
-def run(config: AgentConfig, emit: Emitter, commands: Commands) -> int:
-    """Run torchrun under supervision; returns torchrun's exit code (or 127)."""
+def run(
+    config: AgentConfig, emit: Emitter, commands: Commands, forks: zygote.Client | None = None
+) -> int:
+    """Run torchrun under supervision (forked by the zygote behind ``forks`` where
+    there is one); returns torchrun's exit code (or 127)."""
     rank_dir = prepare(config, emit)
     if rank_dir is None:
         return 127
     workdir = os.path.expanduser(config.workdir)
     try:
-        proc = start(config, workdir, environment(config, rank_dir), emit)
+        proc = start(config, workdir, environment(config, rank_dir), emit, forks)
     except (OSError, ValueError) as e:
         cannot_start(emit, "cannot start torchrun", e)
         return 127
@@ -165,21 +167,19 @@ def main(watch_parent: bool = True, starter: int | None = None) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(sig, on_signal)
-    # torchrun runs forked from this process (see dmlctl.agent.warm): import it while
-    # the configuration is awaited; a standby that is never used exits at once.
-    preload = threading.Thread(target=warm.preload, daemon=True)
-    preload.start()
+    # The zygote imports torch while the configuration is awaited: forked now, while
+    # this process has its only thread (a standby that is never used ends it unused).
+    forked = zygote.start() if WARM_FLAG in sys.argv[1:] else None
     first = sys.stdin.readline()
     if not first:
         return 2
     emit = Emitter(sys.stdout, stop)
-    # Never fork while another thread imports; the controller counts a silent host as lost.
-    warm.await_preload(preload, ALIVE_S, lambda: emit.send(wire.AgentMsg("alive")))
     config = AgentConfig.from_json(first)
     become_subreaper()
     commands = Commands(stop, reason, parent, starter)
     threading.Thread(target=watch_stdin, args=(commands,), daemon=True).start()
-    code = run(config, emit, commands)
+    client = zygote.Client(forked) if forked is not None else None
+    code = run(config, emit, commands, client)
     return 0 if code == 0 else 1
 
 

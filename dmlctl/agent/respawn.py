@@ -1,13 +1,13 @@
-"""Which dead rank the warm torchrun forks again in place (``restart.mode: in_place``).
+"""Which dead rank dmlctl's elastic agent starts again in place (``restart.mode:
+in_place``).
 
-A worker of a parameter-server strategy that the system killed (SIGKILL: the OOM
-killer, ``kill -9``) is forked again by :class:`~dmlctl.agent.forked_rank.ForkedRank`
-while torchrun and every other rank go on, at most ``DMLCTL_RESPAWNS`` times per
-rank; the replacement has ``DMLCTL_REJOIN`` set and joins the running world
-(:mod:`dmlctl.runtime.rejoin`). So is a parameter server
-(``DMLCTL_RESPAWN_SERVERS``): it starts from its newest snapshot
-(:mod:`dmlctl.ps.serve`). A rank that failed by itself (an exception, a crash
-signal), or any rank while torchrun stops its workers, is never forked again:
+A worker that the system killed (SIGKILL: the OOM killer, ``kill -9``) is started
+again by :class:`~dmlctl.agent.rank_procs.RankProcesses` while torchrun and every
+other rank go on, at most ``DMLCTL_RESPAWNS`` times per rank; the replacement has
+``DMLCTL_REJOIN`` set and joins the running world (:mod:`dmlctl.runtime.rejoin`).
+So is a parameter server (``DMLCTL_RESPAWN_SERVERS``): it starts from its newest
+snapshot (:mod:`dmlctl.ps.serve`). A rank that failed by itself (an exception, a crash
+signal), or any rank while torchrun stops its workers, is never started again:
 torchrun sees its end as before.
 """
 
@@ -17,7 +17,6 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Mapping
-from typing import Any
 
 from dmlctl import protocol
 from dmlctl.failure import lost_after_training
@@ -25,7 +24,7 @@ from dmlctl.failure import lost_after_training
 
 def may_respawn(env: Mapping[str, str], code: int, done: int) -> bool:
     """Whether a rank started with ``env`` that ended with ``code`` (``-N``: signal N)
-    is forked again, ``done`` times already: a worker of an in-place run (or a server,
+    is started again, ``done`` times already: a worker of an in-place run (or a server,
     where ``DMLCTL_RESPAWN_SERVERS`` says they can be), killed by SIGKILL within its
     budget, whose part was not over (no ``.finished`` mark) nor its training (no
     ``.trained`` mark: after it, its peers are past every round it could rejoin —
@@ -118,33 +117,3 @@ def _write(env: Mapping[str, str], write: Callable[[protocol.RankEventWriter], N
             writer.close()
     except (OSError, ValueError) as exc:
         print(f"dmlctl: a record of rank {env.get('RANK')}: {exc}", file=sys.stderr)
-
-
-def follow_in_torchrun() -> None:
-    """Patch the warm torchrun so that it knows the ranks forked again: every rank
-    of a closing context is marked stopping before torchrun looks at it (its
-    ``poll`` must not fork one it is about to kill), and its monitor updates a
-    worker's pid to its replacement's (it checks them before every look)."""
-    from torch.distributed.elastic.agent.server import local_elastic_agent as agent
-    from torch.distributed.elastic.multiprocessing import api
-
-    own_close = api.SubprocessContext._close
-
-    def _close(self: Any, death_sig: Any, timeout: int = 30) -> None:
-        for sub in (getattr(self, "subprocess_handlers", None) or {}).values():
-            stopping = getattr(sub.proc, "stopping", None)
-            if stopping is not None:
-                stopping()
-        own_close(self, death_sig, timeout)
-
-    api.SubprocessContext._close = _close  # type: ignore[method-assign]
-    own_monitor = agent.LocalElasticAgent._monitor_workers
-
-    def _monitor_workers(self: Any, worker_group: Any) -> Any:
-        handlers = getattr(self._pcontext, "subprocess_handlers", None) or {}
-        for local_rank, sub in handlers.items():
-            if getattr(sub.proc, "respawns", 0):
-                worker_group.workers[local_rank].id = sub.proc.pid
-        return own_monitor(self, worker_group)
-
-    agent.LocalElasticAgent._monitor_workers = _monitor_workers  # type: ignore[method-assign]

@@ -1,8 +1,9 @@
 """The agent server: host agents for runs on this machine, forked from a process that
-has imported torch already.
+has imported dmlctl's agent already (and torch, once a job with ``ranks.start: warm``
+asked for an agent: its zygote then imports nothing, :mod:`dmlctl.agent.zygote`).
 
-A host agent spends its first seconds importing torchrun and ``torch._dynamo`` (about
-3.5 s of a core; :mod:`dmlctl.agent.warm`) — on every launch, every restart, every
+A host agent spends its first tenths of a second importing its own code, and a warm
+one's zygote seconds importing torch — on every launch, every restart, every
 standby. On this machine the controller asks a server instead
 (:mod:`dmlctl.transport.agent_server`): one process per user, interpreter,
 start-up environment and dmlctl, started (and waited for) by a first launch, that
@@ -36,9 +37,9 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 
-from dmlctl.agent import forked_rank, warm
+from dmlctl.agent import zygote
 from dmlctl.agent.procs import end_forked, exit_status, name_process, set_cmdline
-from dmlctl.agent_config import AgentRequest
+from dmlctl.agent_config import WARM_FLAG, AgentRequest
 
 MAX_REQUEST = 1 << 20
 REQUEST_WAIT_S = 5.0
@@ -60,12 +61,9 @@ def main(argv: Sequence[str]) -> int:
         signal.signal(sig, signal.SIG_DFL)  # not ignored because its first controller was
     name_process(b"dmlctl-server")
     set_cmdline(["dmlctl agent server", sock_path])
-    before = dict(os.environ)
-    if not warm.preload():
-        return 1
     from dmlctl.agent import __main__ as agent_main  # noqa: F401 - the agents' code
 
-    adopted = {k: v for k, v in os.environ.items() if before.get(k) != v}
+    adopted: dict[str, str] = {}
     listener = _listen(sock_path)
     bound = os.stat(sock_path).st_ino
     try:
@@ -92,7 +90,7 @@ def _listen(path: str) -> socket.socket:
     return listener
 
 
-def _serve(listener: socket.socket, adopted: Mapping[str, str], idle: float, lock: int) -> None:
+def _serve(listener: socket.socket, adopted: dict[str, str], idle: float, lock: int) -> None:
     """Accept, fork, report exits; return once idle for ``idle`` seconds with no agent
     (an agent must not hold the ``lock`` descriptor: it would keep the next server out)."""
     wake_r, wake_w = os.pipe()
@@ -141,7 +139,7 @@ def _reap(agents: dict[int, socket.socket]) -> bool:
 def _accept(
     listener: socket.socket,
     agents: dict[int, socket.socket],
-    adopted: Mapping[str, str],
+    adopted: dict[str, str],
     own: tuple[int, ...],
 ) -> None:
     """Read one controller's request and fork its agent; answer with the agent's pid."""
@@ -164,6 +162,11 @@ def _accept(
             os.close(fd)
         conn.close()
         return
+    if WARM_FLAG in request.argv and not _runtime_imported(adopted):
+        for fd in fds:
+            os.close(fd)
+        conn.close()  # the controller starts this agent itself
+        return
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     close = [listener.fileno(), *own, *(c.fileno() for c in agents.values()), conn.fileno()]
@@ -183,6 +186,19 @@ def _accept(
         conn.send(json.dumps({"pid": pid}).encode())
 
 
+def _runtime_imported(adopted: dict[str, str]) -> bool:
+    """Import torch and the runtime here, once, for the agents of ``ranks.start: warm``
+    (their zygotes then import nothing); what the imports set in the environment is
+    added to ``adopted``. False when they cannot be imported."""
+    if "torch" in sys.modules:
+        return True
+    before = dict(os.environ)
+    if zygote.import_the_runtime() is not None:
+        return False
+    adopted.update({k: v for k, v in os.environ.items() if before.get(k) != v})
+    return True
+
+
 def _agent(
     request: AgentRequest,
     fds: Sequence[int],
@@ -192,7 +208,7 @@ def _agent(
     """In the forked child: become ``python -m dmlctl.agent`` as the controller would
     have started it; the agent's exit code."""
     os.setsid()
-    forked_rank.fresh_signals()
+    zygote.fresh_signals()
     for fd in close:
         with contextlib.suppress(OSError):
             os.close(fd)
@@ -205,9 +221,9 @@ def _agent(
     os.environ.clear()
     os.environ.update({**adopted, **request.env})  # what torch's import set, unless set here
     tempfile.tempdir = None  # found again from this environment
-    forked_rank.STARTUP_ENV.clear()
-    forked_rank.STARTUP_ENV.update(os.environ)
-    forked_rank.STARTUP_CWD = cwd
+    zygote.STARTUP_ENV.clear()
+    zygote.STARTUP_ENV.update(os.environ)
+    zygote.STARTUP_CWD = cwd
     sys.path[0] = cwd  # as ``python -m`` puts it
     sys.argv = [sys.modules["dmlctl.agent.__main__"].__file__ or "", *argv[3:]]
     set_cmdline(argv)

@@ -9,11 +9,12 @@ agent (or the lost host's, when it is back) run this instead of torchrun
 rank as torchrun would have — ``python -u -m dmlctl.runtime.entry SCRIPT ARGS…`` with
 the variables torchrun gives a rank (its global rank, the world's size, the run's
 store at ``MASTER_ADDR:MASTER_PORT``) and ``DMLCTL_REJOIN`` set, so that each one joins
-its peers as a replacement forked in place does (:mod:`dmlctl.runtime.rejoin`) —
+its peers as a rank replaced on its own host does (:mod:`dmlctl.runtime.rejoin`) —
 then waits for them as torchrun does: SIGTERM is passed on to every rank, and when
 they have ended it exits 0 if each one did, else 1 after writing down the failed
 ranks where the agent reads torchrun's (:func:`dmlctl.agent.torchrun.read_failures`).
-Each rank dies with this process (it is their parent: the entry's own promise).
+Each rank dies with this process (it is their parent, or the zygote's child:
+the entry's own promise). With ``ranks.start: warm`` the zygote forks them.
 """
 
 from __future__ import annotations
@@ -22,16 +23,14 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import FrameType
-from typing import Protocol
 
 from dmlctl import protocol, wire
-from dmlctl.agent.procs import dies_with_parent
+from dmlctl.agent.rank_procs import FreshStarter, RankProcesses, Starter, shutdown_timeout
 from dmlctl.agent_config import Rejoin
 
 ENV_STANDIN = "DMLCTL_STANDIN"
@@ -41,13 +40,14 @@ POLL_S = 0.1
 
 @dataclass(frozen=True)
 class Order:
-    """What the stand-in starts: the lost ranks (:class:`Rejoin`), the rendezvous id
-    and the script with its arguments."""
+    """What the stand-in starts: the lost ranks (:class:`Rejoin`), the run's id, its
+    restart budget and the script with its arguments."""
 
     rejoin: Rejoin
     run_id: str
     script: str
     args: tuple[str, ...]
+    max_restarts: int = 0
 
     @staticmethod
     def from_json(text: str) -> Order:
@@ -55,7 +55,11 @@ class Order:
         data = json.loads(text)
         args = tuple(str(a) for a in data["args"])
         return Order(
-            Rejoin.from_dict(data["rejoin"]), str(data["run_id"]), str(data["script"]), args
+            Rejoin.from_dict(data["rejoin"]),
+            str(data["run_id"]),
+            str(data["script"]),
+            args,
+            int(data.get("max_restarts", 0)),
         )
 
 
@@ -66,6 +70,10 @@ def rank_env(order: Order, local_rank: int, base: Mapping[str, str]) -> dict[str
     spec = order.rejoin
     rank, world = spec.ranks[local_rank], str(spec.world_size)
     rank_dir = base.get(protocol.ENV_RANK_DIR, ".")
+    try:
+        restarts = max(0, int(base.get(protocol.ENV_ATTEMPT, "1")) - 1)
+    except ValueError:
+        restarts = 0
     return {
         **{k: v for k, v in base.items() if k != ENV_STANDIN},
         "LOCAL_RANK": str(local_rank),
@@ -79,77 +87,34 @@ def rank_env(order: Order, local_rank: int, base: Mapping[str, str]) -> dict[str
         "ROLE_WORLD_SIZE": world,
         "MASTER_ADDR": spec.master_addr,
         "MASTER_PORT": str(spec.master_port),
-        "TORCHELASTIC_RESTART_COUNT": "0",
-        "TORCHELASTIC_MAX_RESTARTS": "0",
+        "TORCHELASTIC_RESTART_COUNT": str(restarts),
+        "TORCHELASTIC_MAX_RESTARTS": str(order.max_restarts),
         "TORCHELASTIC_RUN_ID": order.run_id,
         "TORCHELASTIC_USE_AGENT_STORE": "True",
         "TORCHELASTIC_ERROR_FILE": os.path.join(rank_dir, f"standin-error-{rank}.json"),
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": base.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
         protocol.ENV_REJOIN: str(spec.number),
     }
 
 
-class Rank(Protocol):
-    """A started rank: a new interpreter's :class:`subprocess.Popen`, or a
-    :class:`~dmlctl.agent.forked_rank.ForkedRank`."""
-
-    pid: int
-    returncode: int | None
-
-    def poll(self) -> int | None: ...
+def start_ranks(order: Order, env: Mapping[str, str], starter: Starter) -> RankProcesses:
+    """Every rank of ``order`` started by ``starter``, each in a session of its own,
+    a rank killed by SIGKILL started again in place (:mod:`dmlctl.agent.respawn`)."""
+    argv = (sys.executable, "-u", "-m", "dmlctl.runtime.entry", order.script, *order.args)
+    commands = {lr: (argv, rank_env(order, lr, env)) for lr in range(len(order.rejoin.ranks))}
+    return RankProcesses(starter, commands, respawn_lost=True)
 
 
-def start_ranks(order: Order, env: Mapping[str, str], fork: bool) -> dict[int, Rank]:
-    """Every rank of ``order`` started (global rank → process), each its own process
-    group and dying with this process: forked from it when ``fork`` (a warm agent's
-    child, torch imported) and the rank's environment allows, as torchrun's ranks are
-    (:mod:`dmlctl.agent.forked_rank`; one killed by SIGKILL is then forked again in
-    place), else a new interpreter."""
-    from dmlctl.agent import forked_rank
-
-    argv = [sys.executable, "-u", "-m", "dmlctl.runtime.entry", order.script, *order.args]
-    if fork:
-        forked_rank.warm_runtime()
-    procs: dict[int, Rank] = {}
-    for local_rank, rank in enumerate(order.rejoin.ranks):
-        own = rank_env(order, local_rank, env)
-        if fork and forked_rank.can_fork(argv, own):
-            procs[rank] = forked_rank.ForkedRank(argv, own, None, None)
-            continue
-        procs[rank] = subprocess.Popen(
-            argv,
-            env=own,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,  # as torchrun's: signalled as a group
-            preexec_fn=dies_with_parent(signal.SIGKILL, os.getpid()),
-        )
-    return procs
-
-
-def wait_all(procs: Mapping[int, Rank], stopping: list[int]) -> dict[int, int]:
-    """Each rank's exit code once all have ended; SIGTERM to each one that still runs
-    when ``stopping`` gets a signal number (then SIGKILL after the shutdown timeout)."""
-    sent_at: float | None = None
-    grace = float(os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "30"))
-    while any(p.poll() is None for p in procs.values()):
-        if stopping and sent_at is None:
-            sent_at = time.monotonic()
-            _signal_all(procs, signal.SIGTERM)
-        if sent_at is not None and time.monotonic() - sent_at > grace:
-            _signal_all(procs, signal.SIGKILL)
+def wait_all(procs: RankProcesses, count: int, stopping: list[int]) -> dict[int, int]:
+    """Each local rank's exit code once all ``count`` have ended; the ranks are
+    stopped (SIGTERM, SIGKILL after the shutdown timeout) when ``stopping`` gets a
+    signal number."""
+    while len(ended := procs.ended()) < count:
+        if stopping:
+            procs.close(signal.SIGTERM, shutdown_timeout())
+            return procs.ended()
         time.sleep(POLL_S)
-    return {rank: int(p.returncode or 0) for rank, p in procs.items()}
-
-
-def _signal_all(procs: Mapping[int, Rank], sig: int) -> None:
-    """``sig`` to every rank still running and its group; a forked rank is told first
-    that it is being stopped (it is not forked again)."""
-    for p in procs.values():
-        if p.poll() is None:
-            stopping = getattr(p, "stopping", None)
-            if stopping is not None:
-                stopping()
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, sig)
+    return ended
 
 
 def write_failures(codes: Mapping[int, int], pids: Mapping[int, int]) -> None:
@@ -167,9 +132,9 @@ def write_failures(codes: Mapping[int, int], pids: Mapping[int, int]) -> None:
         out.write(wire.encode_failures(failed))
 
 
-def main(fork: bool = False) -> int:
-    """Start the ranks of :data:`ENV_STANDIN` (forked from this process when ``fork``:
-    a warm agent's child), wait for them; 0 when each ended with 0."""
+def main(starter: Starter | None = None) -> int:
+    """Start the ranks of :data:`ENV_STANDIN` with ``starter`` (None: new
+    interpreters), wait for them; 0 when each ended with 0."""
     stopping: list[int] = []
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
@@ -177,12 +142,15 @@ def main(fork: bool = False) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, on_signal)
-    procs = start_ranks(Order.from_json(os.environ[ENV_STANDIN]), os.environ, fork)
-    ranks = ", ".join(str(r) for r in procs)
+    order = Order.from_json(os.environ[ENV_STANDIN])
+    procs = start_ranks(order, os.environ, starter or FreshStarter())
+    ranks = ", ".join(str(r) for r in order.rejoin.ranks)
     print(f"dmlctl standin: started rank {ranks} into the running world", flush=True)
-    codes = wait_all(procs, stopping)
-    write_failures(codes, {rank: p.pid for rank, p in procs.items()})
-    return 0 if all(code == 0 for code in codes.values()) else 1
+    codes = wait_all(procs, len(order.rejoin.ranks), stopping)
+    pids = procs.pids()
+    by_rank = {order.rejoin.ranks[lr]: code for lr, code in codes.items()}
+    write_failures(by_rank, {order.rejoin.ranks[lr]: pid for lr, pid in pids.items()})
+    return 0 if all(code == 0 for code in codes.values()) and len(codes) == len(pids) else 1
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Starting a host agent's run: its rank directory (:func:`prepare`), torchrun's
-environment (:func:`environment`) and torchrun itself (:func:`start`), forked from the
-warm agent where it can be, and the ``exit`` message of a run that could not start
+environment (:func:`environment`) and torchrun itself (:func:`start`), forked by the
+zygote with ``ranks.start: warm``, and the ``exit`` message of a run that could not start
 (:func:`cannot_start`)."""
 
 from __future__ import annotations
@@ -13,14 +13,15 @@ import signal
 import subprocess
 
 from dmlctl import protocol, wire
-from dmlctl.agent import warm
+from dmlctl.agent import zygote as zygote_roles
 from dmlctl.agent.messages import Emitter
 from dmlctl.agent.procs import dies_with_parent
 from dmlctl.agent.standin import ENV_STANDIN as STANDIN
+from dmlctl.agent.zygote import Client, ZygoteChild
 from dmlctl.agent_config import AgentConfig
 from dmlctl.failure import FULL_DISK_ERRNOS, Kind
 
-Torchrun = subprocess.Popen[str] | warm.ForkedTorchrun
+Torchrun = subprocess.Popen[str] | ZygoteChild
 
 
 def script_dir(config: AgentConfig, workdir: str) -> str:
@@ -48,18 +49,29 @@ def environment(config: AgentConfig, rank_dir: str) -> dict[str, str]:
     return env
 
 
-def start(config: AgentConfig, workdir: str, env: dict[str, str], emit: Emitter) -> Torchrun:
-    """torchrun, forked from this warm process when possible, else a new process; for
-    a config with ``rejoin``, the stand-in that starts those ranks into the running
-    world (:mod:`dmlctl.agent.standin`) instead."""
+def start(
+    config: AgentConfig,
+    workdir: str,
+    env: dict[str, str],
+    emit: Emitter,
+    zygote: Client | None = None,
+) -> Torchrun:
+    """torchrun as a new process, or forked by the ``zygote`` (``ranks.start: warm``;
+    a refusal is said in one line); for a config with ``rejoin``, the stand-in that
+    starts those ranks into the running world (:mod:`dmlctl.agent.standin`) instead."""
     argv = config.torchrun.argv()
+    role = zygote_roles.TORCHRUN
     if config.rejoin is not None:
-        argv = (config.torchrun.python, *warm.STANDIN)
+        argv = (config.torchrun.python, "-m", "dmlctl.agent.standin")
         env = {**env, STANDIN: config.rejoin.standin_env(config.torchrun)}
-    if warm.can_fork(argv):
-        forked = warm.ForkedTorchrun(argv, workdir, env)
-        emit.send(wire.LogMsg(None, "agent", ("dmlctl agent: warm start",)))
-        return forked
+        role = zygote_roles.STANDIN
+    if zygote is not None:
+        child = ZygoteChild.fork(zygote, role, argv, workdir, env)
+        if not isinstance(child, str):
+            emit.send(wire.LogMsg(None, "agent", ("dmlctl agent: warm start",)))
+            return child
+        said = f"dmlctl agent: warm start refused ({child}): torchrun starts as a new process"
+        emit.send(wire.LogMsg(None, "agent", (said,)))
     return subprocess.Popen(
         argv,
         cwd=workdir,

@@ -1,11 +1,12 @@
 """Standby host agents: one warm agent per host, ready for the next attempt.
 
-A host agent imports torchrun before it reads its configuration
-(:mod:`dmlctl.agent.warm`), so an agent started while an attempt runs has that
-start-up behind it when a restart needs it. :class:`Standbys` starts one per host
-once that host's ranks have run ``warm_after`` seconds (a short run never pays for
-one), hands it to the next attempt, and kills the unused ones when the run ends —
-or when the run's hosts move to other machines (a Slurm requeue: :meth:`drop`).
+A host agent of a job with ``ranks.start: warm`` forks its zygote, which imports
+torch, before it reads its configuration (:mod:`dmlctl.agent.zygote`), so an agent
+started while an attempt runs has that start-up behind it when a restart needs it.
+:class:`Standbys` starts one per host once that host's ranks have run ``warm_after``
+seconds (a short run never pays for one), hands it to the next attempt, and kills
+the unused ones when the run ends — or when the run's hosts move to other machines
+(a Slurm requeue: :meth:`drop`).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from dmlctl import gpus as gpu_rules
 from dmlctl import protocol
-from dmlctl.agent_config import TorchrunCommand
+from dmlctl.agent_config import WARM_FLAG, TorchrunCommand
 from dmlctl.mesh import MeshLayout, dumps
 from dmlctl.plan.layout import lay_out
 from dmlctl.plan.model import HostPlan, LaunchPlan
@@ -94,6 +94,7 @@ def _host_env(
         protocol.ENV_HOST: host.name,
         protocol.ENV_ROLE: WORKER_ROLE,
         protocol.ENV_SCRIPT: job.script,
+        protocol.ENV_RANK_START: job.ranks.start,
         **({protocol.ENV_BACKEND: job.backend} if job.backend != gpu_rules.AUTO else {}),
         **_checkpoint_env(job, checkpoints, where.run_id),
         **_parallel_env(job, mesh),
@@ -141,6 +142,8 @@ def _pool_host(
         script=job.script,
         args=tuple(job.args),
         is_host=False,
+        run_name=where.run_id,
+        max_restarts=job.restart.max_user_restarts + job.restart.max_infra_restarts,
     )
     return HostPlan(
         name=host.name,
@@ -155,7 +158,14 @@ def _pool_host(
         python=host.python,
         workdir=workdir,
         rank_dir=rank_dir,
-        agent_argv=(host.python, "-m", "dmlctl.agent", "--run-id", where.run_id),
+        agent_argv=(
+            host.python,
+            "-m",
+            "dmlctl.agent",
+            "--run-id",
+            where.run_id,
+            *((WARM_FLAG,) if job.ranks.start == protocol.RANK_START_WARM else ()),
+        ),
         agent_cwd=agent_cwd,
         torchrun=torchrun,
         env=_host_env(host, job, where, rank_dir, mesh),

@@ -131,7 +131,9 @@ class LaunchPlan:
         torchrun = dataclasses.replace(host.torchrun, rdzv_id=attempt_rdzv_id(self.run_id, attempt))
         env = dict(host.env)
         if store is not None:
-            torchrun = dataclasses.replace(torchrun, rdzv_endpoint=store, is_host=False)
+            torchrun = dataclasses.replace(
+                torchrun, rdzv_endpoint=store, is_host=False, run_store=True
+            )
             env[ENV_RUN_STORE] = store
         return AgentConfig(
             run_id=self.run_id,

@@ -106,7 +106,7 @@ def store() -> Store:
 def done() -> None:
     """Say in the store that this rank is done with it (its process ends): each
     torchrun of an in-place run waits for that of every rank before it ends
-    (:func:`dmlctl.agent.torchrun.wait_for_ranks_at_exit`)."""
+    (:func:`dmlctl.agent.elastic_agent.wait_for_ranks`)."""
     store().set(done_key(int(os.environ.get("RANK", "0"))), "1")
 
 

@@ -54,6 +54,7 @@ from dmlctl.spec.fields import (
     shown,
 )
 from dmlctl.spec.parallelism import ParallelismSpec, split_parallelize
+from dmlctl.spec.ranks import RanksSpec
 from dmlctl.spec.restart import CheckpointSpec, RestartSpec, check_in_place
 from dmlctl.strategies import registry
 
@@ -189,6 +190,9 @@ class JobSpec(BaseModel):
             ".gitignore and the built-in " + ", ".join(BUILTIN_EXCLUDES) + "."
         ),
     )
+    ranks: RanksSpec = Field(default_factory=RanksSpec)
+    """How each rank's process starts: {start: fresh} (the default, as torchrun starts it) or
+    {start: warm} (forked from a process that imported torch already)."""
     restart: RestartSpec = Field(default_factory=RestartSpec)
     """When a failed run is started again: budgets for failures of the training code and of the
     infrastructure, backoff, hang timeout."""

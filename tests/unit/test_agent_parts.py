@@ -4,7 +4,6 @@ killer (on a tiny real ``sh`` + ``sleep`` tree, never on anything else)."""
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import io
 import os
 import signal
@@ -20,14 +19,12 @@ from typing import cast
 import pytest
 
 import dmlctl.agent.__main__ as agent_main
-from dmlctl.agent import warm
 from dmlctl.agent.forward import Held
 from dmlctl.agent.messages import Commands, Emitter
 from dmlctl.agent.procs import descendants, kill_tree
 from dmlctl.agent.stacks import dump_stacks, main_thread_frames, process_state
 from dmlctl.agent.tail import CHUNK, MAX_LINE, RankDirTailer
 from dmlctl.agent_config import AgentConfig
-from dmlctl.runs.parser import parse_line
 
 # ---------------------------------------------------------------------------- tailer
 
@@ -341,61 +338,6 @@ def test_a_py_spy_dump_is_read_like_a_faulthandler_one() -> None:
         ("/job/train.py", 64, "wait_for_batch"),
         ("/job/train.py", 94, "main"),
     ]
-
-
-# ---------------------------------------------------------------------- keepalive
-
-
-def test_the_agent_forks_only_once_the_importing_thread_is_gone_from_the_kernel() -> None:
-    """A joined thread still runs its thread-local destructors (MKL releases its
-    per-thread state there, under a spinlock a fork would copy held): here a
-    destructor that sleeps 0.3 s keeps the native thread alive after ``join``."""
-    libc = ctypes.CDLL(None)
-    key = ctypes.c_uint()
-    assert (
-        libc.pthread_key_create(ctypes.byref(key), ctypes.cast(libc.usleep, ctypes.c_void_p)) == 0
-    )
-    try:
-
-        def lingering_exit() -> None:
-            libc.pthread_setspecific(key, ctypes.c_void_p(300_000))  # usleep(300 ms) at exit
-
-        thread = threading.Thread(target=lingering_exit, daemon=True)
-        thread.start()
-        beats: list[float] = []
-        warm.await_preload(thread, 0.05, lambda: beats.append(time.monotonic()))
-        assert not os.path.exists(f"/proc/self/task/{thread.native_id}")
-        assert beats, "no keepalive while the thread's native exit was awaited"
-    finally:
-        libc.pthread_key_delete(key)
-
-
-def test_an_agent_still_importing_torchrun_keeps_saying_it_is_alive() -> None:
-    """On a loaded host the import before the first fork takes longer than the
-    controller's ``host_timeout``: the agent must not fall silent meanwhile."""
-    heard = threading.Event()
-
-    class Out(io.StringIO):
-        def write(self, s: str) -> int:
-            n = super().write(s)
-            if self.getvalue().count("\n") >= 3:
-                heard.set()
-            return n
-
-    out = Out()
-    importing = threading.Thread(target=heard.wait, args=(10.0,), daemon=True)
-    importing.start()
-    emit = agent_main.Emitter(out, threading.Event())
-    warm.await_preload(
-        importing,
-        0.01,
-        lambda: emit.send(agent_main.wire.AgentMsg("alive")),
-    )
-    assert heard.is_set(), "the wait ended without three keepalives"
-    lines = out.getvalue().splitlines()
-    # Each is an agent message the controller reads (it counts as hearing the host),
-    # not a log line of the agent's.
-    assert all(parse_line("h", line, 0.0) == [] for line in lines), lines
 
 
 def test_a_records_kind_is_read_from_its_head_not_from_a_logged_value(tmp_path: Path) -> None:

@@ -47,8 +47,8 @@ def test_a_spare_replaces_a_lost_host_and_ranks_are_renumbered() -> None:
     assert [h.name for h in new.spares] == ["a"]
     b, c = new.hosts
     assert argv_value(b, "--rdzv-endpoint") == "10.0.0.2:4000"
-    assert argv_value(b, "--rdzv-conf") == "is_host=true"
-    assert argv_value(c, "--rdzv-conf") == "is_host=false"
+    assert argv_value(b, "--rdzv-conf") == "is_host=true,run=r"
+    assert argv_value(c, "--rdzv-conf") == "is_host=false,run=r"
     assert argv_value(b, "--local-addr") == "10.0.0.2"
     assert "--local-addr" not in c.torchrun_argv
     assert argv_value(c, "--nnodes") == "2"

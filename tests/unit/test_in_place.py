@@ -776,35 +776,28 @@ def test_torchrun_of_an_in_place_run_waits_at_exit_for_every_ranks_done_key(
     of each rank of the world, whichever process runs it; bounded."""
     from types import SimpleNamespace
 
-    from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
-
-    from dmlctl.agent.torchrun import wait_for_ranks_at_exit
+    from dmlctl.agent.elastic_agent import wait_for_ranks
 
     store = _store(monkeypatch)
-    own = SimpleElasticAgent._exit_barrier
-    try:
-        wait_for_ranks_at_exit(timeout=0.5, reach=0.5)
-        group = SimpleNamespace(
-            master_addr="127.0.0.1",
-            master_port=int(os.environ["MASTER_PORT"]),
-            workers=[SimpleNamespace(world_size=2)],
-            group_rank=1,
-        )
-        agent = SimpleNamespace(_worker_group=group)
-        store.set(rejoin.done_key(0), "1")
-        SimpleElasticAgent._exit_barrier(agent)  # type: ignore[arg-type]
-        assert "not every rank said it is done with the store" in capsys.readouterr().err
-        monkeypatch.setenv("RANK", "1")
-        rejoin.done()  # rank 1, from wherever it runs now
-        SimpleElasticAgent._exit_barrier(agent)  # type: ignore[arg-type]
-        assert capsys.readouterr().err == ""
-        # The store's torchrun ended first (every rank was done): no 5-minute retry.
-        gone = SimpleNamespace(**{**vars(group), "master_port": _free_port()})
-        started = time.monotonic()
-        SimpleElasticAgent._exit_barrier(SimpleNamespace(_worker_group=gone))  # type: ignore[arg-type]
-        assert time.monotonic() - started < 10 and capsys.readouterr().err == ""
-    finally:
-        SimpleElasticAgent._exit_barrier = own  # type: ignore[method-assign]
+    group: Any = SimpleNamespace(
+        master_addr="127.0.0.1",
+        master_port=int(os.environ["MASTER_PORT"]),
+        workers=[SimpleNamespace(world_size=2)],
+        group_rank=1,
+        group_world_size=2,
+    )
+    store.set(rejoin.done_key(0), "1")
+    wait_for_ranks(group, linger=True, timeout=0.5, reach=0.5)
+    assert "not every rank said it is done with the store" in capsys.readouterr().err
+    monkeypatch.setenv("RANK", "1")
+    rejoin.done()  # rank 1, from wherever it runs now
+    wait_for_ranks(group, linger=True, timeout=0.5, reach=0.5)
+    assert capsys.readouterr().err == ""
+    # The store's torchrun ended first (every rank was done): no 5-minute retry.
+    gone: Any = SimpleNamespace(**{**vars(group), "master_port": _free_port()})
+    started = time.monotonic()
+    wait_for_ranks(gone, linger=True, timeout=0.5, reach=0.5)
+    assert time.monotonic() - started < 10 and capsys.readouterr().err == ""
 
 
 def test_the_others_go_on_without_a_worker_no_replacement_came_for(

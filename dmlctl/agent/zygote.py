@@ -1,0 +1,571 @@
+"""The zygote of ``ranks.start: warm``: one process per host agent that has imported
+torch and dmlctl's runtime, never has a second thread, and forks what asks for it.
+
+The host agent forks it as the agent starts (:func:`start`), before the agent has a
+thread of its own. The zygote imports torch, ``torch._dynamo`` (which every
+optimizer imports), torchrun and the runtime, then serves requests on a socket:
+
+* from the agent: fork torchrun (:mod:`dmlctl.agent.torchrun`), or the stand-in of
+  an in-place run (:mod:`dmlctl.agent.standin`), with the agent's pipe as its output;
+* from that torchrun or stand-in (on a socket of its own): fork a rank, with the
+  requester's standard output and error. A rank forked here becomes what
+  ``python -u -m dmlctl.runtime.entry SCRIPT ARGS`` started with the same environment
+  would be, except for what the interpreter and torch read as they start (see
+  :attr:`dmlctl.spec.ranks.RanksSpec.start`).
+
+Before every fork the zygote checks that it has one thread (``/proc/self/task``); if
+not, or if the environment asks for what a fork cannot give (:func:`can_fork`), it
+refuses, and the requester starts a new interpreter instead, saying so in one line.
+It reaps its children and tells their requester each one's exit code. When a
+requester's socket closes, the zygote kills the children it forked for it; when the
+agent's closes, it ends. The zygote dies with the agent (``PR_SET_PDEATHSIG``), and
+each child with the zygote.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import selectors
+import signal
+import socket
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import IO, Any, NoReturn
+
+from dmlctl.agent.procs import die_with_parent, end_forked, name_process, set_cmdline
+from dmlctl.startup_env import read_at_start
+
+ENTRY = ("-u", "-m", "dmlctl.runtime.entry")
+TORCHRUN = "torchrun"
+STANDIN = "standin"
+RANK = "rank"
+MAX_MESSAGE = 1 << 20
+POLL_S = 0.05
+_QUIET_IMPORT = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+"""Set while the zygote imports torch (unless the environment sets them): numpy's
+OpenBLAS starts a pool thread as it is imported otherwise."""
+
+STARTUP_ENV: dict[str, str] = dict(os.environ)  # this process's own, as it started
+STARTUP_CWD = os.getcwd()
+
+
+def threads() -> int:
+    """How many threads this process has now (1 where ``/proc`` cannot say)."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return 1
+
+
+def can_fork(argv: Sequence[str], env: Mapping[str, str]) -> str | None:
+    """Why a rank started as ``argv`` with ``env`` cannot be forked from the zygote
+    (None: it can): ``argv`` must be ``<this python> -u -m dmlctl.runtime.entry
+    SCRIPT …`` and ``env`` agree with the zygote's on what is read at start."""
+    if len(argv) < 5 or tuple(argv[1:4]) != ENTRY:
+        return "the rank's command is not dmlctl's entry"
+    if os.path.realpath(argv[0]) != os.path.realpath(sys.executable):
+        return f"the rank's interpreter is {argv[0]}, not {sys.executable}"
+    omp = env.get("OMP_NUM_THREADS")
+    if omp is not None and not (omp.isdigit() and int(omp) > 0):
+        return f"OMP_NUM_THREADS={omp} is not a number of threads"
+    if "" in env.get("PYTHONPATH", "x").split(os.pathsep):
+        return "PYTHONPATH has an empty entry (the directory Python starts in)"
+    keys = sorted(k for k in {*env, *STARTUP_ENV} if read_at_start(k))
+    differ = [k for k in keys if env.get(k) != STARTUP_ENV.get(k)]
+    if differ:
+        return f"{', '.join(differ)} differ from what torch was imported with"
+    return None
+
+
+def start() -> socket.socket | None:
+    """Fork the zygote from this process (which must have one thread) and return the
+    socket to it; None, after one line on stderr, where it cannot be forked."""
+    count = threads()
+    if count != 1:
+        print(f"dmlctl agent: {count} threads: ranks start fresh", file=sys.stderr)
+        return None
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    for stream in (sys.stdout, sys.stderr):  # nothing buffered is written twice
+        stream.flush()
+    parent = os.getpid()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the zygote, which never returns
+        ours.close()
+        end_forked(lambda: _zygote(theirs, parent))
+    theirs.close()
+    return ours
+
+
+def _zygote(agent: socket.socket, parent: int) -> int:
+    """Be the zygote (see the module) until the agent's socket closes."""
+    die_with_parent(signal.SIGKILL, parent)
+    name_process(b"dmlctl-zygote")
+    fresh_signals()
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0)
+    os.dup2(null, 1)  # the agent's stdout carries its messages: never write there
+    os.close(null)
+    Zygote(agent, import_the_runtime()).serve()
+    return 0
+
+
+def import_the_runtime() -> str | None:
+    """Import, once and in this thread, what every rank imports; why it could not be
+    (None: it was). What the imports set in the environment (torch's caches) is kept:
+    a rank's own import would set the same."""
+    quiet = {k: v for k, v in _QUIET_IMPORT.items() if k not in os.environ}
+    os.environ.update(quiet)
+    before = dict(os.environ)
+    why = None
+    try:
+        import torch.distributed.run
+
+        with contextlib.suppress(Exception):  # the ranks meet the error themselves
+            import torch._dynamo  # noqa: F401
+        import dmlctl.runtime.entry
+        import dmlctl.runtime.session  # noqa: F401
+    except Exception as exc:
+        why = f"torch cannot be imported: {exc}"
+    changes = {k: v for k, v in os.environ.items() if before.get(k) != v}
+    for key in quiet:
+        os.environ.pop(key, None)
+    os.environ.update(changes)
+    STARTUP_ENV.clear()
+    STARTUP_ENV.update(os.environ)
+    return why
+
+
+class Zygote:
+    """The zygote's loop: requests in, children forked, exit codes out."""
+
+    def __init__(self, agent: socket.socket, broken: str | None = None) -> None:
+        self._agent = agent
+        self._broken = broken
+        self._selector = selectors.DefaultSelector()
+        self._owner: dict[int, socket.socket] = {}  # child pid → who asked for it
+        self._add(agent)
+
+    def _add(self, conn: socket.socket) -> None:
+        self._selector.register(conn, selectors.EVENT_READ)
+
+    def serve(self) -> None:
+        while True:
+            for key, _ in self._selector.select(POLL_S):
+                conn = key.fileobj
+                assert isinstance(conn, socket.socket)
+                if not self._request(conn):
+                    if conn is self._agent:
+                        self._kill_all()
+                        return
+                    self._drop(conn)
+            self._reap()
+
+    def _request(self, conn: socket.socket) -> bool:
+        """Serve one request of ``conn``; False when it has closed."""
+        try:
+            data, fds, _, _ = socket.recv_fds(conn, MAX_MESSAGE, 4)
+        except OSError:
+            return False
+        if not data:
+            return False
+        try:
+            request = json.loads(data)
+            role, argv = str(request["role"]), [str(a) for a in request["argv"]]
+            env = {str(k): str(v) for k, v in request["env"].items()}
+            cwd = str(request.get("cwd") or os.getcwd())
+        except (KeyError, ValueError, AttributeError) as exc:
+            _send(conn, {"refused": f"a request the zygote cannot read: {exc}"})
+            return True
+        try:
+            _send(conn, self._fork(conn, role, argv, env, cwd, fds))
+        finally:
+            for fd in fds:
+                os.close(fd)
+        return True
+
+    def _fork(
+        self,
+        conn: socket.socket,
+        role: str,
+        argv: list[str],
+        env: dict[str, str],
+        cwd: str,
+        fds: list[int],
+    ) -> dict[str, Any]:
+        """Fork one child for ``conn``; the reply."""
+        if self._broken:
+            return {"refused": self._broken}
+        if role == RANK:
+            why = can_fork(argv, env) or _strategy_loaded(env)
+            if why:
+                return {"refused": why}
+        count = threads()
+        if count != 1:
+            return {"refused": f"the zygote has {count} threads"}
+        child: socket.socket | None = None
+        if role in (TORCHRUN, STANDIN):
+            mine, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        zygote = os.getpid()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child, which never returns
+            for key in list(self._selector.get_map().values()):
+                with contextlib.suppress(OSError):
+                    os.close(key.fd)
+            self._selector.close()
+            if role == RANK:
+                _become_rank(argv, env, cwd, fds)
+            assert child is not None
+            end_forked(lambda: _requester(role, argv, env, cwd, fds, child, zygote))
+        if child is not None:
+            child.close()
+            self._add(mine)
+        self._owner[pid] = conn
+        return {"pid": pid}
+
+    def _reap(self) -> None:
+        while self._owner:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            conn = self._owner.pop(pid, None)
+            if conn is not None:
+                _send(conn, {"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+
+    def _drop(self, conn: socket.socket) -> None:
+        """``conn`` closed: kill what it asked for (as torchrun's ranks die with it)."""
+        self._selector.unregister(conn)
+        conn.close()
+        for pid, owner in list(self._owner.items()):
+            if owner is conn:
+                _kill_group(pid)
+
+    def _kill_all(self) -> None:
+        for pid in list(self._owner):
+            _kill_group(pid)
+
+
+def _kill_group(pid: int) -> None:
+    for kill in (os.killpg, os.kill):
+        with contextlib.suppress(OSError):
+            kill(pid, signal.SIGKILL)
+
+
+def _strategy_loaded(env: Mapping[str, str]) -> str | None:
+    """Import the rank's strategy here, once, before the fork (never a reason to
+    refuse: a rank names a bad strategy itself)."""
+    from dmlctl import protocol
+    from dmlctl.strategies import registry
+
+    with contextlib.suppress(Exception):
+        registry.load(env.get(protocol.ENV_STRATEGY) or protocol.DEFAULT_STRATEGY)
+    return None
+
+
+def _send(conn: socket.socket, message: Mapping[str, Any], fds: Sequence[int] = ()) -> None:
+    with contextlib.suppress(OSError):  # a requester that is gone has nothing to learn
+        socket.send_fds(conn, [json.dumps(message).encode()], list(fds))
+
+
+def _requester(
+    role: str,
+    argv: list[str],
+    env: Mapping[str, str],
+    cwd: str,
+    fds: list[int],
+    conn: socket.socket,
+    zygote: int,
+) -> int:
+    """In a forked child: be torchrun (``python -m dmlctl.agent.torchrun argv[3:]``)
+    or the stand-in, with ``fds[0]`` as standard output and error; the exit code."""
+    die_with_parent(signal.SIGKILL, zygote)
+    name_process(role.encode())
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    for fd in (1, 2):
+        os.dup2(fds[0], fd)
+    _own_stdio()
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    set_cmdline(list(argv))
+    starter = ZygoteStarter(Client(conn))
+    try:
+        if role == STANDIN:
+            from dmlctl.agent import standin
+
+            return standin.main(starter)
+        from dmlctl.agent import torchrun
+
+        sys.argv = ["torch.distributed.run", *argv[3:]]
+        torchrun.main(argv[3:], starter)
+        return 0
+    except SystemExit as e:
+        if isinstance(e.code, int) or e.code is None:
+            return int(e.code or 0)
+        print(e.code, file=sys.stderr)
+        return 1
+    finally:
+        import atexit
+
+        atexit._run_exitfuncs()
+
+
+def _become_rank(argv: list[str], env: Mapping[str, str], cwd: str, fds: list[int]) -> NoReturn:
+    """In a forked child: become ``python -u -m dmlctl.runtime.entry argv[4:]``, started
+    in ``cwd``."""
+    try:
+        os.setsid()
+        os.chdir(cwd)
+        name_process(f"rank {env.get('RANK', '')}".encode())
+        fresh_signals()
+        for target, fd in zip((1, 2), fds, strict=False):
+            os.dup2(fd, target)
+        _close_inherited()
+        if (why := _cuda_unusable()) is not None:
+            rank = env.get("RANK")
+            os.write(2, f"dmlctl: {why}: rank {rank} starts as a new interpreter\n".encode())
+            os.execve(argv[0], argv, env)  # the new interpreter after all, same process
+        os.environ.clear()
+        os.environ.update(env)
+        set_cmdline(argv)
+        _fresh_interpreter(env)
+        from dmlctl.runtime import entry
+
+        entry.run(argv[4:])
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        os._exit(1)
+
+
+def _cuda_unusable() -> str | None:
+    """What makes the GPUs unusable in a forked process (then only a new interpreter
+    can use them): CUDA initialised in the zygote."""
+    cuda = sys.modules.get("torch.cuda")
+    if cuda is not None and cuda._is_in_bad_fork():
+        return "CUDA was initialised in the zygote"
+    return None
+
+
+def fresh_signals() -> None:
+    """Handlers as a new interpreter has them: caught signals back to their default
+    (as ``exec`` does), ignored ones still ignored, Python's own three set."""
+    import faulthandler
+
+    signal.set_wakeup_fd(-1)
+    for sig in signal.valid_signals():
+        try:
+            if callable(signal.getsignal(sig)):
+                signal.signal(sig, signal.SIG_DFL)
+        except (OSError, ValueError):
+            continue
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    if faulthandler.is_enabled() and not os.environ.get("PYTHONFAULTHANDLER"):
+        faulthandler.disable()
+
+
+def _close_inherited() -> None:
+    """Point every descriptor above 2 at ``/dev/null``: the zygote's sockets close in
+    this process, and an object of the zygote's that closes its descriptor later
+    closes only that ``/dev/null`` (never a file the script opened)."""
+    null = os.open(os.devnull, os.O_RDWR)
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd > 2 and fd != null:
+            with contextlib.suppress(OSError):
+                os.dup2(null, fd, inheritable=False)
+    os.close(null)
+
+
+def _fresh_interpreter(env: Mapping[str, str]) -> None:
+    """``sys.path``, threads, stdio and random state as a new ``python -u`` started
+    with ``env`` would have them."""
+    import torch
+
+    sys.path[:] = _sys_path(env.get("PYTHONPATH", ""))
+    omp = env.get("OMP_NUM_THREADS")
+    torch.set_num_threads(int(omp) if omp else len(os.sched_getaffinity(0)))
+    _own_stdio(unbuffered=True)
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed()
+
+
+def _own_stdio(unbuffered: bool = False) -> None:
+    """``sys.stdout`` and ``sys.stderr`` on descriptors 1 and 2, as a new interpreter
+    makes them (``-u``: ``unbuffered``), and ``sys.stdin`` on 0."""
+    for fd, name, errors in ((1, "stdout", "strict"), (2, "stderr", "backslashreplace")):
+        old: IO[str] = getattr(sys, f"__{name}__") or getattr(sys, name)
+        _kept.append(old)
+        stream = io.TextIOWrapper(
+            io.FileIO(fd, "w", closefd=False),
+            encoding=getattr(old, "encoding", None) or "utf-8",
+            errors=getattr(old, "errors", None) or errors,
+            write_through=unbuffered,
+            line_buffering=not unbuffered,
+        )
+        setattr(sys, name, stream)
+        setattr(sys, f"__{name}__", stream)
+    stdin = open(0, closefd=False)  # noqa: SIM115 - the process's own stdin
+    _kept.append(sys.stdin)
+    sys.stdin = stdin
+    setattr(sys, "__stdin__", stdin)  # noqa: B010 - typed Final in typeshed
+
+
+_kept: list[Any] = []  # replaced stdio objects, kept so that their buffers never flush
+
+
+def _sys_path(pythonpath: str) -> list[str]:
+    """``sys.path`` as Python builds it from ``pythonpath``: this one's, with the
+    zygote's ``PYTHONPATH`` entries replaced by those of ``pythonpath``."""
+
+    def entries(value: str, cwd: str) -> list[str]:
+        return [os.path.normpath(os.path.join(cwd, p)) for p in value.split(os.pathsep) if p]
+
+    zygote = set(entries(STARTUP_ENV.get("PYTHONPATH", ""), STARTUP_CWD))
+    wanted = entries(pythonpath, os.getcwd())
+    rest = [p for p in sys.path[1:] if p not in zygote and p not in wanted]
+    return [sys.path[0], *wanted, *rest]
+
+
+class Client:
+    """A requester's end of the zygote's socket: forks asked for, exit codes heard.
+    Used from one thread."""
+
+    def __init__(self, conn: socket.socket) -> None:
+        self._conn = conn
+        self._exits: dict[int, int] = {}
+        self._gone = False
+
+    def fork(
+        self, role: str, argv: Sequence[str], env: Mapping[str, str], cwd: str, fds: Sequence[int]
+    ) -> int | str:
+        """The pid of the child forked for this request, or why the zygote refused."""
+        request = {"role": role, "argv": list(argv), "env": dict(env), "cwd": cwd}
+        try:
+            socket.send_fds(self._conn, [json.dumps(request).encode()], list(fds))
+            while True:
+                reply = self._receive(block=True)
+                if reply is None:
+                    return "the zygote has ended"
+                if "exit" not in reply:
+                    return int(reply["pid"]) if "pid" in reply else str(reply.get("refused"))
+        except OSError as exc:
+            return f"the zygote cannot be reached: {exc}"
+
+    def exit_code(self, pid: int) -> int | None:
+        """``pid``'s exit code once the zygote has reaped it (SIGKILL's when the
+        zygote is gone: its children die with it)."""
+        while not self._gone and pid not in self._exits and self._receive(block=False):
+            pass
+        if pid not in self._exits and self._gone:
+            return -signal.SIGKILL
+        return self._exits.get(pid)
+
+    def _receive(self, block: bool) -> dict[str, Any] | None:
+        """One message (exit codes are kept as they come); None when none is waiting
+        (``block`` false) or the zygote has ended."""
+        flags = 0 if block else socket.MSG_DONTWAIT
+        try:
+            data = self._conn.recv(MAX_MESSAGE, flags)
+        except BlockingIOError:
+            return None
+        except OSError:
+            data = b""
+        if not data:
+            self._gone = True
+            return None
+        message: dict[str, Any] = json.loads(data)
+        if "exit" in message:
+            self._exits[int(message["exit"])] = int(message["code"])
+        return message
+
+
+class ZygoteRank:
+    """A rank the zygote forked (:class:`~dmlctl.agent.rank_procs.RankProcess`)."""
+
+    def __init__(self, client: Client, pid: int) -> None:
+        self._client = client
+        self.pid = pid
+
+    def poll(self) -> int | None:
+        return self._client.exit_code(self.pid)
+
+    def signal(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pid, sig)
+
+
+class ZygoteStarter:
+    """Starts each rank from the zygote, or — where it refuses, said once on stderr —
+    as a new interpreter."""
+
+    def __init__(self, client: Client, say: Callable[[str], None] | None = None) -> None:
+        self._client = client
+        self._said = False
+        self._say = say or (lambda line: print(line, file=sys.stderr, flush=True))
+
+    def start(self, argv: Sequence[str], env: Mapping[str, str]) -> Any:
+        from dmlctl.agent.rank_procs import NewInterpreter
+
+        got = self._client.fork(RANK, argv, env, os.getcwd(), (1, 2))
+        if isinstance(got, int):
+            return ZygoteRank(self._client, got)
+        if not self._said:
+            self._said = True
+            self._say(f"dmlctl: warm start refused ({got}): ranks start as new interpreters")
+        return NewInterpreter(argv, env)
+
+
+class ZygoteChild:
+    """torchrun or the stand-in, forked by the zygote for the agent, with the part of
+    :class:`subprocess.Popen` the agent uses: ``pid``, ``stdout`` (text, its output
+    and errors together), ``poll``, ``wait`` and ``returncode``."""
+
+    def __init__(self, client: Client, pid: int, stdout: IO[str]) -> None:
+        self._client = client
+        self.pid = pid
+        self.stdout = stdout
+        self.returncode: int | None = None
+
+    @staticmethod
+    def fork(
+        client: Client, role: str, argv: Sequence[str], cwd: str, env: Mapping[str, str]
+    ) -> ZygoteChild | str:
+        """The child for ``role``, or why the zygote refused it."""
+        read, write = os.pipe()
+        try:
+            got = client.fork(role, argv, env, cwd, (write,))
+        finally:
+            os.close(write)
+        if isinstance(got, str):
+            os.close(read)
+            return got
+        return ZygoteChild(client, got, os.fdopen(read, "r", errors="replace"))
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self._client.exit_code(self.pid)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        import time
+
+        end = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if end is not None and time.monotonic() >= end:
+                return None
+            time.sleep(0.02)
+        return self.returncode
