@@ -9,7 +9,7 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install quickstart test test-gpu lint bench
+.PHONY: install quickstart test test-gpu test-compat lint bench
 
 # Debian/Ubuntu ship venv's ensurepip in a separate package: say so in one line.
 $(VPY):
@@ -59,6 +59,21 @@ GPU_PY ?= $(VPY)
 GPU_WORKERS ?= 4
 test-gpu:
 	$(GPU_PY) -m pytest -q -m gpu -n $(GPU_WORKERS) --durations=10 tests/gpu $(PYTEST_ARGS)
+
+# The compatibility subset on another torch (`make test-compat TORCH=2.4.1`): a virtualenv
+# of its own, .venv-compat-$(TORCH)/, with that torch and dmlctl's dev extras, then the
+# tests marked `compat` (the quick start, a parameter-server strategy, a worker replaced
+# in place, a failure restart, the environment compared with bare torchrun's, warm
+# ranks). The package index's x86 wheels of older torch bring CUDA libraries (~3 GB a
+# version): not part of `make test`; run it when the agent or the runtime changes.
+TORCH ?= 2.13.0
+COMPAT := .venv-compat-$(TORCH)
+test-compat:
+	@test -x $(COMPAT)/bin/python || $(PY) -m venv $(COMPAT)
+	$(COMPAT)/bin/python -m pip install --quiet --disable-pip-version-check \
+		torch==$(TORCH) -e '.[dev]'
+	$(COMPAT)/bin/python -c 'import torch; print("torch", torch.__version__)'
+	$(COMPAT)/bin/python -m pytest -q -m compat -n 2 --durations=10 tests $(PYTEST_ARGS)
 
 lint: install
 	$(VPY) -m ruff check dmlctl tests examples

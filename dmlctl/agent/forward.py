@@ -11,7 +11,7 @@ import os
 from dmlctl import protocol, wire
 from dmlctl.agent.messages import Emitter
 from dmlctl.agent.procs import descendants
-from dmlctl.agent.stacks import dump_stacks, main_thread_frames
+from dmlctl.agent.stacks import dump_stacks, main_thread_frames, unarmed_ranks, unarmed_stacks
 from dmlctl.agent.tail import RankDirTailer
 from dmlctl.agent.usage import usage
 from dmlctl.runtime.where import FrameNamer
@@ -88,6 +88,8 @@ def dump(pids: dict[int, int], rank_dir: str, namer: FrameNamer, emit: Emitter) 
     processes of this agent's own tree are signalled (a pid may have been reused)."""
     mine = set(descendants(os.getpid()))
     dumps, stopped = dump_stacks({r: p for r, p in pids.items() if p in mine}, rank_dir)
+    for rank, pid in unarmed_ranks(mine, rank_dir, pids).items():
+        dumps[rank] = unarmed_stacks(rank, pid)
     for rank, lines in sorted(dumps.items()):
         where, inner = namer.summary(main_thread_frames(lines))
         emit.send(wire.StacksMsg(rank, tuple(lines), where, inner))

@@ -219,7 +219,10 @@ def _agent(
     os.chdir(cwd)
     os.umask(request.umask)
     os.environ.clear()
-    os.environ.update({**adopted, **request.env})  # what torch's import set, unless set here
+    # What torch's import set, unless set here: only for an agent whose zygote forks
+    # ranks from this import (a fresh rank's own import sets what it sets).
+    warm = WARM_FLAG in request.argv
+    os.environ.update({**(adopted if warm else {}), **request.env})
     tempfile.tempdir = None  # found again from this environment
     zygote.STARTUP_ENV.clear()
     zygote.STARTUP_ENV.update(os.environ)

@@ -21,7 +21,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from dmlctl import protocol
 from dmlctl.agent.usage import stat_fields
@@ -108,6 +108,65 @@ def dump_stacks(
         lines = _read_from(paths[rank], before[rank])
         out[rank] = lines or [f"dmlctl: rank {rank} wrote no stack within {wait:g} s"]
     return out, stopped
+
+
+GDB_TIMEOUT = 20.0
+
+
+def unarmed_ranks(pids: Iterable[int], rank_dir: str, known: Iterable[int]) -> dict[int, int]:
+    """The ranks of ``rank_dir`` among processes ``pids`` that have not armed their stack
+    dumps yet (not in ``known``: no start record), rank → pid: a process with
+    torchrun's ``RANK`` and this rank directory in its environment (a warm rank: named
+    ``rank N``), the first of its family (a rank's children inherit its environment)."""
+    found: dict[int, int] = {}
+    skip = set(known)
+    for pid in sorted(pids):
+        rank = _rank_of(pid, rank_dir)
+        if rank is not None and rank not in skip and rank not in found:
+            found[rank] = pid
+    return found
+
+
+def _rank_of(pid: int, rank_dir: str) -> int | None:
+    """The rank process ``pid`` runs, where it says so."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = dict(p.split(b"=", 1) for p in f.read().split(b"\0") if b"=" in p)
+        with open(f"/proc/{pid}/comm", "rb") as f:
+            comm = f.read().decode(errors="replace").strip()
+    except OSError:
+        return None
+    if env.get(b"DMLCTL_RANK_DIR", b"").decode(errors="replace") == rank_dir:
+        rank = env.get(b"RANK", b"").decode(errors="replace")
+        if rank.isdigit():
+            return int(rank)
+    if comm.startswith("rank ") and comm[5:].isdigit():
+        return int(comm[5:])
+    return None
+
+
+def unarmed_stacks(rank: int, pid: int) -> list[str]:
+    """The stacks of a rank that never armed its own dumps, read from outside: Python's
+    with py-spy, else every thread's native stack with gdb, else why not."""
+    found = _pyspy(pid)
+    if found:
+        return found
+    gdb = shutil.which("gdb")
+    head = f"dmlctl: rank {rank} (pid {pid}) never started: "
+    if gdb is None:
+        return [head + "its stacks cannot be read (install py-spy or gdb to read them)"]
+    try:
+        out = subprocess.run(
+            [gdb, "-p", str(pid), "-batch", "-nx", "-ex", "thread apply all bt 30"],
+            capture_output=True,
+            timeout=GDB_TIMEOUT,
+            text=True,
+            errors="replace",
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return [head + f"gdb failed: {e}"]
+    frames = [ln for ln in out.stdout.splitlines() if ln.startswith(("#", "Thread "))]
+    return [head + "its native stacks (gdb):", *frames] if frames else [head + out.stderr[-300:]]
 
 
 def _settle(paths: Mapping[int, str], before: Mapping[int, int], wait: float) -> None:

@@ -50,6 +50,9 @@ OpenBLAS starts a pool thread as it is imported otherwise."""
 
 STARTUP_ENV: dict[str, str] = dict(os.environ)  # this process's own, as it started
 STARTUP_CWD = os.getcwd()
+SET_BY_IMPORT: set[str] = set()
+"""Variables torch's import set here (its caches): a rank without them would set the
+same as it imports torch itself."""
 
 
 def threads() -> int:
@@ -74,7 +77,11 @@ def can_fork(argv: Sequence[str], env: Mapping[str, str]) -> str | None:
     if "" in env.get("PYTHONPATH", "x").split(os.pathsep):
         return "PYTHONPATH has an empty entry (the directory Python starts in)"
     keys = sorted(k for k in {*env, *STARTUP_ENV} if read_at_start(k))
-    differ = [k for k in keys if env.get(k) != STARTUP_ENV.get(k)]
+    differ = [
+        k
+        for k in keys
+        if env.get(k) != STARTUP_ENV.get(k) and not (k not in env and k in SET_BY_IMPORT)
+    ]
     if differ:
         return f"{', '.join(differ)} differ from what torch was imported with"
     return None
@@ -130,6 +137,7 @@ def import_the_runtime() -> str | None:
     except Exception as exc:
         why = f"torch cannot be imported: {exc}"
     changes = {k: v for k, v in os.environ.items() if before.get(k) != v}
+    SET_BY_IMPORT.update(changes)
     for key in quiet:
         os.environ.pop(key, None)
     os.environ.update(changes)

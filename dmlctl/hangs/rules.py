@@ -29,6 +29,9 @@ order, with ``T`` the job's ``restart.hang_timeout``:
 
 Nothing else is a hang: a rank before its first step, after its data, in a phase, or
 busy, is never blamed, however long it takes.
+
+Before all that, a rank must start: one that has sent no heartbeat at all
+:func:`start_limit` seconds after its attempt began is hung (:func:`find_unstarted`).
 """
 
 from __future__ import annotations
@@ -49,6 +52,10 @@ RUNNING_STATES = ("R", "D")
 waiting for a disk."""
 STEP_FACTOR = 4.0
 """A rank may take this many times its slowest recent step before it counts as stuck."""
+START_BASE_S = 120.0
+START_PER_RANK_S = 1.0
+"""The default start timeout: :data:`START_BASE_S` plus this much per rank of the world
+(more ranks share a host's cores and the run's store as they start)."""
 
 
 @dataclass(frozen=True)
@@ -79,8 +86,8 @@ class RankView:
 class Verdict:
     """A hang: ``rank`` on ``host`` holds the run up, for ``seconds``.
 
-    ``reason`` is one of ``frozen``, ``phase``, ``stuck``, ``exited``, ``collective``,
-    ``cycle``, ``idle``; ``detail`` says it in words without the frame; ``waiting``
+    ``reason`` is one of ``unstarted``, ``frozen``, ``phase``, ``stuck``, ``exited``,
+    ``collective``, ``cycle``, ``idle``; ``detail`` says it in words without the frame; ``waiting``
     are the ranks that wait for the culprit; ``where``/``inner`` its last known frames.
     """
 
@@ -92,6 +99,30 @@ class Verdict:
     waiting: tuple[int, ...] = ()
     where: str | None = None
     inner: str | None = None
+
+
+def start_limit(start_timeout: float | None, world_size: int) -> float:
+    """How long a rank may take to send its first heartbeat: the job's
+    ``restart.start_timeout``, else :data:`START_BASE_S` + :data:`START_PER_RANK_S`
+    per rank."""
+    if start_timeout is not None:
+        return start_timeout
+    return START_BASE_S + START_PER_RANK_S * world_size
+
+
+def find_unstarted(
+    silent: Sequence[tuple[int, str]], age: float, start_timeout: float
+) -> Verdict | None:
+    """The first of the ``silent`` ranks ((rank, host): not one heartbeat yet) once its
+    attempt began ``age`` seconds ago, at least ``start_timeout`` ago; else None."""
+    if not silent or age < start_timeout:
+        return None
+    rank, host = min(silent)
+    detail = (
+        f"sent no heartbeat {age:.0f} s after its attempt began (restart.start_timeout "
+        f"{start_timeout:g} s): it never started"
+    )
+    return Verdict(rank, host, age, "unstarted", detail)
 
 
 def limit(view: RankView, hang_timeout: float) -> float:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from dmlctl.failure import Evidence, Failure, Kind
-from dmlctl.hangs.rules import RankView, Verdict, find_hang
+from dmlctl.hangs.rules import RankView, Verdict, find_hang, find_unstarted
 from dmlctl.runs.events import (
     Heartbeat,
     MetricRecord,
@@ -106,13 +106,19 @@ class _Usage:
 class HangWatch:
     """Ranks: call :meth:`reset` when an attempt starts and :meth:`beat` for every
     heartbeat; :meth:`check` returns a verdict once per attempt (``None`` timeout:
-    never). ``clock`` is the monotonic clock beats are dated with."""
+    never). ``clock`` is the monotonic clock beats are dated with. ``start_timeout``:
+    seconds from :meth:`reset` to a rank's first heartbeat (None: never judged)."""
 
     def __init__(
-        self, hang_timeout: float | None, clock: Callable[[], float] = time.monotonic
+        self,
+        hang_timeout: float | None,
+        clock: Callable[[], float] = time.monotonic,
+        start_timeout: float | None = None,
     ) -> None:
         self.hang_timeout = hang_timeout
+        self.start_timeout = start_timeout
         self.clock = clock
+        self._began = clock()
         self._ranks: dict[int, _Track] = {}
         self._usage: dict[int, _Usage] = {}
         self._exits: dict[int, float] = {}  # rank → when its exit arrived
@@ -121,6 +127,7 @@ class HangWatch:
     def reset(self) -> None:
         self._ranks, self._usage, self._exits = {}, {}, {}
         self._reported = False
+        self._began = self.clock()
 
     def exited(self, ev: RankExited) -> None:
         """A rank's exit arrived (now), with its final collective counts if it sent them."""
@@ -212,14 +219,25 @@ class HangWatch:
         (unless :meth:`confirm` withdraws it)."""
         if self.hang_timeout is None or self._reported:
             return None
-        verdict = find_hang(self.views(state), self.hang_timeout)
+        verdict = self._unstarted(state) or find_hang(self.views(state), self.hang_timeout)
         self._reported = verdict is not None
         return verdict
+
+    def _unstarted(self, state: RunState) -> Verdict | None:
+        """A rank with no heartbeat yet, past the start timeout (see :func:`find_unstarted`)."""
+        if self.start_timeout is None:
+            return None
+        silent = [
+            (r.rank, r.host)
+            for r in state.ranks
+            if r.rank not in self._ranks and not r.status.terminal
+        ]
+        return find_unstarted(silent, self.clock() - self._began, self.start_timeout)
 
     def confirm(self, state: RunState, verdict: Verdict) -> bool:
         """Whether ``verdict`` still holds on what arrived since (the same culprit);
         if not it is withdrawn and later checks may find another."""
-        again = find_hang(self.views(state), self.hang_timeout or 0.0)
+        again = self._unstarted(state) or find_hang(self.views(state), self.hang_timeout or 0.0)
         held = again is not None and (again.rank, again.reason) == (verdict.rank, verdict.reason)
         self._reported = held
         return held

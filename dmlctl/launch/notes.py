@@ -21,8 +21,8 @@ class AttemptNotes:
     rank's stderr tail (put into root causes that lack a traceback), and the hang
     watch's beats, exits and samples, and the stack dumps a hang verdict waits for."""
 
-    def __init__(self, hang_timeout: float | None) -> None:
-        self.hangs = HangWatch(hang_timeout)
+    def __init__(self, hang_timeout: float | None, start_timeout: float | None = None) -> None:
+        self.hangs = HangWatch(hang_timeout, start_timeout=start_timeout)
         self.probe: HangProbe | None = None  # a hang verdict waiting for stack dumps
         self._stderr = StderrTails()
 

@@ -48,7 +48,7 @@ from importlib.machinery import SourceFileLoader
 from typing import IO, Any, NoReturn
 
 from dmlctl import protocol
-from dmlctl.agent.procs import die_with_parent
+from dmlctl.agent.procs import die_with_parent, set_cmdline
 from dmlctl.failure import Kind, exception_kind, is_collateral
 from dmlctl.runtime.heartbeat import Heartbeat
 from dmlctl.runtime.progress import TRACKER
@@ -124,12 +124,11 @@ def _arm_guards(role: str) -> None:
     from dmlctl.strategies import registry
 
     try:
-        strategy, module, params = chosen_strategy(os.environ, registry.load)
+        strategy, _module, params = chosen_strategy(os.environ, registry.load)
     except (KeyError, ValueError):
         return  # an unknown strategy or bad parameters: dmlctl.init() names them
     guards.install(
         strategy,
-        servers=protocol.ROLE_SERVER in module.CAPABILITIES.roles,
         # in place, workers are replaced through dmlctl's own groups: even ssgd needs
         # ctx.prepare (DDP's default group cannot lose a member)
         needs_runtime=registry.needs_runtime(strategy, params) or protocol.in_place(os.environ),
@@ -332,8 +331,18 @@ def die_with_torchrun() -> None:
     die_with_parent(signal.SIGKILL, parent)
 
 
+def show_as_script(argv: list[str]) -> None:
+    """Show this process in ``ps`` as torchrun's rank would be: ``PYTHON -u SCRIPT
+    ARGS…``, without this entry's ``-m dmlctl.runtime.entry`` (tools that find ranks
+    by their script's name find them)."""
+    with contextlib.suppress(OSError), open("/proc/self/cmdline", "rb") as f:
+        interpreter = f.read().split(b"\0", 1)[0].decode(errors="replace")
+        set_cmdline([interpreter or sys.executable, "-u", *argv])
+
+
 def run(argv: list[str]) -> NoReturn:
     """Be the rank that runs ``argv`` (``SCRIPT ARGS…``), from setup to ``os._exit``."""
+    show_as_script(argv)
     if protocol.ENV_RANK_DIR in os.environ:
         die_with_torchrun()
     files = setup(int(os.environ.get("RANK", "0")), argv[0])

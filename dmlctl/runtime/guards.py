@@ -10,9 +10,12 @@ The runtime entry calls :func:`install` before the script runs; then:
   of any optimizer raises :class:`StrategyNotApplied` unless ``ctx.prepare`` ran
   first — before a single update is applied (afterwards the check is one dict lookup
   per step).
-* **strategies with parameter servers**: ``torch.distributed.init_process_group``
-  called by the script itself raises at once (the world counts the servers, which
-  never run the script); ``dmlctl.init()`` joins through :func:`joining`.
+* **strategies with parameter servers**: a script that calls
+  ``torch.distributed.init_process_group`` itself joins a world that counts the
+  servers, which never run the script: its first collective would wait for them
+  forever. ``dmlctl.init()`` joins through :func:`joining`, which says so in the run's
+  store before it joins; once the world has met, each server checks that every rank
+  said so (:func:`check_joined`) and fails with the fix if one did not.
 
 Both failures reach the dashboard as the run's root cause, with the fix in the message.
 """
@@ -20,7 +23,8 @@ Both failures reach the dashboard as the run's root cause, with the fix in the m
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+import os
+from collections.abc import Iterator
 from typing import Any
 
 _state = {"prepared": False, "joining": False}
@@ -46,13 +50,37 @@ def is_joining() -> bool:
 
 
 @contextlib.contextmanager
-def joining() -> Iterator[None]:
-    """``dmlctl.init()`` joins the process group inside this block."""
+def joining(rank: int, servers: bool) -> Iterator[None]:
+    """``dmlctl.init()`` joins the process group as ``rank`` inside this block (said
+    in the run's store first when the run has parameter ``servers``)."""
+    if servers:
+        _joined_store().set(_joined_key(rank), "1")
     _state["joining"] = True
     try:
         yield
     finally:
         _state["joining"] = False
+
+
+def check_joined(world_size: int, strategy: str) -> None:
+    """On a parameter server of ``strategy``, once the world has met: raise
+    :class:`StrategyNotApplied` if a rank joined it without ``dmlctl.init()`` (every
+    rank that joins through it said so before the world could meet)."""
+    own = [r for r in range(world_size) if not _joined_store().check([_joined_key(r)])]
+    if own:
+        raise StrategyNotApplied(_own_init_message(strategy, own))
+
+
+def _joined_key(rank: int) -> str:
+    """The key rank ``rank`` sets as it joins through ``dmlctl.init()`` (per attempt)."""
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return f"joined/{attempt}/{rank}"
+
+
+def _joined_store() -> Any:
+    from dmlctl.runtime import rejoin
+
+    return rejoin.connect(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
 
 
 def _no_prepare_message(strategy: str) -> str:
@@ -64,19 +92,19 @@ def _no_prepare_message(strategy: str) -> str:
     )
 
 
-def _own_init_message(strategy: str) -> str:
+def _own_init_message(strategy: str, ranks: list[int]) -> str:
+    who = ", ".join(str(r) for r in ranks)
     return (
-        f"strategy {strategy!r} runs parameter servers in this process group, so the "
-        "script must join it through dmlctl: replace torch.distributed."
+        f"strategy {strategy!r} runs parameter servers in this process group, but rank "
+        f"{who} joined it without dmlctl: replace torch.distributed."
         "init_process_group(...) with `ctx = dmlctl.init()` and wrap the model with "
         "`ctx.prepare(model, optimizer)` (ctx.rank and ctx.world_size count the workers)"
     )
 
 
-def install(strategy: str, *, servers: bool, needs_runtime: bool) -> None:
-    """Arm the checks of the module docstring for ``strategy`` (named in the messages):
-    none unless it ``needs_runtime``; the check on joining the process group too when
-    the run has parameter ``servers``. Imports torch only when there is something to
+def install(strategy: str, *, needs_runtime: bool) -> None:
+    """Arm the optimizer check of the module docstring for ``strategy`` (named in the
+    message) when it ``needs_runtime``. Imports torch only when there is something to
     check."""
     if not needs_runtime:
         return
@@ -87,21 +115,3 @@ def install(strategy: str, *, servers: bool, needs_runtime: bool) -> None:
             raise StrategyNotApplied(_no_prepare_message(strategy))
 
     optim.register_optimizer_step_pre_hook(check)
-    if servers:
-        _guard_init(strategy)
-
-
-def _guard_init(strategy: str) -> None:
-    import torch.distributed as dist
-    import torch.distributed.distributed_c10d as c10d
-
-    original: Callable[..., Any] = c10d.init_process_group
-
-    def init_process_group(*args: Any, **kwargs: Any) -> Any:
-        if not _state["joining"]:
-            raise StrategyNotApplied(_own_init_message(strategy))
-        return original(*args, **kwargs)
-
-    init_process_group.__wrapped__ = original  # type: ignore[attr-defined]
-    dist.init_process_group = init_process_group
-    c10d.init_process_group = init_process_group

@@ -77,16 +77,18 @@ def init(*, backend: str | None = None, seed: int | None = 0) -> Context:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     owns_group = False
+    servers = ROLE_SERVER in registry.capabilities(env.strategy).roles
     replacing = rejoin.rejoining()  # a worker started again in place: the world has met
     if env.world_size > 1 and not dist.is_initialized() and not replacing:
         chosen = backend or placed.backend
-        with guards.joining():
+        with guards.joining(env.rank, servers):
             dist.init_process_group(backend=chosen, rank=env.rank, world_size=env.world_size)
         owns_group = True
+        if env.role == ROLE_SERVER:
+            guards.check_joined(env.world_size, env.strategy)
     if seed is not None:
         random.seed(seed)
         torch.manual_seed(seed)
-    servers = ROLE_SERVER in registry.capabilities(env.strategy).roles
     membership = None
     if env.world_size > 1 and servers:
         membership = rejoined() if replacing else discover(env.role)

@@ -67,6 +67,9 @@ class RestartSpec(BaseModel):
     """Seconds a rank may go without a heartbeat, or with its training steps stalled and idle while
     others wait for it in a collective, before it counts as hung (an infra failure); stretched to
     4x its slowest recent step."""
+    start_timeout: Seconds | None = None
+    """Seconds a rank may take from its attempt's start to its first heartbeat before it counts as
+    hung (named, with its stacks; an infra failure). Default: 120 plus 1 per rank of the world."""
     stop_grace: SecondsOrZero = 30.0
     """On a stop (Ctrl-C, dmlctl stop): seconds the ranks get after SIGTERM to save and exit before
     they are killed. After a failure, the ranks still running get this too, at most 5 s."""

@@ -300,6 +300,7 @@ def test_a_strategy_example_of_each_family_trains(cli: Cli, job: str) -> None:
     assert any("comm_bytes_per_step" in r["values"] for r in records)
 
 
+@pytest.mark.compat
 def test_a_transient_failure_is_restarted(cli: Cli) -> None:
     proc = cli.run("launch", str(JOBS / "flaky" / "job.yaml"), "--ui", "plain")
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -87,6 +87,7 @@ def test_every_example_plans_its_workers_and_servers(cli: Cli, example: str) -> 
     assert cli.runs() == []
 
 
+@pytest.mark.compat
 def test_an_example_reaches_the_single_process_loss_through_the_cli(
     cli: Cli, baseline: dict[str, float]
 ) -> None:
@@ -246,6 +247,7 @@ def _kill_the_replacement(cli: Cli, run_id: str) -> None:
     os.kill(replacement() or 0, signal.SIGKILL)
 
 
+@pytest.mark.compat
 @pytest.mark.parametrize(
     ("strategy", "period", "kills"), [("asgd", 1, 2), ("sync-ps", 1, 1), ("aadmm", 10, 1)]
 )

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from dmlctl.hangs.rules import START_BASE_S, START_PER_RANK_S, start_limit
 from dmlctl.hangs.watch import STALE_BEAT_S, HangWatch
 from dmlctl.runs.events import (
     Collective,
@@ -304,3 +305,38 @@ def test_a_metric_record_newer_than_the_last_beat_voids_its_stale_wait() -> None
     assert watch.check(state) is None
     watch.recorded(MetricRecord("h", 0, 0, {"loss": 0.1}, 99.0))  # older than the beat
     assert watch.views(state)[0].coll == {}  # nothing undone, nothing new either
+
+
+def test_a_rank_that_never_sends_its_first_heartbeat_is_hung_once_its_start_timeout_passed() -> (
+    None
+):
+    """Named like any other hang: the first silent rank, once the attempt is older than
+    the start timeout; a rank that beat once is judged by the other rules instead."""
+    clock = Clock()
+    watch = HangWatch(30.0, clock=clock, start_timeout=20.0)
+    state = dataclasses.replace(
+        new_run_state("r", "j", "ssgd", [(0, "a", "worker"), (1, "b", "worker")], 0.0),
+        ranks=(
+            RankState(0, "a", status=RankStatus.RUNNING),
+            RankState(1, "b", status=RankStatus.PENDING),
+        ),
+    )
+    watch.reset()
+    watch.beat(Heartbeat("a", 0, 1, 0.0, armed=False))
+    clock.now += 19.0
+    assert watch.check(state) is None
+    clock.now += 2.0
+    verdict = watch.check(state)
+    assert verdict is not None and (verdict.rank, verdict.host) == (1, "b")
+    assert verdict.reason == "unstarted" and "restart.start_timeout 20 s" in verdict.detail
+    assert watch.confirm(state, verdict)
+    watch.beat(Heartbeat("b", 1, 1, 0.0, armed=False))
+    assert not watch.confirm(state, verdict)  # it started after all
+    watch.reset()  # a new attempt: its own start
+    clock.now += 10.0
+    assert watch.check(state) is None
+
+
+def test_the_start_timeout_is_the_jobs_or_grows_with_the_world() -> None:
+    assert start_limit(5.0, 64) == 5.0
+    assert start_limit(None, 8) == START_BASE_S + 8 * START_PER_RANK_S
