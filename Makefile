@@ -68,12 +68,14 @@ test-gpu:
 # version): not part of `make test`; run it when the agent or the runtime changes.
 TORCH ?= 2.13.0
 COMPAT := .venv-compat-$(TORCH)
+COMPAT_FILES = $(shell grep -rl --include='test_*.py' 'mark\.compat' tests)
 test-compat:
 	@test -x $(COMPAT)/bin/python || $(PY) -m venv $(COMPAT)
 	$(COMPAT)/bin/python -m pip install --quiet --disable-pip-version-check \
 		torch==$(TORCH) -e '.[dev]'
 	$(COMPAT)/bin/python -c 'import torch; print("torch", torch.__version__)'
-	$(COMPAT)/bin/python -m pytest -q -m compat -n 2 --durations=10 tests $(PYTEST_ARGS)
+	$(COMPAT)/bin/python -m pytest -q -m compat -n 2 --durations=10 \
+		$(or $(PYTEST_ARGS),$(COMPAT_FILES))
 
 lint: install
 	$(VPY) -m ruff check dmlctl tests examples

@@ -18,9 +18,23 @@ from tests import hung
 REPO = Path(__file__).resolve().parent.parent
 
 
+RANKS = "warm"
+"""How the ranks of the suite's launches start, unless a test names ``--ranks`` itself:
+warm, which saves every rank its own import of torch (the suite's time). The tests of
+the default, fresh ranks launch with ``--ranks fresh``."""
+
+
+def _with_ranks(args: tuple[str, ...]) -> tuple[str, ...]:
+    """``args`` of a ``dmlctl launch JOB`` with :data:`RANKS`, unless they say otherwise."""
+    if not args or args[0] != "launch" or "--ranks" in args or "--resume" in args:
+        return args
+    return (*args, "--ranks", RANKS)
+
+
 @dataclass
 class Cli:
-    """Runs ``python -m dmlctl`` as a user would, with its own DMLCTL_HOME."""
+    """Runs ``python -m dmlctl`` as a user would, with its own DMLCTL_HOME (a launch
+    with :data:`RANKS`, unless it names ``--ranks``)."""
 
     home: Path
     extra_env: dict[str, str] = field(default_factory=dict)
@@ -38,7 +52,7 @@ class Cli:
         the test with what it printed and what its runs' processes were doing
         (:func:`tests.hung.describe`), then is killed."""
         proc = subprocess.Popen(
-            [sys.executable, "-m", "dmlctl", *args],
+            [sys.executable, "-m", "dmlctl", *_with_ranks(args)],
             cwd=cwd,
             env=self.env,
             stdout=subprocess.PIPE,
@@ -62,7 +76,7 @@ class Cli:
 
     def popen(self, *args: str, cwd: Path | None = None) -> subprocess.Popen[str]:
         return subprocess.Popen(
-            [sys.executable, "-m", "dmlctl", *args],
+            [sys.executable, "-m", "dmlctl", *_with_ranks(args)],
             cwd=cwd,
             env=self.env,
             stdout=subprocess.PIPE,

@@ -46,14 +46,17 @@ class LaunchBenchFailed(DmlctlError):
     """One of the timed commands exited non-zero or timed out; carries its output tail."""
 
 
-def dmlctl_command(workers: int) -> list[str]:
+RANK_STARTS = ("fresh", "warm")
+
+
+def dmlctl_command(workers: int, job: Path = TRIVIAL_JOB) -> list[str]:
     """argv of the dmlctl side."""
     return [
         sys.executable,
         "-m",
         "dmlctl",
         "launch",
-        str(TRIVIAL_JOB),
+        str(job),
         "--workers",
         str(workers),
         "--ui",
@@ -92,17 +95,31 @@ def plan(repeats: int) -> str:
     return planned(2 * (repeats + 1), f"{repeats} + a warm-up, × 2 launchers", RUN_S)
 
 
+def job_file(start: str, where: Path) -> Path:
+    """The trivial job with ``ranks: {start: START}`` (the shipped one for ``fresh``)."""
+    if start not in RANK_STARTS:
+        raise UsageError(f"--ranks must be one of {', '.join(RANK_STARTS)}, got {start!r}")
+    if start == "fresh":
+        return TRIVIAL_JOB
+    job = where / "job.yaml"
+    text = TRIVIAL_JOB.read_text() + f"workdir: {TRIVIAL_DIR}\nranks: {{start: {start}}}\n"
+    job.write_text(text)
+    return job
+
+
 def run_launch_bench(
     repeats: int = MIN_REPEATS,
     workers: int = 2,
     *,
     console: Console,
+    start: str = "fresh",
     home: Path | None = None,
     timer: Callable[[Sequence[str], Mapping[str, str], Path], float] = time_once,
 ) -> dict[str, Any]:
     """Time both launchers ``repeats`` times each (alternating) and return the report.
 
-    Report keys: ``repeats``, ``workers``, ``dmlctl_s`` and ``torchrun_s`` (see
+    ``start``: the job's ``ranks.start`` on the dmlctl side (``fresh`` or ``warm``).
+    Report keys: ``repeats``, ``workers``, ``ranks_start``, ``dmlctl_s`` and ``torchrun_s`` (see
     :func:`summarize`), ``ratio`` and ``overhead_s`` (difference of medians).
     Raises :class:`UsageError` for ``repeats < 5`` or ``workers < 1``,
     :class:`LaunchBenchFailed` if any run fails, and, for a Ctrl-C after a whole timed
@@ -113,9 +130,10 @@ def run_launch_bench(
         raise UsageError(f"--repeats must be at least {MIN_REPEATS} (medians of fewer are noise)")
     if workers < 1:
         raise UsageError(f"--workers must be >= 1, got {workers}")
-    announce(console, "launch", plan(repeats))
-    sides = {"dmlctl": dmlctl_command(workers), "torchrun": torchrun_command(workers)}
     with tempfile.TemporaryDirectory(prefix="dmlctl-bench-launch-") as tmp:
+        job = job_file(start, Path(tmp))
+        announce(console, "launch", plan(repeats))
+        sides = {"dmlctl": dmlctl_command(workers, job), "torchrun": torchrun_command(workers)}
         env = bench_env(home if home is not None else Path(tmp))
         times, note = alternate(
             list(sides),
@@ -129,6 +147,7 @@ def run_launch_bench(
     report = {
         "repeats": repeats,
         "workers": workers,
+        "ranks_start": start,
         "dmlctl_s": dml,
         "torchrun_s": bare,
         "ratio": dml["median"] / bare["median"],
@@ -143,7 +162,10 @@ def run_launch_bench(
 def render_launch_table(report: Mapping[str, Any]) -> Table:
     """Median / min / max seconds per launcher, and a last row with their ratios."""
     table = Table(
-        title=f"launch overhead, {report['workers']} workers, {report['repeats']} runs each",
+        title=(
+            f"launch overhead, {report['workers']} workers, ranks "
+            f"{report.get('ranks_start', 'fresh')}, {report['repeats']} runs each"
+        ),
         title_justify="left",
         show_edge=False,
         pad_edge=False,

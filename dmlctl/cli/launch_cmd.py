@@ -29,6 +29,9 @@ def launch(
     workers: Optional[int] = typer.Option(  # noqa: UP045
         None, "--workers", "-n", help="Number of workers (overrides the job file)."
     ),
+    ranks: Optional[str] = typer.Option(  # noqa: UP045
+        None, "--ranks", help="How ranks start: fresh or warm (overrides the job file)."
+    ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan; start nothing."),
     detach: bool = typer.Option(False, "--detach", "-d", help=DETACH_HELP),
     ui: str = typer.Option("auto", "--ui", help="auto | live | plain | quiet"),
@@ -43,7 +46,7 @@ def launch(
     from dmlctl.errors import UsageError
     from dmlctl.launch.api import LaunchOptions
     from dmlctl.launch.api import launch as run_launch
-    from dmlctl.spec import load_job, with_workers
+    from dmlctl.spec import load_job, with_rank_start, with_workers
 
     if ui not in UI_MODES:
         raise UsageError(f"--ui: expected one of {', '.join(UI_MODES)}, got {ui!r}")
@@ -57,6 +60,8 @@ def launch(
     job = load_job(job_file)
     if workers is not None:
         job = with_workers(job, workers)
+    if ranks is not None:
+        job = with_rank_start(job, ranks)
     spec = _cluster_spec(cluster, job.workers)
     options = LaunchOptions(
         detach=detach,
@@ -66,7 +71,9 @@ def launch(
         cluster_file=cluster,
         connect_timeout=connect_timeout,
         accept_new_host_keys=accept_new_host_keys,
-        flags=("workers",) if workers is not None else (),
+        flags=tuple(
+            name for name, given in (("workers", workers), ("ranks", ranks)) if given is not None
+        ),
     )
     result = run_launch(job, spec, options=options, console=stdout_console())
     if detach:

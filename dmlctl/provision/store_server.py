@@ -3,11 +3,18 @@ protocol of torch's ``TCPStore``, in pure Python (the control plane never import
 torch).
 
 In a run that replaces lost hosts in place, every torchrun meets at this store
-(``--rdzv-endpoint``, ``is_host=false`` on every host) and every rank uses it as its
-``MASTER_ADDR:MASTER_PORT`` store (:mod:`dmlctl.agent.torchrun` points torchrun's
-shared store there). So no training host serves it, and the host of rank 0 can be lost
-and replaced like any other while the ranks that live go on; the store lives as long
-as the controller's attempt.
+(``--rdzv-endpoint``, with dmlctl's rendezvous backend, :mod:`dmlctl.agent.rendezvous`)
+and every rank uses it as its ``MASTER_ADDR:MASTER_PORT`` store. So no training host
+serves it, and the host of rank 0 can be lost and replaced like any other while the
+ranks that live go on; the store lives as long as the controller's attempt.
+
+Why not torch's own server in a helper process: the controller never imports torch,
+and such a helper would import it (a second or more of a core) before every in-place
+attempt could start; and this one closes the connections of a host that stopped
+answering (below), so a lost host leaves nothing behind. Because torch's protocol has
+no version, only a magic number and a growing list of queries, it is tested against
+the client of each torch the project declares: ``make test-compat TORCH=X`` runs the
+in-place tests, whose ranks and torchruns are its clients.
 
 What it promises, as torch's own server does (``TCPStoreLibUvBackend.cpp``; the
 protocol of torch ≥ 2.4: a client first sends ``VALIDATE`` with the magic number, then

@@ -77,10 +77,21 @@ def _joined_key(rank: int) -> str:
     return f"joined/{attempt}/{rank}"
 
 
+CONNECT_TRIES = 5
+
+
 def _joined_store() -> Any:
+    """A client of the run's store (torchrun's ``MASTER_ADDR:MASTER_PORT``). A connect
+    that a signal interrupted is tried again: torch before 2.5 does not retry it."""
     from dmlctl.runtime import rejoin
 
-    return rejoin.connect(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
+    for attempt in range(CONNECT_TRIES):
+        try:
+            return rejoin.connect(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
+        except RuntimeError as exc:  # torch's DistNetworkError
+            if "Interrupted system call" not in str(exc) or attempt == CONNECT_TRIES - 1:
+                raise
+    raise AssertionError("unreachable")
 
 
 def _no_prepare_message(strategy: str) -> str:

@@ -7,7 +7,7 @@ DeepSpeed/MPI hostfile and ``load_cluster_file`` picks between the two; all rais
 """
 
 from dmlctl.spec.hostfile import load_cluster_file, load_hostfile
-from dmlctl.spec.loader import load_cluster, load_job, with_workers
+from dmlctl.spec.loader import load_cluster, load_job, with_rank_start, with_workers
 from dmlctl.spec.local import count_local_gpus, default_cluster
 from dmlctl.spec.models import (
     BUILTIN_EXCLUDES,
@@ -33,5 +33,6 @@ __all__ = [
     "load_cluster_file",
     "load_hostfile",
     "load_job",
+    "with_rank_start",
     "with_workers",
 ]

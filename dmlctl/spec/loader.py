@@ -34,6 +34,7 @@ from dmlctl.spec.job_paths import check_paths, is_one_line
 from dmlctl.spec.local import PROC_NVIDIA_GPUS, count_local_gpus, default_cluster
 from dmlctl.spec.messages import describe, format_path, is_key_error, issue_parts
 from dmlctl.spec.models import JobSpec
+from dmlctl.spec.ranks import RANK_STARTS
 from dmlctl.spec.source import MAX_SPEC_BYTES, path_kind, read_text
 from dmlctl.spec.yamlpos import Document, KeyPath, YamlSyntaxError, parse
 from dmlctl.strategies import registry
@@ -46,6 +47,7 @@ __all__ = [
     "default_cluster",
     "load_cluster",
     "load_job",
+    "with_rank_start",
     "with_workers",
 ]
 
@@ -136,6 +138,17 @@ def with_workers(job: JobSpec, n: int) -> JobSpec:
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise UsageError(f"--workers must be an integer >= 1, got {n!r}")
     return job.model_copy(update={"workers": n})
+
+
+def with_rank_start(job: JobSpec, start: str) -> JobSpec:
+    """``job`` with ``ranks.start`` set to ``start`` (the ``--ranks`` flag).
+
+    Raises :class:`~dmlctl.errors.UsageError` for anything but ``fresh`` or ``warm``.
+    """
+    if start not in RANK_STARTS:
+        raise UsageError(f"--ranks must be one of {', '.join(RANK_STARTS)}, got {start!r}")
+    ranks = job.ranks.model_copy(update={"start": start})
+    return job.model_copy(update={"ranks": ranks})
 
 
 def _parse_mapping(file: str, text: str, model: type[BaseModel]) -> Document:

@@ -8,10 +8,11 @@ from pydantic import BaseModel
 
 from dmlctl.spec.fields import FROZEN
 
-__all__ = ["RanksSpec"]
+__all__ = ["RANK_STARTS", "RanksSpec"]
 
 RankStart = Literal["fresh", "warm"]
 """How a rank's process starts: see :attr:`RanksSpec.start`."""
+RANK_STARTS: tuple[RankStart, ...] = ("fresh", "warm")
 
 
 class RanksSpec(BaseModel):

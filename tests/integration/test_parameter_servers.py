@@ -132,10 +132,11 @@ def _kill_mid_run(
     ready: Callable[[], bool] = lambda: True,
     then: Callable[[str], None] | None = None,
     sig: signal.Signals = signal.SIGKILL,
+    flags: tuple[str, ...] = (),
 ) -> tuple[subprocess.CompletedProcess[str], str]:
-    """Launch ``job``, send ``rank`` ``sig`` once it logs (and ``ready()``), call
-    ``then(run_id)``, let the run end."""
-    proc = cli.popen("launch", str(job), "--ui", "plain")
+    """Launch ``job`` (with ``flags``), send ``rank`` ``sig`` once it logs (and
+    ``ready()``), call ``then(run_id)``, let the run end."""
+    proc = cli.popen("launch", str(job), "--ui", "plain", *flags)
     try:
         assert wait_until(lambda: bool(cli.runs()) and ready(), 90), "the run never got ready"
         run_id = cli.runs()[0].name
@@ -259,7 +260,8 @@ def test_a_killed_worker_is_replaced_in_place_while_the_others_go_on(
     without a restart of anybody else (sync-ps and aadmm: the server closes its rounds
     without the lost worker meanwhile), every worker with the servers' model (checked
     by the run itself). A worker pushes every ``period`` steps. With two ``kills``
-    the first replacement is killed too while it rejoins: a third process goes on."""
+    the first replacement is killed too while it rejoins: a third process goes on. The
+    ranks start fresh (the default): each replacement is a new interpreter."""
     job = _job(
         tmp_path,
         "inplace",
@@ -267,7 +269,7 @@ def test_a_killed_worker_is_replaced_in_place_while_the_others_go_on(
         "restart: {mode: in_place}\n",
     )
     then = (lambda run_id: _kill_the_replacement(cli, run_id)) if kills == 2 else None
-    done, run_id = _kill_mid_run(cli, job, 1, then=then)
+    done, run_id = _kill_mid_run(cli, job, 1, then=then, flags=("--ranks", "fresh"))
     out = done.stdout
     assert done.returncode == 0, out
     assert "rank 1 on local killed by SIGKILL; started again in place" in out, out
@@ -395,7 +397,7 @@ def test_a_killed_averaging_worker_rejoins_its_peers_at_their_next_round(
         f"strategy: {strategy}\nrestart: {{mode: in_place, rejoin_wait: 0}}\n",
     )
     then = (lambda run_id: _kill_the_replacement(cli, run_id)) if kills == 2 else None
-    done, run_id = _kill_mid_run(cli, job, 1, then=then)
+    done, run_id = _kill_mid_run(cli, job, 1, then=then, flags=("--ranks", "fresh"))
     out = done.stdout
     assert done.returncode == 0, out
     assert "rank 1 on local killed by SIGKILL; started again in place" in out, out

@@ -11,7 +11,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.compat]
 
 
 def test_the_quick_start_trains_and_succeeds(cli: Cli) -> None:
-    proc = cli.run("launch", str(REPO / "examples" / "quickstart" / "job.yaml"), "--ui", "quiet")
+    job = REPO / "examples" / "quickstart" / "job.yaml"
+    proc = cli.run("launch", str(job), "--ui", "quiet", "--ranks", "fresh")  # the default
     assert proc.returncode == 0, proc.stdout + proc.stderr
     state = cli.state(cli.runs()[-1].name)
     assert state["phase"] == "succeeded", state

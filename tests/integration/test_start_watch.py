@@ -25,7 +25,10 @@ def test_a_rank_stuck_before_its_first_heartbeat_is_named_as_hung(cli: Cli, tmp_
         f"env: {{PYTHONPATH: {str(job)!r}}}\n"
         f"restart: {{start_timeout: {START_TIMEOUT}, max_infra_restarts: 0, stop_grace: 1}}\n"
     )
-    proc = cli.run("launch", str(job / "job.yaml"), "--ui", "plain", timeout=180)
+    # fresh: a warm rank is forked past its interpreter's start (no sitecustomize)
+    proc = cli.run(
+        "launch", str(job / "job.yaml"), "--ui", "plain", "--ranks", "fresh", timeout=180
+    )
     assert proc.returncode != 0, proc.stdout
     cause = cli.state(cli.runs()[-1].name)["root_cause"]
     assert (cause["exc_type"], cause["rank"]) == ("Hang", 1), cause

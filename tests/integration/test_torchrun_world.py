@@ -65,13 +65,15 @@ def _bare_torchrun(cli: Cli, job: Path, out: Path) -> dict[tuple[int, int], dict
     return _world(out)
 
 
-def _dmlctl(cli: Cli, job: Path, out: Path, extra: str) -> dict[tuple[int, int], dict[str, Any]]:
+def _dmlctl(cli: Cli, job: Path, out: Path, mode: str) -> dict[tuple[int, int], dict[str, Any]]:
+    """The worlds under ``dmlctl launch``: a job file without ``ranks:`` (fresh is the
+    default) and, for ``warm``, the ``--ranks warm`` flag."""
     (job / "job.yaml").write_text(
         "script: world.py\nworkers: 2\n"
         f"args: [{json.dumps(str(out))}, --fail-first]\n"
-        "restart: {max_user_restarts: 1, max_infra_restarts: 0, backoff_initial: 0.1}\n" + extra
+        "restart: {max_user_restarts: 1, max_infra_restarts: 0, backoff_initial: 0.1}\n"
     )
-    proc = cli.run("launch", str(job / "job.yaml"), "--ui", "quiet", timeout=180)
+    proc = cli.run("launch", str(job / "job.yaml"), "--ui", "quiet", "--ranks", mode, timeout=180)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return _world(out)
 
@@ -82,14 +84,14 @@ def worlds(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("world")
     cli = Cli(root / "home")
     seen: dict[str, Any] = {}
-    for name, extra in (("bare", None), ("fresh", ""), ("warm", "ranks: {start: warm}\n")):
+    for name in ("bare", "fresh", "warm"):
         job, out = root / name, root / f"{name}-out"
         shutil.copytree(WORLD, job, ignore=shutil.ignore_patterns("__pycache__"))
         out.mkdir()
-        if extra is None:
+        if name == "bare":
             seen[name] = _bare_torchrun(cli, job, out)
         else:
-            seen[name] = _dmlctl(cli, job, out, extra)
+            seen[name] = _dmlctl(cli, job, out, name)
     return seen
 
 

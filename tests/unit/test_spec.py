@@ -20,6 +20,7 @@ from dmlctl.spec import (
     default_cluster,
     load_cluster,
     load_job,
+    with_rank_start,
     with_workers,
 )
 from dmlctl.spec.field_docs import field_docs
@@ -309,6 +310,8 @@ JOB_CASES = [
     ),
     ("script: train.py\ncheckpoint:\n  dir: /proc/../proc/x\n", 3, "checkpoint.dir", "/proc"),
     ("script: train.py\ncheckpoint:\n  dir: /dev/shmem\n", 3, "checkpoint.dir", "under /dev"),
+    ("script: train.py\nranks:\n  start: hot\n", 3, "ranks.start", "'fresh' or 'warm'"),
+    ("script: train.py\nranks: {begin: warm}\n", 2, "ranks.begin", "start"),
 ]
 
 
@@ -379,6 +382,17 @@ def test_minimal_job(project: Path) -> None:
     assert job.workers is None
     assert job.strategy == StrategySpec(name="ssgd", params={})
     assert job.args == [] and job.env == {}
+
+
+def test_ranks_start_fresh_unless_the_job_or_the_flag_says_warm(project: Path) -> None:
+    job = load_job(write(project, "script: train.py\n"))
+    assert job.ranks.start == "fresh"
+    warm = load_job(write(project, "script: train.py\nranks: {start: warm}\n"))
+    assert warm.ranks.start == "warm"
+    assert with_rank_start(job, "warm").ranks.start == "warm"
+    assert with_rank_start(warm, "fresh").ranks.start == "fresh"
+    with pytest.raises(UsageError, match="--ranks must be one of fresh, warm"):
+        with_rank_start(job, "hot")
 
 
 def test_base_60_looking_args_stay_text(project: Path) -> None:

@@ -15,6 +15,9 @@ from dmlctl.cli.bench.plot import check_plot, plot_option
 def launch(
     repeats: int = typer.Option(5, "--repeats", help="Timed runs per launcher (at least 5)."),
     workers: int = typer.Option(2, "--workers", "-n", help="Local workers per run."),
+    ranks: str = typer.Option(
+        "fresh", "--ranks", help="How dmlctl's ranks start: fresh (the default) or warm."
+    ),
     as_json: bool = JSON_TABLE,
     plot: Optional[Path] = plot_option("seconds per launch, every repeat"),  # noqa: UP045
 ) -> int:
@@ -24,6 +27,8 @@ def launch(
     check_plot(plot)
     report = running(
         "timing dmlctl launch against bare torchrun…",
-        lambda err: whole_or_partial(lambda: run_launch_bench(repeats, workers, console=err)),
+        lambda err: whole_or_partial(
+            lambda: run_launch_bench(repeats, workers, console=err, start=ranks)
+        ),
     )
     return finish("launch", report, render_launch_table, as_json, plot)

@@ -3,9 +3,11 @@ environment (as the script and as /proc see it), its command line, whether torch
 imported before the script ran, and the thread count torch takes after the script set
 OMP_NUM_THREADS=2 before importing it. With --fail-first the first attempt fails."""
 
+import glob
 import json
 import os
 import sys
+import time
 
 PREIMPORTED = "torch" in sys.modules
 os.environ["OMP_NUM_THREADS"] = "2"  # before torch is imported, as a script may do
@@ -36,6 +38,12 @@ def main() -> None:
     with open(path, "w") as f:
         json.dump(seen, f)
     if fail_first and restart == "0":
+        # every rank writes its world first: the first to fail has the others stopped
+        world, deadline = int(os.environ["WORLD_SIZE"]), time.monotonic() + 60
+        while len(glob.glob(os.path.join(out, "world-*-0.json"))) < world:
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
         raise SystemExit("the first attempt fails on purpose")
 
 
