@@ -122,6 +122,7 @@ class DmlctlAgent(LocalElasticAgent):
             args = macros.substitute(list(spec.args), str(worker.local_rank))
             argv = (str(spec.entrypoint), *map(str, args))
             commands[worker.local_rank] = (argv, {**os.environ, **envs[worker.local_rank]})
+        handle_stop_signals()
         starter = self._starter or FreshStarter()
         self._ranks = RankProcesses(starter, commands, respawn_lost=self._in_place)
         return self._ranks.pids()
@@ -201,6 +202,30 @@ class DmlctlAgent(LocalElasticAgent):
             super()._exit_barrier()  # type: ignore[no-untyped-call]
             return
         wait_for_ranks(self._worker_group, linger=os.environ.get(protocol.ENV_RUN_STORE) is None)
+
+
+def handle_stop_signals(environ: Mapping[str, str] = os.environ) -> None:
+    """Have the signals torch's process context handles (``TORCHELASTIC_SIGNALS_TO_HANDLE``,
+    by default SIGTERM, SIGINT, SIGHUP and SIGQUIT) raise torch's ``SignalException``
+    in this main thread, as torch's context has them raise it when it starts its ranks:
+    the agent then stops the ranks, who get the shutdown timeout to end."""
+    import signal
+    import threading
+
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def raise_it(signum: int, _frame: Any) -> None:
+        sigval = signal.Signals(signum)
+        raise SignalException(f"Process {os.getpid()} got signal: {sigval}", sigval=sigval)
+
+    names = environ.get("TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP,SIGQUIT")
+    for name in names.split(","):
+        sig = getattr(signal, name.strip(), None)
+        if isinstance(sig, signal.Signals):
+            signal.signal(sig, raise_it)
 
 
 def wait_for_ranks(

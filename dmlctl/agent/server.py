@@ -162,11 +162,8 @@ def _accept(
             os.close(fd)
         conn.close()
         return
-    if WARM_FLAG in request.argv and not _runtime_imported(adopted):
-        for fd in fds:
-            os.close(fd)
-        conn.close()  # the controller starts this agent itself
-        return
+    if WARM_FLAG in request.argv:
+        _runtime_imported(adopted)  # else its zygote tries, and says why not
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     close = [listener.fileno(), *own, *(c.fileno() for c in agents.values()), conn.fileno()]
