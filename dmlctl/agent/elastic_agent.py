@@ -75,9 +75,10 @@ _AGENT_EXTRAS = ("start_method", "log_line_prefix_template", "shutdown_timeout")
 class DmlctlAgent(LocalElasticAgent):
     """torch's local elastic agent for one attempt of a dmlctl run (see the module).
 
-    ``restart_count`` restarts of the run came before this attempt; ``starter`` starts
-    the ranks that :class:`RankProcesses` runs (None: each as a new interpreter);
-    ``own_ranks`` has dmlctl run them even without ``restart.mode: in_place``."""
+    ``restart_count`` restarts of the run came before this attempt. ``starter`` (the
+    zygote's, for ``ranks.start: warm``) starts the ranks, which then are dmlctl's
+    processes (:class:`RankProcesses`), as they are for ``restart.mode: in_place``;
+    otherwise torch starts them."""
 
     def __init__(
         self,

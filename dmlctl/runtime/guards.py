@@ -52,8 +52,9 @@ def is_joining() -> bool:
 @contextlib.contextmanager
 def joining(rank: int, servers: bool) -> Iterator[None]:
     """``dmlctl.init()`` joins the process group as ``rank`` inside this block (said
-    in the run's store first when the run has parameter ``servers``)."""
-    if servers:
+    in the run's store first when the run has parameter ``servers`` and the store is
+    up before the world meets: torchrun's, :func:`_agent_store`)."""
+    if servers and _agent_store():
         _joined_store().set(_joined_key(rank), "1")
     _state["joining"] = True
     try:
@@ -65,10 +66,20 @@ def joining(rank: int, servers: bool) -> Iterator[None]:
 def check_joined(world_size: int, strategy: str) -> None:
     """On a parameter server of ``strategy``, once the world has met: raise
     :class:`StrategyNotApplied` if a rank joined it without ``dmlctl.init()`` (every
-    rank that joins through it said so before the world could meet)."""
+    rank that joins through it said so before the world could meet). Nothing to check
+    without torchrun's store (:func:`_agent_store`): nobody said so there."""
+    if not _agent_store():
+        return
     own = [r for r in range(world_size) if not _joined_store().check([_joined_key(r)])]
     if own:
         raise StrategyNotApplied(_own_init_message(strategy, own))
+
+
+def _agent_store() -> bool:
+    """Whether the ranks' store is torchrun's, up before any rank joins (under
+    ``dmlctl launch`` it always is; a rank 0 that serves the store itself starts it only
+    as it joins, so nobody could say anything there before)."""
+    return os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
 
 
 def _joined_key(rank: int) -> str:

@@ -1,0 +1,150 @@
+"""``python -m tests.soak``: many launches and in-place replacements beside CPU burners;
+every run must end by itself, and every failure must have a named cause.
+
+* ``--launches N``: ``dmlctl launch`` of the launch benchmark's 2-worker job;
+* ``--replacements N``: runs of the asgd example with ``restart.mode: in_place``,
+  each with its worker 1 killed by SIGKILL once it has logged; the run must end
+  succeeded with one replacement;
+* ``--ranks fresh|warm`` for both, ``--burners N`` processes spinning meanwhile.
+
+A run still going after ``--timeout`` seconds is a hang (its processes are killed);
+a failed run whose ``state.json`` names no root cause is an unnamed failure. The
+summary line counts both; the exit code is 1 when either is not 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+TRIVIAL = REPO / "dmlctl" / "bench" / "trivial" / "job.yaml"
+PS_EXAMPLE = REPO / "examples" / "parameter-server"
+
+
+def _dmlctl(*args: str) -> list[str]:
+    return [sys.executable, "-m", "dmlctl", *args]
+
+
+def _state(home: Path) -> dict[str, Any] | None:
+    runs = sorted((home / "runs").glob("*/state.json"), key=lambda p: p.stat().st_mtime)
+    return json.loads(runs[-1].read_text()) if runs else None
+
+
+def _outcome(proc: subprocess.Popen[str], home: Path, timeout: float) -> str:
+    """``ok``, ``failed-named``, ``failed-unnamed`` or ``hang``."""
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        return "hang"
+    if proc.returncode == 0:
+        return "ok"
+    state = _state(home) or {}
+    return "failed-named" if (state.get("root_cause") or {}).get("exc_type") else "failed-unnamed"
+
+
+def _start(home: Path, argv: list[str]) -> subprocess.Popen[str]:
+    env = {**os.environ, "DMLCTL_HOME": str(home)}
+    return subprocess.Popen(
+        argv,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def _worker_pid(home: Path, rank: int) -> int | None:
+    """The pid of ``rank``'s process of the newest run, once it has logged a metric."""
+    runs = sorted((home / "runs").glob("*/hosts/local"), key=lambda p: p.stat().st_mtime)
+    path = runs[-1] / f"rank-{rank}.events.jsonl" if runs else None
+    if path is None or not path.exists():
+        return None
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            continue
+    starts = [r for r in records if r.get("kind") == "start"]
+    logged = any(r.get("kind") == "metric" for r in records)
+    return int(starts[-1]["pid"]) if starts and logged else None
+
+
+def launches(home: Path, count: int, ranks: str, timeout: float) -> Counter[str]:
+    seen: Counter[str] = Counter()
+    for i in range(count):
+        argv = _dmlctl("launch", str(TRIVIAL), "--ui", "quiet", "--ranks", ranks)
+        seen[_outcome(_start(home, argv), home, timeout)] += 1
+        print(f"launch {i + 1}/{count}: {dict(seen)}", flush=True)
+    return seen
+
+
+def replacements(home: Path, count: int, ranks: str, timeout: float) -> Counter[str]:
+    job = home / "inplace.yaml"
+    job.write_text(
+        f"name: soak-inplace\nworkdir: {PS_EXAMPLE}\nscript: train.py\n"
+        "args: ['--epochs', '3']\nworkers: 2\nparameter_servers: 1\nstrategy: asgd\n"
+        "restart: {mode: in_place}\n"
+    )
+    seen: Counter[str] = Counter()
+    for i in range(count):
+        proc = _start(home, _dmlctl("launch", str(job), "--ui", "quiet", "--ranks", ranks))
+        deadline = time.monotonic() + timeout
+        while (pid := _worker_pid(home, 1)) is None and time.monotonic() < deadline:
+            if proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        if pid is not None:
+            os.kill(pid, signal.SIGKILL)
+        outcome = _outcome(proc, home, max(1.0, deadline - time.monotonic()))
+        if outcome == "ok" and (_state(home) or {}).get("respawns") != 1:
+            outcome = "ok-without-replacement"
+        seen[outcome] += 1
+        print(f"replacement {i + 1}/{count}: {dict(seen)}", flush=True)
+    return seen
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--launches", type=int, default=1000)
+    parser.add_argument("--replacements", type=int, default=200)
+    parser.add_argument("--ranks", choices=("fresh", "warm"), default="fresh")
+    parser.add_argument("--burners", type=int, default=2)
+    parser.add_argument("--timeout", type=float, default=180.0)
+    args = parser.parse_args()
+    burners = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.burners)
+    ]
+    started = time.monotonic()
+    try:
+        with tempfile.TemporaryDirectory(prefix="dmlctl-soak-") as tmp:
+            home = Path(tmp)
+            seen = launches(home, args.launches, args.ranks, args.timeout)
+            seen += replacements(home, args.replacements, args.ranks, args.timeout)
+    finally:
+        for burner in burners:
+            burner.kill()
+    bad = seen["hang"] + seen["failed-unnamed"]
+    print(
+        f"soak --ranks {args.ranks}: {args.launches} launches, {args.replacements} replacements "
+        f"beside {args.burners} burners in {time.monotonic() - started:.0f} s: {dict(seen)}; "
+        f"hangs {seen['hang']}, failures without a named cause {seen['failed-unnamed']}"
+    )
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
