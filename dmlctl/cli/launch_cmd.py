@@ -10,7 +10,7 @@ import typer
 from dmlctl.cli.common import CLUSTER_OPTION, check_connect_timeout, stderr_console, stdout_console
 
 if TYPE_CHECKING:
-    from dmlctl.spec import ClusterSpec
+    from dmlctl.spec import ClusterSpec, JobSpec
 
 UI_MODES = ("auto", "live", "plain", "quiet")
 
@@ -46,7 +46,7 @@ def launch(
     from dmlctl.errors import UsageError
     from dmlctl.launch.api import LaunchOptions
     from dmlctl.launch.api import launch as run_launch
-    from dmlctl.spec import load_job, with_rank_start, with_workers
+    from dmlctl.spec import load_job
 
     if ui not in UI_MODES:
         raise UsageError(f"--ui: expected one of {', '.join(UI_MODES)}, got {ui!r}")
@@ -57,11 +57,7 @@ def launch(
         return _resume(resume, detach=detach, ui=ui)
     if job_file is None:
         raise UsageError("missing the job file: dmlctl launch JOB.yaml (or --resume RUN)")
-    job = load_job(job_file)
-    if workers is not None:
-        job = with_workers(job, workers)
-    if ranks is not None:
-        job = with_rank_start(job, ranks)
+    job = _overridden(load_job(job_file), workers, ranks)
     spec = _cluster_spec(cluster, job.workers)
     options = LaunchOptions(
         detach=detach,
@@ -79,6 +75,15 @@ def launch(
     if detach:
         _started(result.run_id)
     return result.exit_code
+
+
+def _overridden(job: JobSpec, workers: int | None, ranks: str | None) -> JobSpec:
+    """``job`` with what ``--workers`` and ``--ranks`` set."""
+    from dmlctl.spec import with_rank_start, with_workers
+
+    if workers is not None:
+        job = with_workers(job, workers)
+    return job if ranks is None else with_rank_start(job, ranks)
 
 
 def _cluster_spec(cluster: Path | None, workers: int | None) -> ClusterSpec:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from dmlctl.hangs.rules import start_limit
 from dmlctl.hangs.watch import HangProbe, HangWatch
 from dmlctl.runs.events import (
     Event,
@@ -21,8 +22,14 @@ class AttemptNotes:
     rank's stderr tail (put into root causes that lack a traceback), and the hang
     watch's beats, exits and samples, and the stack dumps a hang verdict waits for."""
 
-    def __init__(self, hang_timeout: float | None, start_timeout: float | None = None) -> None:
-        self.hangs = HangWatch(hang_timeout, start_timeout=start_timeout)
+    def __init__(
+        self, hang_timeout: float | None, start_timeout: float | None = None, world_size: int = 1
+    ) -> None:
+        """``start_timeout``: the job's ``restart.start_timeout`` (None: its default for
+        ``world_size`` ranks, :func:`~dmlctl.hangs.rules.start_limit`); no hang is judged
+        without a ``hang_timeout``."""
+        starts = start_limit(start_timeout, world_size) if hang_timeout is not None else None
+        self.hangs = HangWatch(hang_timeout, start_timeout=starts)
         self.probe: HangProbe | None = None  # a hang verdict waiting for stack dumps
         self._stderr = StderrTails()
 

@@ -31,7 +31,6 @@ from collections.abc import Callable, Mapping
 
 from dmlctl.errors import DmlctlError
 from dmlctl.failure import CONTROLLER, PORT_TAKEN, Evidence, Failure, Kind
-from dmlctl.hangs.rules import start_limit
 from dmlctl.hangs.watch import DUMP_WAIT_S
 from dmlctl.launch.attempt import AttemptRunner, AttemptSettings
 from dmlctl.launch.books import RunBooks
@@ -119,8 +118,7 @@ class Supervisor:
         self.stops = StopRules(
             stop_grace=stop_grace, fail_grace=fail_grace, stop_margin=stop_margin
         )
-        starts = start_limit(restart.start_timeout, plan.world_size)
-        notes = AttemptNotes(hang_timeout, starts if hang_timeout is not None else None)
+        notes = AttemptNotes(hang_timeout, restart.start_timeout, plan.world_size)
         self.books = RunBooks(run, sink, clock=clock, redactor=redactor, notes=notes)
         self.hosts = hosts
         #: A rendezvous endpoint on a host (for an attempt whose first host is not the

@@ -88,7 +88,7 @@ def test_a_rank_that_has_not_stepped_says_what_it_does(tmp_path: Path) -> None:
         sys.path.remove(str(tmp_path))
     assert seen and seen[0]["stage"] == "importing", seen
     assert "stage" not in beats.beat()  # its own code, not an import
-    with guards.joining():
+    with guards.joining(0, servers=False):
         assert beats.beat()["stage"] == "joining"
     assert start_stage([], prepared=True) == "first step"  # after ctx.prepare
     tracker.step()
