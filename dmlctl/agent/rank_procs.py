@@ -18,6 +18,7 @@ runs in a session of its own, as torch starts it (signals go to its process grou
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import subprocess
@@ -30,6 +31,9 @@ from typing import Protocol
 from dmlctl.agent import respawn
 
 POLL_S = 0.05
+log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
+"""torch's logger of its process context: the same lines, under the same name (the
+host agent reads a failure report from them, as users' tools may)."""
 
 
 class RankProcess(Protocol):
@@ -134,6 +138,16 @@ class RankProcesses:
             rank.proc = self._starter.start(rank.argv, respawn.rejoin_env(rank.env, rank.respawns))
             respawn.record(rank.env, code, rank.proc.pid)
             return
+        if code != 0:
+            pid, binary = rank.proc.pid, rank.argv[0]
+            local = rank.env.get("LOCAL_RANK")
+            log.error(
+                "failed (exitcode: %s) local_rank: %s (pid: %s) of binary: %s",
+                code,
+                local,
+                pid,
+                binary,
+            )
         rank.code = code
 
     def _replaces(self, rank: _Rank, code: int) -> bool:
@@ -150,6 +164,7 @@ class RankProcesses:
         self._closing = True
         running = [r for r in self._ranks.values() if r.code is None and r.proc.poll() is None]
         for rank in running:
+            log.warning("Sending process %s closing signal %s", rank.proc.pid, _name(death_sig))
             rank.proc.signal(death_sig)
         deadline = time.monotonic() + timeout
         while any(r.proc.poll() is None for r in running):
@@ -159,6 +174,13 @@ class RankProcesses:
                 deadline = float("inf")
             time.sleep(POLL_S)
         self.ended()
+
+
+def _name(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return str(sig)
 
 
 def shutdown_timeout(environ: Mapping[str, str] = os.environ) -> float:

@@ -12,16 +12,21 @@ import pytest
 
 def run_processes(run_id: str) -> list[int]:
     """Live, non-zombie processes that belong to ``run_id``: its run id is in their
-    environment (every rank and torchrun) or on their command line (the host agent)."""
-    found = []
+    environment (every rank and torchrun) or on their command line (the host agent,
+    and the zygote of ``ranks: {start: warm}``, forked from it), and the processes those
+    started (a warm rank, forked by the zygote, has the zygote's environment)."""
+    found: set[int] = set()
+    parents: dict[int, int] = {}
     needle_env = f"DMLCTL_RUN_ID={run_id}".encode()
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/stat", "rb") as f:
-                if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
-                    continue
+                fields = f.read().rsplit(b")", 1)[1].split()
+            if fields[0] == b"Z":
+                continue
+            parents[int(entry)] = int(fields[1])
             with open(f"/proc/{entry}/environ", "rb") as f:
                 env = f.read()
             with open(f"/proc/{entry}/cmdline", "rb") as f:
@@ -29,8 +34,13 @@ def run_processes(run_id: str) -> list[int]:
         except OSError:
             continue
         if needle_env in env.split(b"\0") or run_id.encode() in cmd:
-            found.append(int(entry))
-    return found
+            found.add(int(entry))
+    grew = True
+    while grew:
+        more = {pid for pid, parent in parents.items() if parent in found} - found
+        found |= more
+        grew = bool(more)
+    return sorted(found)
 
 
 def cmdline(pid: int) -> str:
