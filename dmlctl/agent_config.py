@@ -44,7 +44,7 @@ class TorchrunCommand:
     the controller decides every restart, the host never restarts by itself).
     ``run_store``: the nodes meet at the run's store (the controller's, at
     ``rdzv_endpoint``) and the ranks use it, instead of one that a torchrun serves
-    (:mod:`dmlctl.agent.rendezvous`).
+    (:mod:`dmlctl.agent.rendezvous`); there this host is node ``node_rank`` of the plan.
     """
 
     python: str
@@ -59,6 +59,7 @@ class TorchrunCommand:
     run_name: str = ""
     max_restarts: int = 0
     run_store: bool = False
+    node_rank: int | None = None
 
     def argv(self) -> tuple[str, ...]:
         """The exact command line."""
@@ -94,6 +95,8 @@ class TorchrunCommand:
             conf.append(f"run={self.run_name}")
         if self.run_store:
             conf.append("store=run")
+            if self.node_rank is not None:
+                conf.append(f"node={self.node_rank}")
         return ",".join(conf)
 
     @staticmethod

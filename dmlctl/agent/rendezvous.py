@@ -7,7 +7,8 @@ Every host's torchrun (:mod:`dmlctl.agent.torchrun`) names the backend ``dmlctl`
   while the rendezvous id (``--rdzv-id``) is new in each attempt.
 * ``is_host``: as torch's c10d backend reads it.
 * ``store=run``: the nodes meet at the run's store, which the controller serves at
-  ``--rdzv-endpoint``, and the ranks use that store as ``MASTER_ADDR:MASTER_PORT``.
+  ``--rdzv-endpoint``, and the ranks use that store as ``MASTER_ADDR:MASTER_PORT``;
+  ``node``: this host's node rank in the plan (without it, the order they come in).
   No torchrun then serves a store, so the host of rank 0 can be lost and replaced
   while the other hosts go on (``restart.mode: in_place``).
 
@@ -77,9 +78,10 @@ class RunRendezvous(RendezvousHandler):
 class RunStoreRendezvous(RendezvousHandler):
     """The nodes of one attempt meet at the run's store, and the ranks get that store.
 
-    Each node takes the next node rank from a counter kept under the attempt's
-    rendezvous id, then waits until every node has taken one. The world is fixed for
-    the attempt: the controller plans it, and a changed world is a new attempt."""
+    Each node is the node rank the plan gave it (``node``), or takes the next one from
+    a counter kept under the attempt's rendezvous id, then waits until every node has
+    come. The world is fixed for the attempt: the controller plans it, and a changed
+    world is a new attempt."""
 
     def __init__(self, params: RendezvousParameters, run_name: str) -> None:
         host, _, port = params.endpoint.rpartition(":")
@@ -89,6 +91,8 @@ class RunStoreRendezvous(RendezvousHandler):
         self._attempt = params.run_id
         self._run_name = run_name or params.run_id
         self._nodes = int(params.max_nodes)
+        node = params.get("node")
+        self._node = int(node) if node is not None and str(node).isdigit() else None
         self._timeout = timedelta(seconds=params.get_as_int("join_timeout") or JOIN_TIMEOUT_S)
         self._closed = False
 
@@ -103,7 +107,7 @@ class RunStoreRendezvous(RendezvousHandler):
         if self._closed:
             raise RendezvousClosedError()
         store = self._meeting_store()
-        rank = int(store.add("joined", 1)) - 1
+        rank = self._node if self._node is not None else int(store.add("joined", 1)) - 1
         if rank >= self._nodes:
             raise RendezvousClosedError(
                 f"attempt {self._attempt}: node {rank + 1} came to a meeting of {self._nodes}"

@@ -132,7 +132,11 @@ class LaunchPlan:
         env = dict(host.env)
         if store is not None:
             torchrun = dataclasses.replace(
-                torchrun, rdzv_endpoint=store, is_host=False, run_store=True
+                torchrun,
+                rdzv_endpoint=store,
+                is_host=False,
+                run_store=True,
+                node_rank=host.node_rank,
             )
             env[ENV_RUN_STORE] = store
         return AgentConfig(
