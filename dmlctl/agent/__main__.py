@@ -179,6 +179,8 @@ def main(watch_parent: bool = True, starter: int | None = None) -> int:
     commands = Commands(stop, reason, parent, starter)
     threading.Thread(target=watch_stdin, args=(commands,), daemon=True).start()
     client = zygote.Client(forked) if forked is not None else None
+    if client is not None:  # the controller counts a silent host as lost
+        client.wait_ready(ALIVE_S, lambda: emit.send(wire.AgentMsg("alive")))
     code = run(config, emit, commands, client)
     return 0 if code == 0 else 1
 

@@ -160,6 +160,7 @@ class Zygote:
         self._selector.register(conn, selectors.EVENT_READ)
 
     def serve(self) -> None:
+        _send(self._agent, {"ready": self._broken or True})
         while True:
             for key, _ in self._selector.select(POLL_S):
                 conn = key.fileobj
@@ -456,6 +457,7 @@ class Client:
         self._conn = conn
         self._exits: dict[int, int] = {}
         self._gone = False
+        self._ready = False
 
     def fork(
         self, role: str, argv: Sequence[str], env: Mapping[str, str], cwd: str, fds: Sequence[int]
@@ -468,10 +470,25 @@ class Client:
                 reply = self._receive(block=True)
                 if reply is None:
                     return "the zygote has ended"
-                if "exit" not in reply:
-                    return int(reply["pid"]) if "pid" in reply else str(reply.get("refused"))
+                if "pid" in reply:
+                    return int(reply["pid"])
+                if "refused" in reply:
+                    return str(reply["refused"])
         except OSError as exc:
             return f"the zygote cannot be reached: {exc}"
+
+    def wait_ready(self, interval: float, keepalive: Callable[[], None]) -> None:
+        """Return once the zygote has imported what it imports (or has ended), calling
+        ``keepalive`` every ``interval`` seconds meanwhile: on a loaded host that takes
+        longer than the controller waits for a word from the host."""
+        import select
+
+        while not self._ready and not self._gone:
+            readable, _, _ = select.select([self._conn], [], [], interval)
+            if readable:
+                self._receive(block=True)
+            else:
+                keepalive()
 
     def exit_code(self, pid: int) -> int | None:
         """``pid``'s exit code once the zygote has reaped it (SIGKILL's when the
@@ -496,6 +513,8 @@ class Client:
             self._gone = True
             return None
         message: dict[str, Any] = json.loads(data)
+        if "ready" in message:
+            self._ready = True
         if "exit" in message:
             self._exits[int(message["exit"])] = int(message["code"])
         return message
