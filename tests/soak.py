@@ -15,6 +15,7 @@ summary line counts both; the exit code is 1 when either is not 0.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -45,7 +46,8 @@ def _outcome(proc: subprocess.Popen[str], home: Path, timeout: float) -> str:
     try:
         proc.wait(timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         return "hang"
     if proc.returncode == 0:
@@ -108,7 +110,8 @@ def replacements(home: Path, count: int, ranks: str, timeout: float) -> Counter[
                 break
             time.sleep(0.05)
         if pid is not None:
-            os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):  # it ended first
+                os.kill(pid, signal.SIGKILL)
         outcome = _outcome(proc, home, max(1.0, deadline - time.monotonic()))
         if outcome == "ok" and (_state(home) or {}).get("respawns") != 1:
             outcome = "ok-without-replacement"
