@@ -68,10 +68,11 @@ def _start(home: Path, argv: list[str]) -> subprocess.Popen[str]:
     )
 
 
-def _worker_pid(home: Path, rank: int) -> int | None:
-    """The pid of ``rank``'s process of the newest run, once it has logged a metric."""
-    runs = sorted((home / "runs").glob("*/hosts/local"), key=lambda p: p.stat().st_mtime)
-    path = runs[-1] / f"rank-{rank}.events.jsonl" if runs else None
+def _worker_pid(home: Path, rank: int, before: set[Path]) -> int | None:
+    """The pid of ``rank``'s process of the run that is not in ``before``, once it has
+    logged a metric."""
+    runs = [p for p in (home / "runs").glob("*/hosts/local") if p not in before]
+    path = runs[0] / f"rank-{rank}.events.jsonl" if runs else None
     if path is None or not path.exists():
         return None
     records = []
@@ -103,9 +104,10 @@ def replacements(home: Path, count: int, ranks: str, timeout: float) -> Counter[
     )
     seen: Counter[str] = Counter()
     for i in range(count):
+        before = set((home / "runs").glob("*/hosts/local"))
         proc = _start(home, _dmlctl("launch", str(job), "--ui", "quiet", "--ranks", ranks))
         deadline = time.monotonic() + timeout
-        while (pid := _worker_pid(home, 1)) is None and time.monotonic() < deadline:
+        while (pid := _worker_pid(home, 1, before)) is None and time.monotonic() < deadline:
             if proc.poll() is not None:
                 break
             time.sleep(0.05)
