@@ -51,6 +51,7 @@ from dmlctl.agent.procs import alive, become_subreaper, kill_tree, name_process
 from dmlctl.agent.start import Torchrun, cannot_start, environment, prepare, script_dir, start
 from dmlctl.agent.tail import RankDirTailer
 from dmlctl.agent.torchrun import read_failures
+from dmlctl.agent.zygote_client import Client
 from dmlctl.agent_config import WARM_FLAG, AgentConfig
 from dmlctl.runtime.where import FrameNamer
 
@@ -61,9 +62,7 @@ waiting in a barrier of its store's never does before its timeout)."""
 ALIVE_S = 1.0  # a message at least this often, so a silent host can be told from a busy one
 
 
-def run(
-    config: AgentConfig, emit: Emitter, commands: Commands, forks: zygote.Client | None = None
-) -> int:
+def run(config: AgentConfig, emit: Emitter, commands: Commands, forks: Client | None = None) -> int:
     """Run torchrun under supervision (forked by the zygote behind ``forks`` where
     there is one); returns torchrun's exit code (or 127)."""
     rank_dir = prepare(config, emit)
@@ -178,7 +177,7 @@ def main(watch_parent: bool = True, starter: int | None = None) -> int:
     become_subreaper()
     commands = Commands(stop, reason, parent, starter)
     threading.Thread(target=watch_stdin, args=(commands,), daemon=True).start()
-    client = zygote.Client(forked) if forked is not None else None
+    client = Client(forked) if forked is not None else None
     if client is not None:  # the controller counts a silent host as lost
         client.wait_ready(ALIVE_S, lambda: emit.send(wire.AgentMsg("alive")))
     code = run(config, emit, commands, client)

@@ -13,11 +13,12 @@ import signal
 import subprocess
 
 from dmlctl import protocol, wire
-from dmlctl.agent import zygote as zygote_roles
 from dmlctl.agent.messages import Emitter
 from dmlctl.agent.procs import dies_with_parent
 from dmlctl.agent.standin import ENV_STANDIN as STANDIN
-from dmlctl.agent.zygote import Client, ZygoteChild
+from dmlctl.agent.zygote_client import STANDIN as STANDIN_ROLE
+from dmlctl.agent.zygote_client import TORCHRUN as TORCHRUN_ROLE
+from dmlctl.agent.zygote_client import Client, ZygoteChild
 from dmlctl.agent_config import AgentConfig
 from dmlctl.failure import FULL_DISK_ERRNOS, Kind
 
@@ -60,11 +61,11 @@ def start(
     a refusal is said in one line); for a config with ``rejoin``, the stand-in that
     starts those ranks into the running world (:mod:`dmlctl.agent.standin`) instead."""
     argv = config.torchrun.argv()
-    role = zygote_roles.TORCHRUN
+    role = TORCHRUN_ROLE
     if config.rejoin is not None:
         argv = (config.torchrun.python, "-m", "dmlctl.agent.standin")
         env = {**env, STANDIN: config.rejoin.standin_env(config.torchrun)}
-        role = zygote_roles.STANDIN
+        role = STANDIN_ROLE
     if zygote is not None:
         child = ZygoteChild.fork(zygote, role, argv, workdir, env)
         if not isinstance(child, str):

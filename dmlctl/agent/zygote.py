@@ -16,7 +16,8 @@ optimizer imports), torchrun and the runtime, then serves requests on a socket:
 Before every fork the zygote checks that it has one thread (``/proc/self/task``); if
 not, or if the environment asks for what a fork cannot give (:func:`can_fork`), it
 refuses, and the requester starts a new interpreter instead, saying so in one line.
-It reaps its children and tells their requester each one's exit code. When a
+It reaps its children and tells their requester each one's exit code (the
+requester's side: :mod:`dmlctl.agent.zygote_client`). When a
 requester's socket closes, the zygote kills the children it forked for it; when the
 agent's closes, it ends. The zygote dies with the agent (``PR_SET_PDEATHSIG``), and
 each child with the zygote.
@@ -32,17 +33,14 @@ import selectors
 import signal
 import socket
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import IO, Any, NoReturn
 
 from dmlctl.agent.procs import die_with_parent, end_forked, name_process, set_cmdline
+from dmlctl.agent.zygote_client import MAX_MESSAGE, RANK, STANDIN, TORCHRUN, Client, ZygoteStarter
 from dmlctl.startup_env import read_at_start
 
 ENTRY = ("-u", "-m", "dmlctl.runtime.entry")
-TORCHRUN = "torchrun"
-STANDIN = "standin"
-RANK = "rank"
-MAX_MESSAGE = 1 << 20
 POLL_S = 0.05
 _QUIET_IMPORT = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
 """Set while the zygote imports torch (unless the environment sets them): numpy's
@@ -447,152 +445,3 @@ def _sys_path(pythonpath: str) -> list[str]:
     wanted = entries(pythonpath, os.getcwd())
     rest = [p for p in sys.path[1:] if p not in zygote and p not in wanted]
     return [sys.path[0], *wanted, *rest]
-
-
-class Client:
-    """A requester's end of the zygote's socket: forks asked for, exit codes heard.
-    Used from one thread."""
-
-    def __init__(self, conn: socket.socket) -> None:
-        self._conn = conn
-        self._exits: dict[int, int] = {}
-        self._gone = False
-        self._ready = False
-
-    def fork(
-        self, role: str, argv: Sequence[str], env: Mapping[str, str], cwd: str, fds: Sequence[int]
-    ) -> int | str:
-        """The pid of the child forked for this request, or why the zygote refused."""
-        request = {"role": role, "argv": list(argv), "env": dict(env), "cwd": cwd}
-        try:
-            socket.send_fds(self._conn, [json.dumps(request).encode()], list(fds))
-            while True:
-                reply = self._receive(block=True)
-                if reply is None:
-                    return "the zygote has ended"
-                if "pid" in reply:
-                    return int(reply["pid"])
-                if "refused" in reply:
-                    return str(reply["refused"])
-        except OSError as exc:
-            return f"the zygote cannot be reached: {exc}"
-
-    def wait_ready(self, interval: float, keepalive: Callable[[], None]) -> None:
-        """Return once the zygote has imported what it imports (or has ended), calling
-        ``keepalive`` every ``interval`` seconds meanwhile: on a loaded host that takes
-        longer than the controller waits for a word from the host."""
-        import select
-
-        while not self._ready and not self._gone:
-            readable, _, _ = select.select([self._conn], [], [], interval)
-            if readable:
-                self._receive(block=True)
-            else:
-                keepalive()
-
-    def exit_code(self, pid: int) -> int | None:
-        """``pid``'s exit code once the zygote has reaped it (SIGKILL's when the
-        zygote is gone: its children die with it)."""
-        while not self._gone and pid not in self._exits and self._receive(block=False):
-            pass
-        if pid not in self._exits and self._gone:
-            return -signal.SIGKILL
-        return self._exits.get(pid)
-
-    def _receive(self, block: bool) -> dict[str, Any] | None:
-        """One message (exit codes are kept as they come); None when none is waiting
-        (``block`` false) or the zygote has ended."""
-        flags = 0 if block else socket.MSG_DONTWAIT
-        try:
-            data = self._conn.recv(MAX_MESSAGE, flags)
-        except BlockingIOError:
-            return None
-        except OSError:
-            data = b""
-        if not data:
-            self._gone = True
-            return None
-        message: dict[str, Any] = json.loads(data)
-        if "ready" in message:
-            self._ready = True
-        if "exit" in message:
-            self._exits[int(message["exit"])] = int(message["code"])
-        return message
-
-
-class ZygoteRank:
-    """A rank the zygote forked (:class:`~dmlctl.agent.rank_procs.RankProcess`)."""
-
-    def __init__(self, client: Client, pid: int) -> None:
-        self._client = client
-        self.pid = pid
-
-    def poll(self) -> int | None:
-        return self._client.exit_code(self.pid)
-
-    def signal(self, sig: int) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.pid, sig)
-
-
-class ZygoteStarter:
-    """Starts each rank from the zygote, or — where it refuses, said once on stderr —
-    as a new interpreter."""
-
-    def __init__(self, client: Client, say: Callable[[str], None] | None = None) -> None:
-        self._client = client
-        self._said = False
-        self._say = say or (lambda line: print(line, file=sys.stderr, flush=True))
-
-    def start(self, argv: Sequence[str], env: Mapping[str, str]) -> Any:
-        from dmlctl.agent.rank_procs import NewInterpreter
-
-        got = self._client.fork(RANK, argv, env, os.getcwd(), (1, 2))
-        if isinstance(got, int):
-            return ZygoteRank(self._client, got)
-        if not self._said:
-            self._said = True
-            self._say(f"dmlctl: warm start refused ({got}): ranks start as new interpreters")
-        return NewInterpreter(argv, env)
-
-
-class ZygoteChild:
-    """torchrun or the stand-in, forked by the zygote for the agent, with the part of
-    :class:`subprocess.Popen` the agent uses: ``pid``, ``stdout`` (text, its output
-    and errors together), ``poll``, ``wait`` and ``returncode``."""
-
-    def __init__(self, client: Client, pid: int, stdout: IO[str]) -> None:
-        self._client = client
-        self.pid = pid
-        self.stdout = stdout
-        self.returncode: int | None = None
-
-    @staticmethod
-    def fork(
-        client: Client, role: str, argv: Sequence[str], cwd: str, env: Mapping[str, str]
-    ) -> ZygoteChild | str:
-        """The child for ``role``, or why the zygote refused it."""
-        read, write = os.pipe()
-        try:
-            got = client.fork(role, argv, env, cwd, (write,))
-        finally:
-            os.close(write)
-        if isinstance(got, str):
-            os.close(read)
-            return got
-        return ZygoteChild(client, got, os.fdopen(read, "r", errors="replace"))
-
-    def poll(self) -> int | None:
-        if self.returncode is None:
-            self.returncode = self._client.exit_code(self.pid)
-        return self.returncode
-
-    def wait(self, timeout: float | None = None) -> int | None:
-        import time
-
-        end = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            if end is not None and time.monotonic() >= end:
-                return None
-            time.sleep(0.02)
-        return self.returncode

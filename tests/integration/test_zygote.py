@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from dmlctl.agent import zygote
+from dmlctl.agent import zygote, zygote_client
 
 pytestmark = [pytest.mark.integration, pytest.mark.compat]
 ENTRY = [sys.executable, "-u", "-m", "dmlctl.runtime.entry"]
@@ -26,15 +26,16 @@ DRIVER = textwrap.dedent(
     """
     import json, os, signal, sys, time
     from dmlctl.agent import zygote
+    from dmlctl.agent.zygote_client import RANK, Client
 
     script, out = sys.argv[1], sys.argv[2]
     conn = zygote.start()
-    client = zygote.Client(conn)
+    client = Client(conn)
     entry = [sys.executable, "-u", "-m", "dmlctl.runtime.entry", script]
     env = {**os.environ, "RANK": "0", "OMP_NUM_THREADS": "1"}
-    first = client.fork(zygote.RANK, [*entry, out, "0"], env, os.getcwd(), (1, 2))
-    bad = client.fork(zygote.RANK, [*entry, out, "1"], {**env, "LD_PRELOAD": "x"}, ".", (1, 2))
-    sleeper = client.fork(zygote.RANK, [*entry, out, "sleep"], env, os.getcwd(), (1, 2))
+    first = client.fork(RANK, [*entry, out, "0"], env, os.getcwd(), (1, 2))
+    bad = client.fork(RANK, [*entry, out, "1"], {**env, "LD_PRELOAD": "x"}, ".", (1, 2))
+    sleeper = client.fork(RANK, [*entry, out, "sleep"], env, os.getcwd(), (1, 2))
     codes = {}
     deadline = time.monotonic() + 60
     while first not in codes and time.monotonic() < deadline:
@@ -113,7 +114,7 @@ def test_the_zygote_refuses_to_fork_while_it_has_a_second_thread() -> None:
     thread.start()
     try:
         served = zygote.Zygote(theirs)
-        reply = served._fork(ours, zygote.TORCHRUN, ["python"], dict(os.environ), ".", [])
+        reply = served._fork(ours, zygote_client.TORCHRUN, ["python"], dict(os.environ), ".", [])
     finally:
         stop.set()
         thread.join()
