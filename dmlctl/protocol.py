@@ -105,6 +105,15 @@ ENV_CHECKPOINT_ALLOW_FRESH = "DMLCTL_CHECKPOINT_ALLOW_FRESH"  # "1": checkpoint.
 ENV_CHECKPOINT_WARM_START = "DMLCTL_CHECKPOINT_WARM_START"  # "1": checkpoint.warm_start
 
 
+def restarts_before(environ: Mapping[str, str]) -> int:
+    """The restarts of the run before the attempt that gave a process ``environ``
+    (:data:`ENV_ATTEMPT` less one; 0 without it): torchrun's ``TORCHELASTIC_RESTART_COUNT``."""
+    try:
+        return max(0, int(environ.get(ENV_ATTEMPT, "1")) - 1)
+    except ValueError:
+        return 0
+
+
 def in_place(environ: Mapping[str, str]) -> bool:
     """Whether the run that gave a rank ``environ`` replaces lost workers in place."""
     return environ.get(ENV_RESTART_MODE) == IN_PLACE

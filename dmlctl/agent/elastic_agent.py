@@ -213,20 +213,16 @@ def handle_stop_signals(environ: Mapping[str, str] = os.environ) -> None:
     import signal
     import threading
 
-    from torch.distributed.elastic.multiprocessing.api import SignalException
+    # torch's own handler: raises its SignalException, as in torch's process context
+    from torch.distributed.elastic.multiprocessing.api import _terminate_process_handler
 
     if threading.current_thread() is not threading.main_thread():
         return
-
-    def raise_it(signum: int, _frame: Any) -> None:
-        sigval = signal.Signals(signum)
-        raise SignalException(f"Process {os.getpid()} got signal: {sigval}", sigval=sigval)
-
     names = environ.get("TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP,SIGQUIT")
     for name in names.split(","):
         sig = getattr(signal, name.strip(), None)
         if isinstance(sig, signal.Signals):
-            signal.signal(sig, raise_it)
+            signal.signal(sig, _terminate_process_handler)
 
 
 def wait_for_ranks(
@@ -326,11 +322,3 @@ def run_agent(agent: DmlctlAgent, config: LaunchConfig) -> RunResult:
     finally:
         if shutdown:
             handler.shutdown()
-
-
-def restart_count(environ: Mapping[str, str] = os.environ) -> int:
-    """The restarts of the run before this attempt (``DMLCTL_ATTEMPT`` less one)."""
-    try:
-        return max(0, int(environ.get(protocol.ENV_ATTEMPT, "1")) - 1)
-    except ValueError:
-        return 0

@@ -70,10 +70,6 @@ def rank_env(order: Order, local_rank: int, base: Mapping[str, str]) -> dict[str
     spec = order.rejoin
     rank, world = spec.ranks[local_rank], str(spec.world_size)
     rank_dir = base.get(protocol.ENV_RANK_DIR, ".")
-    try:
-        restarts = max(0, int(base.get(protocol.ENV_ATTEMPT, "1")) - 1)
-    except ValueError:
-        restarts = 0
     return {
         **{k: v for k, v in base.items() if k != ENV_STANDIN},
         "LOCAL_RANK": str(local_rank),
@@ -87,7 +83,7 @@ def rank_env(order: Order, local_rank: int, base: Mapping[str, str]) -> dict[str
         "ROLE_WORLD_SIZE": world,
         "MASTER_ADDR": spec.master_addr,
         "MASTER_PORT": str(spec.master_port),
-        "TORCHELASTIC_RESTART_COUNT": str(restarts),
+        "TORCHELASTIC_RESTART_COUNT": str(protocol.restarts_before(base)),
         "TORCHELASTIC_MAX_RESTARTS": str(order.max_restarts),
         "TORCHELASTIC_RUN_ID": order.run_id,
         "TORCHELASTIC_USE_AGENT_STORE": "True",

@@ -43,7 +43,7 @@ def run(argv: Sequence[str], starter: Any = None) -> None:
     config, entrypoint, entry_args = config_from_args(args)
     if not isinstance(entrypoint, str):
         raise SystemExit("dmlctl: the ranks run a command (torchrun's --no-python is not used)")
-    count = elastic_agent.restart_count()
+    count = protocol.restarts_before(os.environ)
     agent = elastic_agent.make_agent(config, entrypoint, entry_args, count, starter)
     result = elastic_agent.run_agent(agent, config)
     if result.is_failed():

@@ -206,9 +206,10 @@ class Zygote:
         if self._broken:
             return {"refused": self._broken}
         if role == RANK:
-            why = can_fork(argv, env) or _strategy_loaded(env)
+            why = can_fork(argv, env)
             if why:
                 return {"refused": why}
+            _load_strategy(env)
         count = threads()
         if count != 1:
             return {"refused": f"the zygote has {count} threads"}
@@ -265,15 +266,14 @@ def _kill_group(pid: int) -> None:
             kill(pid, signal.SIGKILL)
 
 
-def _strategy_loaded(env: Mapping[str, str]) -> str | None:
-    """Import the rank's strategy here, once, before the fork (never a reason to
-    refuse: a rank names a bad strategy itself)."""
+def _load_strategy(env: Mapping[str, str]) -> None:
+    """Import the rank's strategy here, once, before the fork (a rank names a bad
+    strategy itself)."""
     from dmlctl import protocol
     from dmlctl.strategies import registry
 
     with contextlib.suppress(Exception):
         registry.load(env.get(protocol.ENV_STRATEGY) or protocol.DEFAULT_STRATEGY)
-    return None
 
 
 def _send(conn: socket.socket, message: Mapping[str, Any], fds: Sequence[int] = ()) -> None:
