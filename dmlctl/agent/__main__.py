@@ -62,15 +62,22 @@ waiting in a barrier of its store's never does before its timeout)."""
 ALIVE_S = 1.0  # a message at least this often, so a silent host can be told from a busy one
 
 
-def run(config: AgentConfig, emit: Emitter, commands: Commands, forks: Client | None = None) -> int:
+def run(
+    config: AgentConfig,
+    emit: Emitter,
+    commands: Commands,
+    forks: Client | None = None,
+    warm: bool = False,
+) -> int:
     """Run torchrun under supervision (forked by the zygote behind ``forks`` where
-    there is one); returns torchrun's exit code (or 127)."""
+    there is one, which with ``warm`` forks its ranks too); returns torchrun's exit
+    code (or 127)."""
     rank_dir = prepare(config, emit)
     if rank_dir is None:
         return 127
     workdir = os.path.expanduser(config.workdir)
     try:
-        proc = start(config, workdir, environment(config, rank_dir), emit, forks)
+        proc = start(config, workdir, environment(config, rank_dir), emit, forks, warm)
     except (OSError, ValueError) as e:
         cannot_start(emit, "cannot start torchrun", e)
         return 127
@@ -168,7 +175,8 @@ def main(watch_parent: bool = True, starter: int | None = None) -> int:
         signal.signal(sig, on_signal)
     # The zygote imports torch while the configuration is awaited: forked now, while
     # this process has its only thread (a standby that is never used ends it unused).
-    forked = zygote.start() if WARM_FLAG in sys.argv[1:] else None
+    warm = WARM_FLAG in sys.argv[1:]
+    forked = zygote.start(warm)
     first = sys.stdin.readline()
     if not first:
         return 2
@@ -180,7 +188,7 @@ def main(watch_parent: bool = True, starter: int | None = None) -> int:
     client = Client(forked) if forked is not None else None
     if client is not None:  # the controller counts a silent host as lost
         client.wait_ready(ALIVE_S, lambda: emit.send(wire.AgentMsg("alive")))
-    code = run(config, emit, commands, client)
+    code = run(config, emit, commands, client, warm)
     return 0 if code == 0 else 1
 
 

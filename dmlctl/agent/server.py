@@ -1,9 +1,9 @@
 """The agent server: host agents for runs on this machine, forked from a process that
-has imported dmlctl's agent already (and torch, once a job with ``ranks.start: warm``
-asked for an agent: its zygote then imports nothing, :mod:`dmlctl.agent.zygote`).
+has imported dmlctl's agent and torch already (once an agent was asked for: its zygote
+then imports nothing, :mod:`dmlctl.agent.zygote`).
 
-A host agent spends its first tenths of a second importing its own code, and a warm
-one's zygote seconds importing torch — on every launch, every restart, every
+A host agent spends its first tenths of a second importing its own code, and its
+zygote a second or more importing torch — on every launch, every restart, every
 standby. On this machine the controller asks a server instead
 (:mod:`dmlctl.transport.agent_server`): one process per user, interpreter,
 start-up environment and dmlctl, started (and waited for) by a first launch, that
@@ -162,8 +162,7 @@ def _accept(
             os.close(fd)
         conn.close()
         return
-    if WARM_FLAG in request.argv:
-        _runtime_imported(adopted)  # else its zygote tries, and says why not
+    _runtime_imported(adopted, WARM_FLAG in request.argv)  # else its zygote tries
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     close = [listener.fileno(), *own, *(c.fileno() for c in agents.values()), conn.fileno()]
@@ -183,14 +182,15 @@ def _accept(
         conn.send(json.dumps({"pid": pid}).encode())
 
 
-def _runtime_imported(adopted: dict[str, str]) -> bool:
-    """Import torch and the runtime here, once, for the agents of ``ranks.start: warm``
-    (their zygotes then import nothing); what the imports set in the environment is
-    added to ``adopted``. False when they cannot be imported."""
-    if "torch" in sys.modules:
+def _runtime_imported(adopted: dict[str, str], ranks: bool) -> bool:
+    """Import torchrun here, once, for every agent, and with ``ranks`` (an agent of
+    ``ranks.start: warm``) what a rank imports too: their zygotes then import nothing.
+    What the imports set in the environment is added to ``adopted``. False when they
+    cannot be imported."""
+    if "torch._dynamo" in sys.modules or ("torch" in sys.modules and not ranks):
         return True
     before = dict(os.environ)
-    if zygote.import_the_runtime() is not None:
+    if zygote.import_the_runtime(ranks) is not None:
         return False
     adopted.update({k: v for k, v in os.environ.items() if before.get(k) != v})
     return True

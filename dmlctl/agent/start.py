@@ -1,7 +1,7 @@
 """Starting a host agent's run: its rank directory (:func:`prepare`), torchrun's
 environment (:func:`environment`) and torchrun itself (:func:`start`), forked by the
-zygote with ``ranks.start: warm``, and the ``exit`` message of a run that could not start
-(:func:`cannot_start`)."""
+zygote (which has imported torch already), and the ``exit`` message of a run that could
+not start (:func:`cannot_start`)."""
 
 from __future__ import annotations
 
@@ -56,10 +56,13 @@ def start(
     env: dict[str, str],
     emit: Emitter,
     zygote: Client | None = None,
+    warm: bool = False,
 ) -> Torchrun:
-    """torchrun as a new process, or forked by the ``zygote`` (``ranks.start: warm``;
-    a refusal is said in one line); for a config with ``rejoin``, the stand-in that
-    starts those ranks into the running world (:mod:`dmlctl.agent.standin`) instead."""
+    """torchrun, forked by the ``zygote`` where there is one, else (or where it refuses,
+    said in one line) a new process; for a config with ``rejoin``, the stand-in that
+    starts those ranks into the running world (:mod:`dmlctl.agent.standin`) instead.
+    ``warm`` (``ranks.start: warm``): the zygote forks its ranks too; else torch starts
+    them as new interpreters, as under torchrun."""
     argv = config.torchrun.argv()
     role = TORCHRUN_ROLE
     if config.rejoin is not None:
@@ -67,11 +70,14 @@ def start(
         env = {**env, STANDIN: config.rejoin.standin_env(config.torchrun)}
         role = STANDIN_ROLE
     if zygote is not None:
-        child = ZygoteChild.fork(zygote, role, argv, workdir, env)
+        child = ZygoteChild.fork(zygote, role, argv, workdir, env, warm)
         if not isinstance(child, str):
-            emit.send(wire.LogMsg(None, "agent", ("dmlctl agent: warm start",)))
+            if warm:
+                emit.send(wire.LogMsg(None, "agent", ("dmlctl agent: warm start",)))
             return child
-        said = f"dmlctl agent: warm start refused ({child}): torchrun starts as a new process"
+        said = f"dmlctl agent: torchrun starts as a new process ({child})"
+        if warm:
+            said = f"dmlctl agent: warm start refused ({child}): torchrun starts as a new process"
         emit.send(wire.LogMsg(None, "agent", (said,)))
     return subprocess.Popen(
         argv,

@@ -1,23 +1,26 @@
-"""The zygote of ``ranks.start: warm``: one process per host agent that has imported
-torch and dmlctl's runtime, never has a second thread, and forks what asks for it.
+"""The zygote: one process per host agent that has imported torch and dmlctl's
+runtime, never has a second thread, and forks what asks for it.
 
 The host agent forks it as the agent starts (:func:`start`), before the agent has a
 thread of its own. The zygote imports torch, ``torch._dynamo`` (which every
 optimizer imports), torchrun and the runtime, then serves requests on a socket:
 
 * from the agent: fork torchrun (:mod:`dmlctl.agent.torchrun`), or the stand-in of
-  an in-place run (:mod:`dmlctl.agent.standin`), with the agent's pipe as its output;
-* from that torchrun or stand-in (on a socket of its own): fork a rank, with the
-  requester's standard output and error. A rank forked here becomes what
-  ``python -u -m dmlctl.runtime.entry SCRIPT ARGS`` started with the same environment
-  would be, except for what the interpreter and torch read as they start (see
-  :attr:`dmlctl.spec.ranks.RanksSpec.start`).
+  an in-place run (:mod:`dmlctl.agent.standin`), with the agent's pipe as its output.
+  torchrun then skips its own import of torch (a second of a core on every launch and
+  restart). Its ranks are new interpreters that torch starts (fresh ranks, the
+  default) unless the job asks for ``ranks.start: warm``;
+* with ``ranks.start: warm``, from that torchrun or stand-in (on a socket of its own):
+  fork a rank, with the requester's standard output and error. A rank forked here
+  becomes what ``python -u -m dmlctl.runtime.entry SCRIPT ARGS`` started with the same
+  environment would be, except for what the interpreter and torch read as they start
+  (see :attr:`dmlctl.spec.ranks.RanksSpec.start`).
 
 Before every fork the zygote checks that it has one thread (``/proc/self/task``); if
-not, or if the environment asks for what a fork cannot give (:func:`can_fork`), it
-refuses, and the requester starts a new interpreter instead, saying so in one line.
-It reaps its children and tells their requester each one's exit code (the
-requester's side: :mod:`dmlctl.agent.zygote_client`). When a
+not, or if the environment asks for what a fork cannot give (:func:`can_fork`,
+:func:`can_fork_torchrun`), it refuses, and the requester starts a new interpreter
+instead, saying so in one line. It reaps its children and tells their requester each
+one's exit code (the requester's side: :mod:`dmlctl.agent.zygote_client`). When a
 requester's socket closes, the zygote kills the children it forked for it; when the
 agent's closes, it ends. The zygote dies with the agent (``PR_SET_PDEATHSIG``), and
 each child with the zygote.
@@ -30,14 +33,16 @@ import io
 import json
 import os
 import selectors
+import shutil
 import signal
 import socket
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import IO, Any, NoReturn
 
 from dmlctl.agent.procs import die_with_parent, end_forked, name_process, set_cmdline
-from dmlctl.agent.zygote_client import MAX_MESSAGE, RANK, STANDIN, TORCHRUN, Client, ZygoteStarter
+from dmlctl.agent.zygote_client import MAX_MESSAGE, RANK, STANDIN, Client, ZygoteStarter
 from dmlctl.startup_env import read_at_start
 
 ENTRY = ("-u", "-m", "dmlctl.runtime.entry")
@@ -51,6 +56,20 @@ STARTUP_CWD = os.getcwd()
 SET_BY_IMPORT: set[str] = set()
 """Variables torch's import set here (its caches): a rank without them would set the
 same as it imports torch itself."""
+
+
+@dataclass(frozen=True)
+class Request:
+    """What a requester asks the zygote to fork: a ``role`` (:data:`RANK`,
+    :data:`TORCHRUN` or :data:`STANDIN`) to run ``argv`` with ``env`` in ``cwd``;
+    ``warm``: torchrun's or the stand-in's ranks are forked here too (else torch starts
+    them as new interpreters)."""
+
+    role: str
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+    warm: bool = True
 
 
 def threads() -> int:
@@ -67,13 +86,45 @@ def can_fork(argv: Sequence[str], env: Mapping[str, str]) -> str | None:
     SCRIPT …`` and ``env`` agree with the zygote's on what is read at start."""
     if len(argv) < 5 or tuple(argv[1:4]) != ENTRY:
         return "the rank's command is not dmlctl's entry"
-    if os.path.realpath(argv[0]) != os.path.realpath(sys.executable):
-        return f"the rank's interpreter is {argv[0]}, not {sys.executable}"
     omp = env.get("OMP_NUM_THREADS")
     if omp is not None and not (omp.isdigit() and int(omp) > 0):
         return f"OMP_NUM_THREADS={omp} is not a number of threads"
     if "" in env.get("PYTHONPATH", "x").split(os.pathsep):
         return "PYTHONPATH has an empty entry (the directory Python starts in)"
+    return other_interpreter(argv[0], env) or env_differs(env)
+
+
+def can_fork_torchrun(argv: Sequence[str], env: Mapping[str, str]) -> str | None:
+    """Why torchrun (or the stand-in) started as ``argv`` with ``env`` cannot be forked
+    from the zygote (None: it can): ``argv`` must be ``<this python> -m MODULE …`` and
+    ``env`` agree with the zygote's on what is read at start."""
+    if len(argv) < 3 or argv[1] != "-m":
+        return "torchrun's command is not a module of this interpreter"
+    return other_interpreter(argv[0], env) or env_differs(env)
+
+
+def other_interpreter(python: str, env: Mapping[str, str]) -> str | None:
+    """Why ``python`` (a path, or a name looked up on ``env``'s ``PATH``) is not this
+    interpreter (None: it is). A virtual environment's ``python`` links to its base
+    interpreter, so the environment it belongs to is compared, not the file."""
+    found = shutil.which(python, path=env.get("PATH")) if os.sep not in python else python
+    if found is None or _environment_of(found) != _environment_of(sys.executable):
+        return f"the interpreter is {python}, not {sys.executable}"
+    return None
+
+
+def _environment_of(python: str) -> str:
+    """The virtual environment ``python`` starts in (its directory holding
+    ``pyvenv.cfg``), or the interpreter's own file outside one."""
+    prefix = os.path.dirname(os.path.dirname(os.path.abspath(python)))
+    if os.path.exists(os.path.join(prefix, "pyvenv.cfg")):
+        return prefix
+    return os.path.realpath(python)
+
+
+def env_differs(env: Mapping[str, str]) -> str | None:
+    """Which variables read at start ``env`` gives other values than the zygote
+    started with (None: none; what torch's import set here counts as agreeing)."""
     keys = sorted(k for k in {*env, *STARTUP_ENV} if read_at_start(k))
     differ = [
         k
@@ -85,12 +136,14 @@ def can_fork(argv: Sequence[str], env: Mapping[str, str]) -> str | None:
     return None
 
 
-def start() -> socket.socket | None:
+def start(warm: bool = True) -> socket.socket | None:
     """Fork the zygote from this process (which must have one thread) and return the
-    socket to it; None, after one line on stderr, where it cannot be forked."""
+    socket to it; None where it cannot be forked (for ``warm``, the zygote of
+    ``ranks.start: warm``, after one line on stderr: the ranks then start fresh)."""
     count = threads()
     if count != 1:
-        print(f"dmlctl agent: {count} threads: ranks start fresh", file=sys.stderr)
+        if warm:
+            print(f"dmlctl agent: {count} threads: ranks start fresh", file=sys.stderr)
         return None
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     for stream in (sys.stdout, sys.stderr):  # nothing buffered is written twice
@@ -99,13 +152,14 @@ def start() -> socket.socket | None:
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the zygote, which never returns
         ours.close()
-        end_forked(lambda: _zygote(theirs, parent))
+        end_forked(lambda: _zygote(theirs, parent, warm))
     theirs.close()
     return ours
 
 
-def _zygote(agent: socket.socket, parent: int) -> int:
-    """Be the zygote (see the module) until the agent's socket closes."""
+def _zygote(agent: socket.socket, parent: int, warm: bool) -> int:
+    """Be the zygote (see the module) until the agent's socket closes; ``warm``: it
+    forks ranks too."""
     die_with_parent(signal.SIGKILL, parent)
     name_process(b"dmlctl-zygote")
     fresh_signals()
@@ -113,14 +167,15 @@ def _zygote(agent: socket.socket, parent: int) -> int:
     os.dup2(null, 0)
     os.dup2(null, 1)  # the agent's stdout carries its messages: never write there
     os.close(null)
-    Zygote(agent, import_the_runtime()).serve()
+    Zygote(agent, import_the_runtime(warm)).serve()
     return 0
 
 
-def import_the_runtime() -> str | None:
-    """Import, once and in this thread, what every rank imports; why it could not be
-    (None: it was). What the imports set in the environment (torch's caches) is kept:
-    a rank's own import would set the same."""
+def import_the_runtime(ranks: bool = True) -> str | None:
+    """Import, once and in this thread, what torchrun imports, and with ``ranks`` what
+    every rank imports too; why it could not be (None: it was). What the imports set
+    in the environment (torch's caches) is kept: a rank's own import would set the
+    same."""
     quiet = {k: v for k, v in _QUIET_IMPORT.items() if k not in os.environ}
     os.environ.update(quiet)
     before = dict(os.environ)
@@ -128,10 +183,15 @@ def import_the_runtime() -> str | None:
     try:
         import torch.distributed.run
 
-        with contextlib.suppress(Exception):  # the ranks meet the error themselves
-            import torch._dynamo  # noqa: F401
-        import dmlctl.runtime.entry
-        import dmlctl.runtime.session  # noqa: F401
+        import dmlctl.agent.elastic_agent
+        import dmlctl.agent.rendezvous
+        import dmlctl.agent.torchrun
+
+        if ranks:
+            with contextlib.suppress(Exception):  # the ranks meet the error themselves
+                import torch._dynamo  # noqa: F401
+            import dmlctl.runtime.entry
+            import dmlctl.runtime.session  # noqa: F401
     except Exception as exc:
         why = f"torch cannot be imported: {exc}"
     changes = {k: v for k, v in os.environ.items() if before.get(k) != v}
@@ -183,38 +243,32 @@ class Zygote:
             role, argv = str(request["role"]), [str(a) for a in request["argv"]]
             env = {str(k): str(v) for k, v in request["env"].items()}
             cwd = str(request.get("cwd") or os.getcwd())
+            warm = bool(request.get("warm", True))
         except (KeyError, ValueError, AttributeError) as exc:
             _send(conn, {"refused": f"a request the zygote cannot read: {exc}"})
             return True
         try:
-            _send(conn, self._fork(conn, role, argv, env, cwd, fds))
+            _send(conn, self._fork(conn, Request(role, argv, env, cwd, warm), fds))
         finally:
             for fd in fds:
                 os.close(fd)
         return True
 
-    def _fork(
-        self,
-        conn: socket.socket,
-        role: str,
-        argv: list[str],
-        env: dict[str, str],
-        cwd: str,
-        fds: list[int],
-    ) -> dict[str, Any]:
+    def _fork(self, conn: socket.socket, request: Request, fds: list[int]) -> dict[str, Any]:
         """Fork one child for ``conn``; the reply."""
         if self._broken:
             return {"refused": self._broken}
+        role, argv, env = request.role, request.argv, request.env
+        why = can_fork(argv, env) if role == RANK else can_fork_torchrun(argv, env)
+        if why:
+            return {"refused": why}
         if role == RANK:
-            why = can_fork(argv, env)
-            if why:
-                return {"refused": why}
             _load_strategy(env)
         count = threads()
         if count != 1:
             return {"refused": f"the zygote has {count} threads"}
         child: socket.socket | None = None
-        if role in (TORCHRUN, STANDIN):
+        if role != RANK and request.warm:  # its ranks are forked here too
             mine, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
@@ -226,9 +280,8 @@ class Zygote:
                     os.close(key.fd)
             self._selector.close()
             if role == RANK:
-                _become_rank(argv, env, cwd, fds)
-            assert child is not None
-            end_forked(lambda: _requester(role, argv, env, cwd, fds, child, zygote))
+                _become_rank(argv, env, request.cwd, fds)
+            end_forked(lambda: _requester(request, fds, child, zygote))
         if child is not None:
             child.close()
             self._add(mine)
@@ -281,39 +334,33 @@ def _send(conn: socket.socket, message: Mapping[str, Any], fds: Sequence[int] = 
         socket.send_fds(conn, [json.dumps(message).encode()], list(fds))
 
 
-def _requester(
-    role: str,
-    argv: list[str],
-    env: Mapping[str, str],
-    cwd: str,
-    fds: list[int],
-    conn: socket.socket,
-    zygote: int,
-) -> int:
+def _requester(request: Request, fds: list[int], conn: socket.socket | None, zygote: int) -> int:
     """In a forked child: be torchrun (``python -m dmlctl.agent.torchrun argv[3:]``)
-    or the stand-in, with ``fds[0]`` as standard output and error; the exit code."""
+    or the stand-in, with ``fds[0]`` as standard output and error; the exit code. Its
+    ranks are forked by the zygote behind ``conn``, or, without one (``warm`` false),
+    started as new interpreters by torch."""
     die_with_parent(signal.SIGKILL, zygote)
-    name_process(role.encode())
+    name_process(request.role.encode())
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
     for fd in (1, 2):
         os.dup2(fds[0], fd)
     _own_stdio()
-    os.chdir(cwd)
+    os.chdir(request.cwd)
     os.environ.clear()
-    os.environ.update(env)
-    set_cmdline(list(argv))
-    starter = ZygoteStarter(Client(conn))
+    os.environ.update(request.env)
+    set_cmdline(list(request.argv))
+    starter = ZygoteStarter(Client(conn)) if conn is not None else None
     try:
-        if role == STANDIN:
+        if request.role == STANDIN:
             from dmlctl.agent import standin
 
             return standin.main(starter)
         from dmlctl.agent import torchrun
 
-        sys.argv = ["torch.distributed.run", *argv[3:]]
-        torchrun.main(argv[3:], starter)
+        sys.argv = ["torch.distributed.run", *request.argv[3:]]
+        torchrun.main(request.argv[3:], starter)
         return 0
     except SystemExit as e:
         if isinstance(e.code, int) or e.code is None:

@@ -31,10 +31,17 @@ class Client:
         self._ready = False
 
     def fork(
-        self, role: str, argv: Sequence[str], env: Mapping[str, str], cwd: str, fds: Sequence[int]
+        self,
+        role: str,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        cwd: str,
+        fds: Sequence[int],
+        warm: bool = True,
     ) -> int | str:
-        """The pid of the child forked for this request, or why the zygote refused."""
-        request = {"role": role, "argv": list(argv), "env": dict(env), "cwd": cwd}
+        """The pid of the child forked for this request, or why the zygote refused.
+        ``warm`` (torchrun and the stand-in): their ranks are forked by the zygote too."""
+        request = {"role": role, "argv": list(argv), "env": dict(env), "cwd": cwd, "warm": warm}
         try:
             socket.send_fds(self._conn, [json.dumps(request).encode()], list(fds))
             while True:
@@ -140,12 +147,18 @@ class ZygoteChild:
 
     @staticmethod
     def fork(
-        client: Client, role: str, argv: Sequence[str], cwd: str, env: Mapping[str, str]
+        client: Client,
+        role: str,
+        argv: Sequence[str],
+        cwd: str,
+        env: Mapping[str, str],
+        warm: bool,
     ) -> ZygoteChild | str:
-        """The child for ``role``, or why the zygote refused it."""
+        """The child for ``role``, or why the zygote refused it; ``warm``: its ranks are
+        forked by the zygote too (else torch starts them as new interpreters)."""
         read, write = os.pipe()
         try:
-            got = client.fork(role, argv, env, cwd, (write,))
+            got = client.fork(role, argv, env, cwd, (write,), warm)
         finally:
             os.close(write)
         if isinstance(got, str):

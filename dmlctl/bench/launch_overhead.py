@@ -30,6 +30,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from dmlctl.agent.ask import IDLE_ENV
 from dmlctl.bench.plan import announce, planned
 from dmlctl.bench.proc import bench_env, run_checked, torchrun_argv
 from dmlctl.bench.runs import BenchPartial, alternate
@@ -113,12 +114,16 @@ def run_launch_bench(
     *,
     console: Console,
     start: str = "fresh",
+    server: bool = True,
     home: Path | None = None,
     timer: Callable[[Sequence[str], Mapping[str, str], Path], float] = time_once,
 ) -> dict[str, Any]:
     """Time both launchers ``repeats`` times each (alternating) and return the report.
 
-    ``start``: the job's ``ranks.start`` on the dmlctl side (``fresh`` or ``warm``).
+    ``start``: the job's ``ranks.start`` on the dmlctl side (``fresh`` or ``warm``);
+    ``server`` false: the dmlctl side runs without the agent server
+    (``DMLCTL_AGENT_SERVER_IDLE=0``), as a first launch, or one on a host without one,
+    does: its agent is a new process whose zygote imports torch.
     Report keys: ``repeats``, ``workers``, ``ranks_start``, ``dmlctl_s`` and ``torchrun_s`` (see
     :func:`summarize`), ``ratio`` and ``overhead_s`` (difference of medians).
     Raises :class:`UsageError` for ``repeats < 5`` or ``workers < 1``,
@@ -135,10 +140,11 @@ def run_launch_bench(
         announce(console, "launch", plan(repeats))
         sides = {"dmlctl": dmlctl_command(workers, job), "torchrun": torchrun_command(workers)}
         env = bench_env(home if home is not None else Path(tmp))
+        envs = {"dmlctl": env if server else {**env, IDLE_ENV: "0"}, "torchrun": env}
         times, note = alternate(
             list(sides),
             repeats,
-            lambda name, _: timer(sides[name], env, Path(tmp)),
+            lambda name, _: timer(sides[name], envs[name], Path(tmp)),
             console,
             warmup=True,
         )
@@ -148,6 +154,7 @@ def run_launch_bench(
         "repeats": repeats,
         "workers": workers,
         "ranks_start": start,
+        "agent_server": server,
         "dmlctl_s": dml,
         "torchrun_s": bare,
         "ratio": dml["median"] / bare["median"],
@@ -164,7 +171,9 @@ def render_launch_table(report: Mapping[str, Any]) -> Table:
     table = Table(
         title=(
             f"launch overhead, {report['workers']} workers, ranks "
-            f"{report.get('ranks_start', 'fresh')}, {report['repeats']} runs each"
+            f"{report.get('ranks_start', 'fresh')}"
+            f"{'' if report.get('agent_server', True) else ', no agent server'}, "
+            f"{report['repeats']} runs each"
         ),
         title_justify="left",
         show_edge=False,

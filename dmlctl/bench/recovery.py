@@ -68,6 +68,7 @@ from dmlctl.bench.runs import BenchPartial, alternate, launch_bench
 from dmlctl.errors import UsageError
 from dmlctl.failure import Kind
 from dmlctl.spec import ClusterSpec, JobSpec
+from dmlctl.spec.ranks import RanksSpec
 from dmlctl.spec.restart import RestartSpec
 from dmlctl.text import plural
 
@@ -83,7 +84,9 @@ RATIO_GOAL = 1.2
 SIDES = ("dmlctl", "torchrun")
 IN_PLACE = "in_place"
 """The side of ``--mode in_place`` (:mod:`dmlctl.bench.recovery_in_place`)."""
-IN_PLACE_GOAL = 0.3  # in_place ÷ torchrun, kill → the killed rank's first step
+IN_PLACE_GOALS = {"fresh": 0.5, "warm": 0.3}
+"""in_place ÷ torchrun (kill → the killed rank's first step), per ``ranks.start``."""
+RANK_STARTS = tuple(IN_PLACE_GOALS)
 SURVIVOR_GOAL = 0.8  # the other workers' steps/s after the kill ÷ before
 MODES = ("full", IN_PLACE)
 TORCHRUN_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "OMP_NUM_THREADS": "1"}
@@ -102,6 +105,7 @@ class RecoveryReport:
     backoff_s: float
     in_place_strategy: str = IN_PLACE_STRATEGY
     hosts: str = "this machine"  # where dmlctl's runs went (torchrun's: this machine)
+    ranks_start: str = "fresh"  # how dmlctl's ranks started (the jobs' ranks.start)
     workers: int = WORKERS
     steps: int = STEPS
     checkpoint_every: int = CHECKPOINT_EVERY
@@ -119,9 +123,14 @@ class RecoveryReport:
 
     @property
     def in_place_ratio(self) -> float | None:
-        """median(in_place) / median(torchrun) (goal: at most :data:`IN_PLACE_GOAL`);
+        """median(in_place) / median(torchrun) (goal: at most :attr:`in_place_goal`);
         None without the in-place side."""
         return self.median(IN_PLACE) / self.median("torchrun") if IN_PLACE in self.runs else None
+
+    @property
+    def in_place_goal(self) -> float:
+        """The goal of :attr:`in_place_ratio` for ranks started as :attr:`ranks_start`."""
+        return IN_PLACE_GOALS[self.ranks_start]
 
     @property
     def survivor_rate(self) -> float | None:
@@ -160,6 +169,7 @@ class RecoveryReport:
             "kill_at": self.kill_at,
             "kill_rank": self.kill_rank,
             "repeats": len(self.runs["dmlctl"]),
+            "ranks_start": self.ranks_start,
             "backoff_s": self.backoff_s,
             "default_backoff_s": RestartSpec().backoff_initial,
             "ratio": self.ratio,
@@ -176,7 +186,7 @@ class RecoveryReport:
             "hosts": self.hosts,
             "in_place_strategy": self.in_place_strategy,
             "in_place_ratio": self.in_place_ratio,
-            "in_place_ratio_goal": IN_PLACE_GOAL,
+            "in_place_ratio_goal": self.in_place_goal,
             "survivor_rate": self.survivor_rate,
             "survivor_rate_goal": SURVIVOR_GOAL,
         }
@@ -196,7 +206,7 @@ def script_args(work: Path) -> list[str]:
     return script_argv(options)
 
 
-def recovery_job(work: Path, backoff: float) -> JobSpec:
+def recovery_job(work: Path, backoff: float, ranks: str = "fresh") -> JobSpec:
     """The dmlctl side's job: no ``checkpoint:`` block; one restart after exactly
     ``backoff`` seconds (``backoff_max`` raised to it if needed) for an infra failure
     (the SIGKILL) and, as torchrun's ``--max-restarts 1`` does, for a user one too:
@@ -212,6 +222,7 @@ def recovery_job(work: Path, backoff: float) -> JobSpec:
         restart=RestartSpec(
             max_infra_restarts=1, max_user_restarts=1, backoff_initial=backoff, backoff_max=cap
         ),
+        ranks=RanksSpec.model_validate({"start": ranks}),
     )
 
 
@@ -232,15 +243,16 @@ def run_dmlctl(
     home: Path,
     console: Console,
     cluster: ClusterSpec | None = None,
+    ranks: str = "fresh",
 ) -> Recovery:
-    """One dmlctl run of :func:`recovery_job` on ``cluster`` (default
-    :func:`bench_cluster`); its recovery,
+    """One dmlctl run of :func:`recovery_job` (its ranks started as ``ranks``) on
+    ``cluster`` (default :func:`bench_cluster`); its recovery,
     whose ``cause`` is the failure dmlctl recorded. When that is not rank
     :data:`KILL_RANK`'s SIGKILL (torchrun's summary can name the peer that died of
     the broken connection first, or torchrun can fail on a half-written error file),
     a warning goes to ``console``. Raises :class:`RecoveryBenchFailed` unless the run
     succeeded after exactly one restart."""
-    job = recovery_job(work, backoff)
+    job = recovery_job(work, backoff, ranks)
     on = cluster or bench_cluster()
     result = launch_bench(job, on, console=console, home=home, check=False)
     state, run_dir = result.state, result.run_dir
@@ -307,6 +319,7 @@ def run_recovery_bench(
     console: Console,
     home: Path | None = None,
     cluster: ClusterSpec | None = None,
+    ranks: str = "fresh",
     measure: Callable[[str, Path], Recovery] | None = None,
 ) -> RecoveryReport:
     """Run every side of ``mode`` (:func:`sides`) ``repeats`` times, alternating
@@ -316,9 +329,11 @@ def run_recovery_bench(
     directory; dmlctl's run directories go to ``home`` (default: a temporary
     ``DMLCTL_HOME``). dmlctl's runs go to ``cluster`` (default: this machine), whose
     hosts must see this machine's files (the lab's do: the scripts write their timing
-    there); bare torchrun runs here. ``measure(side, work_dir)`` replaces the real
+    there); bare torchrun runs here. dmlctl's ranks start as ``ranks`` (``fresh`` or
+    ``warm``: the jobs' ``ranks.start``). ``measure(side, work_dir)`` replaces the real
     runs in tests.
-    Raises :class:`UsageError` for ``repeats < 1``, ``backoff <= 0`` or another mode,
+    Raises :class:`UsageError` for ``repeats < 1``, ``backoff <= 0``, another mode or
+    another ``ranks``,
     :class:`RecoveryBenchFailed` if any run fails, and, for a Ctrl-C after a whole
     round, :class:`BenchPartial` with the report of the whole rounds.
     """
@@ -326,6 +341,8 @@ def run_recovery_bench(
         raise UsageError(f"--repeats must be at least 1, got {repeats}")
     if not 0 < backoff < float("inf"):
         raise UsageError(f"--backoff must be a positive number of seconds, got {backoff}")
+    if ranks not in RANK_STARTS:
+        raise UsageError(f"--ranks must be one of {', '.join(RANK_STARTS)}, got {ranks!r}")
     measured = sides(mode)
     announce(console, "recovery", plan(repeats, mode))
     with tempfile.TemporaryDirectory(prefix="dmlctl-bench-recovery-") as tmp:
@@ -334,11 +351,21 @@ def run_recovery_bench(
         def real(side: str, work: Path) -> Recovery:
             if side == "dmlctl":
                 return run_dmlctl(
-                    work, backoff=backoff, home=dml_home, console=console, cluster=cluster
+                    work,
+                    backoff=backoff,
+                    home=dml_home,
+                    console=console,
+                    cluster=cluster,
+                    ranks=ranks,
                 )
             if side == IN_PLACE:
                 return run_in_place(
-                    work, home=dml_home, console=console, strategy=strategy, cluster=cluster
+                    work,
+                    home=dml_home,
+                    console=console,
+                    strategy=strategy,
+                    cluster=cluster,
+                    ranks=ranks,
                 )
             return run_torchrun(work, dml_home)
 
@@ -353,6 +380,7 @@ def run_recovery_bench(
         backoff_s=backoff,
         in_place_strategy=strategy,
         hosts="this machine" if cluster is None else plural(len(cluster.hosts), "host"),
+        ranks_start=ranks,
     )
     if note is not None:
         raise BenchPartial(note, report)

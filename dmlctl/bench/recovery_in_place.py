@@ -49,9 +49,10 @@ STEPS = 450
 KILL_AT = 150
 
 
-def in_place_job(work: Path, strategy: str = STRATEGY) -> JobSpec:
+def in_place_job(work: Path, strategy: str = STRATEGY, ranks: str = "fresh") -> JobSpec:
     """The job of one in-place run of ``strategy`` (with one parameter server when
-    it has servers) whose timing files go under ``work``."""
+    it has servers) whose timing files go under ``work``, its ranks started as
+    ``ranks``."""
     args = {
         "--timing-dir": work / "timing",
         "--steps": STEPS,
@@ -69,6 +70,7 @@ def in_place_job(work: Path, strategy: str = STRATEGY) -> JobSpec:
             "strategy": strategy,
             "workdir": str(JOB_DIR),
             "restart": {"mode": "in_place"},
+            "ranks": {"start": ranks},
         }
     )
 
@@ -85,12 +87,14 @@ def run_in_place(
     console: Console,
     strategy: str = STRATEGY,
     cluster: ClusterSpec | None = None,
+    ranks: str = "fresh",
 ) -> Recovery:
-    """One in-place run of :func:`in_place_job` on ``cluster`` (default
+    """One in-place run of :func:`in_place_job` (its ranks started as ``ranks``) on
+    ``cluster`` (default
     :func:`in_place_cluster`); its recovery. Raises
     :class:`RecoveryBenchFailed` unless the run succeeded with exactly one rank
     replaced in place and no restart."""
-    job = in_place_job(work, strategy)
+    job = in_place_job(work, strategy, ranks)
     on = cluster or in_place_cluster()
     result = launch_bench(job, on, console=console, home=home, check=False)
     state = result.state

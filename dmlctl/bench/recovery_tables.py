@@ -7,7 +7,6 @@ from rich.table import Table
 
 from dmlctl.bench.recovery import (
     IN_PLACE,
-    IN_PLACE_GOAL,
     RATIO_GOAL,
     SURVIVOR_GOAL,
     RecoveryReport,
@@ -23,7 +22,7 @@ def render_recovery_tables(report: RecoveryReport) -> list[Table]:
     names = tuple(report.runs)
     t = Table(
         title=f"recovery from a SIGKILL, {plural(len(report.runs['dmlctl']), 'run')} each, "
-        f"dmlctl backoff {report.backoff_s:g} s"
+        f"dmlctl backoff {report.backoff_s:g} s, ranks {report.ranks_start}"
         + ("" if report.hosts == "this machine" else f", dmlctl on {report.hosts}"),
         title_justify="left",
         show_edge=False,
@@ -52,7 +51,7 @@ def render_recovery_tables(report: RecoveryReport) -> list[Table]:
         t.add_row(
             "[bold]in_place/torchrun[/bold]",
             f"[bold]{report.in_place_ratio:.3f}[/bold]",
-            f"goal ≤ {IN_PLACE_GOAL}",
+            f"goal ≤ {report.in_place_goal}",
             "",
             "goal 0",
         )

@@ -114,7 +114,9 @@ def test_the_zygote_refuses_to_fork_while_it_has_a_second_thread() -> None:
     thread.start()
     try:
         served = zygote.Zygote(theirs)
-        reply = served._fork(ours, zygote_client.TORCHRUN, ["python"], dict(os.environ), ".", [])
+        argv = [sys.executable, "-m", "dmlctl.agent.torchrun"]
+        request = zygote.Request(zygote_client.TORCHRUN, argv, dict(zygote.STARTUP_ENV), ".")
+        reply = served._fork(ours, request, [])
     finally:
         stop.set()
         thread.join()
@@ -143,3 +145,31 @@ def test_what_a_fork_cannot_give_keeps_a_new_interpreter(
 
 def test_the_runtime_entry_with_the_zygotes_environment_is_forked() -> None:
     assert zygote.can_fork([*ENTRY, "train.py", "--lr", "1"], dict(zygote.STARTUP_ENV)) is None
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "why"),
+    [
+        (["python3", "train.py"], {}, "not a module"),
+        ([sys.executable, "-m", "dmlctl.agent.torchrun"], {"TORCH_LOGS": "+dynamo"}, "TORCH_LOGS"),
+        (["/usr/bin/python3.9", "-m", "dmlctl.agent.torchrun"], {}, "interpreter"),
+        (["no-such-python", "-m", "dmlctl.agent.torchrun"], {}, "interpreter"),
+    ],
+)
+def test_torchrun_is_forked_only_with_the_interpreter_and_start_it_was_imported_with(
+    argv: list[str], env: dict[str, str], why: str
+) -> None:
+    reason = zygote.can_fork_torchrun(argv, {**zygote.STARTUP_ENV, **env})
+    assert reason is not None and why in reason
+
+
+def test_torchrun_of_this_virtual_environment_is_forked(tmp_path: Path) -> None:
+    """A venv's ``python`` links to the base interpreter: the same file as another
+    venv's, so the environment is what is compared."""
+    assert zygote.can_fork_torchrun([sys.executable, "-m", "m"], dict(zygote.STARTUP_ENV)) is None
+    other = tmp_path / "venv"
+    (other / "bin").mkdir(parents=True)
+    (other / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (other / "bin" / "python").symlink_to(os.path.realpath(sys.executable))
+    reason = zygote.can_fork_torchrun([str(other / "bin" / "python"), "-m", "m"], {})
+    assert reason is not None and "interpreter" in reason

@@ -351,6 +351,7 @@ def test_the_in_place_side_is_reported_against_torchrun() -> None:
     report = RecoveryReport(
         {"dmlctl": (recovery(3.0),), "torchrun": (recovery(4.0),), IN_PLACE: in_place},
         backoff_s=0.1,
+        ranks_start="warm",
     )
     assert report.in_place_ratio == pytest.approx(0.3 / 4.0)
     assert report.survivor_rate == pytest.approx(0.875)  # over the runs that measured one
@@ -376,6 +377,9 @@ def test_the_in_place_side_is_reported_against_torchrun() -> None:
     rate = next(line for line in lines if "survivor steps/s" in line)
     assert [c.strip() for c in rate.split("│")][1:3] == ["0.875", "goal ≥ 0.8"]
     assert any(line.startswith("dmlctl in_place ") for line in lines)
+    assert any("ranks warm" in line for line in lines)
+    fresh = dataclasses.replace(report, ranks_start="fresh")
+    assert (fresh.in_place_goal, fresh.to_dict()["ranks_start"]) == (0.5, "fresh")
     without = RecoveryReport({"dmlctl": (recovery(3.0),), "torchrun": (recovery(4.0),)}, 0.1)
     assert without.in_place_ratio is None and without.to_dict()["mode"] == "full"
 
@@ -440,7 +444,7 @@ def test_dmlctl_sides_run_on_a_cluster_file_and_the_report_says_so(
     (spec,) = got
     assert [h.name for h in spec.hosts] == ["a", "b"]  # type: ignore[attr-defined]
     out = " ".join(capsys.readouterr().out.split())  # the title may wrap
-    assert "dmlctl backoff 0.1 s, dmlctl on 2 hosts" in out
+    assert "dmlctl backoff 0.1 s, ranks fresh, dmlctl on 2 hosts" in out
     cluster.write_text("hosts:\n- {name: a, adress: 10.0.0.2}\n")
     assert main(["bench", "recovery", "--cluster", str(cluster)]) == 2
     err = capsys.readouterr().err.strip()

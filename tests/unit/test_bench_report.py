@@ -325,6 +325,22 @@ def test_launch_bench_alternates_sides_and_reports_medians_and_ratio(tmp_path: P
     assert cells == ["dmlctl/torchrun", "1.200", "1.222", "4.167"]  # median, min, max ratios
 
 
+def test_launch_bench_without_the_agent_server_turns_it_off_on_dmlctls_side(
+    tmp_path: Path,
+) -> None:
+    idle: dict[str, set[str | None]] = {"dmlctl": set(), "torchrun": set()}
+
+    def timer(argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> float:
+        idle["dmlctl" if "dmlctl" in argv else "torchrun"].add(env.get("DMLCTL_AGENT_SERVER_IDLE"))
+        return 1.0
+
+    quiet = Console(file=io.StringIO())
+    report = run_launch_bench(5, 2, console=quiet, home=tmp_path, timer=timer, server=False)
+    assert idle == {"dmlctl": {"0"}, "torchrun": {None}}
+    assert report["agent_server"] is False
+    assert "no agent server" in " ".join(render(render_launch_table(report)).split())
+
+
 def test_launch_bench_commands_and_minimum_repeats() -> None:
     assert dmlctl_command(3)[1:] == [
         "-m",

@@ -18,6 +18,11 @@ def launch(
     ranks: str = typer.Option(
         "fresh", "--ranks", help="How dmlctl's ranks start: fresh (the default) or warm."
     ),
+    no_server: bool = typer.Option(
+        False,
+        "--no-server",
+        help="Launch without the agent server (each launch starts its agent and imports torch).",
+    ),
     as_json: bool = JSON_TABLE,
     plot: Optional[Path] = plot_option("seconds per launch, every repeat"),  # noqa: UP045
 ) -> int:
@@ -28,7 +33,9 @@ def launch(
     report = running(
         "timing dmlctl launch against bare torchrun…",
         lambda err: whole_or_partial(
-            lambda: run_launch_bench(repeats, workers, console=err, start=ranks)
+            lambda: run_launch_bench(
+                repeats, workers, console=err, start=ranks, server=not no_server
+            )
         ),
     )
     return finish("launch", report, render_launch_table, as_json, plot)

@@ -34,6 +34,9 @@ def recovery(
         "replace a worker in place: asgd, ssp, adadelay, easgd-async, sync-ps, aadmm, "
         "local-sgd, bmuf, easgd, admm, ssgd, dpsgd).",
     ),
+    ranks: str = typer.Option(
+        "fresh", "--ranks", help="How dmlctl's ranks start: fresh (the default) or warm."
+    ),
     cluster: Optional[Path] = typer.Option(  # noqa: UP045 - typer needs both
         None,
         "--cluster",
@@ -56,7 +59,13 @@ def recovery(
         "timing recovery under dmlctl and bare torchrun…",
         lambda err: kept(
             lambda: run_recovery_bench(
-                repeats, backoff=backoff, mode=mode, strategy=strategy, console=err, cluster=spec
+                repeats,
+                backoff=backoff,
+                mode=mode,
+                strategy=strategy,
+                console=err,
+                cluster=spec,
+                ranks=ranks,
             )
         ),
     )
