@@ -25,7 +25,10 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
+from types import ModuleType
 from typing import Any
+
+from dmlctl.runtime.after_import import after_import
 
 _state = {"prepared": False, "joining": False}
 
@@ -126,14 +129,16 @@ def _own_init_message(strategy: str, ranks: list[int]) -> str:
 
 def install(strategy: str, *, needs_runtime: bool) -> None:
     """Arm the optimizer check of the module docstring for ``strategy`` (named in the
-    message) when it ``needs_runtime``. Imports torch only when there is something to
-    check."""
+    message) when it ``needs_runtime``: once torch's optimizer module is imported
+    (by the script's own ``import torch``: never here, :mod:`dmlctl.runtime.after_import`)."""
     if not needs_runtime:
         return
-    import torch.optim.optimizer as optim
 
     def check(_optimizer: Any, _args: Any, _kwargs: Any) -> None:
         if not _state["prepared"]:
             raise StrategyNotApplied(_no_prepare_message(strategy))
 
-    optim.register_optimizer_step_pre_hook(check)
+    def arm(optim: ModuleType) -> None:
+        optim.register_optimizer_step_pre_hook(check)
+
+    after_import("torch.optim.optimizer", arm)
