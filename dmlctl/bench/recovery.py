@@ -347,27 +347,7 @@ def run_recovery_bench(
     announce(console, "recovery", plan(repeats, mode))
     with tempfile.TemporaryDirectory(prefix="dmlctl-bench-recovery-") as tmp:
         dml_home = home if home is not None else Path(tmp) / "home"
-
-        def real(side: str, work: Path) -> Recovery:
-            if side == "dmlctl":
-                return run_dmlctl(
-                    work,
-                    backoff=backoff,
-                    home=dml_home,
-                    console=console,
-                    cluster=cluster,
-                    ranks=ranks,
-                )
-            if side == IN_PLACE:
-                return run_in_place(
-                    work,
-                    home=dml_home,
-                    console=console,
-                    strategy=strategy,
-                    cluster=cluster,
-                    ranks=ranks,
-                )
-            return run_torchrun(work, dml_home)
+        real = _real_runs(dml_home, backoff, strategy, ranks, console, cluster)
 
         def one(side: str, round_: int) -> Recovery:
             work = Path(tmp) / f"{side}-{round_}"
@@ -385,3 +365,27 @@ def run_recovery_bench(
     if note is not None:
         raise BenchPartial(note, report)
     return report
+
+
+def _real_runs(
+    home: Path,
+    backoff: float,
+    strategy: str,
+    ranks: str,
+    console: Console,
+    cluster: ClusterSpec | None,
+) -> Callable[[str, Path], Recovery]:
+    """``run(side, work_dir)``: one real run of ``side``, its recovery."""
+
+    def run(side: str, work: Path) -> Recovery:
+        if side == "dmlctl":
+            return run_dmlctl(
+                work, backoff=backoff, home=home, console=console, cluster=cluster, ranks=ranks
+            )
+        if side == IN_PLACE:
+            return run_in_place(
+                work, home=home, console=console, strategy=strategy, cluster=cluster, ranks=ranks
+            )
+        return run_torchrun(work, home)
+
+    return run

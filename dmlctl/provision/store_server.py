@@ -13,8 +13,10 @@ and such a helper would import it (a second or more of a core) before every in-p
 attempt could start; and this one closes the connections of a host that stopped
 answering (below), so a lost host leaves nothing behind. Because torch's protocol has
 no version, only a magic number and a growing list of queries, it is tested against
-the client of each torch the project declares: ``make test-compat TORCH=X`` runs the
-in-place tests, whose ranks and torchruns are its clients.
+the client of each torch the project declares: ``make test-compat TORCH=X`` runs
+every call of that torch's ``TCPStore`` client against it
+(``tests/unit/test_store_server.py``) and the in-place tests, whose ranks and
+torchruns are its clients.
 
 What it promises, as torch's own server does (``TCPStoreLibUvBackend.cpp``; the
 protocol of torch ≥ 2.4: a client first sends ``VALIDATE`` with the magic number, then

@@ -81,7 +81,8 @@ def test_two_hosts_two_workers_each(lcli: LabCli, ssh_lab: SshLab, tmp_path: Pat
         assert f"rank {rank} of 4" in (run / "logs" / f"rank-{rank}.log").read_text()
     for host in ("node-a", "node-b"):  # kept on each host, collected at the end
         collected = run / "hosts" / host
-        assert sorted(p.name for p in collected.glob("rank-*.stdout")), collected
+        said = proc.stderr[-2000:]  # "could not collect rank files from …" says why
+        assert sorted(p.name for p in collected.glob("rank-*.stdout")), (collected, said)
         assert (collected / "agent.pid").is_file()
     assert not run_processes(run_id)
 

@@ -42,8 +42,10 @@ CLIENT = textwrap.dedent(
     out["multi_get"] = [v.decode() for v in c.multi_get(["m1", "m2"])]
     n = c.num_keys()
     out["delete"] = [c.delete_key("m1"), c.delete_key("m1"), c.num_keys() - n]
-    c.queue_push("q", b"a"); c.queue_push("q", b"b")
-    out["queue"] = [c.queue_len("q"), c.queue_pop("q").decode(), c.queue_len("q")]
+    if hasattr(c, "queue_push"):  # torch's client has the queue calls from 2.6 on
+        c.queue_push("q", b"a"); c.queue_push("q", b"b")
+        out["queue"] = [c.queue_len("q"), c.queue_pop("q").decode(), c.queue_len("q")]
+    out["torch"] = __import__("torch").__version__
     t0 = time.monotonic()
     try:
         c.wait(["never"], timedelta(seconds=0.3))
@@ -66,6 +68,7 @@ def server() -> Iterator[ss.StoreServer]:
         yield s
 
 
+@pytest.mark.compat  # every torch the project declares: its client speaks to this server
 def test_torchs_client_is_answered_as_by_torchs_own_server(server: ss.StoreServer) -> None:
     proc = subprocess.run(
         [sys.executable, "-c", CLIENT, str(server.port)],
@@ -82,7 +85,8 @@ def test_torchs_client_is_answered_as_by_torchs_own_server(server: ss.StoreServe
     assert out["append"] == "abcd"
     assert out["multi_get"] == ["1", "2"]
     assert out["delete"] == [True, False, -1]
-    assert out["queue"] == [2, "a", 1]
+    assert out.get("queue", [2, "a", 1]) == [2, "a", 1]
+    assert "queue" in out or out["torch"].startswith(("2.4.", "2.5."))
     assert out["wait_timeout"][0] == "DistStoreError" and out["wait_timeout"][1] < 3
     assert out["after_cancel"] == "ok"  # a cancelled wait leaves the connection usable
     assert out["woken"] == "1" and out["big"] is True
