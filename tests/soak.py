@@ -130,14 +130,18 @@ def main() -> int:
     parser.add_argument("--burners", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=180.0)
     args = parser.parse_args()
+    # SIGTERM (or SIGINT, ignored in a shell's background job) ends the soak with its
+    # burners, saying what it had seen.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     burners = [
         subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.burners)
     ]
     started = time.monotonic()
+    seen: Counter[str] = Counter()
     try:
         with tempfile.TemporaryDirectory(prefix="dmlctl-soak-") as tmp:
             home = Path(tmp)
-            seen = launches(home, args.launches, args.ranks, args.timeout)
+            seen += launches(home, args.launches, args.ranks, args.timeout)
             seen += replacements(home, args.replacements, args.ranks, args.timeout)
     finally:
         for burner in burners:

@@ -37,6 +37,7 @@ from rich.table import Table
 
 from dmlctl.bench.plan import planned
 from dmlctl.bench.proc import bench_env, run_checked
+from dmlctl.bench.runs import BENCH_RANKS
 from dmlctl.errors import DmlctlError, UsageError
 from dmlctl.spec.models import uses_servers
 from dmlctl.text import plural
@@ -231,7 +232,7 @@ def launch(
 ) -> float:
     """``dmlctl launch`` of ``spec``; its logged ``metric``."""
     job = tmp / "job.yaml"
-    job.write_text(yaml.safe_dump(dict(spec)), encoding="utf-8")
+    job.write_text(yaml.safe_dump({"ranks": BENCH_RANKS, **spec}), encoding="utf-8")
     before = set((home / "runs").glob("*"))
     argv = [sys.executable, "-m", "dmlctl", "launch", str(job), "--ui", "quiet"]
     run_checked(argv, env, tmp, timeout=RUN_TIMEOUT_S, error=AccuracyBenchFailed)

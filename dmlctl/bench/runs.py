@@ -18,6 +18,7 @@ from rich.console import Console
 from dmlctl.errors import DmlctlError, ExitCode
 from dmlctl.launch.api import LaunchOptions, LaunchResult, launch
 from dmlctl.spec.models import ClusterSpec, JobSpec
+from dmlctl.spec.ranks import RanksSpec
 from dmlctl.spec.restart import RestartSpec
 
 T = TypeVar("T")
@@ -25,6 +26,18 @@ Launcher = Callable[..., LaunchResult]
 """``launch``'s shape: ``(job, cluster, *, options, console) -> LaunchResult``."""
 NO_RESTARTS = RestartSpec(max_user_restarts=0, max_infra_restarts=0)
 """``restart:`` of a bench job: a restarted attempt would mix two measurements."""
+BENCH_RANKS: dict[str, Any] = {"start": "warm"}
+"""``ranks:`` of a bench's own job unless it names one: what the benches measure is
+training, not how a rank starts, and warm ranks skip their import of torch (``bench
+launch`` and ``bench recovery`` measure the start, with fresh ranks unless ``--ranks``
+says otherwise)."""
+
+
+def with_bench_ranks(job: JobSpec) -> JobSpec:
+    """``job`` with :data:`BENCH_RANKS` unless it names its ``ranks:`` itself."""
+    if "ranks" in job.model_fields_set:
+        return job
+    return job.model_copy(update={"ranks": RanksSpec.model_validate(BENCH_RANKS)})
 
 
 class BenchFailed(DmlctlError):
@@ -68,13 +81,17 @@ def launch_bench(
     launcher: Launcher = launch,
     check: bool = True,
 ) -> LaunchResult:
-    """Run ``job`` on ``cluster`` to its end without a live view; raises
+    """Run ``job`` on ``cluster`` (its ranks :func:`with_bench_ranks`) to its end without
+    a live view; raises
     :class:`BenchInterrupted` when it was stopped by Ctrl-C or SIGTERM (the bench ends
     there, it does not go on) and, with ``check``, :class:`BenchFailed` naming the
     run's root cause unless it succeeded (without: whatever its outcome)."""
     try:
         result = launcher(
-            job, cluster, options=LaunchOptions(ui="quiet", home=home), console=console
+            with_bench_ranks(job),
+            cluster,
+            options=LaunchOptions(ui="quiet", home=home),
+            console=console,
         )
     except KeyboardInterrupt:  # before the run's own Ctrl-C handling was set up
         raise BenchInterrupted("benchmark interrupted (Ctrl-C) while its run started") from None

@@ -42,7 +42,7 @@ from rich.console import Console
 from dmlctl.bench.launch_overhead import summarize
 from dmlctl.bench.plan import announce, planned
 from dmlctl.bench.proc import bench_env, run_checked, torchrun_argv
-from dmlctl.bench.runs import BenchInterrupted, BenchPartial, interrupted_after
+from dmlctl.bench.runs import BENCH_RANKS, BenchInterrupted, BenchPartial, interrupted_after
 from dmlctl.bench.strategy_rows import (
     BYTES,
     FILTERS,
@@ -72,7 +72,7 @@ def _run(argv: list[str], env: Mapping[str, str], cwd: Path) -> str:
 def write_job(spec: Mapping[str, Any], out_dir: Path) -> Path:
     """``spec`` as a job file in ``out_dir``, named after the job."""
     path = out_dir / f"{spec['name']}.yaml"
-    path.write_text(yaml.safe_dump(dict(spec)), encoding="utf-8")
+    path.write_text(yaml.safe_dump({"ranks": BENCH_RANKS, **spec}), encoding="utf-8")
     return path
 
 

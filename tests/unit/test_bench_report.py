@@ -362,3 +362,25 @@ def test_launch_bench_commands_and_minimum_repeats() -> None:
     ]
     with pytest.raises(UsageError, match="at least 5"):
         run_launch_bench(4, 2, console=Console(file=io.StringIO()))
+
+
+def test_a_bench_runs_its_own_job_with_warm_ranks_unless_the_job_names_them(
+    tmp_path: Path,
+) -> None:
+    from dmlctl.bench.recovery_timing import local_cluster
+    from dmlctl.bench.runs import launch_bench
+    from dmlctl.launch.api import LaunchResult
+    from dmlctl.spec.models import JobSpec
+
+    seen: list[str] = []
+
+    def launcher(job: JobSpec, *_: object, **__: object) -> LaunchResult:
+        seen.append(job.ranks.start)
+        return LaunchResult("r", None, None, 0)
+
+    quiet = Console(file=io.StringIO())
+    plain = JobSpec(name="j", script="t.py")
+    named = JobSpec.model_validate({"name": "j", "script": "t.py", "ranks": {"start": "fresh"}})
+    for job in (plain, named):
+        launch_bench(job, local_cluster(2), console=quiet, home=tmp_path, launcher=launcher)
+    assert seen == ["warm", "fresh"]
