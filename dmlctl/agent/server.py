@@ -1,6 +1,6 @@
 """The agent server: host agents for runs on this machine, forked from a process that
-has imported dmlctl's agent and torch already (once an agent was asked for: its zygote
-then imports nothing, :mod:`dmlctl.agent.zygote`).
+has imported dmlctl's agent and torch already (after it forked its first agent: the
+zygotes of the agents that follow then import nothing, :mod:`dmlctl.agent.zygote`).
 
 A host agent spends its first tenths of a second importing its own code, and its
 zygote a second or more importing torch — on every launch, every restart, every
@@ -162,7 +162,6 @@ def _accept(
             os.close(fd)
         conn.close()
         return
-    _runtime_imported(adopted, WARM_FLAG in request.argv)  # else its zygote tries
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     close = [listener.fileno(), *own, *(c.fileno() for c in agents.values()), conn.fileno()]
@@ -180,6 +179,10 @@ def _accept(
     agents[pid] = conn
     with contextlib.suppress(OSError):
         conn.send(json.dumps({"pid": pid}).encode())
+    # Imported after the fork, for the agents that follow: this agent's zygote imports
+    # what it lacks while the agent tells its controller it lives (an import here
+    # first, seconds on a loaded host, would keep the controller waiting in silence).
+    _runtime_imported(adopted, WARM_FLAG in request.argv)
 
 
 def _runtime_imported(adopted: dict[str, str], ranks: bool) -> bool:

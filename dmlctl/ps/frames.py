@@ -175,12 +175,22 @@ _generations: dict[int, int] = {}  # server rank → generation of the server co
 
 def connection(worker_rank: int, server_rank: int, sent: int = 0) -> Connection:
     """This worker process's connection to ``server_rank`` in the current process
-    group: made at the first call (waiting in the store for the server's address),
-    its first frame a HELLO carrying ``sent``, the pushes this worker process sent
-    that server so far."""
+    group: made at the first call (waiting in the store for the server's address; for
+    a server that can be replaced, refused there, for its replacement's), its first
+    frame a HELLO carrying ``sent``, the pushes this worker process sent that server
+    so far."""
     conns = _worker_connections()
     if server_rank not in conns:
-        conns[server_rank] = _connect(worker_rank, server_rank, _server_address(server_rank), sent)
+        found = _server_address(server_rank)
+        try:
+            conns[server_rank] = _connect(worker_rank, server_rank, found, sent)
+        except ConnectionRefusedError:
+            if not rejoin.servers_replaced():
+                raise
+            # That server died before this worker first reached it: wait for its
+            # replacement as a worker whose connection broke does.
+            _generations[server_rank] = found[1]
+            return reconnect(worker_rank, server_rank, sent)
     return conns[server_rank]
 
 
