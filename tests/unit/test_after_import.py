@@ -69,4 +69,3 @@ def test_the_optimizer_guard_waits_for_the_scripts_own_import_of_torch(tmp_path:
         tmp_path,
     )
     assert out.splitlines() == ["torch before the script: False", "refused: True"]
-
