@@ -37,7 +37,7 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 
-from dmlctl.agent import zygote
+from dmlctl.agent import zygote, zygote_child
 from dmlctl.agent.procs import end_forked, exit_status, name_process, set_cmdline
 from dmlctl.agent_config import WARM_FLAG, AgentRequest
 
@@ -208,7 +208,7 @@ def _agent(
     """In the forked child: become ``python -m dmlctl.agent`` as the controller would
     have started it; the agent's exit code."""
     os.setsid()
-    zygote.fresh_signals()
+    zygote_child.fresh_signals()
     for fd in close:
         with contextlib.suppress(OSError):
             os.close(fd)

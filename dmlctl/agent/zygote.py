@@ -29,7 +29,6 @@ each child with the zygote.
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import os
 import selectors
@@ -38,11 +37,11 @@ import signal
 import socket
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import IO, Any, NoReturn
+from typing import Any
 
-from dmlctl.agent.procs import die_with_parent, end_forked, name_process, set_cmdline
-from dmlctl.agent.zygote_client import MAX_MESSAGE, RANK, STANDIN, Client, ZygoteStarter
+from dmlctl.agent import zygote_child
+from dmlctl.agent.procs import die_with_parent, end_forked, name_process
+from dmlctl.agent.zygote_client import MAX_MESSAGE, RANK, Request
 from dmlctl.startup_env import read_at_start
 
 ENTRY = ("-u", "-m", "dmlctl.runtime.entry")
@@ -56,20 +55,6 @@ STARTUP_CWD = os.getcwd()
 SET_BY_IMPORT: set[str] = set()
 """Variables torch's import set here (its caches): a rank without them would set the
 same as it imports torch itself."""
-
-
-@dataclass(frozen=True)
-class Request:
-    """What a requester asks the zygote to fork: a ``role`` (:data:`RANK`,
-    :data:`TORCHRUN` or :data:`STANDIN`) to run ``argv`` with ``env`` in ``cwd``;
-    ``warm``: torchrun's or the stand-in's ranks are forked here too (else torch starts
-    them as new interpreters)."""
-
-    role: str
-    argv: list[str]
-    env: dict[str, str]
-    cwd: str
-    warm: bool = True
 
 
 def threads() -> int:
@@ -162,7 +147,7 @@ def _zygote(agent: socket.socket, parent: int, warm: bool) -> int:
     forks ranks too."""
     die_with_parent(signal.SIGKILL, parent)
     name_process(b"dmlctl-zygote")
-    fresh_signals()
+    zygote_child.fresh_signals()
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 0)
     os.dup2(null, 1)  # the agent's stdout carries its messages: never write there
@@ -280,8 +265,8 @@ class Zygote:
                     os.close(key.fd)
             self._selector.close()
             if role == RANK:
-                _become_rank(argv, env, request.cwd, fds)
-            end_forked(lambda: _requester(request, fds, child, zygote))
+                zygote_child.become_rank(argv, env, request.cwd, fds, (STARTUP_ENV, STARTUP_CWD))
+            end_forked(lambda: zygote_child.requester(request, fds, child, zygote))
         if child is not None:
             child.close()
             self._add(mine)
@@ -332,163 +317,3 @@ def _load_strategy(env: Mapping[str, str]) -> None:
 def _send(conn: socket.socket, message: Mapping[str, Any], fds: Sequence[int] = ()) -> None:
     with contextlib.suppress(OSError):  # a requester that is gone has nothing to learn
         socket.send_fds(conn, [json.dumps(message).encode()], list(fds))
-
-
-def _requester(request: Request, fds: list[int], conn: socket.socket | None, zygote: int) -> int:
-    """In a forked child: be torchrun (``python -m dmlctl.agent.torchrun argv[3:]``)
-    or the stand-in, with ``fds[0]`` as standard output and error; the exit code. Its
-    ranks are forked by the zygote behind ``conn``, or, without one (``warm`` false),
-    started as new interpreters by torch."""
-    die_with_parent(signal.SIGKILL, zygote)
-    name_process(request.role.encode())
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.close(null)
-    for fd in (1, 2):
-        os.dup2(fds[0], fd)
-    _own_stdio()
-    os.chdir(request.cwd)
-    os.environ.clear()
-    os.environ.update(request.env)
-    set_cmdline(list(request.argv))
-    starter = ZygoteStarter(Client(conn)) if conn is not None else None
-    try:
-        if request.role == STANDIN:
-            from dmlctl.agent import standin
-
-            return standin.main(starter)
-        from dmlctl.agent import torchrun
-
-        sys.argv = ["torch.distributed.run", *request.argv[3:]]
-        torchrun.main(request.argv[3:], starter)
-        return 0
-    except SystemExit as e:
-        if isinstance(e.code, int) or e.code is None:
-            return int(e.code or 0)
-        print(e.code, file=sys.stderr)
-        return 1
-    finally:
-        import atexit
-
-        atexit._run_exitfuncs()
-
-
-def _become_rank(argv: list[str], env: Mapping[str, str], cwd: str, fds: list[int]) -> NoReturn:
-    """In a forked child: become ``python -u -m dmlctl.runtime.entry argv[4:]``, started
-    in ``cwd``."""
-    try:
-        os.setsid()
-        os.chdir(cwd)
-        name_process(f"rank {env.get('RANK', '')}".encode())
-        fresh_signals()
-        for target, fd in zip((1, 2), fds, strict=False):
-            os.dup2(fd, target)
-        _close_inherited()
-        if (why := _cuda_unusable()) is not None:
-            rank = env.get("RANK")
-            os.write(2, f"dmlctl: {why}: rank {rank} starts as a new interpreter\n".encode())
-            os.execve(argv[0], argv, env)  # the new interpreter after all, same process
-        os.environ.clear()
-        os.environ.update(env)
-        set_cmdline(argv)
-        _fresh_interpreter(env)
-        from dmlctl.runtime import entry
-
-        entry.run(argv[4:])
-    except BaseException:
-        import traceback
-
-        traceback.print_exc()
-    finally:
-        os._exit(1)
-
-
-def _cuda_unusable() -> str | None:
-    """What makes the GPUs unusable in a forked process (then only a new interpreter
-    can use them): CUDA initialised in the zygote."""
-    cuda = sys.modules.get("torch.cuda")
-    if cuda is not None and cuda._is_in_bad_fork():
-        return "CUDA was initialised in the zygote"
-    return None
-
-
-def fresh_signals() -> None:
-    """Handlers as a new interpreter has them: caught signals back to their default
-    (as ``exec`` does), ignored ones still ignored, Python's own three set."""
-    import faulthandler
-
-    signal.set_wakeup_fd(-1)
-    for sig in signal.valid_signals():
-        try:
-            if callable(signal.getsignal(sig)):
-                signal.signal(sig, signal.SIG_DFL)
-        except (OSError, ValueError):
-            continue
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    if faulthandler.is_enabled() and not os.environ.get("PYTHONFAULTHANDLER"):
-        faulthandler.disable()
-
-
-def _close_inherited() -> None:
-    """Point every descriptor above 2 at ``/dev/null``: the zygote's sockets close in
-    this process, and an object of the zygote's that closes its descriptor later
-    closes only that ``/dev/null`` (never a file the script opened)."""
-    null = os.open(os.devnull, os.O_RDWR)
-    for name in os.listdir("/proc/self/fd"):
-        fd = int(name)
-        if fd > 2 and fd != null:
-            with contextlib.suppress(OSError):
-                os.dup2(null, fd, inheritable=False)
-    os.close(null)
-
-
-def _fresh_interpreter(env: Mapping[str, str]) -> None:
-    """``sys.path``, threads, stdio and random state as a new ``python -u`` started
-    with ``env`` would have them."""
-    import torch
-
-    sys.path[:] = _sys_path(env.get("PYTHONPATH", ""))
-    omp = env.get("OMP_NUM_THREADS")
-    torch.set_num_threads(int(omp) if omp else len(os.sched_getaffinity(0)))
-    _own_stdio(unbuffered=True)
-    if "numpy" in sys.modules:
-        sys.modules["numpy"].random.seed()
-
-
-def _own_stdio(unbuffered: bool = False) -> None:
-    """``sys.stdout`` and ``sys.stderr`` on descriptors 1 and 2, as a new interpreter
-    makes them (``-u``: ``unbuffered``), and ``sys.stdin`` on 0."""
-    for fd, name, errors in ((1, "stdout", "strict"), (2, "stderr", "backslashreplace")):
-        old: IO[str] = getattr(sys, f"__{name}__") or getattr(sys, name)
-        _kept.append(old)
-        stream = io.TextIOWrapper(
-            io.FileIO(fd, "w", closefd=False),
-            encoding=getattr(old, "encoding", None) or "utf-8",
-            errors=getattr(old, "errors", None) or errors,
-            write_through=unbuffered,
-            line_buffering=not unbuffered,
-        )
-        setattr(sys, name, stream)
-        setattr(sys, f"__{name}__", stream)
-    stdin = open(0, closefd=False)  # noqa: SIM115 - the process's own stdin
-    _kept.append(sys.stdin)
-    sys.stdin = stdin
-    setattr(sys, "__stdin__", stdin)  # noqa: B010 - typed Final in typeshed
-
-
-_kept: list[Any] = []  # replaced stdio objects, kept so that their buffers never flush
-
-
-def _sys_path(pythonpath: str) -> list[str]:
-    """``sys.path`` as Python builds it from ``pythonpath``: this one's, with the
-    zygote's ``PYTHONPATH`` entries replaced by those of ``pythonpath``."""
-
-    def entries(value: str, cwd: str) -> list[str]:
-        return [os.path.normpath(os.path.join(cwd, p)) for p in value.split(os.pathsep) if p]
-
-    zygote = set(entries(STARTUP_ENV.get("PYTHONPATH", ""), STARTUP_CWD))
-    wanted = entries(pythonpath, os.getcwd())
-    rest = [p for p in sys.path[1:] if p not in zygote and p not in wanted]
-    return [sys.path[0], *wanted, *rest]

@@ -11,6 +11,7 @@ import signal
 import socket
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import IO, Any
 
 TORCHRUN = "torchrun"
@@ -18,6 +19,20 @@ STANDIN = "standin"
 RANK = "rank"
 MAX_MESSAGE = 1 << 20
 """The largest message on the zygote's socket (a request carries a whole environment)."""
+
+
+@dataclass(frozen=True)
+class Request:
+    """What a requester asks the zygote to fork: a ``role`` (:data:`RANK`,
+    :data:`TORCHRUN` or :data:`STANDIN`) to run ``argv`` with ``env`` in ``cwd``;
+    ``warm``: torchrun's or the stand-in's ranks are forked here too (else torch starts
+    them as new interpreters)."""
+
+    role: str
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+    warm: bool = True
 
 
 class Client:
