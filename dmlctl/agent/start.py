@@ -5,14 +5,13 @@ not start (:func:`cannot_start`)."""
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import math
 import os
 import signal
 import subprocess
 
-from dmlctl import protocol, wire
+from dmlctl import checkpoint_claim, protocol, wire
 from dmlctl.agent.messages import Emitter
 from dmlctl.agent.procs import dies_with_parent
 from dmlctl.agent.standin import ENV_STANDIN as STANDIN
@@ -113,16 +112,31 @@ def cannot_start(emit: Emitter, what: str, exc: OSError | ValueError) -> None:
     emit.send(wire.ExitMsg(127, (message,), error=error))
 
 
+_CLAIMS: list[int | None] = []
+"""The agent's claim of its host's checkpoint directory, held until it exits."""
+
+
 def prepare(config: AgentConfig, emit: Emitter) -> str | None:
     """The rank directory (``~`` expanded, made private) holding ``agent.pid``; None
-    (after the ``exit`` message saying why) when it cannot be made. The checkpoint
-    directory is made too when it can be (the ranks never make it again once it was
-    there: see :class:`dmlctl.runtime.checkpoint.CheckpointManager`)."""
+    (after the ``exit`` message saying why) when it cannot be made, or when the
+    checkpoint directory is claimed by another run (:mod:`dmlctl.checkpoint_claim`).
+    The checkpoint directory is made and claimed for the run when it can be (the
+    ranks never make it again once it was there: see
+    :class:`dmlctl.runtime.checkpoint.CheckpointManager`)."""
     rank_dir = os.path.expanduser(config.rank_dir)
     checkpoints = config.rank_env().get(protocol.ENV_CHECKPOINT_DIR)
     if checkpoints:
-        with contextlib.suppress(OSError):  # the ranks say why, at their first save
-            protocol.make_private_dirs(os.path.expanduser(checkpoints))
+        try:
+            _CLAIMS.append(
+                checkpoint_claim.claim(
+                    checkpoint_claim.where(checkpoints, config.workdir), config.run_id
+                )
+            )
+        except checkpoint_claim.CheckpointInUse as e:
+            cannot_start(emit, "the checkpoint directory is another run's", ValueError(str(e)))
+            return None
+        except OSError:  # the ranks say why, at their first save
+            pass
     try:
         protocol.make_private_dirs(rank_dir)
         path = os.path.join(rank_dir, "agent.pid")

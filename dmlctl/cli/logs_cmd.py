@@ -20,8 +20,17 @@ def logs(
     stacks: bool = typer.Option(
         False, "--stacks", help="Print the Python stacks of every thread, dumped on a hang."
     ),
+    raw: bool = typer.Option(
+        False,
+        "--raw",
+        help="The bytes as the ranks wrote them, also on a terminal "
+        "(by default a terminal gets control characters escaped).",
+    ),
 ) -> int:
-    """Print a run's logs from its run directory (or, with --fetch, from the hosts)."""
+    """Print a run's logs from its run directory (or, with --fetch, from the hosts).
+
+    On a terminal every line is shown as the live view shows it: colours dropped,
+    other control characters escaped. Piped, or with --raw, the bytes are copied."""
     from dmlctl.errors import UsageError
     from dmlctl.runs.logs import print_host_files, print_stacks, stream_log
     from dmlctl.runs.store import RunStore
@@ -29,6 +38,7 @@ def logs(
     if stacks and (fetch or follow):
         raise UsageError("--stacks goes with neither --fetch nor --follow")
     run = RunStore().get(run_id)
+    escape = not raw and sys.stdout.isatty()
     if stacks:
         print_stacks(run, rank)
         return 0
@@ -39,9 +49,9 @@ def logs(
 
         for problem in scheduler_of(run).logs(run):
             print(f"dmlctl: could not fetch from {problem}", file=sys.stderr)
-        print_host_files(run, rank)
+        print_host_files(run, rank, escape=escape)
         return 0
-    copied = stream_log(run, rank, follow=follow)
+    copied = stream_log(run, rank, follow=follow, escape=escape)
     if not copied:
         who = f"rank {rank}" if rank is not None else "no rank"
         print(f"dmlctl: {who} of run {run.run_id} wrote nothing", file=sys.stderr)

@@ -7,9 +7,11 @@ import os
 
 from rich.console import Console
 
+from dmlctl.checkpoint_claim import CheckpointInUse, release
 from dmlctl.failure import Kind
 from dmlctl.launch.api import LaunchOptions, LaunchResult, detach
 from dmlctl.launch.requeue import moved_plan
+from dmlctl.launch.start import claim_checkpoints
 from dmlctl.runs.files import private_umask
 from dmlctl.runs.store import RunStore
 from dmlctl.slurm.transport import transports_for
@@ -55,12 +57,21 @@ def resume(run_id: str, *, options: LaunchOptions, console: Console) -> LaunchRe
 
     for line in stop_stale_agents(plan.run_id, plan.hosts + plan.spares, transports):
         console.print(f"dmlctl: {line}", markup=False, highlight=False)
+    try:
+        claims = claim_checkpoints(plan)
+    except CheckpointInUse:
+        close_transports(transports)
+        raise
     with private_umask():
-        if options.detach:
-            close_transports(transports)
-            pid = detach(run, resume=True)
-            return LaunchResult(plan.run_id, run.path, None, 0 if pid else 1)
-        run.write_pid(os.getpid())
-        sink = make_sink(options.ui, console, str(run.path))
-        final = run_controller(run, plan, sink, transports, resume_from=state)
+        try:
+            if options.detach:
+                close_transports(transports)
+                pid = detach(run, resume=True, claims=claims)
+                return LaunchResult(plan.run_id, run.path, None, 0 if pid else 1)
+            run.write_pid(os.getpid())
+            sink = make_sink(options.ui, console, str(run.path))
+            final = run_controller(run, plan, sink, transports, resume_from=state)
+        finally:
+            for fd in claims:
+                release(fd)
     return LaunchResult(plan.run_id, run.path, final, int(final.exit_code or 0))

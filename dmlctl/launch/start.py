@@ -9,12 +9,14 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 from rich.console import Console
 
+from dmlctl import checkpoint_claim, protocol
 from dmlctl.launch.options import LaunchOptions, LaunchResult
 from dmlctl.plan.model import LaunchPlan
 from dmlctl.redact import Redactor, redact_arg
@@ -44,6 +46,29 @@ def _envs_of(data: dict[str, Any]) -> list[dict[str, str]]:
     """The ``env`` mappings of a dumped job or cluster spec."""
     holders = [data, data.get("defaults") or {}, *(data.get("hosts") or [])]
     return [h["env"] for h in holders if isinstance(h.get("env"), dict)]
+
+
+def claim_checkpoints(plan: LaunchPlan) -> list[int]:
+    """Claim the checkpoint directory of every host of the plan on this machine for the
+    run (:mod:`dmlctl.checkpoint_claim`): the lock descriptors, to keep open for the
+    run's life. :class:`~dmlctl.checkpoint_claim.CheckpointInUse` (exit 2) when another
+    run holds one; nothing stays claimed then."""
+    held: list[int] = []
+    dirs = {
+        checkpoint_claim.where(h.env[protocol.ENV_CHECKPOINT_DIR], h.workdir)
+        for h in plan.hosts + plan.spares
+        if h.is_local and h.env.get(protocol.ENV_CHECKPOINT_DIR)
+    }
+    try:
+        for directory in sorted(dirs):
+            fd = checkpoint_claim.claim(directory, plan.run_id)
+            if fd is not None:
+                held.append(fd)
+    except BaseException:
+        for fd in held:
+            checkpoint_claim.release(fd)
+        raise
+    return held
 
 
 def create_run(
@@ -78,7 +103,9 @@ def create_run(
     return run
 
 
-def detach(run: RunDir, *, resume: bool = False) -> int:
+def detach(run: RunDir, *, resume: bool = False, claims: Sequence[int] = ()) -> int:
+    """Start the run's controller as a process of its own (a new session); it inherits
+    ``claims`` (the checkpoint claims, held as long as it lives)."""
     with open(run.controller_log, "ab", opener=private_opener) as log:
         proc = subprocess.Popen(
             [
@@ -93,6 +120,7 @@ def detach(run: RunDir, *, resume: bool = False) -> int:
             stderr=subprocess.STDOUT,
             start_new_session=True,
             close_fds=True,
+            pass_fds=tuple(claims),
         )
     run.write_pid(proc.pid)
     return proc.pid
@@ -112,15 +140,20 @@ def start_run(
 
     with private_umask():  # every file of the run is the user's alone
         try:
+            claims = claim_checkpoints(plan)
             run = create_run(plan, job, cluster, store, options)
-        except StoreError:
+        except (StoreError, checkpoint_claim.CheckpointInUse):
             close_transports(transports)
             raise
-        if options.detach:
-            close_transports(transports)
-            pid = detach(run)
-            return LaunchResult(plan.run_id, run.path, None, 0 if pid else 1)
-        run.write_pid(os.getpid())
-        sink = make_sink(options.ui, console, str(run.path))
-        state = run_controller(run, plan, sink, transports)
+        try:
+            if options.detach:
+                close_transports(transports)
+                pid = detach(run, claims=claims)
+                return LaunchResult(plan.run_id, run.path, None, 0 if pid else 1)
+            run.write_pid(os.getpid())
+            sink = make_sink(options.ui, console, str(run.path))
+            state = run_controller(run, plan, sink, transports)
+        finally:
+            for fd in claims:
+                checkpoint_claim.release(fd)
     return LaunchResult(plan.run_id, run.path, state, int(state.exit_code or 0))

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import signal
 import time
 
 from dmlctl.runs.events import Finished, StopRequested
 from dmlctl.runs.reducer import apply
 from dmlctl.runs.state import Phase, RunState
-from dmlctl.runs.store import RunDir, pid_alive
+from dmlctl.runs.store import RunDir
 
 POLL_S = 0.1
 STOP_SLACK_S = 10.0  # beyond the ranks' grace: the agents' margin and the teardown
@@ -44,21 +43,20 @@ def stop_run(run: RunDir, *, timeout: float) -> str:
     state = run.read_state()
     if state.phase.terminal and state.phase != Phase.LOST:
         return f"run {run.run_id} already ended: {state.phase.value}"
-    pid = run.controller()
-    if pid is None or not pid_alive(pid):
+    controller = run.controller()
+    if controller is None or not controller.signal(signal.SIGTERM):
+        # gone, or its pid now names another process: nothing is signalled
         final = _mark_stopped(run, state, "controller was gone")
         return f"run {run.run_id}: controller was gone; marked {final.phase.value}"
-    os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if run.read_state().phase.terminal or not pid_alive(pid):
+        if run.read_state().phase.terminal or not controller.alive():
             break
         time.sleep(POLL_S)
     state = run.read_state()
     if state.phase.terminal and state.phase != Phase.LOST:
         return f"run {run.run_id} {state.phase.value}"
-    if pid_alive(pid):
-        os.kill(pid, signal.SIGKILL)
+    if controller.signal(signal.SIGKILL):
         why = f"controller did not stop within {timeout:g} s and was killed"
     else:
         why = "controller exited without recording the end of the run"

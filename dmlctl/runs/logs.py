@@ -9,6 +9,7 @@ from typing import BinaryIO
 
 from dmlctl.errors import UsageError
 from dmlctl.runs.store import RunDir
+from dmlctl.text import clean_line
 
 POLL_S = 0.2
 
@@ -25,11 +26,53 @@ def log_path(run: RunDir, rank: int | None) -> Path:
     return run.rank_log(rank)
 
 
-def stream_log(run: RunDir, rank: int | None, *, follow: bool, out: BinaryIO | None = None) -> int:
+class EscapedLines:
+    """A byte sink that writes each whole line as :func:`~dmlctl.text.clean_line`
+    shows it (colours dropped, other control characters escaped), so that no rank
+    can move, retitle or reprogram the terminal; a line not yet ended waits."""
+
+    def __init__(self, sink: BinaryIO) -> None:
+        self._sink = sink
+        self._partial = b""
+
+    def write(self, data: bytes) -> None:
+        *lines, self._partial = (self._partial + data).split(b"\n")
+        for line in lines:
+            self._sink.write(clean_line(line.decode("utf-8", "replace")).encode() + b"\n")
+
+    def flush(self) -> None:
+        self._sink.flush()
+
+    def close(self) -> None:
+        """Write the last line, even without its newline."""
+        if self._partial:
+            self.write(b"\n")
+        self.flush()
+
+
+def stream_log(
+    run: RunDir,
+    rank: int | None,
+    *,
+    follow: bool,
+    out: BinaryIO | None = None,
+    escape: bool = False,
+) -> int:
     """Copy the log to ``out`` (default stdout); with ``follow``, keep copying new
-    lines until the run has ended and everything was printed. Returns the bytes
-    copied."""
+    lines until the run has ended and everything was printed. With ``escape`` each
+    line is made safe for a terminal (:class:`EscapedLines`). Returns the bytes read."""
     sink = out if out is not None else sys.stdout.buffer
+    if not escape:
+        return _copy(run, rank, follow, sink)
+    lines = EscapedLines(sink)
+    try:
+        return _copy(run, rank, follow, lines)
+    finally:
+        lines.close()
+
+
+def _copy(run: RunDir, rank: int | None, follow: bool, sink: BinaryIO | EscapedLines) -> int:
+    """:func:`stream_log`'s loop: copy what the log has, again until the run ended."""
     path = log_path(run, rank)
     pos = 0
     while True:
@@ -52,10 +95,14 @@ def stream_log(run: RunDir, rank: int | None, *, follow: bool, out: BinaryIO | N
             return pos
 
 
-def print_host_files(run: RunDir, rank: int | None, out: BinaryIO | None = None) -> None:
+def print_host_files(
+    run: RunDir, rank: int | None, out: BinaryIO | None = None, *, escape: bool = False
+) -> None:
     """Print the rank files collected from the hosts (``hosts/<host>/rank-N.stdout``
-    and ``.stderr``): one rank's raw output, or every rank's with ``[rank N]``."""
-    sink = out if out is not None else sys.stdout.buffer
+    and ``.stderr``): one rank's raw output, or every rank's with ``[rank N]``; with
+    ``escape``, each line made safe for a terminal (:class:`EscapedLines`)."""
+    raw = out if out is not None else sys.stdout.buffer
+    sink: BinaryIO | EscapedLines = EscapedLines(raw) if escape else raw
     found: dict[int, list[Path]] = {}
     for path in sorted((run.path / "hosts").glob("*/rank-*.std*")):
         n = path.name.split(".", 1)[0].removeprefix("rank-")
@@ -67,7 +114,7 @@ def print_host_files(run: RunDir, rank: int | None, out: BinaryIO | None = None)
         for path in found[r]:
             prefix = b"" if rank is not None else f"[rank {r}] ".encode()
             for line in path.read_bytes().splitlines(keepends=True):
-                sink.write(prefix + line)
+                sink.write(prefix + line if line.endswith(b"\n") else prefix + line + b"\n")
     sink.flush()
 
 

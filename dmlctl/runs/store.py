@@ -47,6 +47,7 @@ from dmlctl.runs.files import (
     make_private_dir,
     store_error,
 )
+from dmlctl.runs.pids import RecordedProcess
 from dmlctl.runs.state import Phase, RunState
 
 if TYPE_CHECKING:
@@ -60,7 +61,6 @@ __all__ = [
     "atomic_write",
     "dmlctl_home",
     "new_run_id",
-    "pid_alive",
 ]
 
 
@@ -113,17 +113,6 @@ class RunListing:
     run_id: str
     state: RunState | None
     error: str | None = None
-
-
-def pid_alive(pid: int) -> bool:
-    """True if a process with ``pid`` exists (zombies count as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
-    except OSError:
-        return True
 
 
 class RunDir:
@@ -212,8 +201,8 @@ class RunDir:
             raise store_error(e, path, self.path) from None
 
     def write_pid(self, pid: int) -> None:
-        """Record the controller's pid."""
-        self.write_text(self.controller_pid, str(pid))
+        """Record the controller: its pid and start time (:mod:`~dmlctl.runs.pids`)."""
+        self.write_text(self.controller_pid, RecordedProcess.of(pid).dumps())
 
     def check_present(self) -> None:
         """:class:`~dmlctl.runs.files.RunDirGone` when the run directory is no longer
@@ -249,16 +238,17 @@ class RunDir:
             state = replace(state, phase=Phase.LOST, detail="controller is gone")
         return state
 
-    def controller(self) -> int | None:
-        """The controller's pid, if recorded."""
+    def controller(self) -> RecordedProcess | None:
+        """The controller as recorded, if it was."""
         try:
-            return int(self.controller_pid.read_text().strip())
-        except (OSError, ValueError):
+            return RecordedProcess.parse(self.controller_pid.read_text())
+        except OSError:
             return None
 
     def controller_alive(self) -> bool:
-        pid = self.controller()
-        return pid is not None and pid_alive(pid)
+        """True while the recorded controller lives (not a process given its pid later)."""
+        proc = self.controller()
+        return proc is not None and proc.alive()
 
     def write_json(self, path: Path, data: Any) -> None:
         self.write_text(path, json.dumps(data, indent=1, sort_keys=True))

@@ -8,7 +8,6 @@ clock reads. User-controlled text (log lines, tracebacks, job names) always goes
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 
 from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
@@ -19,6 +18,7 @@ from dmlctl.failure import Failure
 from dmlctl.mesh import MeshLayout, worker_ranks
 from dmlctl.runs.events import Stream
 from dmlctl.runs.state import Phase, RankState, RankStatus, RunState, TailLine
+from dmlctl.text import clean_line
 from dmlctl.ui.metric_columns import COMMON, STRATEGY_COLUMNS, strategy_columns
 from dmlctl.ui.numbers import compact_rate
 from dmlctl.ui.progress import progress_line
@@ -66,12 +66,6 @@ STDERR_STYLE = "dim red"
 LAST_LINE_CHARS = 120
 """Hard cap on a log line shown in a table cell, before the column's own ellipsis."""
 
-_CSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
-"""A complete CSI sequence (colours, cursor moves): dropped, as the views draw their own."""
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-"""Any other C0 or C1 control character (ESC of an OSC title, ``\\x9b``, NUL): shown
-escaped, never sent to the terminal."""
-
 
 def format_duration(seconds: float) -> str:
     """``H:MM:SS`` (hours grow past 9, never days); negative input counts as zero."""
@@ -89,21 +83,6 @@ def format_loss(value: float | None) -> str:
 def format_step(value: int | None) -> str:
     """The step number, or ``-`` before the first metric record."""
     return MISSING if value is None else str(value)
-
-
-def clean_line(text: str) -> str:
-    """What a terminal would finally show of a raw log line, on one line, safe to
-    print: the last carriage-return segment (progress bars redraw with ``\\r``), CSI
-    sequences (colours, cursor moves) dropped, every other control character shown
-    escaped (``\\x1b]0;title\\x07``, ``\\x9b``, ``\\x00``), tabs expanded. The
-    rank's log file keeps the bytes as written."""
-    if "\r" in text:
-        parts = [p for p in text.split("\r") if p.strip()]
-        text = parts[-1] if parts else ""
-    if "\x1b" in text or not text.isprintable():
-        text = _CSI.sub("", text.replace("\n", " "))
-        text = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
-    return text.expandtabs(4).rstrip()
 
 
 def truncate(text: str, limit: int) -> str:

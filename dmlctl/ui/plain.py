@@ -1,7 +1,7 @@
 """Line-oriented output for non-terminals (CI logs, pipes, ``| tee``).
 
 No colours, no cursor movement: every line stands alone and is grep-able. What a rank
-printed goes through :func:`~dmlctl.ui.format.clean_line`: colours dropped, other
+printed goes through :func:`~dmlctl.text.clean_line`: colours dropped, other
 control characters shown escaped (``\\x1b``), so no rank can retitle, move or
 reprogram the user's terminal; the rank's log file keeps the bytes.
 """
@@ -27,7 +27,8 @@ from dmlctl.runs.events import (
     Stream,
 )
 from dmlctl.runs.state import RankState, RunState
-from dmlctl.ui.format import clean_line, format_duration, format_loss, format_step
+from dmlctl.text import clean_line
+from dmlctl.ui.format import format_duration, format_loss, format_step
 from dmlctl.ui.numbers import compact_rate
 from dmlctl.ui.progress import progress_line, run_progress
 

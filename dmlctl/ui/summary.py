@@ -15,8 +15,8 @@ from rich.table import Table
 from rich.text import Text
 
 from dmlctl.runs.state import RankStatus, Replacement, RunState
+from dmlctl.text import clean_line
 from dmlctl.ui.format import (
-    clean_line,
     format_duration,
     phase_text,
     rank_table,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -359,3 +360,35 @@ def test_one_local_host_lets_torchrun_bind_its_rendezvous_port(
     line = next(s for s in capsys.readouterr().out.splitlines() if "rendezvous: c10d" in s)
     port = int(line.split("localhost:")[1].split()[0])
     assert port > 0, line
+
+
+def test_logs_on_a_terminal_escapes_what_a_rank_wrote(home: Path) -> None:
+    """``dmlctl logs`` on a pty: no rank can clear, retitle or reprogram the terminal;
+    ``--raw`` gives the bytes."""
+    import pty
+
+    from dmlctl.runs.store import RunStore
+    from tests.unit.test_runs import finished_state
+
+    run = RunStore(home).create("r1")
+    run.write_state(finished_state("r1"))
+    hostile = "[rank 0] a\x1b[2Jb \x1b]0;owned\x07 \x9b2J \x00z\n"  # \x9b: C1 CSI
+    (run.logs / "merged.log").write_text(hostile, encoding="utf-8")
+
+    def on_a_pty(*extra: str) -> bytes:
+        leader, follower = pty.openpty()
+        argv = [sys.executable, "-m", "dmlctl", "logs", "r1", *extra]
+        proc = subprocess.run(argv, stdout=follower, stderr=subprocess.PIPE, timeout=60)
+        os.close(follower)
+        assert proc.returncode == 0, proc.stderr
+        seen = b""
+        with contextlib.suppress(OSError):
+            while chunk := os.read(leader, 4096):
+                seen += chunk
+        os.close(leader)
+        return seen
+
+    escaped = on_a_pty()
+    assert not {"\x1b", "\x9b", "\x00"} & set(escaped.decode())
+    assert b"[rank 0] ab \\x1b]0;owned\\x07 \\x9b2J \\x00z" in escaped
+    assert b"\x1b[2J" in on_a_pty("--raw")

@@ -394,6 +394,30 @@ def test_kill_9_of_a_worker_resumes_from_the_last_checkpoint(cli: Cli, tmp_path:
         assert torch.equal(a[key], b[key]), key
 
 
+def test_two_runs_started_at_once_on_one_checkpoint_dir_one_runs_one_exits_2(
+    cli: Cli, tmp_path: Path
+) -> None:
+    """A literal ``checkpoint.dir`` shared by two jobs started in the same instant: the
+    directory's claim gives it to one run; the other is refused (exit 2, naming the
+    holder) before it makes a run directory or starts a rank."""
+    shared = tmp_path / "shared-ckpt"
+    jobs = []
+    for name in ("first", "second"):
+        job = _resume_job(tmp_path, name, False)
+        text = job.read_text().replace("env:\n", "env:\n  STEP_SLEEP: '0.05'\n")
+        job.write_text(text + f"  dir: {shared}\n")
+        jobs.append(job)
+    procs = [cli.popen("launch", str(job), "--ui", "plain") for job in jobs]
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    codes = sorted(p.returncode for p in procs)
+    assert codes == [0, 2], outs
+    (winner,) = [p.name for p in cli.runs()]  # the loser made no run directory
+    (refused,) = [o for p, o in zip(procs, outs, strict=True) if p.returncode == 2]
+    assert f"checkpoint.dir {shared} is in use by run {winner}" in refused, refused
+    assert len(refused.strip().splitlines()) == 1, refused
+    assert cli.state(winner)["phase"] == "succeeded"
+
+
 def _alive(pid: int) -> bool:
     """Whether ``pid`` runs (not a zombie)."""
     try:

@@ -30,7 +30,8 @@ from dmlctl.runs.logs import log_path, print_stacks, stream_log
 from dmlctl.runs.recorder import RunRecorder
 from dmlctl.runs.reducer import apply
 from dmlctl.runs.state import Phase, RankStatus, RunState, new_run_state
-from dmlctl.runs.store import RunDir, RunStore, atomic_write, pid_alive
+from dmlctl.runs.pids import start_ticks
+from dmlctl.runs.store import RunDir, RunStore, atomic_write
 
 T0 = 1000.0
 
@@ -55,7 +56,7 @@ def finished_state(run_id: str) -> RunState:
 def dead_pid() -> int:
     proc = subprocess.Popen(["true"])
     proc.wait()
-    assert not pid_alive(proc.pid)
+    assert start_ticks(proc.pid) is None
     return proc.pid
 
 
@@ -176,7 +177,7 @@ def test_read_state_is_lost_without_a_controller_pid(store: RunStore) -> None:
 
 def test_read_state_keeps_phase_while_the_controller_lives(store: RunStore) -> None:
     run = add_run(store, "r", running_state("r"))
-    run.controller_pid.write_text(str(os.getpid()))
+    run.write_pid(os.getpid())
     assert run.read_state().phase == Phase.RUNNING
 
 
@@ -334,6 +335,24 @@ def test_stream_one_rank(store: RunStore) -> None:
     assert log_path(run, 1) == run.rank_log(1)
 
 
+HOSTILE = "clear \x1b[2J title \x1b]0;owned\x07 c1 \x9b2J nul \x00 end"
+
+
+def test_escaped_log_shows_control_characters_as_text(store: RunStore) -> None:
+    run = add_run(store, "r", finished_state("r"))
+    run.rank_log(0).parent.mkdir(parents=True, exist_ok=True)
+    run.rank_log(0).write_bytes(HOSTILE.encode() + b"\nlast, unended")
+    out = io.BytesIO()
+    stream_log(run, 0, follow=False, out=out, escape=True)
+    assert out.getvalue().decode().splitlines() == [
+        "clear  title \\x1b]0;owned\\x07 c1 \\x9b2J nul \\x00 end",
+        "last, unended",
+    ]
+    raw = io.BytesIO()
+    stream_log(run, 0, follow=False, out=raw)  # --raw, or piped: the bytes
+    assert raw.getvalue() == HOSTILE.encode() + b"\nlast, unended"
+
+
 def test_unknown_rank_names_the_valid_range(store: RunStore) -> None:
     run = logged_run(store, finished_state("r"))
     with pytest.raises(UsageError) as info:
@@ -350,7 +369,7 @@ def test_stream_a_log_that_does_not_exist_yet(store: RunStore) -> None:
 
 def test_follow_returns_once_the_run_ended_with_every_line(store: RunStore) -> None:
     run = logged_run(store, running_state("r"))
-    run.controller_pid.write_text(str(os.getpid()))  # a live controller: not lost
+    run.write_pid(os.getpid())  # a live controller: not lost
     out = io.BytesIO()
     returned = threading.Event()
     still_following: list[bool] = []
@@ -395,6 +414,44 @@ def test_stop_run_with_the_controller_gone_marks_it_stopped(store: RunStore) -> 
     assert state.stop_reason == "controller was gone"
     assert {r.status for r in state.ranks} == {RankStatus.STOPPED}
     assert RunState.from_dict(json.loads(run.summary.read_text())) == state
+
+
+def test_stop_never_signals_a_process_that_took_the_controllers_pid(store: RunStore) -> None:
+    """PID reuse: the recorded controller ended and its pid now names an unrelated
+    process (same pid, another start time). ``stop`` signals nothing and says the
+    controller is gone; the stranger lives on."""
+    stranger = subprocess.Popen(["sleep", "30"])
+    try:
+        ticks = start_ticks(stranger.pid)
+        assert ticks is not None
+        run = add_run(store, "r", running_state("r"))
+        run.controller_pid.write_text(f"{stranger.pid} {ticks - 1}")  # the pid, reused
+        assert not run.controller_alive()
+        assert run.read_state().phase == Phase.LOST
+        assert stop_run(run, timeout=1.0) == "run r: controller was gone; marked stopped"
+        assert stranger.poll() is None  # not signalled
+        # a bare pid (recorded by an older dmlctl) counts only a dmlctl process
+        run.controller_pid.write_text(str(stranger.pid))
+        assert not run.controller_alive()
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+def test_stop_signals_the_recorded_controller(store: RunStore) -> None:
+    controller = subprocess.Popen(["sleep", "30"])
+    try:
+        run = add_run(store, "r", running_state("r"))
+        run.write_pid(controller.pid)
+        assert run.controller_alive()
+        message = stop_run(run, timeout=5.0)
+        assert controller.wait(5) == -15  # SIGTERM, through its pidfd
+        assert (
+            message
+            == "run r: controller exited without recording the end of the run; marked stopped"
+        )
+    finally:
+        controller.kill()
 
 
 def test_stop_run_of_a_finished_run_changes_nothing(store: RunStore) -> None:

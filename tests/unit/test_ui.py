@@ -24,6 +24,7 @@ from dmlctl.runs.events import (
 )
 from dmlctl.runs.reducer import apply
 from dmlctl.runs.state import Phase, RunState, new_run_state
+from dmlctl.text import clean_line
 from dmlctl.ui import (
     LiveDashboard,
     PlainPrinter,
@@ -32,7 +33,7 @@ from dmlctl.ui import (
     render_run_list,
     render_summary,
 )
-from dmlctl.ui.format import clean_line, format_duration, format_loss, truncate
+from dmlctl.ui.format import format_duration, format_loss, truncate
 
 T0 = 1_700_000_000.0
 HOSTS = {0: "host-a", 1: "host-a", 2: "host-b", 3: "host-b"}
