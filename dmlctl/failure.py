@@ -117,6 +117,7 @@ _RANK_TYPES = {
     "MemoryError": Kind.OOM,
     "OutOfMemoryError": Kind.OOM,  # torch.OutOfMemoryError (CUDA)
     "LostAfterTraining": Kind.COLLATERAL,  # a replacement after the others finished
+    "InPlaceLost": Kind.COLLATERAL,  # in-place recovery cannot go on: a full restart
 }
 
 

@@ -249,19 +249,17 @@ class ElasticAverager:
         if not steps:
             if not self.holding:  # a replacement: the others may have ended the run
                 members.end_if_run_over(self.store, self.rank, self.world)
-            raise RuntimeError(
-                f"generation {self.generation}: no worker holds the model (all were lost)"
-            )
+            raise members.InPlaceLost(self.generation, "no worker holds the model (all were lost)")
         newest = max(step for step, _ in steps.values())
         ahead = [r for r, (step, _) in steps.items() if step == newest]
         behind = [r for r, (step, _) in steps.items() if step < newest]
         done = {steps[r][1] for r in ahead}
         if behind and (len(done) > 1 or any(steps[r][0] not in done for r in behind)):
-            raise RuntimeError(
-                f"generation {self.generation}: the workers are at different steps "
-                f"({', '.join(f'rank {r}: {n}' for r, (n, _) in steps.items())}): a worker "
-                "was lost inside a round that only some of them had completed, and not "
-                "the latest one they did"
+            at = ", ".join(f"rank {r}: {n}" for r, (n, _) in steps.items())
+            raise members.InPlaceLost(
+                self.generation,
+                f"the workers are at different steps ({at}): a worker was lost inside a "
+                "round that only some of them had completed, and not the latest one they did",
             )
         if behind:
             self._catch_up(ahead[0], behind)

@@ -108,6 +108,18 @@ class PartOver(SystemExit):
     it, and its process ends as finished (raised with exit code 0)."""
 
 
+class InPlaceLost(RuntimeError):
+    """In-place recovery cannot go on (every worker that held the model was lost, or
+    a loss left the workers at steps no round joins): the run restarts as a whole from
+    its newest checkpoint, within its restart budget (an infrastructure failure)."""
+
+    def __init__(self, generation: int, what: str) -> None:
+        super().__init__(
+            f"generation {generation}: {what}; in-place recovery cannot go on, so the run "
+            "restarts as a whole (from its newest checkpoint, if it has one)"
+        )
+
+
 class LostAfterTraining(RuntimeError):
     """A replacement of a worker lost after its training, once every other worker has
     finished: the run restarts as a whole (an infrastructure failure)."""

@@ -424,6 +424,39 @@ def test_a_killed_averaging_worker_rejoins_its_peers_at_their_next_round(
     _near_uninterrupted(cli, run_id, strategy)
 
 
+def test_in_place_that_cannot_go_on_falls_back_to_a_restart_from_the_checkpoint(
+    cli: Cli, tmp_path: Path
+) -> None:
+    """ssgd in place, 2 workers: worker 1 is killed, then worker 0 (the only one that
+    held the model) while worker 1's replacement joins. In-place recovery cannot go on
+    (no worker holds the model): the run restarts as a whole from its newest checkpoint,
+    within its restart budget, and ends succeeded; status says which happened and why."""
+    job = _job(
+        tmp_path,
+        "secondloss",
+        "args: ['--epochs', '2']\nworkers: 2\nstrategy: ssgd\n"
+        "restart: {mode: in_place, rejoin_wait: 0, backoff_initial: 0.1}\n"
+        "checkpoint: {every_steps: 50}\n",
+    )
+
+    def kill_the_holder(run_id: str) -> None:
+        path = cli.home / "runs" / run_id / "hosts" / "local" / "rank-1.events.jsonl"
+        respawned = lambda: path.exists() and '"respawn"' in path.read_text()  # noqa: E731
+        assert wait_until(respawned, 30), "worker 1 was never forked again"
+        pid = _logging_pid(cli, run_id, 0)
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+
+    done, run_id = _kill_mid_run(cli, job, 1, then=kill_the_holder)
+    out = done.stdout
+    assert done.returncode == 0, out
+    state = cli.state(run_id)
+    assert state["phase"] == "succeeded" and state["restarts"] == 1, (state["failures"], out)
+    assert "in-place recovery cannot go on" in out, out
+    status = cli.run("status", run_id)
+    assert "in-place recovery cannot go on" in status.stdout, status.stdout
+
+
 DIGITS = REPO / "dmlctl" / "bench" / "accuracy_job"
 DIGITS_ONE_PROCESS = 0.9750
 """The digits CNN's test accuracy in one process, SGD + momentum, 20 epochs

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from dmlctl.strategies import elastic_start, topology
+from dmlctl.strategies import elastic_start, members, topology
 from dmlctl.strategies.common import assign_flat, flat_params
 from dmlctl.strategies.dpsgd.gossip import DPSGDOptimizer
 from dmlctl.strategies.elastic import ElasticAverager
@@ -135,8 +135,8 @@ class ElasticGossip(DPSGDOptimizer):
             bring, places, got = self._headers(flat, mine)
             level = {int(places[j]) for j in range(len(bring)) if bring[j] > 0}
             if not level:
-                raise RuntimeError(
-                    f"generation {self.elastic.generation}: no worker holds a model (all were lost)"
+                raise members.InPlaceLost(
+                    self.elastic.generation, "no worker holds a model (all were lost)"
                 )
             if len(level) == 1:
                 place = level.pop()
@@ -191,9 +191,10 @@ class ElasticGossip(DPSGDOptimizer):
             mixed.add_(got[j], alpha=weight)
             total += weight
         if total <= 0:
-            raise RuntimeError(
-                f"rank {self.rank}: none of its neighbours "
-                f"{[self.graph[j] for j in self.peers]} brings a model (they were lost together)"
+            raise members.InPlaceLost(
+                self.elastic.generation,
+                f"none of rank {self.rank}'s neighbours {[self.graph[j] for j in self.peers]} "
+                "brings a model (they were lost together)",
             )
         if bool((bring[[me, *self.peers]] < 1).any()):
             mixed /= total  # a replacement in the round: the others' weights renormalised
