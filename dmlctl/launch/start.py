@@ -50,9 +50,10 @@ def _envs_of(data: dict[str, Any]) -> list[dict[str, str]]:
 
 def claim_checkpoints(plan: LaunchPlan) -> list[int]:
     """Claim the checkpoint directory the job names (``checkpoint.dir``) on every host
-    of the plan on this machine for the run (:mod:`dmlctl.checkpoint_claim`): the lock descriptors, to keep open for the
-    run's life. :class:`~dmlctl.checkpoint_claim.CheckpointInUse` (exit 2) when another
-    run holds one; nothing stays claimed then."""
+    of the plan on this machine for the run (:mod:`dmlctl.checkpoint_claim`): the lock
+    descriptors, to keep open for the run's life.
+    :class:`~dmlctl.checkpoint_claim.CheckpointInUse` (exit 2) when another run holds
+    one; nothing stays claimed then."""
     held: list[int] = []
     if plan.checkpoint is None or plan.checkpoint.dir is None:
         return held  # the default directory is the run's own (in its rank directories)

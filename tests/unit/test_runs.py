@@ -27,10 +27,10 @@ from dmlctl.runs.events import (
     Stream,
 )
 from dmlctl.runs.logs import log_path, print_stacks, stream_log
+from dmlctl.runs.pids import start_ticks
 from dmlctl.runs.recorder import RunRecorder
 from dmlctl.runs.reducer import apply
 from dmlctl.runs.state import Phase, RankStatus, RunState, new_run_state
-from dmlctl.runs.pids import start_ticks
 from dmlctl.runs.store import RunDir, RunStore, atomic_write
 
 T0 = 1000.0
