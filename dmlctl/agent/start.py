@@ -5,6 +5,7 @@ not start (:func:`cannot_start`)."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import math
 import os
@@ -125,7 +126,10 @@ def prepare(config: AgentConfig, emit: Emitter) -> str | None:
     :class:`dmlctl.runtime.checkpoint.CheckpointManager`)."""
     rank_dir = os.path.expanduser(config.rank_dir)
     checkpoints = config.rank_env().get(protocol.ENV_CHECKPOINT_DIR)
-    if checkpoints:
+    if checkpoints and config.rank_env().get(protocol.ENV_CHECKPOINT_CLAIM) != "1":
+        with contextlib.suppress(OSError):  # the ranks say why, at their first save
+            protocol.make_private_dirs(os.path.expanduser(checkpoints))
+    elif checkpoints:
         try:
             _CLAIMS.append(
                 checkpoint_claim.claim(

@@ -155,6 +155,7 @@ def _collect(
     report the copies that failed."""
     from dmlctl.provision.collect import collect_rank_files
     from dmlctl.runs.files import RunDirGone
+    from dmlctl.runs.redaction import mask_files, redactor_of
 
     if sup.unrecorded is not None:
         print(f"dmlctl: the end of the run was not recorded: {sup.unrecorded}", file=sys.stderr)
@@ -171,6 +172,8 @@ def _collect(
     gone = isinstance(sup.writer.failure, RunDirGone)
     for problem in [] if gone else collect_rank_files(used, transports, run.path):
         print(f"dmlctl: could not collect rank files from {problem}", file=sys.stderr)
+    if not gone:  # the ranks' own files, as they wrote them: their secrets hidden now
+        mask_files(run.path, redactor_of(plan))
     for problem in sup.replicator.problems if sup.replicator is not None else ():
         print(f"dmlctl: could not copy a checkpoint from {problem}", file=sys.stderr)
 

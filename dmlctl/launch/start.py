@@ -19,7 +19,7 @@ from rich.console import Console
 from dmlctl import checkpoint_claim, protocol
 from dmlctl.launch.options import LaunchOptions, LaunchResult
 from dmlctl.plan.model import LaunchPlan
-from dmlctl.redact import Redactor, redact_arg
+from dmlctl.redact import Redactor, redact_args
 from dmlctl.runs import secrets as run_secrets
 from dmlctl.runs.files import StoreError, private_opener, private_umask
 from dmlctl.runs.state import new_run_state
@@ -37,9 +37,10 @@ def _spec_copy(model: JobSpec | ClusterSpec, source: Path | None, redactor: Reda
     for env in _envs_of(data):
         env.update(run_secrets.redacted_env(env))
     if "args" in data:  # a token or URL password in an argument, as the plan shows it
-        data["args"] = [redact_arg(a) for a in data["args"]]
+        data["args"] = redact_args(data["args"])
     head = f"# {source} as validated by dmlctl; env values redacted\n" if source else ""
-    return head + redactor.text(yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
+    shown = yaml.safe_dump(redactor.data(data), sort_keys=False, allow_unicode=True)
+    return redactor.text(head) + shown
 
 
 def _envs_of(data: dict[str, Any]) -> list[dict[str, str]]:
@@ -55,12 +56,10 @@ def claim_checkpoints(plan: LaunchPlan) -> list[int]:
     :class:`~dmlctl.checkpoint_claim.CheckpointInUse` (exit 2) when another run holds
     one; nothing stays claimed then."""
     held: list[int] = []
-    if plan.checkpoint is None or plan.checkpoint.dir is None:
-        return held  # the default directory is the run's own (in its rank directories)
-    dirs = {
+    dirs = {  # not the default directory: the run's own (in its rank directories)
         checkpoint_claim.where(h.env[protocol.ENV_CHECKPOINT_DIR], h.workdir)
         for h in plan.hosts + plan.spares
-        if h.is_local and h.env.get(protocol.ENV_CHECKPOINT_DIR)
+        if h.is_local and h.env.get(protocol.ENV_CHECKPOINT_CLAIM) == "1"
     }
     try:
         for directory in sorted(dirs):
@@ -82,7 +81,7 @@ def create_run(
     made and raises :class:`~dmlctl.runs.files.StoreError`."""
     run = store.create(plan.run_id)
     hosts = cluster.resolved_hosts()
-    redactor = Redactor.for_envs([job.env, *(h.env for h in hosts)])
+    redactor = Redactor.for_envs([job.env, *(h.env for h in hosts)], plan.secrets)
     try:
         run.write_text(run.specs / "job.yaml", _spec_copy(job, options.job_file, redactor))
         run.write_text(

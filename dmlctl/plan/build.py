@@ -21,6 +21,7 @@ from dmlctl.mesh import MeshLayout, dumps
 from dmlctl.plan.layout import lay_out
 from dmlctl.plan.model import HostPlan, LaunchPlan
 from dmlctl.plan.placing import JobPlacement, as_run, place_job
+from dmlctl.redact import args_secrets, command_secrets
 from dmlctl.spec.models import ClusterSpec, JobSpec, ResolvedHost
 
 WORKER_ROLE = protocol.ROLE_WORKER
@@ -35,6 +36,13 @@ def _flight_recorder(*envs: Mapping[str, str]) -> dict[str, str]:
     return {protocol.FR_ENV[0]: protocol.FR_DEFAULT_SIZE}
 
 
+def known_secrets(job: JobSpec) -> tuple[str, ...]:
+    """The values of ``job`` to hide besides its secret env values: those it lists
+    (``secrets:``), and the secret ones in its args and its setup."""
+    found = [*job.secrets, *args_secrets(job.args), *command_secrets(job.setup or "")]
+    return tuple(dict.fromkeys(found))
+
+
 def _checkpoint_env(job: JobSpec, directory: str, run_id: str) -> dict[str, str]:
     """The ``DMLCTL_CHECKPOINT_*`` variables for a job with a ``checkpoint:`` block;
     ``directory`` is next to the host's rank directories (the same for every attempt)
@@ -43,9 +51,10 @@ def _checkpoint_env(job: JobSpec, directory: str, run_id: str) -> dict[str, str]
     spec = job.checkpoint
     if spec is None:
         return {}
-    if spec.dir is not None:
-        directory = spec.dir.replace("{run_id}", run_id)
     env = {protocol.ENV_CHECKPOINT_DIR: directory, protocol.ENV_CHECKPOINT_KEEP: str(spec.keep)}
+    if spec.dir is not None:  # the job's own: claimed by the run (dmlctl.checkpoint_claim)
+        env[protocol.ENV_CHECKPOINT_DIR] = spec.dir.replace("{run_id}", run_id)
+        env[protocol.ENV_CHECKPOINT_CLAIM] = "1"
     if spec.every_steps is not None:
         env[protocol.ENV_CHECKPOINT_EVERY_STEPS] = str(spec.every_steps)
     if spec.every_seconds is not None:
@@ -237,6 +246,7 @@ def build_plan(
         server_hosts=tuple(job.server_hosts or ()),
         mesh=placement.mesh,
         parallelize=job.parallelize,
+        secrets=known_secrets(job),
     )
 
 

@@ -118,6 +118,11 @@ class LaunchPlan:
     #: every host reached), in a run that replaces lost hosts in place; each attempt
     #: gets a store of its own there. None: torchrun's store on rank 0's host.
     store_host: str | None = None
+    #: Values dmlctl hides as ``***`` besides the secret env values: the job's
+    #: ``secrets:``, the secret values in its args and setup
+    #: (:func:`dmlctl.redact.args_secrets`, :func:`~dmlctl.redact.command_secrets`).
+    #: ``plan.json`` shows them hidden; ``secrets.json`` keeps them.
+    secrets: tuple[str, ...] = ()
 
     def agent_config(
         self, host: HostPlan, attempt: int = 0, stop_grace: float = 30.0, store: str | None = None
@@ -209,6 +214,7 @@ class LaunchPlan:
             parallelize=data.get("parallelize"),
             allocation=_allocation(data.get("allocation")),
             store_host=data.get("store_host"),
+            secrets=tuple(data.get("secrets", ())),
         )
 
 

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dmlctl.mesh import describe_over, worker_ranks
 from dmlctl.plan.build import SERVER_ROLE, render_command
 from dmlctl.plan.model import HostPlan, LaunchPlan
-from dmlctl.redact import REDACTED, Redactor, redact_arg, redact_env
+from dmlctl.redact import REDACTED, Redactor, redact_args, redact_env
 from dmlctl.text import plural
 
 __all__ = ["REDACTED", "redact_env", "render_plan"]
@@ -41,7 +41,7 @@ def render_plan(
 ) -> str:
     """The strategy parameters and device mesh, then every host's agent command,
     torchrun command, directory, ranks and environment;
-    secret values hidden everywhere (as ``<redacted>``). ``routes``: how each SSH host
+    secret values hidden everywhere (as ``***``). ``routes``: how each SSH host
     is reached (``user@hostname:port via JUMP``); ``rdzv_note`` follows the rendezvous."""
     servers = (
         f" + {plural(plan.parameter_servers, 'parameter server')}" if plan.parameter_servers else ""
@@ -69,13 +69,13 @@ def render_plan(
             f"  rank dir: {host.rank_dir}",
             f"  agent:    {render_command(host.agent_argv)}"
             + (f"  (in {host.agent_cwd})" if host.agent_cwd else ""),
-            f"  torchrun: {render_command([redact_arg(a) for a in first.torchrun.argv()])}",
+            f"  torchrun: {render_command(redact_args(first.torchrun.argv()))}",
             "  env:",
         ]
         env = {**first.env, **plan.strategy_choice().env()}  # what every rank gets
         out += [f"    {k}={v}" for k, v in sorted(redact_env(env).items())]
     # A secret value may also stand in arguments, paths or another variable.
-    return Redactor.for_envs(h.env for h in plan.hosts).text("\n".join(out))
+    return Redactor.for_envs((h.env for h in plan.hosts), plan.secrets).text("\n".join(out))
 
 
 STORE_PORT_NOTE = "port 0: the controller's store listens on a free port as each attempt starts"

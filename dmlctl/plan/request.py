@@ -17,7 +17,7 @@ from dmlctl.plan.build import build_plan, render_command
 from dmlctl.plan.model import LaunchPlan
 from dmlctl.plan.placing import JobPlacement, check_gpus, place_job
 from dmlctl.plan.render import render_plan
-from dmlctl.redact import Redactor, redact_arg
+from dmlctl.redact import Redactor
 from dmlctl.slurm.allocation import Allocation, request_lines
 from dmlctl.spec.models import ClusterSpec, JobSpec
 from dmlctl.text import plural
@@ -136,7 +136,7 @@ def render_request(request: LaunchRequest) -> str:
             f"({hosts})"
         )
     if request.setup is not None:
-        setup = render_command(["sh", "-c", redact_arg(request.setup)])
+        setup = render_command(["sh", "-c", request.setup])  # its secrets hidden below
         steps.append(f"run setup on each of them: {setup}")
     if steps:
         out += ["", "before the agents start:", *(f"  {s}" for s in steps)]
@@ -144,4 +144,5 @@ def render_request(request: LaunchRequest) -> str:
         out += ["", "assumed (a dry run connects to nothing):", *(f"  {a}" for a in facts.assumed)]
     # A secret value may also stand in the setup command or another line.
     planned = (*request.plan.hosts, *request.plan.spares)
-    return Redactor.for_envs(h.env for h in planned).text("\n".join(out))
+    redactor = Redactor.for_envs((h.env for h in planned), request.plan.secrets)
+    return redactor.text("\n".join(out))

@@ -1,40 +1,69 @@
 """Secrets hidden in everything that comes back from the hosts, before it is shown,
-stored or reduced into the run state (one place, so no sink or file can miss it)."""
+stored or reduced into the run state (one place, so no sink or file can miss it);
+and, when the run ends, in the rank files its directory holds as the ranks wrote them
+(:func:`mask_files`)."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
 from dmlctl.failure import Failure
 from dmlctl.plan.model import LaunchPlan
-from dmlctl.redact import Redactor
-from dmlctl.runs.events import AgentExited, Event, LogLines, RankExited, StackDump
+from dmlctl.redact import Redactor, args_secrets, command_secrets
+from dmlctl.runs.events import Event, LogLines, StackDump
 
 
 def redactor_of(plan: LaunchPlan) -> Redactor:
     """What hides the run's secrets: its env values that are secret by name or by
-    value (:mod:`dmlctl.redact`), and the password of any URL."""
-    return Redactor.for_envs(h.env for h in (*plan.hosts, *plan.spares))
+    value, the secret values in its hosts' arguments and its Slurm setup, the other
+    values the plan hides (:attr:`~dmlctl.plan.model.LaunchPlan.secrets`: the job's
+    ``secrets:``, its setup's), and the password of any URL (:mod:`dmlctl.redact`)."""
+    hosts = (*plan.hosts, *plan.spares)
+    more = [*plan.secrets, *(v for h in hosts for v in args_secrets(h.torchrun.args))]
+    if plan.allocation is not None and plan.allocation.setup:
+        more += command_secrets(plan.allocation.setup)
+    return Redactor.for_envs((h.env for h in hosts), more)
 
 
 def redact_events(redactor: Redactor, events: Sequence[Event]) -> list[Event]:
-    """``events`` with secrets hidden in log lines, stack dumps and root causes.
-
-    Costs one search over a batch's text when nothing is to be hidden."""
+    """``events`` with secrets hidden in every text they carry: log lines, stack dumps,
+    causes, progress, metric values, reasons (a field of any event, so no new event
+    can carry a secret past this). Costs one search over a batch's log text when
+    nothing is to be hidden."""
     out: list[Event] = []
     for ev in events:
-        if isinstance(ev, LogLines | StackDump) and redactor.needed("\n".join(ev.lines)):
-            ev = dataclasses.replace(ev, lines=tuple(redactor.text(t) for t in ev.lines))
-        elif isinstance(ev, RankExited) and ev.cause is not None:
-            ev = dataclasses.replace(ev, cause=_cause(redactor, ev.cause))
-        elif isinstance(ev, AgentExited) and redactor.needed("\n".join(ev.tail)):
-            cause = _cause(redactor, ev.cause) if ev.cause is not None else None
-            ev = dataclasses.replace(ev, tail=tuple(map(redactor.text, ev.tail)), cause=cause)
-        elif isinstance(ev, AgentExited) and ev.cause is not None:
-            ev = dataclasses.replace(ev, cause=_cause(redactor, ev.cause))
+        if isinstance(ev, LogLines | StackDump):  # the bulk: one search per batch
+            if redactor.needed("\n".join(ev.lines)):
+                ev = dataclasses.replace(ev, lines=tuple(map(redactor.text, ev.lines)))
+        else:
+            changed = {
+                f.name: shown
+                for f in dataclasses.fields(ev)
+                if (value := getattr(ev, f.name)) is not (shown := _hidden(redactor, value))
+            }
+            if changed:
+                ev = dataclasses.replace(ev, **changed)
         out.append(ev)
     return out
+
+
+def _hidden(redactor: Redactor, value: Any) -> Any:
+    """``value`` with secrets hidden in its text (the same object when none was)."""
+    if isinstance(value, str):
+        return redactor.text(value) if redactor.needed(value) else value
+    if isinstance(value, Failure):
+        return _cause(redactor, value)
+    if isinstance(value, tuple) and value and isinstance(value[0], str):
+        shown = tuple(_hidden(redactor, v) for v in value)
+        return value if shown == value else shown
+    if isinstance(value, Mapping) and any(isinstance(v, str) for v in value.values()):
+        hidden = {k: _hidden(redactor, v) for k, v in value.items()}
+        return value if all(hidden[k] is value[k] for k in value) else hidden
+    return value
 
 
 def _cause(redactor: Redactor, cause: Failure) -> Failure:
@@ -46,3 +75,33 @@ def _cause(redactor: Redactor, cause: Failure) -> Failure:
         message=redactor.text(cause.message),
         traceback=tuple(redactor.text(t) for t in cause.traceback),
     )
+
+
+TEXT_FILES = (".log", ".stdout", ".stderr", ".jsonl", ".json", ".txt", ".yaml")
+"""The files of a run directory that :func:`mask_files` reads: text dmlctl or a rank
+wrote (never a checkpoint's tensors)."""
+KEPT = ("secrets.json",)
+"""What :func:`mask_files` leaves as it is: where the real values must stay."""
+
+
+def mask_files(root: Path, redactor: Redactor) -> list[Path]:
+    """Hide the secrets ``redactor`` knows in every text file under ``root`` (the rank
+    files of this machine's hosts and those collected from the others, written by the
+    ranks as they printed); each file changed is rewritten whole, in place of the old
+    one, with its mode. Returns the files changed."""
+    changed = []
+    for path in sorted(root.rglob("*")):
+        if path.suffix not in TEXT_FILES or path.name in KEPT or not path.is_file():
+            continue
+        try:
+            text = path.read_bytes().decode("utf-8", "surrogateescape")
+            if not redactor.needed(text):
+                continue
+            tmp = path.with_name(f".{path.name}.masking")
+            tmp.write_bytes(redactor.text(text).encode("utf-8", "surrogateescape"))
+            os.chmod(tmp, path.stat().st_mode & 0o7777)
+            os.replace(tmp, path)
+        except OSError:
+            continue  # gone meanwhile, or unreadable: nothing dmlctl wrote
+        changed.append(path)
+    return changed

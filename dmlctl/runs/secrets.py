@@ -1,10 +1,11 @@
 """The real env values of a run, kept apart from its plan (``secrets.json``, 0600).
 
 ``plan.json`` and the stored specs hold every value of the job's and cluster's
-``env`` as ``<redacted>``, and each script argument that holds a secret in its
-redacted form, so they can be read, copied and attached to bug reports; the values
-themselves live only in ``secrets.json``, which the controller reads
-back when it starts from the run directory (``--detach``, ``--resume``).
+``env`` as ``***``, each script argument that holds a secret in its redacted form,
+and the other values the run hides (:attr:`~dmlctl.plan.model.LaunchPlan.secrets`)
+as ``***``, so they can be read, copied and attached to bug reports; the values
+themselves live only in ``secrets.json``, which the controller reads back when it
+starts from the run directory (``--detach``, ``--resume``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import copy
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
-from dmlctl.redact import REDACTED, redact_arg
+from dmlctl.redact import REDACTED, redact_args
 
 Secrets = dict[str, dict[str, str]]
 """Host name → {variable: real value}."""
@@ -28,6 +29,11 @@ SETUP = ":setup"
 """The entry of ``secrets.json`` that holds the job's ``setup`` (under ``"commands"``)
 when the stored ``job.yaml`` shows it redacted (a password in a URL, a known secret):
 a Slurm requeue runs it again on the new nodes."""
+
+
+VALUES = ":values"
+"""The entry that holds the plan's ``secrets`` (the other values the run hides), by
+index."""
 
 
 SLURM_SETUP = ":slurm.setup"
@@ -58,16 +64,20 @@ def split(
     job_setup: str | None = None,
 ) -> tuple[dict[str, Any], Secrets]:
     """``plan`` (a plan's JSON data) with the env values named by ``keys`` (host →
-    variable names) replaced by ``<redacted>``, the script arguments that hold a
-    secret (:func:`~dmlctl.redact.redact_arg`: ``--token=…``, a bare token, a URL's
-    password) shown redacted, and the Slurm allocation's ``setup`` as ``redact``
-    shows it; and the real values, with the job's ``job_setup`` when ``redact``
-    changes it (the stored job shows it redacted)."""
+    variable names) replaced by ``***``, the script arguments that hold a secret
+    (:func:`~dmlctl.redact.redact_args`: ``--token=…``, ``--password VALUE``, a bare
+    token, a URL's password) shown redacted, the plan's other ``secrets`` hidden,
+    and the Slurm allocation's ``setup`` as ``redact`` shows it; and the real values,
+    with the job's ``job_setup`` when ``redact`` changes it (the stored job shows it
+    redacted)."""
     data = copy.deepcopy(dict(plan))
     secrets: Secrets = {}
     _keep_apart(secrets, SETUP, job_setup, redact)
     if where := data.get("allocation"):
         where["setup"] = _keep_apart(secrets, SLURM_SETUP, where.get("setup"), redact)
+    if values := data.get("secrets"):
+        secrets[VALUES] = {str(i): v for i, v in enumerate(values)}
+        data["secrets"] = [REDACTED] * len(values)
     args = _hide_args("job", data)
     for host in (*data.get("hosts", ()), *data.get("spares", ())):
         env = host.get("env", {})
@@ -85,9 +95,9 @@ def _hide_args(where: str, holder: dict[str, Any]) -> dict[str, str]:
     """Replace ``holder["args"]`` by a list with each secret-holding argument in its
     redacted form; return the real ones by ``where/index``."""
     hidden: dict[str, str] = {}
-    args = list(holder.get("args") or ())
-    for i, arg in enumerate(args):
-        if isinstance(arg, str) and (shown := redact_arg(arg)) != arg:
+    args = [str(a) for a in holder.get("args") or ()]
+    for i, (arg, shown) in enumerate(zip(list(args), redact_args(args), strict=True)):
+        if shown != arg:
             hidden[f"{where}/{i}"] = arg
             args[i] = shown
     if hidden:
@@ -100,6 +110,9 @@ def merge(plan: Mapping[str, Any], secrets: Mapping[str, Mapping[str, str]]) -> 
     data = copy.deepcopy(dict(plan))
     if data.get("allocation") and SLURM_SETUP in secrets:
         data["allocation"]["setup"] = secrets[SLURM_SETUP]["commands"]
+    if VALUES in secrets:
+        values = secrets[VALUES]
+        data["secrets"] = [values[str(i)] for i in range(len(values))]
     args = secrets.get(ARGS, {})
     _put_args(data, "job", args)
     for host in (*data.get("hosts", ()), *data.get("spares", ())):
@@ -117,5 +130,5 @@ def _put_args(holder: dict[str, Any], where: str, hidden: Mapping[str, str]) -> 
 
 
 def redacted_env(env: Mapping[str, str]) -> dict[str, str]:
-    """``env`` with every value ``<redacted>`` (for the stored spec copies)."""
+    """``env`` with every value ``***`` (for the stored spec copies)."""
     return dict.fromkeys(env, REDACTED)

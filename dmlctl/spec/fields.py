@@ -21,6 +21,7 @@ from pydantic import AfterValidator, ConfigDict, Field, StringConstraints
 from pydantic_core import InitErrorDetails, PydanticCustomError, ValidationError
 
 from dmlctl.protocol import ENV_STRAGGLER
+from dmlctl.redact import MIN_SECRET
 
 MAX_SLOTS = 1024
 """Most worker processes on one host."""
@@ -327,6 +328,12 @@ devices and kernel directories."""
 
 Arg = Annotated[str, AfterValidator(check_arg)]
 """A command-line argument (see :func:`check_arg`)."""
+
+SecretValue = Annotated[
+    str, StringConstraints(min_length=MIN_SECRET, max_length=4096), AfterValidator(one_line)
+]
+"""A value a job lists as secret (``secrets:``): one line, long enough to be told from
+an ordinary word (:data:`dmlctl.redact.MIN_SECRET`)."""
 
 
 def _host_name(value: str) -> str:

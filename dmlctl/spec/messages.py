@@ -151,7 +151,8 @@ def issue_parts(error: ErrorDetails, model: type[BaseModel]) -> tuple[KeyPath, s
         bound = next(iter(ctx.values()), "?")
         return path, f"must be {_BOUNDS[kind]} {bound}, got {describe(value)}"
     if kind == "string_too_short":
-        return path, "must not be empty"
+        least = ctx.get("min_length", 1)
+        return path, "must not be empty" if least <= 1 else f"needs at least {least} characters"
     if kind == "string_too_long":
         size = len(value) if isinstance(value, str) else "?"
         return path, f"is too long ({size} characters; at most {ctx.get('max_length', '?')})"

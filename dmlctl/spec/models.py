@@ -48,6 +48,7 @@ from dmlctl.spec.fields import (
     ExcludePattern,
     HostName,
     OneLine,
+    SecretValue,
     check_args,
     check_command,
     check_env,
@@ -182,6 +183,11 @@ class JobSpec(BaseModel):
     setup: str | None = None
     """Shell command run on every remote host, in the job's directory there, before the workers
     start (e.g. 'pip install -r requirements.txt'); default: none."""
+    secrets: list[SecretValue] = Field(default_factory=list, max_length=MAX_ITEMS)
+    """More values to show as *** wherever dmlctl stores or shows text (logs, state, plan, specs,
+    the dashboard), besides those it finds itself (secret-named env values, URL passwords, values
+    of secret-named flags in args, values a setup exports to secret-named variables); at least 6
+    characters each. Default: none."""
     exclude: list[ExcludePattern] = Field(
         default_factory=list,
         max_length=MAX_ITEMS,

@@ -85,7 +85,7 @@ def test_dry_run_prints_the_plan(
     assert main(["launch", str(path), "--dry-run", "--workers", "1"]) == 0
     out = capsys.readouterr().out
     assert "--nproc-per-node 1" in out
-    assert "API_TOKEN=<redacted>" in out and "s3cret" not in out
+    assert "API_TOKEN=***" in out and "s3cret" not in out
     assert not (home / "runs").exists()
 
 

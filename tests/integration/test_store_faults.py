@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.conftest import Cli
 from tests.integration.procs import run_processes, wait_until
@@ -74,7 +75,11 @@ def test_a_full_disk_under_the_checkpoints_keeps_the_previous_one(cli: Cli, tmp_
         job = _job(tmp_path, "bigckpt", "checkpoint:", "  every_steps: 5", f"  dir: {root}")
         run, _, cause = _fails_for_a_full_disk(cli, job)
         assert str(root) in cause["message"] and "checkpoint step 10" in cause["message"], cause
-        assert sorted(p.name for p in root.iterdir()) == ["LATEST", "step-000000005"]
+        assert sorted(p.name for p in root.iterdir()) == [
+            ".dmlctl-claim",
+            "LATEST",
+            "step-000000005",
+        ]
         resize(root, "32m")  # space freed: the run goes on from the kept checkpoint
         proc = cli.run("launch", "--resume", run.name, "--ui", "plain", timeout=240)
         assert proc.returncode == 0, _said(proc)
@@ -182,45 +187,70 @@ SECRETS = {
 SECRET_ARGS = {
     "--token=ghp_Zq8rT2mVx9LpW4nB7cK3yJ6dQ1": "ghp_Zq8rT2mVx9LpW4nB7cK3yJ6dQ1",
     "postgres://u:argpw-9876@h/db": "argpw-9876",
+    "--password": "",  # a flag and its value as two arguments
+    "plainpass99": "plainpass99",
 }
+#: Values the run knows only from its setup (``export NAME=value``, a header) and its
+#: ``secrets:`` list, each also given to the ranks under a name that says nothing.
+KNOWN_ELSEWHERE = {
+    "ECHO_EXPORTED": "setup-only-value-77",
+    "ECHO_BEARER": "bearer-only-value-88",
+    "ECHO_LISTED": "listed-value-555",
+}
+SETUP = (
+    "export GITHUB_TOKEN=setup-only-value-77 && curl -H 'Authorization: Bearer "
+    "bearer-only-value-88' https://example.invalid/x && pip install --no-deps nothing"
+)
 
 
 def test_secrets_stay_out_of_what_is_stored_and_printed(cli: Cli, tmp_path: Path) -> None:
-    env = ", ".join(f"{k}: '{v}'" for k, v in {**SECRETS, "NAMES": ",".join(SECRETS)}.items())
+    """Every form of secret the run knows (secret-named env, URL passwords, a flag's
+    value in both forms, a bare token, a setup's export and header, the job's
+    ``secrets:``) is hidden as ``***`` on screen and in every file of the run
+    directory, the ranks' own output files included; the ranks get the real values."""
+    names = ",".join([*SECRETS, *KNOWN_ELSEWHERE])
+    env = ", ".join(
+        f"{k}: '{v}'" for k, v in {**SECRETS, **KNOWN_ELSEWHERE, "NAMES": names}.items()
+    )
     args = ", ".join(f"'{a}'" for a in SECRET_ARGS)
-    job = _job(tmp_path, "secrets", f"env: {{{env}}}", "strategy: none", f"args: [{args}]")
+    extra = (f"env: {{{env}}}", "strategy: none", f"args: [{args}]", f'setup: "{SETUP}"')
+    job = _job(tmp_path, "secrets", *extra, "secrets: [listed-value-555]")
     dry = cli.run("launch", str(job), "--dry-run")
     assert dry.returncode == 0, _said(dry)
-    assert "postgres://u:<redacted>@h/db" in dry.stdout
+    assert "postgres://u:***@h/db" in dry.stdout
     proc = cli.run("launch", str(job), "--ui", "plain")
     assert proc.returncode == 0, _said(proc)
     (run,) = cli.runs()
     logs = (run / "logs" / "rank-0.log").read_text()
-    for name, value in SECRETS.items():  # the ranks got the real values, printed hidden
-        assert f"({len(value)} characters)" in logs, logs
-        hidden = value if name != "DB_URL" else "s3cret-xyz"
+    stored = [p for p in run.rglob("*") if p.is_file() and p.name != "secrets.json"]
+    hidden = [
+        *(v if k != "DB_URL" else "s3cret-xyz" for k, v in SECRETS.items()),
+        *(v for v in SECRET_ARGS.values() if v),
+        *KNOWN_ELSEWHERE.values(),
+    ]
+    for name, value in {**SECRETS, **KNOWN_ELSEWHERE}.items():  # the ranks got them
+        assert f"{name}=" in logs and f"({len(value)} characters)" in logs, logs
+    for i, arg in enumerate(SECRET_ARGS):
+        assert f"arg {i} ({len(arg)} characters)" in logs, logs
+    for value in hidden:
         for text in (dry.stdout, proc.stdout, proc.stderr):
-            assert hidden not in text
-        for path in run.rglob("*"):  # hosts/: the ranks' own output files, as written
-            if (
-                path.is_file()
-                and path.name != "secrets.json"
-                and path.relative_to(run).parts[0] != "hosts"
-            ):
-                assert hidden.encode() not in path.read_bytes(), path
-    assert "DB_URL=postgres://u:<redacted>@h/db" in logs and "API_TOKEN=<redacted>" in logs
+            assert value not in text, text
+        for path in stored:  # hosts/: the ranks' own output files, masked at the end
+            assert value.encode() not in path.read_bytes(), path
+    assert "DB_URL=postgres://u:***@h/db" in logs and "API_TOKEN=***" in logs
+    assert "ECHO_EXPORTED=*** (19 characters)" in logs
+    stored_job = yaml.safe_load((run / "specs" / "job.yaml").read_text())
+    assert stored_job["setup"] == SETUP.replace("setup-only-value-77", "***").replace(
+        "bearer-only-value-88", "***"
+    )  # the rest of the command stays readable
+    assert stored_job["secrets"] == ["***"]
     real = json.loads((run / "secrets.json").read_text())
     assert {k: v for host in real.values() for k, v in host.items() if k in SECRETS} == SECRETS
-    for i, (arg, hidden) in enumerate(SECRET_ARGS.items()):  # the rank got the real ones
-        assert f"arg {i} ({len(arg)} characters)" in logs, logs
-        for text in (dry.stdout, proc.stdout, proc.stderr):
-            assert hidden not in text
-        for path in run.rglob("*"):  # plan.json and specs/job.yaml included
-            if path.is_file() and path.name != "secrets.json":
-                assert hidden.encode() not in path.read_bytes(), path
-        assert arg in real[":args"].values()
+    for arg in SECRET_ARGS:
+        if SECRET_ARGS[arg]:
+            assert arg in real[":args"].values()
     plan = json.loads((run / "plan.json").read_text())
-    assert plan["args"] == ["--token=<redacted>", "postgres://u:<redacted>@h/db"]
+    assert plan["args"] == ["--token=***", "postgres://u:***@h/db", "--password", "***"]
     for path in [run, *run.rglob("*")]:
         mode = stat.S_IMODE(path.stat().st_mode)
         assert mode == (0o700 if path.is_dir() else 0o600), f"{path}: {oct(mode)}"

@@ -305,7 +305,7 @@ def test_dry_run_opens_no_connection(lcli: LabCli, tmp_path: Path) -> None:
     assert "host a — 127.0.0.5 over SSH" in proc.stdout
     assert "host b — 127.0.0.5 over SSH" in proc.stdout
     assert "-m dmlctl.agent.torchrun" in proc.stdout
-    assert "WANDB_API_KEY=<redacted>" in proc.stdout and "secret-value" not in proc.stdout
+    assert "WANDB_API_KEY=***" in proc.stdout and "secret-value" not in proc.stdout
     assert lcli.runs() == []
 
 

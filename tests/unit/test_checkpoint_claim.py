@@ -17,7 +17,7 @@ from dmlctl.agent.start import prepare
 from dmlctl.agent_config import AgentConfig
 from dmlctl.checkpoint_claim import CLAIM_FILE, CheckpointInUse, claim, release, where
 from dmlctl.plan.model import TorchrunCommand
-from dmlctl.protocol import ENV_CHECKPOINT_DIR
+from dmlctl.protocol import ENV_CHECKPOINT_CLAIM, ENV_CHECKPOINT_DIR
 
 
 def test_a_claimed_directory_refuses_another_run_and_names_the_holder(tmp_path: Path) -> None:
@@ -93,7 +93,7 @@ def test_the_host_agent_will_not_start_a_run_on_another_runs_directory(tmp_path:
     directory = str(tmp_path / "ckpt")
     held = claim(directory, "other-run")
     torchrun = TorchrunCommand("/py", 1, 2, "h:1", "mine.1", "t.py", (), False, "h")
-    env = {ENV_CHECKPOINT_DIR: directory}
+    env = {ENV_CHECKPOINT_DIR: directory, ENV_CHECKPOINT_CLAIM: "1"}
     config = AgentConfig("mine", "a", 0, str(tmp_path), str(tmp_path / "ranks"), torchrun, env)
     out = io.StringIO()
     try:

@@ -175,17 +175,24 @@ def test_a_run_whose_plan_cannot_be_read_can_still_be_stopped(tmp_path: Path) ->
 
 
 def test_a_dry_run_hides_secrets_in_the_setup_command_too(tmp_path: Path) -> None:
-    setup = "pip install --extra-index-url https://u:pw-in-url@example.com/simple x"
-    job = (
-        f"script: train.py\nenv:\n  HF_TOKEN: hf_supersecret123\nsetup: {setup} hf_supersecret123\n"
+    setup = (
+        "export GITHUB_TOKEN=plain-exported-1 && curl -H 'Authorization: Bearer bearer-tok-2' "
+        "https://example.com/x && pip install --extra-index-url "
+        "https://u:pw-in-url@example.com/simple x"
     )
+    env = "env:\n  HF_TOKEN: hf_supersecret123\n"
+    job = f'script: train.py\n{env}setup: "{setup} hf_supersecret123"\n'
     job_spec, cluster = specs(tmp_path, job=job)
     out = io.StringIO()
     options = LaunchOptions(home=tmp_path / "home", dry_run=True)
     api.launch(job_spec, cluster, options=options, console=Console(file=out, width=400))
     text = out.getvalue()
-    assert "run setup on each of them: sh -c" in text and "HF_TOKEN=<redacted>" in text
+    assert "run setup on each of them: sh -c" in text and "HF_TOKEN=***" in text
     assert "hf_supersecret123" not in text and "pw-in-url" not in text
+    assert "plain-exported-1" not in text and "bearer-tok-2" not in text
+    # the rest of the command stays readable, after every hidden value
+    assert "export GITHUB_TOKEN=*** && curl -H" in text and "Bearer ***" in text
+    assert "https://example.com/x && pip install --extra-index-url" in text
 
 
 def test_a_setup_stored_redacted_is_run_whole_on_the_nodes_of_a_requeue(

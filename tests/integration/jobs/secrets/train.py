@@ -1,5 +1,5 @@
 """Prints every variable named in NAMES (comma-separated) with its value and length,
-as a careless script would, and the length of each of its arguments."""
+and each of its arguments with its length, as a careless script would."""
 
 import os
 import sys
@@ -8,4 +8,4 @@ for name in os.environ["NAMES"].split(","):
     value = os.environ[name]
     print(f"{name}={value} ({len(value)} characters)", flush=True)
 for i, arg in enumerate(sys.argv[1:]):
-    print(f"arg {i} ({len(arg)} characters)", flush=True)
+    print(f"arg {i} ({len(arg)} characters): {arg}", flush=True)
