@@ -23,7 +23,6 @@ from dmlctl.launch.start import start_run
 from dmlctl.plan.model import LaunchPlan
 from dmlctl.plan.placing import JobPlacement, as_run
 from dmlctl.plan.request import Facts, LaunchRequest
-from dmlctl.protocol import IN_PLACE
 from dmlctl.provision.ports import ANY_FREE_PORT, free_port, pick_port
 from dmlctl.provision.store_reach import LOOPBACK, controller_address, store_host
 from dmlctl.runs.store import RunDir, RunStore
@@ -111,10 +110,11 @@ class LocalScheduler(RecordedRunBase):
         the kernel gives it as each attempt starts (``:0``, as ``torchrun --standalone``
         does; its ranks learn it as ``MASTER_PORT``), so no other process can take the
         port between the plan and the attempt; several local hosts meet at a port free
-        now. This machine's GPUs were counted when placing. A run that replaces lost
-        hosts in place has its store held by the controller, on the loopback address."""
-        del cluster
-        store = LOOPBACK if job.restart.mode == IN_PLACE else None
+        now. This machine's GPUs were counted when placing. The run's store is held by
+        the controller, on the loopback address: nothing of the run listens where
+        another machine reaches it (:mod:`dmlctl.provision.store_server`)."""
+        del cluster, job
+        store = LOOPBACK
         if len(placement.hosts) == 1:
             note = ANY_FREE_PORT
             return Facts(port=0, local_python=sys.executable, port_note=note, store_host=store)
@@ -163,11 +163,10 @@ class SshScheduler(RecordedRunBase):
         from dmlctl.provision import ship
 
         lib = ship.lib_id(ship.package_files())
-        in_place = job.restart.mode == IN_PLACE
         if dry:
-            store = _assumed_store(placement, self._transports) if in_place else None
+            assumed_store = _assumed_store(placement, self._transports)
             close_transports(self._transports)
-            assumed = _unprobed(cluster) + (_store_assumed(store) if store else ())
+            assumed = _unprobed(cluster) + _store_assumed(assumed_store)
             return Facts(
                 DRY_RUN_PORT,
                 sys.executable,
@@ -177,11 +176,11 @@ class SshScheduler(RecordedRunBase):
                 routes,
                 assumed,
                 DRY_RUN_NOTE,
-                store_host=store,
+                store_host=assumed_store,
             )
         try:
             port, gpus = self._preflight(placement, first)
-            store = self._store_host(placement) if in_place else None
+            store = self._store_host(placement)
         except BaseException:
             close_transports(self._transports)
             raise

@@ -20,7 +20,6 @@ from dmlctl.launch.schedulers import DRY_RUN_NOTE, DRY_RUN_PORT, SshScheduler
 from dmlctl.plan.model import LaunchPlan
 from dmlctl.plan.placing import JobPlacement, as_run, place_job
 from dmlctl.plan.request import Facts, LaunchRequest
-from dmlctl.protocol import IN_PLACE
 from dmlctl.runs.store import RunDir, RunStore
 from dmlctl.slurm import allocation, enclosing
 from dmlctl.slurm.allocation import Allocation, JobState
@@ -64,15 +63,14 @@ class SlurmScheduler(SshScheduler):
         if self._options.dry_run:
             if self._spec.allocation == "enclosing":  # refused as the launch would
                 _refuse_requeue(self._spec, enclosing_job(self._spec.conf))
-            in_place = job.restart.mode == IN_PLACE
             return Facts(
                 DRY_RUN_PORT,
                 sys.executable,
                 routes=_dry_routes(placement, self._spec.gpus_per_node),
                 lib=lib,
-                assumed=_dry_assumed(self._spec) + ((DRY_STORE_NOTE,) if in_place else ()),
+                assumed=(*_dry_assumed(self._spec), DRY_STORE_NOTE),
                 port_note=DRY_RUN_NOTE,
-                store_host=DRY_STORE_HOST if in_place else None,
+                store_host=DRY_STORE_HOST,
             )
         hosts = [h.name for h in placement.hosts]
         slots = max(h.slots for h in placement.hosts)
@@ -86,7 +84,7 @@ class SlurmScheduler(SshScheduler):
             placed = placement.bound(bound)
             first = as_run(placed.first, sys.executable)
             port, gpus = self._preflight(placed, first)
-            store = self._store_host(placed) if job.restart.mode == IN_PLACE else None
+            store = self._store_host(placed)
         except BaseException:
             self.release()
             raise

@@ -110,7 +110,7 @@ def make_request(
     )
     if facts.allocation is not None:
         plan = dataclasses.replace(plan, allocation=facts.allocation)
-    if facts.store_host is not None:  # set by the scheduler for an in-place run only
+    if facts.store_host is not None:  # None: no address of this machine reaches every host
         plan = dataclasses.replace(plan, store_host=facts.store_host)
     remote = tuple(h.name for h in (*plan.hosts, *plan.spares) if not h.is_local)
     slurm = cluster.slurm_spec
