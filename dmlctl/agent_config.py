@@ -179,6 +179,7 @@ class AgentConfig:
     strategy: StrategyChoice = field(default_factory=StrategyChoice)
     stop_grace: float = 30.0
     rejoin: Rejoin | None = None
+    key: str = ""  # the run key (dmlctl.run_key): written to the rank directory, 0600
 
     def rank_env(self) -> dict[str, str]:
         """The variables torchrun (and so every rank) gets on top of the agent's own

@@ -95,6 +95,7 @@ ENV_PS_SNAPSHOT_EVERY = "DMLCTL_PS_SNAPSHOT_EVERY"  # a replaceable server's sna
 ENV_PS_SNAPSHOT_COPY = "DMLCTL_PS_SNAPSHOT_COPY"  # "1": a copy in the store (spare hosts)
 ENV_REJOIN = "DMLCTL_REJOIN"
 ENV_RUN_STORE = "DMLCTL_RUN_STORE"  # host:port of the controller's store (in place), if any
+ENV_RUN_KEY_FILE = "DMLCTL_RUN_KEY_FILE"  # the run key's file (dmlctl.run_key), not the key
 ENV_REJOIN_WAIT = "DMLCTL_REJOIN_WAIT"  # restart.rejoin_wait (0: never go on smaller)
 IN_PLACE = "in_place"
 ENV_CHECKPOINT_DIR = "DMLCTL_CHECKPOINT_DIR"

@@ -12,7 +12,7 @@ import os
 import signal
 import subprocess
 
-from dmlctl import checkpoint_claim, protocol, wire
+from dmlctl import checkpoint_claim, protocol, run_key, wire
 from dmlctl.agent.messages import Emitter
 from dmlctl.agent.procs import dies_with_parent
 from dmlctl.agent.standin import ENV_STANDIN as STANDIN
@@ -43,6 +43,8 @@ def environment(config: AgentConfig, rank_dir: str) -> dict[str, str]:
     for key in (protocol.ENV_CHECKPOINT_DIR,):  # remote paths may start with ~/
         if key in env:
             env[key] = os.path.expanduser(env[key])
+    if config.key:  # the ranks get the run key's file (written by prepare), not the key
+        env[protocol.ENV_RUN_KEY_FILE] = os.path.join(rank_dir, run_key.KEY_FILE)
     # Ranks import the same dmlctl as this agent (on a remote host: the shipped copy).
     here = os.path.dirname(os.path.dirname(os.path.abspath(protocol.__file__)))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH", "")) if p)
@@ -143,6 +145,8 @@ def prepare(config: AgentConfig, emit: Emitter) -> str | None:
             pass
     try:
         protocol.make_private_dirs(rank_dir)
+        if config.key:
+            run_key.write_key(rank_dir, config.key)
         path = os.path.join(rank_dir, "agent.pid")
         with open(path, "w", encoding="ascii", opener=protocol.private_opener) as f:
             f.write(f"{os.getpid()}\n")

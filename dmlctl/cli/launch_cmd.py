@@ -93,7 +93,16 @@ def _cluster_spec(cluster: Path | None, workers: int | None) -> ClusterSpec:
     from dmlctl.spec.local import local_cluster_for
 
     if cluster is not None:
-        return load_cluster_file(cluster)
+        spec = load_cluster_file(cluster)
+        if spec.network.allow_public:
+            stderr_console().print(
+                f"dmlctl: warning: {cluster} allows public addresses (network.allow_public): "
+                "the run's store and rendezvous listen where anyone on the way can reach "
+                "them (see SECURITY.md)",
+                markup=False,
+                highlight=False,
+            )
+        return spec
     spec, note = local_cluster_for(workers)
     if note is not None:
         stderr_console().print(f"dmlctl: warning: {note}", markup=False, highlight=False)

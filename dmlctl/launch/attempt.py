@@ -121,7 +121,11 @@ class AttemptRunner:
         self._queue: queue.Queue[tuple[str, str | None]] = queue.Queue(QUEUE_MAX)
         self._procs: dict[str, Process] = {}
         self._swap: HostSwap | None = None
-        self._store = AttemptStore(settings.host_timeout)  # held here: plan.store_host
+        self._store = AttemptStore(settings.host_timeout, self._store_refused)  # plan.store_host
+
+    def _store_refused(self, why: str) -> None:
+        """The run's store closed a connection unserved (said in the run's log)."""
+        self.books.post(Progress(f"the run's store closed {why}", self.clock()))
 
     @property
     def lost_now(self) -> frozenset[str]:

@@ -4,6 +4,9 @@ closed once it has ended. See :mod:`dmlctl.provision.store_server`."""
 
 from __future__ import annotations
 
+import socket
+from collections.abc import Callable
+
 from dmlctl.plan.model import LaunchPlan
 from dmlctl.provision.store_server import StoreServer
 
@@ -14,9 +17,12 @@ SILENT_MARGIN_S = 10.0
 class AttemptStore:
     """At most one open store: the current attempt's."""
 
-    def __init__(self, host_timeout: float | None) -> None:
+    def __init__(
+        self, host_timeout: float | None, refused: Callable[[str], None] = lambda why: None
+    ) -> None:
         self._silent_after = (host_timeout or 0.0) + SILENT_MARGIN_S
         self._server: StoreServer | None = None
+        self._refused = refused  # told of each connection closed unserved (another thread)
 
     @property
     def endpoint(self) -> str | None:
@@ -32,7 +38,12 @@ class AttemptStore:
         if plan.store_host is None:
             return None
         try:
-            self._server = StoreServer(plan.store_host, silent_after=self._silent_after)
+            self._server = StoreServer(
+                plan.store_host,
+                silent_after=self._silent_after,
+                peers=run_peers(plan),
+                refused=self._refused,
+            )
         except OSError as e:
             return (
                 f"the run's store stays with rank 0's host this attempt (this machine "
@@ -45,3 +56,23 @@ class AttemptStore:
         if self._server is not None:
             self._server.close()
             self._server = None
+
+
+LOOPBACKS = ("127.0.0.1", "::1")
+
+
+def run_peers(plan: LaunchPlan) -> set[str] | None:
+    """The addresses the run's hosts (and its spares) may connect to its store from:
+    loopback, and every address each host's name resolves to here. None (any address)
+    when a name does not resolve on this machine: the hosts' own resolution decides
+    where they connect from, and a store that refused them would fail the run."""
+    peers = set(LOOPBACKS)
+    for host in (*plan.hosts, *plan.spares):
+        if host.is_local:
+            continue
+        try:
+            found = socket.getaddrinfo(host.address, None, proto=socket.IPPROTO_TCP)
+        except (OSError, UnicodeError):
+            return None
+        peers |= {str(info[4][0]) for info in found}
+    return peers

@@ -123,6 +123,9 @@ class LaunchPlan:
     #: (:func:`dmlctl.redact.args_secrets`, :func:`~dmlctl.redact.command_secrets`).
     #: ``plan.json`` shows them hidden; ``secrets.json`` keeps them.
     secrets: tuple[str, ...] = ()
+    #: The run's own secret (:mod:`dmlctl.run_key`): what its channels authenticate
+    #: with. ``plan.json`` shows ``***``; ``secrets.json`` keeps it.
+    key: str = ""
 
     def agent_config(
         self, host: HostPlan, attempt: int = 0, stop_grace: float = 30.0, store: str | None = None
@@ -154,6 +157,7 @@ class LaunchPlan:
             env=env,
             strategy=self.strategy_choice(),
             stop_grace=stop_grace,
+            key=self.key,
         )
 
     def strategy_choice(self) -> StrategyChoice:
@@ -215,6 +219,7 @@ class LaunchPlan:
             allocation=_allocation(data.get("allocation")),
             store_host=data.get("store_host"),
             secrets=tuple(data.get("secrets", ())),
+            key=str(data.get("key", "")),
         )
 
 

@@ -13,12 +13,14 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from dmlctl.errors import PlanError
 from dmlctl.plan.build import build_plan, render_command
 from dmlctl.plan.model import LaunchPlan
 from dmlctl.plan.placing import JobPlacement, check_gpus, place_job
 from dmlctl.plan.render import render_plan
 from dmlctl.redact import Redactor
 from dmlctl.slurm.allocation import Allocation, request_lines
+from dmlctl.spec.cluster import public_address
 from dmlctl.spec.models import ClusterSpec, JobSpec
 from dmlctl.text import plural
 
@@ -74,6 +76,23 @@ def sized_slots(cluster: ClusterSpec, facts: Facts) -> dict[str, int]:
     return {n: facts.gpus[n] for n in cluster.unset_slots() if facts.gpus.get(n, 0) > 1}
 
 
+def _check_private(cluster: ClusterSpec, facts: Facts) -> None:
+    """Refuse (exit 2) a rendezvous or store address the hosts' names resolved to that
+    is public, unless the cluster allows it (``network.allow_public``); a literal
+    public address in the cluster file was refused when it was read."""
+    if cluster.network.allow_public:
+        return
+    for what, address in (("rendezvous", facts.rdzv_host), ("store", facts.store_host)):
+        if address is not None and public_address(address):
+            raise PlanError(
+                "cluster",
+                ("hosts", 0, "address"),
+                f"the run's {what} address {address} is a public one: its listener would "
+                "be reachable from anywhere; reach the hosts by their private addresses, or "
+                "set network.allow_public: true in the cluster file",
+            )
+
+
 def make_request(
     job: JobSpec,
     cluster: ClusterSpec,
@@ -96,6 +115,7 @@ def make_request(
     if sized:
         placement = place_job(cluster.with_slots(sized), job)
     check_gpus(job, placement.placed, facts.gpus)
+    _check_private(cluster, facts)
     placement = placement.bound(facts.addresses)
     plan = build_plan(
         cluster,

@@ -30,6 +30,8 @@ import time
 import torch
 import torch.distributed as dist
 
+from dmlctl import run_key
+from dmlctl.ps import handshake
 from dmlctl.ps.addresses import advertised_host
 from dmlctl.ps.connection import (
     NO_LR,
@@ -65,7 +67,9 @@ class Endpoint:
         port = self._listener.getsockname()[1]
         store = rejoin.store()
         generation = store.add(f"{address_key(rank)}/generation", 1)  # 2 for a replacement
-        store.set(address_key(rank), f"{host}:{port} {generation}")
+        signed = run_key.sign(f"{host}:{port} {generation}".encode()).decode()
+        store.set(f"{address_key(rank)}/g{generation}", signed)  # where a forgery cannot reach
+        store.set(address_key(rank), signed)
         self.generation = generation
         threading.Thread(target=self._accept, name="dmlctl-ps-accept", daemon=True).start()
 
@@ -130,13 +134,14 @@ class Endpoint:
         except ConnectionLost:
             first = None
         if first is None or first[0] != Op.HELLO:
-            print(
-                f"dmlctl: parameter server rank {self.rank}: {conn.peer} connected without "
-                f"a HELLO ({first}); closed",
-                file=sys.stderr,
-                flush=True,
-            )
-            conn.close()
+            self._refuse(conn, f"connected without a HELLO ({first})")
+            return
+        try:
+            proved = handshake.server_hello(conn, self.rank, conn.payload(first[5]))
+        except ConnectionLost:
+            proved = False
+        if not proved:
+            self._refuse(conn, "could not prove it holds the run's key")
             return
         worker = first[1]
         conn.peer = f"worker rank {worker}"
@@ -147,6 +152,15 @@ class Endpoint:
                 if header[0] == Op.CLOSE:
                     return
         self.inbox.put(((int(Op.LEFT), worker, 0, -1, 0, 0, NO_LR), _EMPTY, worker, conn))
+
+    def _refuse(self, conn: Connection, why: str) -> None:
+        """Close a connection that is no worker of this run, and say so on stderr."""
+        print(
+            f"dmlctl: parameter server rank {self.rank}: {conn.peer} {why}; closed",
+            file=sys.stderr,
+            flush=True,
+        )
+        conn.close()
 
 
 _EMPTY = torch.empty(0, dtype=torch.uint8)
@@ -184,7 +198,7 @@ def connection(worker_rank: int, server_rank: int, sent: int = 0) -> Connection:
         found = _server_address(server_rank)
         try:
             conns[server_rank] = _connect(worker_rank, server_rank, found, sent)
-        except ConnectionRefusedError:
+        except (ConnectionRefusedError, handshake.Impostor):
             if not rejoin.servers_replaced():
                 raise
             # That server died before this worker first reached it: wait for its
@@ -231,9 +245,34 @@ def _worker_connections() -> dict[int, Connection]:
 
 def _server_address(server_rank: int) -> tuple[str, int]:
     """The address ``server_rank``'s latest process published, and its generation
-    (waits until one did)."""
-    value = rejoin.store().get(address_key(server_rank)).decode()
-    address, _, generation = value.partition(" ")
+    (waits until one did). A value no rank of the run signed (:mod:`dmlctl.run_key`:
+    written into the store by another process) is never used: the newest generation
+    the servers signed is, said once on stderr."""
+    store, key = rejoin.store(), address_key(server_rank)
+    while True:
+        found = _signed_address(store.get(key))
+        if found is not None:
+            return found
+        if key not in _forged:
+            _forged.add(key)
+            print(f"dmlctl: refused a forged parameter-server address under {key!r} "
+                  "(not written by a rank of this run)", file=sys.stderr, flush=True)  # fmt: skip
+        for generation in range(store.add(f"{key}/generation", 0), 0, -1):
+            kept = f"{key}/g{generation}"
+            if store.check([kept]) and (found := _signed_address(store.get(kept))):
+                return found
+        time.sleep(0.05)
+
+
+_forged: set[str] = set()  # the address keys found forged (said once each)
+
+
+def _signed_address(raw: bytes) -> tuple[str, int] | None:
+    """``(address, generation)`` from a value a server signed; None for a forgery."""
+    value = run_key.verify(raw)
+    if value is None:
+        return None
+    address, _, generation = value.decode().partition(" ")
     return address, int(generation or 1)
 
 
@@ -245,7 +284,7 @@ def _connect(worker_rank: int, server_rank: int, found: tuple[str, int], sent: i
     conn = Connection(sock, f"parameter server rank {server_rank} ({address})")
     if rejoin.servers_replaced():  # a frozen or cut-off server's socket stays open
         conn.superseded = lambda: _server_address(server_rank)[1] > generation
-    conn.send((int(Op.HELLO), worker_rank, 0, -1, sent, NO_LR))
+    handshake.worker_hello(conn, (int(Op.HELLO), worker_rank, 0, -1, sent, NO_LR))
     _generations[server_rank] = generation
     return conn
 

@@ -24,6 +24,7 @@ def redactor_of(plan: LaunchPlan) -> Redactor:
     ``secrets:``, its setup's), and the password of any URL (:mod:`dmlctl.redact`)."""
     hosts = (*plan.hosts, *plan.spares)
     more = [*plan.secrets, *(v for h in hosts for v in args_secrets(h.torchrun.args))]
+    more += [plan.key] if plan.key else []
     if plan.allocation is not None and plan.allocation.setup:
         more += command_secrets(plan.allocation.setup)
     return Redactor.for_envs((h.env for h in hosts), more)

@@ -31,6 +31,10 @@ when the stored ``job.yaml`` shows it redacted (a password in a URL, a known sec
 a Slurm requeue runs it again on the new nodes."""
 
 
+KEY = ":key"
+"""The entry that holds the run key (:mod:`dmlctl.run_key`)."""
+
+
 VALUES = ":values"
 """The entry that holds the plan's ``secrets`` (the other values the run hides), by
 index."""
@@ -75,6 +79,9 @@ def split(
     _keep_apart(secrets, SETUP, job_setup, redact)
     if where := data.get("allocation"):
         where["setup"] = _keep_apart(secrets, SLURM_SETUP, where.get("setup"), redact)
+    if run_key := data.get("key"):
+        secrets[KEY] = {"key": run_key}
+        data["key"] = REDACTED
     if values := data.get("secrets"):
         secrets[VALUES] = {str(i): v for i, v in enumerate(values)}
         data["secrets"] = [REDACTED] * len(values)
@@ -110,6 +117,8 @@ def merge(plan: Mapping[str, Any], secrets: Mapping[str, Mapping[str, str]]) -> 
     data = copy.deepcopy(dict(plan))
     if data.get("allocation") and SLURM_SETUP in secrets:
         data["allocation"]["setup"] = secrets[SLURM_SETUP]["commands"]
+    if KEY in secrets:
+        data["key"] = secrets[KEY]["key"]
     if VALUES in secrets:
         values = secrets[VALUES]
         data["secrets"] = [values[str(i)] for i in range(len(values))]

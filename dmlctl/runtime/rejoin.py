@@ -44,7 +44,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, Store, TCPStore
 
-from dmlctl import protocol
+from dmlctl import protocol, run_key
 
 _KEY = "dmlctl/rejoin"
 _STORE_TIMEOUT = timedelta(seconds=300)
@@ -150,13 +150,25 @@ def read_membership() -> tuple[tuple[int, ...], tuple[int, ...]]:
 
 
 def publish_object(name: str, value: Any) -> None:
-    """Keep ``value`` (picklable) in the store under ``name`` for a replacement."""
-    store().set(key(name), pickle.dumps(value).hex())
+    """Keep ``value`` (picklable) in the store under ``name`` for a replacement, signed
+    with the run key (:mod:`dmlctl.run_key`)."""
+    store().set(key(name), run_key.sign(pickle.dumps(value).hex().encode()).decode())
 
 
 def read_object(name: str) -> Any:
-    """What :func:`publish_object` kept under ``name`` (waits until it is there)."""
-    return pickle.loads(bytes.fromhex(store().get(key(name)).decode()))
+    """What :func:`publish_object` kept under ``name`` (waits until it is there). A
+    value not signed with the run key is never unpickled: :class:`ForgedValue`."""
+    value = run_key.verify(store().get(key(name)))
+    if value is None:
+        raise ForgedValue(
+            f"the run's store holds a value under {key(name)!r} that no rank of the run wrote"
+        )
+    return pickle.loads(bytes.fromhex(value.decode()))
+
+
+class ForgedValue(RuntimeError):
+    """A value in the run's store that is not signed with the run key: another process
+    wrote it (it is never acted on)."""
 
 
 class Position:

@@ -6,6 +6,7 @@ is checked by :mod:`dmlctl.spec.loader`.
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -218,6 +219,27 @@ def _name_message(name: str, other: int) -> str:
     return f"duplicate host name {shown!r} (also hosts[{other}]); give each host a distinct name"
 
 
+class NetworkSpec(BaseModel):
+    """Where the run's listeners may be reached from."""
+
+    model_config = FROZEN
+
+    allow_public: bool = False
+    """Let a host's address be a public one (reachable from the internet). The run's store and
+    rendezvous then listen where anyone on the way can reach them; dmlctl warns at every launch.
+    Default: false (a public address is refused; use a private network or a VPN)."""
+
+
+def public_address(address: str) -> bool:
+    """Whether ``address`` is a literal IP address reachable from the internet (not
+    private, loopback, link-local or reserved); a name is not judged here."""
+    try:
+        ip = ipaddress.ip_address(address.strip("[]"))
+    except ValueError:
+        return False
+    return ip.is_global
+
+
 class ClusterSpec(BaseModel):
     """The machines a job runs on (a cluster file or a hostfile).
 
@@ -241,6 +263,9 @@ class ClusterSpec(BaseModel):
     allocation of slurm.nodes nodes, commands through srun)."""
     slurm: SlurmSpec | None = None
     """What to ask Slurm for, with scheduler: slurm."""
+    network: NetworkSpec = Field(default_factory=NetworkSpec)
+    """Where the run's listeners may be reached from: {allow_public: false} (the default) refuses
+    a host at a public address."""
 
     @model_validator(mode="before")
     @classmethod
@@ -282,6 +307,28 @@ class ClusterSpec(BaseModel):
         if self.scheduler != "slurm":
             return None
         return self.slurm or SlurmSpec()
+
+    @model_validator(mode="after")
+    def _private_hosts(self) -> ClusterSpec:
+        if self.network.allow_public:
+            return self
+        errors = [
+            InitErrorDetails(
+                type=PydanticCustomError(
+                    "public_address",
+                    f"{h.address} is a public address: the run's store and rendezvous would "
+                    "listen where anyone can reach them; use the hosts' private addresses "
+                    "(or a VPN), or set network.allow_public: true in the cluster file",
+                ),
+                loc=("hosts", i, "address"),
+                input=h.address,
+            )
+            for i, h in enumerate(self.hosts)
+            if public_address(h.address)
+        ]
+        if errors:
+            raise ValidationError.from_exception_data("ClusterSpec", errors)
+        return self
 
     @model_validator(mode="after")
     def _unique_hosts(self) -> ClusterSpec:

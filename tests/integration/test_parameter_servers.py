@@ -14,6 +14,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -285,6 +286,55 @@ def test_a_killed_worker_is_replaced_in_place_while_the_others_go_on(
     in_flight = 2 * steps[0] // period - pushes  # one push per killed process at most
     assert 0 <= in_flight <= kills, (pushes, steps)
     _near_uninterrupted(cli, run_id, strategy)
+
+
+def test_a_forged_server_address_in_the_store_is_refused_and_the_run_succeeds(
+    cli: Cli, tmp_path: Path
+) -> None:
+    """Store poisoning: a local process with torch's own TCPStore client overwrites the
+    parameter server's address key with the address of a listener of its own, then a
+    worker is killed. Its replacement refuses the value (not signed with the run key),
+    finds the server's own, never connects to the impostor, and the run succeeds."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from dmlctl.runtime import rejoin
+
+    impostor = socket.create_server(("127.0.0.1", 0))
+    impostor.settimeout(0.1)
+    job = _job(
+        tmp_path,
+        "poisoned",
+        "args: ['--epochs', '3']\nworkers: 2\nparameter_servers: 1\nstrategy: asgd\n"
+        "restart: {mode: in_place}\n",
+    )
+    poisoned: list[str] = []
+
+    def poison() -> bool:  # once worker 0 trains: its start record names the run's store
+        run_id = cli.runs()[0].name
+        if _logging_pid(cli, run_id, 0) is None:
+            return False
+        events = cli.home / "runs" / run_id / "hosts" / "local" / "rank-0.events.jsonl"
+        start = json.loads(events.read_text().splitlines()[0])
+        host, _, port = start["store"].rpartition(":")
+        client = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=10))
+        store = dist.PrefixStore(rejoin.STORE_PREFIX, client)
+        key = rejoin.key("ps/2")
+        poisoned.append(store.get(key).decode())  # the server's own, signed
+        store.set(key, f"127.0.0.1:{impostor.getsockname()[1]} 99")
+        return True
+
+    done, run_id = _kill_mid_run(cli, job, 1, ready=poison)
+    out = done.stdout
+    assert done.returncode == 0, out
+    assert "rank 1 rejoined: model from server rank 2 (" in out, out
+    assert poisoned and poisoned[0].split(" ", 1)[1].startswith("127.0.0.1:")
+    logs = "".join(p.read_text() for p in (cli.home / "runs" / run_id / "logs").iterdir())
+    assert "refused a forged parameter-server address" in logs + out, out
+    with pytest.raises(TimeoutError):  # nobody ever connected to the impostor
+        impostor.accept()
+    impostor.close()
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.conftest import REPO
 from tests.lab.conftest import LabCli, lab_cli
@@ -132,5 +133,58 @@ def test_launch_runs_a_job_over_the_labs_ssh_hosts(lab: LabCli) -> None:
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("sum=3") == 2, proc.stdout
-    assert "MASTER_ADDR=10.231.0.2" in proc.stdout
+    assert "MASTER_ADDR=10.231.0.1" in proc.stdout  # the run's store: the controller's
     assert time.monotonic() - started < 120
+
+
+def test_a_lab_host_outside_the_cluster_cannot_reach_the_runs_store(
+    lab: LabCli, tmp_path: Path
+) -> None:
+    """The cluster is lab-0 alone; lab-1 (another address of the same network) connects
+    to the run's store while the run goes on: closed before a byte of it is read (so
+    no pickled object can be written there), named in the run's log; the run succeeds."""
+    doc = yaml.safe_load((lab.lab_dir / "cluster.yaml").read_text())
+    doc["hosts"] = doc["hosts"][:1]
+    cluster = tmp_path / "one.yaml"
+    cluster.write_text(yaml.safe_dump(doc))
+    go_on = tmp_path / "go-on"
+    job = tmp_path / "job.yaml"
+    job.write_text(
+        f"script: train.py\nworkdir: {REPO / 'tests' / 'lab' / 'jobs' / 'outsider'}\n"
+        f"workers: 1\nenv: {{GO_ON: '{go_on}'}}\n"
+    )
+    proc = lab.popen("launch", str(job), "--cluster", str(cluster), "--ui", "plain")
+    assert proc.stdout is not None
+    try:
+        seen = ""
+        while (line := proc.stdout.readline()) and "store at" not in line:
+            seen += line
+        assert "store at" in line, seen
+        host, port = line.split("store at ", 1)[1].split()[:2]
+        assert host == "10.231.0.1", line
+        probe = (
+            "import socket, struct\n"
+            f"s = socket.create_connection(({host!r}, {port}), timeout=10)\n"
+            "try:\n"
+            "    s.sendall(bytes([15]) + struct.pack('<I', 0x3C85F7CE))\n"
+            "    print('read', s.recv(1))\n"
+            "except OSError:\n"
+            "    print('reset')\n"
+        )
+        outside = subprocess.run(
+            ["ip", "netns", "exec", "dmlctl-lab-1", sys.executable, "-c", probe],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert outside.stdout.strip() in ("read b''", "reset"), outside
+        go_on.touch()
+        out = seen + line + proc.communicate(timeout=120)[0]
+    finally:
+        go_on.touch()
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out
+    (run,) = lab.runs()
+    logs = (run / "logs" / "merged.log").read_text() + out
+    assert "the run's store closed a connection from 10.231.0.3" in logs, logs

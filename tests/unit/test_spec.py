@@ -801,3 +801,23 @@ def test_count_local_gpus(gpus: Path, visible: str | None, count: int) -> None:
 
 def test_count_local_gpus_without_driver(tmp_path: Path) -> None:
     assert count_local_gpus({"CUDA_VISIBLE_DEVICES": "0"}, tmp_path / "absent") == 0
+
+
+@pytest.mark.parametrize("address", ["8.8.8.8", "2001:4860:4860::8888"])
+def test_a_host_at_a_public_address_is_refused_unless_the_cluster_allows_it(
+    tmp_path: Path, address: str
+) -> None:
+    """Checked as the file is read: nothing connects to a public address first."""
+    text = f"hosts:\n  - address: 10.0.0.5\n  - address: '{address}'\n"
+    issue = only_issue(load_cluster, write(tmp_path, text, "cluster.yaml"))
+    assert (issue.line, issue.path) == (3, "hosts[1].address")
+    assert "is a public address" in issue.message and "allow_public" in issue.message
+    allowed = load_cluster(write(tmp_path, "network: {allow_public: true}\n" + text, "c.yaml"))
+    assert allowed.network.allow_public
+
+
+def test_private_loopback_and_link_local_hosts_and_names_are_accepted(tmp_path: Path) -> None:
+    hosts = ["10.1.2.3", "192.168.1.7", "172.16.0.9", "127.0.0.2", "169.254.3.4", "fd00::1"]
+    hosts += ["gpu1", "node.example.com"]  # names are judged where they resolve
+    text = "hosts:\n" + "".join(f"  - address: '{h}'\n" for h in hosts)
+    assert len(load_cluster(write(tmp_path, text, "cluster.yaml")).hosts) == len(hosts)

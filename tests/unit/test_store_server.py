@@ -6,6 +6,7 @@ which would stop a server thread in the same process."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import struct
@@ -199,3 +200,36 @@ def test_an_add_past_int64_closes_that_client_only(server: ss.StoreServer) -> No
     other = _connect(server.port)
     other.sendall(bytes([wire.GET]) + _key("n"))
     assert other.recv(8) == struct.pack("<Q", 19)  # untouched: len("9223372036854775807")
+
+
+def test_a_client_from_outside_the_cluster_is_closed_and_named() -> None:
+    """Bound where every address of this machine reaches it, allowing one peer address
+    only: a client from another address is closed before anything it sends is read."""
+    refused: list[str] = []
+    with ss.StoreServer("0.0.0.0", peers={"127.0.0.2"}, refused=refused.append) as server:
+        stranger = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+        with contextlib.suppress(OSError):  # closed before or as it sends
+            stranger.sendall(bytes([wire.VALIDATE]) + struct.pack("<I", wire.MAGIC))
+            stranger.sendall(bytes([wire.SET]) + _key("k") + _key("v"))
+        assert _closed(stranger) and "k" not in server.snapshot()
+        member = socket.create_connection(
+            ("127.0.0.1", server.port), timeout=5, source_address=("127.0.0.2", 0)
+        )
+        member.sendall(bytes([wire.VALIDATE]) + struct.pack("<I", wire.MAGIC))
+        member.sendall(bytes([wire.ADD]) + _key("n") + struct.pack("<q", 3))
+        assert struct.unpack("<q", member.recv(8))[0] == 3
+    assert refused == ["a connection from 127.0.0.1, which is none of the run's hosts"]
+
+
+def test_connections_over_the_cap_are_closed_and_the_others_served() -> None:
+    refused: list[str] = []
+    with ss.StoreServer(max_clients=3, refused=refused.append) as server:
+        held = [_connect(server.port) for _ in range(3)]
+        deadline = time.monotonic() + 5
+        while len(server._clients) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        extra = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+        assert _closed(extra)
+        held[0].sendall(bytes([wire.ADD]) + _key("n") + struct.pack("<q", 1))
+        assert struct.unpack("<q", held[0].recv(8))[0] == 1  # the run goes on
+    assert refused == ["a connection from 127.0.0.1 over the 3 served at once"]
