@@ -4,6 +4,7 @@ the controller here until the run ends, or detached (:func:`detach`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -20,6 +21,7 @@ from dmlctl import checkpoint_claim, protocol
 from dmlctl.launch.options import LaunchOptions, LaunchResult
 from dmlctl.plan.model import LaunchPlan
 from dmlctl.redact import Redactor, redact_args
+from dmlctl.run_key import new_key
 from dmlctl.runs import secrets as run_secrets
 from dmlctl.runs.files import StoreError, private_opener, private_umask
 from dmlctl.runs.state import new_run_state
@@ -140,6 +142,7 @@ def start_run(
     """Record the run and run its controller: here (until the run ends) or detached."""
     from dmlctl.launch.controller import run_controller
 
+    plan = dataclasses.replace(plan, key=new_key())  # the run's own (dmlctl.run_key)
     with private_umask():  # every file of the run is the user's alone
         try:
             claims = claim_checkpoints(plan)

@@ -22,7 +22,6 @@ from dmlctl.plan.layout import lay_out
 from dmlctl.plan.model import HostPlan, LaunchPlan
 from dmlctl.plan.placing import JobPlacement, as_run, place_job
 from dmlctl.redact import args_secrets, command_secrets
-from dmlctl.run_key import new_key
 from dmlctl.spec.models import ClusterSpec, JobSpec, ResolvedHost
 
 WORKER_ROLE = protocol.ROLE_WORKER
@@ -248,7 +247,6 @@ def build_plan(
         mesh=placement.mesh,
         parallelize=job.parallelize,
         secrets=known_secrets(job),
-        key=new_key(),
     )
 
 

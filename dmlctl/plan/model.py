@@ -124,7 +124,8 @@ class LaunchPlan:
     #: ``plan.json`` shows them hidden; ``secrets.json`` keeps them.
     secrets: tuple[str, ...] = ()
     #: The run's own secret (:mod:`dmlctl.run_key`): what its channels authenticate
-    #: with. ``plan.json`` shows ``***``; ``secrets.json`` keeps it.
+    #: with, made as the run is recorded (the planner stays pure). ``plan.json`` shows
+    #: ``***``; ``secrets.json`` keeps it.
     key: str = ""
 
     def agent_config(

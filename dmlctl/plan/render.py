@@ -82,12 +82,15 @@ STORE_PORT_NOTE = "port 0: the controller's store listens on a free port as each
 
 
 def _rendezvous_line(plan: LaunchPlan, rdzv_note: str | None) -> str:
-    """Where the torchruns meet: the controller's store (a run that replaces lost hosts
-    in place, :attr:`LaunchPlan.store_host`), else ``plan.rdzv_endpoint``."""
+    """Where the torchruns meet: the controller's store (:attr:`LaunchPlan.store_host`),
+    else (no address of this machine reaches every host) ``plan.rdzv_endpoint``."""
     if plan.store_host is not None:
+        in_place = (
+            ", so rank 0's host is replaced in place too" if plan.restart.mode == "in_place" else ""
+        )
         return (
             f"rendezvous: c10d at {_store(plan)}, the run's store, held by this controller "
-            f"({STORE_PORT_NOTE}; no host serves it, so rank 0's host is replaced in place too)"
+            f"({STORE_PORT_NOTE}; no host serves it{in_place})"
         )
     return f"rendezvous: c10d at {plan.rdzv_endpoint}" + (f" ({rdzv_note})" if rdzv_note else "")
 

@@ -88,21 +88,45 @@ KEPT = ("secrets.json",)
 def mask_files(root: Path, redactor: Redactor) -> list[Path]:
     """Hide the secrets ``redactor`` knows in every text file under ``root`` (the rank
     files of this machine's hosts and those collected from the others, written by the
-    ranks as they printed); each file changed is rewritten whole, in place of the old
-    one, with its mode. Returns the files changed."""
+    ranks as they printed); each file changed is rewritten, line by line, in place of
+    the old one, with its mode. Read in pieces: a flood of lines costs no memory.
+    Returns the files changed."""
     changed = []
     for path in sorted(root.rglob("*")):
         if path.suffix not in TEXT_FILES or path.name in KEPT or not path.is_file():
             continue
         try:
-            text = path.read_bytes().decode("utf-8", "surrogateescape")
-            if not redactor.needed(text):
-                continue
-            tmp = path.with_name(f".{path.name}.masking")
-            tmp.write_bytes(redactor.text(text).encode("utf-8", "surrogateescape"))
-            os.chmod(tmp, path.stat().st_mode & 0o7777)
-            os.replace(tmp, path)
+            if _needs(path, redactor):
+                _rewrite(path, redactor)
+                changed.append(path)
         except OSError:
             continue  # gone meanwhile, or unreadable: nothing dmlctl wrote
-        changed.append(path)
     return changed
+
+
+_PIECE = 1 << 20
+_OVERLAP = 8192  # more than any secret dmlctl knows (a job's secrets: 4096 at most)
+
+
+def _needs(path: Path, redactor: Redactor) -> bool:
+    """Whether ``path`` holds a secret, read a piece at a time (pieces overlap, so a
+    secret across two is seen)."""
+    tail = ""
+    with open(path, "rb") as f:
+        while piece := f.read(_PIECE):
+            text = tail + piece.decode("utf-8", "surrogateescape")
+            if redactor.needed(text):
+                return True
+            tail = text[-_OVERLAP:]
+    return False
+
+
+def _rewrite(path: Path, redactor: Redactor) -> None:
+    """``path`` with its secrets hidden, line by line, replaced whole."""
+    tmp = path.with_name(f".{path.name}.masking")
+    with open(path, "rb") as src, open(tmp, "wb") as out:
+        for line in src:
+            text = line.decode("utf-8", "surrogateescape")
+            out.write(redactor.text(text).encode("utf-8", "surrogateescape"))
+    os.chmod(tmp, path.stat().st_mode & 0o7777)
+    os.replace(tmp, path)

@@ -140,12 +140,19 @@ def key(name: str) -> str:
 
 def publish_membership(workers: tuple[int, ...], servers: tuple[int, ...]) -> None:
     """Write every rank's role to the store (the first rank, when the world meets)."""
-    store().set(key("membership"), json.dumps({"workers": workers, "servers": servers}))
+    roles = json.dumps({"workers": workers, "servers": servers}).encode()
+    store().set(key("membership"), run_key.sign(roles).decode())
 
 
 def read_membership() -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """The workers' and the servers' global ranks, as :func:`publish_membership` wrote."""
-    data = json.loads(store().get(key("membership")))
+    """The workers' and the servers' global ranks, as :func:`publish_membership` wrote
+    (signed with the run key: :class:`ForgedValue` for roles another process wrote)."""
+    roles = run_key.verify(store().get(key("membership")))
+    if roles is None:
+        raise ForgedValue(
+            f"the run's store holds roles under {key('membership')!r} that no rank wrote"
+        )
+    data = json.loads(roles)
     return tuple(data["workers"]), tuple(data["servers"])
 
 

@@ -137,7 +137,8 @@ def test_dry_run_shows_how_ssh_config_resolves_each_host(
     assert main(["launch", str(path), "--cluster", str(cluster), "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "gpu-node-1 over SSH as alice@10.9.8.7:2222 via bastion.example" in out
-    assert "rendezvous: c10d at 10.9.8.7:29500 (port 29500 shown; the real one is" in out
+    # the hosts meet at the controller's store, at this machine's address towards them
+    assert "the run's store, held by this controller" in out
     assert not (home / "runs").exists()
 
 
@@ -341,25 +342,23 @@ def test_doctor_refuses_a_connect_timeout_that_is_not_a_time(
     assert err.startswith("dmlctl: --connect-timeout: must be a number of seconds"), err
 
 
-def test_one_local_host_lets_torchrun_bind_its_rendezvous_port(
+def test_a_run_on_this_machine_meets_at_the_controllers_store_on_loopback(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A run on this machine alone meets at ``:0`` (torchrun's store binds a free port
-    as it starts, so nothing can take it meanwhile); two local hosts meet at a port
-    free now."""
+    """One local host or two: the torchruns meet at the controller's store on the
+    loopback address (a free port as each attempt starts), which no other machine can
+    reach; no torchrun serves a store."""
     path = project(tmp_path, "script: train.py\nworkers: 2\n")
-    assert main(["launch", str(path), "--dry-run"]) == 0
-    out = capsys.readouterr().out
-    assert "rendezvous: c10d at localhost:0 (torchrun binds a free port as each attempt" in out
     cluster = tmp_path / "cluster.yaml"
     cluster.write_text(
         "hosts:\n  - {name: a, address: localhost, slots: 1}\n"
         "  - {name: b, address: localhost, slots: 1}\n"
     )
-    assert main(["launch", str(path), "--cluster", str(cluster), "--dry-run"]) == 0
-    line = next(s for s in capsys.readouterr().out.splitlines() if "rendezvous: c10d" in s)
-    port = int(line.split("localhost:")[1].split()[0])
-    assert port > 0, line
+    for extra in ([], ["--cluster", str(cluster)]):
+        assert main(["launch", str(path), *extra, "--dry-run"]) == 0
+        out = capsys.readouterr().out
+        line = next(s for s in out.splitlines() if s.startswith("rendezvous:"))
+        assert line.startswith("rendezvous: c10d at 127.0.0.1:0, the run's store, held by"), line
 
 
 def test_logs_on_a_terminal_escapes_what_a_rank_wrote(home: Path) -> None:

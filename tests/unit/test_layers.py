@@ -53,6 +53,8 @@ BASE = {
     "dmlctl.gpus",
     "dmlctl.redact",
     "dmlctl.checkpoint_files",
+    "dmlctl.checkpoint_claim",
+    "dmlctl.run_key",
     "dmlctl.startup_env",
     "dmlctl.text",
     "dmlctl.scaffold",
