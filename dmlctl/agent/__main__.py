@@ -43,7 +43,7 @@ import threading
 import time
 from types import FrameType
 
-from dmlctl import wire
+from dmlctl import run_key, wire
 from dmlctl.agent import zygote
 from dmlctl.agent.forward import Held, drain, dump, emit_ranks, rank_usage
 from dmlctl.agent.messages import Commands, Emitter, Output, forward_torchrun, watch_stdin
@@ -98,6 +98,8 @@ def run(
     kill_tree(os.getpid(), 1.0)  # anything a rank left behind (daemons, grandchildren)
     drain(tailer, emit, pids, held)  # after: nothing writes to the rank files any more
     tailer.close()
+    with contextlib.suppress(OSError):  # no rank of this attempt is left to read it
+        os.unlink(os.path.join(rank_dir, run_key.KEY_FILE))
     code = int(proc.returncode) if proc.returncode is not None else 1
     failures = read_failures(rank_dir, str(config.attempt + 1)) if code != 0 else ()
     emit.send(wire.ExitMsg(code, tuple(out.tail), tuple(out.summary), stopped, None, failures))

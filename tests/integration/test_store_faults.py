@@ -246,6 +246,10 @@ def test_secrets_stay_out_of_what_is_stored_and_printed(cli: Cli, tmp_path: Path
     assert stored_job["secrets"] == ["***"]
     real = json.loads((run / "secrets.json").read_text())
     assert {k: v for host in real.values() for k, v in host.items() if k in SECRETS} == SECRETS
+    run_key = real[":key"]["key"]  # the run's own: kept here alone, the ranks' file removed
+    assert len(run_key) == 64 and not list(run.rglob("run.key"))
+    for path in stored:
+        assert run_key.encode() not in path.read_bytes(), path
     for arg in SECRET_ARGS:
         if SECRET_ARGS[arg]:
             assert arg in real[":args"].values()
