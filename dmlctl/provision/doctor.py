@@ -235,8 +235,10 @@ def _rendezvous(
     clock: Callable[[], float],
 ) -> tuple[Check | None, dict[str, Check]]:
     """(a failed check replacing the first host's port check, or None; others' checks)."""
+    address = network_address(transports[first.name], first.address)
     try:
-        proc = transports[first.name].start(probe.listener_argv(first, port, timeout + 5))
+        argv = probe.listener_argv(first, port, timeout + 5, address)
+        proc = transports[first.name].start(argv)
     except Exception as e:
         return Check(RDZV_PORT, False, f"cannot start a listener: {e}"), {}
     try:
@@ -244,7 +246,6 @@ def _rendezvous(
             why = _last_line(*proc.stderr_tail(), "no 'ready' from the listener")
             return Check(RDZV_PORT, False, f"listener did not start: {why}"), {}
         wait = min(CONNECT_TIMEOUT, timeout)
-        address = network_address(transports[first.name], first.address)
         calls = {
             h.name: (transports[h.name], probe.connect_argv(h, address, port, wait)) for h in others
         }

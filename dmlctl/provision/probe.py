@@ -10,9 +10,9 @@ still answers and the doctor can say what is missing. Tests build scripted resul
 
 * :data:`PROBE` prints one JSON object (keys: :data:`PROBE_KEYS`) on one line;
   :func:`read_probe` reads it back.
-* :data:`LISTENER` listens on a TCP port (all interfaces), prints ``ready`` and
-  greets each connection with :data:`GREETING` until its lifetime ends or its stdin
-  closes (so a dropped SSH channel never leaves the port taken).
+* :data:`LISTENER` listens on a TCP port (at the address the other hosts connect to),
+  prints ``ready`` and greets each connection with :data:`GREETING` until its lifetime
+  ends or its stdin closes (so a dropped SSH channel never leaves the port taken).
 * :data:`CONNECT` connects to ``address:port``, expects :data:`GREETING`, prints
   ``ok`` and exits 0, or prints the reason and exits 1.
 """
@@ -207,10 +207,14 @@ def eof():  # the controller closed stdin, or its connection died: stop listenin
     os._exit(0)
 threading.Thread(target=eof, daemon=True).start()
 port, life = int(sys.argv[1]), float(sys.argv[2])
+where = sys.argv[3] if len(sys.argv) > 3 else ""
 s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 try:
-    s.bind(("", port))
+    try:  # where the other hosts connect; every interface only if that is no local one
+        s.bind((where, port))
+    except OSError:
+        s.bind(("", port))
     s.listen(64)
 except Exception as e:
     sys.stderr.write("cannot listen on port %d: %s\n" % (port, e))
@@ -268,9 +272,11 @@ def probe_argv(
     return [*argv, "reuse"] if reuse_torch else argv
 
 
-def listener_argv(host: ResolvedHost, port: int, lifetime: float) -> list[str]:
-    """Listen on ``port`` of ``host`` for at most ``lifetime`` seconds."""
-    return [host.python, "-c", LISTENER, str(port), f"{lifetime:g}"]
+def listener_argv(host: ResolvedHost, port: int, lifetime: float, address: str = "") -> list[str]:
+    """Listen on ``address:port`` of ``host`` (the address the other hosts connect to;
+    every interface only where that is no address of ``host``) for at most
+    ``lifetime`` seconds."""
+    return [host.python, "-c", LISTENER, str(port), f"{lifetime:g}", address]
 
 
 def connect_argv(host: ResolvedHost, address: str, port: int, timeout: float) -> list[str]:

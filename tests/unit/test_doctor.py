@@ -185,7 +185,7 @@ def test_all_good() -> None:
     )
     # One listener on the first host, killed at the end; probes asked each host once.
     (proc,) = ts["node-a"].processes
-    assert proc.argv == tuple(probe.listener_argv(A, PORT, 35.0)) and proc.killed
+    assert proc.argv == tuple(probe.listener_argv(A, PORT, 35.0, "10.0.0.1")) and proc.killed
     assert [r["argv"][2] for r in ts["node-a"].runs] == [PROBE]
     assert [r["argv"][2] for r in ts["node-b"].runs] == [PROBE, probe.CONNECT]
     text = rendered(report)
