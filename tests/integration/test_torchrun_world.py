@@ -26,6 +26,9 @@ VALUES_DIFFER = {
     "MASTER_PORT": "a port of the run's own",
     "TORCHELASTIC_RUN_ID": "the run's id (the same in every attempt)",
     "TORCHELASTIC_ERROR_FILE": "in the run's directory",
+    # True under every torch: the ranks join the run's store (the controller's) as
+    # clients; bare torchrun on torch 2.4 says False (rank 0 serves a store of its own)
+    "TORCHELASTIC_USE_AGENT_STORE": "the ranks join the run's store, the controller's",
 }
 """Variables a rank has under both, with other values (README, "What a rank sees")."""
 DMLCTL_ONLY = {
