@@ -78,8 +78,9 @@ def claim(directory: str, run_id: str) -> int | None:
     return fd
 
 
-def release(fd: int | None) -> None:
-    """Let go of a claim (the kernel does as much when its holder dies)."""
-    if fd is not None:
-        with contextlib.suppress(OSError):
-            os.close(fd)
+def release(*fds: int | None) -> None:
+    """Let go of claims (the kernel does as much when their holder dies)."""
+    for fd in fds:
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)

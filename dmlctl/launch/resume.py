@@ -72,6 +72,5 @@ def resume(run_id: str, *, options: LaunchOptions, console: Console) -> LaunchRe
             sink = make_sink(options.ui, console, str(run.path))
             final = run_controller(run, plan, sink, transports, resume_from=state)
         finally:
-            for fd in claims:
-                release(fd)
+            release(*claims)
     return LaunchResult(plan.run_id, run.path, final, int(final.exit_code or 0))

@@ -69,8 +69,7 @@ def claim_checkpoints(plan: LaunchPlan) -> list[int]:
             if fd is not None:
                 held.append(fd)
     except BaseException:
-        for fd in held:
-            checkpoint_claim.release(fd)
+        checkpoint_claim.release(*held)
         raise
     return held
 
@@ -159,6 +158,5 @@ def start_run(
             sink = make_sink(options.ui, console, str(run.path))
             state = run_controller(run, plan, sink, transports)
         finally:
-            for fd in claims:
-                checkpoint_claim.release(fd)
+            checkpoint_claim.release(*claims)
     return LaunchResult(plan.run_id, run.path, state, int(state.exit_code or 0))

@@ -47,6 +47,7 @@ import threading
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 
+from dmlctl.provision import store_admission
 from dmlctl.provision.store_wire import (
     ADD,
     APPEND,
@@ -162,16 +163,6 @@ def _keep_alive(sock: socket.socket, silent_after: float) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(silent_after * 1000))
 
 
-MAX_CLIENTS = 4096
-"""Connections a store serves at once (a thread each); one more is closed at once."""
-
-
-def _plain(address: str) -> str:
-    """An IP address as :func:`socket.accept` gives it (an IPv4 one mapped into IPv6
-    unwrapped), to compare with the allowed peers."""
-    return address.removeprefix("::ffff:")
-
-
 class StoreServer:
     """A store server listening on ``host:port`` (port 0: a free one, see
     :attr:`port`) until :meth:`close`; a client silent ``silent_after`` seconds (at
@@ -179,7 +170,8 @@ class StoreServer:
 
     ``peers``: the only addresses a client may connect from (the cluster's hosts; None:
     any); a client from elsewhere, or one over ``max_clients`` connections, is closed
-    at once and ``refused`` is told why (the run goes on)."""
+    at once and ``refused`` is told why (the run goes on:
+    :mod:`~dmlctl.provision.store_admission`)."""
 
     def __init__(
         self,
@@ -187,13 +179,12 @@ class StoreServer:
         port: int = 0,
         silent_after: float = 0.0,
         peers: Collection[str] | None = None,
-        max_clients: int = MAX_CLIENTS,
+        max_clients: int = store_admission.MAX_CLIENTS,
         refused: Callable[[str], None] = lambda why: None,
     ) -> None:
         _more_files()
         self._silent_after = max(SILENT_CLIENT_S, silent_after)
-        self._peers = None if peers is None else frozenset(map(_plain, peers))
-        self._max_clients = max_clients
+        self._admission = store_admission.Admission.of(peers, max_clients)
         self._refused = refused
         self._listener = socket.create_server((host, port), backlog=1024)
         self.host = host
@@ -244,7 +235,8 @@ class StoreServer:
             except OSError:
                 self._closed.wait(ACCEPT_RETRY_S)
                 continue
-            if (why := self._refusal(_plain(peer[0]))) is not None:
+            why = self._admission.refusal(peer[0], len(self._clients))
+            if why is not None:
                 sock.close()
                 self._refused(why)
                 continue
@@ -252,14 +244,6 @@ class StoreServer:
                 self._take(sock)
             except (OSError, RuntimeError):  # reset at once, or no thread left: drop it
                 sock.close()
-
-    def _refusal(self, address: str) -> str | None:
-        """Why a client from ``address`` is not served now (None: it is)."""
-        if self._peers is not None and address not in self._peers:
-            return f"a connection from {address}, which is none of the run's hosts"
-        if len(self._clients) >= self._max_clients:
-            return f"a connection from {address} over the {self._max_clients} served at once"
-        return None
 
     def _take(self, sock: socket.socket) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
