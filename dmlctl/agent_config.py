@@ -180,6 +180,9 @@ class AgentConfig:
     stop_grace: float = 30.0
     rejoin: Rejoin | None = None
     key: str = ""  # the run key (dmlctl.run_key): written to the rank directory, 0600
+    masked: tuple[str, ...] = ()
+    """The values the run hides: the agent masks them in its rank files once its ranks
+    are gone (:mod:`dmlctl.masking`)."""
 
     def rank_env(self) -> dict[str, str]:
         """The variables torchrun (and so every rank) gets on top of the agent's own
@@ -205,7 +208,10 @@ class AgentConfig:
             strategy = StrategyChoice(**data.pop("strategy"))
             rejoin = data.pop("rejoin", None)
             rejoined = Rejoin.from_dict(rejoin) if rejoin is not None else None
-            return AgentConfig(**data, torchrun=torchrun, strategy=strategy, rejoin=rejoined)
+            masked = tuple(str(v) for v in data.pop("masked", ()))
+            return AgentConfig(
+                **data, torchrun=torchrun, strategy=strategy, rejoin=rejoined, masked=masked
+            )
         except (TypeError, KeyError, AttributeError) as exc:
             raise ValueError(f"not an agent configuration: {exc}") from exc
 

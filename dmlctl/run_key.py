@@ -6,8 +6,9 @@ SSH's standard input, never in an argument, a log or a record; the agent writes 
 its rank directory (0600) and gives the ranks the file's path in
 :data:`~dmlctl.protocol.ENV_RUN_KEY_FILE`, never the key itself.
 
-With it the ranks sign the run's state they act on in the store (a parameter
-server's address, what a replacement is handed: :func:`sign`, :func:`verify`), and a
+With it the ranks sign every value they write into the run's store and check every
+value they read (:func:`sign`, :func:`verify`, through
+:class:`dmlctl.runtime.signed_store.SignedStore`), and a
 worker and a parameter server prove to each other that both hold it (:func:`proof`)
 before any frame passes: a process that can write to the store or listen on a port,
 but was not given the key, is refused. Without a key (a rank run by hand) nothing is
@@ -20,6 +21,7 @@ import hashlib
 import hmac
 import os
 import secrets
+from collections.abc import Mapping
 from functools import lru_cache
 
 from dmlctl.protocol import ENV_RUN_KEY_FILE
@@ -55,10 +57,10 @@ def _key_from(path: str) -> bytes | None:
         return None
 
 
-def key() -> bytes | None:
-    """This process's run key (from :data:`~dmlctl.protocol.ENV_RUN_KEY_FILE`); None
-    without one."""
-    path = os.environ.get(ENV_RUN_KEY_FILE)
+def key(env: Mapping[str, str] = os.environ) -> bytes | None:
+    """The run key of a process with environment ``env`` (this one's by default), from
+    :data:`~dmlctl.protocol.ENV_RUN_KEY_FILE`; None without one."""
+    path = env.get(ENV_RUN_KEY_FILE)
     return _key_from(path) if path else None
 
 
@@ -70,17 +72,19 @@ def proof(run_key: bytes, label: bytes, *parts: bytes) -> bytes:
     return mac.digest()
 
 
-def sign(value: bytes, run_key: bytes | None = None) -> bytes:
-    """``value`` with its proof in front (hex, then a space), when there is a key."""
+def sign(value: bytes, run_key: bytes | None = None, name: str = "") -> bytes:
+    """``value`` with its proof in front (hex, then a space), when there is a key; bound
+    to ``name`` (the store key it is written under): under any other it is a forgery."""
     run_key = run_key if run_key is not None else key()
     if run_key is None:
         return value
-    return proof(run_key, b"store", value).hex().encode() + b" " + value
+    return _store_proof(run_key, name, value).hex().encode() + b" " + value
 
 
-def verify(signed: bytes, run_key: bytes | None = None) -> bytes | None:
-    """The value :func:`sign` signed; None when its proof is missing or wrong (written
-    by a process without the run's key). Without a key, ``signed`` as it is."""
+def verify(signed: bytes, run_key: bytes | None = None, name: str = "") -> bytes | None:
+    """The value :func:`sign` signed for ``name``; None when its proof is missing or
+    wrong (written by a process without the run's key, or for another name). Without
+    a key, ``signed`` as it is."""
     run_key = run_key if run_key is not None else key()
     if run_key is None:
         return signed
@@ -89,8 +93,12 @@ def verify(signed: bytes, run_key: bytes | None = None) -> bytes | None:
         return None
     try:
         good = hmac.compare_digest(
-            bytes.fromhex(mac.decode("ascii")), proof(run_key, b"store", value)
+            bytes.fromhex(mac.decode("ascii")), _store_proof(run_key, name, value)
         )
     except (ValueError, UnicodeDecodeError):
         return None
     return value if good else None
+
+
+def _store_proof(run_key: bytes, name: str, value: bytes) -> bytes:
+    return proof(run_key, b"store", name.encode(), value)

@@ -41,6 +41,7 @@ import signal
 import sys
 import threading
 import time
+from pathlib import Path
 from types import FrameType
 
 from dmlctl import run_key, wire
@@ -53,6 +54,8 @@ from dmlctl.agent.tail import RankDirTailer
 from dmlctl.agent.torchrun import read_failures
 from dmlctl.agent.zygote_client import Client
 from dmlctl.agent_config import WARM_FLAG, AgentConfig
+from dmlctl.masking import mask_files
+from dmlctl.redact import Redactor
 from dmlctl.runtime.where import FrameNamer
 
 POLL_S = 0.05
@@ -100,10 +103,19 @@ def run(
     tailer.close()
     with contextlib.suppress(OSError):  # no rank of this attempt is left to read it
         os.unlink(os.path.join(rank_dir, run_key.KEY_FILE))
+    _mask(rank_dir, Redactor(config.masked))
     code = int(proc.returncode) if proc.returncode is not None else 1
     failures = read_failures(rank_dir, str(config.attempt + 1)) if code != 0 else ()
     emit.send(wire.ExitMsg(code, tuple(out.tail), tuple(out.summary), stopped, None, failures))
     return code
+
+
+def _mask(rank_dir: str, redactor: Redactor) -> None:
+    """Hide the run's secrets in what this attempt's ranks and torchrun wrote: its
+    rank files (not those of the later attempts and replacements, in folders below,
+    whose ranks may still write) and torchrun's error files."""
+    mask_files(Path(rank_dir), redactor, deep=False)
+    mask_files(Path(rank_dir) / "torchrun", redactor)
 
 
 def _supervise(

@@ -71,13 +71,15 @@ def _done_with_store(env: Mapping[str, str]) -> None:
     for that. Said on stderr when the store cannot be reached."""
     from datetime import timedelta
 
+    from dmlctl import run_key
     from dmlctl.runtime import rejoin
+    from dmlctl.runtime.signed_store import SignedStore
 
     if "MASTER_ADDR" not in env:  # no store (a rank run by hand)
         return
     try:
-        store = rejoin.connect(env["MASTER_ADDR"], int(env["MASTER_PORT"]), timedelta(seconds=10))
-        store.set(rejoin.done_key(int(env.get("RANK", "0"))), "1")
+        raw = rejoin.connect(env["MASTER_ADDR"], int(env["MASTER_PORT"]), timedelta(seconds=10))
+        SignedStore(raw, run_key.key(env)).set(rejoin.done_key(int(env.get("RANK", "0"))), "1")
     except (KeyError, ValueError, RuntimeError) as exc:
         print(f"dmlctl: rank {env.get('RANK')}: the run's store: {exc}", file=sys.stderr)
 

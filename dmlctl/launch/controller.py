@@ -153,9 +153,10 @@ def _collect(
     (unless the run directory is gone; not from a host still lost, which would only
     make the end wait for its timeout: ``dmlctl logs ID --fetch`` tries it later) and
     report the copies that failed."""
+    from dmlctl.masking import mask_files
     from dmlctl.provision.collect import collect_rank_files
     from dmlctl.runs.files import RunDirGone
-    from dmlctl.runs.redaction import mask_files, redactor_of
+    from dmlctl.runs.redaction import redactor_of
 
     if sup.unrecorded is not None:
         print(f"dmlctl: the end of the run was not recorded: {sup.unrecorded}", file=sys.stderr)

@@ -18,6 +18,7 @@ from pydantic import BaseModel
 from dmlctl.agent_config import AgentConfig, StrategyChoice, TorchrunCommand
 from dmlctl.mesh import MeshLayout, layout_from
 from dmlctl.protocol import ENV_RUN_STORE
+from dmlctl.redact import args_secrets, command_secrets, secret_values
 from dmlctl.slurm.allocation import Allocation
 from dmlctl.spec.restart import CheckpointSpec, RestartSpec
 from dmlctl.strategies import registry
@@ -159,7 +160,20 @@ class LaunchPlan:
             strategy=self.strategy_choice(),
             stop_grace=stop_grace,
             key=self.key,
+            masked=self.hidden_values(),
         )
+
+    def hidden_values(self) -> tuple[str, ...]:
+        """Every value the run hides as ``***``: its hosts' secret env values, the secret
+        values in their arguments and in the Slurm setup, :attr:`secrets` and
+        :attr:`key` (a URL's password is hidden wherever it appears, known or not)."""
+        hosts = (*self.hosts, *self.spares)
+        found = [v for h in hosts for v in secret_values(h.env)]
+        found += [v for h in hosts for v in args_secrets(h.torchrun.args)]
+        found += [*self.secrets, *([self.key] if self.key else [])]
+        if self.allocation is not None and self.allocation.setup:
+            found += command_secrets(self.allocation.setup)
+        return tuple(dict.fromkeys(found))
 
     def strategy_choice(self) -> StrategyChoice:
         """The strategy as every rank gets it: the name and the parameters the job set."""

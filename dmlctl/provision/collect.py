@@ -54,8 +54,9 @@ def collect_rank_files(
 def fetch_rank_files(run: RunDir) -> list[str]:
     """:func:`collect_rank_files` for a finished run, from its ``plan.json``; local
     hosts' files are already in the run directory. The copies get the run's secrets
-    hidden (:func:`~dmlctl.runs.redaction.mask_files`)."""
-    from dmlctl.runs.redaction import mask_files, redactor_of
+    hidden (:func:`~dmlctl.masking.mask_files`)."""
+    from dmlctl.masking import mask_files
+    from dmlctl.runs.redaction import redactor_of
     from dmlctl.slurm.record import recorded
     from dmlctl.slurm.transport import transports_for
     from dmlctl.transport import close_transports

@@ -30,7 +30,6 @@ import time
 import torch
 import torch.distributed as dist
 
-from dmlctl import run_key
 from dmlctl.ps import handshake
 from dmlctl.ps.addresses import advertised_host
 from dmlctl.ps.connection import (
@@ -42,6 +41,7 @@ from dmlctl.ps.connection import (
     Op,
 )
 from dmlctl.runtime import rejoin
+from dmlctl.runtime.signed_store import ForgedValue
 
 Frame = tuple[Header, torch.Tensor, int]
 """What a server's endpoint hands on: the header, the payload bytes, the worker."""
@@ -67,9 +67,9 @@ class Endpoint:
         port = self._listener.getsockname()[1]
         store = rejoin.store()
         generation = store.add(f"{address_key(rank)}/generation", 1)  # 2 for a replacement
-        signed = run_key.sign(f"{host}:{port} {generation}".encode()).decode()
-        store.set(f"{address_key(rank)}/g{generation}", signed)  # where a forgery cannot reach
-        store.set(address_key(rank), signed)
+        address = f"{host}:{port} {generation}"  # signed by the store (rejoin.store)
+        store.set(f"{address_key(rank)}/g{generation}", address)  # kept: the newest wins
+        store.set(address_key(rank), address)
         self.generation = generation
         threading.Thread(target=self._accept, name="dmlctl-ps-accept", daemon=True).start()
 
@@ -245,33 +245,30 @@ def _worker_connections() -> dict[int, Connection]:
 
 def _server_address(server_rank: int) -> tuple[str, int]:
     """The address ``server_rank``'s latest process published, and its generation
-    (waits until one did). A value no rank of the run signed (:mod:`dmlctl.run_key`:
-    written into the store by another process) is never used: the newest generation
-    the servers signed is, said once on stderr."""
+    (waits until one did). A value no rank of the run signed (written into the store
+    by another process: :mod:`dmlctl.runtime.signed_store`) is never used: the newest
+    generation the servers signed is, said once on stderr."""
     store, key = rejoin.store(), address_key(server_rank)
     while True:
-        found = _signed_address(store.get(key))
-        if found is not None:
-            return found
-        if key not in _forged:
-            _forged.add(key)
-            print(f"dmlctl: refused a forged parameter-server address under {key!r} "
-                  "(not written by a rank of this run)", file=sys.stderr, flush=True)  # fmt: skip
+        try:
+            return _address(store.get(key))
+        except ForgedValue:
+            if key not in _forged:
+                _forged.add(key)
+                said = f"refused a forged parameter-server address under {key!r}"
+                print(f"dmlctl: {said} (not written by a rank of this run)", file=sys.stderr)
         for generation in range(store.add(f"{key}/generation", 0), 0, -1):
             kept = f"{key}/g{generation}"
-            if store.check([kept]) and (found := _signed_address(store.get(kept))):
-                return found
+            if store.check([kept]):  # a forged one is removed, and not used
+                return _address(store.get(kept))
         time.sleep(0.05)
 
 
 _forged: set[str] = set()  # the address keys found forged (said once each)
 
 
-def _signed_address(raw: bytes) -> tuple[str, int] | None:
-    """``(address, generation)`` from a value a server signed; None for a forgery."""
-    value = run_key.verify(raw)
-    if value is None:
-        return None
+def _address(value: bytes) -> tuple[str, int]:
+    """``(address, generation)`` from what a server published."""
     address, _, generation = value.decode().partition(" ")
     return address, int(generation or 1)
 

@@ -98,10 +98,12 @@ def _joined_store() -> Any:
     """A client of the run's store (torchrun's ``MASTER_ADDR:MASTER_PORT``). A connect
     that a signal interrupted is tried again: torch before 2.5 does not retry it."""
     from dmlctl.runtime import rejoin
+    from dmlctl.runtime.signed_store import SignedStore
 
     for attempt in range(CONNECT_TRIES):
         try:
-            return rejoin.connect(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
+            raw = rejoin.connect(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
+            return SignedStore(raw)
         except RuntimeError as exc:  # torch's DistNetworkError
             if "Interrupted system call" not in str(exc) or attempt == CONNECT_TRIES - 1:
                 raise

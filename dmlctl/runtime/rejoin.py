@@ -9,7 +9,8 @@ from elsewhere:
 * **the run's store**: every rank of such a run reaches torchrun's store
   (``MASTER_ADDR:MASTER_PORT``) through a client of its own under dmlctl's prefix
   (:func:`store`), so a replacement reads the keys the others wrote; the
-  parameter-server channel finds the servers there;
+  parameter-server channel finds the servers there. Every value is signed with the
+  run key and checked as it is read (:mod:`dmlctl.runtime.signed_store`);
 * **the roles**: every rank's role, which the first rank wrote to the store when the
   world met (:func:`publish_membership`, :func:`read_membership`); its workers' group
   is none: a replacement takes part in no collective;
@@ -44,7 +45,8 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, Store, TCPStore
 
-from dmlctl import protocol, run_key
+from dmlctl import protocol
+from dmlctl.runtime.signed_store import ForgedValue, SignedStore
 
 _KEY = "dmlctl/rejoin"
 _STORE_TIMEOUT = timedelta(seconds=300)
@@ -55,7 +57,7 @@ MIRROR_S = 1.0
 COLLECTIVE_TIMEOUT = timedelta(minutes=30)
 """How long a worker waits in a store collective for the others (the default
 process group's timeout)."""
-_store: tuple[tuple[str | None, str | None], Store] | None = None
+_store: tuple[tuple[str | None, str | None], SignedStore] | None = None
 STORE_PREFIX = "dmlctl"  # the ranks' keys in torchrun's store (MASTER_ADDR:MASTER_PORT)
 
 
@@ -87,19 +89,19 @@ def rejoining() -> bool:
     return bool(os.environ.get(protocol.ENV_REJOIN))
 
 
-def store() -> Store:
-    """The run's store: the default group's in a process that met the world, unless
-    the run replaces workers in place; then (and in a replacement, which has no group)
-    a client of torchrun's store (``MASTER_ADDR:MASTER_PORT``) under dmlctl's own
-    prefix, made once per endpoint, so that every process of the run reads the same
-    keys."""
+def store() -> SignedStore:
+    """The run's store, its values signed and checked (:mod:`~dmlctl.runtime.signed_store`):
+    the default group's in a process that met the world, unless the run replaces
+    workers in place; then (and in a replacement, which has no group) a client of
+    torchrun's store (``MASTER_ADDR:MASTER_PORT``) under dmlctl's own prefix, made once
+    per endpoint, so that every process of the run reads the same keys."""
     global _store
     endpoint = (os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT"))
     shared = in_place() or not dist.is_initialized()
     if not shared or endpoint[0] is None or endpoint[1] is None:
-        return dist.distributed_c10d._get_default_store()
+        return SignedStore(dist.distributed_c10d._get_default_store())
     if _store is None or _store[0] != endpoint:
-        _store = (endpoint, connect(endpoint[0], int(endpoint[1])))
+        _store = (endpoint, SignedStore(connect(endpoint[0], int(endpoint[1]))))
     return _store[1]
 
 
@@ -140,42 +142,25 @@ def key(name: str) -> str:
 
 def publish_membership(workers: tuple[int, ...], servers: tuple[int, ...]) -> None:
     """Write every rank's role to the store (the first rank, when the world meets)."""
-    roles = json.dumps({"workers": workers, "servers": servers}).encode()
-    store().set(key("membership"), run_key.sign(roles).decode())
+    store().set(key("membership"), json.dumps({"workers": workers, "servers": servers}))
 
 
 def read_membership() -> tuple[tuple[int, ...], tuple[int, ...]]:
     """The workers' and the servers' global ranks, as :func:`publish_membership` wrote
-    (signed with the run key: :class:`ForgedValue` for roles another process wrote)."""
-    roles = run_key.verify(store().get(key("membership")))
-    if roles is None:
-        raise ForgedValue(
-            f"the run's store holds roles under {key('membership')!r} that no rank wrote"
-        )
-    data = json.loads(roles)
+    (:class:`ForgedValue` for roles another process wrote)."""
+    data = json.loads(store().get(key("membership")))
     return tuple(data["workers"]), tuple(data["servers"])
 
 
 def publish_object(name: str, value: Any) -> None:
-    """Keep ``value`` (picklable) in the store under ``name`` for a replacement, signed
-    with the run key (:mod:`dmlctl.run_key`)."""
-    store().set(key(name), run_key.sign(pickle.dumps(value).hex().encode()).decode())
+    """Keep ``value`` (picklable) in the store under ``name`` for a replacement."""
+    store().set(key(name), pickle.dumps(value).hex())
 
 
 def read_object(name: str) -> Any:
     """What :func:`publish_object` kept under ``name`` (waits until it is there). A
     value not signed with the run key is never unpickled: :class:`ForgedValue`."""
-    value = run_key.verify(store().get(key(name)))
-    if value is None:
-        raise ForgedValue(
-            f"the run's store holds a value under {key(name)!r} that no rank of the run wrote"
-        )
-    return pickle.loads(bytes.fromhex(value.decode()))
-
-
-class ForgedValue(RuntimeError):
-    """A value in the run's store that is not signed with the run key: another process
-    wrote it (it is never acted on)."""
+    return pickle.loads(bytes.fromhex(store().get(key(name)).decode()))
 
 
 class Position:
@@ -265,7 +250,7 @@ def _parse(read: Callable[[], str]) -> tuple[int, int, int] | None:
     try:
         epoch, batches, taken = read().split()
         return int(epoch), int(batches), int(taken)
-    except (OSError, ValueError):
+    except (OSError, ValueError, ForgedValue):
         return None
 
 
@@ -326,7 +311,7 @@ class StoreGroup:
         s.set(self._done, str(self.calls))
         return values
 
-    def _wait(self, s: Store, keys: dict[int, str]) -> list[int]:
+    def _wait(self, s: SignedStore, keys: dict[int, str]) -> list[int]:
         """The workers not gone, once each has set its key of ``keys`` (looked at in
         slices of :data:`GONE_POLL`: a worker may be found gone meanwhile)."""
         deadline = time.monotonic() + COLLECTIVE_TIMEOUT.total_seconds()

@@ -4,28 +4,29 @@ torch's store (libuv ``TCPStore``) refuses a value over 8 MiB and breaks the cli
 that sent it. :func:`put` writes a blob in pieces of at most :data:`PIECE` bytes under
 a fresh generation, then the key itself — a small header naming that generation —
 last, then removes the previous generation's pieces: a reader (:func:`get`) sees the
-whole previous blob or the whole new one, never a mix. Each blob costs its size in the
-memory of the store's host (rank 0's).
+whole previous blob or the whole new one, never a mix. Every piece is signed
+(:mod:`dmlctl.runtime.signed_store`). Each blob costs its size in the memory of the
+store's host.
 """
 
 from __future__ import annotations
 
 import json
 
-from torch._C._distributed_c10d import Store
+from dmlctl.runtime.signed_store import SignedStore
 
 PIECE = 4 << 20
 """Bytes per piece: half the store's largest value."""
 
 
-def put(store: Store, key: str, data: bytes) -> None:
+def put(store: SignedStore, key: str, data: bytes) -> None:
     """Store ``data`` under ``key`` (see the module docstring). Raises what the store
     raises (``RuntimeError`` and its subclasses)."""
     old = _header(store, key)
     generation = (old["generation"] + 1) if old else 1
     pieces = [data[i : i + PIECE] for i in range(0, len(data), PIECE)] or [b""]
     for i, piece in enumerate(pieces):
-        store.set(_piece(key, generation, i), piece)  # type: ignore[arg-type]  # bytes
+        store.set(_piece(key, generation, i), piece)
     header = {"generation": generation, "pieces": len(pieces), "size": len(data)}
     store.set(key, json.dumps(header))
     if old is not None:
@@ -33,7 +34,7 @@ def put(store: Store, key: str, data: bytes) -> None:
             store.delete_key(_piece(key, old["generation"], i))
 
 
-def get(store: Store, key: str) -> bytes | None:
+def get(store: SignedStore, key: str) -> bytes | None:
     """The blob :func:`put` stored under ``key`` (None: none). Raises ``ValueError``
     when its pieces do not add up to its size (a writer died between them and the
     header is an older one's: cannot happen with one writer, which writes the
@@ -49,7 +50,7 @@ def get(store: Store, key: str) -> bytes | None:
     return data
 
 
-def _header(store: Store, key: str) -> dict[str, int] | None:
+def _header(store: SignedStore, key: str) -> dict[str, int] | None:
     if not store.check([key]):
         return None
     value = json.loads(store.get(key))

@@ -150,7 +150,7 @@ class ElasticAverager:
             self.store.set(self._mine, str(self.generation))
             try:
                 self._ready()
-                self.group = self._connect(PrefixStore(prefix, self.store), place, size)
+                self.group = self._connect(PrefixStore(prefix, self.store.raw), place, size)
                 self._welcome()
                 return
             except (RuntimeError, MemberLost) as exc:

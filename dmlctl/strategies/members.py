@@ -17,10 +17,9 @@ from __future__ import annotations
 import json
 import time
 
-from torch._C._distributed_c10d import Store
-
 from dmlctl.failure import lost_after_training
 from dmlctl.runtime import rejoin
+from dmlctl.runtime.signed_store import SignedStore
 
 POLL_S = 0.05
 _LOST = (
@@ -46,7 +45,9 @@ def member_lost(exc: BaseException) -> bool:
     return isinstance(exc, MemberLost) or any(mark in str(exc) for mark in _LOST)
 
 
-def agree(store: Store, generation: int, rank: int, world: int, wait: float) -> tuple[int, ...]:
+def agree(
+    store: SignedStore, generation: int, rank: int, world: int, wait: float
+) -> tuple[int, ...]:
     """The members of ``generation`` (worker ranks, ascending), as the first member
     to decide wrote them: every worker not gone and not finished once all are there,
     or those there after ``wait`` seconds. Marks the workers left out gone (not those
@@ -72,14 +73,14 @@ def agree(store: Store, generation: int, rank: int, world: int, wait: float) -> 
     return members
 
 
-def _ended(store: Store, rank: int) -> bool:
+def _ended(store: SignedStore, rank: int) -> bool:
     """Whether worker ``rank``, not there yet, will never come to a generation: it is
     gone (the others went on without it) or its process ended
     (:func:`dmlctl.runtime.rejoin.done`)."""
     return store.check([rejoin.gone_key(rank)]) or store.check([rejoin.done_key(rank)])
 
 
-def end_if_run_over(store: Store, rank: int, world: int) -> None:
+def end_if_run_over(store: SignedStore, rank: int, world: int) -> None:
     """In a replacement of worker ``rank`` that found no model to take: when every
     other worker has ended its process (at least one finished, not left out), the
     run's last collectives are over and no round is left to join. Its predecessor's

@@ -153,6 +153,36 @@ def test_one_corrupt_state_file_hides_no_other_run(cli: Cli, tmp_path: Path) -> 
     assert one.returncode == 2 and "Is a directory" in one.stderr, _said(one)
 
 
+def test_the_ranks_files_are_masked_when_the_controller_is_killed(cli: Cli, tmp_path: Path) -> None:
+    """The ranks write their output files themselves, the secret in clear while they
+    run; with the controller killed (no end of run to mask them), each host agent
+    masks its attempt's files once its ranks are gone."""
+    token = "tok-killed-controller-4242"
+    env = f"env: {{API_TOKEN: '{token}', NAMES: API_TOKEN, LINGER: '120'}}"
+    job = _job(tmp_path, "secrets", env, "strategy: none")
+    popen = cli.popen("launch", str(job), "--ui", "plain")
+    try:
+
+        def printed() -> bool:
+            outs = [p for r in cli.runs() for p in (r / "hosts").rglob("rank-*.stdout")]
+            return len(outs) == 2 and all(token.encode() in p.read_bytes() for p in outs)
+
+        assert wait_until(printed, 60), "the ranks never printed the token"
+        os.kill(popen.pid, signal.SIGKILL)  # the controller: it runs in the CLI's process
+        popen.communicate(timeout=30)
+        (run,) = cli.runs()
+        assert wait_until(lambda: run_processes(run.name) == [], 60), run_processes(run.name)
+    finally:
+        if popen.poll() is None:
+            os.killpg(popen.pid, signal.SIGKILL)
+    outs = sorted((run / "hosts").rglob("rank-*.stdout"))
+    assert len(outs) == 2
+    for path in [p for p in run.rglob("*") if p.is_file() and p.name != "secrets.json"]:
+        assert token.encode() not in path.read_bytes(), path
+    for path in outs:
+        assert b"API_TOKEN=*** (26 characters)" in path.read_bytes(), path
+
+
 @pytest.mark.parametrize(
     ("line", "key"),
     [

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from dmlctl.runtime import rejoin
+from dmlctl.runtime.signed_store import SignedStore
 from dmlctl.strategies.dpsgd.in_place import ElasticGossip
 from dmlctl.strategies.dpsgd.params import Params
 from dmlctl.strategies.elastic import ElasticAverager
@@ -30,7 +31,7 @@ def _members(
 
     server = TCPStore("127.0.0.1", 0, 1, True)
     mine = threading.local()  # a client each: one blocks while it waits for a key
-    monkeypatch.setattr(rejoin, "store", lambda: mine.store)
+    monkeypatch.setattr(rejoin, "store", lambda: SignedStore(mine.store))
     out: dict[int, Any] = {}
     final: dict[int, torch.Tensor] = {}
     n = len(scripts)

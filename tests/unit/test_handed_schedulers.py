@@ -20,6 +20,7 @@ from torch.optim.lr_scheduler import (
 )
 
 from dmlctl.runtime.optimizer import StrategyOptimizer
+from dmlctl.runtime.signed_store import SignedStore
 from dmlctl.strategies.elastic_start import _with_schedulers, optimizer_handover
 
 
@@ -186,7 +187,7 @@ def test_a_parameter_server_worker_keeps_its_schedulers_in_the_store_for_its_rep
     from dmlctl.runtime import rejoin, schedulers
 
     store = TCPStore("127.0.0.1", 0, 1, True)
-    monkeypatch.setattr(rejoin, "store", lambda: store)
+    monkeypatch.setattr(rejoin, "store", lambda: SignedStore(store))
     mirror = schedulers.Mirror("schedulers/1")
     assert mirror.read() is None
     weight, live = _worker()

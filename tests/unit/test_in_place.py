@@ -31,6 +31,7 @@ from dmlctl.runs.parser import parse_line
 from dmlctl.runs.reducer import apply
 from dmlctl.runs.state import RankStatus, RunState, new_run_state
 from dmlctl.runtime import rejoin
+from dmlctl.runtime.signed_store import SignedStore
 from dmlctl.spec import load_job
 from dmlctl.spec.cluster import ClusterSpec, HostSpec
 from dmlctl.spec.models import JobSpec
@@ -540,7 +541,7 @@ def test_a_replacement_server_knows_the_workers_gone_and_waits_for_the_others(
     from dmlctl.ps.frames import closed_key
 
     store = TCPStore("127.0.0.1", 0, 1, True)
-    monkeypatch.setattr(rejoin, "store", lambda: store)
+    monkeypatch.setattr(rejoin, "store", lambda: SignedStore(store))
     store.set(closed_key(1), '{"7": 4}')  # it sent server rank 7 four pushes
     store.set(rejoin.gone_key(1), "1")
     workers = [1, 3, 5]
@@ -639,7 +640,7 @@ def _generation_one(
 
     server = TCPStore("127.0.0.1", 0, 1, True)
     mine = threading.local()  # a client each: one blocks while it waits for a key
-    monkeypatch.setattr(rejoin, "store", lambda: mine.store)
+    monkeypatch.setattr(rejoin, "store", lambda: SignedStore(mine.store))
     said: dict[int, str] = {}
 
     def member(rank: int) -> None:
@@ -817,7 +818,7 @@ def test_the_others_go_on_without_a_worker_no_replacement_came_for(
 
     server = TCPStore("127.0.0.1", 0, 1, True)
     mine = threading.local()
-    monkeypatch.setattr(rejoin, "store", lambda: mine.store)
+    monkeypatch.setattr(rejoin, "store", lambda: SignedStore(mine.store))
     means: dict[int, float] = {}
 
     def member(rank: int) -> None:
@@ -862,7 +863,7 @@ def test_dpsgd_left_smaller_mixes_over_the_ring_closed_around_the_gap(
 
     server = TCPStore("127.0.0.1", 0, 1, True)
     mine = threading.local()
-    monkeypatch.setattr(rejoin, "store", lambda: mine.store)
+    monkeypatch.setattr(rejoin, "store", lambda: SignedStore(mine.store))
     seen: dict[int, tuple[list[int], float, float, float]] = {}
 
     def member(rank: int) -> None:

@@ -52,6 +52,7 @@ BASE = {
     "dmlctl.mesh",
     "dmlctl.gpus",
     "dmlctl.redact",
+    "dmlctl.masking",
     "dmlctl.checkpoint_files",
     "dmlctl.checkpoint_claim",
     "dmlctl.run_key",

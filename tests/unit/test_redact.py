@@ -192,7 +192,7 @@ def test_every_event_that_carries_text_has_its_secrets_hidden() -> None:
 
 
 def test_the_ranks_own_files_are_masked_in_place_and_checkpoints_left(tmp_path: Path) -> None:
-    from dmlctl.runs.redaction import mask_files
+    from dmlctl.masking import mask_files
 
     secret = "hunter-22-secret"
     rank_out = tmp_path / "hosts" / "local" / "rank-0.stdout"

@@ -35,6 +35,44 @@ def test_only_a_value_signed_with_the_run_key_verifies(keyed: bytes) -> None:
     assert run_key.verify(b"zz" * 32 + b" v") is None
 
 
+def test_a_signed_value_verifies_only_under_its_own_name(keyed: bytes) -> None:
+    signed = run_key.sign(b"1", name="dmlctl/rejoin/0/finished/1")
+    assert run_key.verify(signed, name="dmlctl/rejoin/0/finished/1") == b"1"
+    assert run_key.verify(signed, name="dmlctl/rejoin/0/elastic/gone/1") is None  # replayed
+
+
+def test_the_store_signs_what_it_writes_and_acts_on_nothing_forged(keyed: bytes) -> None:
+    """Through a real torch store: a value written raw (another process, without the
+    key) or copied from another key is never returned; looked for, it is removed and
+    counts as missing, and a wait goes on until the real writer's value is there."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from dmlctl.runtime.signed_store import ForgedValue, SignedStore
+
+    raw = dist.HashStore()
+    store = SignedStore(raw)
+    store.set("ps/2", "10.0.0.5:4242 1")
+    assert store.get("ps/2") == b"10.0.0.5:4242 1" and raw.get("ps/2") != b"10.0.0.5:4242 1"
+    raw.set("ps/2", "10.6.6.6:1 9")  # the attacker's address
+    with pytest.raises(ForgedValue, match="'ps/2'"):
+        store.get("ps/2")
+    store.set("gone/0", "1")
+    raw.set("gone/1", raw.get("gone/0"))  # a real signature, under another key
+    assert store.check(["gone/0"]) and not store.check(["gone/0", "gone/1"])
+    assert not raw.check(["gone/1"])  # removed
+    raw.set("done/3", "1")
+    later = threading.Timer(0.3, store.set, ("done/3", "1"))
+    later.start()
+    store.wait(["done/3"], timedelta(seconds=10))  # past the forgery, to the real one
+    later.join()
+    assert store.get("done/3") == b"1"
+    assert store.compare_set("members", "", "[0, 1]") == b"[0, 1]"
+    assert store.compare_set("members", "", "[0]") == b"[0, 1]"  # the first decision stays
+    assert store.add("count", 2) == 2 and raw.get("count") == b"2"  # a counter, as it is
+
+
 def test_without_a_key_nothing_is_signed_or_checked(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(ENV_RUN_KEY_FILE, raising=False)
     assert run_key.sign(b"v") == b"v" and run_key.verify(b"v") == b"v"

@@ -12,15 +12,16 @@ from torch._C._distributed_c10d import TCPStore
 
 from dmlctl.ps.snapshots import Snapshots
 from dmlctl.runtime import rejoin, store_blobs
+from dmlctl.runtime.signed_store import SignedStore
 
 
 @pytest.fixture
-def store() -> TCPStore:
-    return TCPStore("127.0.0.1", 0, 1, True)
+def store() -> SignedStore:
+    return SignedStore(TCPStore("127.0.0.1", 0, 1, True))
 
 
 def test_a_blob_over_the_stores_limit_goes_in_pieces_and_comes_back_whole(
-    store: TCPStore,
+    store: SignedStore,
 ) -> None:
     assert store_blobs.get(store, "snap") is None
     big = os.urandom(9 << 20)  # over the 8 MiB a value may be
@@ -35,7 +36,7 @@ def test_a_blob_over_the_stores_limit_goes_in_pieces_and_comes_back_whole(
 
 
 def test_a_snapshot_copy_the_store_refuses_is_given_up_and_the_file_goes_on(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, store: TCPStore
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, store: SignedStore
 ) -> None:
     monkeypatch.setattr(rejoin, "store", lambda: store)
     said: list[str] = []
@@ -55,7 +56,7 @@ def test_a_snapshot_copy_the_store_refuses_is_given_up_and_the_file_goes_on(
 
 
 def test_a_server_replaced_meanwhile_leaves_the_stores_copy_to_its_replacement(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, store: TCPStore
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, store: SignedStore
 ) -> None:
     """A frozen server thawed after its replacement started must not overwrite the
     replacement's copies with its older state."""
