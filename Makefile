@@ -3,13 +3,16 @@
 #   make test         install dmlctl with its dev extras and run the whole test suite
 # Everything goes into the project's own virtualenv .venv/, never into the system Python
 # (Debian/Ubuntu refuse that, PEP 668, and it would hide undeclared dependencies).
-# .venv/.installed records the last install: it is redone only when pyproject.toml changes.
+# .venv/.installed-run records the last install of what running needs (dmlctl, torch),
+# .venv/.installed that of the dev extras too (pytest, ruff, mypy, …): each is redone only
+# when pyproject.toml changes. `make quickstart` installs no dev tool.
 PY ?= python3
 VENV := .venv
 VPY := $(VENV)/bin/python
+RUN_STAMP := $(VENV)/.installed-run
 STAMP := $(VENV)/.installed
 
-.PHONY: install quickstart test test-gpu test-compat lint bench
+.PHONY: install install-run quickstart test test-gpu test-compat lint bench
 
 # Debian/Ubuntu ship venv's ensurepip in a separate package: say so in one line.
 $(VPY):
@@ -18,17 +21,24 @@ $(VPY):
 	exit 1; }
 	$(PY) -m venv $(VENV) || { rm -rf $(VENV); exit 1; }
 
+$(RUN_STAMP): pyproject.toml | $(VPY)
+	$(VPY) -m pip install --quiet --disable-pip-version-check torch==2.13.0 -e .
+	touch $@
+
 $(STAMP): pyproject.toml | $(VPY)
 	$(VPY) -m pip install --quiet --disable-pip-version-check torch==2.13.0 -e '.[dev]'
-	touch $@
+	touch $@ $(RUN_STAMP)
 
 # Byte-compile dmlctl's own modules (and the tests' helpers): an editable install has no
 # .pyc of them, and where PYTHONDONTWRITEBYTECODE is set every process — each CLI call,
 # host agent and fresh rank — would compile them again (about 0.1 s of a core each).
+install-run: $(RUN_STAMP)
+	@$(VPY) -m compileall -q dmlctl >/dev/null
+
 install: $(STAMP)
 	@$(VPY) -m compileall -q dmlctl tests >/dev/null
 
-quickstart: install
+quickstart: install-run
 	$(VENV)/bin/dmlctl launch examples/quickstart/job.yaml
 
 # The suite in two parts, each ending with its slowest tests:

@@ -17,7 +17,7 @@ import os
 import time
 
 from dmlctl.errors import UsageError
-from dmlctl.protocol import make_private_dirs
+from dmlctl.protocol import file_in_the_way, make_private_dirs
 
 CLAIM_FILE = ".dmlctl-claim"
 """The lock file in a checkpoint directory; it holds the id of the run that claims it."""
@@ -42,6 +42,41 @@ def where(directory: str, workdir: str) -> str:
     """The directory the ranks use: ``~`` expanded, a relative one under ``workdir``
     (the ranks' working directory)."""
     return os.path.join(os.path.expanduser(workdir), os.path.expanduser(directory))
+
+
+SYSTEM_DIRS = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32",
+               "/proc", "/sbin", "/sys", "/usr")  # fmt: skip
+"""Where no run keeps checkpoints: the system's own files, devices and the kernel's
+views (but :data:`SHARED_MEMORY`)."""
+
+SHARED_MEMORY = "/dev/shm"
+"""A memory filesystem under ``/dev`` where files may be kept (a fast checkpoint
+directory that does not outlive the machine)."""
+
+
+def system_dir(path: str) -> str | None:
+    """The system directory (:data:`SYSTEM_DIRS`, or ``/`` itself) that the absolute
+    ``path`` is or lies under, once ``..`` are resolved; None for any other."""
+    normal = os.path.normpath(path)
+    if normal == SHARED_MEMORY or normal.startswith(SHARED_MEMORY + "/"):
+        return None
+    if normal == "/":
+        return "/"
+    return next((d for d in SYSTEM_DIRS if normal == d or normal.startswith(d + "/")), None)
+
+
+def unusable(directory: str) -> str | None:
+    """Why ``directory`` (absolute, as :func:`where` gives it; the part before a
+    ``{run_id}`` placeholder is looked at) cannot be a checkpoint directory on this
+    machine: a system directory, or a file where a directory must be. None when it can."""
+    path = os.path.normpath(directory.split("{", 1)[0])
+    if (root := system_dir(path)) is not None:
+        where = root if root == "/" else f"under {root}"
+        return f"{os.path.normpath(directory)} is {where}: {SYSTEM_WHY}"
+    return file_in_the_way(path)
+
+
+SYSTEM_WHY = "the system keeps its files there; name a directory on a disk or a shared filesystem"
 
 
 def _owner(fd: int) -> str:

@@ -52,6 +52,18 @@ def group_backend(requested: str, *, cuda: bool, worker: bool = True) -> str:
     return GLOO
 
 
+def needs_a_gpu(workers: int, gpus: int, backend: str) -> str | None:
+    """Why a host with ``gpus`` GPUs (0: none) cannot run ``workers`` workers under the
+    job's ``backend``: an NCCL backend on a host without a GPU (see
+    :func:`group_backend`), or None."""
+    if workers <= 0 or gpus > 0 or backend in (AUTO, GLOO):
+        return None
+    return (
+        f"backend {backend!r} needs CUDA, and this host has no GPU that PyTorch can use; "
+        "set backend: auto (or gloo) to train on CPU"
+    )
+
+
 def too_few_gpus(workers: int, gpus: int, backend: str) -> str | None:
     """Why a host with ``gpus`` GPUs cannot run ``workers`` workers under the job's
     ``backend``, or None (a host without GPUs runs its workers on CPU)."""

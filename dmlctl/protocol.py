@@ -295,6 +295,18 @@ def make_private_dirs(path: str) -> None:
             raise
 
 
+def file_in_the_way(path: str) -> str | None:
+    """Why :func:`make_private_dirs` cannot make ``path`` a directory: it, or a folder
+    on the way to it, is a file. None when it can (as far as files go)."""
+    path = os.path.normpath(path)
+    found = path
+    while not os.path.lexists(found) and found != os.path.dirname(found):
+        found = os.path.dirname(found)
+    if not os.path.lexists(found) or os.path.isdir(found):
+        return None
+    return f"{found} is a file, not a directory"  # the path itself, or a folder above it
+
+
 class RankEventWriter:
     """Appends rank records to ``rank-<R>.events.jsonl``; each record is flushed at once.
 

@@ -32,3 +32,9 @@ def clean_line(text: str) -> str:
         text = _CSI.sub("", text.replace("\n", " "))
         text = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
     return text.expandtabs(4).rstrip()
+
+
+def host_port(host: str, port: int | str) -> str:
+    """``host:port`` as people and URLs write it: an IPv6 address in brackets
+    (``[::1]:22``), so that its colons are not read as the port's."""
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"

@@ -30,6 +30,7 @@ from dmlctl.cli.closed_pipe import ForgivingStream
 from dmlctl.cli.helptext import reflow_commands
 from dmlctl.cli.library_logs import route_library_logs
 from dmlctl.errors import DmlctlError, ExitCode
+from dmlctl.runs.store import check_home
 
 SSH_LOG = "ssh.log"
 """The SSH library's warnings and errors, in ``$DMLCTL_HOME`` (see
@@ -82,6 +83,7 @@ def _root(
     ),
 ) -> None:
     """dmlctl: launch, watch and stop distributed training runs."""
+    check_home()
 
 
 for module in (

@@ -57,6 +57,9 @@ def status(
         return 0
     console = stdout_console()
     states = [r.state for r in listing if r.state is not None]
+    if not listing and selection.total:  # runs there are, but none the filters match
+        _none_match(running, failed, name, selection.total)
+        return 0
     if states or not listing:
         console.print(render_run_list(states, time.time(), console.width))
     for row in listing:
@@ -69,6 +72,19 @@ def status(
             highlight=False,
         )
     return 0
+
+
+def _none_match(running: bool, failed: bool, name: str | None, total: int) -> None:
+    """Say that no run matches the filters, and how many runs there are."""
+    from dmlctl.text import plural
+
+    flags = [*(["--running"] if running else []), *(["--failed"] if failed else [])]
+    flags += [f"--name {name}"] if name is not None else []
+    stdout_console().print(
+        f"[dim]no run matches {' '.join(flags)} ({plural(total, 'run')} in all: "
+        "dmlctl status)[/dim]",
+        highlight=False,
+    )
 
 
 def _detail(run: RunDir, as_json: bool) -> None:

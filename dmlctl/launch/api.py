@@ -22,12 +22,13 @@ from rich.console import Console
 from dmlctl.errors import PlanError
 from dmlctl.launch.options import LaunchOptions, LaunchResult
 from dmlctl.launch.pick import scheduler_for
+from dmlctl.launch.policy import NO_CHECKPOINT
 from dmlctl.launch.start import detach
 from dmlctl.plan.model import LaunchPlan
 from dmlctl.plan.placing import JobPlacement, place_job
 from dmlctl.plan.request import Facts, LaunchRequest, make_request, render_request, sized_slots
 from dmlctl.runs.store import RunStore, new_run_id
-from dmlctl.spec.local import local_gpu_counts
+from dmlctl.spec.local import local_checkpoint_problem, local_gpu_counts
 from dmlctl.spec.locate import locate
 from dmlctl.spec.models import ClusterSpec, JobSpec
 
@@ -64,8 +65,22 @@ def _request(
 
 def _place(job: JobSpec, cluster: ClusterSpec) -> JobPlacement:
     """Every plan-time check, before any host is touched (this machine's GPUs
-    counted, as its ranks will see them)."""
+    counted, as its ranks will see them; the checkpoint directory looked at here)."""
+    if (problem := local_checkpoint_problem(job, cluster)) is not None:
+        raise PlanError("job", ("checkpoint", "dir"), problem)
     return place_job(cluster, job, gpus=local_gpu_counts(job, cluster))
+
+
+def fresh_restarts(job: JobSpec) -> str | None:
+    """What a run of ``job`` should know before it starts: that its restarts begin at step
+    0 (it may restart, and names no checkpoint); None otherwise."""
+    budget = job.restart.max_user_restarts + job.restart.max_infra_restarts
+    if job.checkpoint is not None or budget == 0:
+        return None
+    return (
+        f"{NO_CHECKPOINT} (add checkpoint: {{every_steps: N}} and ctx.checkpoint() in the "
+        "script to go on where it stopped)"
+    )
 
 
 def _stderr() -> Console:
@@ -101,6 +116,8 @@ def launch(
         placement = _place(job, cluster)
     if job.advice is not None:
         console.print(f"dmlctl: {job.advice}", markup=False, highlight=False)
+    if (note := fresh_restarts(job)) is not None:
+        _stderr().print(f"dmlctl: {note}", markup=False, highlight=False)
     try:
         with _located(options):  # a Slurm refusal names the key it is about
             facts = scheduler.gather(job, cluster, placement)

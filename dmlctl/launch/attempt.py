@@ -31,7 +31,7 @@ from dmlctl.launch.attempt_store import AttemptStore
 from dmlctl.launch.books import RunBooks
 from dmlctl.launch.host_swap import HostSwap
 from dmlctl.launch.notes import AttemptNotes
-from dmlctl.launch.policy import Failed, Succeeded, over_budget
+from dmlctl.launch.policy import NO_CHECKPOINT, Failed, Succeeded, over_budget
 from dmlctl.launch.standby import Standbys
 from dmlctl.launch.stops import AttemptStops, StopRules
 from dmlctl.plan.model import HostPlan, LaunchPlan
@@ -154,6 +154,8 @@ class AttemptRunner:
         hosts = ", ".join(h.name for h in plan.hosts)
         what = "starting" if number == 0 else f"restarting (attempt {number + 1})"
         first.append(Progress(f"{what} host agents on {hosts}", self.clock()))
+        if number > 0 and plan.checkpoint is None:
+            first.append(Progress(f"{NO_CHECKPOINT}: the steps done are lost", self.clock()))
         first += self._start_agents(plan, number)
         run = Attempt(plan, number, live=set(self._procs))
         run.exited = {e.host for e in first if isinstance(e, AgentExited)}

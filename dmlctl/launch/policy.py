@@ -88,6 +88,10 @@ def classify(cause: Failure) -> FailureKind:
     return BUDGETS[cause.kind]
 
 
+NO_CHECKPOINT = "the job has no checkpoint: block, so a restart starts from step 0"
+"""Said when a run that may restart cannot resume (at launch, and at each restart)."""
+
+
 def budget(spec: RestartSpec, kind: FailureKind) -> int:
     """The number of restarts ``spec`` allows for failures of ``kind`` (FATAL: none)."""
     if kind is FailureKind.FATAL:

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 
 from pydantic import BaseModel
 
-from dmlctl.gpus import too_few_gpus
+from dmlctl.gpus import needs_a_gpu, too_few_gpus
 from dmlctl.plan.placement import Placed
 from dmlctl.strategies import registry
 
@@ -33,7 +33,12 @@ def gpus_problem(
 ) -> str | None:
     """Why a host cannot give each of its workers a GPU of its own (``gpus``: the
     GPUs of the hosts whose count is known), or None. Strategies that train on the
-    CPU (:func:`~dmlctl.strategies.registry.uses_gpus`) never need one."""
+    CPU (:func:`~dmlctl.strategies.registry.uses_gpus`) never need one; an NCCL
+    backend needs one on every host that runs workers (:func:`~dmlctl.gpus.needs_a_gpu`)."""
+    for p in placed:
+        why = needs_a_gpu(p.workers, gpus[p.host], backend) if p.host in gpus else None
+        if why is not None:
+            return f"host {p.host!r}: {why}"
     if not registry.uses_gpus(strategy):
         return None
     for p in placed:

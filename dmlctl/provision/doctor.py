@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from dmlctl.provision import probe
 from dmlctl.provision.requirements import Needed, data_plane_requirements
+from dmlctl.text import host_port
 from dmlctl.transport import network_address
 from dmlctl.transport.base import Transport
 
@@ -254,7 +255,7 @@ def _rendezvous(
         proc.close_stdin()
         proc.kill()
         proc.wait(min(timeout, 5.0))  # the port is free again before launch binds it
-    reached = f"{address}:{port} reachable"
+    reached = f"{host_port(address, port)} reachable"
     return None, {
         name: Check(RDZV_REACHABLE, False, a)
         if isinstance(a, str)

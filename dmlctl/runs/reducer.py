@@ -41,6 +41,7 @@ from dmlctl.runs.events import (
 )
 from dmlctl.runs.state import (
     NO_STRATEGY,
+    SEPARATOR,
     TAIL_LINES,
     Phase,
     RankState,
@@ -265,9 +266,12 @@ def _progress(f: _Fold, ev: Progress) -> None:
 def _restarting(f: _Fold, ev: Restarting) -> None:
     f.changed["phase"] = Phase.RESTARTING
     f.changed["restarts"] = ev.attempt
+    if ev.cause.kind is Kind.CONTROLLER:  # dmlctl launch --resume: not the policy's
+        f.changed["resumes"] = f.get("resumes") + 1
     f.changed["failures"] = (*f.get("failures"), ev.cause)
     f.changed["root_cause"], f.changed["seen"] = None, ()
     f.changed["detail"] = f"restart {ev.attempt} in {ev.delay:.0f} s after {ev.cause.headline()}"
+    f.tail.append(TailLine(SEPARATOR, None, Stream.STDOUT, f"attempt {ev.attempt + 1}"))
     for rank in list(f.ranks):
         f.upd(rank, f.ranks[rank].host).update(status=RankStatus.PENDING, exit_code=None, pid=None)
 
@@ -320,10 +324,10 @@ def _finished(f: _Fold, ev: Finished) -> None:
         and all(st in (RankStatus.SUCCEEDED, RankStatus.DROPPED) for st in statuses)
     ):
         f.changed["phase"], f.changed["exit_code"] = Phase.SUCCEEDED, int(ExitCode.OK)
-        if not f.get("prepared"):  # every rank ran without ctx.prepare
-            f.changed["strategy"] = NO_STRATEGY
     else:
         f.changed["phase"], f.changed["exit_code"] = Phase.FAILED, int(ExitCode.RUN_FAILED)
+    if not f.get("prepared"):  # every rank ran without ctx.prepare, whatever the outcome
+        f.changed["strategy"] = NO_STRATEGY
     f.changed["detail"] = ""
 
 

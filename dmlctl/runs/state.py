@@ -49,6 +49,7 @@ class RankStatus(str, Enum):
     FAILED = "failed"
     STOPPED = "stopped"
     DROPPED = "dropped"  # its host was lost and the others went on without it (in place)
+    UNKNOWN = "unknown"  # the run's controller is gone: nobody knows what became of it
 
     @property
     def terminal(self) -> bool:
@@ -106,9 +107,14 @@ class Replacement:
         return None if self.back_at is None else max(0.0, self.back_at - self.lost_at)
 
 
+SEPARATOR = ""
+"""The ``host`` of a tail line that is no one's: where a new attempt's lines begin."""
+
+
 @dataclass(frozen=True)
 class TailLine:
-    """One line of the merged log tail shown by the dashboard."""
+    """One line of the merged log tail shown by the dashboard (``host`` :data:`SEPARATOR`:
+    the line between two attempts, ``text`` naming the next)."""
 
     host: str
     rank: int | None
@@ -130,7 +136,8 @@ class RunState:
     detail: str = ""
     started_at: float | None = None
     ended_at: float | None = None
-    restarts: int = 0
+    restarts: int = 0  # attempts after the first (restarts and resumes)
+    resumes: int = 0  # of those, the ones dmlctl launch --resume made (they spend no budget)
     respawns: int = 0  # ranks started again in place (restart.mode: in_place)
     replacements: tuple[Replacement, ...] = ()  # each of those, in order
     ranks: tuple[RankState, ...] = ()
@@ -146,6 +153,21 @@ class RunState:
     checkpoint_copied: int | None = None  # newest complete copy on the controller
     prepared: bool = False  # a rank let the strategy wrap its model (ctx.prepare)
     mesh: MeshLayout | None = None  # the plan's device mesh (the job's parallelism:)
+
+    def strategy_label(self) -> str:
+        """The strategy the run trains with: the job's once a rank let it wrap its model
+        (``ctx.prepare``); ``none`` once ranks trained or ended without that (a plain
+        torchrun script, a Trainer's); the job's until either is known."""
+        if self.prepared:
+            return self.strategy
+        if self.ended_at is not None or any(r.step for r in self.ranks):
+            return NO_STRATEGY
+        return self.strategy
+
+    @property
+    def restarted(self) -> int:
+        """Restarts the restart policy made (a resume is none: it spends no budget)."""
+        return self.restarts - self.resumes
 
     def elapsed(self, now: float) -> float:
         """Seconds since the run was created, frozen once it ended."""
@@ -183,6 +205,7 @@ class RunState:
             started_at=data.get("started_at"),
             ended_at=data.get("ended_at"),
             restarts=int(data.get("restarts", 0)),
+            resumes=int(data.get("resumes", 0)),
             respawns=int(data.get("respawns", 0)),
             replacements=tuple(Replacement(**r) for r in data.get("replacements", ())),
             ranks=tuple(_rank_from(r) for r in data["ranks"]),

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dmlctl.errors import RunNotFound, UsageError
+from dmlctl.protocol import file_in_the_way
 from dmlctl.runs import secrets as run_secrets
 from dmlctl.runs.files import (
     DIR_MODE,
@@ -48,7 +49,7 @@ from dmlctl.runs.files import (
     store_error,
 )
 from dmlctl.runs.pids import RecordedProcess
-from dmlctl.runs.state import Phase, RunState
+from dmlctl.runs.state import Phase, RankStatus, RunState
 
 if TYPE_CHECKING:
     from dmlctl.plan.model import LaunchPlan
@@ -59,6 +60,7 @@ __all__ = [
     "RunStore",
     "RunUnreadable",
     "atomic_write",
+    "check_home",
     "dmlctl_home",
     "new_run_id",
 ]
@@ -67,6 +69,27 @@ __all__ = [
 def dmlctl_home() -> Path:
     """``$DMLCTL_HOME``, default ``~/.dmlctl``."""
     return Path(os.environ.get("DMLCTL_HOME") or Path.home() / ".dmlctl").expanduser()
+
+
+def lost(state: RunState) -> RunState:
+    """``state`` of a run whose controller is gone: ``lost``, its ranks that had not
+    ended ``unknown`` (nobody watches them), and how to go on."""
+    from dataclasses import replace
+
+    unknown = RankStatus.UNKNOWN
+    ranks = tuple(r if r.status.terminal else replace(r, status=unknown) for r in state.ranks)
+    resume = f"dmlctl launch --resume {state.run_id}"
+    detail = f"controller is gone: {resume} goes on from its newest checkpoint"
+    return replace(state, phase=Phase.LOST, detail=detail, ranks=ranks)
+
+
+def check_home() -> None:
+    """:class:`~dmlctl.errors.UsageError` (exit 2) when :func:`dmlctl_home` cannot be a
+    directory: a file stands where it, or a folder above it, must be."""
+    home = dmlctl_home()
+    if (problem := file_in_the_way(str(home))) is not None:
+        named = "DMLCTL_HOME" if os.environ.get("DMLCTL_HOME") else "dmlctl's home (~/.dmlctl)"
+        raise UsageError(f"{named}: {problem}")
 
 
 def new_run_id(job_name: str, now: float) -> str:
@@ -233,9 +256,7 @@ class RunDir:
             what = f"missing {e}" if isinstance(e, KeyError) else str(e)[:120]
             raise RunUnreadable(self.run_id, f"not a run state: {what}") from None
         if not state.phase.terminal and not self.controller_alive():
-            from dataclasses import replace
-
-            state = replace(state, phase=Phase.LOST, detail="controller is gone")
+            state = lost(state)
         return state
 
     def controller(self) -> RecordedProcess | None:

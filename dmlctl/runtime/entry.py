@@ -37,6 +37,7 @@ import io
 import json
 import os
 import runpy
+import shutil
 import signal
 import sys
 import threading
@@ -174,11 +175,32 @@ def _error_record(exc: BaseException) -> dict[str, Any]:
     return {
         # A full disk is named as such whatever raised it (the policy never restarts it).
         "type": "DiskFull" if kind is Kind.DISK_FULL else type(exc).__qualname__,
-        "message": str(exc),
+        "message": _disk_full_message(exc) if kind is Kind.DISK_FULL else str(exc),
         "traceback": lines[-TRACEBACK_LINES:],
         "kind": kind.value,
         "collateral": is_collateral(type(exc).__qualname__, str(exc)),
     }
+
+
+def _disk_full_message(exc: BaseException) -> str:
+    """A full disk's message, with where: the file the error names, else the room left
+    where this rank's output goes (a print into a full rank file names no file)."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None or (isinstance(seen, OSError) and seen.filename):
+            break
+        seen = seen.__cause__ or seen.__context__
+    if isinstance(seen, OSError) and seen.filename:
+        named = os.fsdecode(seen.filename)
+        return str(exc) if named in str(exc) else f"{exc} (writing {named})"
+    rank_dir = os.environ.get(protocol.ENV_RANK_DIR)
+    try:
+        free = shutil.disk_usage(rank_dir).free if rank_dir else None
+    except OSError:
+        free = None
+    if free is None:
+        return str(exc)
+    return f"{exc} (no file named; this rank's output goes to {rank_dir}: {free} bytes free there)"
 
 
 def _exit_code(code: object) -> int:

@@ -13,13 +13,13 @@ environment or a path. Text checks refuse, for every string of a spec:
 
 from __future__ import annotations
 
-import posixpath
 import re
 from typing import Annotated
 
 from pydantic import AfterValidator, ConfigDict, Field, StringConstraints
 from pydantic_core import InitErrorDetails, PydanticCustomError, ValidationError
 
+from dmlctl.checkpoint_claim import SYSTEM_WHY, system_dir
 from dmlctl.protocol import ENV_STRAGGLER
 from dmlctl.redact import MIN_SECRET
 
@@ -295,28 +295,20 @@ def check_placeholders(value: str) -> str:
     raise ValueError(f"has {what}; the placeholders known are: {known}")
 
 
-PSEUDO_FILESYSTEMS = ("/dev", "/proc", "/sys")
-"""Where no host keeps files: devices and the kernel's views (but :data:`SHARED_MEMORY`)."""
-
-SHARED_MEMORY = "/dev/shm"
-"""A memory filesystem under ``/dev`` where files may be kept (a fast checkpoint
-directory that does not outlive the machine)."""
-
-
 def check_storable(value: str) -> str:
-    """``value`` unless it is (or is under) a device or kernel directory
-    (:data:`PSEUDO_FILESYSTEMS`; ``/dev/shm`` is allowed): ``/dev/null`` as a
-    checkpoint directory passed every check and failed at the first save, after the
-    run had trained."""
-    normal = posixpath.normpath(value)
-    if normal == SHARED_MEMORY or normal.startswith(SHARED_MEMORY + "/"):
-        return value
-    for root in PSEUDO_FILESYSTEMS:
-        if normal == root or normal.startswith(root + "/"):
-            raise ValueError(
-                f"{shown(value)} is under {root}, where no host keeps files: "
-                "name a directory on a disk or a shared filesystem"
-            )
+    """``value`` unless it is (or is under) a system directory
+    (:func:`dmlctl.checkpoint_claim.system_dir`; ``/dev/shm`` is allowed): ``/dev/null``
+    as a checkpoint directory passed every check and failed at the first save, after
+    the run had trained. A ``$`` is refused: dmlctl expands no variable in it (``~``
+    is the home directory of each host)."""
+    if "$" in value:
+        raise ValueError(
+            f"{shown(value)} holds a '$': dmlctl does not expand variables in a path; "
+            "write it out, with ~ for the home directory"
+        )
+    if value.startswith("/") and (root := system_dir(value)) is not None:
+        where = root if root == "/" else f"under {root}"
+        raise ValueError(f"{shown(value)} is {where}: {SYSTEM_WHY}")
     return value
 
 
@@ -324,7 +316,7 @@ PlaceholderPath = Annotated[
     OneLine, AfterValidator(check_placeholders), AfterValidator(check_storable)
 ]
 """A :data:`OneLine` path whose ``{...}`` placeholders are known ones, outside the
-devices and kernel directories."""
+system's directories, with no ``$``."""
 
 Arg = Annotated[str, AfterValidator(check_arg)]
 """A command-line argument (see :func:`check_arg`)."""

@@ -154,13 +154,13 @@ def with_rank_start(job: JobSpec, start: str) -> JobSpec:
 def _parse_mapping(file: str, text: str, model: type[BaseModel]) -> Document:
     """``text`` parsed as a YAML mapping, or SpecError with one file-level issue."""
 
-    def fail(line: int | None, message: str) -> SpecError:
-        return SpecError([SpecIssue(file, line, "", message)])
+    def fail(line: int | None, message: str, path: KeyPath = ()) -> SpecError:
+        return SpecError([SpecIssue(file, line, format_path(path) if path else "", message)])
 
     try:
         doc = parse(text)
     except YamlSyntaxError as exc:
-        raise fail(exc.line, exc.message) from None
+        raise fail(exc.line, exc.message, exc.path) from None
     keys = ", ".join(model.model_fields)
     if doc.data is None and _only_comments(text):
         raise fail(None, f"file is empty; expected a mapping with keys {keys}")

@@ -6,6 +6,7 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from dmlctl.checkpoint_claim import unusable, where
 from dmlctl.spec.cluster import LOCAL_ADDRESS, ClusterSpec, HostSpec
 
 if TYPE_CHECKING:
@@ -87,3 +88,14 @@ def local_gpu_counts(job: JobSpec, cluster: ClusterSpec) -> dict[str, int]:
         for h in cluster.resolved_hosts()
         if h.is_local
     }
+
+
+def local_checkpoint_problem(job: JobSpec, cluster: ClusterSpec) -> str | None:
+    """Why the job's ``checkpoint.dir`` cannot be a checkpoint directory on this machine,
+    when the cluster has hosts here: a system directory, a relative one included once
+    put under the job's ``workdir`` (where the ranks run), or a file
+    (:func:`dmlctl.checkpoint_claim.unusable`). None when it can, or is not named."""
+    spec = job.checkpoint
+    if spec is None or spec.dir is None or not any(h.is_local for h in cluster.resolved_hosts()):
+        return None
+    return unusable(where(spec.dir, job.workdir))

@@ -5,7 +5,8 @@ PyYAML's ``safe_load`` throws line numbers away. Spec errors must say
 :class:`yaml.SafeLoader`, records the 1-based line of every mapping key and sequence
 item under its key path (the same tuple shape pydantic uses in ``loc``: ``str`` for
 mapping keys, ``int`` for list indexes), reports duplicate keys (which ``safe_load``
-silently resolves to the last one) and only then constructs plain Python data.
+silently resolves to the last one), reads plain scalars as YAML 1.2 does
+(:mod:`dmlctl.spec.yaml12`) and only then constructs plain Python data.
 """
 
 from __future__ import annotations
@@ -17,22 +18,24 @@ from typing import Any
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from dmlctl.spec import yaml12
+
 KeyPath = tuple[str | int, ...]
 """A key path: mapping keys and list indexes from the document root."""
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 _INT_TAG = "tag:yaml.org,2002:int"
 _STR_TAG = "tag:yaml.org,2002:str"
-_NUMBER_TAGS = (_INT_TAG, "tag:yaml.org,2002:float")
 _MAX_DIGITS = 1000
 
 
 class YamlSyntaxError(Exception):
     """The text is not valid YAML; ``line`` is 1-based (``None`` when YAML gave none)."""
 
-    def __init__(self, line: int | None, message: str) -> None:
+    def __init__(self, line: int | None, message: str, path: KeyPath = ()) -> None:
         self.line = line
         self.message = message
+        self.path = path  # the value's key path, where one value is the problem
         super().__init__(message)
 
 
@@ -166,10 +169,11 @@ class _Walker:
 
     def walk(self, node: Node, path: KeyPath) -> None:
         self.lines.setdefault(path, node.start_mark.line + 1)
-        if isinstance(node, ScalarNode) and node.tag in _NUMBER_TAGS and ":" in node.value:
-            # YAML 1.1's base-60 numbers: ``1:30`` would read as 90. Read as YAML 1.2
-            # does, as the text written (a number field then says it is not one).
-            node.tag = _STR_TAG
+        if isinstance(node, ScalarNode) and node.style is None:  # plain: read as YAML 1.2
+            try:
+                node.tag = yaml12.resolve(node.value, node.tag)
+            except yaml12.Ambiguous as exc:
+                raise YamlSyntaxError(node.start_mark.line + 1, str(exc), path) from None
         if isinstance(node, ScalarNode) and node.tag == _INT_TAG and len(node.value) > _MAX_DIGITS:
             # Python refuses to read integers this long (and no spec value is one).
             line = node.start_mark.line + 1

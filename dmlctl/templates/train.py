@@ -11,7 +11,6 @@ CPU cores. It cannot reach 0: the operands' digits are random (about 1.1 nats pe
 character); only the format and the answers can be learned.
 """
 
-# mypy: allow-untyped-calls
 import argparse
 import random
 import time

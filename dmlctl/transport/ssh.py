@@ -29,6 +29,7 @@ from typing import Any, BinaryIO
 import fabric
 import paramiko
 
+from dmlctl.text import host_port
 from dmlctl.transport.agent_server import served
 from dmlctl.transport.base import Command, Outcome, Transport, remote_command
 from dmlctl.transport.hostkeys import (
@@ -111,7 +112,7 @@ class SSHTransport(Transport):
         )
         #: The host's network name (``HostName`` from ~/.ssh/config for an alias).
         self.hostname: str = self._conn.host
-        self.where = f"{self._conn.user}@{self._conn.host}:{self._conn.port}"
+        self.where = f"{self._conn.user}@{host_port(self._conn.host, self._conn.port)}"
         jump = self._conn.ssh_config.get("proxyjump")
         #: How the connection goes, as ~/.ssh/config resolves it (no connection made):
         #: ``user@hostname:port``, and ``via JUMP`` with a ProxyJump.

@@ -17,7 +17,7 @@ from rich.text import Text
 from dmlctl.failure import Failure
 from dmlctl.mesh import MeshLayout, worker_ranks
 from dmlctl.runs.events import Stream
-from dmlctl.runs.state import Phase, RankState, RankStatus, RunState, TailLine
+from dmlctl.runs.state import SEPARATOR, Phase, RankState, RankStatus, RunState, TailLine
 from dmlctl.text import clean_line
 from dmlctl.ui.metric_columns import COMMON, STRATEGY_COLUMNS, strategy_columns
 from dmlctl.ui.numbers import compact_rate
@@ -47,6 +47,7 @@ STATUS_STYLES: dict[RankStatus, str] = {
     RankStatus.FAILED: "bold red",
     RankStatus.STOPPED: "yellow",
     RankStatus.DROPPED: "dim yellow",
+    RankStatus.UNKNOWN: "dim",
 }
 
 # Red is kept for errors, so no rank prefix can be mistaken for a failure.
@@ -119,6 +120,8 @@ def tail_text(line: TailLine) -> Text:
 
     stderr text is dimmed red; the line never wraps (it ends in ``…`` when too wide).
     """
+    if line.host == SEPARATOR and line.rank is None:  # where the next attempt begins
+        return Text(f"── {line.text} ──", style="dim", no_wrap=True, overflow="ellipsis")
     if line.rank is None:
         prefix = Text(f"[{line.host}]", style=AGENT_STYLE)
     else:
@@ -169,15 +172,16 @@ def run_header(state: RunState, now: float, *, marker: str | None = None) -> Ren
         ("  job ", "dim"),
         (state.job, ""),
         ("  strategy ", "dim"),
-        (state.strategy, ""),
+        (state.strategy_label(), ""),
     )
     fields = [
         phase_text(state.phase),
         Text.assemble(("elapsed ", "dim"), format_duration(state.elapsed(now))),
         Text.assemble(
             ("restarts ", "dim"),
-            (str(state.restarts), "yellow" if state.restarts else ""),
+            (str(state.restarted), "yellow" if state.restarted else ""),
             *([(f" (+{state.respawns} in place)", "yellow")] if state.respawns else []),
+            *([(f" (resumed {state.resumes}×)", "yellow")] if state.resumes else []),
         ),
         Text.assemble(("world ", "dim"), str(state.world_size), *_rejoining(state)),
         Text.assemble(("hosts ", "dim"), str(len(state.hosts))),

@@ -38,7 +38,8 @@ _Snapshot = tuple[int | None, float | None, float | None]
 class PlainPrinter:
     """Prints a run's events as plain lines to ``out``.
 
-    Line formats (one event, one line):
+    Line formats (one event, one line), after a first line naming the run
+    (``dmlctl: run ID (job NAME, strategy S)``):
 
     * log lines: ``[rank N] text``, or ``[host] text`` when no rank sent it (agent);
     * controller progress: ``dmlctl: text``;
@@ -69,11 +70,16 @@ class PlainPrinter:
         self._last_summary_at = clock()
         self._progress_pct = -1  # the last progress printed, in whole percent
         self._reported: dict[int, _Snapshot] = {}
+        self._headed = False
 
     def on_events(self, events: Sequence[Event], state: RunState) -> None:
-        """Print ``events`` (already folded into ``state``) and a summary if one is due."""
+        """Print ``events`` (already folded into ``state``) and a summary if one is due;
+        the first call starts with the run's id."""
         buf: list[str] = []
         emit = buf.append
+        if not self._headed:
+            self._headed = True
+            emit(f"dmlctl: run {state.run_id} (job {state.job}, strategy {state.strategy_label()})")
         finished = False
         for ev in events:
             if isinstance(ev, LogLines) and ev.stream is not Stream.TORCHRUN:

@@ -15,7 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from dmlctl.runs.state import RankStatus, Replacement, RunState
-from dmlctl.text import clean_line
+from dmlctl.text import clean_line, plural
 from dmlctl.ui.format import (
     format_duration,
     phase_text,
@@ -56,6 +56,7 @@ def render_summary(state: RunState, run_dir: str | None, *, ranks: bool = True) 
         phase_text(state.phase),
         (" in ", "dim"),
         format_duration(state.elapsed(end)),
+        *_recoveries(state),
     )
     if state.exit_code is not None:
         line.append("  exit code ", style="dim")
@@ -71,6 +72,14 @@ def render_summary(state: RunState, run_dir: str | None, *, ranks: bool = True) 
     if hint is not None:
         parts.append(hint)
     return Group(*parts)
+
+
+def _recoveries(state: RunState) -> list[tuple[str, str]]:
+    """`` after 1 restart and 2 ranks replaced in place``: what the outcome took."""
+    said = [plural(state.restarted, "restart")] if state.restarted else []
+    said += [f"{plural(state.respawns, 'rank')} replaced in place"] if state.respawns else []
+    said += [f"{plural(state.resumes, 'resume')}"] if state.resumes else []
+    return [(" after ", "dim"), (" and ".join(said), "yellow")] if said else []
 
 
 JOB_WIDTH = 24

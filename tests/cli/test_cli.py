@@ -137,6 +137,9 @@ def test_dry_run_shows_how_ssh_config_resolves_each_host(
     assert main(["launch", str(path), "--cluster", str(cluster), "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "gpu-node-1 over SSH as alice@10.9.8.7:2222 via bastion.example" in out
+    (user_home / ".ssh" / "config").write_text("Host gpu-node-1\n  HostName fd00::7\n  User bob\n")
+    assert main(["launch", str(path), "--cluster", str(cluster), "--dry-run"]) == 0
+    assert "gpu-node-1 over SSH as bob@[fd00::7]:22" in capsys.readouterr().out  # bracketed
     # the hosts meet at the controller's store, at this machine's address towards them
     assert "the run's store, held by this controller" in out
     assert not (home / "runs").exists()
@@ -147,6 +150,24 @@ def test_status_with_no_runs(capsys: pytest.CaptureFixture[str]) -> None:
     assert "no runs" in capsys.readouterr().out
     assert main(["status", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == []
+
+
+@pytest.mark.parametrize("below", ["", "/sub"])
+@pytest.mark.parametrize("command", [["status"], ["launch", "job.yaml", "--ui", "plain"]])
+def test_a_home_that_is_a_file_is_refused_by_every_command(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    command: list[str],
+    below: str,
+) -> None:
+    job = project(tmp_path)
+    monkeypatch.chdir(job.parent)
+    (tmp_path / "afile").write_text("")
+    monkeypatch.setenv("DMLCTL_HOME", f"{tmp_path}/afile{below}")
+    assert main(command) == 2
+    (said,) = capsys.readouterr().err.splitlines()
+    assert said.startswith(f"dmlctl: DMLCTL_HOME: {tmp_path}/afile") and "is a file" in said
 
 
 @pytest.mark.parametrize("command", [["status", "nope"], ["logs", "nope"], ["stop", "nope"]])
@@ -168,6 +189,23 @@ def test_init_writes_project_and_refuses_to_overwrite(
     assert (target / "train.py").read_text() == "# mine\n"
     assert main(["init", str(target), "--force"]) == 0
     assert (target / "train.py").read_text() != "# mine\n"
+
+
+def test_init_fills_this_directory_by_default_and_says_the_next_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["init"]) == 0
+    out = capsys.readouterr().out
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != "home") == [
+        "cluster.yaml",
+        "job.yaml",
+        "train.py",
+    ]
+    assert "next:\n  dmlctl launch job.yaml" in out and "cd " not in out
+    assert "mypy" not in (tmp_path / "train.py").read_text()  # nothing of ours in it
+    assert main(["init", "my proj"]) == 0
+    assert "next:\n  cd 'my proj' && dmlctl launch job.yaml" in capsys.readouterr().out
 
 
 def test_init_project_specs_are_valid(tmp_path: Path) -> None:

@@ -84,3 +84,21 @@ def test_every_import_comes_from_a_declared_distribution() -> None:
 def test_every_declared_requirement_is_imported() -> None:
     stale = declared() - set(imported_distributions())
     assert not stale, f"declared in pyproject.toml but never imported by dmlctl/: {sorted(stale)}"
+
+
+def test_the_quick_start_installs_what_running_needs_and_no_dev_tool(tmp_path: Path) -> None:
+    """``make quickstart`` on a fresh clone (``make -n``: what it would run, into a fresh
+    virtualenv) installs dmlctl and torch, not the dev extras ``make test`` adds."""
+    import subprocess
+
+    repo = PACKAGE_DIR.parent
+    venv = tmp_path / "venv"
+
+    def planned(target: str) -> str:
+        argv = ["make", "-n", "-B", "-C", str(repo), target, f"VENV={venv}"]
+        return subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+
+    quick = [line for line in planned("quickstart").splitlines() if "pip install" in line]
+    assert len(quick) == 1 and quick[0].endswith("torch==2.13.0 -e ."), quick
+    assert "dmlctl launch examples/quickstart/job.yaml" in planned("quickstart")
+    assert "-e '.[dev]'" in planned("test")

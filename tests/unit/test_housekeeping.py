@@ -130,3 +130,16 @@ def test_status_says_how_many_it_left_out(
     assert main(["status", "--all"]) == 0
     out = capsys.readouterr().out
     assert all(run_id in out for run_id in ids) and "--all for" not in out
+
+
+def test_a_filter_no_run_matches_says_so_and_how_many_runs_there_are(
+    store: RunStore, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["status", "--failed"]) == 0
+    assert "no runs yet" in capsys.readouterr().out
+    _fill(store, 3)  # all succeeded
+    assert main(["status", "--failed"]) == 0
+    out = capsys.readouterr().out
+    assert "no run matches --failed (3 runs in all: dmlctl status)" in out, out
+    assert main(["status", "--running", "--name", "other"]) == 0
+    assert "no run matches --running --name other (3 runs in all" in capsys.readouterr().out

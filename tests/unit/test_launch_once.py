@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -212,19 +213,75 @@ def test_workers_share_a_hosts_gpus_under_gloo_and_a_cpu_host_takes_any_number(
     launch(*specs(tmp_path, "script: train.py\nworkers: 3\n"), tmp_path)
 
 
+def on_this_machine(tmp_path: Path) -> tuple[Path, Path]:
+    """Where a job file goes (``job.yaml``, beside an empty ``train.py``) and a cluster
+    of one host on this machine, 2 slots."""
+    (tmp_path / "train.py").write_text("")
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text("hosts:\n  - {name: here, address: localhost, slots: 2}\n")
+    return tmp_path / "job.yaml", cluster
+
+
 def test_on_this_machine_more_workers_than_gpus_is_refused_at_plan_time_naming_the_backend(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(local, "count_local_gpus", lambda env: 1)
-    (tmp_path / "train.py").write_text("")
-    cluster = tmp_path / "cluster.yaml"
-    cluster.write_text("hosts:\n  - {name: here, address: localhost, slots: 2}\n")
-    job = tmp_path / "job.yaml"
+    job, cluster = on_this_machine(tmp_path)
     job.write_text("script: train.py\nworkers: 2\nbackend: nccl\n")
     with pytest.raises(SpecError, match=f"{job}:3 backend: host 'here': 2 workers on 1 GPU"):
         launch(job, cluster, tmp_path, dry_run=True)
     job.write_text("script: train.py\nworkers: 2\nstrategy: hogwild\n")  # trains on the CPU
     assert launch(job, cluster, tmp_path, dry_run=True).exit_code == 0
+
+
+@pytest.mark.parametrize("backend", ["nccl", "cpu:gloo,cuda:nccl"])
+def test_an_nccl_backend_on_a_machine_without_a_gpu_is_refused_at_plan_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str
+) -> None:
+    """Also the dry run: NCCL would fail in every rank at its start."""
+    monkeypatch.setattr(local, "count_local_gpus", lambda env: 0)
+    job, cluster = on_this_machine(tmp_path)
+    job.write_text(f"script: train.py\nworkers: 2\nbackend: '{backend}'\n")
+    said = f"{job}:3 backend: host 'here': backend '{backend}' needs CUDA, and this host has no GPU"
+    for dry_run in (True, False):
+        with pytest.raises(SpecError, match=re.escape(said)):
+            launch(job, cluster, tmp_path, dry_run=dry_run)
+    job.write_text("script: train.py\nworkers: 2\nbackend: gloo\n")
+    assert launch(job, cluster, tmp_path, dry_run=True).exit_code == 0
+
+
+@pytest.mark.parametrize(
+    ("directory", "said"),
+    [
+        ("afile", "{tmp}/afile is a file, not a directory"),
+        ("afile/{run_id}", "{tmp}/afile is a file, not a directory"),
+        ("afile/sub", "{tmp}/afile is a file, not a directory"),
+        ("../../../../../../../../etc/x", "/etc/x is under /etc: the system keeps its files"),
+    ],
+)
+def test_a_checkpoint_dir_this_machine_cannot_hold_is_refused_at_plan_time(
+    tmp_path: Path, directory: str, said: str
+) -> None:
+    """A file where the directory must be failed the run after it trained; a relative
+    path is taken under the job's directory, where the ranks run."""
+    job, cluster = on_this_machine(tmp_path)
+    (tmp_path / "afile").write_text("")
+    job.write_text(f"script: train.py\nworkers: 1\ncheckpoint:\n  dir: '{directory}'\n")
+    with pytest.raises(
+        SpecError,
+        match=re.escape(f"{job}:4 checkpoint.dir: ") + re.escape(said.format(tmp=tmp_path)),
+    ):
+        launch(job, cluster, tmp_path, dry_run=True)
+
+
+def test_a_remote_host_without_a_gpu_refuses_nccl_after_the_preflight(
+    tmp_path: Path, calls: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    after = remote_up_to_the_plan(monkeypatch, gpus=0)
+    job_file, cluster_file = specs(tmp_path, "script: train.py\nworkers: 2\nbackend: nccl\n")
+    with pytest.raises(SpecError, match="backend 'nccl' needs CUDA"):
+        launch(job_file, cluster_file, tmp_path)
+    assert after == []
 
 
 def test_a_gpu_hosts_unset_slots_become_its_gpu_count_after_the_preflight(

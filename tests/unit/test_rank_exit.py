@@ -46,3 +46,29 @@ def test_a_failed_rank_records_its_error_before_atexit_and_a_finished_one_after(
     assert record["code"] == code
     if how == "fail":
         assert record["error"]["type"] == "ValueError"  # type: ignore[index]
+
+
+FULL = """\
+import errno, sys
+if sys.argv[1] == "print":  # as a print into a full rank file fails: no file named
+    raise OSError(errno.ENOSPC, "No space left on device")
+raise OSError(errno.ENOSPC, "No space left on device", "/data/out.bin")
+"""
+
+
+@pytest.mark.parametrize("how", ["print", "named"])
+def test_a_full_disk_says_where(tmp_path: Path, how: str) -> None:
+    """DiskFull names the file, or, where the error names none, the room left where the
+    rank's output goes."""
+    (tmp_path / "train.py").write_text(FULL)
+    env = {**os.environ, protocol.ENV_RANK_DIR: str(tmp_path), "RANK": "0"}
+    argv = [sys.executable, "-m", "dmlctl.runtime.entry", str(tmp_path / "train.py"), how]
+    subprocess.run(argv, env=env, timeout=60, check=False)
+    records = [json.loads(line) for line in (tmp_path / "rank-0.events.jsonl").open()]
+    (error,) = [r["error"] for r in records if r["kind"] == protocol.KIND_EXIT]
+    assert error["type"] == "DiskFull"
+    if how == "named":
+        assert "'/data/out.bin'" in error["message"], error
+    else:
+        said = f"(no file named; this rank's output goes to {tmp_path}: "
+        assert said in error["message"] and "bytes free there)" in error["message"], error

@@ -20,6 +20,7 @@ from dmlctl.runs.events import (
     Finished,
     LogLines,
     MetricRecord,
+    Prepared,
     RankExited,
     RankStarted,
     Stream,
@@ -68,6 +69,7 @@ def _state(
     events: list[Event] = []
     for rank, host, role in ranks:
         events.append(RankStarted(host, rank, rank % 2, role, 100 + rank, T0 + 1))
+        events.append(Prepared(host, rank, strategy, T0 + 1))  # the strategy wraps the model
         values = {**WORKER, **extra} if role == "worker" else SERVER
         values = {**values, "loss": 0.123456 + rank} if role == "worker" else values
         events.append(MetricRecord(host, rank, 400, values, T0 + 2))

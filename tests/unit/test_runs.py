@@ -164,7 +164,11 @@ def test_read_state_is_lost_when_the_controller_is_dead(store: RunStore) -> None
     run.controller_pid.write_text(str(dead_pid()))
     state = run.read_state()
     assert state.phase == Phase.LOST
-    assert state.detail == "controller is gone"
+    assert (
+        state.detail
+        == "controller is gone: dmlctl launch --resume r goes on from its newest checkpoint"
+    )
+    assert {rank.status for rank in state.ranks} == {RankStatus.UNKNOWN}  # nobody watches them
     # The file itself is untouched: "lost" is the reader's conclusion.
     assert json.loads(run.state_file.read_text())["phase"] == "running"
 

@@ -175,7 +175,7 @@ JOB_CASES = [
     ("script: train.py\nenv: [A, B]\n", 2, "env", "expected a mapping, got a list"),
     ("script: train.py\nenv:\n  SEED: 1\n", 3, "env.SEED", "expected a string, got 1; quote it"),
     (
-        "script: train.py\nenv:\n  DEBUG: yes\n",
+        "script: train.py\nenv:\n  DEBUG: true\n",
         3,
         "env.DEBUG",
         "expected a string, got true; quote it",
@@ -291,6 +291,12 @@ JOB_CASES = [
         "expected a number, got '1:30'",
     ),
     ("script: train.py\nworkers: 1:2:3.5\n", 2, "workers", "expected an integer, got '1:2:3.5'"),
+    # YAML 1.1 and 1.2 read these differently: refused, saying how to write them.
+    ("script: train.py\nworkers: 010\n", 2, "workers", "'010' is 10 in YAML 1.2 and an octal"),
+    ("script: train.py\nworkers: 1_000\n", 2, "workers", "write 1000 for the number"),
+    ("script: train.py\nrestart:\n  standby: yes\n", 3, "restart.standby", "write true for"),
+    ("script: train.py\nrestart: {standby: off}\n", 2, "restart.standby", "write false for"),
+    ("script: train.py\nargs: [--x, 0b11]\n", 2, "args[1]", "quote it for the text"),
     # A misspelt placeholder would stay literal: every run would share its checkpoints.
     (
         "script: train.py\ncheckpoint:\n  dir: /ck/{runid}\n",
@@ -306,7 +312,15 @@ JOB_CASES = [
         "script: train.py\ncheckpoint:\n  dir: /dev/null\n",
         3,
         "checkpoint.dir",
-        "'/dev/null' is under /dev, where no host keeps files",
+        "'/dev/null' is under /dev: the system keeps its files there",
+    ),
+    ("script: train.py\ncheckpoint:\n  dir: /etc/../usr/x\n", 3, "checkpoint.dir", "under /usr"),
+    ("script: train.py\ncheckpoint:\n  dir: /\n", 3, "checkpoint.dir", "'/' is /: the system"),
+    (
+        "script: train.py\ncheckpoint:\n  dir: $HOME/ck\n",
+        3,
+        "checkpoint.dir",
+        "holds a '$': dmlctl does not expand variables in a path; write it out, with ~",
     ),
     ("script: train.py\ncheckpoint:\n  dir: /proc/../proc/x\n", 3, "checkpoint.dir", "/proc"),
     ("script: train.py\ncheckpoint:\n  dir: /dev/shmem\n", 3, "checkpoint.dir", "under /dev"),
@@ -398,6 +412,16 @@ def test_ranks_start_fresh_unless_the_job_or_the_flag_says_warm(project: Path) -
 def test_base_60_looking_args_stay_text(project: Path) -> None:
     job = load_job(write(project, "script: train.py\nargs: [--time, 1:30, '1:30']\n"))
     assert job.args == ["--time", "1:30", "1:30"]
+
+
+def test_numbers_only_yaml_1_2_reads_are_read_as_it_does(project: Path) -> None:
+    """``1e9`` (text in YAML 1.1) is a number; ``0o17`` is 15; a quoted value is text."""
+    text = (
+        "script: train.py\nrestart: {stop_grace: 1e2, hang_timeout: 0o17}\nargs: ['010', 'yes']\n"
+    )
+    job = load_job(write(project, text))
+    assert (job.restart.stop_grace, job.restart.hang_timeout) == (100.0, 15)
+    assert job.args == ["010", "yes"]
 
 
 def test_checkpoint_dir_keeps_its_known_placeholder(project: Path) -> None:

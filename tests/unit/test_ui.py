@@ -8,7 +8,7 @@ import time
 
 from rich.console import Console, RenderableType
 
-from dmlctl.failure import named
+from dmlctl.failure import Kind, named
 from dmlctl.runs.events import (
     AgentExited,
     AgentStarted,
@@ -16,6 +16,7 @@ from dmlctl.runs.events import (
     Finished,
     LogLines,
     MetricRecord,
+    Prepared,
     Progress,
     RankExited,
     RankStarted,
@@ -75,6 +76,7 @@ def running() -> RunState:
     events: list[Event] = [Progress("starting torchrun on host-a, host-b", T0 + 1)]
     events += [AgentStarted(h, 100 + i, T0 + 1) for i, h in enumerate(("host-a", "host-b"))]
     events += [RankStarted(h, r, r % 2, "worker", 1000 + r, T0 + 2) for r, h in HOSTS.items()]
+    events += [Prepared(h, r, "allreduce", T0 + 2) for r, h in HOSTS.items()]
     for r, h in HOSTS.items():
         events.append(LogLines(h, r, Stream.STDOUT, (f"epoch 1 rank {r} ready",), T0 + 3))
         events.append(
@@ -134,6 +136,36 @@ def test_dashboard_root_cause_panel_and_tail_prefixes() -> None:
     assert "[host-b] torchrun: rendezvous complete" in out
 
 
+def test_the_log_tail_marks_where_the_next_attempt_begins() -> None:
+    before = dataclasses.replace(failed(), phase=Phase.RUNNING, ended_at=None)
+    state = apply(
+        before,
+        [
+            Restarting(1, CAUSE, 1.0, T0 + 66),
+            LogLines("host-a", 0, Stream.STDOUT, ("epoch 1 again",), T0 + 70),
+        ],
+    )
+    lines = render(render_dashboard(state, T0 + 71), width=100).splitlines()
+    at = [i for i, line in enumerate(lines) if "── attempt 2 ──" in line]
+    assert len(at) == 1, lines
+    assert "ValueError: bad batch shape" in "\n".join(lines[: at[0]])
+    assert "[rank 0] epoch 1 again" in lines[at[0] + 1], lines
+
+
+def test_a_script_that_never_calls_prepare_shows_strategy_none_once_it_trains() -> None:
+    """A plain torchrun script (a Trainer's, Lightning's): the job's strategy never
+    wraps its model, so the header says none as soon as it is known, and at the end."""
+    events: list[Event] = [
+        RankStarted(h, r, r % 2, "worker", 1000 + r, T0) for r, h in HOSTS.items()
+    ]
+    starting = apply(fresh(), events)
+    assert starting.strategy_label() == "allreduce"  # not known yet
+    stepping = apply(starting, [MetricRecord("host-a", 0, 1, {"loss": 1.0}, T0 + 1)])
+    assert "strategy none" in render(render_dashboard(stepping, T0 + 2))
+    failing = apply(starting, [RankExited("host-a", 1, 1, CAUSE, T0 + 1), Finished(T0 + 2)])
+    assert (failing.phase, failing.strategy) == (Phase.FAILED, "none")
+
+
 def test_long_lines_truncated_and_markup_shown_verbatim() -> None:
     long = "x" * 500 + " END"
     state = apply(
@@ -162,7 +194,7 @@ def test_control_characters_from_a_rank_are_shown_escaped_never_sent() -> None:
     assert not any(c in out for c in ("\x00", "\x07", "\x9b", "\x1b]")), repr(out)
     buf = io.StringIO()
     PlainPrinter(buf).on_events([LogLines("host-a", 0, Stream.STDOUT, (HOSTILE,), T0)], state)
-    assert buf.getvalue().splitlines()[0] == "[rank 0] " + clean_line(HOSTILE)
+    assert buf.getvalue().splitlines()[1] == "[rank 0] " + clean_line(HOSTILE)
 
 
 def test_tail_limited_to_tail_lines() -> None:
@@ -247,6 +279,7 @@ def test_plain_printer_lines_and_periodic_summary() -> None:
         ]
     )
     assert text.splitlines() == [
+        "dmlctl: run r-20240101-abcd (job mnist, strategy none)",  # first; no ctx.prepare
         "dmlctl: starting torchrun on local",
         "dmlctl: rank 1 started on host-a (worker, pid 42)",
         "[rank 1] hello",
@@ -276,7 +309,7 @@ def test_plain_printer_final_summary_on_finish() -> None:
     printer.on_events(events, state)
     text = out.getvalue()
     assert text.rstrip().endswith("dmlctl: rank 2 step 9 loss 1 samples/s -")
-    assert "dmlctl: run " not in text  # the outcome is the summary's, said once
+    assert text.count("dmlctl: run ") == 1  # its id first; the outcome is the summary's
 
 
 def test_summary_after_failure() -> None:
@@ -287,6 +320,25 @@ def test_summary_after_failure() -> None:
     for r in HOSTS:
         assert str(120 + r) in out
     assert "logs:" not in render(render_summary(failed(), None))
+
+
+def test_the_final_line_says_what_the_outcome_took() -> None:
+    done = dataclasses.replace(failed(), phase=Phase.SUCCEEDED, exit_code=0, root_cause=None)
+    assert "after" not in render(render_summary(done, None)).splitlines()[0]
+    took = dataclasses.replace(done, restarts=1, respawns=2)
+    first = render(render_summary(took, None)).splitlines()[0]
+    assert "succeeded in 0:01:05 after 1 restart and 2 ranks replaced in place" in first
+
+
+def test_a_resume_is_no_restart_in_the_header_nor_in_the_final_line() -> None:
+    """README: the resume itself spends no restart budget; the header says so too."""
+    gone = dataclasses.replace(CAUSE, kind=Kind.CONTROLLER, exc_type="ControllerLost")
+    state = apply(running(), [Restarting(1, gone, 0.0, T0 + 10)])
+    assert (state.restarts, state.resumes, state.restarted) == (1, 1, 0)
+    header = render(render_dashboard(state, T0 + 11))
+    assert "restarts 0 (resumed 1×)" in header, header
+    done = dataclasses.replace(state, phase=Phase.SUCCEEDED, exit_code=0, ended_at=T0 + 65)
+    assert "after 1 resume" in render(render_summary(done, None)).splitlines()[0]
 
 
 def test_the_detail_says_why_each_attempt_failed() -> None:
