@@ -173,8 +173,11 @@ BEAT_KEYS = (
     "where",
     "inner",
     "coll",
-    "stage",  # before the first step: joining | first step | importing (or absent)
+    "stage",  # before the first step: joining | first step | importing; a server: serving
 )
+
+STAGE_SERVING = "serving"
+"""The ``stage`` a parameter server's heartbeats carry once it serves (it never steps)."""
 
 # Cumulative communication totals a strategy's meter adds to a metric record's values,
 # all counted since the meter started in this rank process: bytes sent, seconds spent

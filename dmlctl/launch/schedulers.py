@@ -213,11 +213,14 @@ class SshScheduler(RecordedRunBase):
         hosts = [as_run(h, sys.executable) for h in placement.hosts]
         timeout = self._options.connect_timeout
         with self._err.status(f"checking {plural(len(hosts), 'host')}…"):
-            port = (
-                free_port()
-                if first.is_local
-                else pick_port(self._transports[first.name], first.python, timeout)
-            )
+            try:
+                port = (
+                    free_port()
+                    if first.is_local
+                    else pick_port(self._transports[first.name], first.python, timeout)
+                )
+            except ProvisionError:  # the first host is out of reach: every host's row says so
+                port = DRY_RUN_PORT
             # torch's facts may come from each host's previous probe (unchanged since)
             report = run_doctor(hosts, self._transports, rdzv_port=port, reuse_torch=True)
         if not report.ok:

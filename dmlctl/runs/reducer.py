@@ -252,9 +252,17 @@ def _agent_failed(f: _Fold, ev: AgentExited) -> None:
 
 
 def _failed(f: _Fold, failure: Failure) -> None:
-    """One more failure of this attempt; the root cause is the one that explains them."""
+    """One more failure of this attempt; the root cause is the one that explains them.
+    A rank whose own end was a consequence of it (a collective broken by the failed
+    peer, torchrun's SIGTERM) is shown stopped because its peer failed."""
     f.changed["seen"] = seen = (*f.get("seen"), failure)
-    f.changed["root_cause"] = pick_root_cause(seen)
+    f.changed["root_cause"] = root = pick_root_cause(seen)
+    for other in seen:
+        rank = other.rank
+        if rank is None or root is None or rank == root.rank or rank not in f.ranks:
+            continue
+        if other.collateral or other.kind in (Kind.COLLATERAL, Kind.KILLED):
+            f.upd(rank, other.host).update(status=RankStatus.STOPPED, peer_failed=True)
 
 
 def _progress(f: _Fold, ev: Progress) -> None:
@@ -273,7 +281,9 @@ def _restarting(f: _Fold, ev: Restarting) -> None:
     f.changed["detail"] = f"restart {ev.attempt} in {ev.delay:.0f} s after {ev.cause.headline()}"
     f.tail.append(TailLine(SEPARATOR, None, Stream.STDOUT, f"attempt {ev.attempt + 1}"))
     for rank in list(f.ranks):
-        f.upd(rank, f.ranks[rank].host).update(status=RankStatus.PENDING, exit_code=None, pid=None)
+        f.upd(rank, f.ranks[rank].host).update(
+            status=RankStatus.PENDING, exit_code=None, pid=None, peer_failed=False
+        )
 
 
 def _prepared(f: _Fold, ev: Prepared) -> None:

@@ -81,6 +81,7 @@ class RankState:
     comm: CommTotals | None = None  # the newest totals of the rank's current process
     comm_before: CommTotals | None = None  # its earlier processes in this run, added
     stage: str | None = None  # before its first step: joining, first step, importing
+    peer_failed: bool = False  # stopped because another rank failed (its own end collateral)
 
     def comm_run(self) -> CommTotals | None:
         """This rank's communication totals over the whole run (every process it ran

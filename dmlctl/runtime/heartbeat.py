@@ -24,7 +24,7 @@ import sys
 import threading
 from typing import Any
 
-from dmlctl.protocol import RankEventWriter
+from dmlctl.protocol import STAGE_SERVING, RankEventWriter
 from dmlctl.runtime import collectives, guards
 from dmlctl.runtime.progress import TRACKER, Tracker
 from dmlctl.runtime.where import FrameNamer, frames_of
@@ -82,8 +82,9 @@ class Heartbeat:
         out = self._tracker.snapshot()
         frames = main_thread_frames()
         where, inner = self._namer.summary(frames)
-        before = out.get("progress") == 0 and not self._tracker.is_server
-        if before and (stage := start_stage(frames, guards.is_prepared())):
+        if self._tracker.is_server:  # a parameter server never steps: it serves
+            out["stage"] = STAGE_SERVING
+        elif out.get("progress") == 0 and (stage := start_stage(frames, guards.is_prepared())):
             out["stage"] = stage
         if where is not None:
             out["where"] = where

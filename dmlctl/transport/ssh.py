@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import errno
 import os
 import socket
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,24 +61,48 @@ class SshConnectError(Exception):
     """A connection could not be opened; ``str()`` is the one-line reason."""
 
 
-def _describe(exc: BaseException, where: str, timeout: float) -> str:
+_CAUSES = {
+    errno.ECONNREFUSED: "refused (nothing listens on that port)",
+    errno.EHOSTUNREACH: "failed: no route to host",
+    errno.ENETUNREACH: "failed: network unreachable",
+    errno.ETIMEDOUT: "timed out",
+    errno.ECONNRESET: "reset by the host",
+}
+"""What a connection's socket error says, by errno, in words."""
+
+
+def _describe(exc: BaseException, where: str, timeout: float, took: float | None = None) -> str:
+    """Why the connection to ``where`` failed, by its real cause (no route, refused,
+    timed out, closed, authentication, host key), with the seconds it took."""
+    after = f" (after {took:.1f} s)" if took is not None else ""
     if isinstance(exc, paramiko.BadHostKeyException):
         return describe_bad_key(exc)
     if isinstance(exc, UnknownHostKey):
         return str(exc)
     if isinstance(exc, paramiko.SSHException) and "banner" in str(exc):
+        if took is not None and took < 0.9 * timeout:  # closed, not silent
+            return (
+                f"connection to {where} closed before SSH's greeting{after}: not an SSH "
+                "server there, or sshd dropped it (MaxStartups, a firewall, TCP wrappers)"
+            )
         return f"no SSH answer from {where} within {timeout:g} s (is sshd listening there?)"
     if isinstance(exc, paramiko.AuthenticationException):
-        return f"authentication failed at {where}: {exc}"
+        return f"authentication failed at {where}{after}: {exc}"
     if isinstance(exc, socket.gaierror):
         return f"cannot resolve {where}: {exc.strerror}"
     if isinstance(exc, (TimeoutError, socket.timeout)):
         return f"connection to {where} timed out after {timeout:g} s"
-    if isinstance(exc, (ConnectionRefusedError, paramiko.ssh_exception.NoValidConnectionsError)):
-        return f"connection to {where} refused"
+    if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
+        codes = {getattr(e, "errno", None) for e in exc.errors.values()}
+        code = next(iter(codes)) if len(codes) == 1 else None
+        return f"connection to {where} {_CAUSES.get(code or 0, 'failed: ' + str(exc))}{after}"
+    if isinstance(exc, OSError) and exc.errno in _CAUSES:
+        return f"connection to {where} {_CAUSES[exc.errno]}{after}"
+    if isinstance(exc, EOFError):
+        return f"connection to {where} closed by the host{after}"
     if isinstance(exc, OSError) and exc.strerror:
-        return f"cannot connect to {where}: {exc.strerror}"
-    return f"cannot connect to {where}: {type(exc).__name__}: {exc}"
+        return f"cannot connect to {where}: {exc.strerror}{after}"
+    return f"cannot connect to {where}: {type(exc).__name__}: {exc}{after}"
 
 
 class SSHTransport(Transport):
@@ -144,11 +170,15 @@ class SSHTransport(Transport):
 
     def _transport(self) -> paramiko.Transport:
         with self._lock:
+            started = time.monotonic()
             try:
                 self._conn.open()
             except Exception as e:
                 self._conn.close()
-                raise SshConnectError(_describe(e, self.where, self.options.connect_timeout)) from e
+                took = time.monotonic() - started
+                raise SshConnectError(
+                    _describe(e, self.where, self.options.connect_timeout, took)
+                ) from e
             transport = self._conn.client.get_transport()
             if transport is None or not transport.is_active():
                 raise SshConnectError(f"connection to {self.where} is closed")

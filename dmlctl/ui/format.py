@@ -16,6 +16,7 @@ from rich.text import Text
 
 from dmlctl.failure import Failure
 from dmlctl.mesh import MeshLayout, worker_ranks
+from dmlctl.protocol import STAGE_SERVING
 from dmlctl.runs.events import Stream
 from dmlctl.runs.state import SEPARATOR, Phase, RankState, RankStatus, RunState, TailLine
 from dmlctl.text import clean_line
@@ -108,9 +109,12 @@ def status_text(rank: RankState) -> Text:
     running rank that has not stepped yet says what it does instead (``importing``,
     ``joining``, ``first step``: its heartbeat's start-up stage)."""
     label = rank.status.value
-    if rank.status is RankStatus.RUNNING and rank.stage and rank.step is None:
+    serving = rank.stage == STAGE_SERVING  # a parameter server: its steps are pushes served
+    if rank.status is RankStatus.RUNNING and rank.stage and (rank.step is None or serving):
         label = rank.stage
-    if rank.exit_code not in (None, 0):
+    if rank.peer_failed and rank.status is RankStatus.STOPPED:
+        label = f"{label} (peer failed)"  # its own end was the failed peer's consequence
+    elif rank.exit_code not in (None, 0):
         label = f"{label} ({rank.exit_code})"
     return Text(label, style=STATUS_STYLES[rank.status])
 
@@ -234,6 +238,11 @@ def mesh_labels(ranks: Sequence[RankState], mesh: MeshLayout) -> Mapping[int, st
     return {rank: mesh.label(i) for i, rank in enumerate(workers[: mesh.world])}
 
 
+HOST_CHARS = 12
+"""The most of a host's name the rank table shows (longer ones end with …), so that
+the host column stays at 80 columns, where a rank moved to another host shows it."""
+
+
 def rank_table(
     ranks: Sequence[RankState],
     *,
@@ -244,9 +253,9 @@ def rank_table(
 ) -> RenderableType:
     """One row per rank, its columns chosen for the width it is drawn at
     (:class:`~dmlctl.ui.rank_table.RankTable`): rank, state, step, loss, samples/s,
-    then the worker's place in the device mesh (with ``mesh``), the strategy's own
-    columns and the role where roles differ (a server's row), then epoch, comm/step,
-    comm % and GPU memory, then host, then the last line.
+    then the host (abbreviated: :data:`HOST_CHARS`), the worker's place in the device
+    mesh (with ``mesh``), the strategy's own columns and the role where roles differ (a
+    server's row), then epoch, comm/step, comm % and GPU memory, then the last line.
 
     With ``max_rows`` and more ranks than that, failed ranks are kept first and the
     caption says how many rows were left out. The last-line column never wraps.
@@ -256,7 +265,7 @@ def rank_table(
     shown = select_ranks(ranks, max_rows)
     mixed = len({r.role for r in ranks}) > 1  # a server's row needs its label
     columns = [
-        Column("host", lambda r: Text(r.host), 3, "left"),
+        Column("host", lambda r: Text(truncate(r.host, HOST_CHARS)), 1, "left"),
         Column("rank", lambda r: Text(str(r.rank), style=rank_style(r.rank)), 0),
         Column("role", lambda r: Text(r.role), 1 if mixed else 3, "left"),
     ]

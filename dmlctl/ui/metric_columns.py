@@ -38,8 +38,12 @@ def _share(value: object) -> str:
 
 
 def _number(value: object) -> str:
+    """A count as the integer it is (``1013``, never ``1.01e+03``), another number to
+    3 significant digits."""
     if not isinstance(value, int | float) or isinstance(value, bool):
         return MISSING
+    if float(value).is_integer() and abs(value) < 1e12:
+        return str(int(value))
     return f"{float(value):.3g}"
 
 

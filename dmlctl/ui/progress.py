@@ -13,7 +13,7 @@ from collections.abc import Callable
 from rich.text import Text
 
 from dmlctl.protocol import PROGRESS, ROLE_SERVER
-from dmlctl.runs.state import RankState, RunState
+from dmlctl.runs.state import Phase, RankState, RunState
 
 BAR_WIDTH = 20
 _EIGHTHS = " ▏▎▍▌▋▊▉"
@@ -28,10 +28,13 @@ def rank_progress(rank: RankState) -> float | None:
 
 
 def run_progress(state: RunState) -> float | None:
-    """The mean progress of the workers that reported one, or None."""
+    """The mean progress of the workers that reported one, or None; 1 once the run
+    succeeded (a rank's last report may come before its last batches)."""
     values = [
         p for r in state.ranks if r.role != ROLE_SERVER and (p := rank_progress(r)) is not None
     ]
+    if values and state.phase is Phase.SUCCEEDED:
+        return 1.0
     return sum(values) / len(values) if values else None
 
 

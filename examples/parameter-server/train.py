@@ -65,7 +65,7 @@ pause = args.step_sleep * (args.straggler_factor if last else 1.0)
 
 step = ctx.resume(model, optimizer)  # 0 without a checkpoint
 if step:
-    print(f"rank {ctx.rank} resumes at step {step}")
+    print(f"resumes at step {step}")  # the log says which rank (its global rank)
 for x, y in ctx.shard(train_set, batch_size=args.batch_size, epochs=args.epochs):
     if pause:
         time.sleep(pause)

@@ -145,6 +145,33 @@ def test_dry_run_shows_how_ssh_config_resolves_each_host(
     assert not (home / "runs").exists()
 
 
+def test_a_launch_whose_first_host_is_out_of_reach_shows_every_hosts_row(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As doctor does: it named the first host alone, as 'cannot pick a rendezvous port'."""
+    import socket
+
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.ssh/config
+    ports = []
+    for _ in range(2):  # nothing listens there: each connection is refused at once
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+    cluster = tmp_path / "cluster.yaml"
+    hosts = [
+        f"{{name: n{i}, address: 127.0.0.1, port: {p}, slots: 1}}" for i, p in enumerate(ports)
+    ]
+    cluster.write_text("hosts:\n" + "".join(f"  - {h}\n" for h in hosts))
+    path = project(tmp_path)
+    code = main(["launch", str(path), "--cluster", str(cluster), "--connect-timeout", "5"])
+    out, err = capsys.readouterr()
+    assert code == 1, (out, err)
+    for name in ("n0", "n1"):  # a row each, saying why
+        (row,) = [line for line in out.splitlines() if line.strip().startswith(name)]
+        assert "refused" in row, out
+    assert "preflight failed on 2 of 2 hosts" in err and "rendezvous port" not in err, err
+
+
 def test_status_with_no_runs(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["status"]) == 0
     assert "no runs" in capsys.readouterr().out

@@ -184,3 +184,18 @@ def test_a_squeezed_column_drops_the_recent_value_rather_than_cut_it() -> None:
         console.print(cell)
         shown.append(console.export_text().strip())
     assert shown == ["20% (12)", "20%", "20%"]
+
+
+def test_a_count_column_shows_the_integer_it_is() -> None:
+    """SSP's clock spread on a long run read ``1.01e+03``: a count is an integer."""
+    from dmlctl.ui.metric_columns import STRATEGY_COLUMNS
+
+    cell = STRATEGY_COLUMNS["clock_spread"].cell
+    rank = RankState(0, "a", metrics={"clock_spread": 1013.0})
+    assert cell(rank).plain == "1013"
+    assert (
+        STRATEGY_COLUMNS["primal_res"]
+        .cell(RankState(0, "a", metrics={"primal_res": 0.012345}))
+        .plain
+        == "0.0123"
+    )

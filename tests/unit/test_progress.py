@@ -93,3 +93,6 @@ def test_a_rank_that_has_not_stepped_says_what_it_does(tmp_path: Path) -> None:
     assert start_stage([], prepared=True) == "first step"  # after ctx.prepare
     tracker.step()
     assert "stage" not in beats.beat()  # it stepped
+    server = Tracker()
+    server.serving()  # a parameter server: shown serving, whatever it counts
+    assert Heartbeat(None, FrameNamer(str(tmp_path)), server).beat()["stage"] == "serving"  # type: ignore[arg-type]

@@ -28,6 +28,10 @@ def test_run_progress_is_the_workers_mean_and_eta_follows_the_rate() -> None:
     assert eta_seconds(state, now=1100.0) == 300.0  # 100 s for 25 %: 300 s to go
     assert eta_seconds(dataclasses.replace(state, phase=Phase.SUCCEEDED), 1100.0) is None
     assert run_progress(_with_progress({})) is None
+    done = dataclasses.replace(_with_progress({0: {"progress": 0.92}}), phase=Phase.SUCCEEDED)
+    assert run_progress(done) == 1.0  # its last report came before its last batches
+    failed = dataclasses.replace(done, phase=Phase.FAILED)
+    assert run_progress(failed) == 0.92
 
 
 def test_bar_fills_in_eighths() -> None:

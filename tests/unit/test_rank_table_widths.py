@@ -135,7 +135,7 @@ def test_views_at_every_width_keep_the_important_columns_whole(
     text = _render(VIEWS[view](state), width)
     assert all(len(line.rstrip()) <= width for line in text.splitlines())
     header, rows = _table(text, state)
-    for column in ("rank", "state", "step", "loss", "samples/s"):
+    for column in ("host", "rank", "state", "step", "loss", "samples/s"):
         assert column in header.split(), (column, text)
     cut = header.find("last line") if "last line" in header else len(header)
     assert not any("…" in row[:cut] for row in rows), text  # only the last line is elided
@@ -183,7 +183,7 @@ def test_a_frame_fits_a_short_terminal_by_cutting_the_log_tail_then_rank_rows() 
     state = CASES["failed"]
     bare = len(_render(render_dashboard(state, T0, tail_lines=0, legend=False), 80).splitlines())
     legend = len(_render(render_dashboard(state, T0, tail_lines=0), 80).splitlines()) - bare
-    assert legend == 2  # comm/step and comm %: what they mean, under the table
+    assert legend == 1  # what comm/step means, under the table (comm % gave way to host)
 
     def height(limit: int, tail: int = 12) -> int:
         return len(_render(fitting_view(state, T0, console, limit, tail), 80).splitlines())

@@ -24,7 +24,7 @@ from dmlctl.runs.events import (
     Stream,
 )
 from dmlctl.runs.reducer import apply
-from dmlctl.runs.state import Phase, RunState, new_run_state
+from dmlctl.runs.state import Phase, RankStatus, RunState, new_run_state
 from dmlctl.text import clean_line
 from dmlctl.ui import (
     LiveDashboard,
@@ -339,6 +339,32 @@ def test_a_resume_is_no_restart_in_the_header_nor_in_the_final_line() -> None:
     assert "restarts 0 (resumed 1×)" in header, header
     done = dataclasses.replace(state, phase=Phase.SUCCEEDED, exit_code=0, ended_at=T0 + 65)
     assert "after 1 resume" in render(render_summary(done, None)).splitlines()[0]
+
+
+def test_a_rank_stopped_by_its_peers_failure_is_shown_so() -> None:
+    """Rank 0's collective broke because rank 1 failed: not a failure of its own."""
+    broken = named(
+        "host-b", 0, "RuntimeError", "Connection closed by peer [10.0.0.2]:4242", (), T0 + 5
+    )
+    assert broken.collateral
+    for order in ([0, 1], [1, 0]):  # whichever end is seen first
+        exits = {
+            0: RankExited("host-b", 0, 1, broken, T0 + 5),
+            1: RankExited("host-a", 1, 1, CAUSE, T0 + 5),
+        }
+        state = apply(running(), [exits[r] for r in order])
+        ranks = {r.rank: r for r in state.ranks}
+        assert ranks[0].status is RankStatus.STOPPED and ranks[0].peer_failed, order
+        assert ranks[1].status is RankStatus.FAILED and state.root_cause is not None
+        out = render(render_dashboard(state, T0 + 6), width=160)
+        assert "stopped (peer failed)" in out and "failed (1)" in out
+
+
+def test_a_parameter_server_is_shown_serving() -> None:
+    from dmlctl.runs.events import Heartbeat
+
+    state = apply(running(), [Heartbeat("host-b", 3, 5, T0 + 5, stage="serving")])
+    assert "serving" in render(render_dashboard(state, T0 + 6), width=160)
 
 
 def test_the_detail_says_why_each_attempt_failed() -> None:
