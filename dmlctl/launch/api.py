@@ -75,12 +75,7 @@ def fresh_restarts(job: JobSpec) -> str | None:
     """What a run of ``job`` should know before it starts: that its restarts begin at step
     0 (it may restart, and names no checkpoint); None otherwise."""
     budget = job.restart.max_user_restarts + job.restart.max_infra_restarts
-    if job.checkpoint is not None or budget == 0:
-        return None
-    return (
-        f"{NO_CHECKPOINT} (add checkpoint: {{every_steps: N}} and ctx.checkpoint() in the "
-        "script to go on where it stopped)"
-    )
+    return NO_CHECKPOINT if job.checkpoint is None and budget > 0 else None
 
 
 def _stderr() -> Console:

@@ -88,7 +88,7 @@ def classify(cause: Failure) -> FailureKind:
     return BUDGETS[cause.kind]
 
 
-NO_CHECKPOINT = "the job has no checkpoint: block, so a restart starts from step 0"
+NO_CHECKPOINT = "no checkpoint: block in the job, so a restart starts from step 0"
 """Said when a run that may restart cannot resume (at launch, and at each restart)."""
 
 

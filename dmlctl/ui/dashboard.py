@@ -18,6 +18,7 @@ from rich.text import Text
 
 from dmlctl.runs.state import Phase, RunState
 from dmlctl.ui.format import rank_table, root_cause_panel, run_header, tail_text
+from dmlctl.ui.progress import no_metrics_hint
 
 SPINNER_FRAMES = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 SPINNER_FPS = 8.0
@@ -61,6 +62,8 @@ def render_dashboard(
         Text(""),
         rank_table(state.ranks, max_rows=max_rank_rows, mesh=state.mesh, legend=legend),
     ]
+    if (hint := no_metrics_hint(state, now)) is not None:
+        parts.append(Text(hint, style="dim"))
     if state.root_cause is not None:
         parts.append(root_cause_panel(state.root_cause, max_lines=10))
     if tail_lines > 0 and state.tail:

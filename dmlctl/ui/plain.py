@@ -30,7 +30,7 @@ from dmlctl.runs.state import RankState, RunState
 from dmlctl.text import clean_line
 from dmlctl.ui.format import format_duration, format_loss, format_step
 from dmlctl.ui.numbers import compact_rate
-from dmlctl.ui.progress import progress_line, run_progress
+from dmlctl.ui.progress import no_metrics_hint, progress_line, run_progress
 
 _Snapshot = tuple[int | None, float | None, float | None]
 
@@ -71,6 +71,7 @@ class PlainPrinter:
         self._progress_pct = -1  # the last progress printed, in whole percent
         self._reported: dict[int, _Snapshot] = {}
         self._headed = False
+        self._hinted = False  # the no-metrics hint: said once
 
     def on_events(self, events: Sequence[Event], state: RunState) -> None:
         """Print ``events`` (already folded into ``state``) and a summary if one is due;
@@ -107,6 +108,9 @@ class PlainPrinter:
                 emit(f"dmlctl: stopping: {ev.reason}")
             elif isinstance(ev, Finished):
                 finished = True
+        if not self._hinted and (hint := no_metrics_hint(state, time.time())) is not None:
+            self._hinted = True
+            emit(f"dmlctl: {hint}")
         now = self._clock()
         if finished or now - self._last_summary_at >= self._interval:
             self._last_summary_at = now

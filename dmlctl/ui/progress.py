@@ -77,3 +77,24 @@ def progress_line(
         text.append("  ETA ", style="dim")
         text.append(duration(eta))
     return text
+
+
+NO_METRICS_AFTER = 30.0
+"""Seconds a run trains without a metric from any rank before the views say how to
+send some."""
+NO_METRICS = (
+    "no metrics from the ranks yet: ctx.log(step=..., loss=...) in the script, or "
+    "dmlctl's callback for a Trainer, Lightning or accelerate (docs/integrations.md)"
+)
+
+
+def no_metrics_hint(state: RunState, now: float) -> str | None:
+    """:data:`NO_METRICS` while the run has been running :data:`NO_METRICS_AFTER`
+    seconds without one metric record from any rank; else None."""
+    if state.phase is not Phase.RUNNING or state.started_at is None:
+        return None
+    if now - state.started_at < NO_METRICS_AFTER:
+        return None
+    if any(r.step is not None or r.metrics for r in state.ranks):
+        return None
+    return NO_METRICS

@@ -311,7 +311,7 @@ def test_a_transient_failure_is_restarted(cli: Cli) -> None:
     assert "rank 1 finished on attempt 2" in proc.stdout
     # No checkpoint: block: said once before the run, and again at its restart.
     said = (proc.stderr + proc.stdout).splitlines()  # at launch, then with the restart
-    notes = [line for line in said if "no checkpoint: block" in line]
+    notes = [line for line in said if "no checkpoint: block in the job" in line]
     assert len(notes) == 2 and "the steps done are lost" in notes[1], notes
     assert not run_processes(state["run_id"])
 

@@ -37,7 +37,7 @@ CONTROL = (
 #: only the CLI imports them.
 TOP = "bench"
 #: Data-plane packages, lowest first (the same rule).
-DATA = ("runtime", "ps", "strategies", "agent")
+DATA = ("runtime", "ps", "strategies", "agent", "integrations")
 #: Modules that compose the data plane (a rank's entry and ``dmlctl.init()``): they
 #: may import any data-plane package.
 COMPOSERS = {"dmlctl.runtime.entry", "dmlctl.runtime.session", "dmlctl"}

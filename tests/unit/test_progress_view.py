@@ -51,3 +51,28 @@ def test_header_and_plain_mode_show_progress_epoch_and_eta() -> None:
     printer.on_events([], state)  # unchanged: printed once
     lines = [line for line in out.getvalue().splitlines() if "progress" in line]
     assert len(lines) == 1 and lines[0].startswith("dmlctl: progress 50%  epoch 2  ETA ")
+
+
+def test_a_run_without_metrics_is_told_how_to_send_some_once() -> None:
+    """A Trainer script without dmlctl's callback: the dashboard's columns stay '-'."""
+    from dmlctl.ui import render_dashboard
+    from dmlctl.ui.progress import NO_METRICS, NO_METRICS_AFTER
+
+    silent = dataclasses.replace(_with_progress({}), phase=Phase.RUNNING)
+    later = 1000.0 + NO_METRICS_AFTER + 1
+
+    def shown(state: RunState, now: float) -> str:
+        console = Console(file=io.StringIO(), width=200)
+        console.print(render_dashboard(state, now))
+        return console.file.getvalue()  # type: ignore[attr-defined,no-any-return]
+
+    assert NO_METRICS not in shown(silent, 1010.0)  # give it time
+    assert NO_METRICS in shown(silent, later) and "docs/integrations.md" in NO_METRICS
+    stepping = _with_progress({0: {"loss": 1.0}})
+    assert NO_METRICS not in shown(dataclasses.replace(stepping, phase=Phase.RUNNING), later)
+    out = io.StringIO()
+    printer = PlainPrinter(out)
+    early = dataclasses.replace(silent, started_at=0.0)  # the plain view reads the wall clock
+    printer.on_events([], early)
+    printer.on_events([], early)
+    assert out.getvalue().count(NO_METRICS) == 1
