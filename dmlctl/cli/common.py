@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import sys
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import typer
@@ -19,14 +21,21 @@ CLUSTER_OPTION = typer.Option(
 """``--cluster FILE`` of the commands that run on a cluster file or else on this machine
 (``launch``, ``bench comm``, ``bench advise``)."""
 
-# Pipes and files get wide, untruncated lines (run ids, log lines); a terminal its width.
-PIPE_WIDTH = 200
+PIPE_WIDTH = 80
+"""The width of tables written to a pipe or a file when ``COLUMNS`` does not say one."""
+
+
+def output_width(environ: Mapping[str, str] = os.environ) -> int | None:
+    """The width of what goes to stdout: the terminal's (None: rich asks it), else
+    ``COLUMNS`` when it is a number, else :data:`PIPE_WIDTH`."""
+    if sys.stdout.isatty():
+        return None
+    columns = environ.get("COLUMNS", "")
+    return int(columns) if columns.isdigit() and int(columns) >= 20 else PIPE_WIDTH
 
 
 def stdout_console() -> Console:
-    return Console(
-        file=sys.stdout, highlight=False, width=None if sys.stdout.isatty() else PIPE_WIDTH
-    )
+    return Console(file=sys.stdout, highlight=False, width=output_width())
 
 
 def stderr_console() -> Console:

@@ -62,7 +62,7 @@ class SshConnectError(Exception):
 
 
 _CAUSES = {
-    errno.ECONNREFUSED: "refused (nothing listens on that port)",
+    errno.ECONNREFUSED: "refused (nothing listens there)",
     errno.EHOSTUNREACH: "failed: no route to host",
     errno.ENETUNREACH: "failed: network unreachable",
     errno.ETIMEDOUT: "timed out",

@@ -152,6 +152,7 @@ def test_a_launch_whose_first_host_is_out_of_reach_shows_every_hosts_row(
     import socket
 
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.ssh/config
+    monkeypatch.setenv("COLUMNS", "200")  # a row a line
     ports = []
     for _ in range(2):  # nothing listens there: each connection is refused at once
         with socket.socket() as s:
@@ -359,16 +360,15 @@ def test_strategies_lists_every_strategy_and_one_strategys_params(
 def test_strategy_parameters_at_80_columns_keep_their_meaning_readable(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Not a meaning column squeezed to a word per line: one block per parameter."""
-    from dmlctl.cli import common
-
-    monkeypatch.setattr(common, "PIPE_WIDTH", 80)
+    """Not a meaning column squeezed to a word per line: one block per parameter. Piped,
+    the width is 80 (``COLUMNS`` unset) or ``COLUMNS``."""
+    monkeypatch.delenv("COLUMNS", raising=False)
     assert main(["strategies", "ssp"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert all(len(line) <= 80 for line in lines), lines
     assert "staleness  int  default 3  (≥ 0, ≤ 1,000,000)" in lines, lines
     assert any(line.startswith("    s: the most clocks a worker may be ahead") for line in lines)
-    monkeypatch.setattr(common, "PIPE_WIDTH", 160)
+    monkeypatch.setenv("COLUMNS", "160")
     assert main(["strategies", "ssp"]) == 0
     assert "param " in capsys.readouterr().out  # wide enough for the table
 
