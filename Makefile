@@ -50,7 +50,8 @@ quickstart: install-run
 #      waiting leaves idle (tests/conftest.py, COMPUTING_NICE);
 #   2. the `serial` tests (times bounded on an idle machine: hang detection, bench straggler,
 #      a silent host), alone.
-# `make test PYTEST_ARGS=tests/unit` (or PYTEST_ARGS='-m "not integration"') runs a part.
+# `make test PYTEST_ARGS=tests/unit` (or PYTEST_ARGS='-m "not integration and not ssh"',
+# which leaves out the serial part too) runs a part.
 # Part 2 collects only the files that hold `serial` tests (collecting them all takes
 # seconds), unless PYTEST_ARGS names what to run.
 TEST_WORKERS ?= 3
@@ -58,7 +59,7 @@ PYTEST := $(VPY) -m pytest -q
 SERIAL_FILES = $(shell grep -rl --include='test_*.py' 'mark\.serial' tests)
 test: install
 	$(PYTEST) -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder -m "not serial" --durations=30 $(PYTEST_ARGS)
-	$(PYTEST) -m serial --durations=10 $(or $(PYTEST_ARGS),$(SERIAL_FILES)) || [ $$? -eq 5 ]  # 5: none selected
+	$(if $(findstring -m ,$(PYTEST_ARGS)),@echo "make: the serial part left out: PYTEST_ARGS chooses by mark",$(PYTEST) -m serial --durations=10 $(or $(PYTEST_ARGS),$(SERIAL_FILES)) || [ $$? -eq 5 ])  # 5: none selected
 
 # The GPU suite (tests/gpu, marked `gpu`: every strategy on cuda:0, parameter servers fed
 # by a GPU worker, the examples on one GPU). It needs PyTorch with CUDA, which `install`

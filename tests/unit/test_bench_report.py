@@ -325,7 +325,8 @@ def test_launch_bench_alternates_sides_and_reports_medians_and_ratio(tmp_path: P
     # the ratio of the medians alone: min/min and max/max bound nothing (4.167 above, or
     # a max below the median, read as a range)
     assert cells == ["dmlctl/torchrun", "1.200", "", ""]
-    assert "2 workers" in out and "1 worker," in render(render_launch_table({**report, "workers": 1}))
+    one = render(render_launch_table({**report, "workers": 1}))
+    assert "2 workers" in out and "1 worker," in one
 
 
 def test_launch_bench_without_the_agent_server_turns_it_off_on_dmlctls_side(

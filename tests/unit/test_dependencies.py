@@ -94,11 +94,15 @@ def test_the_quick_start_installs_what_running_needs_and_no_dev_tool(tmp_path: P
     repo = PACKAGE_DIR.parent
     venv = tmp_path / "venv"
 
-    def planned(target: str) -> str:
-        argv = ["make", "-n", "-B", "-C", str(repo), target, f"VENV={venv}"]
+    def planned(target: str, *more: str) -> str:
+        argv = ["make", "-n", "-B", "-C", str(repo), target, f"VENV={venv}", *more]
         return subprocess.run(argv, capture_output=True, text=True, check=True).stdout
 
     quick = [line for line in planned("quickstart").splitlines() if "pip install" in line]
     assert len(quick) == 1 and quick[0].endswith("torch==2.13.0 -e ."), quick
     assert "dmlctl launch examples/quickstart/job.yaml" in planned("quickstart")
     assert "-e '.[dev]'" in planned("test")
+    # A part chosen by mark runs once: the serial part's own -m would be overridden by it
+    # (it ran every selected test a second time, one at a time).
+    marked = 'PYTEST_ARGS=-m "not integration and not ssh"'
+    assert "-m serial" in planned("test") and "-m serial" not in planned("test", marked)
