@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from dmlctl.errors import UsageError
-from dmlctl.lab import known_hosts, net, sshd
+from dmlctl.lab import known_hosts, names, net, sshd
 from dmlctl.lab import slurm as slurm_lab
 from dmlctl.lab.net import LabError
 from dmlctl.lab.state import (
@@ -108,6 +108,7 @@ def _make(
     known_hosts.set_block(
         known_hosts.default_file(), [sshd.known_hosts_line(lab_dir, i) for i in range(n)]
     )
+    names.set_block(names.lines(n))  # without it torch warns in every rank's log
     record = LabRecord(hosts=hosts, bandwidth_bits=bits, latency_ms=latency_ms, slots=slots)
     write_record(lab_dir, record)
     return write_cluster(lab_dir, record)
@@ -124,6 +125,8 @@ def down(lab_dir: Path | None = None) -> list[str]:
     if hosts_file.exists() and known_hosts.BEGIN in hosts_file.read_text(errors="replace"):
         known_hosts.set_block(hosts_file, [])
         removed.append(f"the lab's entries in {hosts_file}")
+    if names.has_block() and names.set_block([]):
+        removed.append(f"the lab's names in {names.HOSTS}")
     if lab_dir.exists():
         shutil.rmtree(lab_dir)
         removed.append(f"directory {lab_dir}")

@@ -208,8 +208,13 @@ def _host_dropped(f: _Fold, ev: HostDropped) -> None:
 def _back(f: _Fold, ev: MetricRecord) -> None:
     """The first record of ``ev.rank``'s replacement closes its open gaps (more than
     one when a replacement died before it logged)."""
+    progress, epoch = ev.values.get("progress"), ev.values.get("epoch")
+    where = {
+        "progress": float(progress) if isinstance(progress, int | float) else None,
+        "epoch": epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else None,
+    }
     f.changed["replacements"] = tuple(
-        dataclasses.replace(gap, back_at=ev.ts, step=ev.step)
+        dataclasses.replace(gap, back_at=ev.ts, step=ev.step, **where)
         if gap.rank == ev.rank and gap.back_at is None
         else gap
         for gap in f.get("replacements")

@@ -93,7 +93,10 @@ class RankState:
 class Replacement:
     """A rank started again in place (``restart.mode: in_place``): when its death was
     seen (``lost_at``) and why (``cause``, the failure's message), and when its
-    replacement logged its first record (``back_at``, at ``step``; None until then)."""
+    replacement logged its first record (``back_at``, at ``step``; None until then),
+    and where in its data it was then (``progress``, the share of its data taken, and
+    ``epoch``, when the script's data comes through ``ctx.shard``): a script that keeps
+    its own step counter starts it again, its data position goes on."""
 
     rank: int
     host: str
@@ -101,6 +104,8 @@ class Replacement:
     cause: str
     back_at: float | None = None
     step: int | None = None
+    progress: float | None = None
+    epoch: int | None = None
 
     @property
     def gap_s(self) -> float | None:

@@ -43,6 +43,7 @@ def render_dashboard(
     tail_lines: int = 12,
     max_rank_rows: int | None = MAX_RANK_ROWS,
     legend: bool = True,
+    seen: dict[str, int] | None = None,
 ) -> RenderableType:
     """The whole dashboard for ``state`` at wall-clock time ``now``.
 
@@ -60,7 +61,7 @@ def render_dashboard(
     parts: list[RenderableType] = [
         run_header(state, now, marker=spinner_frame(now) if spinning else None),
         Text(""),
-        rank_table(state.ranks, max_rows=max_rank_rows, mesh=state.mesh, legend=legend),
+        rank_table(state.ranks, max_rows=max_rank_rows, mesh=state.mesh, legend=legend, seen=seen),
     ]
     if (hint := no_metrics_hint(state, now)) is not None:
         parts.append(Text(hint, style="dim"))
@@ -73,7 +74,12 @@ def render_dashboard(
 
 
 def fitting_view(
-    state: RunState, now: float, console: Console, height: int, tail_lines: int
+    state: RunState,
+    now: float,
+    console: Console,
+    height: int,
+    tail_lines: int,
+    seen: dict[str, int] | None = None,
 ) -> RenderableType:
     """:func:`render_dashboard` at most ``height`` lines tall at ``console``'s width:
     the log tail is shortened first (to none, with its rule), then the columns'
@@ -89,7 +95,9 @@ def fitting_view(
     keep = min(LOG_LINES_BESIDE_LEGEND, tail_lines, len(state.tail))
     for legend in (True, False):
         while True:
-            bare = render_dashboard(state, now, tail_lines=0, max_rank_rows=rows, legend=legend)
+            bare = render_dashboard(
+                state, now, tail_lines=0, max_rank_rows=rows, legend=legend, seen=seen
+            )
             used = len(console.render_lines(bare, console.options, pad=False))
             if used <= height or rows <= 1:
                 break
@@ -100,7 +108,9 @@ def fitting_view(
     room = min(tail_lines, height - used - 1)  # the ``log`` rule takes a line
     if room <= 0 or not state.tail:
         return bare
-    return render_dashboard(state, now, tail_lines=room, max_rank_rows=rows, legend=legend)
+    return render_dashboard(
+        state, now, tail_lines=room, max_rank_rows=rows, legend=legend, seen=seen
+    )
 
 
 class LiveDashboard:
@@ -142,6 +152,7 @@ class LiveDashboard:
         self._state: RunState | None = None
         self._next_frame_at = float("-inf")
         self._frames = 0
+        self._seen: dict[str, int] = {}  # each column's widest so far (stable columns)
         self._closed = False
 
     @property
@@ -200,6 +211,8 @@ class LiveDashboard:
         assert self._state is not None  # callers check; not user input
         console = self._live.console
         height = console.height - (FINAL_LINES_AFTER if final else 1)
-        view = fitting_view(self._state, self._wall_clock(), console, height, self._tail_lines)
+        view = fitting_view(
+            self._state, self._wall_clock(), console, height, self._tail_lines, self._seen
+        )
         self._live.update(view, refresh=True)
         self._frames += 1

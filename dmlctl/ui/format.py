@@ -250,6 +250,7 @@ def rank_table(
     max_rows: int | None = None,
     mesh: MeshLayout | None = None,
     legend: bool = False,
+    seen: dict[str, int] | None = None,
 ) -> RenderableType:
     """One row per rank, its columns chosen for the width it is drawn at
     (:class:`~dmlctl.ui.rank_table.RankTable`): rank, state, step, loss, samples/s,
@@ -260,7 +261,8 @@ def rank_table(
     With ``max_rows`` and more ranks than that, failed ranks are kept first and the
     caption says how many rows were left out. The last-line column never wraps.
     With ``legend``, a dim line under the table says what each shown strategy column
-    means (:data:`~dmlctl.ui.metric_columns.STRATEGY_COLUMNS`).
+    means (:data:`~dmlctl.ui.metric_columns.STRATEGY_COLUMNS`). ``seen``: the live
+    view's memory of each column's widest (:attr:`RankTable.seen`).
     """
     shown = select_ranks(ranks, max_rows)
     mixed = len({r.role for r in ranks}) > 1  # a server's row needs its label
@@ -296,6 +298,7 @@ def rank_table(
         (lambda r: Text(truncate(clean_line(r.last_line), LAST_LINE_CHARS))) if last_line else None,
         f"… {more} more ranks not shown" if more else None,
         legend,
+        seen,
     )
 
 

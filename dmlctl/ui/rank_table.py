@@ -91,6 +91,7 @@ class RankTable:
         last: Cell | None = None,
         caption: str | None = None,
         legend: bool = False,
+        seen: dict[str, int] | None = None,
     ) -> None:
         self.ranks, self.columns, self.last, self.caption = (
             list(ranks),
@@ -101,12 +102,19 @@ class RankTable:
         #: Whether a dim line under the table says what the shown columns with a
         #: ``meaning`` mean.
         self.legend = legend
+        #: The widest each column has been in the earlier frames of a live view (header →
+        #: cells), updated here: a column is chosen at its widest, so one whose values
+        #: widen and narrow again does not appear and vanish from frame to frame.
+        self.seen = seen
 
     def _widths(self, console: Console, options: ConsoleOptions) -> list[int]:
         widths = []
         for col in self.columns:
             cells = [console.measure(col.cell(r), options=options).maximum for r in self.ranks]
-            widths.append(max([len(col.header), *cells]))
+            width = max([len(col.header), *cells])
+            if self.seen is not None:
+                width = self.seen[col.header] = max(width, self.seen.get(col.header, 0))
+            widths.append(width)
         return widths
 
     def pick(self, console: Console, options: ConsoleOptions) -> tuple[list[int], int]:

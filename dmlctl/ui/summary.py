@@ -168,13 +168,15 @@ def render_unreadable(run_id: str, reason: str) -> Text:
 
 def replacement_line(gap: Replacement) -> Text:
     """``rank 1 on local replaced in place at 2026-11-29 14:03:07 (killed by SIGKILL;
-    …): back after 0.19 s, at step 1554`` (``not back yet`` while its replacement has
-    not logged)."""
-    back = (
-        f"back after {gap.gap_s:.2f} s, at step {gap.step}"
-        if gap.gap_s is not None
-        else "not back yet"
-    )
+    …): back after 0.19 s, 34% through its data (epoch 1, its step 25)`` — its data
+    position, where its script takes data through ``ctx.shard``; else ``at step 1554``
+    (``not back yet`` while its replacement has not logged)."""
+    back = f"back after {gap.gap_s:.2f} s, " if gap.gap_s is not None else "not back yet"
+    if gap.gap_s is not None and gap.progress is not None:  # where its data went on
+        epoch = f"epoch {gap.epoch}, " if gap.epoch is not None else ""
+        back += f"{gap.progress:.0%} through its data ({epoch}its step {gap.step})"
+    elif gap.gap_s is not None:
+        back += f"at step {gap.step}"
     return Text.assemble(
         (f"rank {gap.rank} on {gap.host} replaced in place at ", "yellow"),
         format_local_time(gap.lost_at),

@@ -254,6 +254,17 @@ def test_the_respawn_record_reaches_the_state_as_a_rank_recovering(tmp_path: Pat
     assert "rank 1 on h replaced in place at " in detail
     assert " (killed by SIGKILL; started again in place): back after 1.50 s, at step 50" in detail
     assert "attempt 1 failed" not in detail  # a replacement is no failed attempt
+    # A script that counts its own steps starts them again: its data position is shown.
+    lost = apply(state, [ev])
+    sharded = apply(
+        lost,
+        [MetricRecord("h", 1, 5, {"loss": 0.4, "progress": 0.34, "epoch": 1}, gap.lost_at + 20)],
+    )
+    newest = sharded.replacements[-1]
+    assert (newest.step, newest.progress, newest.epoch) == (5, 0.34, 1)
+    console = Console(width=200, color_system=None, record=True)
+    console.print(render_run_detail(sharded, 2.0))
+    assert "34% through its data (epoch 1, its step 5)" in console.export_text()
 
 
 def test_a_replacement_spends_an_infra_restart() -> None:

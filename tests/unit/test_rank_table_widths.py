@@ -5,6 +5,7 @@ drop out whole, the last line is elided at its end. Expected renderings are kept
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 from pathlib import Path
@@ -200,3 +201,24 @@ def test_a_frame_fits_a_short_terminal_by_cutting_the_log_tail_then_rank_rows() 
         assert "more" in text, text  # the caption counts the ranks left out
     one_row = _render(fitting_view(many, T0, console, 3, 12), 80)
     assert sum(line.split()[:1] == ["node-0"] for line in one_row.splitlines()) == 1
+
+
+def test_a_live_views_columns_stay_when_a_value_narrows_again() -> None:
+    """A column dropped when a value widened came back when it narrowed, and went again:
+    the live view chooses each column at its widest so far."""
+
+    def header(state: RunState, seen: dict[str, int] | None) -> list[str]:
+        text = _render(render_dashboard(state, T0 + 30, seen=seen), 80)
+        return next(
+            line.split() for line in text.splitlines() if line.split()[:2] == ["host", "rank"]
+        )
+
+    def with_loss(loss: float) -> RunState:
+        ranks = tuple(dataclasses.replace(r, loss=loss) for r in CASES["ssgd"].ranks)
+        return dataclasses.replace(CASES["ssgd"], ranks=ranks)
+
+    narrow, wide = with_loss(0.5), with_loss(123456789.123)
+    assert header(narrow, None) != header(wide, None)  # a column gives way to the wide loss
+    seen: dict[str, int] = {}
+    frames = [header(state, seen) for state in (narrow, wide, narrow, wide)]
+    assert frames[1] == frames[2] == frames[3], frames  # and stays away
