@@ -54,6 +54,7 @@ def test_up_twice_then_down_leaves_nothing(tmp_path: Path) -> None:
     before = Path("/etc/hosts").read_text()  # the lab's addresses have names
     assert socket.gethostbyaddr("10.231.0.2")[0] == "dmlctl-lab-0"
     assert socket.gethostbyaddr("10.231.0.1")[0] == "dmlctl-lab-gateway"
+    assert socket.getnameinfo(("::ffff:10.231.0.2", 22, 0, 0), 0)[0] == "dmlctl-lab-0"
     down = cli.run("lab", "down")
     assert down.returncode == 0, down.stderr
     assert "removed namespace dmlctl-lab-0 (1 process stopped)" in down.stdout
