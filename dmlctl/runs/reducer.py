@@ -147,6 +147,7 @@ def _rank_exited(f: _Fold, ev: RankExited) -> None:
     u["exit_code"] = ev.exit_code
     if f.get("phase") == Phase.STOPPING and (ev.cause is None or ev.exit_code == 0):
         u["status"] = RankStatus.STOPPED  # whatever its SIGTERM handler returned
+        u["peer_failed"] = _by_peer(f, ev.rank)
     elif ev.exit_code == 0:
         u["status"] = RankStatus.SUCCEEDED
     else:
@@ -163,6 +164,13 @@ def _rank_exited(f: _Fold, ev: RankExited) -> None:
         )
         if f.get("phase") != Phase.STOPPING:
             _failed(f, cause)
+
+
+def _by_peer(f: _Fold, rank: int) -> bool:
+    """Whether ``rank`` is being stopped because another rank failed (the attempt has a
+    root cause on another rank; a stop the user asked for has none)."""
+    root = f.get("root_cause")
+    return root is not None and root.rank is not None and root.rank != rank
 
 
 def _in_place(f: _Fold, cause: Failure) -> None:
@@ -238,9 +246,10 @@ def _agent_exited(f: _Fold, ev: AgentExited) -> None:
         blamed = (
             failed and cause is not None and cause.host == ev.host and cause.rank in (rank, None)
         )
-        f.upd(rank, ev.host)["status"] = (
-            RankStatus.FAILED if blamed and not stopping else RankStatus.STOPPED
-        )
+        if blamed and not stopping:
+            f.upd(rank, ev.host)["status"] = RankStatus.FAILED
+        else:  # its agent ended with it: stopped, by a failed peer where the run has one
+            f.upd(rank, ev.host).update(status=RankStatus.STOPPED, peer_failed=_by_peer(f, rank))
 
 
 def _agent_failed(f: _Fold, ev: AgentExited) -> None:
@@ -327,7 +336,9 @@ def _finished(f: _Fold, ev: Finished) -> None:
     f.changed["ended_at"] = ev.ts
     for rank in list(f.ranks):
         if not RankStatus(f.current(rank, "status")).terminal:
-            f.upd(rank, f.ranks[rank].host)["status"] = RankStatus.STOPPED
+            f.upd(rank, f.ranks[rank].host).update(
+                status=RankStatus.STOPPED, peer_failed=_by_peer(f, rank)
+            )
     statuses = [RankStatus(f.current(r, "status")) for r in f.ranks]
     if f.get("stop_reason") is not None and f.get("root_cause") is None:
         # A stop is a stop, whatever the ranks' SIGTERM handlers returned.
