@@ -46,9 +46,15 @@ class SignedStore:
         self._said: set[str] = set()
 
     def set(self, name: str, value: str | bytes) -> None:
-        """Write ``value`` under ``name``, signed."""
+        """Write ``value`` under ``name``, signed; returns once the store holds it.
+        torch's client sends a set without waiting for an answer, and a store serves
+        each connection on its own: another process could otherwise look for the
+        value before it is there (the server checking the workers' "joined" marks
+        found one missing). The check that follows on the same connection is answered
+        after the set is done."""
         data = value.encode() if isinstance(value, str) else value
         self.raw.set(name, self._sign(name, data))  # type: ignore[arg-type]  # bytes
+        self.raw.check([name])
 
     def get(self, name: str) -> bytes:
         """The value under ``name`` (waits until there is one, as torch's ``get``);

@@ -233,3 +233,27 @@ def test_connections_over_the_cap_are_closed_and_the_others_served() -> None:
         held[0].sendall(bytes([wire.ADD]) + _key("n") + struct.pack("<q", 1))
         assert struct.unpack("<q", held[0].recv(8))[0] == 1  # the run goes on
     assert refused == ["a connection from 127.0.0.1 over the 3 served at once"]
+
+
+def test_a_signed_set_is_in_the_store_when_it_returns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch's client sends a set and goes on; the store serves each connection on a
+    thread of its own. A rank's 'joined' mark, looked for on another connection, was
+    missing (its set not yet served): SignedStore's set returns once it is held."""
+    from torch._C._distributed_c10d import TCPStore
+
+    from dmlctl.runtime.signed_store import SignedStore
+
+    real = ss.StoreServer._set
+
+    def slow(self: ss.StoreServer, client: object, reader: object) -> None:
+        time.sleep(0.5)  # a loaded machine: the set's thread runs late
+        real(self, client, reader)  # type: ignore[arg-type]
+
+    monkeypatch.setitem(ss._HANDLERS, wire.SET, slow)
+    with ss.StoreServer() as server:
+        writer = SignedStore(TCPStore("127.0.0.1", server.port, is_master=False))
+        reader = TCPStore("127.0.0.1", server.port, is_master=False)
+        writer.set("joined/0", "1")
+        assert reader.check(["joined/0"])  # seen at once from another connection
+        writer.raw.set("bare/0", "1")  # torch's own set: not yet
+        assert not reader.check(["bare/0"])
