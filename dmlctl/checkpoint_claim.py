@@ -17,7 +17,7 @@ import os
 import time
 
 from dmlctl.errors import UsageError
-from dmlctl.protocol import file_in_the_way, make_private_dirs
+from dmlctl.private_files import file_in_the_way, make_private_dirs
 
 CLAIM_FILE = ".dmlctl-claim"
 """The lock file in a checkpoint directory; it holds the id of the run that claims it."""

@@ -12,7 +12,8 @@ import os
 import re
 from pathlib import Path
 
-from dmlctl.protocol import CHECKPOINT_LATEST, CHECKPOINT_STEP_PATTERN, private_opener
+from dmlctl.private_files import private_opener
+from dmlctl.protocol import CHECKPOINT_LATEST, CHECKPOINT_STEP_PATTERN
 
 _STEP_DIR = re.compile(CHECKPOINT_STEP_PATTERN)
 

@@ -35,6 +35,8 @@ import time
 from collections.abc import Mapping
 from typing import Any, TextIO
 
+from dmlctl.private_files import make_private_dirs, private_opener
+
 # Environment variables the plan sets for every rank process.
 ENV_RUN_ID = "DMLCTL_RUN_ID"
 #: The job's ``ranks.start``: ``fresh`` (absent too) or ``warm`` (:mod:`dmlctl.agent.zygote`).
@@ -269,45 +271,6 @@ def _jsonable(value: Any) -> float | int | str | bool | None:
         if isinstance(out, bool | int | float):
             return out
     return float(value)
-
-
-PRIVATE_FILE = 0o600
-"""Mode of every file dmlctl writes for a run (rank logs, records, checkpoints)."""
-
-PRIVATE_DIR = 0o700
-"""Mode of every folder dmlctl makes for a run."""
-
-
-def private_opener(path: str, flags: int) -> int:
-    """``opener`` for :func:`open`: a new file gets :data:`PRIVATE_FILE`."""
-    return os.open(path, flags, PRIVATE_FILE)
-
-
-def make_private_dirs(path: str) -> None:
-    """``os.makedirs(path, exist_ok=True)``, but *every* folder it creates, parents
-    included, gets :data:`PRIVATE_DIR` (``os.makedirs`` gives the mode to the last one
-    only); folders that exist are left as they are."""
-    path = os.path.normpath(path)
-    parent = os.path.dirname(path)
-    if parent and parent != path and not os.path.isdir(parent):
-        make_private_dirs(parent)
-    try:
-        os.mkdir(path, PRIVATE_DIR)
-    except FileExistsError:
-        if not os.path.isdir(path):
-            raise
-
-
-def file_in_the_way(path: str) -> str | None:
-    """Why :func:`make_private_dirs` cannot make ``path`` a directory: it, or a folder
-    on the way to it, is a file. None when it can (as far as files go)."""
-    path = os.path.normpath(path)
-    found = path
-    while not os.path.lexists(found) and found != os.path.dirname(found):
-        found = os.path.dirname(found)
-    if not os.path.lexists(found) or os.path.isdir(found):
-        return None
-    return f"{found} is a file, not a directory"  # the path itself, or a folder above it
 
 
 class RankEventWriter:

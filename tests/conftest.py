@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from tests import hung
+from tests.integration import procs
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -192,42 +193,13 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     """The warm rank pools end with the session (an xdist worker skips ``atexit``); in
     the controller, so does every process the session's tests left behind, also when
     it was interrupted (Ctrl-C): sshd servers, agent servers, anything started under
-    the session's temporary directory (:func:`leftovers`)."""
+    the session's temporary directory (:func:`tests.integration.procs.leftovers`)."""
     pool = sys.modules.get("tests.strategies.pool")
     if pool is not None:
         pool.close_pools()
     if "PYTEST_XDIST_WORKER" not in os.environ:
         factory = getattr(session.config, "_tmp_path_factory", None)
         if factory is not None:
-            for pid in leftovers(str(factory.getbasetemp())):
+            for pid in procs.leftovers(str(factory.getbasetemp())):
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
-
-
-def leftovers(root: str) -> list[int]:
-    """Processes (not this one nor its ancestors) whose command line names ``root`` or
-    whose ``DMLCTL_HOME`` lies under it."""
-    mine = {os.getpid()}
-    pid = os.getppid()
-    while pid > 1:
-        mine.add(pid)
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                pid = int(f.read().rsplit(b")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            break
-    found = []
-    needle, home = root.encode(), b"DMLCTL_HOME=" + root.encode()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) in mine:
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmd = f.read()
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                env = f.read()
-        except OSError:
-            continue
-        if needle in cmd or any(v.startswith(home) for v in env.split(b"\0")):
-            found.append(int(entry))
-    return found

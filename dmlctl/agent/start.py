@@ -12,7 +12,7 @@ import os
 import signal
 import subprocess
 
-from dmlctl import checkpoint_claim, protocol, run_key, wire
+from dmlctl import checkpoint_claim, private_files, protocol, run_key, wire
 from dmlctl.agent.messages import Emitter
 from dmlctl.agent.procs import dies_with_parent
 from dmlctl.agent.standin import ENV_STANDIN as STANDIN
@@ -130,7 +130,7 @@ def prepare(config: AgentConfig, emit: Emitter) -> str | None:
     checkpoints = config.rank_env().get(protocol.ENV_CHECKPOINT_DIR)
     if checkpoints and config.rank_env().get(protocol.ENV_CHECKPOINT_CLAIM) != "1":
         with contextlib.suppress(OSError):  # the ranks say why, at their first save
-            protocol.make_private_dirs(os.path.expanduser(checkpoints))
+            private_files.make_private_dirs(os.path.expanduser(checkpoints))
     elif checkpoints:
         try:
             _CLAIMS.append(
@@ -144,11 +144,11 @@ def prepare(config: AgentConfig, emit: Emitter) -> str | None:
         except OSError:  # the ranks say why, at their first save
             pass
     try:
-        protocol.make_private_dirs(rank_dir)
+        private_files.make_private_dirs(rank_dir)
         if config.key:
             run_key.write_key(rank_dir, config.key)
         path = os.path.join(rank_dir, "agent.pid")
-        with open(path, "w", encoding="ascii", opener=protocol.private_opener) as f:
+        with open(path, "w", encoding="ascii", opener=private_files.private_opener) as f:
             f.write(f"{os.getpid()}\n")
     except OSError as e:
         cannot_start(emit, f"cannot make the rank directory {rank_dir}", e)

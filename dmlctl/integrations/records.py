@@ -38,11 +38,6 @@ class LibraryRecords:
         self._log = MetricLogger(rank, rank_dir) if rank_dir else None
         self._last: tuple[int, float] | None = None  # (samples so far, when)
 
-    @property
-    def active(self) -> bool:
-        """Whether this process is a rank of a dmlctl run."""
-        return self._log is not None
-
     def write(self, step: int, values: Mapping[str, Any], samples: int | None = None) -> None:
         """Record ``values`` at ``step``, named as the dashboard names them (numbers
         only: a library's text values are left out); ``samples``: this rank's samples

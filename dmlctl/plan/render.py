@@ -75,7 +75,7 @@ def render_plan(
         env = {**first.env, **plan.strategy_choice().env()}  # what every rank gets
         out += [f"    {k}={v}" for k, v in sorted(redact_env(env).items())]
     # A secret value may also stand in arguments, paths or another variable.
-    return Redactor.for_envs((h.env for h in plan.hosts), plan.secrets).text("\n".join(out))
+    return Redactor(plan.hidden_values()).text("\n".join(out))
 
 
 STORE_PORT_NOTE = "port 0: the controller's store listens on a free port as each attempt starts"

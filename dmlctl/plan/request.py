@@ -163,6 +163,4 @@ def render_request(request: LaunchRequest) -> str:
     if facts.assumed:
         out += ["", "assumed (a dry run connects to nothing):", *(f"  {a}" for a in facts.assumed)]
     # A secret value may also stand in the setup command or another line.
-    planned = (*request.plan.hosts, *request.plan.spares)
-    redactor = Redactor.for_envs((h.env for h in planned), request.plan.secrets)
-    return redactor.text("\n".join(out))
+    return Redactor(request.plan.hidden_values()).text("\n".join(out))

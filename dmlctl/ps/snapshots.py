@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from dmlctl import protocol
+from dmlctl import private_files, protocol
 from dmlctl.ps import frames
 from dmlctl.runtime import rejoin, store_blobs
 
@@ -65,7 +65,7 @@ class Snapshots:
         torch.save({**state, "total_pushes": pushes}, buffer)
         data = buffer.getvalue()
         tmp = f"{self.path}.tmp"
-        with open(tmp, "wb", opener=protocol.private_opener) as f:
+        with open(tmp, "wb", opener=private_files.private_opener) as f:
             f.write(data)
         os.replace(tmp, self.path)
         if self.key is not None and self.superseded():

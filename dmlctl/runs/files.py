@@ -19,7 +19,7 @@ from typing import Literal, TextIO
 
 from dmlctl.errors import DmlctlError
 from dmlctl.failure import FULL_DISK_ERRNOS
-from dmlctl.protocol import PRIVATE_DIR, PRIVATE_FILE, make_private_dirs, private_opener
+from dmlctl.private_files import PRIVATE_DIR, PRIVATE_FILE, make_private_dirs, private_opener
 
 __all__ = [
     "DIR_MODE",

@@ -175,6 +175,19 @@ class RunState:
         """Restarts the restart policy made (a resume is none: it spends no budget)."""
         return self.restarts - self.resumes
 
+    def lost(self) -> RunState:
+        """This run, its controller gone: ``lost``, its ranks that had not ended
+        ``unknown`` (nobody watches them), and how to go on."""
+        unknown = RankStatus.UNKNOWN
+        ranks = tuple(
+            r if r.status.terminal else dataclasses.replace(r, status=unknown) for r in self.ranks
+        )
+        detail = (
+            f"controller is gone: dmlctl launch --resume {self.run_id} goes on from its newest "
+            "checkpoint"
+        )
+        return dataclasses.replace(self, phase=Phase.LOST, detail=detail, ranks=ranks)
+
     def elapsed(self, now: float) -> float:
         """Seconds since the run was created, frozen once it ended."""
         end = self.ended_at if self.ended_at is not None else now

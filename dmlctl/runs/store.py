@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dmlctl.errors import RunNotFound, UsageError
-from dmlctl.protocol import file_in_the_way
+from dmlctl.private_files import file_in_the_way
 from dmlctl.runs import secrets as run_secrets
 from dmlctl.runs.files import (
     DIR_MODE,
@@ -49,7 +49,7 @@ from dmlctl.runs.files import (
     store_error,
 )
 from dmlctl.runs.pids import RecordedProcess
-from dmlctl.runs.state import Phase, RankStatus, RunState
+from dmlctl.runs.state import RunState
 
 if TYPE_CHECKING:
     from dmlctl.plan.model import LaunchPlan
@@ -69,18 +69,6 @@ __all__ = [
 def dmlctl_home() -> Path:
     """``$DMLCTL_HOME``, default ``~/.dmlctl``."""
     return Path(os.environ.get("DMLCTL_HOME") or Path.home() / ".dmlctl").expanduser()
-
-
-def lost(state: RunState) -> RunState:
-    """``state`` of a run whose controller is gone: ``lost``, its ranks that had not
-    ended ``unknown`` (nobody watches them), and how to go on."""
-    from dataclasses import replace
-
-    unknown = RankStatus.UNKNOWN
-    ranks = tuple(r if r.status.terminal else replace(r, status=unknown) for r in state.ranks)
-    resume = f"dmlctl launch --resume {state.run_id}"
-    detail = f"controller is gone: {resume} goes on from its newest checkpoint"
-    return replace(state, phase=Phase.LOST, detail=detail, ranks=ranks)
 
 
 def check_home() -> None:
@@ -256,7 +244,7 @@ class RunDir:
             what = f"missing {e}" if isinstance(e, KeyError) else str(e)[:120]
             raise RunUnreadable(self.run_id, f"not a run state: {what}") from None
         if not state.phase.terminal and not self.controller_alive():
-            state = lost(state)
+            state = state.lost()
         return state
 
     def controller(self) -> RecordedProcess | None:

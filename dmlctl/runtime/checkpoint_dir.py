@@ -25,15 +25,8 @@ import torch
 
 from dmlctl.checkpoint_files import fsync_path, point_latest, sha256_file, step_dirs, step_of
 from dmlctl.failure import FULL_DISK_ERRNOS
-from dmlctl.protocol import (
-    CHECKPOINT_LATEST,
-    CHECKPOINT_MANIFEST,
-    DELETED_WHILE_RUNNING,
-    PRIVATE_FILE,
-    make_private_dirs,
-    private_opener,
-    rank_file,
-)
+from dmlctl.private_files import PRIVATE_FILE, make_private_dirs, private_opener
+from dmlctl.protocol import CHECKPOINT_LATEST, CHECKPOINT_MANIFEST, DELETED_WHILE_RUNNING, rank_file
 
 _UNSAFE = "Unsupported global"  # torch's weights-only unpickler met code to run
 

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from importlib.machinery import SourceFileLoader
 from typing import IO, Any, NoReturn
 
-from dmlctl import protocol
+from dmlctl import private_files, protocol
 from dmlctl.agent.procs import die_with_parent, set_cmdline
 from dmlctl.failure import Kind, exception_kind, is_collateral
 from dmlctl.runtime.heartbeat import Heartbeat
@@ -76,12 +76,12 @@ class RankFiles:
 
 
 def _redirect(rank_dir: str, rank: int) -> None:
-    protocol.make_private_dirs(rank_dir)
+    private_files.make_private_dirs(rank_dir)
     for fd, path in (
         (1, protocol.rank_stdout(rank_dir, rank)),
         (2, protocol.rank_stderr(rank_dir, rank)),
     ):
-        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, protocol.PRIVATE_FILE)
+        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, private_files.PRIVATE_FILE)
         os.dup2(target, fd)
         os.close(target)
 
@@ -89,7 +89,7 @@ def _redirect(rank_dir: str, rank: int) -> None:
 def _stack_dumps(rank_dir: str, rank: int) -> None:
     """Dump every thread's stack into ``rank-<R>.stacks`` on the stacks signal."""
     f: IO[bytes] = open(  # noqa: SIM115 - kept open for faulthandler
-        protocol.rank_stacks(rank_dir, rank), "ab", buffering=0, opener=protocol.private_opener
+        protocol.rank_stacks(rank_dir, rank), "ab", buffering=0, opener=private_files.private_opener
     )
     main = threading.main_thread().ident or 0
     f.write(f"dmlctl: rank {rank} pid {os.getpid()} main thread 0x{main:016x}\n".encode())

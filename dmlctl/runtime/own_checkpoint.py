@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from dmlctl.checkpoint_files import fsync_path
-from dmlctl.protocol import make_private_dirs
+from dmlctl.private_files import make_private_dirs
 from dmlctl.runtime.checkpoint_dir import (
     CheckpointWarning,
     DiskFull,

@@ -45,7 +45,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, Store, TCPStore
 
-from dmlctl import protocol
+from dmlctl import private_files, protocol
 from dmlctl.runtime.signed_store import ForgedValue, SignedStore
 
 _KEY = "dmlctl/rejoin"
@@ -255,7 +255,7 @@ def _parse(read: Callable[[], str]) -> tuple[int, int, int] | None:
 
 
 def _touch(path: str) -> None:
-    with open(path, "w", encoding="ascii", opener=protocol.private_opener):
+    with open(path, "w", encoding="ascii", opener=private_files.private_opener):
         pass
 
 

@@ -31,6 +31,10 @@ POLL_S = 0.05
 """How often :meth:`SignedStore.wait` looks again after it removed a forged value."""
 
 
+_SAID: set[str] = set()
+"""The keys whose forgery this process said (once each, whichever wrapper found it)."""
+
+
 class ForgedValue(RuntimeError):
     """A value in the run's store that is not signed with the run key: another process
     wrote it (it is never acted on)."""
@@ -43,7 +47,6 @@ class SignedStore:
         #: The torch store itself: for what needs one (a process group's rendezvous).
         self.raw = raw
         self._key = key if key is not None else run_key.key()
-        self._said: set[str] = set()
 
     def set(self, name: str, value: str | bytes) -> None:
         """Write ``value`` under ``name``, signed; returns once the store holds it.
@@ -115,8 +118,8 @@ class SignedStore:
     def _drop(self, name: str) -> None:
         """Delete the forged value under ``name``; said once per key."""
         self.raw.delete_key(name)
-        if name not in self._said:
-            self._said.add(name)
+        if name not in _SAID:
+            _SAID.add(name)
             print(
                 f"dmlctl: removed a forged value under {name!r} from the run's store "
                 "(not written by a rank of this run)",

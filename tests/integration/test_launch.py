@@ -16,7 +16,7 @@ import pytest
 from dmlctl.spec.loader import load_job
 from tests.conftest import REPO, Cli
 from tests.integration.conftest import JOBS, FinishedRuns
-from tests.integration.procs import agent_pid, cmdline, run_processes, wait_until
+from tests.integration.procs import agent_pid, alive, cmdline, run_processes, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -428,15 +428,6 @@ def test_two_runs_started_at_once_on_one_checkpoint_dir_one_runs_one_exits_2(
     assert cli.state(winner)["phase"] == "succeeded"
 
 
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` runs (not a zombie)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except OSError:
-        return False
-
-
 def test_kill_9_of_the_host_agent_leaves_no_rank_and_the_run_resumes(
     cli: Cli, tmp_path: Path
 ) -> None:
@@ -459,8 +450,8 @@ def test_kill_9_of_the_host_agent_leaves_no_rank_and_the_run_resumes(
     assert len(attempt_1) >= 3, attempt_1  # torchrun and its two ranks
     os.kill(agent, signal.SIGKILL)
     # gone at once (left alone, the ranks would train for 4 s more), wherever they went
-    assert wait_until(lambda: not [p for p in attempt_1 if _alive(p)], 2), [
-        cmdline(p) for p in attempt_1 if _alive(p)
+    assert wait_until(lambda: not [p for p in attempt_1 if alive(p)], 2), [
+        cmdline(p) for p in attempt_1 if alive(p)
     ]
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, out

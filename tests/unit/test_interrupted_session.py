@@ -7,8 +7,9 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from tests.integration.procs import alive, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -35,24 +36,13 @@ def test_a_session_interrupted_by_ctrl_c_leaves_no_server_behind(tmp_path: Path)
     env.pop("PYTEST_XDIST_WORKER", None)
     session = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE)
     marker = base / "server.pid"
-    deadline = time.monotonic() + 60
-    while not marker.exists() and time.monotonic() < deadline and session.poll() is None:
-        time.sleep(0.1)
+    wait_until(lambda: marker.exists() or session.poll() is not None, 60)
     if not marker.exists():
         session.kill()
         raise AssertionError(session.communicate()[0].decode())
     pid = int(marker.read_text())
     session.send_signal(signal.SIGINT)  # what Ctrl-C sends it
     session.communicate(timeout=60)
-    deadline = time.monotonic() + 10
-    while _alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not _alive(pid), f"the test's server (pid {pid}) outlived the interrupted session"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except OSError:
-        return False
+    assert wait_until(lambda: not alive(pid), 10), (
+        f"the test's server (pid {pid}) outlived the interrupted session"
+    )

@@ -53,6 +53,7 @@ BASE = {
     "dmlctl.gpus",
     "dmlctl.redact",
     "dmlctl.masking",
+    "dmlctl.private_files",
     "dmlctl.checkpoint_files",
     "dmlctl.checkpoint_claim",
     "dmlctl.run_key",

@@ -225,7 +225,7 @@ def test_a_deleted_run_directory_explains_a_rank_known_only_by_its_exit_code() -
 
 
 def test_private_folders_are_private_all_the_way_down(tmp_path: Path) -> None:
-    from dmlctl.protocol import make_private_dirs
+    from dmlctl.private_files import make_private_dirs
 
     tmp_path.chmod(0o755)
     make_private_dirs(str(tmp_path / "a" / "b" / "c"))
